@@ -1,0 +1,83 @@
+"""zeromon's in-process agent: records every collective, step phase and memory category of a rank.
+
+    import zeromon_agent
+    zeromon_agent.attach(model=model, optimizer=optimizer)   # everything optional
+    for batch in data:
+        with zeromon_agent.step():                           # optional: steps are found by themselves
+            ...
+
+or, with no code change: ``zeromon run --out runs/x -- torchrun --nproc-per-node 2 train.py``.
+
+Importing this package is cheap (stdlib only): torch is imported when the agent starts, and UI
+libraries (textual, dash, plotly) never are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from zeromon_agent.agent import Agent
+
+__version__ = "0.1.0"
+__all__ = ["attach", "detach", "get_agent", "step"]
+
+_agent: Agent | None = None
+_lock = threading.Lock()
+
+
+def attach(model: Any = None, optimizer: Any = None, engine: Any = None, **settings: Any) -> Agent:
+    """Start the agent in this process (or add objects to the running one) and return it.
+
+    ``model``: the root module (found on the first forward if omitted); ``optimizer``: the optimizer
+    whose step ends a training step; ``engine``: a DeepSpeed engine (its module and optimizer are
+    used). ``settings`` override the ZEROMON_* environment variables (see zeromon_agent.config).
+    Raises zeromon.errors.ZeromonError for a bad setting, naming it.
+    """
+    global _agent
+    with _lock:
+        if _agent is not None and _agent.started:
+            _agent.attach_objects(model=model, optimizer=optimizer, engine=engine)
+            return _agent
+        from zeromon_agent.agent import Agent
+        from zeromon_agent.config import load_config
+
+        config = load_config(**settings)
+        _agent = Agent(config)
+        return _agent.start(model=model, optimizer=optimizer, engine=engine)
+
+
+def detach() -> None:
+    """Flush and stop the agent; training goes on unobserved. Also runs at exit and on SIGTERM."""
+    global _agent
+    with _lock:
+        if _agent is not None:
+            _agent.stop()
+            _agent = None
+
+
+def get_agent() -> Agent | None:
+    return _agent
+
+
+@contextlib.contextmanager
+def step() -> Iterator[None]:
+    """Mark one training step explicitly, when the automatic detection does not fit the loop."""
+    agent = _agent
+    if agent is None or not agent.started:
+        yield
+        return
+    try:
+        agent.tracker.explicit_step_enter()
+    except Exception as exc:  # noqa: BLE001
+        agent.state.hook_error("step_enter", exc)
+    try:
+        yield
+    finally:
+        try:
+            agent.tracker.explicit_step_exit()
+        except Exception as exc:  # noqa: BLE001
+            agent.state.hook_error("step_exit", exc)

@@ -1,0 +1,329 @@
+"""The in-rank agent: wires the hooks, the memory sampler, the recorder and the exit handlers."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from zeromon.model.codec import RecordingWriter, rank_file_name
+from zeromon_agent import collectives
+from zeromon_agent.activations import SavedTensorMeter
+from zeromon_agent.config import AgentConfig
+from zeromon_agent.memory import CudaMemory, categorize, cpu_capacity, process_rss
+from zeromon_agent.phases import PhaseTracker
+from zeromon_agent.recorder import Recorder
+from zeromon_agent.state import RAW_MEMORY, RAW_OOM, STATE, HotState, perf_ns
+
+log = logging.getLogger("zeromon.agent")
+
+# Keep the category walk under this share of step time when ZEROMON_MEMORY_EVERY=auto.
+_WALK_BUDGET = 0.01
+
+
+def _dist_identity() -> tuple[int, int, int, str | None]:
+    """(rank, local_rank, world_size, backend) from the process group, else the launcher's env."""
+    rank = int(os.environ.get("RANK", "0") or 0)
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    backend = None
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            rank, world = dist.get_rank(), dist.get_world_size()
+            backend = str(dist.get_backend())
+    except Exception:  # noqa: BLE001
+        pass
+    local_rank = int(os.environ.get("LOCAL_RANK", str(rank)) or rank)
+    return rank, local_rank, world, backend
+
+
+def _process_start_unix(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        start_ticks = int(fields[19])
+        with open("/proc/stat") as f:
+            btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+        return btime + start_ticks / os.sysconf("SC_CLK_TCK")
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def default_run_dir() -> Path:
+    """zeromon-runs/<launch time>-<launcher pid>: the same for every rank a launcher started."""
+    ppid = os.getppid()
+    started = _process_start_unix(ppid) or time.time()
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(started))
+    return Path("zeromon-runs") / f"{stamp}-{ppid}"
+
+
+def default_job() -> str:
+    return Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "python"
+
+
+class Agent:
+    def __init__(self, config: AgentConfig, state: HotState = STATE) -> None:
+        self.config = config
+        self.state = state
+        self.model: Any = None
+        self.optimizer: Any = None
+        self.engine: Any = None
+        self.rank, self.local_rank, self.world_size, self.backend = _dist_identity()
+        self.job = config.job or default_job()
+        self.run_dir = Path(config.out_dir) if config.out_dir else default_run_dir()
+        self.tracker = PhaseTracker(state, on_boundary=self._on_boundary)
+        self.meter = SavedTensorMeter() if config.activations else None
+        self.recorder: Recorder | None = None
+        self.cuda_memory: CudaMemory | None = None
+        self.device_name = "cpu"
+        self.capacity: int | None = None
+        self.started = False
+        self._framework_known = False
+        self._walk_cost_s = 0.0
+        self._walk_every = max(1, config.memory_every or 1)
+        self._last_walk_step = -(10**9)
+        self._last_step_end: float | None = None
+        self._step_s: float | None = None
+        self._categories: dict[str, int] = {}
+        self._previous_sigterm: Any = None
+        self._stop_lock = threading.Lock()
+
+    # --- lifecycle --------------------------------------------------------------------------------
+    def start(self, model: Any = None, optimizer: Any = None, engine: Any = None) -> Agent:
+        import torch
+
+        self.state.resize(self.config.buffer_events)
+        self.state.async_sample_every = self.config.async_sample_every
+        collectives.install(self.state)
+        collectives.install_functional(self.state)
+        collectives.repatch_deepspeed()
+
+        cuda_index = None
+        if torch.cuda.is_available():
+            cuda_index = torch.cuda.current_device()
+            self.device_name = f"cuda:{cuda_index}"
+            self.cuda_memory = CudaMemory(cuda_index)
+            from zeromon_agent.cuda import CudaTimer
+
+            self.state.cuda_timing = CudaTimer.create(torch)
+        else:
+            self.capacity = self.config.cpu_capacity or cpu_capacity()
+
+        writer = None
+        if self.config.record:
+            writer = RecordingWriter(self.run_dir / rank_file_name(self.rank), self.rank, job=self.job,
+                                     world_size=self.world_size, host=os.uname().nodename, pid=os.getpid(),
+                                     created_unix_ns=time.time_ns())
+        device = None
+        if cuda_index is not None and self.config.device_interval_s > 0:
+            from zeromon_agent.device import NvmlDevice
+
+            device = NvmlDevice(cuda_index)
+        self.recorder = Recorder(self.state, self.rank, writer, self.config.flush_interval_s,
+                                 recent_events=self.config.recent_events, device=device,
+                                 device_interval_s=self.config.device_interval_s,
+                                 cuda_timer=self.state.cuda_timing)
+        if cuda_index is None:
+            self.recorder.notice("info", "device", "no CUDA device: NVML device metrics and allocator stats "
+                                 "are unavailable; memory is process RSS and per-category bytes")
+        elif device is not None and not device.available:
+            self.recorder.notice("warning", "nvml", device.reason)
+        if cuda_index is not None:
+            self._setup_oom_observer(torch)
+        self.recorder.start()
+
+        self.tracker.watch_optimizers(optimizer)
+        self.tracker.watch_backward()
+        self.attach_objects(model=model, optimizer=optimizer, engine=engine)
+        if self.tracker.root is None:
+            self.tracker.watch_for_root()
+        self._write_run_info()
+        atexit.register(self.stop)
+        self._install_sigterm()
+        self.started = True
+        self.state.enabled = True
+        return self
+
+    def attach_objects(self, model: Any = None, optimizer: Any = None, engine: Any = None) -> None:
+        if optimizer is not None:
+            self.optimizer = optimizer
+            self.tracker.optimizer = optimizer
+        if engine is not None:
+            self.engine = engine
+            self.tracker.stop_watching_for_root()
+            self.tracker.watch_engine(engine)
+            self._framework_known = False
+        elif model is not None:
+            self.model = model
+            self.tracker.stop_watching_for_root()
+            self.tracker.set_root(model)
+            self._framework_known = False
+        if self.started:
+            self._write_run_info()
+
+    def stop(self) -> None:
+        """Flush and close. Safe to call more than once, from atexit or a signal handler."""
+        with self._stop_lock:
+            if not self.started:
+                return
+            self.started = False
+            self.state.enabled = False
+            try:
+                if self.meter is not None:
+                    self.meter.stop()
+                self.tracker.close()
+                if self.recorder is not None:
+                    self.recorder.stop()
+            except Exception as exc:  # noqa: BLE001
+                log.warning("zeromon: error while stopping the agent: %r", exc)
+            if self._previous_sigterm is not None and threading.current_thread() is threading.main_thread():
+                try:
+                    signal.signal(signal.SIGTERM, self._previous_sigterm)
+                except (ValueError, OSError):
+                    pass
+                self._previous_sigterm = None
+
+    def _install_sigterm(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            previous = signal.getsignal(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._previous_sigterm = previous
+        except (ValueError, OSError):
+            pass
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        previous = self._previous_sigterm
+        self.stop()  # flushes the recording
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_IGN:
+            return
+        else:  # default action: die by the same signal, as the launcher expects
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    # --- run info ---------------------------------------------------------------------------------
+    def _write_run_info(self) -> None:
+        from zeromon_agent import runinfo
+
+        try:
+            model = self.model if self.model is not None else self.tracker.root
+            engine = self.engine if self.engine is not None else self.tracker.engine
+            optimizer = self.optimizer if self.optimizer is not None else self.tracker.optimizer
+            framework = runinfo.detect(model=model, optimizer=optimizer, engine=engine)
+            self._framework_known = framework["framework"] != "unknown"
+            info = runinfo.build(self.rank, self.local_rank, self.world_size, self.job, self.backend,
+                                 self.device_name, framework)
+            if self.recorder is not None:
+                self.recorder.set_run_info(info)
+        except Exception as exc:  # noqa: BLE001
+            self.state.hook_error("run_info", exc)
+
+    def _maybe_adopt_engine(self) -> None:
+        root = self.tracker.root
+        if root is None or self.engine is not None:
+            return
+        engine_mod = sys.modules.get("deepspeed.runtime.engine")
+        if engine_mod is not None and isinstance(root, engine_mod.DeepSpeedEngine):
+            self.engine = root
+            self.tracker.watch_engine(root)
+
+    # --- memory -----------------------------------------------------------------------------------
+    def _on_boundary(self, what: str) -> None:
+        if what == "forward_start":
+            if not self._framework_known:
+                self._maybe_adopt_engine()
+                self._write_run_info()
+            if self.meter is not None:
+                self.meter.start()
+            return
+        if what == "forward_end":
+            activations = self.meter.stop() if self.meter is not None else None
+            self.sample_memory(categories=self._walk_due(), activations=activations)
+        elif what == "backward_end":
+            self.sample_memory(categories=False)
+        elif what == "step_end":
+            now = time.perf_counter()
+            if self._last_step_end is not None:
+                self._step_s = now - self._last_step_end
+            self._last_step_end = now
+            self.sample_memory(categories=False)
+            if self.state.step == 0 and self.optimizer is None and self.tracker.optimizer is not None:
+                self._write_run_info()  # the optimizer is known once it has stepped
+
+    def _walk_due(self) -> bool:
+        """Whether to walk the categories at this forward's end (at most once a step)."""
+        step = self.state.step
+        if self.config.memory_every:
+            every = self.config.memory_every
+        elif self._step_s and self._walk_cost_s:
+            every = max(1, math.ceil(self._walk_cost_s / (_WALK_BUDGET * self._step_s)))
+        else:
+            every = 1
+        return step - self._last_walk_step >= every
+
+    def sample_memory(self, categories: bool, activations: int | None = None) -> None:
+        t = perf_ns()
+        fields: dict[str, Any] = {"device": self.device_name, "allocated": None, "reserved": None,
+                                  "active": None, "peak_allocated": None, "peak_reserved": None,
+                                  "inactive_split": None, "num_alloc_retries": None, "num_ooms": None,
+                                  "capacity": self.capacity, "free": None, "rss": process_rss()}
+        if self.cuda_memory is not None:
+            fields.update(self.cuda_memory.totals())
+            fields["capacity"], fields["free"] = self.cuda_memory.capacity()
+        cats: dict[str, int] = {}
+        if categories:
+            w0 = time.perf_counter()
+            cats = categorize(model=self.model if self.model is not None else self.tracker.root,
+                              optimizer=self.optimizer if self.optimizer is not None else self.tracker.optimizer,
+                              engine=self.engine)
+            self._walk_cost_s = time.perf_counter() - w0
+            self._last_walk_step = self.state.step
+            self._categories = cats
+        if cats:
+            if activations is not None:
+                cats["activations"] = activations
+            allocated = fields["allocated"]
+            if allocated is not None:
+                cats["other"] = max(0, allocated - sum(v for k, v in cats.items() if k != "other"))
+            fields["categories"] = cats
+        elif activations is not None:
+            fields["categories"] = {"activations": activations}
+        self.state.push((RAW_MEMORY, self.state.phase, self.state.step, t, fields))
+
+    def _setup_oom_observer(self, torch: Any) -> None:
+        from zeromon_agent import cuda
+
+        if self.config.memory_history:
+            try:
+                torch.cuda.memory._record_memory_history(max_entries=100000)
+            except Exception as exc:  # noqa: BLE001
+                if self.recorder is not None:
+                    self.recorder.notice("warning", "cuda", f"allocator history unavailable: {exc}")
+
+        def on_oom(device: int, alloc: int, device_alloc: int, device_free: int) -> None:
+            try:
+                snapshot = None
+                if self.config.memory_history:
+                    path = str(self.run_dir / f"oom-snapshot-rank-{self.rank}-{int(time.time())}.pickle")
+                    snapshot = path if cuda.dump_snapshot(torch, path) else None
+                info = {"allocated": int(device_alloc), "requested": int(alloc), "free": int(device_free)}
+                self.state.push((RAW_OOM, perf_ns(), f"cuda:{device}", info, snapshot, self.state.phase,
+                                 self.state.step))
+            except Exception as exc:  # noqa: BLE001
+                self.state.hook_error("oom_observer", exc)
+
+        try:
+            cuda.attach_oom_observer(torch, on_oom)
+        except Exception as exc:  # noqa: BLE001
+            self.state.hook_error("oom_observer", exc)

@@ -1,0 +1,141 @@
+"""Start the agent with no code change: what `zeromon run` injects into every Python process.
+
+`zeromon run` puts ``bootstrap/site`` first on PYTHONPATH; its ``sitecustomize`` calls
+``install_hooks()``, which:
+1. patches torch.distributed's collectives as soon as ``import torch`` completes (before DeepSpeed's
+   TorchBackend caches ``all_gather_into_tensor``), recording nothing yet;
+2. wraps ``init_process_group`` (everywhere torch has imported it) so that the agent starts once
+   the process group exists; launchers such as torchrun never create one, so no agent starts there;
+3. as a fallback, starts the agent at the first collective if the group was made another way.
+A failure here prints one line to stderr and leaves the program to run unobserved.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+import threading
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+_started = threading.Event()
+_failed = False
+
+
+def _warn(message: str) -> None:
+    try:
+        sys.stderr.write(f"zeromon: {message}\n")
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _enabled() -> bool:
+    return os.environ.get("ZEROMON_ENABLE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs a callback right after a given module finishes executing."""
+
+    def __init__(self, name: str, callback: Callable[[ModuleType], None]) -> None:
+        self.name = name
+        self.callback = callback
+        self._busy = False
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != self.name or self._busy:
+            return None
+        self._busy = True
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._busy = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader = spec.loader
+        original_exec = loader.exec_module
+        finder = self
+
+        def exec_module(module: ModuleType) -> None:
+            original_exec(module)
+            try:
+                sys.meta_path.remove(finder)
+            except ValueError:
+                pass
+            finder.callback(module)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def start_agent() -> bool:
+    """Start the agent from ZEROMON_* settings if the process group exists. Never raises."""
+    global _failed
+    if _started.is_set() or _failed:
+        return _started.is_set()
+    try:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return False
+        _started.set()
+        import zeromon_agent
+        from zeromon_agent.state import STATE
+
+        STATE.autostart = None
+        zeromon_agent.attach()
+        return True
+    except Exception as exc:  # noqa: BLE001 - a bad setting or a bug: the training goes on unobserved
+        _failed = True
+        from zeromon_agent.state import STATE
+
+        STATE.autostart = None
+        _warn(f"the agent did not start: {exc}")
+        return False
+
+
+def _wrap_init(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        start_agent()
+        return result
+
+    init_process_group.__zeromon_original__ = original  # type: ignore[attr-defined]
+    return init_process_group
+
+
+def _on_torch_imported(torch: ModuleType) -> None:
+    try:
+        import torch.distributed as dist
+
+        if not dist.is_available():
+            return
+        from zeromon_agent import collectives
+        from zeromon_agent.state import STATE
+
+        collectives.install(STATE)
+        original = dist.init_process_group
+        if not hasattr(original, "__zeromon_original__"):
+            wrapped = _wrap_init(original)
+            # Modules that did `from ... import init_process_group` (device_mesh does) hold their own name.
+            for name, module in list(sys.modules.items()):
+                if (name == "torch" or name.startswith("torch.")) and getattr(module, "init_process_group", None) is original:
+                    setattr(module, "init_process_group", wrapped)
+        STATE.autostart = start_agent
+    except Exception as exc:  # noqa: BLE001
+        _warn(f"could not hook torch.distributed: {exc}")
+
+
+def install_hooks() -> None:
+    if not _enabled():
+        return
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "distributed"):
+        _on_torch_imported(torch)
+    else:
+        sys.meta_path.insert(0, _AfterImport("torch", _on_torch_imported))

@@ -1,0 +1,416 @@
+"""Wrap the torch.distributed collectives so that every call from FSDP1, FSDP2 and DeepSpeed is seen.
+
+What is patched, and why:
+- ``torch.distributed.<name>`` and ``torch.distributed.distributed_c10d.<name>``: FSDP2 looks up
+  ``dist.all_gather_single`` at call time; the deprecated aliases (``_all_gather_base``,
+  ``all_gather_into_tensor``) call the new names through distributed_c10d's globals, so both modules
+  are patched and only the outermost call is recorded.
+- ``Work.wait``: the time a thread blocks on an async collective, and its completion when it blocked.
+- ``torch.distributed._functional_collectives``: DTensor's collectives (``clip_grad_norm_`` on FSDP2)
+  bypass ``dist.*``; their wait is ``wait_tensor``.
+- DeepSpeed's ``TorchBackend`` caches ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` when it
+  initializes: patch before that (``zeromon run`` does), or ``repatch_deepspeed()`` re-points the cache.
+
+Costs on the hot path (measured on this 2-core machine, see tests/bench): a wrapper adds well under
+1 us to a synchronous call. A completion callback on a gloo Work costs ~35 us end-to-end, so only
+every Nth async call gets one (ZEROMON_ASYNC_SAMPLE_EVERY); the others are timed by their wait.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from zeromon_agent.state import RAW_COLLECTIVE, RAW_DONE, RAW_WAIT, STATE, HotState, perf_ns
+
+Extract = Callable[[tuple[Any, ...], dict[str, Any]], tuple[int, int, Any, Any, bool]]
+
+
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int, name: str, default: Any = None) -> Any:
+    return args[pos] if len(args) > pos else kwargs.get(name, default)
+
+
+def _list_bytes(tensors: Any) -> int:
+    return sum(t.nbytes for t in tensors) if tensors else 0
+
+
+def _first_dtype(tensors: Any) -> Any:
+    return tensors[0].dtype if tensors else None
+
+
+# Extractors: (bytes_in, bytes_out, dtype, group, async_op) from a call's arguments, by position or
+# keyword (DeepSpeed passes keywords). inspect.signature().bind would cost ~11 us per call.
+def _ex_inplace(group_pos: int, async_pos: int) -> Extract:
+    def extract(a: tuple[Any, ...], k: dict[str, Any]) -> tuple[int, int, Any, Any, bool]:
+        t = a[0] if a else k["tensor"]
+        n = t.nbytes
+        return n, n, t.dtype, _arg(a, k, group_pos, "group"), bool(_arg(a, k, async_pos, "async_op", False))
+
+    return extract
+
+
+def _ex_all_reduce_coalesced(a: tuple[Any, ...], k: dict[str, Any]) -> tuple[int, int, Any, Any, bool]:
+    ts = a[0] if a else k["tensors"]
+    n = _list_bytes(ts)
+    return n, n, _first_dtype(ts), _arg(a, k, 2, "group"), bool(_arg(a, k, 3, "async_op", False))
+
+
+def _ex_out_in(out_name: str, in_name: str, group_pos: int, async_pos: int) -> Extract:
+    """Functions of the form f(output_tensor, input_tensor, ...)."""
+
+    def extract(a: tuple[Any, ...], k: dict[str, Any]) -> tuple[int, int, Any, Any, bool]:
+        out = a[0] if a else k[out_name]
+        inp = a[1] if len(a) > 1 else k[in_name]
+        return (inp.nbytes, out.nbytes, inp.dtype, _arg(a, k, group_pos, "group"),
+                bool(_arg(a, k, async_pos, "async_op", False)))
+
+    return extract
+
+
+def _ex_all_gather(a: tuple[Any, ...], k: dict[str, Any]) -> tuple[int, int, Any, Any, bool]:
+    out = a[0] if a else k["tensor_list"]
+    inp = a[1] if len(a) > 1 else k["tensor"]
+    return inp.nbytes, _list_bytes(out), inp.dtype, _arg(a, k, 2, "group"), bool(_arg(a, k, 3, "async_op", False))
+
+
+def _ex_all_gather_coalesced(a: tuple[Any, ...], k: dict[str, Any]) -> tuple[int, int, Any, Any, bool]:
+    outs = a[0] if a else k["output_tensor_lists"]
+    ins = a[1] if len(a) > 1 else k["input_tensor_list"]
+    out_bytes = sum(_list_bytes(o) for o in outs)
+    return (_list_bytes(ins), out_bytes, _first_dtype(ins), _arg(a, k, 2, "group"),
+            bool(_arg(a, k, 3, "async_op", False)))
+
+
+def _ex_reduce_scatter(a: tuple[Any, ...], k: dict[str, Any]) -> tuple[int, int, Any, Any, bool]:
+    out = a[0] if a else k["output"]
+    ins = a[1] if len(a) > 1 else k["input_list"]
+    return _list_bytes(ins), out.nbytes, out.dtype, _arg(a, k, 3, "group"), bool(_arg(a, k, 4, "async_op", False))
+
+
+def _ex_all_to_all(a: tuple[Any, ...], k: dict[str, Any]) -> tuple[int, int, Any, Any, bool]:
+    outs = a[0] if a else k["output_tensor_list"]
+    ins = a[1] if len(a) > 1 else k["input_tensor_list"]
+    return (_list_bytes(ins), _list_bytes(outs), _first_dtype(ins), _arg(a, k, 2, "group"),
+            bool(_arg(a, k, 3, "async_op", False)))
+
+
+def _ex_gather(a: tuple[Any, ...], k: dict[str, Any]) -> tuple[int, int, Any, Any, bool]:
+    t = a[0] if a else k["tensor"]
+    gl = _arg(a, k, 1, "gather_list")
+    return t.nbytes, _list_bytes(gl), t.dtype, _arg(a, k, 3, "group"), bool(_arg(a, k, 4, "async_op", False))
+
+
+def _ex_scatter(a: tuple[Any, ...], k: dict[str, Any]) -> tuple[int, int, Any, Any, bool]:
+    t = a[0] if a else k["tensor"]
+    sl = _arg(a, k, 1, "scatter_list")
+    return _list_bytes(sl), t.nbytes, t.dtype, _arg(a, k, 3, "group"), bool(_arg(a, k, 4, "async_op", False))
+
+
+def _ex_barrier(a: tuple[Any, ...], k: dict[str, Any]) -> tuple[int, int, Any, Any, bool]:
+    return 0, 0, None, _arg(a, k, 0, "group"), bool(_arg(a, k, 1, "async_op", False))
+
+
+def _ex_p2p(always_async: bool) -> Extract:
+    def extract(a: tuple[Any, ...], k: dict[str, Any]) -> tuple[int, int, Any, Any, bool]:
+        t = a[0] if a else k["tensor"]
+        n = t.nbytes
+        return n, n, t.dtype, _arg(a, k, 2, "group"), always_async
+
+    return extract
+
+
+# api name -> (canonical op, extractor)
+DIST_SPECS: dict[str, tuple[str, Extract]] = {
+    "all_reduce": ("all_reduce", _ex_inplace(2, 3)),
+    "all_reduce_coalesced": ("all_reduce", _ex_all_reduce_coalesced),
+    "all_gather": ("all_gather", _ex_all_gather),
+    "all_gather_single": ("all_gather", _ex_out_in("output_tensor", "input_tensor", 2, 3)),
+    "all_gather_into_tensor": ("all_gather", _ex_out_in("output_tensor", "input_tensor", 2, 3)),
+    "_all_gather_base": ("all_gather", _ex_out_in("output_tensor", "input_tensor", 2, 3)),
+    "all_gather_coalesced": ("all_gather", _ex_all_gather_coalesced),
+    "reduce_scatter": ("reduce_scatter", _ex_reduce_scatter),
+    "reduce_scatter_single": ("reduce_scatter", _ex_out_in("output", "input", 3, 4)),
+    "reduce_scatter_tensor": ("reduce_scatter", _ex_out_in("output", "input", 3, 4)),
+    "_reduce_scatter_base": ("reduce_scatter", _ex_out_in("output", "input", 3, 4)),
+    "broadcast": ("broadcast", _ex_inplace(2, 3)),
+    "reduce": ("reduce", _ex_inplace(3, 4)),
+    "all_to_all_single": ("all_to_all", _ex_out_in("output", "input", 4, 5)),
+    "all_to_all": ("all_to_all", _ex_all_to_all),
+    "gather": ("gather", _ex_gather),
+    "scatter": ("scatter", _ex_scatter),
+    "barrier": ("barrier", _ex_barrier),
+    "send": ("send", _ex_p2p(False)),
+    "recv": ("recv", _ex_p2p(False)),
+    "isend": ("send", _ex_p2p(True)),
+    "irecv": ("recv", _ex_p2p(True)),
+}
+
+
+def _record(state: HotState, api: str, op: str, t0: int, t1: int, b_in: int, b_out: int, dtype: Any,
+            group: Any, async_op: bool, result: Any, cuda: Any) -> None:
+    state.seq += 1
+    seq = state.seq
+    work = None
+    sampled = False
+    if async_op and result is not None:
+        work = result
+        pending = state.pending
+        if len(pending) < state.pending_capacity:
+            pending[id(result)] = seq
+        every = state.async_sample_every
+        if every:
+            state.async_count += 1
+            if state.async_count % every == 0:
+                push = state.push
+                result.get_future().add_done_callback(lambda _f: push((RAW_DONE, seq, perf_ns())))
+                sampled = True
+    state.recorded += 1
+    state.push((RAW_COLLECTIVE, seq, api, op, t0, t1, b_in, b_out, dtype, group, async_op, work,
+                state.phase, state.step, cuda, sampled))
+
+
+def make_wrapper(fn: Callable[..., Any], api: str, op: str, extract: Extract,
+                 state: HotState = STATE) -> Callable[..., Any]:
+    tls = state.tls
+
+    @functools.wraps(fn)
+    def zeromon_collective(*args: Any, **kwargs: Any) -> Any:
+        if tls.inside or (not state.enabled and (state.autostart is None or not state.autostart())):
+            return fn(*args, **kwargs)
+        try:
+            b_in, b_out, dtype, group, async_op = extract(args, kwargs)
+            cuda = state.cuda_timing.begin(args, kwargs) if state.cuda_timing is not None else None
+        except Exception as exc:  # noqa: BLE001 - never raise into training
+            state.hook_error(f"collective:{api}", exc)
+            return fn(*args, **kwargs)
+        tls.inside = True
+        t0 = perf_ns()
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            t1 = perf_ns()
+            tls.inside = False
+        try:
+            if cuda is not None:
+                cuda = state.cuda_timing.end(cuda, async_op and result is not None)
+            _record(state, api, op, t0, t1, b_in, b_out, dtype, group, async_op, result, cuda)
+        except Exception as exc:  # noqa: BLE001
+            state.hook_error(f"collective:{api}", exc)
+        return result
+
+    zeromon_collective.__zeromon_original__ = fn  # type: ignore[attr-defined]
+    return zeromon_collective
+
+
+def make_wait(orig_wait: Callable[..., Any], state: HotState = STATE) -> Callable[..., Any]:
+    pending = state.pending
+
+    @functools.wraps(orig_wait)
+    def zeromon_wait(self: Any, *args: Any, **kwargs: Any) -> Any:
+        seq = pending.pop(id(self), None)
+        if seq is None:
+            return orig_wait(self, *args, **kwargs)
+        try:
+            done_before = self.is_completed()
+        except Exception:  # noqa: BLE001
+            done_before = False
+        t0 = perf_ns()
+        try:
+            return orig_wait(self, *args, **kwargs)
+        finally:
+            t1 = perf_ns()
+            try:
+                cuda_end = state.cuda_timing.after_wait() if state.cuda_timing is not None else None
+                state.push((RAW_WAIT, seq, t0, t1, done_before, cuda_end))
+            except Exception as exc:  # noqa: BLE001
+                state.hook_error("Work.wait", exc)
+
+    zeromon_wait.__zeromon_original__ = orig_wait  # type: ignore[attr-defined]
+    return zeromon_wait
+
+
+# --- DTensor / functional collectives -------------------------------------------------------------
+
+# api -> (canonical op, input is a list, positional index of the group argument)
+FUNCOL_SPECS: dict[str, tuple[str, bool, int]] = {
+    "all_reduce": ("all_reduce", False, 2),
+    "all_reduce_coalesced": ("all_reduce", True, 2),
+    "all_gather_single": ("all_gather", False, 2),
+    "all_gather_tensor": ("all_gather", False, 2),
+    "reduce_scatter_single": ("reduce_scatter", False, 3),
+    "reduce_scatter_tensor": ("reduce_scatter", False, 3),
+    "all_to_all_single": ("all_to_all", False, 3),
+    "broadcast": ("broadcast", False, 2),
+}
+
+
+def _result_bytes(result: Any) -> int:
+    if isinstance(result, (list, tuple)):
+        return sum(_result_bytes(r) for r in result)
+    elem = getattr(result, "elem", result)  # AsyncCollectiveTensor wraps the real output
+    return int(elem.nbytes)
+
+
+def _wait_key(result: Any) -> Any:
+    if isinstance(result, (list, tuple)):
+        return None
+    return id(getattr(result, "elem", result))
+
+
+def make_funcol_wrapper(fn: Callable[..., Any], name: str, op: str, list_input: bool, group_pos: int,
+                        state: HotState = STATE) -> Callable[..., Any]:
+    tls = state.tls
+    api = f"funcol.{name}"
+
+    @functools.wraps(fn)
+    def zeromon_funcol(*args: Any, **kwargs: Any) -> Any:
+        if not state.enabled or tls.inside:
+            return fn(*args, **kwargs)
+        try:
+            t = args[0] if args else kwargs["self"]
+            b_in = _list_bytes(t) if list_input else t.nbytes
+            dtype = _first_dtype(t) if list_input else t.dtype
+            group = args[group_pos] if len(args) > group_pos else kwargs.get("group")
+        except Exception as exc:  # noqa: BLE001
+            state.hook_error(f"collective:{api}", exc)
+            return fn(*args, **kwargs)
+        tls.inside = True
+        t0 = perf_ns()
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            t1 = perf_ns()
+            tls.inside = False
+        try:
+            b_out = _result_bytes(result)
+            state.seq += 1
+            key = _wait_key(result)
+            # Functional collectives are always asynchronous: the result is waited on at first use.
+            if key is not None and len(state.pending) < state.pending_capacity:
+                state.pending[key] = state.seq
+            state.recorded += 1
+            state.push((RAW_COLLECTIVE, state.seq, api, op, t0, t1, b_in, b_out, dtype, ("funcol", group),
+                        True, None, state.phase, state.step, None, False))
+        except Exception as exc:  # noqa: BLE001
+            state.hook_error(f"collective:{api}", exc)
+        return result
+
+    zeromon_funcol.__zeromon_original__ = fn  # type: ignore[attr-defined]
+    return zeromon_funcol
+
+
+def make_wait_tensor(orig: Callable[..., Any], state: HotState = STATE) -> Callable[..., Any]:
+    pending = state.pending
+
+    @functools.wraps(orig)
+    def zeromon_wait_tensor(tensor: Any) -> Any:
+        seq = pending.pop(id(tensor), None)
+        if seq is None:
+            return orig(tensor)
+        t0 = perf_ns()
+        try:
+            return orig(tensor)
+        finally:
+            try:
+                state.push((RAW_WAIT, seq, t0, perf_ns(), False, None))
+            except Exception as exc:  # noqa: BLE001
+                state.hook_error("wait_tensor", exc)
+
+    zeromon_wait_tensor.__zeromon_original__ = orig  # type: ignore[attr-defined]
+    return zeromon_wait_tensor
+
+
+# --- installing and removing the patches ----------------------------------------------------------
+
+_installed: list[tuple[Any, str, Any]] = []  # (owner, attribute, original) to restore
+
+
+def _set(owner: Any, name: str, value: Any) -> None:
+    _installed.append((owner, name, getattr(owner, name)))
+    setattr(owner, name, value)
+
+
+def is_installed() -> bool:
+    return bool(_installed)
+
+
+def install(state: HotState = STATE) -> list[str]:
+    """Patch torch.distributed (both modules) and Work.wait.
+
+    Idempotent. Returns the API names wrapped. Recording starts only once ``state.enabled`` is set,
+    so this can run at import time (before DeepSpeed caches functions) at the cost of a flag check.
+    """
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    wrapped: list[str] = []
+    for api, (op, extract) in DIST_SPECS.items():
+        original = getattr(c10d, api, None)
+        if original is None or hasattr(original, "__zeromon_original__"):
+            continue
+        wrapper = make_wrapper(original, api, op, extract, state)
+        _set(c10d, api, wrapper)
+        if getattr(dist, api, None) is original:
+            _set(dist, api, wrapper)
+        wrapped.append(api)
+
+    work_cls = getattr(c10d, "Work", None)
+    if work_cls is not None and not hasattr(work_cls.wait, "__zeromon_original__"):
+        _set(work_cls, "wait", make_wait(work_cls.wait, state))
+
+    repatch_deepspeed()
+    return wrapped
+
+
+def install_functional(state: HotState = STATE) -> list[str]:
+    """Patch DTensor's functional collectives and their wait_tensor. Idempotent.
+
+    Done when the agent starts, not at ``import torch``: importing the module early pulls in more of
+    torch than a launcher needs.
+    """
+    wrapped: list[str] = []
+    try:
+        import torch.distributed._functional_collectives as funcol
+    except Exception:  # noqa: BLE001 - older torch, or a build without distributed
+        funcol = None
+    if funcol is not None:
+        for name, (op, list_input, group_pos) in FUNCOL_SPECS.items():
+            original = getattr(funcol, name, None)
+            if original is not None and not hasattr(original, "__zeromon_original__"):
+                _set(funcol, name, make_funcol_wrapper(original, name, op, list_input, group_pos, state))
+                wrapped.append(f"funcol.{name}")
+        if hasattr(funcol, "wait_tensor") and not hasattr(funcol.wait_tensor, "__zeromon_original__"):
+            _set(funcol, "wait_tensor", make_wait_tensor(funcol.wait_tensor, state))
+    return wrapped
+
+
+def repatch_deepspeed() -> bool:
+    """Point DeepSpeed's cached collective functions at the wrappers, if DeepSpeed initialized first."""
+    import sys
+
+    comm = sys.modules.get("deepspeed.comm.comm")
+    backend = getattr(comm, "cdb", None) if comm is not None else None
+    if backend is None:
+        return False
+    import torch.distributed as dist
+
+    changed = False
+    for attr, api in (("all_gather_function", "all_gather_into_tensor"),
+                      ("reduce_scatter_function", "reduce_scatter_tensor")):
+        cached = getattr(backend, attr, None)
+        current = getattr(dist, api, None)
+        if cached is not None and current is not None and cached is not current \
+                and getattr(current, "__zeromon_original__", None) is cached:
+            _set(backend, attr, current)
+            changed = True
+    return changed
+
+
+def uninstall() -> None:
+    while _installed:
+        owner, name, original = _installed.pop()
+        try:
+            setattr(owner, name, original)
+        except Exception:  # noqa: BLE001
+            pass

@@ -1,0 +1,120 @@
+"""GPU-only paths: collective timing with CUDA events, and the allocator's OOM observer.
+
+No host synchronization: events are recorded on the current stream around each collective (for an
+async one, the end event is recorded when the caller waits, i.e. when its stream is made to wait on
+the collective) and read later by the agent's background thread with ``Event.query()``. Events come
+from a bounded pool; when it is empty the collective is recorded with host timing only.
+
+GPU event times are placed on the host clock by one reference event per calibration, which the
+background thread (never the training thread) waits on.
+
+These paths need a CUDA build and a GPU; without one, ``CudaTimer.create()`` returns None.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any
+
+
+class CudaTimer:
+    def __init__(self, torch: Any, pool_size: int = 4096) -> None:
+        self.torch = torch
+        self.pool: collections.deque[Any] = collections.deque(
+            torch.cuda.Event(enable_timing=True) for _ in range(pool_size)
+        )
+        self.exhausted = 0
+        self._ref_event: Any = None
+        self._ref_unix_ns = 0
+
+    @classmethod
+    def create(cls, torch: Any) -> CudaTimer | None:
+        try:
+            if not torch.cuda.is_available():
+                return None
+            return cls(torch)
+        except Exception:  # noqa: BLE001
+            return None
+
+    # Training thread -------------------------------------------------------------------------------
+    def begin(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        tensor = args[0] if args else next(iter(kwargs.values()), None)
+        if isinstance(tensor, (list, tuple)):
+            tensor = tensor[0] if tensor else None
+        if tensor is None or not getattr(tensor, "is_cuda", False):
+            return None
+        try:
+            start = self.pool.popleft()
+        except IndexError:
+            self.exhausted += 1
+            return None
+        start.record()
+        return start
+
+    def end(self, start: Any, is_async: bool) -> Any:
+        """Record the end event for a synchronous collective; async ones end at their wait."""
+        if is_async:
+            return (start, None)
+        try:
+            end = self.pool.popleft()
+        except IndexError:
+            self.pool.append(start)
+            self.exhausted += 1
+            return None
+        end.record()
+        return (start, end)
+
+    def after_wait(self) -> Any:
+        try:
+            end = self.pool.popleft()
+        except IndexError:
+            self.exhausted += 1
+            return None
+        end.record()
+        return end
+
+    # Background thread -----------------------------------------------------------------------------
+    def calibrate(self) -> None:
+        """Pin GPU event time to the host clock: wait (in this thread only) for a fresh event."""
+        event = self.torch.cuda.Event(enable_timing=True)
+        event.record()
+        event.synchronize()
+        self._ref_event = event
+        self._ref_unix_ns = time.time_ns()
+
+    def resolve(self, start: Any, end: Any) -> tuple[int, int] | None:
+        """(start, end) in Unix ns once both events completed; None while pending."""
+        if start is None or end is None or not end.query():
+            return None
+        if self._ref_event is None:
+            self.calibrate()
+        ref = self._ref_event
+        start_ns = self._ref_unix_ns + int(ref.elapsed_time(start) * 1e6)
+        end_ns = self._ref_unix_ns + int(ref.elapsed_time(end) * 1e6)
+        self.pool.append(start)
+        self.pool.append(end)
+        return start_ns, end_ns
+
+    def release(self, *events: Any) -> None:
+        for event in events:
+            if event is not None:
+                self.pool.append(event)
+
+
+def attach_oom_observer(torch: Any, callback: Any) -> bool:
+    """Call ``callback(device, alloc, device_alloc, device_free)`` on every CUDA OOM (CUDA builds)."""
+    attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+    if attach is None or not torch.cuda.is_available():
+        return False
+    attach(callback)
+    return True
+
+
+def dump_snapshot(torch: Any, path: str) -> bool:
+    """Write the allocator snapshot (needs memory history, ZEROMON_MEMORY_HISTORY=1)."""
+    try:
+        torch.cuda.memory._dump_snapshot(path)
+        return True
+    except Exception:  # noqa: BLE001
+        return False

@@ -1,0 +1,255 @@
+"""Step phases (forward, backward, optimizer, other) and step boundaries, found automatically.
+
+- forward: the root module's forward pre-hook and forward hook. Without ``attach(model=...)`` the
+  root is found on the first forward: the first top-level module call that owns trainable
+  parameters (global module hooks, removed once the root is known).
+- backward: every top-level ``torch.autograd.backward`` call (``loss.backward()``), from its start
+  to its return.
+- optimizer: torch's global optimizer step hooks; with DeepSpeed, the engine's ``backward`` and
+  ``step`` (ZeRO-1/2 all-gather the updated parameters inside ``engine.step`` after the inner
+  optimizer returns, so the engine's step is the phase).
+- steps: a step ends when the optimizer step (or DeepSpeed's engine.step at a gradient-accumulation
+  boundary) returns, or at the end of ``with zeromon_agent.step():`` when that is used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from zeromon_agent.state import RAW_PHASE, RAW_STEP_END, STATE, HotState, perf_ns
+
+
+class PhaseTracker:
+    def __init__(self, state: HotState = STATE, on_boundary: Callable[[str], None] | None = None) -> None:
+        self.state = state
+        # Called (guarded) at "forward_start", "forward_end", "backward_end", "step_end".
+        self.on_boundary = on_boundary
+        self.explicit_steps = False
+        self.root: Any = None
+        self.optimizer: Any = None  # the optimizer whose step ends a step; the first seen if not given
+        self.engine: Any = None
+        self._handles: list[Any] = []
+        self._global_handles: list[Any] = []
+        self._root_watch: Any = None
+        self._autograd_patch: tuple[Any, Any] | None = None
+        self._engine_patched: list[tuple[Any, str, Any]] = []
+
+    # --- primitive transitions --------------------------------------------------------------------
+    def set_phase(self, phase: str) -> None:
+        state = self.state
+        if state.phase != phase:
+            state.phase = phase
+            state.push((RAW_PHASE, phase, perf_ns(), state.step))
+
+    def begin_training(self) -> None:
+        if self.state.step < 0:
+            self.state.step = 0
+
+    def end_step(self) -> None:
+        state = self.state
+        if state.step < 0:
+            return
+        self.set_phase("other")
+        self._boundary("step_end")
+        state.push((RAW_STEP_END, state.step, perf_ns()))
+        state.step += 1
+
+    def _boundary(self, what: str) -> None:
+        if self.on_boundary is not None:
+            try:
+                self.on_boundary(what)
+            except Exception as exc:  # noqa: BLE001
+                self.state.hook_error(f"boundary:{what}", exc)
+
+    # --- module hooks -----------------------------------------------------------------------------
+    def set_root(self, module: Any) -> None:
+        if self.root is module:
+            return
+        self.remove_module_hooks()
+        self.root = module
+        # prepend: the phase is set before FSDP's own pre-forward hook gathers the root's parameters.
+        self._handles.append(module.register_forward_pre_hook(self._on_forward_pre, prepend=True))
+        self._handles.append(module.register_forward_hook(self._on_forward_post))
+
+    def _on_forward_pre(self, module: Any, args: Any) -> None:
+        try:
+            if not self.explicit_steps:
+                self.begin_training()
+            self.set_phase("forward")
+            self._boundary("forward_start")
+        except Exception as exc:  # noqa: BLE001
+            self.state.hook_error("forward_pre", exc)
+
+    def _on_forward_post(self, module: Any, args: Any, output: Any) -> None:
+        try:
+            if self.state.phase == "forward":
+                self.set_phase("other")
+                self._boundary("forward_end")
+        except Exception as exc:  # noqa: BLE001
+            self.state.hook_error("forward_post", exc)
+
+    def watch_backward(self) -> None:
+        """Phase every top-level ``torch.autograd.backward`` call (what ``loss.backward()`` runs).
+
+        Its start comes before any hook FSDP registers on the outputs (FSDP2 re-gathers the last
+        block there); its return comes after the engine's final callbacks (FSDP's last
+        reduce-scatters), so the phase covers the whole backward and nothing else.
+        """
+        import torch.autograd
+
+        original = torch.autograd.backward
+        if hasattr(original, "__zeromon_original__"):
+            return
+        tracker = self
+
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            outer = tracker.state.phase != "backward"
+            if outer:
+                try:
+                    tracker.set_phase("backward")
+                except Exception as exc:  # noqa: BLE001
+                    tracker.state.hook_error("backward_start", exc)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if outer:
+                    try:
+                        tracker.set_phase("other")
+                        tracker._boundary("backward_end")
+                    except Exception as exc:  # noqa: BLE001
+                        tracker.state.hook_error("backward_end", exc)
+
+        backward.__zeromon_original__ = original  # type: ignore[attr-defined]
+        torch.autograd.backward = backward
+        self._autograd_patch = (torch.autograd, original)
+
+    def watch_for_root(self) -> None:
+        """Find the root module on the first forward, when attach() was not given one."""
+        import torch.nn.modules.module as module_mod
+
+        def pre(module: Any, args: Any) -> None:
+            try:
+                if self.root is not None:
+                    return
+                if not any(p.requires_grad for p in module.parameters()):
+                    return
+                self.stop_watching_for_root()
+                self.set_root(module)
+                self._on_forward_pre(module, args)  # this call's own pre-hooks have already run
+            except Exception as exc:  # noqa: BLE001
+                self.state.hook_error("find_root", exc)
+
+        self._root_watch = module_mod.register_module_forward_pre_hook(pre)
+
+    def stop_watching_for_root(self) -> None:
+        if self._root_watch is not None:
+            self._root_watch.remove()
+            self._root_watch = None
+
+    # --- optimizer hooks --------------------------------------------------------------------------
+    def watch_optimizers(self, optimizer: Any = None) -> None:
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+        self.optimizer = optimizer
+        self._global_handles.append(register_optimizer_step_pre_hook(self._on_optimizer_pre))
+        self._global_handles.append(register_optimizer_step_post_hook(self._on_optimizer_post))
+
+    def _is_the_optimizer(self, optimizer: Any) -> bool:
+        if self.optimizer is None:
+            self.optimizer = optimizer
+        return optimizer is self.optimizer
+
+    def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            if self._is_the_optimizer(optimizer):
+                self.set_phase("optimizer")
+        except Exception as exc:  # noqa: BLE001
+            self.state.hook_error("optimizer_pre", exc)
+
+    def _on_optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        try:
+            if not self._is_the_optimizer(optimizer) or self.engine is not None:
+                return  # DeepSpeed: the engine's step is the phase, and it ends the step
+            if self.explicit_steps:
+                self.set_phase("other")
+            else:
+                self.end_step()
+        except Exception as exc:  # noqa: BLE001
+            self.state.hook_error("optimizer_post", exc)
+
+    # --- DeepSpeed engine -------------------------------------------------------------------------
+    def watch_engine(self, engine: Any) -> None:
+        """Phase the DeepSpeed engine's backward and step (patched on the instance)."""
+        if self.engine is engine:
+            return
+        self.engine = engine
+        self.set_root(engine)
+        tracker = self
+
+        original_backward = engine.backward
+        original_step = engine.step
+
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            tracker.set_phase("backward")
+            try:
+                return original_backward(*args, **kwargs)
+            finally:
+                try:
+                    tracker.set_phase("other")
+                    tracker._boundary("backward_end")
+                except Exception as exc:  # noqa: BLE001
+                    tracker.state.hook_error("engine.backward", exc)
+
+        def step(*args: Any, **kwargs: Any) -> Any:
+            before = getattr(engine, "global_steps", None)
+            tracker.set_phase("optimizer")
+            try:
+                return original_step(*args, **kwargs)
+            finally:
+                try:
+                    stepped = getattr(engine, "global_steps", None) != before
+                    if stepped and not tracker.explicit_steps:
+                        tracker.end_step()
+                    else:
+                        tracker.set_phase("other")
+                except Exception as exc:  # noqa: BLE001
+                    tracker.state.hook_error("engine.step", exc)
+
+        for name, fn in (("backward", backward), ("step", step)):
+            self._engine_patched.append((engine, name, engine.__dict__.get(name)))
+            setattr(engine, name, fn)
+
+    # --- explicit steps ---------------------------------------------------------------------------
+    def explicit_step_enter(self) -> None:
+        self.explicit_steps = True
+        self.begin_training()
+
+    def explicit_step_exit(self) -> None:
+        self.end_step()
+
+    # --- teardown ---------------------------------------------------------------------------------
+    def remove_module_hooks(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def remove_global_hooks(self) -> None:
+        self.stop_watching_for_root()
+        for handle in self._global_handles:
+            handle.remove()
+        self._global_handles.clear()
+
+    def close(self) -> None:
+        self.remove_module_hooks()
+        self.remove_global_hooks()
+        if self._autograd_patch is not None:
+            module, original = self._autograd_patch
+            module.backward = original
+            self._autograd_patch = None
+        for engine, name, previous in self._engine_patched:
+            if previous is None:
+                engine.__dict__.pop(name, None)
+            else:
+                setattr(engine, name, previous)
+        self._engine_patched.clear()

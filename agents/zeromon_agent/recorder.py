@@ -1,0 +1,482 @@
+"""The agent's background thread: raw tuples in, events, step summaries and the rank file out.
+
+Everything that costs (dtype names, group sizes, ZeRO meaning, clock conversion, JSON, file I/O,
+NVML) happens here, off the training thread. The thread holds the GIL only in short bursts every
+``flush_interval_s``; its own CPU time is measured and reported.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from zeromon.model.codec import RecordingWriter
+from zeromon.model.events import (
+    AgentStats,
+    CollectiveEvent,
+    DeviceSample,
+    MemorySample,
+    Notice,
+    OomEvent,
+    PhaseSpan,
+    Record,
+    RunInfo,
+    StepSummary,
+    Timing,
+    ZeroMeaning,
+)
+from zeromon_agent.state import (
+    RAW_COLLECTIVE,
+    RAW_DONE,
+    RAW_MEMORY,
+    RAW_OOM,
+    RAW_PHASE,
+    RAW_STEP_END,
+    RAW_WAIT,
+    HotState,
+)
+
+# An async collective nobody waits on is polled for completion after this long.
+_POLL_AFTER_NS = 200_000_000
+# A sampled completion callback that has not fired this long after the wait is given up on.
+_CALLBACK_GRACE_NS = 2_000_000_000
+# A step's summary waits this long for its in-flight async collectives.
+_STEP_GRACE_NS = 2_000_000_000
+_SCALAR_BYTES = 64  # all-reduces this small are flags and norms, not gradients
+
+
+@dataclass(slots=True)
+class _Inflight:
+    raw: tuple[Any, ...]
+    wait: tuple[Any, ...] | None = None
+    done_ns: int | None = None  # perf ns from a sampled completion callback
+
+
+@dataclass(slots=True)
+class _StepAcc:
+    collectives: int = 0
+    comm_bytes: int = 0
+    by_op: dict[str, int] = field(default_factory=dict)
+    intervals: list[tuple[int, int]] = field(default_factory=list)
+    blocked_s: float = 0.0
+    peak_memory: int | None = None
+    phase_s: dict[str, float] = field(default_factory=dict)
+    start_ns: int | None = None
+    end_ns: int | None = None  # set when the step ended
+    ended_at_perf: int = 0
+
+
+def meaning_of(op: str, phase: str, nbytes: int) -> str:
+    """The ZeRO/FSDP role of a collective, from its op and the phase it was issued in."""
+    if op == "all_gather" and phase in ("forward", "backward", "optimizer", "setup"):
+        return ZeroMeaning.PARAM_ALL_GATHER.value
+    if op == "reduce_scatter" and phase in ("backward", "optimizer") and nbytes > _SCALAR_BYTES:
+        return ZeroMeaning.GRAD_REDUCE_SCATTER.value
+    if op == "all_reduce" and phase in ("backward", "optimizer") and nbytes > _SCALAR_BYTES:
+        return ZeroMeaning.GRAD_ALL_REDUCE.value
+    if op == "broadcast" and phase == "setup":
+        return ZeroMeaning.PARAM_BROADCAST.value
+    return ZeroMeaning.UNKNOWN.value
+
+
+def union_seconds(intervals: list[tuple[int, int]]) -> float:
+    """Length of the union of [start, end) intervals in ns, as seconds. O(n log n)."""
+    total = 0
+    cur_start = cur_end = None
+    for start, end in sorted(intervals):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None and cur_start is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        elif end > cur_end:
+            cur_end = end
+    if cur_end is not None and cur_start is not None:
+        total += cur_end - cur_start
+    return total / 1e9
+
+
+class Recorder:
+    def __init__(self, state: HotState, rank: int, writer: RecordingWriter | None, flush_interval_s: float,
+                 recent_events: int = 4096, device: Any = None, device_interval_s: float = 1.0,
+                 cuda_timer: Any = None) -> None:
+        self.state = state
+        self.rank = rank
+        self.writer = writer
+        self.flush_interval_s = flush_interval_s
+        self.device = device  # NvmlDevice or None
+        self.device_interval_s = device_interval_s
+        self.cuda_timer = cuda_timer
+        # perf_counter_ns -> Unix ns. One pair: the two clocks drift by parts per million at most.
+        self.clock_offset_ns = time.time_ns() - time.perf_counter_ns()
+        self.lock = threading.Lock()  # guards the live views below for other threads (endpoint)
+        self.recent: collections.deque[Record] = collections.deque(maxlen=recent_events)
+        self.recent_steps: collections.deque[StepSummary] = collections.deque(maxlen=512)
+        self.latest_memory: MemorySample | None = None
+        self.latest_device: DeviceSample | None = None
+        self.run_info: RunInfo | None = None
+        self.notices: list[Notice] = []
+        self.events_finalized = 0
+        self.cpu_time_s = 0.0
+        self._inflight: dict[int, _Inflight] = {}
+        self._orphan_waits: dict[int, tuple[Any, ...]] = {}
+        self._orphan_done: dict[int, int] = {}
+        self._steps: dict[int, _StepAcc] = {}
+        self._phase: tuple[str, int, int] | None = None  # (phase, start perf ns, step)
+        self._group_sizes: dict[Any, int] = {}
+        self._dtype_names: dict[Any, str] = {}
+        self._last_device_ns = 0
+        self._last_stats_ns = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._drain_lock = threading.Lock()
+
+    # --- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="zeromon-recorder", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Drain everything, finalize what is left, write stats, close the file. Idempotent."""
+        self._stop.set()
+        thread, self._thread = self._thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout_s)
+        with self._drain_lock:
+            self._drain(final=True)
+            self._write(self.stats())
+            if self.writer is not None:
+                self.writer.close()
+
+    def _run(self) -> None:
+        cpu0 = time.thread_time()
+        while not self._stop.wait(self.flush_interval_s):
+            try:
+                with self._drain_lock:
+                    self._drain(final=False)
+                    self._sample_device()
+                    now = time.perf_counter_ns()
+                    if now - self._last_stats_ns > 10_000_000_000:
+                        self._last_stats_ns = now
+                        self._write(self.stats())
+                    if self.writer is not None:
+                        self.writer.flush()
+            except Exception as exc:  # noqa: BLE001 - the recorder must never take training down
+                self.state.hook_error("recorder", exc)
+            self.cpu_time_s = time.thread_time() - cpu0
+
+    # --- output -----------------------------------------------------------------------------------
+    def unix(self, perf_ns: int) -> int:
+        return perf_ns + self.clock_offset_ns
+
+    def _write(self, record: Record) -> None:
+        if self.writer is not None:
+            self.writer.write(record)
+
+    def _publish(self, record: Record) -> None:
+        self._write(record)
+        with self.lock:
+            self.recent.append(record)
+
+    def stats(self) -> AgentStats:
+        return AgentStats(rank=self.rank, t_ns=time.time_ns(), events_recorded=self.state.recorded,
+                          events_dropped=self.state.dropped, hook_errors=self.state.hook_errors,
+                          cpu_time_s=round(self.cpu_time_s, 6))
+
+    def notice(self, level: str, source: str, message: str) -> None:
+        record = Notice(rank=self.rank, t_ns=time.time_ns(), level=level, source=source, message=message)
+        with self.lock:
+            self.notices.append(record)
+        with self._drain_lock:
+            self._write(record)
+
+    def set_run_info(self, info: RunInfo) -> None:
+        with self.lock:
+            self.run_info = info
+        with self._drain_lock:
+            self._write(info)
+
+    # --- draining ---------------------------------------------------------------------------------
+    def _drain(self, final: bool) -> None:
+        raw = self.state.raw
+        popleft = raw.popleft
+        while True:
+            try:
+                item = popleft()
+            except IndexError:
+                break
+            kind = item[0]
+            if kind == RAW_COLLECTIVE:
+                self._on_collective(item)
+            elif kind == RAW_WAIT:
+                self._on_wait(item)
+            elif kind == RAW_DONE:
+                self._on_done(item)
+            elif kind == RAW_PHASE:
+                self._on_phase(item)
+            elif kind == RAW_STEP_END:
+                self._on_step_end(item)
+            elif kind == RAW_MEMORY:
+                self._on_memory(item)
+            elif kind == RAW_OOM:
+                self._on_oom(item)
+        self._check_inflight(final)
+        self._emit_steps(final)
+
+    def _step_acc(self, step: int) -> _StepAcc:
+        acc = self._steps.get(step)
+        if acc is None:
+            acc = self._steps[step] = _StepAcc()
+        return acc
+
+    def _on_collective(self, item: tuple[Any, ...]) -> None:
+        seq, async_op, work, cuda = item[1], item[10], item[11], item[14]
+        if not async_op or (work is None and not str(item[2]).startswith("funcol.")):
+            if cuda is not None and isinstance(cuda, tuple) and cuda[1] is not None:
+                self._inflight[seq] = _Inflight(raw=item)  # resolved when its CUDA events complete
+                return
+            t0, t1 = item[4], item[5]
+            self._finalize(item, t1, (t1 - t0) / 1e9, Timing.SYNC.value)
+            return
+        entry = _Inflight(raw=item)
+        wait = self._orphan_waits.pop(seq, None)
+        done = self._orphan_done.pop(seq, None)
+        entry.wait, entry.done_ns = wait, done
+        self._inflight[seq] = entry
+        self._try_finalize_async(seq, entry)
+
+    def _on_wait(self, item: tuple[Any, ...]) -> None:
+        seq = item[1]
+        entry = self._inflight.get(seq)
+        if entry is None:
+            if len(self._orphan_waits) < 65536:
+                self._orphan_waits[seq] = item  # the issue record is still in the queue behind it
+            return
+        entry.wait = item
+        self._try_finalize_async(seq, entry)
+
+    def _on_done(self, item: tuple[Any, ...]) -> None:
+        seq = item[1]
+        entry = self._inflight.get(seq)
+        if entry is None:
+            if len(self._orphan_done) < 65536:
+                self._orphan_done[seq] = item[2]
+            return
+        entry.done_ns = item[2]
+        self._try_finalize_async(seq, entry)
+
+    def _try_finalize_async(self, seq: int, entry: _Inflight, now: int | None = None) -> bool:
+        item, wait = entry.raw, entry.wait
+        sampled = item[15]
+        if wait is None:
+            return False
+        _, _, w0, w1, done_before, cuda_end = wait
+        cuda = item[14]
+        if cuda is not None and self.cuda_timer is not None and cuda_end is not None:
+            resolved = self.cuda_timer.resolve(cuda[0], cuda_end)
+            if resolved is None:
+                return False
+            del self._inflight[seq]
+            self._finalize(item, None, (w1 - w0) / 1e9, Timing.CUDA_EVENT.value, unix_span=resolved)
+            return True
+        if sampled and entry.done_ns is None and (now is None or now - w1 < _CALLBACK_GRACE_NS):
+            return False  # the exact completion time is on its way
+        del self._inflight[seq]
+        blocked = (w1 - w0) / 1e9
+        if entry.done_ns is not None:
+            self._finalize(item, entry.done_ns, blocked, Timing.CALLBACK.value)
+        elif done_before:
+            self._finalize(item, w0, blocked, Timing.BOUND.value)
+        else:
+            self._finalize(item, w1, blocked, Timing.WAIT.value)
+        return True
+
+    def _check_inflight(self, final: bool) -> None:
+        if not self._inflight:
+            return
+        now = time.perf_counter_ns()
+        for seq, entry in list(self._inflight.items()):
+            item = entry.raw
+            if entry.wait is not None:
+                if self._try_finalize_async(seq, entry, now=now if not final else now + _CALLBACK_GRACE_NS):
+                    continue
+            cuda = item[14]
+            if cuda is not None and isinstance(cuda, tuple) and cuda[1] is not None and self.cuda_timer is not None:
+                resolved = self.cuda_timer.resolve(cuda[0], cuda[1])
+                if resolved is not None:
+                    del self._inflight[seq]
+                    self._finalize(item, None, (item[5] - item[4]) / 1e9, Timing.CUDA_EVENT.value,
+                                   unix_span=resolved)
+                elif final:
+                    del self._inflight[seq]
+                    self._finalize(item, None, (item[5] - item[4]) / 1e9, Timing.UNKNOWN.value)
+                continue
+            if entry.wait is not None:
+                continue
+            work = item[11]
+            age = now - item[4]
+            if work is not None and (age > _POLL_AFTER_NS or final):
+                try:
+                    completed = bool(work.is_completed())
+                except Exception:  # noqa: BLE001
+                    completed = True
+                if completed or final:
+                    del self._inflight[seq]
+                    if self.state.pending.get(id(work)) == seq:
+                        self.state.pending.pop(id(work), None)
+                    if entry.done_ns is not None:
+                        self._finalize(item, entry.done_ns, 0.0, Timing.CALLBACK.value)
+                    else:
+                        self._finalize(item, now if completed else None, 0.0,
+                                       Timing.POLL.value if completed else Timing.UNKNOWN.value)
+            elif work is None and (age > _POLL_AFTER_NS * 10 or final):
+                # A functional collective whose result was never waited on through wait_tensor.
+                del self._inflight[seq]
+                self._finalize(item, None, 0.0, Timing.UNKNOWN.value)
+
+    def _group_size(self, group: Any) -> int:
+        try:
+            return self._group_sizes[group]
+        except (KeyError, TypeError):
+            pass
+        size = -1
+        try:
+            import torch.distributed as dist
+
+            if isinstance(group, tuple) and group and group[0] == "funcol":
+                import torch.distributed._functional_collectives as funcol
+                from torch.distributed.distributed_c10d import _resolve_process_group
+
+                size = _resolve_process_group(funcol._resolve_group_name(group[1])).size()
+            else:
+                size = dist.get_world_size(group) if group is not None else dist.get_world_size()
+        except Exception:  # noqa: BLE001
+            size = -1
+        try:
+            if len(self._group_sizes) < 1024:
+                self._group_sizes[group] = size
+        except TypeError:
+            pass
+        return size
+
+    def _dtype(self, dtype: Any) -> str:
+        name = self._dtype_names.get(dtype)
+        if name is None:
+            name = "" if dtype is None else str(dtype).replace("torch.", "")
+            self._dtype_names[dtype] = name
+        return name
+
+    def _finalize(self, item: tuple[Any, ...], complete_perf: int | None, blocked_s: float, timing: str,
+                  unix_span: tuple[int, int] | None = None) -> None:
+        (_, seq, api, op, t0, _t1, b_in, b_out, dtype, group, async_op, _work, phase, step, _cuda,
+         _sampled) = item
+        if unix_span is not None:
+            issue_ns, complete_ns = unix_span
+        else:
+            issue_ns = self.unix(t0)
+            complete_ns = self.unix(complete_perf) if complete_perf is not None else None
+        event = CollectiveEvent(
+            seq=seq, rank=self.rank, step=step, phase=phase, op=op, api=api, bytes_in=b_in, bytes_out=b_out,
+            dtype=self._dtype(dtype), group_size=self._group_size(group), async_op=bool(async_op),
+            issue_ns=issue_ns, complete_ns=complete_ns, blocked_s=round(blocked_s, 9), timing=timing,
+            meaning=meaning_of(op, phase, max(b_in, b_out)),
+        )
+        self.events_finalized += 1
+        self._publish(event)
+        if step >= 0:
+            acc = self._step_acc(step)
+            acc.collectives += 1
+            nbytes = max(b_in, b_out)
+            acc.comm_bytes += nbytes
+            acc.by_op[op] = acc.by_op.get(op, 0) + nbytes
+            if complete_ns is not None:
+                acc.intervals.append((issue_ns, max(issue_ns, complete_ns)))
+            acc.blocked_s += blocked_s
+
+    def _on_phase(self, item: tuple[Any, ...]) -> None:
+        _, phase, t, step = item
+        self._close_phase(t)
+        self._phase = (phase, t, step)
+
+    def _close_phase(self, t: int) -> None:
+        if self._phase is None:
+            return
+        phase, start, step = self._phase
+        if t > start:
+            self._publish(PhaseSpan(rank=self.rank, step=step, phase=phase, start_ns=self.unix(start),
+                                    end_ns=self.unix(t)))
+            if step >= 0:
+                acc = self._step_acc(step)
+                acc.phase_s[phase] = acc.phase_s.get(phase, 0.0) + (t - start) / 1e9
+                if acc.start_ns is None:
+                    acc.start_ns = self.unix(start)
+        self._phase = None
+
+    def _on_step_end(self, item: tuple[Any, ...]) -> None:
+        _, step, t = item
+        phase = self._phase
+        self._close_phase(t)
+        if phase is not None:
+            self._phase = (phase[0], t, step + 1)
+        acc = self._step_acc(step)
+        acc.end_ns = self.unix(t)
+        acc.ended_at_perf = time.perf_counter_ns()
+        if acc.start_ns is None:
+            acc.start_ns = acc.end_ns
+
+    def _emit_steps(self, final: bool) -> None:
+        now = time.perf_counter_ns()
+        inflight_steps = {entry.raw[13] for entry in self._inflight.values()}
+        for step in sorted(self._steps):
+            acc = self._steps[step]
+            if acc.end_ns is None:
+                continue  # unfinished: a step that never ended is not summarized
+            if step in inflight_steps and not final and now - acc.ended_at_perf < _STEP_GRACE_NS:
+                continue
+            del self._steps[step]
+            summary = StepSummary(
+                rank=self.rank, step=step, start_ns=acc.start_ns or acc.end_ns, end_ns=acc.end_ns,
+                phase_s={k: round(v, 9) for k, v in acc.phase_s.items()}, collectives=acc.collectives,
+                comm_bytes=acc.comm_bytes, comm_bytes_by_op=dict(acc.by_op),
+                comm_union_s=round(union_seconds(acc.intervals), 9), blocked_s=round(acc.blocked_s, 9),
+                peak_memory=acc.peak_memory,
+            )
+            self._write(summary)
+            with self.lock:
+                self.recent_steps.append(summary)
+                self.recent.append(summary)
+
+    def _on_memory(self, item: tuple[Any, ...]) -> None:
+        _, phase, step, t, fields = item
+        sample = MemorySample(rank=self.rank, step=step, phase=phase, t_ns=self.unix(t), **fields)
+        self._publish(sample)
+        with self.lock:
+            self.latest_memory = sample
+        if step >= 0:
+            level = sample.allocated if sample.allocated is not None else sample.rss
+            acc = self._step_acc(step)
+            if level is not None and (acc.peak_memory is None or level > acc.peak_memory):
+                acc.peak_memory = level
+
+    def _on_oom(self, item: tuple[Any, ...]) -> None:
+        _, t, device, info, snapshot, phase, step = item
+        self._publish(OomEvent(rank=self.rank, step=step, phase=phase, t_ns=self.unix(t), device=device,
+                               allocated=info.get("allocated"), requested=info.get("requested"),
+                               free=info.get("free"), snapshot_path=snapshot))
+
+    def _sample_device(self) -> None:
+        if self.device is None or not self.device_interval_s:
+            return
+        now = time.perf_counter_ns()
+        if now - self._last_device_ns < self.device_interval_s * 1e9:
+            return
+        self._last_device_ns = now
+        reading = self.device.read()
+        if reading is None:
+            return
+        sample = DeviceSample(rank=self.rank, t_ns=time.time_ns(), **reading)
+        self._publish(sample)
+        with self.lock:
+            self.latest_device = sample

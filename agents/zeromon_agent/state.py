@@ -1,0 +1,99 @@
+"""The state the training-thread hooks touch: kept tiny, read with plain attribute loads.
+
+Hooks append raw tuples to one bounded deque; the agent's background thread turns them into
+events. Appending never blocks: when the deque is full the oldest entry is dropped and counted.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from typing import Any
+
+log = logging.getLogger("zeromon.agent")
+
+# Raw record kinds (first element of each tuple in HotState.raw).
+RAW_COLLECTIVE = 0  # (kind, seq, api, op, t0, t1, bytes_in, bytes_out, dtype, group, async_op, work,
+#                     phase, step, cuda, sampled)
+RAW_WAIT = 1  # (kind, seq, t_wait_start, t_wait_end, completed_before_wait, cuda_end_event)
+RAW_DONE = 2  # (kind, seq, t_done)             a sampled completion callback fired
+RAW_PHASE = 3  # (kind, phase, t, step)         the phase changed at t
+RAW_STEP_END = 4  # (kind, step, t)             step `step` ended at t
+RAW_MEMORY = 5  # (kind, phase, step, t, sample_fields)
+RAW_OOM = 6  # (kind, t, device, alloc_info, snapshot_path)
+
+
+class _InsideCollective(threading.local):
+    # True while this thread is inside a recorded collective: deprecated aliases call the new
+    # names through module globals, and only the outermost call is recorded.
+    inside = False
+
+
+class HotState:
+    __slots__ = (
+        "enabled",
+        "phase",
+        "step",
+        "seq",
+        "raw",
+        "raw_capacity",
+        "dropped",
+        "recorded",
+        "pending",
+        "pending_capacity",
+        "async_sample_every",
+        "async_count",
+        "hook_errors",
+        "_logged",
+        "tls",
+        "cuda_timing",
+        "autostart",
+    )
+
+    def __init__(self, raw_capacity: int = 65536) -> None:
+        self.enabled = False
+        self.phase = "setup"
+        self.step = -1
+        self.seq = 0
+        self.raw: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=raw_capacity)
+        self.raw_capacity = raw_capacity
+        self.dropped = 0
+        self.recorded = 0
+        # id(Work) -> seq of the async collective that returned it, until it is waited on.
+        self.pending: dict[int, int] = {}
+        self.pending_capacity = 8192
+        self.async_sample_every = 16
+        self.async_count = 0
+        self.hook_errors = 0
+        self._logged: set[str] = set()
+        self.tls = _InsideCollective()
+        self.cuda_timing: Any = None  # a CudaTimer when collectives run on CUDA tensors
+        # `zeromon run`: starts the agent from the first collective when the process group was made
+        # by a path whose init_process_group could not be wrapped. Returns True once started.
+        self.autostart: Any = None
+
+    def resize(self, raw_capacity: int) -> None:
+        self.raw = collections.deque(self.raw, maxlen=raw_capacity)
+        self.raw_capacity = raw_capacity
+
+    def push(self, item: tuple[Any, ...]) -> None:
+        raw = self.raw
+        if len(raw) >= self.raw_capacity:
+            self.dropped += 1
+        raw.append(item)
+
+    def hook_error(self, where: str, exc: BaseException) -> None:
+        """Count an exception raised inside zeromon; log it once per place. Never raises."""
+        try:
+            self.hook_errors += 1
+            if where not in self._logged:
+                self._logged.add(where)
+                log.warning("zeromon: error in %s hook (training continues; logged once): %r", where, exc)
+        except Exception:  # noqa: BLE001 - the last line of defence must not raise
+            pass
+
+
+STATE = HotState()
+perf_ns = time.perf_counter_ns

@@ -1,0 +1,92 @@
+"""Train TinyGPT with plain DistributedDataParallel on synthetic data (the unsharded baseline).
+
+    torchrun --nproc-per-node 2 examples/ddp_train.py --steps 5
+
+Every rank holds the whole model, gradients and optimizer state; DDP all-reduces the gradients
+in buckets during backward.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import tinygpt
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = tinygpt.build_arg_parser(__doc__.splitlines()[0])
+    parser.add_argument(
+        "--bucket-cap-mb",
+        type=float,
+        default=25.0,
+        help="DDP gradient bucket size in MiB (default: DDP's 25)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    env = tinygpt.dist_env_from_environ()
+    cfg = tinygpt.validate_common_args(args, env)
+    if args.bucket_cap_mb <= 0:
+        raise SystemExit("--bucket-cap-mb must be greater than 0")
+    tinygpt.init_process_group(env)
+    try:
+        train(args, env, cfg)
+    finally:
+        tinygpt.teardown()
+
+
+def train(args: argparse.Namespace, env: tinygpt.DistEnv, cfg: tinygpt.GPTConfig) -> None:
+    model = tinygpt.build_model(cfg, args.seed)
+    count = tinygpt.param_count(model)
+    units = [{"name": "", "numel": count, "padded_numel": None}]
+    model.to(env.device)
+    device_ids = [env.device.index] if env.device.type == "cuda" else None
+    # DDP broadcasts rank 0's weights at construction, though they are equal already.
+    ddp_model = DDP(model, device_ids=device_ids, bucket_cap_mb=args.bucket_cap_mb)
+
+    optimizer = torch.optim.AdamW(ddp_model.parameters(), lr=args.lr)
+    step_context = tinygpt.attach_zeromon(args.zeromon, model=ddp_model, optimizer=optimizer)
+
+    def train_step(step: int) -> torch.Tensor:
+        inputs, targets = tinygpt.synthetic_batch(
+            cfg, args.batch, seed=args.seed, rank=env.rank, step=step, device=env.device
+        )
+        loss = ddp_model(inputs, targets)
+        loss.backward()
+        if args.clip_grad > 0:
+            # The gradients are already all-reduced, hence equal: no collective needed.
+            torch.nn.utils.clip_grad_norm_(ddp_model.parameters(), args.clip_grad)
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss.detach()
+
+    strategy = {"bf16": False, "bucket_cap_mb": args.bucket_cap_mb, "clip_grad": args.clip_grad}
+    header = f"ddp world={env.world_size} device={env.device} params={count:,} " + " ".join(
+        f"{k}={v}" for k, v in strategy.items()
+    )
+    result = tinygpt.run_training(env, args.steps, train_step, step_context, header=header)
+
+    summary = tinygpt.build_summary(
+        framework="ddp",
+        strategy=strategy,
+        env=env,
+        cfg=cfg,
+        micro_batch=args.batch,
+        result=result,
+        param_count=count,
+        param_dtype=torch.float32,
+        compute_dtype=torch.float32,
+        grad_dtype=torch.float32,
+        reduce_dtype=torch.float32,
+        units=units,
+        optimizer=optimizer,
+    )
+    tinygpt.write_summary(args.summary_json, env.rank, summary)
+
+
+if __name__ == "__main__":
+    main()

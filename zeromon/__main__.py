@@ -1,0 +1,5 @@
+import sys
+
+from zeromon.cli import main
+
+sys.exit(main())

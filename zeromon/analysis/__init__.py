@@ -1,0 +1,1 @@
+"""Pure analysis: data in, dataclasses out (overlap, bandwidth, OOM risk, stragglers, planner)."""

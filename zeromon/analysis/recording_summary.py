@@ -1,0 +1,118 @@
+"""A first look at a recorded run: per rank, what was recorded and what a step costs.
+
+Pure: recordings in, dataclasses out; ``format_summary`` renders the text the CLI prints.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from zeromon.model.codec import Recording, read_run
+from zeromon.model.units import format_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RankSummary:
+    rank: int
+    framework: str
+    strategy: str
+    steps: int
+    median_step_s: float | None
+    collectives: int
+    # Median over the steps after the first of the bytes each step moved, per ZeRO meaning.
+    bytes_per_step_by_meaning: dict[str, int] = field(default_factory=dict)
+    median_blocked_s: float | None = None
+    peak_memory: int | None = None
+    capacity: int | None = None
+    last_categories: dict[str, int] = field(default_factory=dict)
+    events_dropped: int = 0
+    hook_errors: int = 0
+    corrupt_lines: int = 0
+    notices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    run_dir: str
+    world_size: int
+    ranks: tuple[RankSummary, ...]
+
+
+def _strategy(rec: Recording) -> str:
+    info = rec.run_info
+    if info is None:
+        return "-"
+    if info.zero_stage is not None:
+        return f"ZeRO-{info.zero_stage}"
+    return info.fsdp_strategy or "-"
+
+
+def summarize_recording(rec: Recording) -> RankSummary:
+    durations = [s.duration_s for s in rec.steps]
+    per_step: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for event in rec.collectives:
+        if event.step >= 0:
+            per_step[event.step][event.meaning] += max(event.bytes_in, event.bytes_out)
+    later = [s for s in sorted(per_step) if s >= 1] or sorted(per_step)
+    meanings = {m for s in later for m in per_step[s]}
+    by_meaning = {m: int(statistics.median(per_step[s].get(m, 0) for s in later)) for m in sorted(meanings)}
+    levels = [m.allocated if m.allocated is not None else m.rss for m in rec.memory]
+    levels = [x for x in levels if x is not None]
+    with_categories = [m for m in rec.memory if len(m.categories) > 1]
+    capacity = next((m.capacity for m in reversed(rec.memory) if m.capacity), None)
+    info = rec.run_info
+    return RankSummary(
+        rank=rec.rank,
+        framework=info.framework if info else "-",
+        strategy=_strategy(rec),
+        steps=len(rec.steps),
+        median_step_s=statistics.median(durations) if durations else None,
+        collectives=len(rec.collectives),
+        bytes_per_step_by_meaning=by_meaning,
+        median_blocked_s=statistics.median(s.blocked_s for s in rec.steps) if rec.steps else None,
+        peak_memory=max(levels) if levels else None,
+        capacity=capacity,
+        last_categories=dict(with_categories[-1].categories) if with_categories else {},
+        events_dropped=rec.stats.events_dropped if rec.stats else 0,
+        hook_errors=rec.stats.hook_errors if rec.stats else 0,
+        corrupt_lines=len(rec.corrupt_lines),
+        notices=tuple(f"{n.level}: {n.message}" for n in rec.notices),
+    )
+
+
+def summarize_run(run_dir: Path) -> RunSummary:
+    recordings = read_run(run_dir)
+    world = max((r.run_info.world_size for r in recordings if r.run_info), default=len(recordings))
+    return RunSummary(run_dir=str(run_dir), world_size=world,
+                      ranks=tuple(summarize_recording(r) for r in recordings))
+
+
+def format_summary(summary: RunSummary) -> str:
+    lines = [f"zeromon: run {summary.run_dir} ({len(summary.ranks)} of {summary.world_size} ranks recorded)"]
+    header = f"{'rank':>4}  {'framework':<10} {'strategy':<14} {'steps':>5} {'step ms':>8} {'blocked ms':>10} " \
+             f"{'collectives':>11} {'peak mem':>11}  bytes per step by meaning"
+    lines.append(header)
+    for r in summary.ranks:
+        step_ms = f"{r.median_step_s * 1e3:.1f}" if r.median_step_s is not None else "-"
+        blocked = f"{r.median_blocked_s * 1e3:.1f}" if r.median_blocked_s is not None else "-"
+        meanings = ", ".join(f"{m}={format_bytes(b)}" for m, b in r.bytes_per_step_by_meaning.items()) or "-"
+        lines.append(f"{r.rank:>4}  {r.framework:<10} {r.strategy:<14} {r.steps:>5} {step_ms:>8} {blocked:>10} "
+                     f"{r.collectives:>11} {format_bytes(r.peak_memory):>11}  {meanings}")
+    first = summary.ranks[0] if summary.ranks else None
+    if first is not None and first.last_categories:
+        cats = ", ".join(f"{k}={format_bytes(v)}" for k, v in first.last_categories.items() if v)
+        lines.append(f"rank {first.rank} memory by category (last sample): {cats}")
+    problems = [(r.rank, r.events_dropped, r.hook_errors, r.corrupt_lines) for r in summary.ranks
+                if r.events_dropped or r.hook_errors or r.corrupt_lines]
+    for rank, dropped, errors, corrupt in problems:
+        lines.append(f"rank {rank}: {dropped} events dropped, {errors} hook errors, {corrupt} corrupt lines")
+    seen: set[str] = set()
+    for r in summary.ranks:
+        for note in r.notices:
+            if note not in seen:
+                seen.add(note)
+                lines.append(f"note: {note}")
+    return "\n".join(lines)

@@ -1,0 +1,265 @@
+"""The event model every part of zeromon shares: what the agent records and the clients read.
+
+All records are frozen, slotted dataclasses. Times are Unix-epoch nanoseconds (``*_ns``) so that
+ranks on different machines line up; sizes are bytes; durations in seconds carry ``_s``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Phase(str, Enum):
+    """Where in a training step something happened."""
+
+    SETUP = "setup"  # before the first step: model wrapping, parameter broadcasts, ZeRO-3 init
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+    OTHER = "other"  # between phases: data loading, loss, zero_grad, gradient clipping
+
+
+class ZeroMeaning(str, Enum):
+    """What a collective does for ZeRO/FSDP, where the framework and phase make it knowable."""
+
+    PARAM_ALL_GATHER = "param_all_gather"
+    GRAD_REDUCE_SCATTER = "grad_reduce_scatter"
+    GRAD_ALL_REDUCE = "grad_all_reduce"
+    PARAM_BROADCAST = "param_broadcast"
+    UNKNOWN = "unknown"
+
+
+class Timing(str, Enum):
+    """How a collective's completion time was obtained, from exact to bounded."""
+
+    SYNC = "sync"  # a synchronous call on the host: issue to return
+    WAIT = "wait"  # async; the caller blocked in Work.wait() until it completed
+    CALLBACK = "callback"  # async; a (sampled) completion callback gave the exact time
+    BOUND = "bound"  # async; already complete when waited on: completion <= the wait's start
+    POLL = "poll"  # async, never waited on; seen complete by the agent's background thread
+    CUDA_EVENT = "cuda_event"  # GPU: CUDA events on the stream around the collective
+    NCCL_HOOK = "nccl_hook"  # GPU: ProcessGroupNCCL's on-completion hook
+    UNKNOWN = "unknown"
+
+
+# Memory categories, named as torch's FSDPMemTracker names them (DESIGN.md).
+MEMORY_CATEGORIES: tuple[str, ...] = (
+    "sharded_params",
+    "unsharded_params",
+    "buffers",
+    "sharded_grads",
+    "unsharded_grads",
+    "optimizer_state",
+    "activations",
+    "temporaries",
+    "all_gather_buffers",
+    "reduce_scatter_buffers",
+    "other",
+)
+
+# Canonical collective op names (nccl-tests' vocabulary); the API that was called is kept apart.
+COLLECTIVE_OPS: tuple[str, ...] = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "reduce",
+    "all_to_all",
+    "gather",
+    "scatter",
+    "send",
+    "recv",
+    "barrier",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveEvent:
+    """One collective call as the rank saw it."""
+
+    seq: int  # per-rank sequence number of recorded collectives
+    rank: int
+    step: int  # -1 before the first step
+    phase: str  # a Phase value
+    op: str  # canonical op (COLLECTIVE_OPS)
+    api: str  # what was called: "all_gather_single", "funcol.all_reduce", ...
+    bytes_in: int
+    bytes_out: int
+    dtype: str
+    group_size: int
+    async_op: bool
+    issue_ns: int
+    complete_ns: int | None  # None when the completion was never observed
+    blocked_s: float  # time the calling thread was blocked waiting on it
+    timing: str  # a Timing value
+    meaning: str  # a ZeroMeaning value
+
+    @property
+    def duration_s(self) -> float | None:
+        if self.complete_ns is None:
+            return None
+        return max(0.0, (self.complete_ns - self.issue_ns) / 1e9)
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseSpan:
+    rank: int
+    step: int
+    phase: str
+    start_ns: int
+    end_ns: int
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class MemorySample:
+    """Memory of one rank at one moment: allocator totals, categories, capacity, process RSS.
+
+    Allocator fields are None where no allocator reports them (CPU). ``categories`` holds bytes per
+    MEMORY_CATEGORIES name; storages are counted once.
+    """
+
+    rank: int
+    step: int
+    phase: str
+    t_ns: int
+    device: str  # "cuda:0", "cpu"
+    allocated: int | None
+    reserved: int | None
+    active: int | None
+    peak_allocated: int | None
+    peak_reserved: int | None
+    inactive_split: int | None
+    num_alloc_retries: int | None
+    num_ooms: int | None
+    capacity: int | None  # device total (mem_get_info) or, on CPU, the cgroup / physical limit
+    free: int | None  # device free bytes as the driver reports them (includes other processes)
+    rss: int | None  # process resident set size
+    categories: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def fragmentation(self) -> int | None:
+        if self.reserved is None or self.allocated is None:
+            return None
+        return self.reserved - self.allocated
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceSample:
+    """One NVML reading of the rank's GPU."""
+
+    rank: int
+    t_ns: int
+    index: int
+    name: str
+    util_gpu_pct: float | None
+    util_mem_pct: float | None
+    mem_used: int | None
+    mem_total: int | None
+    power_w: float | None
+    temperature_c: float | None
+    pcie_tx_bytes_s: float | None
+    pcie_rx_bytes_s: float | None
+    nvlink_tx_bytes_s: float | None
+    nvlink_rx_bytes_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class OomEvent:
+    """An out-of-memory seen by the allocator's OOM observer (CUDA builds only)."""
+
+    rank: int
+    step: int
+    phase: str
+    t_ns: int
+    device: str
+    allocated: int | None
+    requested: int | None
+    free: int | None
+    snapshot_path: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class StepSummary:
+    """What one rank did in one step, aggregated by the agent as the step ends."""
+
+    rank: int
+    step: int
+    start_ns: int
+    end_ns: int
+    phase_s: Mapping[str, float]  # seconds per phase
+    collectives: int
+    comm_bytes: int  # sum of the larger of bytes in/out per collective
+    comm_bytes_by_op: Mapping[str, int]
+    comm_union_s: float  # union of collective intervals (host or device clock)
+    blocked_s: float  # time the training thread was blocked in collectives
+    peak_memory: int | None  # highest allocator (GPU) or RSS (CPU) reading seen in the step
+
+    @property
+    def duration_s(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """What is being trained and how: framework, sharding, dtypes and the knobs that matter."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    host: str
+    pid: int
+    job: str
+    framework: str  # "deepspeed", "fsdp2", "fsdp1", "ddp", "none", "unknown"
+    framework_version: str | None
+    torch_version: str
+    backend: str | None  # "gloo", "nccl"
+    device: str
+    zero_stage: int | None
+    fsdp_strategy: str | None  # FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, ...
+    param_dtype: str | None
+    reduce_dtype: str | None
+    optimizer: str | None
+    knobs: Mapping[str, Any] = field(default_factory=dict)  # overlap_comm, bucket sizes, ...
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """Something the agent wants the user to know once: a missing capability, a hook error."""
+
+    rank: int
+    t_ns: int
+    level: str  # "info", "warning", "error"
+    source: str  # "nvml", "cuda", "hooks", ...
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class AgentStats:
+    """The agent's own health, written periodically and at exit."""
+
+    rank: int
+    t_ns: int
+    events_recorded: int
+    events_dropped: int
+    hook_errors: int
+    cpu_time_s: float  # CPU time of the agent's own background thread
+
+
+Record = (
+    CollectiveEvent
+    | PhaseSpan
+    | MemorySample
+    | DeviceSample
+    | OomEvent
+    | StepSummary
+    | RunInfo
+    | Notice
+    | AgentStats
+)
