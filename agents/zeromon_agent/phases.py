@@ -38,7 +38,7 @@ class PhaseTracker:
     # --- primitive transitions --------------------------------------------------------------------
     def set_phase(self, phase: str) -> None:
         state = self.state
-        if state.phase != phase:
+        if state.enabled and state.phase != phase:
             state.phase = phase
             state.push((RAW_PHASE, phase, perf_ns(), state.step))
 
@@ -48,7 +48,7 @@ class PhaseTracker:
 
     def end_step(self) -> None:
         state = self.state
-        if state.step < 0:
+        if state.step < 0 or not state.enabled:
             return
         self.set_phase("other")
         self._boundary("step_end")
@@ -56,7 +56,7 @@ class PhaseTracker:
         state.step += 1
 
     def _boundary(self, what: str) -> None:
-        if self.on_boundary is not None:
+        if self.on_boundary is not None and self.state.enabled:
             try:
                 self.on_boundary(what)
             except Exception as exc:  # noqa: BLE001

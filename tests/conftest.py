@@ -1,0 +1,51 @@
+"""Shared fixtures: the repository paths, a clean environment for child processes, launchers."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment for a child training process: one thread per rank on a 2-core machine."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZEROMON_")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1")
+    env.update(extra)
+    return env
+
+
+def run_python(script: Path | str, *args: str, env: dict[str, str] | None = None, timeout: float = 300,
+               cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(script), *args], env=env or child_env(), cwd=cwd or REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def zeromon(*args: str, env: dict[str, str] | None = None, timeout: float = 600,
+            cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """The real CLI, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "zeromon", *args], env=env or child_env(), cwd=cwd or REPO,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def torchrun_args(nproc: int, script: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+            "--master-port", str(free_port()), str(script), *args]
+
+
+@pytest.fixture
+def port() -> int:
+    return free_port()

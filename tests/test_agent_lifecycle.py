@@ -1,0 +1,109 @@
+"""The agent's lifecycle in real processes: SIGTERM flushes, explicit steps, no-code-change injection."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from conftest import EXAMPLES, child_env, free_port, run_python, torchrun_args
+
+from zeromon.model import read_recording, read_run
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _count_kind(path: Path, kind: str) -> int:
+    if not path.exists():
+        return 0
+    return sum(1 for line in path.read_text().splitlines()[1:] if line.startswith(f'["{kind}"'))
+
+
+def test_sigterm_through_zeromon_run_flushes_every_rank(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "zeromon", "run", "--out", str(out), "--",
+           *torchrun_args(2, EXAMPLES / "fsdp2_train.py", "--steps", "100000")]
+    proc = subprocess.Popen(cmd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        _wait_for(lambda: all(_count_kind(out / f"rank-{r}.jsonl", "step") >= 3 for r in (0, 1)), 180,
+                  "three recorded steps on both ranks")
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    runs = read_run(out)
+    assert [r.rank for r in runs] == [0, 1]
+    for rec in runs:
+        assert rec.stats is not None, "the final agent_stats record is written on SIGTERM"
+        assert rec.stats.events_dropped == 0 and rec.stats.hook_errors == 0
+        assert len(rec.steps) >= 3
+        assert rec.corrupt_lines == []
+
+
+def test_explicit_steps_with_two_optimizers(tmp_path: Path) -> None:
+    # Two optimizers step in each iteration (a GAN-like loop): `with zeromon_agent.step()` defines
+    # the step, not the optimizer.
+    script = tmp_path / "two_opt.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys, torch, torch.distributed as dist
+        import zeromon_agent
+        dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{sys.argv[2]}")
+        a, b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)
+        opt_a, opt_b = torch.optim.SGD(a.parameters(), 0.1), torch.optim.SGD(b.parameters(), 0.1)
+        zeromon_agent.attach(model=a, out_dir=sys.argv[1])
+        for i in range(5):
+            with zeromon_agent.step():
+                for opt, loss_fn in ((opt_a, lambda: a(torch.ones(4, 8)).sum()),
+                                     (opt_b, lambda: b(torch.ones(4, 8)).sum())):
+                    opt.zero_grad()
+                    loss_fn().backward()
+                    opt.step()
+                t = torch.ones(2)
+                dist.all_reduce(t)
+        zeromon_agent.detach()
+        dist.destroy_process_group()
+    """))
+    out = run_python(script, str(tmp_path), str(free_port()))
+    assert out.returncode == 0, out.stderr[-2000:]
+    rec = read_recording(tmp_path / "rank-0.jsonl")
+    assert [s.step for s in rec.steps] == [0, 1, 2, 3, 4]
+    assert [e.step for e in rec.collectives] == [0, 1, 2, 3, 4]
+    assert all(set(s.phase_s) >= {"forward", "backward"} for s in rec.steps)
+
+
+def test_injection_chains_an_existing_sitecustomize(tmp_path: Path) -> None:
+    # A user's own sitecustomize keeps working under `zeromon run`.
+    user_site = tmp_path / "usersite"
+    user_site.mkdir()
+    (user_site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = 'yes'\n")
+    probe = tmp_path / "probe.py"
+    probe.write_text("import os, sys, json\nprint(json.dumps({'user': os.environ.get('USER_SITE_RAN'), "
+                     "'hooked': any(type(f).__name__ == '_AfterImport' for f in sys.meta_path)}))\n")
+    env = child_env(PYTHONPATH=str(user_site))
+    out = subprocess.run([sys.executable, "-m", "zeromon", "run", "--quiet", "--out", str(tmp_path / "r"), "--",
+                          sys.executable, str(probe)], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"user": "yes", "hooked": True}
+
+
+def test_zeromon_enable_0_injects_nothing(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "zeromon", "run", "--quiet", "--out", str(tmp_path / "r"), "--",
+         *torchrun_args(2, EXAMPLES / "fsdp2_train.py", "--steps", "2")],
+        env=child_env(ZEROMON_ENABLE="0"), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert not list((tmp_path / "r").glob("rank-*.jsonl"))

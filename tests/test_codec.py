@@ -1,0 +1,126 @@
+"""The recording format: round trip, versioning, corrupt lines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from zeromon.errors import ZeromonError
+from zeromon.model import (
+    AgentStats,
+    CollectiveEvent,
+    MemorySample,
+    PhaseSpan,
+    RecordingWriter,
+    RunInfo,
+    StepSummary,
+    read_recording,
+    read_run,
+)
+
+
+def _collective(seq: int) -> CollectiveEvent:
+    return CollectiveEvent(seq=seq, rank=1, step=3, phase="backward", op="reduce_scatter",
+                           api="reduce_scatter_single", bytes_in=4096, bytes_out=2048, dtype="bfloat16",
+                           group_size=2, async_op=False, issue_ns=1_000, complete_ns=5_000, blocked_s=4e-6,
+                           timing="sync", meaning="grad_reduce_scatter")
+
+
+def _write_sample(path: Path) -> list[object]:
+    records: list[object] = [
+        RunInfo(rank=1, local_rank=1, world_size=2, host="h", pid=7, job="j", framework="fsdp2",
+                framework_version="2.13.0", torch_version="2.13.0", backend="gloo", device="cpu", zero_stage=None,
+                fsdp_strategy="FULL_SHARD", param_dtype="bfloat16", reduce_dtype="float32", optimizer="AdamW",
+                knobs={"reshard_after_forward": True}),
+        _collective(1),
+        _collective(2),
+        PhaseSpan(rank=1, step=3, phase="forward", start_ns=10, end_ns=20),
+        MemorySample(rank=1, step=3, phase="forward", t_ns=15, device="cpu", allocated=None, reserved=None,
+                     active=None, peak_allocated=None, peak_reserved=None, inactive_split=None,
+                     num_alloc_retries=None, num_ooms=None, capacity=10**9, free=None, rss=5 * 10**8,
+                     categories={"sharded_params": 100, "activations": 7}),
+        StepSummary(rank=1, step=3, start_ns=0, end_ns=2_000_000_000, phase_s={"forward": 0.5}, collectives=2,
+                    comm_bytes=8192, comm_bytes_by_op={"reduce_scatter": 8192}, comm_union_s=0.1, blocked_s=0.1,
+                    peak_memory=5 * 10**8),
+        AgentStats(rank=1, t_ns=99, events_recorded=2, events_dropped=0, hook_errors=0, cpu_time_s=0.01),
+    ]
+    writer = RecordingWriter(path, rank=1, job="j")
+    for record in records:
+        writer.write(record)  # type: ignore[arg-type]
+    writer.close()
+    return records
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "rank-1.jsonl"
+    written = _write_sample(path)
+    rec = read_recording(path)
+    assert rec.rank == 1
+    assert rec.collectives == [written[1], written[2]]
+    assert rec.phases == [written[3]]
+    assert rec.memory == [written[4]]
+    assert rec.memory[0].categories["activations"] == 7
+    assert rec.steps[0].duration_s == pytest.approx(2.0)
+    assert rec.run_info == written[0]
+    assert rec.stats == written[6]
+    assert rec.corrupt_lines == []
+
+
+def test_corrupt_lines_are_skipped_and_reported(tmp_path: Path) -> None:
+    path = tmp_path / "rank-1.jsonl"
+    _write_sample(path)
+    lines = path.read_text().splitlines()
+    lines.insert(2, '["collective", 1, 2')  # a write cut short
+    lines.insert(4, "not json at all")
+    lines.append('["collective", "too", "few"]')
+    path.write_text("\n".join(lines) + "\n")
+    rec = read_recording(path)
+    assert len(rec.collectives) == 2
+    assert rec.corrupt_lines == [3, 5, len(lines)]
+
+
+def test_unknown_major_version_is_refused_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "rank-0.jsonl"
+    _write_sample(path)
+    lines = path.read_text().splitlines()
+    header = json.loads(lines[0])
+    header["version"] = "2.0"
+    path.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    with pytest.raises(ZeromonError) as info:
+        read_recording(path)
+    assert str(path) in info.value.message
+    assert "2.0" in info.value.message
+
+
+def test_newer_minor_version_with_extra_field_and_kind_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "rank-0.jsonl"
+    _write_sample(path)
+    lines = path.read_text().splitlines()
+    header = json.loads(lines[0])
+    header["version"] = "1.7"
+    header["schemas"]["collective"].append("future_field")
+    header["schemas"]["future_kind"] = ["a"]
+    rows = [json.loads(line) for line in lines[1:]]
+    for row in rows:
+        if row[0] == "collective":
+            row.append("extra")
+    rows.append(["future_kind", 1])
+    path.write_text("\n".join([json.dumps(header), *map(json.dumps, rows)]) + "\n")
+    rec = read_recording(path)
+    assert len(rec.collectives) == 2 and rec.collectives[0].bytes_in == 4096
+    assert rec.unknown_kinds == {"future_kind": 1}
+
+
+def test_not_a_recording(tmp_path: Path) -> None:
+    path = tmp_path / "rank-0.jsonl"
+    path.write_text('{"hello": 1}\n')
+    with pytest.raises(ZeromonError, match="not a zeromon recording"):
+        read_recording(path)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ZeromonError, match="no rank-<r>.jsonl"):
+        read_run(empty)
+    with pytest.raises(ZeromonError, match="no such run folder"):
+        read_run(tmp_path / "missing")

@@ -1,0 +1,158 @@
+"""The collective wrappers in a real (world-size 1 and 2) gloo process group, each in a fresh process.
+
+Every scenario runs in its own interpreter: the agent patches torch.distributed process-wide.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+from conftest import child_env, free_port, run_python
+
+PRELUDE = """
+import json, os, sys, time, torch, torch.distributed as dist
+import zeromon_agent
+from zeromon.model import read_recording
+def init(rank=0, world=1, port=None):
+    dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
+"""
+
+
+def _run(tmp_path: Path, body: str, timeout: float = 180) -> dict:
+    script = tmp_path / "scenario.py"
+    script.write_text(PRELUDE + textwrap.dedent(body))
+    out = run_python(script, str(tmp_path), str(free_port()), env=child_env(), timeout=timeout)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_every_api_is_recorded_once_with_its_bytes(tmp_path: Path) -> None:
+    result = _run(tmp_path, """
+        out_dir, port = sys.argv[1], int(sys.argv[2])
+        init(port=port)
+        zeromon_agent.attach(out_dir=out_dir)
+        x = torch.ones(256)                       # 1 KiB
+        out = torch.empty(256)
+        dist.all_reduce(x)
+        dist.all_gather_into_tensor(out, x)       # an alias of all_gather_single
+        dist._all_gather_base(out, x)             # deprecated alias -> all_gather_into_tensor -> single
+        dist.reduce_scatter_tensor(output=out, input=x)   # keywords, as DeepSpeed calls it
+        dist.all_gather([torch.empty(256)], x)
+        dist.broadcast(x, src=0)
+        dist.barrier()
+        work = dist.all_reduce(x, async_op=True)
+        work.wait()
+        zeromon_agent.detach()
+        rec = read_recording(os.path.join(out_dir, "rank-0.jsonl"))
+        print(json.dumps([[e.api, e.op, e.bytes_in, e.bytes_out, e.async_op, e.timing, e.group_size,
+                           e.dtype] for e in rec.collectives]))
+    """)
+    assert result == [
+        ["all_reduce", "all_reduce", 1024, 1024, False, "sync", 1, "float32"],
+        ["all_gather_into_tensor", "all_gather", 1024, 1024, False, "sync", 1, "float32"],
+        ["_all_gather_base", "all_gather", 1024, 1024, False, "sync", 1, "float32"],
+        ["reduce_scatter_tensor", "reduce_scatter", 1024, 1024, False, "sync", 1, "float32"],
+        ["all_gather", "all_gather", 1024, 1024, False, "sync", 1, "float32"],
+        ["broadcast", "broadcast", 1024, 1024, False, "sync", 1, "float32"],
+        ["barrier", "barrier", 0, 0, False, "sync", 1, ""],
+        ["all_reduce", "all_reduce", 1024, 1024, True, result[-1][5], 1, "float32"],
+    ]
+    assert result[-1][5] in ("wait", "bound", "callback")
+
+
+def test_async_wait_records_blocked_time_across_two_ranks(tmp_path: Path) -> None:
+    # Rank 1 joins the all-reduce 0.3 s late: rank 0's wait() blocks for about that long.
+    result = _run(tmp_path, """
+        import torch.multiprocessing as mp
+        def worker(rank, out_dir, port):
+            init(rank, 2, port)
+            zeromon_agent.attach(out_dir=out_dir, async_sample_every=0)
+            x = torch.ones(1024)
+            if rank == 1:
+                time.sleep(0.3)
+            t0 = time.perf_counter()
+            work = dist.all_reduce(x, async_op=True)
+            work.wait()
+            zeromon_agent.detach()
+            dist.destroy_process_group()
+        if __name__ == "__main__":
+            out_dir, port = sys.argv[1], int(sys.argv[2])
+            mp.spawn(worker, args=(out_dir, port), nprocs=2)
+            ev = read_recording(os.path.join(out_dir, "rank-0.jsonl")).collectives[0]
+            print(json.dumps({"blocked": ev.blocked_s, "timing": ev.timing, "async": ev.async_op,
+                              "duration": ev.duration_s, "group": ev.group_size}))
+    """)
+    assert result["async"] is True and result["group"] == 2
+    assert result["timing"] == "wait"
+    assert 0.2 < result["blocked"] < 1.0
+    assert result["duration"] >= result["blocked"]
+
+
+def test_hook_errors_never_reach_training_and_are_counted(tmp_path: Path) -> None:
+    result = _run(tmp_path, """
+        out_dir, port = sys.argv[1], int(sys.argv[2])
+        init(port=port)
+        agent = zeromon_agent.attach(out_dir=out_dir)
+        class Weird:                      # not a tensor: the extractor fails on it
+            pass
+        failures = []
+        try:
+            dist.all_reduce(Weird())      # torch itself rejects it: that error is torch's, not ours
+        except Exception as exc:
+            failures.append(type(exc).__name__)
+        x = torch.ones(4)
+        dist.all_reduce(x)                # still recorded after the failure
+        errors = agent.state.hook_errors
+        zeromon_agent.detach()
+        rec = read_recording(os.path.join(out_dir, "rank-0.jsonl"))
+        print(json.dumps({"failures": failures, "errors": errors, "recorded": len(rec.collectives),
+                          "stats_errors": rec.stats.hook_errors}))
+    """)
+    # The user's bad call raises torch's own error (not one from zeromon), once.
+    assert len(result["failures"]) == 1 and "zeromon" not in result["failures"][0].lower()
+    assert result["errors"] == 1 and result["stats_errors"] == 1
+    assert result["recorded"] == 1
+
+
+def test_bounded_buffer_drops_and_counts(tmp_path: Path) -> None:
+    result = _run(tmp_path, """
+        out_dir, port = sys.argv[1], int(sys.argv[2])
+        init(port=port)
+        # A recorder that never drains (flush every hour): the buffer fills and then drops the oldest.
+        agent = zeromon_agent.attach(out_dir=out_dir, buffer_events=1024, flush_interval_s=3600.0)
+        x = torch.ones(4)
+        for _ in range(3000):
+            dist.all_reduce(x)
+        state = agent.state
+        info = {"len": len(state.raw), "cap": state.raw_capacity, "dropped": state.dropped,
+                "recorded": state.recorded}
+        zeromon_agent.detach()
+        rec = read_recording(os.path.join(out_dir, "rank-0.jsonl"))
+        info["in_file"] = len(rec.collectives)
+        info["file_dropped"] = rec.stats.events_dropped
+        print(json.dumps(info))
+    """)
+    assert result["len"] <= result["cap"] == 1024
+    assert result["recorded"] == 3000
+    assert result["dropped"] >= 3000 - 1024
+    assert result["file_dropped"] == result["dropped"]
+    assert result["in_file"] + result["dropped"] >= 3000 - 8  # phase/other records share the buffer
+
+
+def test_functional_collectives_of_dtensor_are_recorded(tmp_path: Path) -> None:
+    result = _run(tmp_path, """
+        out_dir, port = sys.argv[1], int(sys.argv[2])
+        init(port=port)
+        zeromon_agent.attach(out_dir=out_dir)
+        import torch.distributed._functional_collectives as funcol
+        y = funcol.all_reduce(torch.ones(64), "sum", dist.group.WORLD)
+        total = float(y.sum())            # first use waits on it
+        zeromon_agent.detach()
+        rec = read_recording(os.path.join(out_dir, "rank-0.jsonl"))
+        print(json.dumps({"total": total, "events": [[e.api, e.op, e.bytes_in, e.async_op, e.timing]
+                                                     for e in rec.collectives]}))
+    """)
+    assert result["total"] == 64.0
+    assert result["events"] == [["funcol.all_reduce", "all_reduce", 256, True, "wait"]]
