@@ -11,9 +11,9 @@ import textwrap
 import time
 from pathlib import Path
 
-from conftest import EXAMPLES, child_env, free_port, run_python, torchrun_args
-
 from zeromon.model import read_recording, read_run
+
+from conftest import EXAMPLES, child_env, free_port, run_python, torchrun_args
 
 
 def _wait_for(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]

@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from conftest import child_env, zeromon
-
 from zeromon.cli import main
+
+from conftest import child_env, zeromon
 
 
 def test_no_command_prints_usage_and_exits_2(capsys) -> None:  # type: ignore[no-untyped-def]

@@ -370,10 +370,11 @@ def install_functional(state: HotState = STATE) -> list[str]:
     torch than a launcher needs.
     """
     wrapped: list[str] = []
+    funcol: Any = None
     try:
         import torch.distributed._functional_collectives as funcol
     except Exception:  # noqa: BLE001 - older torch, or a build without distributed
-        funcol = None
+        pass
     if funcol is not None:
         for name, (op, list_input, group_pos) in FUNCOL_SPECS.items():
             original = getattr(funcol, name, None)

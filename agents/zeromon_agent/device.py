@@ -37,14 +37,29 @@ class NvmlDevice:
     def _find_handle(pynvml: Any, cuda_index: int | None) -> Any:
         if cuda_index is None:
             raise RuntimeError("no CUDA device in use")
-        # CUDA's index is relative to CUDA_VISIBLE_DEVICES; NVML's is not: match by PCI bus id.
+        # CUDA's index is relative to CUDA_VISIBLE_DEVICES; NVML's is not: match by UUID, then PCI.
         try:
             import torch
 
-            bus_id = torch.cuda.get_device_properties(cuda_index).pci_bus_id
-            return pynvml.nvmlDeviceGetHandleByPciBusId(bus_id.encode() if isinstance(bus_id, str) else bus_id)
+            props: Any = torch.cuda.get_device_properties(cuda_index)
         except Exception:  # noqa: BLE001
-            return pynvml.nvmlDeviceGetHandleByIndex(cuda_index)
+            props = None
+        uuid = getattr(props, "uuid", None)
+        if uuid is not None:
+            try:
+                text = str(uuid)
+                return pynvml.nvmlDeviceGetHandleByUUID(text if text.startswith("GPU-") else f"GPU-{text}")
+            except Exception:  # noqa: BLE001
+                pass
+        bus = getattr(props, "pci_bus_id", None)
+        if isinstance(bus, int):
+            domain = int(getattr(props, "pci_domain_id", 0) or 0)
+            device = int(getattr(props, "pci_device_id", 0) or 0)
+            try:
+                return pynvml.nvmlDeviceGetHandleByPciBusId(f"{domain:08x}:{bus:02x}:{device:02x}.0".upper())
+            except Exception:  # noqa: BLE001
+                pass
+        return pynvml.nvmlDeviceGetHandleByIndex(cuda_index)
 
     def _query(self, fn: Callable[[], Any]) -> Any:
         try:

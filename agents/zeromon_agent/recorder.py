@@ -372,6 +372,7 @@ class Recorder:
                   unix_span: tuple[int, int] | None = None) -> None:
         (_, seq, api, op, t0, _t1, b_in, b_out, dtype, group, async_op, _work, phase, step, _cuda,
          _sampled) = item
+        complete_ns: int | None
         if unix_span is not None:
             issue_ns, complete_ns = unix_span
         else:

@@ -125,7 +125,7 @@ def _on_torch_imported(torch: ModuleType) -> None:
             # Modules that did `from ... import init_process_group` (device_mesh does) hold their own name.
             for name, module in list(sys.modules.items()):
                 if (name == "torch" or name.startswith("torch.")) and getattr(module, "init_process_group", None) is original:
-                    setattr(module, "init_process_group", wrapped)
+                    setattr(module, "init_process_group", wrapped)  # noqa: B010 - any module
         STATE.autostart = start_agent
     except Exception as exc:  # noqa: BLE001
         _warn(f"could not hook torch.distributed: {exc}")

@@ -1,0 +1,177 @@
+"""Shared plumbing of the benchmark scripts: interleaved timing, the machine, result rows, RSS.
+
+Not a test module (no ``test_`` prefix: pytest does not collect it). The scripts import it as a
+sibling: ``python tests/bench/<name>.py`` puts ``tests/bench`` first on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import random
+import socket
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent.parent
+_PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Row:
+    """One measured line of RESULTS.md: a baseline, the same thing with the agent, and a target."""
+
+    benchmark: str
+    measure: str
+    unit: str  # of baseline, agent and added: "ns", "ms", "MB", ...
+    baseline: float | None  # without the agent (None where there is no such thing)
+    agent: float
+    target: str  # in words, e.g. "added <= 1000 ns"
+    met: bool | None  # None: informational, no target
+    note: str = ""
+
+    @property
+    def added(self) -> float | None:
+        return None if self.baseline is None else self.agent - self.baseline
+
+    @property
+    def ratio(self) -> float | None:
+        return None if not self.baseline else self.agent / self.baseline
+
+
+def write_rows(path: str | None, rows: Sequence[Row], extra: dict[str, Any] | None = None) -> None:
+    """Dump the rows as JSON for run_all.py (``--json PATH`` of every script)."""
+    if path is None:
+        return
+    payload = {"rows": [dataclasses.asdict(r) for r in rows], "extra": extra or {}}
+    Path(path).write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def read_rows(path: str | Path) -> tuple[list[Row], dict[str, Any]]:
+    payload = json.loads(Path(path).read_text())
+    return [Row(**r) for r in payload["rows"]], payload.get("extra", {})
+
+
+def interleaved(variants: dict[str, Callable[[int], int]], rounds: int, calls: int,
+                between: Callable[[], None] | None = None, seed: int = 0) -> dict[str, list[float]]:
+    """Per-call ns of each variant: ``rounds`` batches of ``calls`` calls, in a shuffled order each round.
+
+    Each variant is ``run(calls) -> elapsed ns`` (its own loop, so the loop itself is the same for
+    every variant). Shuffling the order every round spreads drift (load from other processes, CPU
+    frequency, GC generations filling up) evenly over the variants instead of onto one of them.
+    ``between`` runs after every round, untimed (draining the agent's buffer).
+    """
+    rng = random.Random(seed)
+    names = list(variants)
+    per_call: dict[str, list[float]] = {name: [] for name in names}
+    for _ in range(rounds):
+        rng.shuffle(names)
+        for name in names:
+            per_call[name].append(variants[name](calls) / calls)
+        if between is not None:
+            between()
+    return per_call
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+def fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit in ("ns", "bytes", "events"):
+        return f"{value:,.0f}"
+    return f"{value:,.2f}"
+
+
+def fmt_ratio(value: float | None) -> str:
+    return "-" if value is None else f"x{value:.3f}"
+
+
+def print_rows(title: str, rows: Sequence[Row]) -> None:
+    """Side-by-side table on stdout: baseline, with agent, added, ratio, target."""
+    print(f"\n== {title}")
+    header = f"{'measure':<46} {'unit':>5} {'baseline':>12} {'agent':>12} {'added':>11} {'ratio':>8}  target"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        verdict = "" if r.met is None else ("  MET" if r.met else "  NOT MET")
+        print(f"{r.measure:<46} {r.unit:>5} {fmt(r.baseline, r.unit):>12} {fmt(r.agent, r.unit):>12} "
+              f"{fmt(r.added, r.unit):>11} {fmt_ratio(r.ratio):>8}  {r.target}{verdict}")
+        if r.note:
+            print(f"{'':<46}   ({r.note})")
+
+
+# --- the machine ----------------------------------------------------------------------------------
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine() -> dict[str, Any]:
+    """What RESULTS.md names the numbers by: cores, CPU model, Python, torch, load when measured."""
+    import torch
+
+    return {
+        "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
+        "nproc": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "loadavg_1min": os.getloadavg()[0],
+    }
+
+
+def load_note() -> str:
+    """The 1-minute load average: this 2-core machine is shared, and load moves the numbers."""
+    return f"load avg {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores"
+
+
+# --- processes --------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rss_bytes() -> int:
+    """Resident set size of this process, from /proc/self/statm (pages resident, field 2)."""
+    with open("/proc/self/statm", "rb") as f:
+        return int(f.read().split()[1]) * _PAGE_BYTES
+
+
+def peak_rss_bytes() -> int:
+    """VmHWM: the highest RSS this process has had."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, poll_s: float = 0.01) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(poll_s)
+    return predicate()
+
+
+MB = 1024 * 1024

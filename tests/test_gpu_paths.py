@@ -1,0 +1,139 @@
+"""GPU-only code paths.
+
+This machine and CI have no GPU. What can run for real here runs for real: NVML without a driver
+must degrade to a notice, and the CPU build of torch has no OOM observer. The CUDA-event timing and
+the allocator/NVML field mapping are exercised against small fakes of torch.cuda and pynvml (a mock,
+because the real thing cannot exist here); `tests/test_gpu_real.py` runs them on a real GPU when
+one is present.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+import pytest
+import torch
+
+from zeromon_agent.cuda import CudaTimer, attach_oom_observer
+from zeromon_agent.device import NvmlDevice
+from zeromon_agent.memory import CudaMemory
+from zeromon_agent.recorder import Recorder
+from zeromon_agent.state import RAW_COLLECTIVE, HotState
+
+
+class _FakeEvent:
+    """A CUDA event whose GPU timestamp is set by the fake clock when it is recorded."""
+
+    clock_ms = 0.0
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.t_ms: float | None = None
+
+    def record(self) -> None:
+        _FakeEvent.clock_ms += 1.5
+        self.t_ms = _FakeEvent.clock_ms
+
+    def query(self) -> bool:
+        return self.t_ms is not None
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, other: _FakeEvent) -> float:
+        assert self.t_ms is not None and other.t_ms is not None
+        return other.t_ms - self.t_ms
+
+
+def _fake_torch() -> Any:
+    cuda = types.SimpleNamespace(Event=_FakeEvent, is_available=lambda: True)
+    return types.SimpleNamespace(cuda=cuda)
+
+
+class _CudaTensor:
+    is_cuda = True
+    nbytes = 4096
+    dtype = torch.bfloat16
+
+
+def test_cuda_events_time_a_collective_without_host_sync() -> None:
+    timer = CudaTimer(_fake_torch(), pool_size=4)
+    start = timer.begin((_CudaTensor(),), {})
+    pair = timer.end(start, is_async=False)
+    assert len(timer.pool) == 2
+    state = HotState()
+    rec = Recorder(state, rank=0, writer=None, flush_interval_s=1.0, cuda_timer=timer)
+    state.push((RAW_COLLECTIVE, 1, "all_reduce", "all_reduce", 100, 200, 4096, 4096, torch.bfloat16, None, False,
+                None, "backward", 0, pair, False))
+    rec._drain(final=False)
+    (event,) = [r for r in rec.recent if type(r).__name__ == "CollectiveEvent"]
+    assert event.timing == "cuda_event"
+    # Calibration recorded one more event 1.5 ms after the end event: start = ref - 3 ms, end = ref - 1.5 ms.
+    assert event.complete_ns - event.issue_ns == 1_500_000
+    assert len(timer.pool) == 4, "events go back to the pool once read"
+
+
+def test_cuda_event_pool_exhaustion_falls_back_to_host_timing() -> None:
+    timer = CudaTimer(_fake_torch(), pool_size=1)
+    start = timer.begin((_CudaTensor(),), {})
+    assert timer.end(start, is_async=False) is None  # no end event left: counted, start returned
+    assert timer.exhausted == 1 and len(timer.pool) == 1
+
+
+def test_cpu_tensors_are_not_cuda_timed() -> None:
+    timer = CudaTimer(_fake_torch(), pool_size=2)
+    assert timer.begin((torch.ones(2),), {}) is None
+
+
+def test_allocator_stats_mapping() -> None:
+    stats = {"allocated_bytes.all.current": 10, "reserved_bytes.all.current": 30, "active_bytes.all.current": 12,
+             "allocated_bytes.all.peak": 20, "reserved_bytes.all.peak": 40, "inactive_split_bytes.all.current": 5,
+             "num_alloc_retries": 2, "num_ooms": 1}
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(memory_stats=lambda device: stats,
+                                                            mem_get_info=lambda device: (70, 100)))
+    mem = CudaMemory.__new__(CudaMemory)
+    mem.torch, mem.device = fake, 0
+    assert mem.totals() == {"allocated": 10, "reserved": 30, "active": 12, "peak_allocated": 20,
+                            "peak_reserved": 40, "inactive_split": 5, "num_alloc_retries": 2, "num_ooms": 1}
+    assert mem.capacity() == (100, 70)
+
+
+def test_nvml_without_a_driver_degrades_to_a_reason() -> None:
+    device = NvmlDevice(cuda_index=0)  # the real pynvml: this machine has no NVIDIA driver
+    assert device.available is False
+    assert "NVML unavailable" in device.reason
+    assert device.read() is None
+
+
+def test_nvml_field_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = types.ModuleType("pynvml")
+    fake.NVML_TEMPERATURE_GPU = 0  # type: ignore[attr-defined]
+    fake.NVML_PCIE_UTIL_TX_BYTES, fake.NVML_PCIE_UTIL_RX_BYTES = 0, 1  # type: ignore[attr-defined]
+    fake.nvmlInit = lambda: None  # type: ignore[attr-defined]
+    fake.nvmlShutdown = lambda: None  # type: ignore[attr-defined]
+    fake.nvmlDeviceGetHandleByPciBusId = lambda bus: "h"  # type: ignore[attr-defined]
+    fake.nvmlDeviceGetHandleByIndex = lambda i: "h"  # type: ignore[attr-defined]
+    fake.nvmlDeviceGetName = lambda h: b"NVIDIA H100"  # type: ignore[attr-defined]
+    fake.nvmlDeviceGetIndex = lambda h: 3  # type: ignore[attr-defined]
+    fake.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=87, memory=40)  # type: ignore[attr-defined]
+    fake.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=5 * 2**30, total=80 * 2**30)  # type: ignore[attr-defined]
+    fake.nvmlDeviceGetPowerUsage = lambda h: 350_000  # type: ignore[attr-defined]
+    fake.nvmlDeviceGetTemperature = lambda h, sensor: 61  # type: ignore[attr-defined]
+
+    def no_pcie(h: Any, counter: int) -> int:
+        raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+
+    fake.nvmlDeviceGetPcieThroughput = no_pcie  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    device = NvmlDevice(cuda_index=0)
+    assert device.available and device.index == 3 and device.name == "NVIDIA H100"
+    reading = device.read()
+    assert reading is not None
+    assert reading["util_gpu_pct"] == 87.0 and reading["power_w"] == 350.0 and reading["temperature_c"] == 61.0
+    assert reading["mem_total"] == 80 * 2**30
+    assert reading["pcie_tx_bytes_s"] is None, "an unsupported field is None, not an exception"
+
+
+def test_cpu_build_has_no_oom_observer() -> None:
+    assert attach_oom_observer(torch, lambda *a: None) is False
