@@ -125,6 +125,16 @@ def test_nvml_field_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
         raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
 
     fake.nvmlDeviceGetPcieThroughput = no_pcie  # type: ignore[attr-defined]
+    # NVLink: cumulative KiB counters with a microsecond timestamp, read as a rate between samples.
+    fake.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, fake.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 138, 139  # type: ignore[attr-defined]
+    counters = iter([(1_000_000, 100, 50), (3_000_000, 100 + 2048, 50 + 1024)])
+
+    def field_values(h: Any, ids: list[tuple[int, int]]) -> list[Any]:
+        ts, tx, rx = next(counters)
+        return [types.SimpleNamespace(nvmlReturn=0, timestamp=ts, value=types.SimpleNamespace(ullVal=v))
+                for v in (tx, rx)]
+
+    fake.nvmlDeviceGetFieldValues = field_values  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     device = NvmlDevice(cuda_index=0)
     assert device.available and device.index == 3 and device.name == "NVIDIA H100"
@@ -133,6 +143,10 @@ def test_nvml_field_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
     assert reading["util_gpu_pct"] == 87.0 and reading["power_w"] == 350.0 and reading["temperature_c"] == 61.0
     assert reading["mem_total"] == 80 * 2**30
     assert reading["pcie_tx_bytes_s"] is None, "an unsupported field is None, not an exception"
+    assert reading["nvlink_tx_bytes_s"] is None, "a rate needs two readings"
+    second = device.read()
+    assert second is not None
+    assert second["nvlink_tx_bytes_s"] == 2048 * 1024 / 2.0 and second["nvlink_rx_bytes_s"] == 1024 * 1024 / 2.0
 
 
 def test_cpu_build_has_no_oom_observer() -> None:

@@ -20,6 +20,7 @@ class NvmlDevice:
         self.name = ""
         self._nvml: Any = None
         self._handle: Any = None
+        self._nvlink_last: tuple[float, int, int] | None = None  # (seconds, tx KiB, rx KiB), cumulative
         try:
             import pynvml
 
@@ -90,9 +91,30 @@ class NvmlDevice:
             "temperature_c": float(temp) if temp is not None else None,
             "pcie_tx_bytes_s": tx_kb * 1024.0 if tx_kb is not None else None,
             "pcie_rx_bytes_s": rx_kb * 1024.0 if rx_kb is not None else None,
-            "nvlink_tx_bytes_s": None,
-            "nvlink_rx_bytes_s": None,
+            **self._nvlink_rates(),
         }
+
+    def _nvlink_rates(self) -> dict[str, float | None]:
+        """NVLink TX/RX bytes/s over all links, from NVML's cumulative KiB counters; None without NVLink."""
+        rates: dict[str, float | None] = {"nvlink_tx_bytes_s": None, "nvlink_rx_bytes_s": None}
+        nv = self._nvml
+        tx_id = getattr(nv, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX", None)
+        rx_id = getattr(nv, "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX", None)
+        if tx_id is None or rx_id is None:
+            return rates
+        all_links = 0xFFFFFFFF  # scopeId UINT_MAX: the sum over every link
+        values = self._query(lambda: nv.nvmlDeviceGetFieldValues(self._handle, [(tx_id, all_links),
+                                                                                (rx_id, all_links)]))
+        if values is None or any(v.nvmlReturn != 0 for v in values):
+            return rates
+        now = values[0].timestamp / 1e6
+        tx, rx = int(values[0].value.ullVal), int(values[1].value.ullVal)
+        last, self._nvlink_last = self._nvlink_last, (now, tx, rx)
+        if last is not None and now > last[0]:
+            dt = now - last[0]
+            rates["nvlink_tx_bytes_s"] = (tx - last[1]) * 1024 / dt
+            rates["nvlink_rx_bytes_s"] = (rx - last[2]) * 1024 / dt
+        return rates
 
     def close(self) -> None:
         if self.available and self._nvml is not None:

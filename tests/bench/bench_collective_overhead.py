@@ -1,0 +1,295 @@
+"""What the agent adds to one collective call, on the training thread.
+
+    python tests/bench/bench_collective_overhead.py [--json out.json]
+
+(a) micro: a no-op Python function with ``dist.all_reduce``'s signature, called with a real
+    16-element float tensor, against the same function wrapped by
+    ``zeromon_agent.collectives.make_wrapper`` (the extractor reads the tensor's nbytes and dtype,
+    the wrapper takes two timestamps and pushes a raw tuple), with the agent enabled and disabled.
+(b) real: ``dist.all_reduce`` on a 16-element tensor in a world-size-1 gloo process group, the
+    original function against the patched one (``collectives.install``), synchronous and
+    ``async_op=True`` + ``.wait()``. The async path includes the ``Work.wait`` wrapper and, on every
+    ``async_sample_every``-th call (16 by default), a completion callback; a variant with sampling
+    off shows what the callback costs.
+(c) where the time goes: the wrapper's pieces (extractor, clock reads, thread-local flag, the
+    record-and-push) timed one by one.
+
+Method: every variant runs its own loop of N calls, timed with ``perf_counter_ns`` around the
+loop; the variants alternate in a shuffled order every round (so drift from other processes on
+this shared machine falls evenly on all), and the result is the median over rounds of the per-call
+mean. The garbage collector stays enabled, as in training: the agent's allocations make it run
+more often, and that is part of its cost. Between rounds the agent's raw buffer is drained by a
+real ``Recorder`` writing a real recording file, untimed for the call path; the drain is timed on
+its own and reported as the background cost per event (it runs on the recorder thread in
+production, holding the GIL, so it competes with training in Python-heavy code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import benchlib
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from zeromon.model.codec import RecordingWriter
+from zeromon_agent import collectives
+from zeromon_agent.recorder import Recorder
+from zeromon_agent.state import HotState, perf_ns
+
+MICRO_TARGET_NS = 1000.0  # the issue: <= 1 us added on the synchronous path
+ASYNC_TARGET_NS = 5000.0  # the issue: <= 5 us added on the async path
+
+
+def noop_all_reduce(tensor: torch.Tensor, op: Any = None, group: Any = None, async_op: bool = False) -> None:
+    """Stands in for dist.all_reduce: same signature, no work, so only the wrapper is measured."""
+    return None
+
+
+def loop(fn: Callable[[Any], Any], arg: Any) -> Callable[[int], int]:
+    """A variant for benchlib.interleaved: n calls of fn(arg), elapsed ns."""
+
+    def run(n: int) -> int:
+        t0 = perf_ns()
+        for _ in range(n):
+            fn(arg)
+        return perf_ns() - t0
+
+    return run
+
+
+def with_enabled(state: HotState, enabled: bool, run: Callable[[int], int]) -> Callable[[int], int]:
+    """The same loop with the agent's switch set for its duration (off again afterwards)."""
+
+    def wrapped(n: int) -> int:
+        state.enabled = enabled
+        try:
+            return run(n)
+        finally:
+            state.enabled = False
+
+    return wrapped
+
+
+class Drainer:
+    """Drains the state's raw buffer with a real Recorder (file writer included), timing the drain."""
+
+    def __init__(self, state: HotState, out_dir: Path) -> None:
+        self.state = state
+        self.writer = RecordingWriter(out_dir / "rank-0.jsonl", 0, job="bench")
+        # Not started: drained from the benchmark thread between rounds, never inside a timed loop.
+        self.recorder = Recorder(state, 0, self.writer, flush_interval_s=0.2)
+        self.events = 0
+        self.ns = 0
+
+    def __call__(self) -> None:
+        n = len(self.state.raw)
+        t0 = perf_ns()
+        self.recorder._drain(final=False)
+        self.writer.flush()
+        self.ns += perf_ns() - t0
+        self.events += n
+
+    def close(self) -> None:
+        self.recorder._drain(final=True)
+        self.writer.close()
+
+    @property
+    def ns_per_event(self) -> float:
+        return self.ns / self.events if self.events else 0.0
+
+
+# --- (a) micro -------------------------------------------------------------------------------------
+
+def bench_micro(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
+    state = HotState()
+    _, extract = collectives.DIST_SPECS["all_reduce"]
+    wrapped = collectives.make_wrapper(noop_all_reduce, "all_reduce", "all_reduce", extract, state)
+    tensor = torch.zeros(16)
+    drainer = Drainer(state, out_dir)
+    variants = {
+        "no-op": loop(noop_all_reduce, tensor),
+        "wrapped, disabled": with_enabled(state, False, loop(wrapped, tensor)),
+        "wrapped, enabled": with_enabled(state, True, loop(wrapped, tensor)),
+    }
+    per_call = benchlib.interleaved(variants, rounds, calls, between=drainer)
+    drainer.close()
+    base = benchlib.median(per_call["no-op"])
+    note = f"{rounds} rounds x {calls} calls; {benchlib.load_note()}"
+    return [
+        benchlib.Row("collective (micro)", "wrapper, agent enabled: median per call", "ns", base,
+                     benchlib.median(per_call["wrapped, enabled"]), f"added <= {MICRO_TARGET_NS:.0f} ns",
+                     benchlib.median(per_call["wrapped, enabled"]) - base <= MICRO_TARGET_NS, note),
+        benchlib.Row("collective (micro)", "wrapper, agent disabled: median per call", "ns", base,
+                     benchlib.median(per_call["wrapped, disabled"]), "", None),
+        benchlib.Row("collective (micro)", "wrapper, agent enabled: mean per call", "ns",
+                     sum(per_call["no-op"]) / rounds, sum(per_call["wrapped, enabled"]) / rounds, "", None,
+                     "mean over rounds: includes the GC collections the agent's allocations trigger"),
+        benchlib.Row("collective (micro)", "recorder drain per event (background thread)", "ns", None,
+                     drainer.ns_per_event, "", None,
+                     f"{drainer.events:,} events, file written; dropped {state.dropped}"),
+    ]
+
+
+# --- (b) real gloo all_reduce ----------------------------------------------------------------------
+
+def bench_gloo(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
+    port = benchlib.free_port()
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+    state = HotState()
+    original = c10d.all_reduce
+    original_wait = c10d.Work.wait
+    collectives.install(state)
+    try:
+        patched = dist.all_reduce
+        assert getattr(patched, "__zeromon_original__", None) is original, "install() did not patch all_reduce"
+        tensor = torch.zeros(16)
+        drainer = Drainer(state, out_dir)
+
+        def orig_sync(t: torch.Tensor) -> None:
+            original(t)
+
+        def patched_sync(t: torch.Tensor) -> None:
+            patched(t)
+
+        def orig_async(t: torch.Tensor) -> None:
+            original_wait(original(t, async_op=True))  # the unpatched Work.wait
+
+        def patched_async(t: torch.Tensor) -> None:
+            patched(t, async_op=True).wait()  # the patched Work.wait, as training calls it
+
+        def unsampled(run: Callable[[int], int]) -> Callable[[int], int]:
+            def go(n: int) -> int:
+                state.async_sample_every = 0
+                try:
+                    return run(n)
+                finally:
+                    state.async_sample_every = 16
+
+            return go
+
+        variants = {
+            "sync original": loop(orig_sync, tensor),
+            "sync patched, disabled": with_enabled(state, False, loop(patched_sync, tensor)),
+            "sync patched, enabled": with_enabled(state, True, loop(patched_sync, tensor)),
+            "async original": loop(orig_async, tensor),
+            "async patched, disabled": with_enabled(state, False, loop(patched_async, tensor)),
+            "async patched, enabled": with_enabled(state, True, loop(patched_async, tensor)),
+            "async patched, enabled, no callback": unsampled(with_enabled(state, True, loop(patched_async, tensor))),
+        }
+        # calls is a multiple of 16, so every batch of the sampled variant has calls/16 callbacks.
+        per_call = benchlib.interleaved(variants, rounds, calls, between=drainer)
+        drainer.close()
+    finally:
+        collectives.uninstall()
+        dist.destroy_process_group()
+
+    med = {name: benchlib.median(values) for name, values in per_call.items()}
+    note = f"{rounds} rounds x {calls} calls; {benchlib.load_note()}"
+    sync_added = med["sync patched, enabled"] - med["sync original"]
+    async_added = med["async patched, enabled"] - med["async original"]
+    return [
+        benchlib.Row("collective (gloo, world 1)", "all_reduce sync, agent enabled", "ns", med["sync original"],
+                     med["sync patched, enabled"], f"added <= {MICRO_TARGET_NS:.0f} ns",
+                     sync_added <= MICRO_TARGET_NS, note),
+        benchlib.Row("collective (gloo, world 1)", "all_reduce sync, agent disabled", "ns", med["sync original"],
+                     med["sync patched, disabled"], "", None),
+        benchlib.Row("collective (gloo, world 1)", "all_reduce async+wait, agent enabled", "ns",
+                     med["async original"], med["async patched, enabled"], f"added <= {ASYNC_TARGET_NS:.0f} ns",
+                     async_added <= ASYNC_TARGET_NS, "1 in 16 calls gets a completion callback"),
+        benchlib.Row("collective (gloo, world 1)", "all_reduce async+wait, enabled, no callback", "ns",
+                     med["async original"], med["async patched, enabled, no callback"], "", None,
+                     "async_sample_every=0: the difference to the row above is the sampled callback"),
+        benchlib.Row("collective (gloo, world 1)", "all_reduce async+wait, agent disabled", "ns",
+                     med["async original"], med["async patched, disabled"], "", None),
+        benchlib.Row("collective (gloo, world 1)", "recorder drain per event (background thread)", "ns", None,
+                     drainer.ns_per_event, "", None, f"{drainer.events:,} events; dropped {state.dropped}"),
+    ]
+
+
+# --- (c) where the time goes -----------------------------------------------------------------------
+
+def bench_pieces(rounds: int, calls: int) -> list[benchlib.Row]:
+    """Each piece of the enabled wrapper, called from a one-line function; minus an empty such call."""
+    state = HotState()
+    state.enabled = True
+    _, extract = collectives.DIST_SPECS["all_reduce"]
+    tensor = torch.zeros(16)
+    args, kwargs = (tensor,), {}
+    tls = state.tls
+    dtype = tensor.dtype
+    record = collectives._record
+
+    def nothing(_: Any) -> None:
+        pass
+
+    def piece_extract(_: Any) -> None:
+        extract(args, kwargs)
+
+    def piece_clock(_: Any) -> None:
+        perf_ns()
+
+    def piece_tls(_: Any) -> None:
+        tls.inside = True
+        tls.inside = False
+        tls.inside  # noqa: B018 - the read the wrapper does first
+
+    def piece_record(_: Any) -> None:
+        record(state, "all_reduce", "all_reduce", 1, 2, 64, 64, dtype, None, False, None, None)
+
+    def piece_push(_: Any) -> None:
+        state.push((0, 1, "all_reduce", "all_reduce", 1, 2, 64, 64, dtype, None, False, None, "x", 0, None,
+                    False))
+
+    variants = {name: loop(fn, None) for name, fn in (
+        ("nothing", nothing), ("extract", piece_extract), ("clock", piece_clock), ("tls", piece_tls),
+        ("record", piece_record), ("push", piece_push))}
+    per_call = benchlib.interleaved(variants, rounds, calls, between=state.raw.clear)
+    base = benchlib.median(per_call["nothing"])
+    labels = {
+        "extract": "extract(args, kwargs): nbytes, dtype, group, async_op",
+        "clock": "perf_counter_ns() (the wrapper reads it twice)",
+        "tls": "threading.local flag: 1 read + 2 writes",
+        "record": "_record(): seq, counters, 16-field tuple, push",
+        "push": "HotState.push() of the tuple alone",
+    }
+    return [benchlib.Row("wrapper pieces", labels[name], "ns", base, benchlib.median(per_call[name]), "", None)
+            for name in labels]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=300, help="interleaved rounds of the micro benchmark")
+    parser.add_argument("--calls", type=int, default=1000, help="calls per variant per round (micro)")
+    parser.add_argument("--gloo-rounds", type=int, default=400, help="interleaved rounds with gloo")
+    parser.add_argument("--gloo-calls", type=int, default=64, help="calls per variant per round (gloo), "
+                        "a multiple of 16")
+    parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON (run_all.py reads them)")
+    args = parser.parse_args(argv)
+    if args.gloo_calls % 16:
+        parser.error("--gloo-calls must be a multiple of 16 (the default callback sampling period)")
+
+    torch.set_num_threads(1)
+    print(f"threads: {threading.active_count()} python, torch {torch.__version__}, {benchlib.load_note()}",
+          flush=True)
+    with tempfile.TemporaryDirectory(prefix="zeromon-bench-") as tmp:
+        micro = bench_micro(args.rounds, args.calls, Path(tmp) / "micro")
+        benchlib.print_rows("(a) micro: no-op vs make_wrapper(no-op)", micro)
+        gloo = bench_gloo(args.gloo_rounds, args.gloo_calls, Path(tmp) / "gloo")
+        benchlib.print_rows("(b) real: gloo all_reduce, world size 1", gloo)
+    pieces = bench_pieces(args.rounds, args.calls)
+    benchlib.print_rows("(c) the wrapper's pieces (baseline: an empty call)", pieces)
+    rows = micro + gloo + pieces
+    benchlib.write_rows(args.json, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
