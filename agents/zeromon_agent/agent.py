@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from zeromon.model.codec import RecordingWriter, rank_file_name
-from zeromon_agent import collectives
+from zeromon_agent import collectives, ddp
 from zeromon_agent.activations import SavedTensorMeter
 from zeromon_agent.config import AgentConfig
 from zeromon_agent.memory import CudaMemory, categorize, cpu_capacity, process_rss
@@ -87,6 +87,7 @@ class Agent:
         self.capacity: int | None = None
         self.started = False
         self._framework_known = False
+        self._ddp_checked = False
         self._walk_cost_s = 0.0
         self._walk_every = max(1, config.memory_every or 1)
         self._last_walk_step = -(10**9)
@@ -231,6 +232,11 @@ class Agent:
 
     def _maybe_adopt_engine(self) -> None:
         root = self.tracker.root
+        if root is not None and not self._ddp_checked and ddp.is_ddp(root):
+            self._ddp_checked = True
+            reason = ddp.register_recorded_allreduce(root, self.state)
+            if reason is not None and self.recorder is not None:
+                self.recorder.notice("warning", "ddp", reason)
         if root is None or self.engine is not None:
             return
         engine_mod = sys.modules.get("deepspeed.runtime.engine")

@@ -120,6 +120,18 @@ def _ex_p2p(always_async: bool) -> Extract:
     return extract
 
 
+def _ex_broadcast_coalesced(a: tuple[Any, ...], k: dict[str, Any]) -> tuple[int, int, Any, Any, bool]:
+    # torch._C._broadcast_coalesced(process_group, tensors, buffer_size, src): DDP's parameter sync.
+    tensors = a[1] if len(a) > 1 else k.get("tensors", ())
+    n = _list_bytes(tensors)
+    return n, n, _first_dtype(tensors), a[0] if a else k.get("process_group"), False
+
+
+# Called as torch.distributed.<name> only (C++ functions re-exported there, not in distributed_c10d).
+DIST_ONLY_SPECS: dict[str, tuple[str, Extract]] = {
+    "_broadcast_coalesced": ("broadcast", _ex_broadcast_coalesced),
+}
+
 # api name -> (canonical op, extractor)
 DIST_SPECS: dict[str, tuple[str, Extract]] = {
     "all_reduce": ("all_reduce", _ex_inplace(2, 3)),
@@ -354,6 +366,12 @@ def install(state: HotState = STATE) -> list[str]:
         if getattr(dist, api, None) is original:
             _set(dist, api, wrapper)
         wrapped.append(api)
+
+    for api, (op, extract) in DIST_ONLY_SPECS.items():
+        original = getattr(dist, api, None)
+        if original is not None and not hasattr(original, "__zeromon_original__"):
+            _set(dist, api, make_wrapper(original, api, op, extract, state))
+            wrapped.append(api)
 
     work_cls = getattr(c10d, "Work", None)
     if work_cls is not None and not hasattr(work_cls.wait, "__zeromon_original__"):

@@ -1,0 +1,204 @@
+"""Real 2-rank gloo training runs under `zeromon run`: what each framework must be seen doing.
+
+Each case runs an example from examples/ through the real CLI (`zeromon run -- torchrun ...`), then
+checks the recording against what the framework must do per step, using the sizes the example
+reports about its own model (--summary-json):
+- parameter all-gathers: the full parameter bytes once for the forward, plus once more for every
+  unit that is resharded after forward and re-gathered in backward;
+- gradient reduce-scatters: input bytes = the full gradient bytes in the reduce dtype;
+- all-reduce of all gradients for DDP, FSDP NO_SHARD and DeepSpeed ZeRO-1/2 (on CPU);
+- phases attributed, and memory categories consistent with the model's and optimizer's own sizes.
+
+The model's dimensions are all divisible by the world size, so no shard is padded and byte counts
+are exact.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from zeromon.model import Recording, read_run
+
+from conftest import EXAMPLES, child_env, torchrun_args, zeromon
+
+pytestmark = pytest.mark.distributed
+
+STEPS = 4
+
+
+def _run(tmp_path: Path, script: str, *args: str, nproc: int = 2) -> tuple[list[Recording], list[dict[str, Any]]]:
+    out = tmp_path / "run"
+    result = zeromon("run", "--quiet", "--out", str(out), "--",
+                     *torchrun_args(nproc, EXAMPLES / script, "--steps", str(STEPS),
+                                    "--summary-json", str(out / "summary-{rank}.json"), *args),
+                     env=child_env(), timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    recordings = read_run(out)
+    summaries = [json.loads((out / f"summary-{r}.json").read_text()) for r in range(nproc)]
+    assert [r.rank for r in recordings] == list(range(nproc))
+    for rec in recordings:
+        assert rec.corrupt_lines == []
+        assert rec.stats is not None and rec.stats.events_dropped == 0 and rec.stats.hook_errors == 0
+        assert len(rec.steps) == STEPS, [s.step for s in rec.steps]
+    return recordings, summaries
+
+
+def _per_step(rec: Recording, meaning: str, field: str = "bytes_out") -> dict[int, int]:
+    totals: dict[int, int] = defaultdict(int)
+    for event in rec.collectives:
+        if event.meaning == meaning and event.step >= 0:
+            totals[event.step] += getattr(event, field)
+    return dict(totals)
+
+
+def _steady(rec: Recording, meaning: str, field: str = "bytes_out") -> set[int]:
+    """The per-step totals after the first step (the first may differ: lazy init, warm-up)."""
+    per_step = _per_step(rec, meaning, field)
+    return {per_step.get(step, 0) for step in range(1, STEPS)}
+
+
+def _phases(rec: Recording, meaning: str) -> set[str]:
+    return {e.phase for e in rec.collectives if e.meaning == meaning and e.step >= 0}
+
+
+def _unit_bytes(summary: dict[str, Any], itemsize: int) -> tuple[int, int]:
+    """(root unit bytes, sum of the other units' bytes): the root holds what no block holds."""
+    units = summary["sharding_units"]
+    blocks = sum(u["numel"] for u in units if u["name"] not in ("", "<root>"))
+    return (summary["param_count"] - blocks) * itemsize, blocks * itemsize
+
+
+def _last_categories(rec: Recording) -> dict[str, int]:
+    samples = [m for m in rec.memory if len(m.categories) > 1]
+    assert samples, "no per-category memory sample"
+    return dict(samples[-1].categories)
+
+
+@pytest.mark.parametrize("reshard", ["--reshard-after-forward", "--no-reshard-after-forward"])
+def test_fsdp2(tmp_path: Path, reshard: str) -> None:
+    recordings, summaries = _run(tmp_path, "fsdp2_train.py", reshard, "--clip-grad", "1.0")
+    summary = summaries[0]
+    full = summary["param_bytes_compute_dtype"]
+    root, blocks = _unit_bytes(summary, 4)
+    assert root + blocks == full
+    for rec in recordings:
+        assert rec.run_info is not None and rec.run_info.framework == "fsdp2"
+        # Forward gathers every unit once; with resharding, backward re-gathers every block (the root
+        # stays unsharded after forward by default).
+        expected = full + (blocks if reshard == "--reshard-after-forward" else 0)
+        assert _steady(rec, "param_all_gather") == {expected}
+        assert _phases(rec, "param_all_gather") == ({"forward", "backward"} if blocks and expected > full
+                                                    else {"forward"})
+        assert _steady(rec, "grad_reduce_scatter", "bytes_in") == {summary["grad_reduce_bytes_full"]}
+        assert _phases(rec, "grad_reduce_scatter") == {"backward"}
+        # clip_grad_norm_ on DTensor gradients: a functional all-reduce outside backward.
+        assert any(e.api == "funcol.all_reduce" for e in rec.collectives)
+        cats = _last_categories(rec)
+        assert cats["sharded_params"] == pytest.approx(full / 2, rel=0.01)
+        assert cats["optimizer_state"] == summaries[rec.rank]["optimizer_state_bytes"]
+        assert cats["activations"] > 0
+        for step in rec.steps:
+            assert set(step.phase_s) >= {"forward", "backward", "optimizer"}
+
+
+@pytest.mark.parametrize("strategy", ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"])
+def test_fsdp1(tmp_path: Path, strategy: str) -> None:
+    recordings, summaries = _run(tmp_path, "fsdp1_train.py", "--strategy", strategy)
+    summary = summaries[0]
+    full = summary["param_bytes_compute_dtype"]
+    root, blocks = _unit_bytes(summary, 4)
+    for rec in recordings:
+        assert rec.run_info is not None and rec.run_info.framework == "fsdp1"
+        assert rec.run_info.fsdp_strategy == strategy
+        if strategy == "NO_SHARD":
+            assert _steady(rec, "param_all_gather") == {0}
+            assert _steady(rec, "grad_all_reduce", "bytes_in") == {summary["grad_reduce_bytes_full"]}
+            assert _phases(rec, "grad_all_reduce") == {"backward"}
+            continue
+        expected = full + (blocks if strategy == "FULL_SHARD" else 0)
+        assert _steady(rec, "param_all_gather") == {expected}
+        assert _steady(rec, "grad_reduce_scatter", "bytes_in") == {summary["grad_reduce_bytes_full"]}
+        assert _phases(rec, "grad_reduce_scatter") == {"backward"}
+        cats = _last_categories(rec)
+        assert cats["sharded_params"] == pytest.approx(full / 2, rel=0.01)
+        assert cats["optimizer_state"] == summaries[rec.rank]["optimizer_state_bytes"]
+
+
+def test_ddp(tmp_path: Path) -> None:
+    recordings, summaries = _run(tmp_path, "ddp_train.py")
+    summary = summaries[0]
+    for rec in recordings:
+        assert rec.run_info is not None and rec.run_info.framework == "ddp"
+        assert _steady(rec, "grad_all_reduce", "bytes_in") == {summary["grad_reduce_bytes_full"]}
+        assert _phases(rec, "grad_all_reduce") == {"backward"}
+        # DDP broadcasts the parameters from rank 0 when it wraps the model.
+        setup = [e for e in rec.collectives if e.phase == "setup" and e.meaning == "param_broadcast"]
+        assert sum(e.bytes_in for e in setup) >= summary["param_bytes"]
+        cats = _last_categories(rec)
+        assert cats["unsharded_params"] == summary["param_bytes"]
+
+
+def _deepspeed_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+needs_deepspeed = pytest.mark.skipif(not _deepspeed_available(), reason="DeepSpeed is an optional extra")
+
+
+@needs_deepspeed
+@pytest.mark.deepspeed
+@pytest.mark.parametrize("stage", [1, 2])
+def test_deepspeed_zero_1_2(tmp_path: Path, stage: int) -> None:
+    recordings, summaries = _run(tmp_path, "deepspeed_train.py", "--stage", str(stage))
+    summary = summaries[0]
+    for rec in recordings:
+        assert rec.run_info is not None and rec.run_info.framework == "deepspeed"
+        assert rec.run_info.zero_stage == stage
+        # On CPU, ZeRO-1 and -2 all-reduce all gradients in engine.backward, then the optimizer step
+        # all-gathers the updated parameter partitions.
+        assert _steady(rec, "grad_all_reduce", "bytes_in") == {summary["grad_reduce_bytes_full"]}
+        assert _phases(rec, "grad_all_reduce") == {"backward"}
+        assert _steady(rec, "param_all_gather") == {summary["param_bytes"]}
+        assert _phases(rec, "param_all_gather") == {"optimizer"}
+        cats = _last_categories(rec)
+        assert cats["unsharded_params"] == summary["param_bytes"]
+        # AdamW's moments for this rank's partition, plus the fp32 master partition DeepSpeed keeps.
+        assert cats["optimizer_state"] == summaries[rec.rank]["optimizer_state_bytes"] + summary["param_bytes_fp32"] // 2
+
+
+@needs_deepspeed
+@pytest.mark.deepspeed
+def test_deepspeed_zero_3_regathers_in_backward(tmp_path: Path) -> None:
+    # Persistence threshold and reuse distance 0: every parameter is released after use and
+    # gathered again in backward (the defaults keep this small model's parameters gathered).
+    config = tmp_path / "ds.json"
+    config.write_text(json.dumps({
+        "train_batch_size": 16, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0,
+                              "stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 0},
+    }))
+    recordings, summaries = _run(tmp_path, "deepspeed_train.py", "--config", str(config))
+    summary = summaries[0]
+    full = summary["param_bytes"]
+    for rec in recordings:
+        assert rec.run_info is not None and rec.run_info.zero_stage == 3
+        assert rec.run_info.knobs["stage3_max_reuse_distance"] == 0
+        assert _steady(rec, "param_all_gather") == {2 * full}
+        per_phase: dict[str, int] = defaultdict(int)
+        for e in rec.collectives:
+            if e.meaning == "param_all_gather" and e.step >= 1:
+                per_phase[e.phase] += e.bytes_out
+        assert per_phase == {"forward": full * (STEPS - 1), "backward": full * (STEPS - 1)}
+        assert any(e.async_op for e in rec.collectives if e.meaning == "param_all_gather")
+        assert _steady(rec, "grad_reduce_scatter", "bytes_in") == {summary["grad_reduce_bytes_full"]}
+        assert _phases(rec, "grad_reduce_scatter") == {"backward"}
+        cats = _last_categories(rec)
+        assert cats["sharded_params"] == full // 2
+        assert cats["optimizer_state"] == summaries[rec.rank]["optimizer_state_bytes"] + summary["param_bytes_fp32"] // 2
