@@ -202,3 +202,31 @@ def test_deepspeed_zero_3_regathers_in_backward(tmp_path: Path) -> None:
         cats = _last_categories(rec)
         assert cats["sharded_params"] == full // 2
         assert cats["optimizer_state"] == summaries[rec.rank]["optimizer_state_bytes"] + summary["param_bytes_fp32"] // 2
+
+
+def test_fsdp2_bf16_async_unshard(tmp_path: Path) -> None:
+    # bf16 mixed precision: parameters are gathered in bf16, gradients reduced in fp32. Async unshard
+    # makes the all-gathers async_op=True: their completion comes from Work.wait() or a callback.
+    recordings, summaries = _run(tmp_path, "fsdp2_train.py", "--bf16", "--async-unshard")
+    summary = summaries[0]
+    assert summary["compute_dtype"] == "bfloat16"
+    full_bf16 = summary["param_bytes_compute_dtype"]
+    _, blocks_bf16 = _unit_bytes(summary, 2)
+    for rec in recordings:
+        assert rec.run_info is not None and rec.run_info.param_dtype == "bfloat16"
+        gathers = [e for e in rec.collectives if e.meaning == "param_all_gather" and e.step >= 1]
+        assert {e.dtype for e in gathers} == {"bfloat16"}
+        assert all(e.async_op for e in gathers)
+        assert {e.timing for e in gathers} <= {"wait", "bound", "callback"}
+        assert all(e.complete_ns is not None and e.complete_ns >= e.issue_ns for e in gathers)
+        assert _steady(rec, "param_all_gather") == {full_bf16 + blocks_bf16}
+        assert _steady(rec, "grad_reduce_scatter", "bytes_in") == {summary["grad_reduce_bytes_full"]}
+
+
+def test_fsdp2_four_ranks(tmp_path: Path) -> None:
+    recordings, summaries = _run(tmp_path, "fsdp2_train.py", nproc=4)
+    full = summaries[0]["param_bytes_compute_dtype"]
+    for rec in recordings:
+        assert rec.run_info is not None and rec.run_info.world_size == 4
+        assert {e.group_size for e in rec.collectives if e.step >= 0} == {4}
+        assert _last_categories(rec)["sharded_params"] == pytest.approx(full / 4, rel=0.01)
