@@ -15,7 +15,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, tinygpt.GPTConfig]:
     parser = tinygpt.build_arg_parser(__doc__.splitlines()[0])
     parser.add_argument(
         "--bucket-cap-mb",
@@ -23,15 +23,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=25.0,
         help="DDP gradient bucket size in MiB (default: DDP's 25)",
     )
-    return parser.parse_args(argv)
+    args, cfg = tinygpt.parse_common_args(parser, argv)
+    if args.bucket_cap_mb <= 0:
+        parser.error("--bucket-cap-mb must be greater than 0")
+    return args, cfg
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+    args, cfg = parse_args(argv)
     env = tinygpt.dist_env_from_environ()
-    cfg = tinygpt.validate_common_args(args, env)
-    if args.bucket_cap_mb <= 0:
-        raise SystemExit("--bucket-cap-mb must be greater than 0")
     tinygpt.init_process_group(env)
     try:
         train(args, env, cfg)

@@ -20,8 +20,23 @@ from typing import Any
 import tinygpt
 import torch
 
+# The flags a --config file overrides (--lr still sets the torch AdamW the file does not name).
+_CONFIG_FLAGS = (
+    "stage",
+    "bf16",
+    "micro_batch",
+    "grad_accum",
+    "overlap_comm",
+    "offload_optimizer",
+    "reduce_bucket_size",
+    "allgather_bucket_size",
+    "prefetch_bucket_size",
+    "param_persistence_threshold",
+    "clip_grad",
+)
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, tinygpt.GPTConfig]:
     parser = tinygpt.build_arg_parser(__doc__.splitlines()[0])
     parser.add_argument("--stage", type=int, choices=(0, 1, 2, 3), default=2, help="ZeRO stage")
     parser.add_argument("--bf16", action="store_true", help="bf16 parameters, fp32 master weights")
@@ -61,7 +76,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="FILE",
         help="a DeepSpeed JSON config to use as it is, instead of the flags above",
     )
-    return parser.parse_args(argv)
+    args, cfg = tinygpt.parse_common_args(parser, argv)
+    if args.micro_batch is not None and args.micro_batch <= 0:
+        parser.error("--micro-batch must be greater than 0")
+    if args.grad_accum <= 0:
+        parser.error("--grad-accum must be greater than 0")
+    if args.offload_optimizer == "cpu" and args.stage == 0:
+        parser.error("--offload-optimizer cpu needs --stage 1, 2 or 3")
+    if args.config is not None:
+        if not args.config.is_file():
+            parser.error(f"--config {args.config}: no such file")
+        # The config decides these; silently ignoring a flag would mislead.
+        for dest in _CONFIG_FLAGS:
+            if getattr(args, dest) != parser.get_default(dest):
+                parser.error(f"--{dest.replace('_', '-')} has no effect with --config; set it in the file")
+    return args, cfg
 
 
 def build_config(args: argparse.Namespace, world_size: int) -> dict[str, Any]:
@@ -93,22 +122,9 @@ def build_config(args: argparse.Namespace, world_size: int) -> dict[str, Any]:
     return config
 
 
-def validate_args(args: argparse.Namespace) -> None:
-    if args.micro_batch is not None and args.micro_batch <= 0:
-        raise SystemExit("--micro-batch must be greater than 0")
-    if args.grad_accum <= 0:
-        raise SystemExit("--grad-accum must be greater than 0")
-    if args.config is not None and not args.config.is_file():
-        raise SystemExit(f"--config {args.config}: no such file")
-    if args.offload_optimizer == "cpu" and args.stage == 0:
-        raise SystemExit("--offload-optimizer cpu needs --stage 1, 2 or 3")
-
-
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+    args, cfg = parse_args(argv)
     env = tinygpt.dist_env_from_environ()
-    cfg = tinygpt.validate_common_args(args, env)
-    validate_args(args)
     if env.device.type == "cpu":
         # What DeepSpeed would pick anyway, minus its "unable to detect" warning on every rank.
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -143,8 +159,14 @@ def train(args: argparse.Namespace, env: tinygpt.DistEnv, cfg: tinygpt.GPTConfig
     client_optimizer = None
     if "optimizer" not in config:
         client_optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    elif env.rank == 0:
-        print("note: the config names an optimizer; DeepSpeed may JIT-compile its op (~1 min)")
+    elif env.rank == 0 and not config["optimizer"].get("params", {}).get("torch_adam", False):
+        # On a 2-core machine: DeepSpeedCPUAdam (offload) ~80 s, FusedAdam ~57 s, once per machine
+        # (cached under ~/.cache/torch_extensions). "torch_adam": true uses torch's AdamW instead.
+        print(
+            f"warning: DeepSpeed builds {config['optimizer'].get('type')}'s C++ op on first use "
+            "(about a minute, needs a compiler)",
+            flush=True,
+        )
 
     engine, _, _, _ = deepspeed.initialize(
         model=model, optimizer=client_optimizer, model_parameters=model.parameters(), config=config
@@ -206,7 +228,8 @@ def train(args: argparse.Namespace, env: tinygpt.DistEnv, cfg: tinygpt.GPTConfig
         # fp32 master weights belong to the optimizer.
         param_dtype=model_dtype,
         compute_dtype=model_dtype,
-        # The basic optimizer steps fp32 master partitions with fp32 gradients.
+        # The optimizer that steps sees fp32 gradients: of the fp32 master partitions (ZeRO 1-3),
+        # of the fp32 master copy (stage 0 with bf16) or of the parameters themselves.
         grad_dtype=torch.float32,
         # Gradients are all-reduced / reduce-scattered in the model's dtype unless the config
         # names a communication_data_type.

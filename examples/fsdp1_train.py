@@ -21,7 +21,7 @@ _STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD")
 _WRAPPED_PREFIX = "_fsdp_wrapped_module"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, tinygpt.GPTConfig]:
     parser = tinygpt.build_arg_parser(__doc__.splitlines()[0])
     parser.add_argument(
         "--strategy",
@@ -34,13 +34,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="MixedPrecision with bf16 parameters, gradient reduction and buffers",
     )
-    return parser.parse_args(argv)
+    return tinygpt.parse_common_args(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+    args, cfg = parse_args(argv)
     env = tinygpt.dist_env_from_environ()
-    cfg = tinygpt.validate_common_args(args, env)
     tinygpt.init_process_group(env)
     try:
         train(args, env, cfg)

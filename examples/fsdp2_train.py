@@ -9,6 +9,7 @@ gradients); the root unit owns the embeddings, the final LayerNorm and the LM he
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 
 import tinygpt
@@ -17,7 +18,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, tinygpt.GPTConfig]:
     parser = tinygpt.build_arg_parser(__doc__.splitlines()[0])
     parser.add_argument(
         "--reshard-after-forward",
@@ -47,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="each block prefetches the next block's all-gather in forward",
     )
-    return parser.parse_args(argv)
+    return tinygpt.parse_common_args(parser, argv)
 
 
 def padded_numel(param: torch.nn.Parameter, world_size: int) -> int:
@@ -57,9 +58,8 @@ def padded_numel(param: torch.nn.Parameter, world_size: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+    args, cfg = parse_args(argv)
     env = tinygpt.dist_env_from_environ()
-    cfg = tinygpt.validate_common_args(args, env)
     tinygpt.init_process_group(env)
     try:
         train(args, env, cfg)
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
 def train(args: argparse.Namespace, env: tinygpt.DistEnv, cfg: tinygpt.GPTConfig) -> None:
     model = tinygpt.build_model(cfg, args.seed)
     count = tinygpt.param_count(model)
-    unit_names = [f"blocks.{i}" for i in range(cfg.layers)] + [""]
+    unit_names = [n for n, m in model.named_modules() if isinstance(m, tinygpt.Block)] + [""]
     padded = {
         name: sum(padded_numel(p, env.world_size) for p in params)
         for name, params in tinygpt.params_by_unit(model, unit_names).items()
@@ -104,8 +104,7 @@ def train(args: argparse.Namespace, env: tinygpt.DistEnv, cfg: tinygpt.GPTConfig
         # A private API (torch 2.6+); it applies to every FSDP unit under the root.
         model._set_unshard_async_op(True)
     if args.prefetch:
-        blocks = list(model.blocks)
-        for block, next_block in zip(blocks, blocks[1:], strict=False):
+        for block, next_block in itertools.pairwise(model.blocks):
             assert isinstance(block, FSDPModule) and isinstance(next_block, FSDPModule)
             block.set_modules_to_forward_prefetch([next_block])
 
@@ -119,7 +118,8 @@ def train(args: argparse.Namespace, env: tinygpt.DistEnv, cfg: tinygpt.GPTConfig
         loss = model(inputs, targets)
         loss.backward()
         if args.clip_grad > 0:
-            # The grads are DTensors: the norm needs one all-reduce across the mesh.
+            # The grads are DTensors: the norm needs one all-reduce across the mesh, issued as a
+            # functional collective (_c10d_functional.all_reduce) that bypasses torch.distributed.*.
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad)
         optimizer.step()
         optimizer.zero_grad()

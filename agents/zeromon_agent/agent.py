@@ -17,15 +17,16 @@ from zeromon.model.codec import RecordingWriter, rank_file_name
 from zeromon_agent import collectives, ddp
 from zeromon_agent.activations import SavedTensorMeter
 from zeromon_agent.config import AgentConfig
-from zeromon_agent.memory import CudaMemory, categorize, cpu_capacity, process_rss
+from zeromon_agent.memory import Categorizer, CudaMemory, cpu_capacity, process_rss
 from zeromon_agent.phases import PhaseTracker
 from zeromon_agent.recorder import Recorder
 from zeromon_agent.state import RAW_MEMORY, RAW_OOM, STATE, HotState, perf_ns
 
 log = logging.getLogger("zeromon.agent")
 
-# Keep the category walk under this share of step time when ZEROMON_MEMORY_EVERY=auto.
-_WALK_BUDGET = 0.01
+# Keep the category walk (and activation counting) under this share of step time when
+# ZEROMON_MEMORY_EVERY=auto.
+_WALK_BUDGET = 0.005
 
 
 def _dist_identity() -> tuple[int, int, int, str | None]:
@@ -81,6 +82,8 @@ class Agent:
         self.run_dir = Path(config.out_dir) if config.out_dir else default_run_dir()
         self.tracker = PhaseTracker(state, on_boundary=self._on_boundary)
         self.meter = SavedTensorMeter() if config.activations else None
+        self.categorizer = Categorizer()
+        self._walk_this_forward = False
         self.recorder: Recorder | None = None
         self.cuda_memory: CudaMemory | None = None
         self.device_name = "cpu"
@@ -250,12 +253,16 @@ class Agent:
             if not self._framework_known:
                 self._maybe_adopt_engine()
                 self._write_run_info()
-            if self.meter is not None:
+            # Activations are counted in the forwards whose end walks the categories: the pack hook
+            # costs ~2 us per saved tensor, so it follows the same budget.
+            self._walk_this_forward = self._walk_due()
+            if self.meter is not None and self._walk_this_forward:
                 self.meter.start()
             return
         if what == "forward_end":
-            activations = self.meter.stop() if self.meter is not None else None
-            self.sample_memory(categories=self._walk_due(), activations=activations)
+            activations = self.meter.stop() if self.meter is not None and self._walk_this_forward else None
+            self.sample_memory(categories=self._walk_this_forward, activations=activations)
+            self._walk_this_forward = False
         elif what == "backward_end":
             self.sample_memory(categories=False)
         elif what == "step_end":
@@ -290,7 +297,7 @@ class Agent:
         cats: dict[str, int] = {}
         if categories:
             w0 = time.perf_counter()
-            cats = categorize(model=self.model if self.model is not None else self.tracker.root,
+            cats = self.categorizer.categorize(model=self.model if self.model is not None else self.tracker.root,
                               optimizer=self.optimizer if self.optimizer is not None else self.tracker.optimizer,
                               engine=self.engine)
             self._walk_cost_s = time.perf_counter() - w0
@@ -305,7 +312,7 @@ class Agent:
             fields["categories"] = cats
         elif activations is not None:
             fields["categories"] = {"activations": activations}
-        self.state.push((RAW_MEMORY, self.state.phase, self.state.step, t, fields))
+        self.state.push_control((RAW_MEMORY, self.state.phase, self.state.step, t, fields))
 
     def _setup_oom_observer(self, torch: Any) -> None:
         from zeromon_agent import cuda
@@ -324,7 +331,7 @@ class Agent:
                     path = str(self.run_dir / f"oom-snapshot-rank-{self.rank}-{int(time.time())}.pickle")
                     snapshot = path if cuda.dump_snapshot(torch, path) else None
                 info = {"allocated": int(device_alloc), "requested": int(alloc), "free": int(device_free)}
-                self.state.push((RAW_OOM, perf_ns(), f"cuda:{device}", info, snapshot, self.state.phase,
+                self.state.push_control((RAW_OOM, perf_ns(), f"cuda:{device}", info, snapshot, self.state.phase,
                                  self.state.step))
             except Exception as exc:  # noqa: BLE001
                 self.state.hook_error("oom_observer", exc)

@@ -40,7 +40,7 @@ class PhaseTracker:
         state = self.state
         if state.enabled and state.phase != phase:
             state.phase = phase
-            state.push((RAW_PHASE, phase, perf_ns(), state.step))
+            state.push_control((RAW_PHASE, phase, perf_ns(), state.step))
 
     def begin_training(self) -> None:
         if self.state.step < 0:
@@ -52,7 +52,7 @@ class PhaseTracker:
             return
         self.set_phase("other")
         self._boundary("step_end")
-        state.push((RAW_STEP_END, state.step, perf_ns()))
+        state.push_control((RAW_STEP_END, state.step, perf_ns()))
         state.step += 1
 
     def _boundary(self, what: str) -> None:

@@ -46,6 +46,10 @@ _CALLBACK_GRACE_NS = 2_000_000_000
 # A step's summary waits this long for its in-flight async collectives.
 _STEP_GRACE_NS = 2_000_000_000
 _SCALAR_BYTES = 64  # all-reduces this small are flags and norms, not gradients
+# A step keeps at most this many collective intervals; beyond it they are folded into a running
+# union (exact when intervals arrive in issue order, as synchronous ones do). Bounds the memory
+# of a step that never ends (an evaluation loop with collectives and no optimizer step).
+_MAX_STEP_INTERVALS = 4096
 
 
 @dataclass(slots=True)
@@ -61,6 +65,7 @@ class _StepAcc:
     comm_bytes: int = 0
     by_op: dict[str, int] = field(default_factory=dict)
     intervals: list[tuple[int, int]] = field(default_factory=list)
+    folded_union_ns: int = 0  # union length of intervals folded away (see _MAX_STEP_INTERVALS)
     blocked_s: float = 0.0
     peak_memory: int | None = None
     phase_s: dict[str, float] = field(default_factory=dict)
@@ -82,20 +87,28 @@ def meaning_of(op: str, phase: str, nbytes: int) -> str:
     return ZeroMeaning.UNKNOWN.value
 
 
-def union_seconds(intervals: list[tuple[int, int]]) -> float:
-    """Length of the union of [start, end) intervals in ns, as seconds. O(n log n)."""
-    total = 0
-    cur_start = cur_end = None
+def merge_intervals(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The union of [start, end) intervals as sorted, disjoint intervals. O(n log n)."""
+    merged: list[tuple[int, int]] = []
     for start, end in sorted(intervals):
-        if cur_end is None or start > cur_end:
-            if cur_end is not None and cur_start is not None:
-                total += cur_end - cur_start
-            cur_start, cur_end = start, end
-        elif end > cur_end:
-            cur_end = end
-    if cur_end is not None and cur_start is not None:
-        total += cur_end - cur_start
-    return total / 1e9
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def union_seconds(intervals: list[tuple[int, int]]) -> float:
+    """Length of the union of [start, end) intervals given in ns, as seconds."""
+    return sum(end - start for start, end in merge_intervals(intervals)) / 1e9
+
+
+def _fold(acc: _StepAcc) -> None:
+    """Keep a step's interval list short: all but the last merged interval become a number."""
+    merged = merge_intervals(acc.intervals)
+    acc.folded_union_ns += sum(end - start for start, end in merged[:-1])
+    acc.intervals = merged[-1:]
 
 
 class Recorder:
@@ -124,6 +137,7 @@ class Recorder:
         self._orphan_waits: dict[int, tuple[Any, ...]] = {}
         self._orphan_done: dict[int, int] = {}
         self._steps: dict[int, _StepAcc] = {}
+        self._emitted_through = -1  # steps up to this one are summarized; later events skip them
         self._phase: tuple[str, int, int] | None = None  # (phase, start perf ns, step)
         self._group_sizes: dict[Any, int] = {}
         self._dtype_names: dict[Any, str] = {}
@@ -200,13 +214,18 @@ class Recorder:
 
     # --- draining ---------------------------------------------------------------------------------
     def _drain(self, final: bool) -> None:
+        # Control records first: every collective issued before a step ended is already in the raw
+        # queue by then, so the step's summary, made at the end of this pass, includes it.
+        control = self.state.control
+        items = [control.popleft() for _ in range(len(control))]
         raw = self.state.raw
         popleft = raw.popleft
         while True:
             try:
-                item = popleft()
+                items.append(popleft())
             except IndexError:
                 break
+        for item in items:
             kind = item[0]
             if kind == RAW_COLLECTIVE:
                 self._on_collective(item)
@@ -386,7 +405,7 @@ class Recorder:
         )
         self.events_finalized += 1
         self._publish(event)
-        if step >= 0:
+        if step > self._emitted_through:
             acc = self._step_acc(step)
             acc.collectives += 1
             nbytes = max(b_in, b_out)
@@ -394,6 +413,8 @@ class Recorder:
             acc.by_op[op] = acc.by_op.get(op, 0) + nbytes
             if complete_ns is not None:
                 acc.intervals.append((issue_ns, max(issue_ns, complete_ns)))
+                if len(acc.intervals) > _MAX_STEP_INTERVALS:
+                    _fold(acc)
             acc.blocked_s += blocked_s
 
     def _on_phase(self, item: tuple[Any, ...]) -> None:
@@ -408,7 +429,7 @@ class Recorder:
         if t > start:
             self._publish(PhaseSpan(rank=self.rank, step=step, phase=phase, start_ns=self.unix(start),
                                     end_ns=self.unix(t)))
-            if step >= 0:
+            if step > self._emitted_through:
                 acc = self._step_acc(step)
                 acc.phase_s[phase] = acc.phase_s.get(phase, 0.0) + (t - start) / 1e9
                 if acc.start_ns is None:
@@ -433,15 +454,17 @@ class Recorder:
         for step in sorted(self._steps):
             acc = self._steps[step]
             if acc.end_ns is None:
-                continue  # unfinished: a step that never ended is not summarized
+                break  # unfinished: a step that never ended is not summarized, nor any after it
             if step in inflight_steps and not final and now - acc.ended_at_perf < _STEP_GRACE_NS:
-                continue
+                break  # summaries go out in step order
             del self._steps[step]
+            self._emitted_through = step
             summary = StepSummary(
                 rank=self.rank, step=step, start_ns=acc.start_ns or acc.end_ns, end_ns=acc.end_ns,
                 phase_s={k: round(v, 9) for k, v in acc.phase_s.items()}, collectives=acc.collectives,
                 comm_bytes=acc.comm_bytes, comm_bytes_by_op=dict(acc.by_op),
-                comm_union_s=round(union_seconds(acc.intervals), 9), blocked_s=round(acc.blocked_s, 9),
+                comm_union_s=round(acc.folded_union_ns / 1e9 + union_seconds(acc.intervals), 9),
+                blocked_s=round(acc.blocked_s, 9),
                 peak_memory=acc.peak_memory,
             )
             self._write(summary)
@@ -455,7 +478,7 @@ class Recorder:
         self._publish(sample)
         with self.lock:
             self.latest_memory = sample
-        if step >= 0:
+        if step > self._emitted_through:
             level = sample.allocated if sample.allocated is not None else sample.rss
             acc = self._step_acc(step)
             if level is not None and (acc.peak_memory is None or level > acc.peak_memory):

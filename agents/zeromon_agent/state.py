@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import threading
 import time
 from typing import Any
 
@@ -25,12 +24,6 @@ RAW_MEMORY = 5  # (kind, phase, step, t, sample_fields)
 RAW_OOM = 6  # (kind, t, device, alloc_info, snapshot_path)
 
 
-class _InsideCollective(threading.local):
-    # True while this thread is inside a recorded collective: deprecated aliases call the new
-    # names through module globals, and only the outermost call is recorded.
-    inside = False
-
-
 class HotState:
     __slots__ = (
         "enabled",
@@ -39,6 +32,8 @@ class HotState:
         "seq",
         "raw",
         "raw_capacity",
+        "control",
+        "control_dropped",
         "dropped",
         "recorded",
         "pending",
@@ -47,7 +42,7 @@ class HotState:
         "async_count",
         "hook_errors",
         "_logged",
-        "tls",
+        "inside",
         "cuda_timing",
         "autostart",
     )
@@ -59,6 +54,10 @@ class HotState:
         self.seq = 0
         self.raw: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=raw_capacity)
         self.raw_capacity = raw_capacity
+        # Phase changes, step ends, memory samples and OOMs: a few per step, never crowded out by
+        # collectives (a lost step end would leave its step open). Bounded all the same.
+        self.control: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=65536)
+        self.control_dropped = 0
         self.dropped = 0
         self.recorded = 0
         # id(Work) -> seq of the async collective that returned it, until it is waited on.
@@ -68,7 +67,11 @@ class HotState:
         self.async_count = 0
         self.hook_errors = 0
         self._logged: set[str] = set()
-        self.tls = _InsideCollective()
+        # True while inside a recorded collective: deprecated aliases call the new names through
+        # module globals, and only the outermost call is recorded. One flag for the process, not
+        # per thread (a thread-local costs ~95 ns a call): a collective that a second thread issues
+        # while the first is inside one passes through unrecorded.
+        self.inside = False
         self.cuda_timing: Any = None  # a CudaTimer when collectives run on CUDA tensors
         # `zeromon run`: starts the agent from the first collective when the process group was made
         # by a path whose init_process_group could not be wrapped. Returns True once started.
@@ -83,6 +86,12 @@ class HotState:
         if len(raw) >= self.raw_capacity:
             self.dropped += 1
         raw.append(item)
+
+    def push_control(self, item: tuple[Any, ...]) -> None:
+        control = self.control
+        if len(control) >= 65536:
+            self.control_dropped += 1
+        control.append(item)
 
     def hook_error(self, where: str, exc: BaseException) -> None:
         """Count an exception raised inside zeromon; log it once per place. Never raises."""

@@ -222,7 +222,8 @@ def bench_pieces(rounds: int, calls: int) -> list[benchlib.Row]:
     state.enabled = True
     _, extract = collectives.DIST_SPECS["all_reduce"]
     tensor = torch.zeros(16)
-    args, kwargs = (tensor,), {}
+    args: tuple[Any, ...] = (tensor,)
+    kwargs: dict[str, Any] = {}
     tls = state.tls
     dtype = tensor.dtype
     record = collectives._record

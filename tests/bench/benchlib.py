@@ -84,6 +84,16 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
 
+def bootstrap_ratio_ci(agent: Sequence[float], baseline: Sequence[float], resamples: int = 2000,
+                       seed: int = 0) -> tuple[float, float]:
+    """95% bootstrap interval of median(agent) / median(baseline): how far noise alone moves the ratio."""
+    rng = random.Random(seed)
+    ratios = sorted(
+        statistics.median(rng.choices(agent, k=len(agent))) / statistics.median(rng.choices(baseline, k=len(baseline)))
+        for _ in range(resamples))
+    return ratios[int(0.025 * resamples)], ratios[int(0.975 * resamples) - 1]
+
+
 def fmt(value: float | None, unit: str) -> str:
     if value is None:
         return "-"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import operator
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,7 @@ TYPE_OF: dict[str, type] = {kind: cls for cls, kind in KIND_OF.items()}
 FIELDS_OF: dict[type, tuple[str, ...]] = {
     cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in KIND_OF
 }
+_GETTERS: dict[type, operator.attrgetter[Any]] = {cls: operator.attrgetter(*names) for cls, names in FIELDS_OF.items()}
 
 
 def rank_file_name(rank: int) -> str:
@@ -62,12 +64,11 @@ def rank_file_name(rank: int) -> str:
 def encode_record(record: Record) -> str:
     """One line (without the newline) for a record."""
     cls = type(record)
-    row: list[Any] = [KIND_OF[cls]]
-    row.extend(getattr(record, name) for name in FIELDS_OF[cls])
-    return json.dumps(row, separators=(",", ":"), default=_json_default)
+    return _dumps([KIND_OF[cls], *_GETTERS[cls](record)])
 
 
 def _json_default(value: Any) -> Any:
+    """Values json cannot encode by itself."""
     # Enum members are str subclasses and serialize by value; this catches Mapping proxies and the
     # odd numpy scalar a user's config may carry into RunInfo.knobs.
     if hasattr(value, "items"):
@@ -75,6 +76,9 @@ def _json_default(value: Any) -> Any:
     if hasattr(value, "item"):
         return value.item()
     return str(value)
+
+
+_dumps = json.JSONEncoder(separators=(",", ":"), default=_json_default).encode
 
 
 def make_header(rank: int, **extra: Any) -> dict[str, Any]:
