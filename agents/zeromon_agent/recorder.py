@@ -216,11 +216,13 @@ class Recorder:
     def _drain(self, final: bool) -> None:
         # Control records first: every collective issued before a step ended is already in the raw
         # queue by then, so the step's summary, made at the end of this pass, includes it.
+        # Take what is queued now, no more: a producer faster than this thread must not keep one
+        # pass going (and its step summaries waiting) forever; the rest is dropped at the queue.
         control = self.state.control
         items = [control.popleft() for _ in range(len(control))]
         raw = self.state.raw
         popleft = raw.popleft
-        while True:
+        for _ in range(len(raw)):
             try:
                 items.append(popleft())
             except IndexError:

@@ -224,9 +224,7 @@ def bench_pieces(rounds: int, calls: int) -> list[benchlib.Row]:
     tensor = torch.zeros(16)
     args: tuple[Any, ...] = (tensor,)
     kwargs: dict[str, Any] = {}
-    tls = state.tls
     dtype = tensor.dtype
-    record = collectives._record
 
     def nothing(_: Any) -> None:
         pass
@@ -237,28 +235,36 @@ def bench_pieces(rounds: int, calls: int) -> list[benchlib.Row]:
     def piece_clock(_: Any) -> None:
         perf_ns()
 
-    def piece_tls(_: Any) -> None:
-        tls.inside = True
-        tls.inside = False
-        tls.inside  # noqa: B018 - the read the wrapper does first
+    def piece_flags(_: Any) -> None:
+        if state.inside or not state.enabled:  # the two reads the wrapper does first
+            return
+        state.inside = True
+        state.inside = False
 
     def piece_record(_: Any) -> None:
-        record(state, "all_reduce", "all_reduce", 1, 2, 64, 64, dtype, None, False, None, None)
+        # The synchronous record, as the wrapper writes it out inline.
+        state.seq = seq = state.seq + 1
+        state.recorded += 1
+        raw = state.raw
+        if len(raw) >= state.raw_capacity:
+            state.dropped += 1
+        raw.append((0, seq, "all_reduce", "all_reduce", 1, 2, 64, 64, dtype, None, False, None,
+                    state.phase, state.step, None, False))
 
     def piece_push(_: Any) -> None:
         state.push((0, 1, "all_reduce", "all_reduce", 1, 2, 64, 64, dtype, None, False, None, "x", 0, None,
                     False))
 
     variants = {name: loop(fn, None) for name, fn in (
-        ("nothing", nothing), ("extract", piece_extract), ("clock", piece_clock), ("tls", piece_tls),
+        ("nothing", nothing), ("extract", piece_extract), ("clock", piece_clock), ("flags", piece_flags),
         ("record", piece_record), ("push", piece_push))}
     per_call = benchlib.interleaved(variants, rounds, calls, between=state.raw.clear)
     base = benchlib.median(per_call["nothing"])
     labels = {
         "extract": "extract(args, kwargs): nbytes, dtype, group, async_op",
         "clock": "perf_counter_ns() (the wrapper reads it twice)",
-        "tls": "threading.local flag: 1 read + 2 writes",
-        "record": "_record(): seq, counters, 16-field tuple, push",
+        "flags": "inside/enabled flags: 2 reads + 2 writes",
+        "record": "the inline sync record: seq, counters, 16-field tuple, append",
         "push": "HotState.push() of the tuple alone",
     }
     return [benchlib.Row("wrapper pieces", labels[name], "ns", base, benchlib.median(per_call[name]), "", None)

@@ -62,7 +62,7 @@ BREAKDOWN: tuple[tuple[str, str, str], ...] = (
     ("zeromon_agent.phases", "PhaseTracker._on_optimizer_pre", "optimizer pre-hook"),
     ("zeromon_agent.phases", "PhaseTracker._on_optimizer_post", "optimizer post-hook (step end, sample_memory)"),
     ("zeromon_agent.agent", "Agent.sample_memory", "Agent.sample_memory (all calls)"),
-    ("zeromon_agent.agent", "categorize", "  memory.categorize (the category walk)"),
+    ("zeromon_agent.memory", "Categorizer.categorize", "  Categorizer.categorize (the category walk)"),
     ("zeromon_agent.agent", "process_rss", "  memory.process_rss (/proc/self/statm)"),
     ("zeromon_agent.activations", "SavedTensorMeter._pack", "saved-tensor pack hook (activations)"),
 )
