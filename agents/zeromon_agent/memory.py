@@ -121,7 +121,10 @@ class Categorizer:
                 flat = getattr(handle, "flat_param", None)
                 if flat is not None:
                     self._fsdp1_flat.append((flat, bool(getattr(handle, "uses_sharded_strategy", False))))
-        self._params = list(model.parameters())
+        # Parameters FSDP2 manages are counted through their FSDPParam (data and gradient); the
+        # generic walk only needs the others.
+        managed = {id(getattr(fp, "sharded_param", None)) for fp in self._fsdp2_params}
+        self._params = [p for p in model.parameters() if id(p) not in managed]
         self._ds_params = [p for p in self._params if hasattr(p, "ds_tensor")]
         self._buffers = list(model.buffers())
 
@@ -195,6 +198,7 @@ class Categorizer:
 
 def _optimizer_state(counter: _Counter, optimizer: Any) -> None:
     seen: set[int] = set()
+    inner = False
     while optimizer is not None and id(optimizer) not in seen:  # DeepSpeed wraps a torch optimizer
         seen.add(id(optimizer))
         state = getattr(optimizer, "state", None)
@@ -202,10 +206,13 @@ def _optimizer_state(counter: _Counter, optimizer: Any) -> None:
             for entry in state.values():
                 if isinstance(entry, dict):
                     counter.add_all("optimizer_state", (v for v in entry.values() if hasattr(v, "untyped_storage")))
-        # Parameters the optimizer owns that the model does not (fp32 master copies) are its state.
-        for group in getattr(optimizer, "param_groups", ()) or ():
-            counter.add_all("optimizer_state", group.get("params", ()))
+        if inner:
+            # A wrapped optimizer's parameters are the wrapper's own copies (DeepSpeed's fp32 master
+            # partitions), not the model's: they are optimizer state.
+            for group in getattr(optimizer, "param_groups", ()) or ():
+                counter.add_all("optimizer_state", group.get("params", ()))
         optimizer = getattr(optimizer, "optimizer", None)
+        inner = True
 
 
 def categorize(model: Any = None, optimizer: Any = None, engine: Any = None) -> dict[str, int]:
