@@ -26,7 +26,7 @@ log = logging.getLogger("zeromon.agent")
 
 # Keep the category walk (and activation counting) under this share of step time when
 # ZEROMON_MEMORY_EVERY=auto.
-_WALK_BUDGET = 0.005
+_WALK_BUDGET = 0.0025
 
 
 def _dist_identity() -> tuple[int, int, int, str | None]:
@@ -92,11 +92,9 @@ class Agent:
         self._framework_known = False
         self._ddp_checked = False
         self._walk_cost_s = 0.0
-        self._walk_every = max(1, config.memory_every or 1)
         self._last_walk_step = -(10**9)
-        self._last_step_end: float | None = None
+        self._step_started: tuple[int, float] | None = None  # (step, perf_counter at its first forward)
         self._step_s: float | None = None
-        self._categories: dict[str, int] = {}
         self._previous_sigterm: Any = None
         self._stop_lock = threading.Lock()
 
@@ -250,6 +248,9 @@ class Agent:
     # --- memory -----------------------------------------------------------------------------------
     def _on_boundary(self, what: str) -> None:
         if what == "forward_start":
+            step = self.state.step
+            if self._step_started is None or self._step_started[0] != step:
+                self._step_started = (step, time.perf_counter())
             if not self._framework_known:
                 self._maybe_adopt_engine()
                 self._write_run_info()
@@ -266,10 +267,9 @@ class Agent:
         elif what == "backward_end":
             self.sample_memory(categories=False)
         elif what == "step_end":
-            now = time.perf_counter()
-            if self._last_step_end is not None:
-                self._step_s = now - self._last_step_end
-            self._last_step_end = now
+            started = self._step_started
+            if started is not None and started[0] == self.state.step:
+                self._step_s = time.perf_counter() - started[1]  # first forward to optimizer step
             self.sample_memory(categories=False)
             if self.state.step == 0 and self.optimizer is None and self.tracker.optimizer is not None:
                 self._write_run_info()  # the optimizer is known once it has stepped
@@ -302,7 +302,6 @@ class Agent:
                               engine=self.engine)
             self._walk_cost_s = time.perf_counter() - w0
             self._last_walk_step = self.state.step
-            self._categories = cats
         if cats:
             if activations is not None:
                 cats["activations"] = activations
