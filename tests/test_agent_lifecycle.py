@@ -107,3 +107,36 @@ def test_zeromon_enable_0_injects_nothing(tmp_path: Path) -> None:
         env=child_env(ZEROMON_ENABLE="0"), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert not list((tmp_path / "r").glob("rank-*.jsonl"))
+
+
+def test_explicit_attach_in_the_examples(tmp_path: Path) -> None:
+    # `--zeromon`: the scripts call zeromon_agent.attach(model=, optimizer=) and wrap each step in
+    # zeromon_agent.step(); no `zeromon run`, the run folder comes from ZEROMON_OUT.
+    cmd = torchrun_args(2, EXAMPLES / "fsdp2_train.py", "--steps", "3", "--zeromon")
+    out = subprocess.run(cmd, env=child_env(ZEROMON_OUT=str(tmp_path)), capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for rec in read_run(tmp_path):
+        assert rec.run_info is not None and rec.run_info.framework == "fsdp2"
+        assert rec.run_info.optimizer == "AdamW"
+        assert [s.step for s in rec.steps] == [0, 1, 2]
+        assert {e.meaning for e in rec.collectives if e.step >= 0} >= {"param_all_gather", "grad_reduce_scatter"}
+
+
+def test_explicit_attach_of_a_deepspeed_engine(tmp_path: Path) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        import pytest
+
+        pytest.skip("DeepSpeed is an optional extra")
+    cmd = torchrun_args(2, EXAMPLES / "deepspeed_train.py", "--stage", "2", "--steps", "3", "--zeromon")
+    out = subprocess.run(cmd, env=child_env(ZEROMON_OUT=str(tmp_path)), capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    for rec in read_run(tmp_path):
+        assert rec.run_info is not None and rec.run_info.framework == "deepspeed"
+        assert rec.run_info.zero_stage == 2
+        assert [s.step for s in rec.steps] == [0, 1, 2]
+        # attach() came after deepspeed.initialize: the cached all_gather_into_tensor was re-pointed.
+        assert any(e.api == "all_gather_into_tensor" and e.step >= 0 for e in rec.collectives)
