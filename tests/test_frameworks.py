@@ -216,6 +216,7 @@ def test_fsdp2_bf16_async_unshard(tmp_path: Path) -> None:
     _, blocks_bf16 = _unit_bytes(summary, 2)
     for rec in recordings:
         assert rec.run_info is not None and rec.run_info.param_dtype == "bfloat16"
+        assert rec.run_info.reduce_dtype == "float32" and rec.run_info.knobs["unshard_async_op"] is True
         gathers = [e for e in rec.collectives if e.meaning == "param_all_gather" and e.step >= 1]
         assert {e.dtype for e in gathers} == {"bfloat16"}
         assert all(e.async_op for e in gathers)

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import subprocess
+import importlib
 import sys
-import time
 from collections.abc import Sequence
-from pathlib import Path
+from types import ModuleType
 
+from zeromon.commands import COMMAND_MODULES
 from zeromon.errors import EXIT_USAGE, ZeromonError
 
 
@@ -21,137 +19,39 @@ class _Parser(argparse.ArgumentParser):
         raise ZeromonError(f"{self.prog}: {message}", hint=f"see `{self.prog} --help`")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="zeromon", description="Live memory and communication monitoring for ZeRO / FSDP.")
-    parser.add_argument("--version", action="version", version=f"zeromon {_version()}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-
-    run = sub.add_parser(
-        "run",
-        help="run a training command with the agent injected into every rank",
-        description="Run CMD with zeromon's agent in every Python process it starts; each rank that "
-        "creates a process group records to DIR/rank-<r>.jsonl. Example: zeromon run --out runs/x -- "
-        "torchrun --nproc-per-node 2 examples/fsdp2_train.py",
-    )
-    run.add_argument("--out", metavar="DIR", help="run folder (default: zeromon-runs/<time>)")
-    run.add_argument("--job", metavar="NAME", help="job name recorded with the run (default: the script name)")
-    run.add_argument("--quiet", action="store_true", help="no summary when the command ends")
-    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
-
-    summary = sub.add_parser("summary", help="summarize a recorded run folder")
-    summary.add_argument("run_dir", metavar="RUN_DIR")
-    return parser
-
-
 def _version() -> str:
     from zeromon import __version__
 
     return __version__
 
 
-def _package_roots() -> list[str]:
-    """Folders that make zeromon and zeromon_agent importable in the child processes."""
-    import zeromon
-    import zeromon_agent
-
-    roots = []
-    for module in (zeromon, zeromon_agent):
-        root = str(Path(module.__file__ or "").resolve().parent.parent)
-        if root not in roots:
-            roots.append(root)
-    return roots
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    cmd = list(args.cmd)
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
-    if not cmd:
-        raise ZeromonError("zeromon run: no command given",
-                           hint="usage: zeromon run [--out DIR] -- CMD ..., e.g. zeromon run -- "
-                           "torchrun --nproc-per-node 2 examples/fsdp2_train.py")
-    # Refuse bad ZEROMON_* settings here, naming the variable, rather than in every rank.
-    from zeromon_agent.config import load_config
-
-    load_config()
-    out = Path(args.out) if args.out else Path("zeromon-runs") / time.strftime("%Y%m%d-%H%M%S")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ZeromonError(f"--out {out}: cannot create the run folder: {exc.strerror}") from None
-    import zeromon_agent.bootstrap
-
-    site_dir = str(Path(zeromon_agent.bootstrap.__file__).resolve().parent / "site")
-    env = dict(os.environ)
-    paths = [site_dir, *_package_roots()]
-    if env.get("PYTHONPATH"):
-        paths.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    env["ZEROMON_OUT"] = str(out.resolve())
-    env.setdefault("ZEROMON_ENABLE", "1")
-    if args.job:
-        env["ZEROMON_JOB"] = args.job
-
-    try:
-        child = subprocess.Popen(cmd, env=env)
-    except FileNotFoundError:
-        raise ZeromonError(f"zeromon run: command not found: {cmd[0]}") from None
-    except PermissionError:
-        raise ZeromonError(f"zeromon run: permission denied: {cmd[0]}") from None
-
-    def forward(signum: int, _frame: object) -> None:
-        try:
-            child.send_signal(signum)
-        except ProcessLookupError:
-            pass
-
-    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        code = child.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if not args.quiet:
-        _print_run_summary(out)
-    return code if code >= 0 else 128 - code
-
-
-def _print_run_summary(out: Path) -> None:
-    files = sorted(out.glob("rank-*.jsonl"))
-    if not files:
-        print(f"zeromon: no rank recorded in {out} (did the command create a torch.distributed process "
-              "group? is ZEROMON_ENABLE=0 set?)", file=sys.stderr)
-        return
-    try:
-        from zeromon.analysis.recording_summary import format_summary, summarize_run
-
-        print(format_summary(summarize_run(out)), file=sys.stderr)
-    except ZeromonError as exc:
-        print(f"zeromon: {exc}", file=sys.stderr)
-
-
-def cmd_summary(args: argparse.Namespace) -> int:
-    from zeromon.analysis.recording_summary import format_summary, summarize_run
-
-    print(format_summary(summarize_run(Path(args.run_dir))))
-    return 0
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
+    parser = _Parser(prog="zeromon", description="Live memory and communication monitoring for ZeRO / FSDP.")
+    parser.add_argument("--version", action="version", version=f"zeromon {_version()}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    commands: dict[str, ModuleType] = {}
+    for module_name in COMMAND_MODULES:
+        module = importlib.import_module(module_name)
+        module.add_arguments(sub.add_parser(module.NAME, help=module.HELP))
+        commands[module.NAME] = module
+    return parser, commands
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    parser, commands = build_parser()
     try:
         if not argv:
             parser.print_usage(sys.stderr)
-            print("zeromon: error: a command is required (run, summary); see `zeromon --help`", file=sys.stderr)
+            names = ", ".join(commands)
+            print(f"zeromon: error: a command is required ({names}); see `zeromon --help`", file=sys.stderr)
             return EXIT_USAGE
         args = parser.parse_args(argv)
-        if args.command == "run":
-            return cmd_run(args)
-        if args.command == "summary":
-            return cmd_summary(args)
-        parser.print_usage(sys.stderr)
-        return EXIT_USAGE
+        command = commands.get(args.command)
+        if command is None:
+            parser.print_usage(sys.stderr)
+            return EXIT_USAGE
+        return int(command.run(args))
     except ZeromonError as exc:
         print(f"zeromon: error: {exc.message}", file=sys.stderr)
         if exc.hint:
@@ -159,6 +59,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `zeromon ... | head`
+        return 0
 
 
 if __name__ == "__main__":

@@ -76,15 +76,24 @@ def _fsdp2(root: Any) -> dict[str, Any]:
     mp = getattr(getattr(state, "_mp_policy", None), "param_dtype", None)
     reduce = getattr(getattr(state, "_mp_policy", None), "reduce_dtype", None)
     groups = []
+    forward_prefetch = backward_prefetch = 0
     for module in root.modules():
         get_state = getattr(module, "_get_fsdp_state", None)
-        group = getattr(get_state(), "_fsdp_param_group", None) if get_state else None
+        unit_state = get_state() if get_state else None
+        group = getattr(unit_state, "_fsdp_param_group", None)
+        forward_prefetch += bool(getattr(unit_state, "_states_to_forward_prefetch", None))
+        backward_prefetch += bool(getattr(unit_state, "_states_to_backward_prefetch", None))
         if group is not None:
             groups.append(group)
             if mp is None:
                 mp = getattr(getattr(group, "mp_policy", None), "param_dtype", None)
                 reduce = getattr(getattr(group, "mp_policy", None), "reduce_dtype", None)
     knobs["fsdp_units"] = len(groups)
+    # Units with an explicit prefetch list (set_modules_to_forward/backward_prefetch); FSDP2 always
+    # prefetches the next unit in backward by default.
+    knobs["forward_prefetch_units"] = forward_prefetch
+    knobs["backward_prefetch_units"] = backward_prefetch
+    knobs["unshard_async_op"] = any(getattr(g, "unshard_async_op", False) for g in groups)
     reshard = [getattr(g, "post_forward_mesh_info", None) is not None for g in groups]
     if reshard:
         knobs["reshard_after_forward"] = all(reshard) if all(reshard) or not any(reshard) else "mixed"

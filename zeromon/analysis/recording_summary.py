@@ -59,8 +59,8 @@ def summarize_recording(rec: Recording) -> RankSummary:
     later = [s for s in sorted(per_step) if s >= 1] or sorted(per_step)
     meanings = {m for s in later for m in per_step[s]}
     by_meaning = {m: int(statistics.median(per_step[s].get(m, 0) for s in later)) for m in sorted(meanings)}
-    levels = [m.allocated if m.allocated is not None else m.rss for m in rec.memory]
-    levels = [x for x in levels if x is not None]
+    levels = [level for m in rec.memory
+              if (level := m.allocated if m.allocated is not None else m.rss) is not None]
     with_categories = [m for m in rec.memory if len(m.categories) > 1]
     capacity = next((m.capacity for m in reversed(rec.memory) if m.capacity), None)
     info = rec.run_info

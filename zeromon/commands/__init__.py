@@ -1,0 +1,13 @@
+"""The `zeromon` subcommands: one module each, with NAME, HELP, add_arguments(parser) and run(args).
+
+Modules are imported when the parser is built; keep their top-level imports light (import heavy
+libraries inside ``run``).
+"""
+
+from __future__ import annotations
+
+# The order is the order of `zeromon --help`.
+COMMAND_MODULES: tuple[str, ...] = (
+    "zeromon.commands.run",
+    "zeromon.commands.summary",
+)
