@@ -84,7 +84,8 @@ class CudaTimer:
         self._ref_unix_ns = time.time_ns()
 
     def resolve(self, start: Any, end: Any) -> tuple[int, int] | None:
-        """(start, end) in Unix ns once both events completed; None while pending."""
+        """(start, end) in Unix ns once both events completed; None while pending. The caller
+        gives the events back with ``release`` once done with them."""
         if start is None or end is None or not end.query():
             return None
         if self._ref_event is None:
@@ -92,8 +93,6 @@ class CudaTimer:
         ref = self._ref_event
         start_ns = self._ref_unix_ns + int(ref.elapsed_time(start) * 1e6)
         end_ns = self._ref_unix_ns + int(ref.elapsed_time(end) * 1e6)
-        self.pool.append(start)
-        self.pool.append(end)
         return start_ns, end_ns
 
     def release(self, *events: Any) -> None:

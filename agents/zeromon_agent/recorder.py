@@ -297,10 +297,14 @@ class Recorder:
         cuda = item[14]
         if cuda is not None and self.cuda_timer is not None and cuda_end is not None:
             resolved = self.cuda_timer.resolve(cuda[0], cuda_end)
-            if resolved is None:
+            if resolved is None and not (now is not None and now - w1 > _CALLBACK_GRACE_NS):
                 return False
             del self._inflight[seq]
-            self._finalize(item, None, (w1 - w0) / 1e9, Timing.CUDA_EVENT.value, unix_span=resolved)
+            if resolved is not None:
+                self._finalize(item, None, (w1 - w0) / 1e9, Timing.CUDA_EVENT.value, unix_span=resolved,
+                               extra_event=cuda_end)
+            else:  # at exit, or a GPU that never got there: the host's wait times stand in
+                self._finalize(item, w1, (w1 - w0) / 1e9, Timing.WAIT.value, extra_event=cuda_end)
             return True
         if sampled and entry.done_ns is None and (now is None or now - w1 < _CALLBACK_GRACE_NS):
             return False  # the exact completion time is on its way
@@ -332,7 +336,7 @@ class Recorder:
                                    unix_span=resolved)
                 elif final:
                     del self._inflight[seq]
-                    self._finalize(item, None, (item[5] - item[4]) / 1e9, Timing.UNKNOWN.value)
+                    self._finalize(item, item[5], (item[5] - item[4]) / 1e9, Timing.SYNC.value)
                 continue
             if entry.wait is not None:
                 continue
@@ -390,9 +394,12 @@ class Recorder:
         return name
 
     def _finalize(self, item: tuple[Any, ...], complete_perf: int | None, blocked_s: float, timing: str,
-                  unix_span: tuple[int, int] | None = None) -> None:
-        (_, seq, api, op, t0, _t1, b_in, b_out, dtype, group, async_op, _work, phase, step, _cuda,
+                  unix_span: tuple[int, int] | None = None, extra_event: Any = None) -> None:
+        (_, seq, api, op, t0, _t1, b_in, b_out, dtype, group, async_op, _work, phase, step, cuda,
          _sampled) = item
+        if self.cuda_timer is not None and (cuda is not None or extra_event is not None):
+            # Every CUDA event of this collective goes back to the pool, whichever path finished it.
+            self.cuda_timer.release(*(cuda or ()), extra_event)
         complete_ns: int | None
         if unix_span is not None:
             issue_ns, complete_ns = unix_span
