@@ -20,7 +20,7 @@ from zeromon_agent.cuda import CudaTimer, attach_oom_observer
 from zeromon_agent.device import NvmlDevice
 from zeromon_agent.memory import CudaMemory
 from zeromon_agent.recorder import Recorder
-from zeromon_agent.state import RAW_COLLECTIVE, HotState
+from zeromon_agent.state import RAW_COLLECTIVE, RAW_WAIT, HotState
 
 
 class _FakeEvent:
@@ -72,6 +72,23 @@ def test_cuda_events_time_a_collective_without_host_sync() -> None:
     # Calibration recorded one more event 1.5 ms after the end event: start = ref - 3 ms, end = ref - 1.5 ms.
     assert event.complete_ns - event.issue_ns == 1_500_000
     assert len(timer.pool) == 4, "events go back to the pool once read"
+
+
+def test_async_collective_ends_at_its_wait_on_the_stream() -> None:
+    timer = CudaTimer(_fake_torch(), pool_size=4)
+    start = timer.begin((_CudaTensor(),), {})
+    pair = timer.end(start, is_async=True)  # (start, None): the end is recorded at wait()
+    state = HotState()
+    rec = Recorder(state, rank=0, writer=None, flush_interval_s=1.0, cuda_timer=timer)
+    state.push((RAW_COLLECTIVE, 7, "all_gather_single", "all_gather", 100, 200, 4096, 8192, torch.bfloat16, None,
+                True, object(), "forward", 0, pair, False))
+    state.push((RAW_WAIT, 7, 300, 900, False, timer.after_wait()))
+    rec._drain(final=False)
+    (event,) = [r for r in rec.recent if type(r).__name__ == "CollectiveEvent"]
+    assert event.timing == "cuda_event" and event.async_op
+    assert event.complete_ns - event.issue_ns == 1_500_000
+    assert event.blocked_s == pytest.approx(600e-9)
+    assert len(timer.pool) == 4
 
 
 def test_cuda_event_pool_exhaustion_falls_back_to_host_timing() -> None:
