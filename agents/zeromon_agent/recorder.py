@@ -259,7 +259,7 @@ class Recorder:
                 self._inflight[seq] = _Inflight(raw=item)  # resolved when its CUDA events complete
                 return
             t0, t1 = item[4], item[5]
-            self._finalize(item, t1, (t1 - t0) / 1e9, Timing.SYNC.value)
+            self._finalize(item, t1, (t1 - t0) / 1e9, Timing.SYNC.value, wait_perf=t0)
             return
         entry = _Inflight(raw=item)
         wait = self._orphan_waits.pop(seq, None)
@@ -302,20 +302,20 @@ class Recorder:
             del self._inflight[seq]
             if resolved is not None:
                 self._finalize(item, None, (w1 - w0) / 1e9, Timing.CUDA_EVENT.value, unix_span=resolved,
-                               extra_event=cuda_end)
+                               extra_event=cuda_end, wait_perf=w0)
             else:  # at exit, or a GPU that never got there: the host's wait times stand in
-                self._finalize(item, w1, (w1 - w0) / 1e9, Timing.WAIT.value, extra_event=cuda_end)
+                self._finalize(item, w1, (w1 - w0) / 1e9, Timing.WAIT.value, extra_event=cuda_end, wait_perf=w0)
             return True
         if sampled and entry.done_ns is None and (now is None or now - w1 < _CALLBACK_GRACE_NS):
             return False  # the exact completion time is on its way
         del self._inflight[seq]
         blocked = (w1 - w0) / 1e9
         if entry.done_ns is not None:
-            self._finalize(item, entry.done_ns, blocked, Timing.CALLBACK.value)
+            self._finalize(item, entry.done_ns, blocked, Timing.CALLBACK.value, wait_perf=w0)
         elif done_before:
-            self._finalize(item, w0, blocked, Timing.BOUND.value)
+            self._finalize(item, w0, blocked, Timing.BOUND.value, wait_perf=w0)
         else:
-            self._finalize(item, w1, blocked, Timing.WAIT.value)
+            self._finalize(item, w1, blocked, Timing.WAIT.value, wait_perf=w0)
         return True
 
     def _check_inflight(self, final: bool) -> None:
@@ -333,10 +333,10 @@ class Recorder:
                 if resolved is not None:
                     del self._inflight[seq]
                     self._finalize(item, None, (item[5] - item[4]) / 1e9, Timing.CUDA_EVENT.value,
-                                   unix_span=resolved)
+                                   unix_span=resolved, wait_perf=item[4])
                 elif final:
                     del self._inflight[seq]
-                    self._finalize(item, item[5], (item[5] - item[4]) / 1e9, Timing.SYNC.value)
+                    self._finalize(item, item[5], (item[5] - item[4]) / 1e9, Timing.SYNC.value, wait_perf=item[4])
                 continue
             if entry.wait is not None:
                 continue
@@ -394,7 +394,8 @@ class Recorder:
         return name
 
     def _finalize(self, item: tuple[Any, ...], complete_perf: int | None, blocked_s: float, timing: str,
-                  unix_span: tuple[int, int] | None = None, extra_event: Any = None) -> None:
+                  unix_span: tuple[int, int] | None = None, extra_event: Any = None,
+                  wait_perf: int | None = None) -> None:
         (_, seq, api, op, t0, _t1, b_in, b_out, dtype, group, async_op, _work, phase, step, cuda,
          _sampled) = item
         if self.cuda_timer is not None and (cuda is not None or extra_event is not None):
@@ -411,6 +412,7 @@ class Recorder:
             dtype=self._dtype(dtype), group_size=self._group_size(group), async_op=bool(async_op),
             issue_ns=issue_ns, complete_ns=complete_ns, blocked_s=round(blocked_s, 9), timing=timing,
             meaning=meaning_of(op, phase, max(b_in, b_out)),
+            wait_ns=self.unix(wait_perf) if wait_perf is not None else None,
         )
         self.events_finalized += 1
         self._publish(event)

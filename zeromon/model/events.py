@@ -96,6 +96,16 @@ class CollectiveEvent:
     blocked_s: float  # time the calling thread was blocked waiting on it
     timing: str  # a Timing value
     meaning: str  # a ZeroMeaning value
+    # When the calling thread started to block on it: the issue for a synchronous call, the start of
+    # Work.wait() for an async one; None if nobody waited. [wait_ns, wait_ns + blocked_s] is the
+    # time the rank could not compute because of this collective.
+    wait_ns: int | None = None
+
+    @property
+    def blocked_interval_ns(self) -> tuple[int, int] | None:
+        if self.wait_ns is None or self.blocked_s <= 0:
+            return None
+        return self.wait_ns, self.wait_ns + int(self.blocked_s * 1e9)
 
     @property
     def duration_s(self) -> float | None:
