@@ -82,12 +82,16 @@ def test_async_wait_records_blocked_time_across_two_ranks(tmp_path: Path) -> Non
             mp.spawn(worker, args=(out_dir, port), nprocs=2)
             ev = read_recording(os.path.join(out_dir, "rank-0.jsonl")).collectives[0]
             print(json.dumps({"blocked": ev.blocked_s, "timing": ev.timing, "async": ev.async_op,
-                              "duration": ev.duration_s, "group": ev.group_size}))
+                              "duration": ev.duration_s, "group": ev.group_size,
+                              "wait_after_issue": ev.wait_ns is not None and ev.wait_ns >= ev.issue_ns,
+                              "wait_ends_at_completion": ev.blocked_interval_ns[1] - ev.complete_ns}))
     """)
     assert result["async"] is True and result["group"] == 2
     assert result["timing"] == "wait"
     assert 0.2 < result["blocked"] < 1.0
     assert result["duration"] >= result["blocked"]
+    assert result["wait_after_issue"] is True
+    assert abs(result["wait_ends_at_completion"]) < 1000  # ns: the wait ended when it completed
 
 
 def test_hook_errors_never_reach_training_and_are_counted(tmp_path: Path) -> None:
