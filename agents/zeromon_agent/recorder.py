@@ -46,6 +46,7 @@ _CALLBACK_GRACE_NS = 2_000_000_000
 # A step's summary waits this long for its in-flight async collectives.
 _STEP_GRACE_NS = 2_000_000_000
 _SCALAR_BYTES = 64  # all-reduces this small are flags and norms, not gradients
+_YIELD_EVERY_MASK = 63  # the drain gives the GIL away every 64 records (~0.3 ms of work)
 # A step keeps at most this many collective intervals; beyond it they are folded into a running
 # union (exact when intervals arrive in issue order, as synchronous ones do). Bounds the memory
 # of a step that never ends (an evaluation loop with collectives and no optimizer step).
@@ -227,7 +228,12 @@ class Recorder:
                 items.append(popleft())
             except IndexError:
                 break
-        for item in items:
+        sleep = time.sleep
+        for index, item in enumerate(items):
+            if index & _YIELD_EVERY_MASK == 0 and index:
+                # Hand the GIL back: a waiting training thread would otherwise wait until the
+                # interpreter's switch interval (5 ms) forces it, stretching whatever it was timing.
+                sleep(0)
             kind = item[0]
             if kind == RAW_COLLECTIVE:
                 self._on_collective(item)

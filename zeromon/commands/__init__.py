@@ -10,4 +10,5 @@ from __future__ import annotations
 COMMAND_MODULES: tuple[str, ...] = (
     "zeromon.commands.run",
     "zeromon.commands.summary",
+    "zeromon.commands.plan",
 )

@@ -1,0 +1,96 @@
+"""A 2-rank gloo run whose communication/computation overlap is known by construction.
+
+Each step: a root module's forward (known compute) and one all-reduce placed by --mode:
+- sync:    forward, then a synchronous all-reduce: nothing overlaps (exposed = the all-reduce);
+- hidden:  an async all-reduce issued before a forward that outlasts it, waited on after: all of
+           it overlaps (exposed ~ 0);
+- partial: an async all-reduce issued before a forward shorter than it: the forward overlaps,
+           the rest is exposed (the wait).
+The script times its own forward and collective and writes the truth per step to
+TRUTH_DIR/truth-<rank>.json, for the test to compare with what zeromon's analysis derives from
+the recording.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import zeromon_agent
+
+
+class Compute(torch.nn.Module):
+    """A stack of matmuls: deterministic CPU work of a chosen length."""
+
+    def __init__(self, width: int, depth: int) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width, bias=False) for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", choices=("sync", "hidden", "partial"), required=True)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--truth-dir", required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    # hidden: long compute, small all-reduce; partial: short compute, large all-reduce.
+    depth = {"sync": 8, "hidden": 36, "partial": 2}[args.mode]
+    numel = {"sync": 2_000_000, "hidden": 1_000_000, "partial": 8_000_000}[args.mode]
+    model = Compute(512, depth)
+    x = torch.randn(256, 512)
+    payload = torch.ones(numel)
+    zeromon_agent.attach(model=model)
+    truth = []
+    with torch.no_grad():
+        for step in range(args.steps):
+            with zeromon_agent.step():
+                t_issue = time.time_ns()
+                if args.mode == "sync":
+                    f0 = time.time_ns()
+                    model(x)
+                    f1 = time.time_ns()
+                    c0 = time.time_ns()
+                    dist.all_reduce(payload)
+                    c1 = time.time_ns()
+                    comm = (c0, c1)
+                    exposed = c1 - c0
+                    overlap = 0
+                else:
+                    work = dist.all_reduce(payload, async_op=True)
+                    done: list[int] = []
+                    # The script's own completion time: a callback when the collective completes.
+                    work.get_future().add_done_callback(lambda _f, done=done: done.append(time.time_ns()))
+                    f0 = time.time_ns()
+                    model(x)
+                    f1 = time.time_ns()
+                    work.wait()
+                    while not done:  # the callback runs on gloo's thread right after completion
+                        time.sleep(0.0001)
+                    end = done[0]
+                    comm = (t_issue, end)
+                    overlap = max(0, min(end, f1) - max(t_issue, f0))
+                    exposed = (end - t_issue) - overlap
+                truth.append({"step": step, "comm_s": (comm[1] - comm[0]) / 1e9, "forward_s": (f1 - f0) / 1e9,
+                              "exposed_s": exposed / 1e9, "overlap_s": overlap / 1e9})
+    zeromon_agent.detach()
+    Path(args.truth_dir, f"truth-{rank}.json").write_text(json.dumps(truth))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()

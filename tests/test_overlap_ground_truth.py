@@ -1,0 +1,68 @@
+"""Overlap and exposed communication measured from recordings of runs with a known answer.
+
+Real 2-process gloo runs (tests/scenarios/overlap_truth.py): the script times its own compute and
+collective (its own completion callback gives the collective's true end); zeromon's analysis of the
+recording must agree within 10% of the step's communication time, step by step.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from zeromon.analysis.step_overlap import StepOverlap, step_overlaps
+from zeromon.model import read_run
+
+from conftest import REPO, child_env, torchrun_args
+
+pytestmark = pytest.mark.distributed
+SCENARIO = REPO / "tests" / "scenarios" / "overlap_truth.py"
+
+
+def _run(tmp_path: Path, mode: str) -> list[tuple[StepOverlap, dict[str, Any]]]:
+    out = subprocess.run(torchrun_args(2, SCENARIO, "--mode", mode, "--truth-dir", str(tmp_path)),
+                         # Every async completion gets its callback: exact intervals for the comparison.
+                         env=child_env(ZEROMON_OUT=str(tmp_path), ZEROMON_ASYNC_SAMPLE_EVERY="1"),
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    pairs = []
+    for rec in read_run(tmp_path):
+        truth = json.loads((tmp_path / f"truth-{rec.rank}.json").read_text())
+        measured = step_overlaps(rec)
+        assert [s.step for s in measured] == [t["step"] for t in truth]
+        pairs.extend((m, t) for m, t in zip(measured, truth, strict=True) if m.step >= 1)  # step 0 warms up
+    return pairs
+
+
+def _close(measured: float, truth: float, comm: float) -> bool:
+    return abs(measured - truth) <= 0.1 * comm
+
+
+def test_sync_all_reduce_between_compute_does_not_overlap(tmp_path: Path) -> None:
+    for m, t in _run(tmp_path, "sync"):
+        assert t["overlap_s"] == 0
+        assert _close(m.overlap_s, 0.0, t["comm_s"]), (m, t)
+        assert _close(m.exposed_comm_s, t["exposed_s"], t["comm_s"]), (m, t)
+        assert m.comp_s == pytest.approx(t["forward_s"], rel=0.1)
+
+
+def test_async_all_reduce_hidden_behind_longer_compute(tmp_path: Path) -> None:
+    pairs = _run(tmp_path, "hidden")
+    hidden = [t["overlap_s"] / t["comm_s"] for _, t in pairs]
+    assert sorted(hidden)[len(hidden) // 2] >= 0.8, "the scenario must mostly hide the all-reduce"
+    for m, t in pairs:
+        assert _close(m.comm_s, t["comm_s"], t["comm_s"]), (m, t)
+        assert _close(m.exposed_comm_s, t["exposed_s"], t["comm_s"]), (m, t)
+        assert _close(m.overlap_s, t["overlap_s"], t["comm_s"]), (m, t)
+
+
+def test_async_all_reduce_partly_hidden(tmp_path: Path) -> None:
+    pairs = _run(tmp_path, "partial")
+    for m, t in pairs:
+        assert t["exposed_s"] > 0 and t["overlap_s"] > 0, "the scenario must be a partial case"
+        assert _close(m.exposed_comm_s, t["exposed_s"], t["comm_s"]), (m, t)
+        assert _close(m.overlap_s, t["overlap_s"], t["comm_s"]), (m, t)

@@ -1,0 +1,72 @@
+"""Findings about exposed communication, with the remedies that apply to the run's framework."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+
+from zeromon.analysis.findings import Finding, Severity
+from zeromon.analysis.step_overlap import StepOverlap
+from zeromon.model.events import RunInfo
+
+# Exposed communication worth a finding: a share of step time, with the overlap ratio below a bar.
+EXPOSED_SHARE_WARN = 0.10
+EXPOSED_SHARE_CRITICAL = 0.30
+OVERLAP_RATIO_POOR = 0.5
+
+
+def overlap_remedies(info: RunInfo | None) -> tuple[str, ...]:
+    framework = info.framework if info else "unknown"
+    knobs = dict(info.knobs) if info else {}
+    remedies: list[str] = []
+    if info is not None and info.backend == "gloo":
+        remedies.append("on CPU with gloo there are no streams: collectives overlap only when issued "
+                        "asynchronously, so expect low overlap here; measure on the GPUs that matter")
+    if framework == "fsdp2":
+        if not knobs.get("forward_prefetch_units"):
+            remedies.append("prefetch the next unit's all-gather in forward: "
+                            "block.set_modules_to_forward_prefetch([next_block])")
+        remedies.append("keep reshard_after_forward=True only where memory needs it: False removes the "
+                        "backward re-gather (at the cost of holding unsharded parameters)")
+    elif framework == "fsdp1":
+        if not knobs.get("forward_prefetch"):
+            remedies.append("forward_prefetch=True: issue the next all-gather before this unit's forward")
+        if knobs.get("backward_prefetch") not in ("BACKWARD_PRE",):
+            remedies.append("backward_prefetch=BackwardPrefetch.BACKWARD_PRE")
+        if knobs.get("limit_all_gathers") is False:
+            remedies.append("limit_all_gathers=True keeps the CPU from running too far ahead of the GPU")
+    elif framework == "deepspeed":
+        if not knobs.get("overlap_comm"):
+            remedies.append("zero_optimization.overlap_comm: true (overlaps gradient reduction with backward)")
+        if knobs.get("stage") == 3 or info is not None and info.zero_stage == 3:
+            remedies.append("raise stage3_prefetch_bucket_size so parameters are gathered ahead of use")
+        remedies.append("larger reduce_bucket_size / allgather_bucket_size: fewer, larger collectives")
+    elif framework == "ddp":
+        remedies.append("bucket_cap_mb: buckets that are too large start reducing late in backward")
+    remedies.append("a larger micro-batch (or gradient accumulation) gives each collective more compute to hide behind")
+    return tuple(remedies)
+
+
+def overlap_findings(rank: int, steps: Sequence[StepOverlap], info: RunInfo | None) -> tuple[Finding, ...]:
+    """A poor-overlap finding for the rank, from its steps after the first (warm-up)."""
+    steady = [s for s in steps if s.step >= 1] or list(steps)
+    shares = [s.exposed_share for s in steady if s.exposed_share is not None]
+    if not shares:
+        return ()
+    share = statistics.median(shares)
+    ratios = [r for s in steady if (r := s.overlap_ratio) is not None]
+    ratio = statistics.median(ratios) if ratios else None
+    if share < EXPOSED_SHARE_WARN or (ratio is not None and ratio >= OVERLAP_RATIO_POOR):
+        return ()
+    exposed_ms = statistics.median(s.exposed_comm_s for s in steady) * 1e3
+    step_ms = statistics.median(s.step_s for s in steady) * 1e3
+    evidence = [f"median exposed communication {exposed_ms:.1f} ms of a {step_ms:.1f} ms step ({share:.0%})"]
+    if ratio is not None:
+        evidence.append(f"median overlap ratio {ratio:.0%} (overlapped / all communication time)")
+    return (Finding(
+        kind="poor_overlap", severity=Severity.CRITICAL if share >= EXPOSED_SHARE_CRITICAL else Severity.WARN,
+        title=f"rank {rank}: {share:.0%} of step time is exposed communication",
+        rank=rank, evidence=tuple(evidence), remedies=overlap_remedies(info),
+        metrics={"exposed_share": share, "exposed_comm_s": exposed_ms / 1e3,
+                 **({"overlap_ratio": ratio} if ratio is not None else {})},
+    ),)

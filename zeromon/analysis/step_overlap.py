@@ -1,0 +1,89 @@
+"""Overlap and exposed communication per rank and step, from zeromon's own recordings.
+
+Communication is each collective's [issue, completion] interval. Computation is the training
+thread's time in the forward, backward and optimizer phases, minus the intervals it spent blocked
+in collectives (a synchronous call, or ``Work.wait()``): a blocked thread computes nothing. Both are
+clipped to the step's window [first phase start, optimizer step end], and the overlap follows HTA's
+definition (``zeromon.analysis.overlap``).
+
+On CPU with gloo these are host intervals: collectives run on gloo's threads while the training
+thread computes, so an async collective really overlaps. On GPU the collectives are timed with CUDA
+events but the phases are host intervals, an approximation until device-side phase timing exists.
+Collectives whose completion was never observed (timing ``unknown``) are left out.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from dataclasses import dataclass
+
+from zeromon.analysis.intervals import Interval, merge, subtract
+from zeromon.analysis.overlap import comm_comp_overlap
+from zeromon.model.codec import Recording
+
+COMPUTE_PHASES = frozenset({"forward", "backward", "optimizer"})
+
+
+@dataclass(frozen=True, slots=True)
+class StepOverlap:
+    rank: int
+    step: int
+    step_s: float
+    comm_s: float
+    comp_s: float
+    overlap_s: float
+    exposed_comm_s: float
+    idle_s: float
+    blocked_s: float  # time the training thread was blocked in collectives within the step
+
+    @property
+    def overlap_ratio(self) -> float | None:
+        return self.overlap_s / self.comm_s if self.comm_s > 0 else None
+
+    @property
+    def exposed_share(self) -> float | None:
+        return self.exposed_comm_s / self.step_s if self.step_s > 0 else None
+
+
+def step_overlaps(rec: Recording) -> tuple[StepOverlap, ...]:
+    """One StepOverlap per summarized step of one rank's recording, in step order."""
+    compute_by_step: dict[int, list[Interval]] = defaultdict(list)
+    for span in rec.phases:
+        if span.step >= 0 and span.phase in COMPUTE_PHASES:
+            compute_by_step[span.step].append((span.start_ns, span.end_ns))
+    comm: list[Interval] = []
+    blocked: list[Interval] = []
+    for event in rec.collectives:
+        if event.complete_ns is not None and event.complete_ns > event.issue_ns:
+            comm.append((event.issue_ns, event.complete_ns))
+        interval = event.blocked_interval_ns
+        if interval is not None:
+            blocked.append(interval)
+    comm_u = merge(comm)
+    blocked_u = merge(blocked)
+    out = []
+    for summary in sorted(rec.steps, key=lambda s: s.step):
+        window = (summary.start_ns, summary.end_ns)
+        compute = subtract(merge(compute_by_step.get(summary.step, ())), blocked_u)
+        result = comm_comp_overlap(_within(comm_u, window), compute, window)
+        out.append(StepOverlap(
+            rank=rec.rank, step=summary.step, step_s=result.window_s, comm_s=result.comm_s,
+            comp_s=result.comp_s, overlap_s=result.overlap_s, exposed_comm_s=result.exposed_comm_s,
+            idle_s=result.idle_s, blocked_s=sum(e - s for s, e in _within(blocked_u, window)) / 1e9,
+        ))
+    return tuple(out)
+
+
+def _within(merged: list[Interval], window: Interval) -> list[Interval]:
+    """The disjoint intervals that touch the window (a binary search, then a short scan)."""
+    lo, hi = window
+    i = bisect.bisect_left(merged, (lo, lo))
+    if i > 0 and merged[i - 1][1] > lo:
+        i -= 1
+    out = []
+    while i < len(merged) and merged[i][0] < hi:
+        s, e = merged[i]
+        out.append((max(s, lo), min(e, hi)))
+        i += 1
+    return out

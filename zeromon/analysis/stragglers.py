@@ -1,0 +1,156 @@
+"""Stragglers and imbalance across ranks: step-time skew, who arrives last at collectives, memory.
+
+Collectives are matched across ranks by (step, op, occurrence within the step): data-parallel ranks
+issue the same collectives in the same order. The rank that issues last makes its peers wait: the
+wait it causes a peer is how much earlier the peer issued, bounded by the time the peer was blocked
+on that collective (a peer that issued early but kept computing lost nothing). Issue times are host
+clocks: exact between ranks of one machine, as good as NTP between machines.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from zeromon.analysis.findings import Finding, Severity
+from zeromon.model.codec import Recording
+from zeromon.model.units import format_bytes
+
+# A rank is a straggler when it arrives last at more than this share of the matched collectives...
+LAST_ARRIVAL_SHARE = 0.6
+# ...and the wait it causes its peers is at least this share of their step time.
+CAUSED_WAIT_SHARE = 0.05
+# Memory imbalance: the spread of per-rank peaks over the largest, and a floor in bytes.
+MEMORY_IMBALANCE_SHARE = 0.10
+MEMORY_IMBALANCE_MIN_BYTES = 64 * 2**20
+# Step-time skew: (slowest − fastest) / median, per step.
+STEP_SKEW_SHARE = 0.10
+
+
+@dataclass(frozen=True, slots=True)
+class RankArrival:
+    rank: int
+    matched: int  # collectives matched on every rank
+    last_arrivals: int
+    caused_wait_s: float  # the peers' waiting this rank caused by arriving last
+    waited_s: float  # the time this rank waited for a later peer
+
+
+@dataclass(frozen=True, slots=True)
+class Imbalance:
+    ranks: tuple[RankArrival, ...]
+    step_skew_median: float | None  # median over steps of (slowest − fastest) / median step time
+    slowest_rank_counts: dict[int, int]  # how often each rank had the longest step
+    peak_memory: dict[int, int]  # per-rank peak level (allocator on GPU, RSS on CPU)
+    memory_spread: float | None  # (max − min) / max of the peaks
+    findings: tuple[Finding, ...]
+
+
+def _peak(rec: Recording) -> int | None:
+    levels = [m.allocated if m.allocated is not None else m.rss for m in rec.memory]
+    values = [v for v in levels if v is not None]
+    return max(values) if values else None
+
+
+def analyze_imbalance(recordings: Sequence[Recording]) -> Imbalance:
+    ranks = [r.rank for r in recordings]
+    keyed: dict[int, dict[tuple[int, str, int], tuple[int, float]]] = {}
+    for rec in recordings:
+        counts: dict[tuple[int, str], int] = defaultdict(int)
+        table: dict[tuple[int, str, int], tuple[int, float]] = {}
+        for event in sorted(rec.collectives, key=lambda e: e.seq):
+            if event.step < 0:
+                continue
+            k = counts[(event.step, event.op)]
+            counts[(event.step, event.op)] = k + 1
+            table[(event.step, event.op, k)] = (event.issue_ns, event.blocked_s)
+        keyed[rec.rank] = table
+    common = set.intersection(*(set(t) for t in keyed.values())) if keyed else set()
+    last = dict.fromkeys(ranks, 0)
+    caused = dict.fromkeys(ranks, 0.0)
+    waited = dict.fromkeys(ranks, 0.0)
+    if len(recordings) > 1:
+        for key in common:
+            arrivals = {rank: keyed[rank][key] for rank in ranks}
+            late_rank = max(arrivals, key=lambda r: arrivals[r][0])
+            late_issue = arrivals[late_rank][0]
+            last[late_rank] += 1
+            for rank, (issue, blocked) in arrivals.items():
+                if rank != late_rank:
+                    lost = min((late_issue - issue) / 1e9, blocked)
+                    caused[late_rank] += max(0.0, lost)
+                    waited[rank] += max(0.0, lost)
+    arrivals_out = tuple(RankArrival(rank=r, matched=len(common), last_arrivals=last[r], caused_wait_s=caused[r],
+                                     waited_s=waited[r]) for r in ranks)
+
+    durations: dict[int, dict[int, float]] = defaultdict(dict)
+    for rec in recordings:
+        for s in rec.steps:
+            durations[s.step][rec.rank] = s.duration_s
+    skews = []
+    slowest: dict[int, int] = defaultdict(int)
+    for per_rank in durations.values():
+        if len(per_rank) == len(recordings) > 1:
+            values = list(per_rank.values())
+            median = statistics.median(values)
+            if median > 0:
+                skews.append((max(values) - min(values)) / median)
+            slowest[max(per_rank, key=lambda r: per_rank[r])] += 1
+    peaks = {rec.rank: p for rec in recordings if (p := _peak(rec)) is not None}
+    spread = (max(peaks.values()) - min(peaks.values())) / max(peaks.values()) if len(peaks) > 1 else None
+
+    findings = _findings(recordings, arrivals_out, peaks, spread, skews)
+    return Imbalance(ranks=arrivals_out, step_skew_median=statistics.median(skews) if skews else None,
+                     slowest_rank_counts=dict(slowest), peak_memory=peaks, memory_spread=spread,
+                     findings=findings)
+
+
+def _findings(recordings: Sequence[Recording], arrivals: tuple[RankArrival, ...], peaks: dict[int, int],
+              spread: float | None, skews: list[float]) -> tuple[Finding, ...]:
+    findings = []
+    total_step_s = sum(s.duration_s for rec in recordings for s in rec.steps) / max(1, len(recordings))
+    for arrival in arrivals:
+        if not arrival.matched or total_step_s <= 0:
+            continue
+        share = arrival.last_arrivals / arrival.matched
+        peers = max(1, len(recordings) - 1)
+        caused_share = arrival.caused_wait_s / peers / total_step_s
+        if share >= LAST_ARRIVAL_SHARE and caused_share >= CAUSED_WAIT_SHARE:
+            findings.append(Finding(
+                kind="straggler", severity=Severity.WARN if caused_share < 0.2 else Severity.CRITICAL,
+                title=f"rank {arrival.rank} arrives last at {share:.0%} of collectives",
+                rank=arrival.rank,
+                evidence=(f"last at {arrival.last_arrivals} of {arrival.matched} matched collectives",
+                          f"its peers waited {arrival.caused_wait_s:.3f} s for it in all "
+                          f"({caused_share:.1%} of their step time)"),
+                remedies=("look for work only this rank does (logging, checkpointing, evaluation on rank 0)",
+                          "check its host for contention (other jobs, CPU frequency, a slower GPU or link)",
+                          "balance data loading: uneven batch sizes or sequence lengths slow one rank"),
+                metrics={"last_share": share, "caused_wait_s": arrival.caused_wait_s,
+                         "caused_share": caused_share},
+            ))
+    if spread is not None and spread >= MEMORY_IMBALANCE_SHARE:
+        high = max(peaks, key=lambda r: peaks[r])
+        low = min(peaks, key=lambda r: peaks[r])
+        if peaks[high] - peaks[low] >= MEMORY_IMBALANCE_MIN_BYTES:
+            findings.append(Finding(
+                kind="memory_imbalance", severity=Severity.WARN,
+                title=f"rank {high} peaks {spread:.0%} higher in memory than rank {low}",
+                rank=high,
+                evidence=(f"peak rank {high}: {format_bytes(peaks[high])}, rank {low}: {format_bytes(peaks[low])}",),
+                remedies=("the rank with more memory is the one that will OOM first: check what only it holds "
+                          "(rank-0 logging, metrics or checkpoint buffers)",
+                          "uneven sharding: a parameter count not divisible by the world size pads some shards"),
+                metrics={"spread": spread, "max_bytes": float(peaks[high]), "min_bytes": float(peaks[low])},
+            ))
+    if skews and statistics.median(skews) >= STEP_SKEW_SHARE:
+        findings.append(Finding(
+            kind="step_skew", severity=Severity.INFO,
+            title=f"step times differ by {statistics.median(skews):.0%} across ranks (median over steps)",
+            evidence=("data-parallel ranks wait for each other, so their step times should agree",),
+            remedies=("see the straggler findings for the rank that makes the others wait",),
+            metrics={"median_skew": statistics.median(skews)},
+        ))
+    return tuple(findings)
