@@ -18,10 +18,10 @@ from zeromon.analysis.findings import Finding, Severity
 from zeromon.model.codec import Recording
 from zeromon.model.units import format_bytes
 
-# A rank is a straggler when it arrives last at more than this share of the matched collectives...
-LAST_ARRIVAL_SHARE = 0.6
-# ...and the wait it causes its peers is at least this share of their step time.
+# A rank is a straggler when the wait it causes its peers is at least this share of their step
+# time, and at least this many times the wait the other ranks cause (everyone is last sometimes).
 CAUSED_WAIT_SHARE = 0.05
+CAUSED_WAIT_DOMINANCE = 2.0
 # Memory imbalance: the spread of per-rank peaks over the largest, and a floor in bytes.
 MEMORY_IMBALANCE_SHARE = 0.10
 MEMORY_IMBALANCE_MIN_BYTES = 64 * 2**20
@@ -117,7 +117,9 @@ def _findings(recordings: Sequence[Recording], arrivals: tuple[RankArrival, ...]
         share = arrival.last_arrivals / arrival.matched
         peers = max(1, len(recordings) - 1)
         caused_share = arrival.caused_wait_s / peers / total_step_s
-        if share >= LAST_ARRIVAL_SHARE and caused_share >= CAUSED_WAIT_SHARE:
+        others = [a.caused_wait_s for a in arrivals if a.rank != arrival.rank]
+        typical = sum(others) / len(others) if others else 0.0
+        if caused_share >= CAUSED_WAIT_SHARE and arrival.caused_wait_s >= CAUSED_WAIT_DOMINANCE * typical:
             findings.append(Finding(
                 kind="straggler", severity=Severity.WARN if caused_share < 0.2 else Severity.CRITICAL,
                 title=f"rank {arrival.rank} arrives last at {share:.0%} of collectives",

@@ -1,0 +1,57 @@
+"""A 2-rank gloo run with a known straggler and a known memory imbalance.
+
+Rank --slow-rank spends --delay seconds more in every forward, so it reaches each step's
+all-reduce last and its peer waits about --delay for it; rank 0 also keeps --extra-mb MiB alive
+that rank 1 does not (rank-0-only buffers, as logging or checkpointing code keeps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.distributed as dist
+
+import zeromon_agent
+
+
+class Work(torch.nn.Module):
+    def __init__(self, delay_s: float) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(256, 256)
+        self.delay_s = delay_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        return self.linear(x)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--slow-rank", type=int, default=1)
+    parser.add_argument("--delay", type=float, default=0.03)
+    parser.add_argument("--extra-mb", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=8)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model = Work(args.delay if rank == args.slow_rank else 0.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    keep = torch.ones(args.extra_mb * 2**20 // 4) if rank == 0 else None  # noqa: F841 - held on purpose
+    zeromon_agent.attach(model=model, optimizer=opt)
+    x = torch.randn(64, 256)
+    for _ in range(args.steps):
+        opt.zero_grad()
+        model(x).sum().backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+        opt.step()
+    zeromon_agent.detach()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
