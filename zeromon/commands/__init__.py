@@ -10,5 +10,6 @@ from __future__ import annotations
 COMMAND_MODULES: tuple[str, ...] = (
     "zeromon.commands.run",
     "zeromon.commands.summary",
+    "zeromon.commands.lint",
     "zeromon.commands.plan",
 )

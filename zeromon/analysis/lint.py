@@ -1,0 +1,887 @@
+"""Lint a DeepSpeed config (or accelerate's DeepSpeed block) for the pitfalls users hit.
+
+Pure: a parsed config dict and options in, ``LintReport`` out; no I/O. What DeepSpeed itself accepts
+comes from a ``ConfigSchema``: the sources layer builds one from the installed DeepSpeed's own config
+classes (``zeromon.sources.configs.deepspeed_schema``); ``STATIC_SCHEMA`` below is the same facts
+written down from DeepSpeed 0.19.8, for machines without DeepSpeed.
+
+What a finding's severity means: ``error``, DeepSpeed or accelerate refuses the config or the run
+does something other than asked (exit code 1 from ``zeromon lint``); ``warning``, a known pitfall
+that costs speed, memory or a usable checkpoint; ``info``, worth knowing, nothing wrong by itself.
+
+Facts the rules rest on (DeepSpeed 0.19.8 unless said otherwise):
+- ``zero_optimization``, its ``offload_*`` blocks, ``fp16`` and ``bf16`` are pydantic models with
+  ``extra="forbid"``: an unknown key there stops ``deepspeed.initialize``. Unknown top-level keys are
+  silently ignored. A value ``"auto"`` inside those models is dropped and the default used
+  (``DeepSpeedConfigModel.__init__``); at the top level it reaches the batch arithmetic and fails.
+- ``overlap_comm`` defaults to true for stage 3 and false for stages 1 and 2.
+- ``train_batch_size == train_micro_batch_size_per_gpu * gradient_accumulation_steps * world_size``
+  is asserted at start-up, with world_size the data-parallel size.
+- accelerate (1.x) turns its ``deepspeed_config`` block into a DeepSpeed config from 15 keys only
+  (``ACCELERATE_DEEPSPEED_KEYS``) and ignores the rest; with ``deepspeed_config_file`` it refuses to
+  start if the block also sets any key the file owns (``ACCELERATE_FILE_OWNED_KEYS``).
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from zeromon.model.units import format_bytes
+
+SEVERITIES = ("error", "warning", "info")
+
+# id -> what the rule looks for; the ids are stable (scripts may filter on them).
+RULES: dict[str, str] = {
+    "ZL001": "ZeRO-3 without stage3_gather_16bit_weights_on_model_save",
+    "ZL002": "train_batch_size != micro batch x gradient accumulation x world size",
+    "ZL003": "batch sizes that no world size satisfies, or the world size they imply",
+    "ZL004": "no batch size given (DeepSpeed needs train_batch_size or train_micro_batch_size_per_gpu)",
+    "ZL005": "gradient_accumulation_steps differ between the accelerate file and the DeepSpeed file",
+    "ZL006": "fp16 with ZeRO-3",
+    "ZL007": "fp16 and bf16 both enabled",
+    "ZL008": "overlap_comm off or left at a default of off",
+    "ZL009": "offload without pin_memory",
+    "ZL010": "nvme offload without nvme_path",
+    "ZL011": "\"auto\" outside the Hugging Face / accelerate integration",
+    "ZL012": "unknown key",
+    "ZL013": "key removed from DeepSpeed",
+    "ZL014": "deprecated key",
+    "ZL015": "ZeRO-3 where ZeRO-2 fits",
+    "ZL016": "option that has no effect at this ZeRO stage",
+    "ZL017": "bucket size too small or too large",
+    "ZL018": "ZeRO-3 live parameters or prefetch bucket too large for the GPU",
+    "ZL019": "fp16 with a static loss scale, or without gradient clipping",
+    "ZL020": "max_grad_norm in optimizer params (DeepSpeed ignores it)",
+    "ZL021": "invalid ZeRO stage",
+    "ZL022": "gradient_allreduce_op sum with ZeRO-3",
+    "ZL023": "key repeated in one JSON object",
+    "ZL024": "DeepSpeed key in accelerate's deepspeed_config block (accelerate ignores it)",
+    "ZL025": "accelerate keys next to deepspeed_config_file (accelerate refuses to start)",
+    "ZL026": "accelerate distributed_type is not DEEPSPEED",
+    "ZL027": "relative deepspeed_config_file (accelerate opens it from the launch directory)",
+    "ZL028": "batch size value that is not a positive integer",
+}
+
+# The keys accelerate reads from its `deepspeed_config` block (accelerate/commands/launch.py, deepspeed_args).
+ACCELERATE_DEEPSPEED_KEYS = frozenset({
+    "deepspeed_config_file", "zero_stage", "offload_optimizer_device", "offload_param_device",
+    "offload_optimizer_nvme_path", "offload_param_nvme_path", "gradient_accumulation_steps", "gradient_clipping",
+    "zero3_init_flag", "zero3_save_16bit_model", "deepspeed_hostfile", "deepspeed_exclusion_filter",
+    "deepspeed_inclusion_filter", "deepspeed_multinode_launcher", "deepspeed_moe_layer_cls_names",
+})
+# With deepspeed_config_file, accelerate raises if its config also sets one of these
+# (DeepSpeedPlugin._deepspeed_config_checks); mixed_precision is the file's top-level key.
+ACCELERATE_FILE_OWNED_KEYS = ("gradient_accumulation_steps", "gradient_clipping", "zero_stage",
+                              "offload_optimizer_device", "offload_param_device", "offload_param_nvme_path",
+                              "offload_optimizer_nvme_path", "zero3_save_16bit_model")
+# accelerate key -> the DeepSpeed key it sets (accelerate's DeepSpeedPlugin.plugin_to_config_mapping).
+_ACCELERATE_TO_DEEPSPEED = {
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "gradient_clipping": "gradient_clipping",
+    "zero_stage": "zero_optimization.stage",
+    "offload_optimizer_device": "zero_optimization.offload_optimizer.device",
+    "offload_param_device": "zero_optimization.offload_param.device",
+    "offload_optimizer_nvme_path": "zero_optimization.offload_optimizer.nvme_path",
+    "offload_param_nvme_path": "zero_optimization.offload_param.nvme_path",
+    "zero3_save_16bit_model": "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+}
+_DEEPSPEED_TO_ACCELERATE = {ds: "deepspeed_config." + acc for acc, ds in _ACCELERATE_TO_DEEPSPEED.items()}
+_DEEPSPEED_TO_ACCELERATE.update({
+    "fp16": "mixed_precision", "fp16.enabled": "mixed_precision", "bf16": "mixed_precision",
+    "bf16.enabled": "mixed_precision",
+    "zero_optimization.offload_optimizer": "deepspeed_config.offload_optimizer_device",
+    "zero_optimization.offload_param": "deepspeed_config.offload_param_device",
+})
+
+_INLINE_HINT = ("accelerate's inline deepspeed_config cannot set this: write a DeepSpeed JSON and point "
+                "deepspeed_config_file at it")
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigSchema:
+    """What a DeepSpeed version accepts: known keys per section ("" is the top level), removed and
+    deprecated keys, and the defaults the rules mention."""
+
+    sections: Mapping[str, frozenset[str]]
+    removed: Mapping[str, str]  # key path -> DeepSpeed's reason
+    deprecated: Mapping[str, str]  # key path -> the key to use instead
+    overlap_comm_default: tuple[bool, bool, bool, bool]  # by stage
+    pin_memory_default: bool
+    origin: str  # where these facts come from, for the report
+
+    def strict(self, section: str) -> bool:
+        """Sections that are pydantic models with extra="forbid": an unknown key there is fatal."""
+        return section != ""
+
+
+_OFFLOAD_COMMON = {"device", "nvme_path", "buffer_count", "pin_memory"}
+STATIC_SCHEMA = ConfigSchema(
+    sections={
+        "": frozenset({
+            "activation_checkpointing", "aio", "autotuning", "bf16", "bfloat16", "checkpoint", "comet",
+            "comms_logger", "communication_data_type", "compile", "csv_monitor", "data_efficiency", "data_types",
+            "dataloader_drop_last", "datastates_ckpt", "disable_allgather", "disable_python_gc", "dump_state",
+            "expert_parallel", "flops_profiler", "fp16", "gradient_accumulation_steps", "gradient_allreduce_op",
+            "gradient_clipping", "gradient_predivide_factor", "hybrid_engine", "log_level",
+            "managed_gradient_accumulation", "memory_breakdown", "optimizer", "pipeline", "prescale_gradients",
+            "scheduler", "seq_parallel_communication_data_type", "sequence_parallel_size", "steps_per_print",
+            "tensor_parallel", "tensorboard", "timers", "torch_autocast", "train_batch_size",
+            "train_micro_batch_size_per_gpu", "use_data_before_expert_parallelism", "wall_clock_breakdown", "wandb",
+            "weight_quantization", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
+            "zero_optimization"}),
+        "zero_optimization": frozenset({
+            "allgather_bucket_size", "allgather_partitions", "allgather_sequential", "compute_grad_norm",
+            "contiguous_gradients", "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory",
+            "elastic_checkpoint", "enable_sanity_checks", "gather_16bit_weights_on_model_save",
+            "ignore_unused_parameters", "leaf_module", "legacy_stage1", "load_from_fp32_weights",
+            "log_trace_cache_warnings", "max_live_parameters", "max_reuse_distance", "memory_efficient_linear",
+            "model_persistence_threshold", "module_granularity_threshold", "offload_optimizer", "offload_param",
+            "overlap_comm", "override_module_apply", "param_persistence_threshold", "parameter_alignment",
+            "pipeline_loading_checkpoint", "prefetch_bucket_size", "reduce_bucket_size", "reduce_scatter",
+            "round_robin_gradients", "save_muon_momentum_buffer_in_memory", "stage", "stage3_allgather_sequential",
+            "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+            "stage3_max_live_parameters", "stage3_max_reuse_distance", "stage3_model_persistence_threshold",
+            "stage3_module_granularity_threshold", "stage3_param_persistence_threshold",
+            "stage3_prefetch_bucket_size", "stage3_use_all_reduce_for_fetch_params", "sub_group_size",
+            "use_all_reduce_for_fetch_params", "use_multi_rank_bucket_allreduce", "zenflow",
+            "zero_hpz_partition_size", "zero_quantized_gradients", "zero_quantized_nontrainable_weights",
+            "zero_quantized_weights"}),
+        "zero_optimization.offload_param": frozenset(_OFFLOAD_COMMON | {"buffer_size", "max_in_cpu"}),
+        "zero_optimization.offload_optimizer": frozenset(_OFFLOAD_COMMON | {
+            "cpuadam_cores_perc", "fast_init", "pipeline_read", "pipeline_write", "ratio", "super_offload"}),
+        "zero_optimization.zenflow": frozenset({
+            "auto_ratio", "full_warm_up_rounds", "offload", "overlap_step", "pt_reserved_cores_perc",
+            "select_interval", "select_strategy", "steps_per_epoch", "topk_ratio", "update_interval"}),
+        "zero_optimization.leaf_module": frozenset({"classes", "name_suffixes", "names"}),
+        "fp16": frozenset({"auto_cast", "consecutive_hysteresis", "enabled", "fp16_master_weights_and_grads",
+                           "hysteresis", "initial_scale_power", "loss_scale", "loss_scale_window", "min_loss_scale"}),
+        "bf16": frozenset({"bf16_master_weights_and_grads", "bf16_optimizer_states", "check_grad_overflow",
+                           "enabled", "immediate_grad_update"}),
+    },
+    removed={k: "removed from DeepSpeed (0.19.8 refuses configs that still set it)" for k in (
+        "amp", "compression_training", "curriculum_learning", "eigenvalue", "elasticity", "graph_harvesting",
+        "nebula", "progressive_layer_drop", "quantize_training", "sparse_attention", "sparse_gradients",
+        "zero_optimization.mics_shard_size", "zero_optimization.mics_hierarchical_params_gather",
+        "zero_optimization.zeropp_loco_param")},
+    deprecated={
+        "zero_optimization.cpu_offload": "zero_optimization.offload_optimizer",
+        "zero_optimization.cpu_offload_param": "zero_optimization.offload_param",
+        "zero_optimization.cpu_offload_use_pin_memory": "offload_param or offload_optimizer",
+        "zero_optimization.stage3_gather_fp16_weights_on_model_save":
+            "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+    },
+    overlap_comm_default=(False, False, False, True),
+    pin_memory_default=True,
+    origin="zeromon's static list (DeepSpeed 0.19.8)",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LintOptions:
+    world_size: int | None = None  # data-parallel ranks; None: unknown (the accelerate file may give it)
+    world_size_from: str = ""  # where world_size came from, for messages ("--gpus", ...)
+    nodes: int | None = None
+    params: float | None = None  # model parameters, for the ZeRO-2-fits check
+    gpu_memory_bytes: int | None = None
+    hf: bool = False  # the config is filled by the Hugging Face Trainer / accelerate ("auto" is resolved)
+    schema: ConfigSchema = STATIC_SCHEMA
+
+
+@dataclass(frozen=True, slots=True)
+class LintFinding:
+    id: str
+    severity: str  # error | warning | info
+    key: str  # dotted key path in the file that holds it
+    message: str
+    fix: str
+    file: str = "deepspeed"  # which file holds the key: "deepspeed" or "accelerate"
+
+    def to_dict(self) -> dict[str, str]:
+        return {"id": self.id, "severity": self.severity, "key": self.key, "message": self.message,
+                "fix": self.fix}
+
+
+@dataclass(frozen=True, slots=True)
+class LintReport:
+    findings: tuple[LintFinding, ...]
+    stage: int | None  # the ZeRO stage in effect
+    world_size: int | None
+    world_size_from: str
+    schema_origin: str
+    hf: bool
+
+    def count(self, severity: str) -> int:
+        return sum(1 for f in self.findings if f.severity == severity)
+
+    @property
+    def has_errors(self) -> bool:
+        return any(f.severity == "error" for f in self.findings)
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _number(value: Any) -> float | None:
+    """An int or float as written (bools are not numbers here); None for anything else."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _count(value: Any) -> int | None:
+    """A count as YAML or JSON may write it: 4, 4.0, "4"; None when it is not one."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    number = _number(value)
+    return int(number) if number is not None and number == int(number) else None
+
+
+def _truthy(value: Any) -> bool:
+    return value is True or (isinstance(value, str) and value.strip().lower() == "true")
+
+
+def _enabled(config: Mapping[str, Any], section: str) -> bool:
+    block = config.get(section)
+    return isinstance(block, Mapping) and _truthy(block.get("enabled"))
+
+
+def _elements(n: float) -> str:
+    return f"{n:.3g}"
+
+
+def _nearest(key: str, known: Iterable[str]) -> str | None:
+    match = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
+    return match[0] if match else None
+
+
+@dataclass(slots=True)
+class _Lint:
+    """One lint pass: the effective DeepSpeed config, how its key paths map to the file, the findings."""
+
+    config: Mapping[str, Any]
+    options: LintOptions
+    key_map: Mapping[str, str] = field(default_factory=dict)  # DeepSpeed path -> accelerate path (inline)
+    inline: bool = False  # the DeepSpeed config was built by accelerate from its own keys
+    findings: list[LintFinding] = field(default_factory=list)
+
+    def add(self, rule: str, severity: str, key: str, message: str, fix: str, file: str | None = None) -> None:
+        assert rule in RULES and severity in SEVERITIES, (rule, severity)
+        where = file or "deepspeed"
+        if file is None and self.inline:
+            where = "accelerate"
+            mapped = self.key_map.get(key)
+            if mapped is not None:
+                key = mapped
+            else:  # a DeepSpeed key accelerate writes no value for: only a DeepSpeed file could change it
+                message = f"{message} (in the DeepSpeed config accelerate builds from this file)"
+                fix = f"{fix}; {_INLINE_HINT}"
+        self.findings.append(LintFinding(rule, severity, key, message, fix, where))
+
+    @property
+    def zero(self) -> Mapping[str, Any]:
+        block = self.config.get("zero_optimization")
+        return block if isinstance(block, Mapping) else {}
+
+    def zero_get(self, *names: str) -> tuple[str, Any]:
+        """The first of the names (a field and its stage3_ alias) that is set: (key path, value)."""
+        for name in names:
+            if name in self.zero:
+                return f"zero_optimization.{name}", self.zero[name]
+        return f"zero_optimization.{names[0]}", None
+
+    @property
+    def stage(self) -> int | None:
+        value = self.zero.get("stage", 0)
+        stage = _count(value)
+        return stage if stage is not None and 0 <= stage <= 3 else None
+
+    def is_auto(self, value: Any) -> bool:
+        return isinstance(value, str) and value == "auto"
+
+    def offloads(self) -> list[tuple[str, Mapping[str, Any], str]]:
+        """(key path, block, device) for each offload block with a device other than none."""
+        found = []
+        for name in ("offload_optimizer", "offload_param"):
+            block = self.zero.get(name)
+            if isinstance(block, Mapping):
+                device = str(block.get("device", "none")).lower()
+                if device in ("cpu", "nvme"):
+                    found.append((f"zero_optimization.{name}", block, device))
+        return found
+
+    @property
+    def element_bytes(self) -> int:
+        """Bytes per element of the 16-bit (or fp32) copies ZeRO communicates and gathers."""
+        return 2 if _enabled(self.config, "fp16") or _enabled(self.config, "bf16") \
+            or _enabled(self.config, "bfloat16") else 4
+
+
+# ------------------------------------------------------------------------------------------------ rules
+
+
+def _check_keys(lint: _Lint, duplicate_keys: Iterable[str]) -> None:
+    schema = lint.options.schema
+    for path in duplicate_keys:
+        lint.add("ZL023", "error", path, f"{path} appears more than once in the same object; DeepSpeed loads "
+                 "configs with a duplicate-key check and refuses the file (json.load would silently keep "
+                 "the last one)", "keep one of them")
+
+    def walk(block: Mapping[str, Any], section: str) -> None:
+        known = schema.sections.get(section)
+        for key, value in block.items():
+            path = f"{section}.{key}" if section else str(key)
+            if path in schema.removed:
+                lint.add("ZL013", "error", path, f"{path}: {schema.removed[path]}; DeepSpeed refuses configs "
+                         "that still set it", f"remove {path}")
+                continue
+            if path in schema.deprecated:
+                lint.add("ZL014", "info", path, f"{path} is deprecated; DeepSpeed translates it and logs a "
+                         "warning", f"use {schema.deprecated[path]}")
+            if known is not None and key not in known:
+                _unknown_key(lint, section, str(key), path)
+                continue
+            sub = f"{section}.{key}" if section else str(key)
+            if sub == "bfloat16":
+                sub = "bf16"
+            if isinstance(value, Mapping) and sub in schema.sections:
+                walk(value, sub)
+
+    walk(lint.config, "")
+
+
+def _unknown_key(lint: _Lint, section: str, key: str, path: str) -> None:
+    schema = lint.options.schema
+    known = schema.sections[section]
+    elsewhere = sorted(f"{s}.{key}" if s else key for s, keys in schema.sections.items()
+                       if s != section and key in keys)
+    nearest = _nearest(key, known)
+    if elsewhere:
+        hint = f"{key} belongs in {' or '.join(elsewhere)}"
+        fix = f"move it to {elsewhere[0]}"
+    elif nearest:
+        hint = f"did you mean {section + '.' if section else ''}{nearest}?"
+        fix = f"rename it to {nearest}"
+    elif key in ACCELERATE_DEEPSPEED_KEYS and key in _ACCELERATE_TO_DEEPSPEED:
+        hint = f"{key} is an accelerate key; in a DeepSpeed JSON it is {_ACCELERATE_TO_DEEPSPEED[key]}"
+        fix = f"use {_ACCELERATE_TO_DEEPSPEED[key]}"
+    else:
+        hint = "no known key is close"
+        fix = f"remove it, or check the spelling against DeepSpeed's config docs ({schema.origin})"
+    if schema.strict(section):
+        lint.add("ZL012", "error", path, f"unknown key {path}: {hint}; DeepSpeed validates {section} strictly "
+                 "and stops at start-up (\"Extra inputs are not permitted\")", fix)
+    else:
+        lint.add("ZL012", "warning", path, f"unknown key {path}: {hint}; DeepSpeed silently ignores unknown "
+                 "top-level keys, so this setting has no effect", fix)
+
+
+def _check_stage(lint: _Lint) -> None:
+    if "stage" in lint.zero and lint.stage is None and not lint.is_auto(lint.zero["stage"]):
+        lint.add("ZL021", "error", "zero_optimization.stage",
+                 f"zero_optimization.stage is {lint.zero['stage']!r}; DeepSpeed accepts 0, 1, 2 or 3",
+                 "set stage to 0, 1, 2 or 3")
+    op = lint.config.get("gradient_allreduce_op")
+    if lint.stage == 3 and isinstance(op, str) and op.lower() == "sum":
+        lint.add("ZL022", "error", "gradient_allreduce_op", "gradient_allreduce_op \"sum\" is not supported with "
+                 "ZeRO-3; DeepSpeed raises at start-up", "remove gradient_allreduce_op (default \"mean\")")
+
+
+def _check_zero3_save(lint: _Lint) -> None:
+    if lint.stage != 3:
+        return
+    _, value = lint.zero_get("stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
+                             "stage3_gather_fp16_weights_on_model_save")
+    if _truthy(value) or (lint.options.hf and lint.is_auto(value)):
+        return
+    state = "false" if value is not None else "not set (default false)"
+    lint.add("ZL001", "warning", "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+             f"ZeRO-3 partitions the weights across ranks and stage3_gather_16bit_weights_on_model_save is {state}: "
+             "save_16bit_model() and the Hugging Face Trainer's save_model() then write no usable weights "
+             "(each rank holds only its shard), and the model must be rebuilt with zero_to_fp32.py from a "
+             "full checkpoint",
+             "set \"stage3_gather_16bit_weights_on_model_save\": true in zero_optimization "
+             "(accelerate: zero3_save_16bit_model: true)")
+
+
+def _check_batch(lint: _Lint) -> None:
+    cfg, hf = lint.config, lint.options.hf
+    names = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    values: dict[str, int | None] = {}
+    for name in names:
+        raw = cfg.get(name)
+        if raw is None or lint.is_auto(raw):
+            values[name] = None
+            continue
+        count = _count(raw) if not isinstance(raw, str) else None
+        if count is None or count < 1:
+            lint.add("ZL028", "error", name, f"{name} is {raw!r}; DeepSpeed needs a positive integer",
+                     f"set {name} to an integer >= 1")
+            return
+        values[name] = count
+    tb, mb, gas = (values[n] for n in names)
+    if tb is None and mb is None:
+        if not hf and not any(lint.is_auto(cfg.get(n)) for n in names):
+            lint.add("ZL004", "error", "train_micro_batch_size_per_gpu", "neither train_batch_size nor "
+                     "train_micro_batch_size_per_gpu is set; DeepSpeed stops at start-up (\"Either "
+                     "train_batch_size or train_micro_batch_size_per_gpu needs to be provided\")",
+                     "set train_micro_batch_size_per_gpu (and gradient_accumulation_steps), or run with --hf "
+                     "if the Hugging Face Trainer or accelerate fills them")
+        return
+    world, source = lint.options.world_size, lint.options.world_size_from
+    if tb is None or (world is None and mb is None and gas is None):
+        return  # DeepSpeed derives what is missing; nothing to check against
+    per_rank = (mb or 1) * (gas or 1)  # what DeepSpeed assumes for the one it derives is checked below
+    if world is not None:
+        if mb is not None and gas is not None:
+            if tb != mb * gas * world:
+                suggestion = f"set train_batch_size to {mb * gas * world}"
+                if tb % (mb * world) == 0:
+                    suggestion += f", or gradient_accumulation_steps to {tb // (mb * world)}"
+                lint.add("ZL002", "error", "train_batch_size",
+                         f"train_batch_size {tb} != train_micro_batch_size_per_gpu {mb} x "
+                         f"gradient_accumulation_steps {gas} x world size {world} ({source}) = {mb * gas * world}; "
+                         "DeepSpeed asserts this at start-up (world size = data-parallel ranks)", suggestion)
+        elif tb % (per_rank * world):
+            derived = "gradient_accumulation_steps" if mb is not None else "train_micro_batch_size_per_gpu"
+            lint.add("ZL002", "error", "train_batch_size",
+                     f"train_batch_size {tb} is not divisible by {per_rank * world} (the given batch values x world "
+                     f"size {world} from {source}); DeepSpeed derives {derived} by integer division and then "
+                     "fails its batch assertion", f"make train_batch_size a multiple of {per_rank * world}, or "
+                     f"set {derived} explicitly")
+        return
+    given = " x ".join(f"{n} {values[n]}" for n in names[1:] if values[n] is not None)
+    if tb % per_rank:
+        lint.add("ZL003", "error", "train_batch_size",
+                 f"train_batch_size {tb} is not a multiple of {given} = {per_rank}: no world size satisfies "
+                 "train_batch_size = micro batch x accumulation x world size, and DeepSpeed stops at start-up",
+                 "set train_batch_size to micro batch x gradient_accumulation_steps x the number of data-parallel "
+                 "ranks, or drop it and let DeepSpeed derive it")
+    elif mb is not None and gas is not None:
+        lint.add("ZL003", "info", "train_batch_size",
+                 f"train_batch_size {tb} = {given} x {tb // per_rank}: this config runs only on {tb // per_rank} "
+                 "data-parallel ranks (world size not given)",
+                 "give --world-size or --gpus to check it against the cluster, or drop train_batch_size so that "
+                 "DeepSpeed derives it for any world size")
+    else:
+        missing = "gradient_accumulation_steps" if mb is not None else "train_micro_batch_size_per_gpu"
+        lint.add("ZL003", "info", "train_batch_size",
+                 f"train_batch_size {tb} / {given} = {tb // per_rank} = world size x {missing}: DeepSpeed derives "
+                 f"{missing} from the world size, which must divide {tb // per_rank}",
+                 f"give --world-size or --gpus to check it, or set {missing} explicitly")
+
+
+def _check_accumulation_agreement(lint: _Lint, accelerate_block: Mapping[str, Any]) -> None:
+    acc_raw, ds_raw = accelerate_block.get("gradient_accumulation_steps"), lint.config.get(
+        "gradient_accumulation_steps")
+    acc, ds = _count(acc_raw), _count(ds_raw)
+    if acc is None or ds_raw is None or lint.is_auto(ds_raw) or acc == ds:
+        return
+    lint.add("ZL005", "error", "deepspeed_config.gradient_accumulation_steps",
+             f"gradient_accumulation_steps is {acc} in the accelerate file and {ds_raw} in the DeepSpeed file; "
+             "accelerate refuses to start when its config sets a value the deepspeed_config_file owns, and "
+             "the two disagree on the effective batch size", "remove gradient_accumulation_steps from the accelerate "
+             "file and keep the one in the DeepSpeed JSON (or set it there to \"auto\")", file="accelerate")
+
+
+def _check_precision(lint: _Lint) -> None:
+    fp16, bf16 = _enabled(lint.config, "fp16"), _enabled(lint.config, "bf16") or _enabled(lint.config, "bfloat16")
+    if fp16 and bf16:
+        lint.add("ZL007", "error", "bf16.enabled", "fp16 and bf16 are both enabled; DeepSpeed asserts \"bfloat16 "
+                 "and fp16 modes cannot be simultaneously enabled\"", "enable one: bf16 on GPUs that support it "
+                 "(NVIDIA Ampere/A100 and newer), else fp16")
+        return
+    if not fp16:
+        return
+    if lint.stage == 3:
+        lint.add("ZL006", "warning", "fp16.enabled",
+                 "fp16 with ZeRO-3: fp16's 5 exponent bits overflow and underflow where bf16's 8 do not; "
+                 "dynamic loss scaling skips steps and the partitioned fp16 weights lose precision (the seeds' "
+                 "'FP16 + ZeRO-3 precision issues')",
+                 "use bf16 (\"bf16\": {\"enabled\": true}, fp16 off) on GPUs that support it (NVIDIA Ampere/A100, "
+                 "Hopper/H100 and newer; not V100 or T4); without bf16 keep dynamic loss scaling "
+                 "(loss_scale 0, loss_scale_window 1000, initial_scale_power 16) and gradient clipping")
+    block = lint.config.get("fp16")
+    scale = _number(block.get("loss_scale")) if isinstance(block, Mapping) else None
+    if scale is not None and scale > 0:
+        lint.add("ZL019", "info", "fp16.loss_scale",
+                 f"fp16 with a static loss scale ({scale:g}): the scale never adapts, so gradients that overflow "
+                 "at it are lost on every such step, and small ones underflow to zero",
+                 "set loss_scale to 0 (dynamic loss scaling) unless a fixed scale is known to work")
+    clip = lint.config.get("gradient_clipping")
+    if clip is None or (_number(clip) == 0):
+        lint.add("ZL019", "info", "gradient_clipping",
+                 "fp16 without gradient clipping: a spike that survives loss scaling goes straight into the "
+                 "weights (the seeds' fp16 troubleshooting enables clipping)",
+                 "set \"gradient_clipping\": 1.0")
+
+
+def _check_overlap(lint: _Lint) -> None:
+    stage = lint.stage
+    if not stage:
+        return
+    value = lint.zero.get("overlap_comm")
+    default = lint.options.schema.overlap_comm_default[stage]
+    if value is False or (isinstance(value, str) and value.lower() == "false"):
+        state = "off"
+    elif value is None or lint.is_auto(value):
+        if default:
+            return
+        state = f"not set, and DeepSpeed's default for stage {stage} is false (true only for stage 3)"
+    else:
+        return
+    cost = (" (it costs memory: about 4.5 x (reduce_bucket_size + allgather_bucket_size) 16-bit elements of "
+            "buffers at stages 1-2)" if stage < 3 else "")
+    lint.add("ZL008", "warning", "zero_optimization.overlap_comm",
+             f"overlap_comm is {state}: gradient reduction waits for the backward pass instead of running "
+             "beside it, so the communication is exposed (seeds: 10-20% slower on NVLink/InfiniBand)",
+             f"set \"overlap_comm\": true{cost}")
+
+
+def _check_offload(lint: _Lint) -> None:
+    schema = lint.options.schema
+    for path, block, device in lint.offloads():
+        pin = block.get("pin_memory")
+        if pin is False or (pin is None and not schema.pin_memory_default):
+            state = "false" if pin is False else f"not set (default false in {schema.origin})"
+            lint.add("ZL009", "warning", f"{path}.pin_memory",
+                     f"{path} moves state to {device} with pin_memory {state}: transfers from pageable host memory "
+                     "are staged, synchronous and slower, and cannot overlap compute",
+                     "set \"pin_memory\": true (turn it off only where memlock limits, ulimit -l, forbid it)")
+        elif pin is None:
+            lint.add("ZL009", "info", f"{path}.pin_memory",
+                     f"{path}.pin_memory is not set: {schema.origin} defaults it to true, older DeepSpeed releases "
+                     "to false (slow pageable transfers)", "set \"pin_memory\": true explicitly")
+        nvme_path = block.get("nvme_path")
+        if device != "nvme":
+            continue
+        if nvme_path in (None, ""):
+            lint.add("ZL010", "error", f"{path}.nvme_path", f"{path} offloads to nvme without nvme_path: DeepSpeed "
+                     "has no folder to swap to and fails when it builds the swapper (os.path.join(None, ...))",
+                     "set \"nvme_path\" to a folder on a local NVMe drive")
+        elif str(nvme_path).lower() == "none":
+            lint.add("ZL010", "error", f"{path}.nvme_path", f"{path} offloads to nvme with nvme_path 'none' (what "
+                     "accelerate passes when offload_*_nvme_path is not set): DeepSpeed swaps into a folder named "
+                     "none/ under the launch directory, on whatever disk that is",
+                     "set the nvme path to a folder on a local NVMe drive")
+
+
+def _check_auto(lint: _Lint) -> None:
+    if lint.options.hf:
+        return
+    lenient = ("zero_optimization", "fp16", "bf16", "bfloat16")
+
+    def walk(block: Mapping[str, Any], prefix: str) -> None:
+        for key, value in block.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            if isinstance(value, Mapping):
+                walk(value, path)
+            elif lint.is_auto(value):
+                why = ("only the Hugging Face Trainer and accelerate replace \"auto\"; deepspeed.initialize does "
+                       "not")
+                if path.split(".")[0] in lenient:
+                    lint.add("ZL011", "warning", path, f"{path} is \"auto\": {why}, and DeepSpeed drops it here and "
+                             "silently uses its own default", "give a value, or run zeromon lint --hf if the "
+                             "Trainer or accelerate reads this file")
+                else:
+                    lint.add("ZL011", "error", path, f"{path} is \"auto\": {why}; DeepSpeed passes the string on "
+                             "and fails at start-up", "give a value, or run zeromon lint --hf if the Trainer or "
+                             "accelerate reads this file")
+
+    walk(lint.config, "")
+
+
+def _check_stage_relevance(lint: _Lint) -> None:
+    stage = lint.stage
+    if stage is None or stage == 3:
+        return
+    if "offload_param" in lint.zero and any(p.endswith("offload_param") for p, _, _ in lint.offloads()):
+        lint.add("ZL016", "warning", "zero_optimization.offload_param",
+                 f"offload_param works only with ZeRO-3; at stage {stage} the parameters stay on the GPU",
+                 "use stage 3 to offload parameters, or remove offload_param")
+    if stage == 0 and any(p.endswith("offload_optimizer") for p, _, _ in lint.offloads()):
+        lint.add("ZL016", "warning", "zero_optimization.offload_optimizer",
+                 "offload_optimizer needs ZeRO stage 1, 2 or 3; at stage 0 nothing is offloaded",
+                 "set zero_optimization.stage to 1 or 2")
+    stage3 = sorted(k for k in lint.zero if str(k).startswith("stage3_") and k not in (
+        "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save"))
+    if stage3:
+        lint.add("ZL016", "info", f"zero_optimization.{stage3[0]}",
+                 f"{', '.join(stage3)} only apply to ZeRO-3; at stage {stage} they do nothing",
+                 "remove them, or keep them for a later switch to stage 3")
+
+
+# Below this many elements a bucket makes collectives latency-bound: NCCL needs messages of tens of MB
+# to approach bus bandwidth, and DeepSpeed's default is 5e8 elements.
+TINY_BUCKET_ELEMENTS = 1e6
+# Share of GPU memory above which communication buffers or ZeRO-3's live parameters are a likely OOM.
+BUCKET_MEMORY_SHARE = 0.25
+LIVE_PARAMS_MEMORY_SHARE = 0.40
+PREFETCH_MEMORY_SHARE = 0.10
+
+
+def _check_buckets(lint: _Lint) -> None:
+    stage = lint.stage
+    if not stage:
+        return
+    names = ("reduce_bucket_size", "allgather_bucket_size") if stage < 3 else ("reduce_bucket_size",)
+    sizes: dict[str, float] = {}
+    for name in names:
+        value = _number(lint.zero.get(name))
+        if value is None:
+            continue
+        sizes[name] = value
+        if 0 < value < TINY_BUCKET_ELEMENTS:
+            lint.add("ZL017", "warning", f"zero_optimization.{name}",
+                     f"{name} is {_elements(value)} elements: many small collectives, each paying NCCL's latency "
+                     "instead of moving data at bandwidth", "start from DeepSpeed's default 5e8 and tune (seeds)")
+    memory = lint.options.gpu_memory_bytes
+    if memory is None or stage >= 3:
+        return
+    overlap = _truthy(lint.zero.get("overlap_comm")) or (
+        lint.zero.get("overlap_comm") is None and lint.options.schema.overlap_comm_default[stage])
+    total = sum(sizes.get(n, 5e8) for n in names)  # 5e8: DeepSpeed's default for an unset bucket
+    footprint = total * lint.element_bytes * (4.5 if overlap else 1)
+    if footprint > BUCKET_MEMORY_SHARE * memory:
+        key = max(names, key=lambda n: sizes.get(n, 5e8))
+        lint.add("ZL017", "warning", f"zero_optimization.{key}",
+                 f"communication buckets take about {format_bytes(footprint)} of {format_bytes(memory)} per GPU "
+                 f"((reduce + allgather = {_elements(total)} elements) x {lint.element_bytes} bytes"
+                 f"{' x 4.5 with overlap_comm' if overlap else ''}), more than "
+                 f"{BUCKET_MEMORY_SHARE:.0%}", "lower reduce_bucket_size and allgather_bucket_size (e.g. 2e8)")
+
+
+def _check_live_parameters(lint: _Lint) -> None:
+    memory = lint.options.gpu_memory_bytes
+    if lint.stage != 3 or memory is None:
+        return
+    nbytes = lint.element_bytes
+    for names, default, share in ((("stage3_max_live_parameters", "max_live_parameters"), 1e9,
+                                   LIVE_PARAMS_MEMORY_SHARE),
+                                  (("stage3_prefetch_bucket_size", "prefetch_bucket_size"), 5e7,
+                                   PREFETCH_MEMORY_SHARE)):
+        key, raw = lint.zero_get(*names)
+        value = _number(raw)
+        if value is None:
+            value = default
+        if value * nbytes > share * memory:
+            what = "gathered parameters live at once" if "live" in key else "parameters prefetched ahead of use"
+            lint.add("ZL018", "warning", key,
+                     f"{key.split('.')[-1]} {_elements(value)}{' (default)' if raw is None else ''}: up to "
+                     f"{format_bytes(value * nbytes)} of {nbytes}-byte {what}, more than {share:.0%} of "
+                     f"{format_bytes(memory)} per GPU", "lower it (seeds' ZeRO-3 OOM steps: "
+                     "stage3_max_live_parameters 5e8, stage3_prefetch_bucket_size 1e8)")
+
+
+def _check_optimizer_params(lint: _Lint) -> None:
+    optimizer = lint.config.get("optimizer")
+    params = optimizer.get("params") if isinstance(optimizer, Mapping) else None
+    if isinstance(params, Mapping) and (_number(params.get("max_grad_norm")) or 0) > 0:
+        lint.add("ZL020", "warning", "optimizer.params.max_grad_norm",
+                 "max_grad_norm in optimizer.params is not applied: DeepSpeed clips with its own "
+                 "gradient_clipping and warns that this parameter is unsupported",
+                 f"move it to \"gradient_clipping\": {params['max_grad_norm']}")
+
+
+def _check_zero2_fits(lint: _Lint, gpus: int | None, zero_init: bool) -> None:
+    opts = lint.options
+    if lint.stage != 3 or opts.params is None or gpus is None or opts.gpu_memory_bytes is None:
+        return
+    from zeromon.analysis.planner import PlanInputError, PlanInputs, plan, smallest_fitting_stage
+
+    dtype = "fp16" if _enabled(lint.config, "fp16") else "bf16" if lint.element_bytes == 2 else "fp32"
+    optimizer = lint.config.get("optimizer")
+    kind = str(optimizer.get("type", "adam")).lower() if isinstance(optimizer, Mapping) else "adam"
+    devices = {p.rsplit(".", 1)[-1]: d for p, _, d in lint.offloads()}
+    nodes = opts.nodes if opts.nodes and gpus % opts.nodes == 0 else 1
+    try:
+        result = plan(PlanInputs(params=opts.params, gpus_per_node=gpus // nodes, nodes=nodes,
+                                 gpu_memory_bytes=opts.gpu_memory_bytes, dtype=dtype,
+                                 optimizer="sgd" if "sgd" in kind else "adam",
+                                 offload_optimizer=devices.get("offload_optimizer", "none"),
+                                 offload_params=devices.get("offload_param", "none"), zero_init=zero_init,
+                                 largest_layer_params=None, activations=None, convention="zero-paper",
+                                 stages=(0, 1, 2, 3)))
+    except PlanInputError:
+        return
+    smallest = smallest_fitting_stage(result)
+    if smallest is None or smallest >= 3:
+        return
+    # Model-state memory falls with the stage, so if a smaller stage fits, ZeRO-2 does.
+    zero2 = next(sp for sp in result.stages if sp.stage == 2)
+    zero3 = next(sp for sp in result.stages if sp.stage == 3)
+    headroom = result.inputs.headroom_fraction
+    tight = zero2.gpu_bytes > (1 - headroom) * opts.gpu_memory_bytes
+    smaller = {0: " (even DDP fits)", 1: " (even ZeRO-1 fits)"}.get(smallest, "")
+    offload = f", optimizer offloaded to {zero2.offload_optimizer}" if zero2.offload_optimizer != "none" else ""
+    lint.add("ZL015", "info" if tight else "warning", "zero_optimization.stage",
+             f"ZeRO-3 where ZeRO-2 fits{smaller}: the planner puts the model states of {_params_text(opts.params)} "
+             f"parameters on {gpus} GPUs at {format_bytes(zero2.gpu_bytes)} per GPU with ZeRO-2{offload} "
+             f"({format_bytes(zero3.gpu_bytes)} with ZeRO-3) of {format_bytes(opts.gpu_memory_bytes)}"
+             + (f", with less than {headroom:.0%} to spare" if tight else "")
+             + "; ZeRO-3 adds a parameter all-gather to every forward and backward (~1.5x the communication of "
+             "ZeRO-2). Activations are not counted here",
+             f"use stage 2; compare with zeromon plan --params {_params_text(opts.params)} --gpus-per-node "
+             f"{gpus // nodes} --nodes {nodes} --gpu-memory {format_bytes(opts.gpu_memory_bytes).replace(' ', '')} "
+             "--activations seq,batch,hidden,layers,heads")
+
+
+def _params_text(params: float) -> str:
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
+        if params >= scale:
+            return f"{params / scale:g}{suffix}"
+    return f"{params:g}"
+
+
+def _check_accelerate_block(lint: _Lint, accelerate: Mapping[str, Any], block: Mapping[str, Any],
+                            has_file: bool, relative_file: bool) -> None:
+    distributed = str(accelerate.get("distributed_type", "")).upper()
+    if distributed != "DEEPSPEED":
+        lint.add("ZL026", "warning", "distributed_type",
+                 f"distributed_type is {accelerate.get('distributed_type')!r}: accelerate launch uses DeepSpeed only "
+                 "with DEEPSPEED, so the deepspeed_config block is ignored", "set distributed_type: DEEPSPEED",
+                 file="accelerate")
+    for key in block:
+        if key in ACCELERATE_DEEPSPEED_KEYS:
+            continue
+        path = f"deepspeed_config.{key}"
+        ds_path = _deepspeed_path_of(lint.options.schema, str(key))
+        if key == "stage3_gather_16bit_weights_on_model_save":
+            hint, fix = "accelerate's name for it is zero3_save_16bit_model", "use zero3_save_16bit_model: true"
+        elif ds_path is not None:
+            hint = f"it is the DeepSpeed key {ds_path}, which accelerate does not pass on"
+            fix = "put it in a DeepSpeed JSON and point deepspeed_config_file at it"
+        else:
+            nearest = _nearest(str(key), ACCELERATE_DEEPSPEED_KEYS)
+            hint = f"did you mean {nearest}?" if nearest else "accelerate does not know it"
+            fix = f"rename it to {nearest}" if nearest else "remove it"
+        lint.add("ZL024", "warning", path, f"{path} is ignored by accelerate: {hint}", fix, file="accelerate")
+    if has_file:
+        owned = [k for k in ACCELERATE_FILE_OWNED_KEYS if k in block]
+        gas_differs = any(f.id == "ZL005" for f in lint.findings)
+        owned = [k for k in owned if not (k == "gradient_accumulation_steps" and gas_differs)]
+        owned_paths = [f"deepspeed_config.{k}" for k in owned]
+        if "mixed_precision" in accelerate:
+            owned_paths.append("mixed_precision")
+        if owned_paths:
+            lint.add("ZL025", "error", owned_paths[0],
+                     f"{', '.join(owned_paths)} set next to deepspeed_config_file: accelerate refuses to start "
+                     "(\"When using `deepspeed_config_file`, the following accelerate config variables will be "
+                     "ignored\")", "remove them from the accelerate file and set them in the DeepSpeed JSON "
+                     "(mixed precision: its fp16 / bf16 blocks)", file="accelerate")
+        if relative_file:
+            lint.add("ZL027", "info", "deepspeed_config.deepspeed_config_file",
+                     f"deepspeed_config_file {block.get('deepspeed_config_file')!r} is relative: accelerate opens "
+                     "it from the directory you launch in, not from this file's folder (zeromon read it from "
+                     "this file's folder)", "use an absolute path, or always launch from this file's folder",
+                     file="accelerate")
+
+
+def _deepspeed_path_of(schema: ConfigSchema, key: str) -> str | None:
+    for section in ("", "zero_optimization", "zero_optimization.offload_optimizer", "fp16", "bf16"):
+        if key in schema.sections.get(section, ()):
+            return f"{section}.{key}" if section else key
+    return None
+
+
+# ------------------------------------------------------------------------------------------- entry points
+
+
+def _run_rules(lint: _Lint, duplicate_keys: Iterable[str], gpus: int | None, zero_init: bool) -> None:
+    _check_keys(lint, duplicate_keys)
+    _check_stage(lint)
+    _check_zero3_save(lint)
+    _check_batch(lint)
+    _check_precision(lint)
+    _check_overlap(lint)
+    _check_offload(lint)
+    _check_auto(lint)
+    _check_stage_relevance(lint)
+    _check_buckets(lint)
+    _check_live_parameters(lint)
+    _check_optimizer_params(lint)
+    _check_zero2_fits(lint, gpus, zero_init)
+
+
+def _report(lint: _Lint) -> LintReport:
+    order = {s: i for i, s in enumerate(SEVERITIES)}
+    findings = sorted(lint.findings, key=lambda f: (order[f.severity], f.id, f.key))
+    opts = lint.options
+    return LintReport(tuple(findings), lint.stage, opts.world_size, opts.world_size_from, opts.schema.origin,
+                      opts.hf)
+
+
+def lint_deepspeed_config(config: Mapping[str, Any], options: LintOptions | None = None,
+                          duplicate_keys: Iterable[str] = ()) -> LintReport:
+    """Lint a DeepSpeed JSON config (as ``deepspeed.initialize`` or, with ``options.hf``, the Trainer reads it)."""
+    options = options or LintOptions()
+    lint = _Lint(config, options)
+    _run_rules(lint, duplicate_keys, options.world_size, zero_init=True)
+    return _report(lint)
+
+
+def accelerate_world(accelerate: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """(num_processes, num_machines) from an accelerate config; num_processes counts every machine's."""
+    processes, machines = _count(accelerate.get("num_processes")), _count(accelerate.get("num_machines"))
+    return (processes if processes and processes > 0 else None), (machines if machines and machines > 0 else None)
+
+
+def inline_deepspeed_config(block: Mapping[str, Any], mixed_precision: Any) -> dict[str, Any]:
+    """The DeepSpeed config accelerate builds from its own keys when there is no deepspeed_config_file
+    (DeepSpeedPlugin.__post_init__ and set_mixed_precision, accelerate 1.x)."""
+    offload_opt = str(block.get("offload_optimizer_device", "none")).lower()
+    offload_param = str(block.get("offload_param_device", "none")).lower()
+    gas = _count(block.get("gradient_accumulation_steps"))
+    stage = block.get("zero_stage", 2)  # accelerate's default
+    zero: dict[str, Any] = {
+        "stage": _count(stage) if _count(stage) is not None else stage,
+        "offload_optimizer": {"device": offload_opt},
+        "offload_param": {"device": offload_param},
+        "stage3_gather_16bit_weights_on_model_save": _truthy(block.get("zero3_save_16bit_model", False)),
+    }
+    if offload_opt == "nvme":
+        zero["offload_optimizer"]["nvme_path"] = block.get("offload_optimizer_nvme_path", "none")
+    if offload_param == "nvme":
+        zero["offload_param"]["nvme_path"] = block.get("offload_param_nvme_path", "none")
+    config: dict[str, Any] = {"train_batch_size": "auto", "train_micro_batch_size_per_gpu": "auto",
+                              "gradient_accumulation_steps": gas if gas is not None else "auto",
+                              "zero_optimization": zero}
+    clip = block.get("gradient_clipping")
+    if clip is not None and _number(clip) is not None:
+        config["gradient_clipping"] = clip
+    precision = str(mixed_precision or "no").lower()
+    config["fp16"] = {"enabled": precision == "fp16"}
+    config["bf16"] = {"enabled": precision in ("bf16", "fp8")}
+    return config
+
+
+def lint_accelerate_config(accelerate: Mapping[str, Any], deepspeed_file: Mapping[str, Any] | None,
+                           options: LintOptions | None = None, duplicate_keys: Iterable[str] = (),
+                           relative_file: bool = False) -> LintReport:
+    """Lint an accelerate config's DeepSpeed setup: its ``deepspeed_config`` block and, when the block
+    names one, the DeepSpeed JSON in ``deepspeed_file`` (already read). "auto" is resolved by accelerate."""
+    options = options or LintOptions()
+    block = accelerate.get("deepspeed_config")
+    block = block if isinstance(block, Mapping) else {}
+    processes, machines = accelerate_world(accelerate)
+    world, source = options.world_size, options.world_size_from
+    if world is None and processes is not None:
+        world, source = processes, "num_processes in the accelerate file"
+    nodes = options.nodes or machines
+    opts = LintOptions(world_size=world, world_size_from=source, nodes=nodes, params=options.params,
+                       gpu_memory_bytes=options.gpu_memory_bytes, hf=True, schema=options.schema)
+    zero_init = _truthy(block.get("zero3_init_flag", True))
+    if deepspeed_file is not None:
+        lint = _Lint(deepspeed_file, opts)
+        _check_accumulation_agreement(lint, block)
+    else:
+        lint = _Lint(inline_deepspeed_config(block, accelerate.get("mixed_precision")), opts,
+                     key_map=_DEEPSPEED_TO_ACCELERATE, inline=True)
+    _run_rules(lint, duplicate_keys, world, zero_init)
+    _check_accelerate_block(lint, accelerate, block, deepspeed_file is not None, relative_file)
+    return _report(lint)

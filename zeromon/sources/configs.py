@@ -1,0 +1,254 @@
+"""Reading DeepSpeed JSON and accelerate YAML configs for ``zeromon lint``, and what the installed
+DeepSpeed knows about its own config.
+
+Every problem with the file itself is a ``ZeromonError`` naming the file, and for a parse error the
+parser's line and column (``ds.json:3:17: Expecting ',' delimiter``), never a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zeromon.analysis.lint import STATIC_SCHEMA, ConfigSchema
+from zeromon.errors import ZeromonError
+
+_JSON_HINT = ("DeepSpeed configs read by accelerate and the Hugging Face Trainer are strict JSON: no comments, "
+              "no trailing commas, double-quoted keys")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedConfig:
+    path: Path  # the file named on the command line
+    kind: str  # "deepspeed" (a DeepSpeed JSON) or "accelerate" (an accelerate YAML)
+    deepspeed: dict[str, Any] | None  # the DeepSpeed JSON: the file itself, or the one deepspeed_config_file names
+    deepspeed_path: Path | None
+    accelerate: dict[str, Any] | None  # the accelerate YAML's top level
+    duplicate_keys: tuple[str, ...] = ()  # key paths repeated within one JSON object
+    relative_deepspeed_file: bool = False  # deepspeed_config_file was a relative path
+
+
+class _Object(dict[str, Any]):
+    """A JSON object that remembers the keys it saw twice (json.loads keeps the last silently)."""
+
+    __slots__ = ("repeated",)
+
+    def __init__(self, pairs: list[tuple[str, Any]]) -> None:
+        super().__init__(pairs)
+        seen: set[str] = set()
+        self.repeated = [k for k, _ in pairs if k in seen or seen.add(k)]  # type: ignore[func-returns-value]
+
+
+def _plain(value: Any, path: str, repeated: list[str]) -> Any:
+    """Plain dicts again, collecting the dotted paths of repeated keys."""
+    if isinstance(value, _Object):
+        repeated.extend(f"{path}.{k}" if path else k for k in dict.fromkeys(value.repeated))
+        return {k: _plain(v, f"{path}.{k}" if path else k, repeated) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v, path, repeated) for v in value]
+    return value
+
+
+def _read_text(path: Path, what: str = "config file") -> str:
+    if not path.exists():
+        raise ZeromonError(f"{path}: no such {what}")
+    if path.is_dir():
+        raise ZeromonError(f"{path}: is a directory, not a {what}",
+                           hint="give a DeepSpeed JSON (ds_config.json) or an accelerate YAML config")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ZeromonError(f"{path}: not UTF-8 text (byte {exc.start}): not a JSON or YAML config") from None
+    except OSError as exc:
+        raise ZeromonError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def read_deepspeed_json(path: Path) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """A DeepSpeed JSON config as a dict, and the key paths that appear twice in one object."""
+    text = _read_text(path)
+    try:
+        data = json.loads(text, object_pairs_hook=_Object)
+    except json.JSONDecodeError as exc:
+        raise ZeromonError(f"{path}:{exc.lineno}:{exc.colno}: {exc.msg}", hint=_JSON_HINT) from None
+    except RecursionError:
+        raise ZeromonError(f"{path}: nested too deeply to be a DeepSpeed config") from None
+    if not isinstance(data, dict):
+        raise ZeromonError(f"{path}: the top level is {_kind_of(data)}, expected a JSON object {{...}} of "
+                           "DeepSpeed settings")
+    repeated: list[str] = []
+    return _plain(data, "", repeated), tuple(repeated)
+
+
+def _kind_of(value: Any) -> str:
+    if value is None:
+        return "empty (null)"
+    return {list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}.get(
+        type(value), type(value).__name__)
+
+
+def _read_yaml(path: Path) -> Any:
+    import yaml
+
+    text = _read_text(path)
+    try:
+        return yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        what = " ".join(p for p in (exc.context, exc.problem) if p) or "invalid YAML"
+        raise ZeromonError(f"{path}{where}: {what}") from None
+    except yaml.YAMLError as exc:
+        raise ZeromonError(f"{path}: invalid YAML: {exc}") from None
+
+
+def _is_json(path: Path) -> bool:
+    suffix = path.suffix.lower()
+    if suffix == ".json":
+        return True
+    if suffix in (".yaml", ".yml"):
+        return False
+    return _read_text(path).lstrip().startswith("{")
+
+
+def load_config(path: Path) -> LoadedConfig:
+    """Read CONFIG: a DeepSpeed JSON (``.json``, or any file starting with ``{``) or an accelerate YAML."""
+    if _is_json(path):
+        config, repeated = read_deepspeed_json(path)
+        return LoadedConfig(path, "deepspeed", config, path, None, repeated)
+    data = _read_yaml(path)
+    if not isinstance(data, dict):
+        raise ZeromonError(f"{path}: the top level is {_kind_of(data)}, expected an accelerate config (a mapping "
+                           "with distributed_type: DEEPSPEED and a deepspeed_config block)")
+    block = data.get("deepspeed_config")
+    if block is None and "deepspeed_config" in data and str(data.get("distributed_type")).upper() == "DEEPSPEED":
+        block = data["deepspeed_config"] = {}  # an empty block: accelerate's defaults (ZeRO-2)
+    if block is None:
+        looks_deepspeed = "zero_optimization" in data or "train_batch_size" in data
+        raise ZeromonError(
+            f"{path}: no deepspeed_config block (distributed_type: {data.get('distributed_type', 'not set')}); "
+            "zeromon lint reads DeepSpeed JSON configs and accelerate configs for DeepSpeed",
+            hint=("this looks like a DeepSpeed config written in YAML: DeepSpeed reads JSON, so save it as .json"
+                  if looks_deepspeed else "run `accelerate config` and choose DeepSpeed, or lint the DeepSpeed JSON"))
+    if not isinstance(block, dict):
+        raise ZeromonError(f"{path}: deepspeed_config is {_kind_of(block)}, expected a mapping of accelerate's "
+                           "DeepSpeed settings")
+    file_value = block.get("deepspeed_config_file")
+    if file_value in (None, "", "none"):
+        return LoadedConfig(path, "accelerate", None, None, data)
+    if not isinstance(file_value, str):
+        raise ZeromonError(f"{path}: deepspeed_config.deepspeed_config_file is {_kind_of(file_value)}, expected "
+                           "a path to a DeepSpeed JSON")
+    named = Path(file_value).expanduser()
+    target = named if named.is_absolute() else path.parent / named
+    if not target.exists() and not named.is_absolute() and named.exists():
+        target = named  # accelerate itself opens it relative to the launch directory
+    if not target.exists():
+        tried = str(target) if named.is_absolute() else f"{target} (or {named} from the current directory)"
+        raise ZeromonError(f"{path}: deepspeed_config.deepspeed_config_file {file_value!r}: no such file: {tried}")
+    config, repeated = read_deepspeed_json(target)
+    return LoadedConfig(path, "accelerate", config, target, data, repeated, not named.is_absolute())
+
+
+# ------------------------------------------------------------------------------------ DeepSpeed's own schema
+
+
+def deepspeed_schema() -> ConfigSchema | None:
+    """The keys, removed keys, deprecations and defaults of the installed DeepSpeed, read from its pydantic
+    config models and its config parser; None when DeepSpeed is not importable (use STATIC_SCHEMA).
+
+    Costs the import of DeepSpeed (and torch), about 1.5 s. DeepSpeed logs to stdout on import; that is
+    sent to stderr so that ``--json`` output stays clean.
+    """
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            return _deepspeed_schema()
+    except Exception:  # any import or API change in DeepSpeed: fall back to the static list
+        return None
+
+
+def _deepspeed_schema() -> ConfigSchema:
+    import deepspeed
+    from deepspeed.runtime import config as ds_config
+    from deepspeed.runtime.config_utils import DeepSpeedConfigModel
+    from deepspeed.runtime.precision_config import DeepSpeedBF16Config, DeepSpeedFP16Config
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    from deepspeed.runtime.zero.offload_config import DeepSpeedZeroOffloadOptimizerConfig
+
+    sections: dict[str, frozenset[str]] = {}
+    deprecated: dict[str, str] = {}
+
+    def model_of(annotation: Any) -> type | None:
+        for candidate in (annotation, *typing.get_args(annotation)):
+            if isinstance(candidate, type) and issubclass(candidate, DeepSpeedConfigModel):
+                return candidate
+        return None
+
+    def walk(model: Any, section: str) -> None:
+        keys = set()
+        for name, info in model.model_fields.items():
+            keys.add(name)
+            if info.alias:
+                keys.add(info.alias)  # populate_by_name: both spellings are accepted
+            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+            if extra.get("deprecated"):
+                new = str(extra.get("new_param") or "")  # a field name, or prose ("offload_param or ...")
+                deprecated[f"{section}.{name}"] = f"{section}.{new}" if new.isidentifier() else new or "nothing"
+            sub = model_of(info.annotation)
+            if sub is not None:
+                walk(sub, f"{section}.{info.alias or name}")
+        sections[section] = frozenset(keys)
+
+    walk(DeepSpeedZeroConfig, "zero_optimization")
+    walk(DeepSpeedFP16Config, "fp16")
+    walk(DeepSpeedBF16Config, "bf16")
+    sections[""] = frozenset(_top_level_keys(ds_config)) | STATIC_SCHEMA.sections[""]
+    removed = {k: v for k, v in getattr(ds_config, "_REMOVED_TOP_LEVEL_CONFIG_KEYS", {}).items()}
+    removed.update({f"zero_optimization.{k}": v
+                    for k, v in getattr(ds_config, "_REMOVED_ZERO_CONFIG_KEYS", {}).items()})
+    overlap = tuple(bool(DeepSpeedZeroConfig(stage=s).overlap_comm) for s in range(4))
+    pin_default = bool(DeepSpeedZeroOffloadOptimizerConfig.model_fields["pin_memory"].default)
+    return ConfigSchema(sections=sections, removed=removed, deprecated=deprecated,
+                        overlap_comm_default=(overlap[0], overlap[1], overlap[2], overlap[3]),
+                        pin_memory_default=pin_default, origin=f"DeepSpeed {deepspeed.__version__} (installed)")
+
+
+def _top_level_keys(ds_config: Any) -> set[str]:
+    """The top-level keys DeepSpeedConfig reads: its parser run on a dict that records every key looked up."""
+    seen: set[str] = set()
+
+    class Keys:
+        def __init__(self, data: dict[str, Any]) -> None:
+            self.data = data
+
+        def __contains__(self, key: object) -> bool:
+            seen.add(str(key))
+            return key in self.data
+
+        def __iter__(self) -> typing.Iterator[str]:
+            return iter(self.data)
+
+    class Recorder(dict[str, Any]):
+        def get(self, key: str, default: Any = None) -> Any:  # type: ignore[override]
+            seen.add(key)
+            return super().get(key, default)
+
+        def __getitem__(self, key: str) -> Any:
+            seen.add(key)
+            return super().__getitem__(key)
+
+        def __contains__(self, key: object) -> bool:
+            seen.add(str(key))
+            return super().__contains__(key)
+
+        def keys(self) -> Any:
+            return Keys(dict(self))
+
+    parser = object.__new__(ds_config.DeepSpeedConfig)
+    parser.world_size, parser.global_rank = 1, 0
+    parser._initialize_params(Recorder({"train_batch_size": 1}))
+    return seen
