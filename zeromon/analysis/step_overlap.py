@@ -65,7 +65,7 @@ def step_overlaps(rec: Recording) -> tuple[StepOverlap, ...]:
     out = []
     for summary in sorted(rec.steps, key=lambda s: s.step):
         window = (summary.start_ns, summary.end_ns)
-        compute = subtract(merge(compute_by_step.get(summary.step, ())), blocked_u)
+        compute = subtract(merge(compute_by_step.get(summary.step, ())), _within(blocked_u, window))
         result = comm_comp_overlap(_within(comm_u, window), compute, window)
         out.append(StepOverlap(
             rank=rec.rank, step=summary.step, step_s=result.window_s, comm_s=result.comm_s,
