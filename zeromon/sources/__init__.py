@@ -1,0 +1,1 @@
+"""Sources: readers of external data (profiler traces, configuration files)."""
