@@ -12,4 +12,5 @@ COMMAND_MODULES: tuple[str, ...] = (
     "zeromon.commands.summary",
     "zeromon.commands.lint",
     "zeromon.commands.plan",
+    "zeromon.commands.report",
 )

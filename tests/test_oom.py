@@ -1,0 +1,383 @@
+"""The OOM forecast (zeromon.analysis.oom) on real runs and on constructed GPU samples.
+
+Real runs: 2-rank gloo on CPU through the real `zeromon run` CLI, with a category walk every step
+(ZEROMON_MEMORY_EVERY=1). On CPU the level is the process RSS; capacities are set relative to the
+RSS a process with torch and a gloo group measures here (``baseline_rss``), not hard-coded.
+- a run built to leak (tests/scenarios/oom_train.py --leak-mb 8: 8 MiB more alive every step);
+- a run that spikes at the first optimizer step (the same script with DDP and eight 2048×2048
+  layers: Adam's state, 256 MiB, is twice the parameters), forecast from its recording cut before
+  step 0's optimizer phase, and from the whole recording;
+- a run that stays flat (examples/fsdp2_train.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from zeromon.analysis.findings import Finding, Severity
+from zeromon.analysis.oom import (
+    CRITICAL_STEPS_TO_CAPACITY,
+    WARN_PEAK_SHARE,
+    OomForecast,
+    forecast,
+    forecast_run,
+)
+from zeromon.model import MemorySample, OomEvent, Recording, RunInfo, StepSummary, read_run
+
+from conftest import EXAMPLES, REPO, child_env, free_port, torchrun_args, zeromon
+
+SCENARIO = REPO / "tests" / "scenarios" / "oom_train.py"
+MiB = 2**20
+LEAK_MIB = 8
+
+
+# --- helpers ----------------------------------------------------------------------------------------
+
+def _record(out: Path, script: Path, *args: str, **env: str) -> tuple[list[Recording], str]:
+    result = zeromon("run", "--quiet", "--out", str(out), "--", *torchrun_args(2, script, *args),
+                     env=child_env(ZEROMON_MEMORY_EVERY="1", **env), timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    recordings = read_run(out)
+    assert [r.rank for r in recordings] == [0, 1]
+    return recordings, result.stdout
+
+
+def _scenario_facts(stdout: str) -> dict[str, Any]:
+    line = next(line for line in stdout.splitlines() if line.startswith('{"param_count"'))
+    return dict(json.loads(line))
+
+
+def _level(m: MemorySample) -> int:
+    level = m.allocated if m.allocated is not None else m.rss
+    assert level is not None
+    return level
+
+
+def before_first_optimizer_step(rec: Recording) -> Recording:
+    """The recording as it stood when step 0's optimizer phase began: what a live view had then."""
+    start = min(p.start_ns for p in rec.phases if p.phase == "optimizer" and p.step == 0)
+    return Recording(path=rec.path, header=rec.header, run_info=rec.run_info,
+                     memory=[m for m in rec.memory if m.t_ns < start],
+                     phases=[p for p in rec.phases if p.end_ns <= start],
+                     collectives=[c for c in rec.collectives if c.issue_ns < start])
+
+
+def _kinds(f: OomForecast) -> dict[str, Finding]:
+    return {finding.kind: finding for finding in f.findings}
+
+
+@pytest.fixture(scope="module")
+def baseline_rss() -> int:
+    """RSS of a process that imported torch and joined a gloo group: the floor of every rank here."""
+    code = ("import os, torch, torch.distributed as dist\n"
+            "dist.init_process_group('gloo', init_method='tcp://127.0.0.1:%d', rank=0, world_size=1)\n"
+            "print(int(open('/proc/self/statm').read().split()[1]) * os.sysconf('SC_PAGE_SIZE'))\n")
+    result = subprocess.run([sys.executable, "-c", code % free_port()], env=child_env(), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rss = int(result.stdout.split()[-1])
+    assert 50 * MiB < rss < 2048 * MiB
+    return rss
+
+
+# --- real runs --------------------------------------------------------------------------------------
+
+@pytest.mark.distributed
+def test_leak_forecasts_steps_to_capacity(tmp_path: Path, baseline_rss: int) -> None:
+    capacity = 3 * baseline_rss
+    recordings, stdout = _record(tmp_path / "run", SCENARIO, "--leak-mb", str(LEAK_MIB), "--steps", "14",
+                                 ZEROMON_CPU_CAPACITY=str(capacity))
+    facts = _scenario_facts(stdout)
+    for rec in recordings:
+        result = forecast(rec)
+        assert result.capacity_bytes == capacity  # the capacity the agent recorded
+        assert result.device == "cpu"
+        assert result.growth_bytes_per_step is not None
+        assert result.growth_bytes_per_step == pytest.approx(LEAK_MIB * MiB, rel=0.15)
+        # Steps until capacity at the leak's own rate, from the last step's peak.
+        last = max((m for m in rec.memory if m.step == rec.steps[-1].step), key=_level)
+        expected = (capacity - _level(last)) / (LEAK_MIB * MiB)
+        assert result.steps_to_capacity is not None
+        assert result.steps_to_capacity == pytest.approx(expected, rel=0.25, abs=3)
+        assert result.risk in (Severity.WARN, Severity.CRITICAL)
+        assert result.risk == (Severity.CRITICAL if result.steps_to_capacity <= CRITICAL_STEPS_TO_CAPACITY
+                               else Severity.WARN)
+        leak = _kinds(result)["memory_growth"]
+        assert leak.severity == result.risk
+        assert "per step" in leak.title and "capacity in" in leak.title
+        # The leaked tensors belong to no model or optimizer: the walk says so.
+        assert any("outside the model and optimizer" in e for e in leak.evidence)
+        assert leak.remedies and leak.metrics["growth_bytes_per_step"] == result.growth_bytes_per_step
+
+        # Before the first optimizer step, the FSDP2 shard's Adam state is predicted exactly; it fits.
+        early = forecast(before_first_optimizer_step(rec))
+        assert early.pending_optimizer_bytes == 2 * facts["param_bytes"]
+        pending = _kinds(early)["optimizer_state_pending"]
+        assert pending.severity == Severity.INFO and "sharded_params" in pending.evidence[0]
+        assert early.risk == Severity.OK and early.growth_bytes_per_step is None
+
+
+@pytest.mark.distributed
+def test_first_optimizer_step_spike_is_forecast_before_it_happens(tmp_path: Path) -> None:
+    # glibc keeps freed memory resident once its mmap threshold adapts upward; a fixed threshold
+    # makes RSS follow the live tensors, as the GPU allocator's count does, so the predicted peak
+    # can be compared with the one that followed.
+    recordings, stdout = _record(tmp_path / "run", SCENARIO, "--wrap", "ddp", "--width", "2048", "--layers", "8",
+                                 "--steps", "3", MALLOC_MMAP_THRESHOLD_="131072")
+    adam_state = 2 * _scenario_facts(stdout)["param_bytes"]
+    for rec in recordings:
+        early_rec = before_first_optimizer_step(rec)
+        assert early_rec.memory and not early_rec.steps
+        seen = max(_level(m) for m in early_rec.memory)
+        # Parameters, gradients and activations fit with room to spare; with the optimizer state they do not.
+        capacity = int(seen / 0.84)
+        assert capacity < seen + adam_state, "the scenario no longer spikes past the capacity"
+
+        early = forecast(early_rec, capacity_bytes=capacity)
+        assert early.peak_bytes == seen and seen / capacity < WARN_PEAK_SHARE  # the present alone is fine
+        assert early.pending_optimizer_bytes == adam_state
+        assert early.risk == Severity.CRITICAL
+        spike = _kinds(early)["optimizer_state_pending"]
+        assert spike.severity == Severity.CRITICAL and "optimizer state" in spike.title
+        assert "will not fit" in spike.title
+        assert early.headroom_bytes is not None and early.headroom_bytes < 0
+        assert spike.remedies and "shard the model state" in spike.remedies[0]  # DDP: sharding comes first
+        assert not any("stage3" in r or "expandable" in r for r in spike.remedies)  # neither ZeRO-3 nor GPU
+        # The prediction against what the later steps really reached.
+        later = max(_level(m) for m in rec.memory if m.step >= 1)
+        assert early.predicted_peak_bytes == pytest.approx(later, rel=0.05)
+
+        full = forecast(rec, capacity_bytes=capacity)
+        assert full.risk == Severity.CRITICAL and full.pending_optimizer_bytes == 0
+        peak = _kinds(full)["peak_near_capacity"]
+        assert peak.severity == Severity.CRITICAL and "optimizer_state" in peak.title
+        assert any("before the first optimizer step the peak was" in e for e in peak.evidence)
+
+
+@pytest.mark.distributed
+def test_flat_run_is_ok(tmp_path: Path, baseline_rss: int) -> None:
+    capacity = 3 * baseline_rss
+    recordings, _ = _record(tmp_path / "run", EXAMPLES / "fsdp2_train.py", "--steps", "16",
+                            ZEROMON_CPU_CAPACITY=str(capacity))
+    results = forecast_run(recordings)
+    assert [f.rank for f in results] == [0, 1]
+    for result in results:
+        assert result.risk == Severity.OK, [f.title for f in result.findings]
+        assert "memory_growth" not in _kinds(result)
+        assert result.steps_to_capacity is None
+        assert result.growth_bytes_per_step is not None and abs(result.growth_bytes_per_step) < 1 * MiB
+        assert result.headroom_bytes is not None and result.headroom_bytes > 0
+        assert result.predicted_peak_bytes == result.peak_bytes  # stepped: nothing still to come
+        assert not any(f.severity in (Severity.WARN, Severity.CRITICAL) for f in result.findings)
+
+
+# --- constructed recordings -------------------------------------------------------------------------
+# No GPU exists here: the allocator-only signals (retries, fragmentation, recorded OOMs, the
+# high-water mark, memory outside the allocator) are tested on MemorySample lists built by hand, with
+# the field values torch.cuda.memory_stats and mem_get_info report.
+
+GiB = 2**30
+
+
+def _gpu(step: int, allocated: int, *, t: int | None = None, reserved: int | None = None, retries: int = 0,
+         ooms: int = 0, peak: int | None = None, capacity: int = 80 * GiB, free: int | None = None,
+         inactive_split: int = 0, categories: dict[str, int] | None = None) -> MemorySample:
+    reserved = allocated if reserved is None else reserved
+    return MemorySample(rank=0, step=step, phase="other", t_ns=t if t is not None else step * 10**9, device="cuda:0",
+                        allocated=allocated, reserved=reserved, active=allocated,
+                        peak_allocated=peak if peak is not None else allocated, peak_reserved=reserved,
+                        inactive_split=inactive_split, num_alloc_retries=retries, num_ooms=ooms, capacity=capacity,
+                        free=capacity - reserved if free is None else free, rss=2 * GiB,
+                        categories=categories or {})
+
+
+def _info(framework: str = "fsdp2", **kwargs: Any) -> RunInfo:
+    fields: dict[str, Any] = {"world_size": 8, "zero_stage": None, "fsdp_strategy": None, "param_dtype": "float32",
+                              "reduce_dtype": None, "optimizer": "AdamW", "knobs": {}}
+    fields.update(kwargs)
+    return RunInfo(rank=0, local_rank=0, host="h", pid=1, job="j", framework=framework, framework_version=None,
+                   torch_version="2.13.0", backend="nccl", device="cuda:0", **fields)
+
+
+def _steps(n: int) -> list[StepSummary]:
+    return [StepSummary(rank=0, step=s, start_ns=s * 10**9, end_ns=s * 10**9 + 5 * 10**8, phase_s={},
+                        collectives=0, comm_bytes=0, comm_bytes_by_op={}, comm_union_s=0.0, blocked_s=0.0,
+                        peak_memory=None) for s in range(n)]
+
+
+def _rec(memory: list[MemorySample], info: RunInfo | None = None, steps: int = 0,
+         ooms: list[OomEvent] | None = None) -> Recording:
+    return Recording(path=Path("rank-0.jsonl"), header={"rank": 0}, memory=memory, steps=_steps(steps),
+                     run_info=info or _info(), ooms=ooms or [])
+
+
+def test_growing_retries_are_critical() -> None:
+    memory = [_gpu(s, 60 * GiB, reserved=70 * GiB, retries=0 if s < 15 else s - 14) for s in range(20)]
+    result = forecast(_rec(memory, steps=20))
+    retries = _kinds(result)["alloc_retries"]
+    assert result.risk == Severity.CRITICAL and retries.severity == Severity.CRITICAL
+    assert retries.metrics == {"num_alloc_retries": 5.0, "recent_retries": 5.0}
+    assert retries.remedies[0].startswith("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    assert any("10.00 GiB cached but unused" in e for e in retries.evidence)
+
+
+def test_retries_that_stopped_are_a_warning() -> None:
+    memory = [_gpu(s, 60 * GiB, retries=3 if s >= 2 else 0) for s in range(30)]
+    retries = _kinds(forecast(_rec(memory, steps=30)))["alloc_retries"]
+    assert retries.severity == Severity.WARN and "none in the last 10 steps" in retries.evidence[0]
+
+
+def test_fragmentation_under_pressure() -> None:
+    # 10 GiB reserved but unused, and the reservation at 90% of the device.
+    memory = [_gpu(s, 62 * GiB, reserved=72 * GiB, inactive_split=3 * GiB) for s in range(10)]
+    result = forecast(_rec(memory, steps=10))
+    frag = _kinds(result)["fragmentation"]
+    assert frag.severity == Severity.WARN and result.risk == Severity.WARN
+    assert frag.metrics["fragmentation_bytes"] == 10 * GiB
+    assert frag.remedies[0].startswith("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    assert any("inactive split" in e for e in frag.evidence)
+    # Without pressure the same fragmentation is only information.
+    relaxed = forecast(_rec([_gpu(s, 12 * GiB, reserved=22 * GiB) for s in range(10)], steps=10))
+    assert _kinds(relaxed)["fragmentation"].severity == Severity.INFO and relaxed.risk == Severity.OK
+
+
+def test_recorded_ooms_are_critical() -> None:
+    memory = [_gpu(s, 40 * GiB, ooms=1 if s >= 4 else 0) for s in range(6)]
+    event = OomEvent(rank=0, step=4, phase="backward", t_ns=4 * 10**9, device="cuda:0", allocated=79 * GiB,
+                     requested=2 * GiB, free=GiB // 2, snapshot_path="/runs/x/oom-snapshot-rank-0-1.pickle")
+    result = forecast(_rec(memory, steps=6, ooms=[event]))
+    oom = _kinds(result)["oom_recorded"]
+    assert result.risk == Severity.CRITICAL and oom.severity == Severity.CRITICAL and oom.step == 4
+    assert any("requested 2.00 GiB with 79.00 GiB allocated" in e and "memory_viz" in e for e in oom.evidence)
+    # The allocator's counter alone, without an observer event, is enough.
+    assert forecast(_rec(memory, steps=6)).risk == Severity.CRITICAL
+
+
+def test_gpu_peak_between_samples_and_memory_outside_the_allocator() -> None:
+    """The high-water mark that rose between samples is the step's peak; memory that the CUDA context
+    and other processes hold counts against the capacity."""
+    memory = [_gpu(0, 50 * GiB, peak=50 * GiB), _gpu(1, 50 * GiB, peak=70 * GiB, free=6 * GiB)]
+    result = forecast(_rec(memory, steps=2))
+    assert result.peak_bytes == 70 * GiB and result.current_bytes == 50 * GiB
+    outside = 80 * GiB - 6 * GiB - 50 * GiB  # capacity − free − reserved
+    assert result.predicted_peak_bytes == 70 * GiB + outside
+    assert result.headroom_bytes == 80 * GiB - 70 * GiB - outside
+    peak = _kinds(result)["peak_near_capacity"]
+    assert peak.severity == Severity.CRITICAL  # (70 + 24) / 80
+    assert any("held outside PyTorch's allocator" in e for e in peak.evidence)
+
+
+def test_gpu_first_step_prediction_includes_foreach_temporaries() -> None:
+    """FSDP2 on GPU, before the first optimizer step: 2 × the fp32 shard of state, and during the step
+    a foreach temporary of the shard's size on top of what backward left."""
+    shard = 10 * GiB
+    cats = {"sharded_params": shard, "unsharded_params": 0, "activations": 20 * GiB}
+    memory = [_gpu(0, 45 * GiB, t=1, categories=cats), _gpu(0, 40 * GiB, t=2)]  # forward end, backward end
+    result = forecast(_rec(memory, _info("fsdp2", knobs={"reshard_after_forward": "mixed"})))
+    assert result.pending_optimizer_bytes == 2 * shard
+    # max(45 + 20, 40 + 20 + 10) GiB
+    assert result.predicted_peak_bytes == 70 * GiB
+    pending = _kinds(result)["optimizer_state_pending"]
+    assert pending.severity == Severity.WARN  # 70 / 80 = 87.5%
+    assert any("foreach temporaries" in e for e in pending.evidence)
+    # FSDP remedies, none of DeepSpeed's knobs; the FSDP CPU offload comes before activation work.
+    assert not any("stage3" in r or "zero_optimization" in r for r in pending.remedies)
+    offload = next(i for i, r in enumerate(pending.remedies) if "CPUOffloadPolicy" in r)
+    checkpointing = next(i for i, r in enumerate(pending.remedies) if r.startswith("activation checkpointing"))
+    assert offload < checkpointing
+
+
+def test_deepspeed_master_weights_and_offloaded_state() -> None:
+    """DeepSpeed allocates the fp32 master partition at initialization (seen as optimizer_state); Adam's
+    moments, each its size, come at the first step. With offload_optimizer the state is not on the GPU."""
+    master = 4 * GiB
+    cats = {"sharded_params": 2 * GiB, "optimizer_state": master, "activations": 10 * GiB}
+    memory = [_gpu(0, 50 * GiB, t=1, categories=cats)]
+    info = _info("deepspeed", zero_stage=2, param_dtype="bfloat16", optimizer="FusedAdam")
+    result = forecast(_rec(memory, info))
+    assert result.pending_optimizer_bytes == 2 * master
+    assert result.predicted_peak_bytes == 58 * GiB  # no foreach temporaries in DeepSpeed's optimizers
+    offloaded = _info("deepspeed", zero_stage=2, optimizer="FusedAdam", knobs={"offload_optimizer": "cpu"})
+    assert forecast(_rec(memory, offloaded)).pending_optimizer_bytes == 0
+
+
+def test_zero3_gather_bound_and_remedies_in_the_seeds_order() -> None:
+    cats = {"sharded_params": 1 * GiB, "unsharded_params": 2 * GiB, "optimizer_state": 9 * GiB,
+            "activations": 20 * GiB}
+    memory = [_gpu(s, 60 * GiB, categories=cats) for s in range(4)]
+    info = _info("deepspeed", zero_stage=3, param_dtype="float16", world_size=64,
+                 knobs={"stage3_max_live_parameters": 6e9, "train_micro_batch_size_per_gpu": 4,
+                        "gradient_accumulation_steps": 2})
+    result = forecast(_rec(memory, info, steps=4))
+    gathers = _kinds(result)["zero3_gather_bound"]
+    # 6e9 × 2 bytes, below the whole model (64 × 1 GiB): 60 − 2 seen + 11.18 GiB = 69.2 GiB of 80.
+    assert gathers.metrics["gather_bound_bytes"] == 12e9
+    assert gathers.severity == Severity.WARN and result.risk == Severity.WARN
+    assert result.predicted_peak_bytes == 60 * GiB - 2 * GiB + 12 * 10**9
+    assert "stage3_max_live_parameters=6e+09" in gathers.evidence[0]
+    order = ["stage3_param_persistence_threshold", "stage3_max_live_parameters", '"offload_param"']
+    assert [next(i for i, r in enumerate(gathers.remedies) if key in r) for key in order] == [0, 1, 2]
+    # The peak's own remedies: the seeds' ZeRO-3 list, then activations, micro-batch, bf16 for fp16.
+    full = [r.split(" ")[0] + " " + r.split(" ")[1] for r in _remedies_of(info, cats)]
+    assert full == ["lower stage3_param_persistence_threshold", "lower stage3_max_live_parameters",
+                    "parameter offload:", "optimizer offload:", "activation checkpointing",
+                    "a smaller", "bf16 instead"]
+
+
+def _remedies_of(info: RunInfo, cats: dict[str, int]) -> tuple[str, ...]:
+    """The remedies of a peak at 95% of capacity for this config."""
+    memory = [_gpu(s, 76 * GiB, categories=cats) for s in range(3)]
+    return _kinds(forecast(_rec(memory, info, steps=3)))["peak_near_capacity"].remedies
+
+
+def test_remedies_apply_to_the_framework() -> None:
+    cats = {"sharded_params": GiB, "activations": 30 * GiB}
+    fsdp1 = _remedies_of(_info("fsdp1", fsdp_strategy="SHARD_GRAD_OP", knobs={"offload_params": False}), cats)
+    assert any("sharding_strategy=FULL_SHARD (now SHARD_GRAD_OP)" in r for r in fsdp1)
+    assert any("CPUOffload(offload_params=True)" in r for r in fsdp1)
+    assert any("MixedPrecision(param_dtype=torch.bfloat16)" in r for r in fsdp1)
+    assert not any("stage3" in r or "expandable" in r for r in fsdp1)
+    fsdp2 = _remedies_of(_info("fsdp2", param_dtype="bfloat16", knobs={"reshard_after_forward": False,
+                                                                       "fsdp_units": 3}), cats)
+    assert any("reshard_after_forward=True" in r for r in fsdp2)
+    assert any("smaller wrapping units" in r and "now 3 units" in r for r in fsdp2)
+    assert not any("bf16" in r for r in fsdp2)  # already bf16
+    ds2 = _remedies_of(_info("deepspeed", zero_stage=2, param_dtype="bfloat16",
+                             knobs={"offload_optimizer": "cpu"}), cats)
+    assert ds2[0] == "a higher ZeRO stage: zero_optimization.stage 3 (shards the parameters too)"
+    assert not any("offload_optimizer" in r or "stage3" in r for r in ds2)  # already offloaded; not ZeRO-3
+
+
+def test_noise_and_one_outlier_are_not_growth() -> None:
+    """Theil–Sen and Mann–Kendall: a jittering level and one high step are not a leak."""
+    jitter = [0, 3, -2, 1, -3, 2, 0, -1, 3, -2, 1, 0] * 3
+    memory = [_gpu(s, 40 * GiB + j * MiB) for s, j in enumerate(jitter)]
+    memory[20] = _gpu(20, 60 * GiB)
+    result = forecast(_rec(memory, steps=len(jitter)))
+    assert result.growth_bytes_per_step is not None and abs(result.growth_bytes_per_step) < MiB
+    assert result.steps_to_capacity is None and "memory_growth" not in _kinds(result)
+    # A steady climb of the same size is one.
+    climbing = forecast(_rec([_gpu(s, 40 * GiB + s * 64 * MiB) for s in range(36)], steps=36))
+    assert climbing.growth_bytes_per_step == pytest.approx(64 * MiB)
+    assert climbing.steps_to_capacity == pytest.approx((80 * GiB - (40 * GiB + 35 * 64 * MiB)) / (64 * MiB))
+    assert _kinds(climbing)["memory_growth"].severity == Severity.WARN  # ~605 steps away
+
+
+def test_without_capacity_or_samples() -> None:
+    no_capacity = MemorySample(rank=0, step=0, phase="other", t_ns=1, device="cpu", allocated=None, reserved=None,
+                               active=None, peak_allocated=None, peak_reserved=None, inactive_split=None,
+                               num_alloc_retries=None, num_ooms=None, capacity=None, free=None, rss=300 * MiB)
+    result = forecast(_rec([no_capacity], steps=1))
+    assert result.capacity_bytes is None and result.headroom_bytes is None and result.risk == Severity.OK
+    assert result.current_bytes == result.peak_bytes == 300 * MiB
+    assert forecast(_rec([no_capacity], steps=1), capacity_bytes=250 * MiB).risk == Severity.CRITICAL
+    empty = forecast(_rec([]))
+    assert empty.risk == Severity.OK and empty.peak_bytes is None
+    assert [f.kind for f in empty.findings] == ["oom_no_data"]
+    assert json.dumps(result.to_dict())  # plain data for --json

@@ -1,0 +1,82 @@
+"""`zeromon report` on a real recorded 2-rank FSDP2 run and on profiler traces, through the real CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLES, REPO, child_env, torchrun_args, zeromon
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("report") / "run"
+    result = zeromon("run", "--quiet", "--out", str(out), "--",
+                     *torchrun_args(2, EXAMPLES / "fsdp2_train.py", "--steps", "5", "--async-unshard"),
+                     env=child_env(ZEROMON_MEMORY_EVERY="1"), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+@pytest.mark.distributed
+def test_json_report_of_a_recorded_run(run_dir: Path) -> None:
+    result = zeromon("report", str(run_dir), "--json", "--peak-busbw", "10GB")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["world_size"] == 2 and [r["rank"] for r in report["ranks"]] == [0, 1]
+    for rank in report["ranks"]:
+        assert rank["framework"] == "fsdp2" and rank["steps"] == 5
+        assert 0 <= rank["comm_comp_overlap_pct"] <= 100
+        assert 0 < rank["exposed_comm_s"] <= rank["median_step_s"]
+        assert rank["oom"]["risk"] in ("ok", "warn", "critical")
+        assert rank["peak_memory_bytes"] > 0 and rank["capacity_bytes"] > rank["peak_memory_bytes"]
+        assert rank["busbw_bytes_per_s"]["all_gather"] > 0
+        steps = rank["per_step"]
+        assert [s["step"] for s in steps] == [0, 1, 2, 3, 4]
+        for s in steps:
+            assert s["overlap_s"] <= s["comm_s"] + 1e-9
+            assert s["exposed_comm_s"] == pytest.approx(s["comm_s"] - s["overlap_s"], abs=1e-6)
+    ops = {b["op"] for b in report["bandwidth"]}
+    assert {"all_gather", "reduce_scatter"} <= ops
+    assert all(b["peak_share"] == pytest.approx(b["median_busbw_bytes_per_s"] / 10e9) for b in report["bandwidth"])
+    assert isinstance(report["findings"], list)
+    assert {a["rank"] for a in report["imbalance"]["arrivals"]} == {0, 1}
+
+
+@pytest.mark.distributed
+def test_text_and_html_report(run_dir: Path, tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
+    result = zeromon("report", str(run_dir), "--html", str(page))
+    assert result.returncode == 0, result.stderr
+    assert "rank  framework" in result.stdout and "fsdp2" in result.stdout
+    assert "bandwidth (nccl-tests busbw" in result.stdout
+    html = page.read_text()
+    assert html.startswith("<!DOCTYPE html>") and "plotly" in html.lower()
+    for figure in ("zeromon-memory", "zeromon-timeline", "zeromon-overlap", "zeromon-bandwidth"):
+        assert f'id="{figure}"' in html
+    assert 'src="http' not in html, "self-contained: plotly.js is inlined, nothing is fetched"
+    assert len(html) > 1_000_000  # plotly.js itself is several MB
+
+
+def test_trace_report_json() -> None:
+    result = zeromon("report", "--trace", str(REPO / "tests" / "data" / "kineto" / "a100-w2-rank0.json.gz"), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    (rank,) = report["ranks"]
+    assert rank["rank"] == 0 and 0 <= rank["comm_comp_overlap_pct"] <= 100
+    assert set(rank["temporal_breakdown"]) >= {"idle_time_pctg", "compute_time_pctg", "non_compute_time_pctg"}
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ((), "give a RUN_DIR or --trace DIR"),
+    (("runs/x", "--trace", "t"), "give a RUN_DIR or --trace DIR"),
+    (("/nonexistent/run",), "/nonexistent/run: no such run folder"),
+    (("/tmp", "--peak-busbw", "fast"), "--peak-busbw 'fast'"),
+    (("/tmp", "--capacity=-3GB"), "--capacity '-3GB'"),
+])
+def test_bad_input(args: tuple[str, ...], message: str) -> None:
+    result = zeromon("report", *args)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr

@@ -1,0 +1,642 @@
+"""OOM forecast: whether a rank will run out of memory, when, and why, before it does.
+
+One rank's recording in, an OomForecast out: a risk level (ok / warn / critical), headroom, the
+predicted peak, the growth per step and the steps left until capacity, and Findings that name their
+evidence and the remedies that apply to this run's framework and config.
+
+The level is what the rank holds at each phase boundary the agent samples (forward end, backward
+end, step end): the caching allocator's ``allocated`` on GPU, the process RSS on CPU. On GPU the
+allocator's high-water mark (``peak_allocated``) also catches peaks between samples, and the device
+memory outside the allocator (CUDA context, NCCL buffers, other processes: capacity − free −
+reserved at the last sample) is added to every predicted peak.
+
+The peak still to come is the largest of:
+- the peak seen so far;
+- before the first optimizer step has finished, that peak plus the optimizer state, which does not
+  exist yet and stays for every later step: Adam keeps two states per parameter that this rank's
+  optimizer updates (its FSDP shard, all of them for DDP), in that parameter's dtype. DeepSpeed
+  allocates its fp32 master partition at initialization (seen as optimizer_state) and Adam's two
+  moments, each the master's size, at the first step;
+- ZeRO-3: the sharded state plus up to ``stage3_max_live_parameters`` gathered parameters
+  (DeepSpeed's default 1e9) of the parameter dtype, at most the whole model.
+
+The trend is the Theil–Sen slope of the per-step peak over the last TREND_WINDOW_STEPS complete
+steps after WARMUP_STEPS. It counts as growth (a leak) only when the Mann–Kendall statistic says
+the peak rises consistently and it rose by more than noise: RSS creeps by a few MiB while the C
+allocator and Python settle (0.5% over 14 steps of the FSDP2 example); the GPU allocator's count
+is exact.
+
+Thresholds (the constants below): warn when a predicted peak passes 85% of capacity or capacity is
+at most 1000 steps away, critical past 95%, within 50 steps, on any recorded OOM, or when the
+allocator's retries grew in the last 10 steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from zeromon.analysis.findings import Finding, Severity, worst
+from zeromon.model.codec import Recording
+from zeromon.model.events import MemorySample, RunInfo
+from zeromon.model.units import format_bytes
+
+WARN_PEAK_SHARE = 0.85
+CRITICAL_PEAK_SHARE = 0.95
+# At 0.5–5 s a step, 1000 steps are 8 minutes to 1.4 hours: time to act; 50 steps are minutes.
+WARN_STEPS_TO_CAPACITY = 1000
+CRITICAL_STEPS_TO_CAPACITY = 50
+WARMUP_STEPS = 2  # step 0 allocates the optimizer state; step 1 may still fill allocator caches
+TREND_WINDOW_STEPS = 50
+MIN_TREND_STEPS = 5
+GROWTH_MIN_TAU = 0.6  # Mann–Kendall tau: (rising − falling pairs) / all pairs
+GROWTH_MIN_BYTES = 4 * 2**20  # the least rise over the window that counts, and as a share of the level:
+GROWTH_MIN_SHARE_RSS = 0.02
+GROWTH_MIN_SHARE_ALLOCATED = 0.002
+RETRY_RECENT_STEPS = 10
+FRAGMENTATION_WARN_SHARE = 0.10  # reserved − allocated, of capacity
+GATHER_MIN_SHARE = 0.01  # ZeRO-3 gathers beyond those seen must add this share of capacity to be a finding
+# DeepSpeed's values when the config leaves them out.
+DS_DEFAULT_MAX_LIVE_PARAMETERS = 1_000_000_000
+DS_DEFAULT_PARAM_PERSISTENCE_THRESHOLD = 100_000
+
+_DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float64": 8,
+                "float8_e4m3fn": 1, "float8_e5m2": 1}
+# States per parameter, each the parameter's size, by a fragment of the optimizer's class name
+# (FusedAdam, DeepSpeedCPUAdam and AdamW all contain "adam"). SGD keeps one only with momentum.
+_OPTIMIZER_STATES = (("adafactor", 0), ("adam", 2), ("lamb", 2), ("lion", 1), ("adagrad", 1),
+                     ("rmsprop", 1), ("sgd", 1))
+
+
+@dataclass(frozen=True, slots=True)
+class OomForecast:
+    rank: int
+    risk: Severity  # OK, WARN or CRITICAL: the worst finding (INFO findings leave it OK)
+    capacity_bytes: int | None
+    current_bytes: int | None  # the level at the last sample
+    peak_bytes: int | None  # the highest level seen
+    headroom_bytes: int | None  # capacity − predicted peak; negative: it will not fit
+    # The largest of the peaks seen and still to come, plus on GPU the memory outside the allocator.
+    predicted_peak_bytes: int | None
+    growth_bytes_per_step: float | None  # Theil–Sen slope of the per-step peak; None: too few steps
+    steps_to_capacity: float | None  # None unless the level grows (see the module's docstring)
+    findings: tuple[Finding, ...] = ()
+    device: str = "-"  # "cpu" (the level is RSS) or "cuda:N" (the allocator's allocated bytes)
+    pending_optimizer_bytes: int = 0  # optimizer state the first optimizer step will still allocate
+
+    def to_dict(self) -> dict[str, object]:
+        return {"rank": self.rank, "risk": self.risk.value, "device": self.device,
+                "capacity_bytes": self.capacity_bytes, "current_bytes": self.current_bytes,
+                "peak_bytes": self.peak_bytes, "headroom_bytes": self.headroom_bytes,
+                "predicted_peak_bytes": self.predicted_peak_bytes,
+                "growth_bytes_per_step": self.growth_bytes_per_step,
+                "steps_to_capacity": self.steps_to_capacity,
+                "pending_optimizer_bytes": self.pending_optimizer_bytes,
+                "findings": [f.to_dict() for f in self.findings]}
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """What every finding needs to know about the rank."""
+
+    rank: int
+    info: RunInfo | None
+    on_gpu: bool
+    capacity: int | None
+    outside: int  # GPU memory outside the allocator at the last sample; 0 on CPU
+    walk: MemorySample | None  # the last sample with per-category bytes
+
+    @property
+    def categories(self) -> Mapping[str, int]:
+        return self.walk.categories if self.walk is not None else {}
+
+    def share(self, level: float) -> float | None:
+        return (level + self.outside) / self.capacity if self.capacity else None
+
+    def knob(self, name: str) -> Any:
+        return self.info.knobs.get(name) if self.info is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Trend:
+    slope: float
+    fitted_last: float  # the fitted line at the last step of the window
+    tau: float
+    steps: tuple[int, ...]
+    values: tuple[int, ...]
+    growing: bool
+
+
+def forecast(recording: Recording, capacity_bytes: int | None = None) -> OomForecast:
+    """The OOM forecast of one rank; ``capacity_bytes`` overrides the capacity the agent recorded."""
+    samples = sorted(recording.memory, key=lambda m: m.t_ns)
+    on_gpu = any(m.allocated is not None for m in samples)
+    points = [(m, level) for m in samples if (level := m.allocated if on_gpu else m.rss) is not None]
+    capacity = capacity_bytes or next((m.capacity for m in reversed(samples) if m.capacity), None)
+    findings = _recorded_ooms(recording, samples)
+    if not points:
+        findings.append(Finding("oom_no_data", Severity.INFO, "no memory samples recorded: nothing to forecast",
+                                rank=recording.rank))
+        return OomForecast(rank=recording.rank, risk=_risk(findings), capacity_bytes=capacity,
+                           current_bytes=None, peak_bytes=None, headroom_bytes=None, predicted_peak_bytes=None,
+                           growth_bytes_per_step=None, steps_to_capacity=None, findings=tuple(findings))
+    walks = [m for m in samples if any(k != "activations" for k in m.categories)]
+    run = _Run(rank=recording.rank, info=recording.run_info, on_gpu=on_gpu, capacity=capacity,
+               outside=_outside_allocator(samples) if on_gpu else 0, walk=walks[-1] if walks else None)
+
+    peaks = _step_peaks(points, on_gpu)
+    peak = max([level for _, level in points] + list(peaks.values()))
+    peak_step = max(peaks, key=lambda s: peaks[s]) if peaks else None
+    last_step = max(peaks) if peaks else -1
+    done = {s.step for s in recording.steps} | {s for s in peaks if s < last_step}
+    trend = _trend(peaks, done, on_gpu)
+    step_s = statistics.median(s.duration_s for s in recording.steps) if recording.steps else None
+
+    # Until a step has ended the optimizer has not stepped: its state is still to come.
+    stepped = bool(recording.steps) or last_step >= 1
+    predicted, pending, finding = (peak, 0, None) if stepped else \
+        _optimizer_still_to_come(run, peak, peak_step, points[-1][1])
+    if finding is None:
+        finding = _peak_finding(run, peak, peak_step, recording)
+    if finding is not None:
+        findings.append(finding)
+    gather_peak, finding = _zero3_gathers(run, peak, walks)
+    if finding is not None:
+        findings.append(finding)
+    predicted = max(predicted, gather_peak)
+
+    steps_to_capacity = None
+    if trend is not None and trend.growing:
+        if capacity:
+            steps_to_capacity = max(0.0, (capacity - run.outside - trend.fitted_last) / trend.slope)
+        findings.append(_growth_finding(run, trend, steps_to_capacity, step_s, walks))
+    if on_gpu:
+        findings.extend(_allocator_findings(run, samples))
+
+    predicted_total = predicted + run.outside
+    return OomForecast(
+        rank=recording.rank, risk=_risk(findings), capacity_bytes=capacity, current_bytes=points[-1][1],
+        peak_bytes=peak, headroom_bytes=capacity - predicted_total if capacity else None,
+        predicted_peak_bytes=predicted_total, growth_bytes_per_step=trend.slope if trend else None,
+        steps_to_capacity=steps_to_capacity, findings=tuple(findings),
+        device=points[-1][0].device, pending_optimizer_bytes=pending)
+
+
+def forecast_run(recordings: Iterable[Recording], capacity_bytes: int | None = None) -> tuple[OomForecast, ...]:
+    """One forecast per rank, in the order given."""
+    return tuple(forecast(rec, capacity_bytes) for rec in recordings)
+
+
+# --- levels and trend -------------------------------------------------------------------------------
+
+def _outside_allocator(samples: list[MemorySample]) -> int:
+    for m in reversed(samples):
+        if m.capacity is not None and m.free is not None and m.reserved is not None:
+            return max(0, m.capacity - m.free - m.reserved)
+    return 0
+
+
+def _step_peaks(points: list[tuple[MemorySample, int]], on_gpu: bool) -> dict[int, int]:
+    """The highest level of each step. On GPU a rise of the allocator's high-water mark since the
+    previous sample happened within this sample's step; the first sample's mark is left out, since
+    it may be setup's (materializing the model before sharding it)."""
+    peaks: dict[int, int] = {}
+    high: int | None = None
+    for m, level in points:
+        value = level
+        if on_gpu and m.peak_allocated is not None:
+            if high is not None and m.peak_allocated > high:
+                value = max(value, m.peak_allocated)
+            high = m.peak_allocated if high is None else max(high, m.peak_allocated)
+        if m.step >= 0:
+            peaks[m.step] = max(peaks.get(m.step, value), value)
+    return peaks
+
+
+def _trend(peaks: Mapping[int, int], done: set[int], on_gpu: bool) -> _Trend | None:
+    steps = sorted(s for s in done if s >= WARMUP_STEPS and s in peaks)[-TREND_WINDOW_STEPS:]
+    n = len(steps)
+    if n < MIN_TREND_STEPS:
+        return None
+    values = [peaks[s] for s in steps]
+    slopes: list[float] = []
+    concordance = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            rise = values[j] - values[i]
+            slopes.append(rise / (steps[j] - steps[i]))
+            concordance += (rise > 0) - (rise < 0)
+    slope = statistics.median(slopes)
+    intercept = statistics.median(y - slope * x for x, y in zip(steps, values, strict=True))
+    fitted_last = intercept + slope * steps[-1]
+    tau = concordance / (n * (n - 1) / 2)
+    floor = max(GROWTH_MIN_BYTES, (GROWTH_MIN_SHARE_ALLOCATED if on_gpu else GROWTH_MIN_SHARE_RSS) * fitted_last)
+    growing = slope > 0 and tau >= GROWTH_MIN_TAU and slope * (steps[-1] - steps[0]) >= floor
+    return _Trend(slope=slope, fitted_last=fitted_last, tau=tau, steps=tuple(steps), values=tuple(values),
+                  growing=growing)
+
+
+def _severity_of_share(share: float | None) -> Severity:
+    if share is None:
+        return Severity.INFO
+    if share >= CRITICAL_PEAK_SHARE:
+        return Severity.CRITICAL
+    return Severity.WARN if share >= WARN_PEAK_SHARE else Severity.INFO
+
+
+def _risk(findings: list[Finding]) -> Severity:
+    level = worst(findings)
+    return Severity.OK if level == Severity.INFO else level
+
+
+def _pct(share: float | None) -> str:
+    return "-" if share is None else f"{share:.0%}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def _capacity_text(run: _Run) -> str:
+    text = f"capacity {format_bytes(run.capacity)}"
+    if run.outside:
+        text += f", of which {format_bytes(run.outside)} is held outside PyTorch's allocator (CUDA context, " \
+                "NCCL, other processes)"
+    return text
+
+
+def _breakdown(run: _Run) -> str | None:
+    cats = {k: v for k, v in run.categories.items() if v > 0}
+    if run.walk is None or not cats:
+        return None
+    parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in sorted(cats.items(), key=lambda kv: -kv[1]))
+    return f"by category at the end of step {run.walk.step}'s forward: {parts}"
+
+
+# --- the peaks still to come ------------------------------------------------------------------------
+
+def _optimizer_states(name: str | None) -> tuple[int, str]:
+    if name:
+        low = name.lower()
+        for fragment, states in _OPTIMIZER_STATES:
+            if fragment in low:
+                return states, f"{name} keeps {states} state{'s' if states != 1 else ''} per parameter"
+    return 2, f"optimizer {'not known yet' if not name else name + ' not known'}: assumed Adam, 2 states per parameter"
+
+
+def _optimizer_off_gpu(run: _Run) -> bool:
+    """Whether the optimizer state lives off this GPU (DeepSpeed's or FSDP1's offload)."""
+    return run.on_gpu and (run.knob("offload_optimizer") not in (None, "none") or bool(run.knob("offload_params")))
+
+
+def _optimizer_still_to_come(run: _Run, peak: int, peak_step: int | None,
+                             current: int) -> tuple[int, int, Finding | None]:
+    """(predicted peak, optimizer state still to come, finding) before the first optimizer step.
+
+    The state stays for every later step, so the next forward and backward peak at ``peak + state``.
+    The step itself holds the state on top of what the backward left (``current``), and torch's
+    foreach implementation (its default on CUDA) a temporary of the parameters' size besides.
+    """
+    if run.walk is None:
+        return peak, 0, None
+    cats = run.categories
+    existing = cats.get("optimizer_state", 0)
+    states, about = _optimizer_states(run.info.optimizer if run.info else None)
+    framework = run.info.framework if run.info else "unknown"
+    if states == 0 or _optimizer_off_gpu(run):
+        return peak, 0, None
+    temporaries = 0
+    if framework == "deepspeed" and existing > 0:
+        basis, what = existing, "DeepSpeed's fp32 master partition (allocated at initialization)"
+        pending = states * existing
+    else:
+        category = "sharded_params" if cats.get("sharded_params") else "unsharded_params"
+        basis, what = cats.get(category, 0), f"this rank's parameters ({category})"
+        pending = max(0, states * basis - existing)
+        temporaries = basis if run.on_gpu else 0  # on CPU torch steps one parameter at a time
+    if pending <= 0:
+        return peak, 0, None
+    predicted = max(peak + pending, current + pending + temporaries)
+    share = run.share(predicted)
+    severity = _severity_of_share(share)
+    so_far = f"peak so far {format_bytes(peak)}" + (f" (step {peak_step})" if peak_step is not None else "")
+    evidence = [
+        f"the first optimizer step has not finished: the optimizer state does not exist yet; {about}: "
+        f"{states} × {format_bytes(basis)} of {what} = {format_bytes(pending)}",
+        f"{so_far} + {format_bytes(pending)} optimizer state = {format_bytes(peak + pending)}",
+    ]
+    if temporaries:
+        evidence.append(f"during the step: {format_bytes(current)} now + {format_bytes(pending)} state + "
+                        f"{format_bytes(temporaries)} of foreach temporaries = "
+                        f"{format_bytes(current + pending + temporaries)} (a fused optimizer, e.g. "
+                        "AdamW(fused=True), has none)")
+    if run.capacity:
+        evidence.append(f"predicted peak {format_bytes(predicted)}: {_pct(share)} of {_capacity_text(run)}")
+    if breakdown := _breakdown(run):
+        evidence.append(breakdown)
+    if severity == Severity.INFO:
+        title = f"the first optimizer step will add {format_bytes(pending)} of optimizer state; it fits"
+    else:
+        verb = "will not fit" if share is not None and share >= 1 else "will leave little headroom"
+        title = f"the first optimizer step will allocate {format_bytes(pending)} of optimizer state and {verb}: " \
+                f"predicted peak {_pct(share)} of capacity"
+    metrics = {"pending_optimizer_bytes": float(pending), "predicted_peak_bytes": float(predicted)}
+    if share is not None:
+        metrics["predicted_share"] = share
+    return predicted, pending, Finding(
+        "optimizer_state_pending", severity, title, rank=run.rank, step=0, evidence=tuple(evidence),
+        remedies=_remedies(run, {"optimizer", "activations"}) if severity != Severity.INFO else (), metrics=metrics)
+
+
+def _number(value: Any, default: float) -> tuple[float, bool]:
+    """A numeric knob, or the default (and False) when it is missing or not a number ("auto")."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value), True
+    return default, False
+
+
+def _zero3_gathers(run: _Run, peak: int, walks: list[MemorySample]) -> tuple[int, Finding | None]:
+    info = run.info
+    if info is None or info.framework != "deepspeed" or info.zero_stage != 3 or run.walk is None:
+        return 0, None
+    max_live, configured = _number(run.knob("stage3_max_live_parameters"), DS_DEFAULT_MAX_LIVE_PARAMETERS)
+    itemsize = _DTYPE_BYTES.get(info.param_dtype or "", 2)
+    bound = int(max_live * itemsize)
+    # The partitions ds_tensor holds, times the ranks: the whole model in the parameter dtype.
+    model_bytes = run.categories.get("sharded_params", 0) * max(1, info.world_size)
+    gathered = min(bound, model_bytes) if model_bytes else bound
+    seen = max((w.categories.get("unsharded_params", 0) for w in walks), default=0)
+    predicted = max(peak, peak - seen + gathered)
+    share = run.share(predicted)
+    severity = _severity_of_share(share)
+    # Gathers already seen at the peak are in the peak finding; this one is about those still possible.
+    if severity == Severity.INFO or not run.capacity or predicted - peak < GATHER_MIN_SHARE * run.capacity:
+        return predicted, None
+    knob = f"stage3_max_live_parameters={max_live:.3g}" + ("" if configured else " (DeepSpeed's default)")
+    evidence = (
+        f"{knob} × {itemsize} bytes ({info.param_dtype}) lets ZeRO-3 hold up to {format_bytes(bound)} of gathered "
+        f"parameters" + (f"; the whole model is {format_bytes(model_bytes)}" if model_bytes else ""),
+        f"peak {format_bytes(peak)} with {format_bytes(seen)} gathered seen; with {format_bytes(gathered)} gathered "
+        f"it would be {format_bytes(predicted)}, {_pct(share)} of {_capacity_text(run)}",
+    )
+    return predicted, Finding("zero3_gather_bound", severity,
+                              f"ZeRO-3 may gather up to {format_bytes(gathered)} of parameters at once: "
+                              f"{_pct(share)} of capacity", rank=run.rank, evidence=evidence,
+                              remedies=_remedies(run, {"gathers"}),
+                              metrics={"gather_bound_bytes": float(gathered), "predicted_peak_bytes": float(predicted)})
+
+
+def _first_step_rise(recording: Recording, peak: int) -> str | None:
+    """How far the first optimizer step moved the peak: the level before it versus the peak."""
+    start = min((p.start_ns for p in recording.phases if p.phase == "optimizer" and p.step == 0), default=None)
+    if start is None:
+        return None
+    before = [m.allocated if m.allocated is not None else m.rss for m in recording.memory
+              if m.step == 0 and m.t_ns < start]
+    levels = [b for b in before if b is not None]
+    if not levels or peak <= max(levels):
+        return None
+    return f"before the first optimizer step the peak was {format_bytes(max(levels))}; it is now " \
+           f"{format_bytes(peak)} (+{format_bytes(peak - max(levels))})"
+
+
+def _peak_finding(run: _Run, peak: int, peak_step: int | None, recording: Recording) -> Finding | None:
+    share = run.share(peak)
+    severity = _severity_of_share(share)
+    if severity == Severity.INFO:
+        return None
+    cats = {k: v for k, v in run.categories.items() if v > 0 and k != "other"}
+    largest = max(cats, key=lambda k: cats[k]) if cats else None
+    title = f"peak memory at {_pct(share)} of capacity"
+    if largest is not None:
+        title += f"; the largest category is {largest} ({format_bytes(cats[largest])})"
+    evidence = [f"peak {format_bytes(peak)}" + (f" in step {peak_step}" if peak_step is not None else "")
+                + f", {_pct(share)} of {_capacity_text(run)}"]
+    if breakdown := _breakdown(run):
+        evidence.append(breakdown)
+    optimizer_state = cats.get("optimizer_state", 0)
+    if optimizer_state and (rise := _first_step_rise(recording, peak)) is not None:
+        evidence.append(f"{rise}; the optimizer state is now {format_bytes(optimizer_state)}")
+    return Finding("peak_near_capacity", severity, title, rank=run.rank, step=peak_step, evidence=tuple(evidence),
+                   remedies=_remedies(run, {"all"}), metrics={"peak_bytes": float(peak), "share": share or 0.0})
+
+
+# --- growth, allocator, recorded OOMs ---------------------------------------------------------------
+
+def _growth_finding(run: _Run, trend: _Trend, steps_to_capacity: float | None, step_s: float | None,
+                    walks: list[MemorySample]) -> Finding:
+    if steps_to_capacity is None:
+        severity = Severity.INFO
+    elif steps_to_capacity <= CRITICAL_STEPS_TO_CAPACITY:
+        severity = Severity.CRITICAL
+    elif steps_to_capacity <= WARN_STEPS_TO_CAPACITY:
+        severity = Severity.WARN
+    else:
+        severity = Severity.INFO
+    first, last = trend.steps[0], trend.steps[-1]
+    evidence = [
+        f"the per-step peak rose from {format_bytes(trend.values[0])} (step {first}) to "
+        f"{format_bytes(trend.values[-1])} (step {last}): {format_bytes(trend.slope)} per step "
+        f"(Theil–Sen over {len(trend.steps)} steps; Mann–Kendall tau {trend.tau:.2f})",
+    ]
+    if steps_to_capacity is not None:
+        when = f" (~{_duration(steps_to_capacity * step_s)} at {step_s:.2f} s per step)" if step_s else ""
+        evidence.append(f"at this rate the {_capacity_text(run)} is reached in ~{steps_to_capacity:.0f} steps{when}")
+    window = [w for w in walks if first <= w.step <= last]
+    if len(window) >= 2:
+        a, b = window[0].categories, window[-1].categories
+        total = trend.slope * (last - first)
+        grew = {k: b.get(k, 0) - a.get(k, 0) for k in set(a) | set(b) if k != "other"}
+        named = [f"{k} +{format_bytes(v)}" for k, v in sorted(grew.items(), key=lambda kv: -kv[1])
+                 if v > 0.25 * total]
+        if named:
+            evidence.append(f"between steps {window[0].step} and {window[-1].step}: " + ", ".join(named))
+        else:
+            evidence.append(f"no category the agent tracks (parameters, gradients, optimizer state, activations) "
+                            f"grew between steps {window[0].step} and {window[-1].step}: the growth is in tensors "
+                            "held outside the model and optimizer")
+    title = f"memory grows {format_bytes(trend.slope)} per step"
+    if steps_to_capacity is not None:
+        title += f": capacity in ~{steps_to_capacity:.0f} steps"
+    remedies = [
+        "look for tensors kept across steps: losses or outputs appended to a list or summed without .item() "
+        "or .detach(), caches keyed by step, metrics kept as tensors",
+        "check for retain_graph=True and for sequence lengths or batch sizes that grow with the step",
+    ]
+    if run.on_gpu:
+        remedies.append("record the allocator's history (ZEROMON_MEMORY_HISTORY=1, or torch.cuda.memory."
+                        "_record_memory_history) and compare two snapshots steps apart at pytorch.org/memory_viz")
+    else:
+        remedies.append("compare what is alive at two steps, e.g. tracemalloc snapshots or gc.get_objects() "
+                        "filtered to torch.Tensor")
+    return Finding("memory_growth", severity, title, rank=run.rank, step=last, evidence=tuple(evidence),
+                   remedies=tuple(remedies),
+                   metrics={"growth_bytes_per_step": trend.slope, "tau": trend.tau,
+                            **({"steps_to_capacity": steps_to_capacity} if steps_to_capacity is not None else {})})
+
+
+def _allocator_findings(run: _Run, samples: list[MemorySample]) -> list[Finding]:
+    findings: list[Finding] = []
+    retries = [(m.step, m.num_alloc_retries) for m in samples if m.num_alloc_retries is not None]
+    if retries and retries[-1][1] > 0:
+        last_step, count = retries[-1]
+        earlier = [c for s, c in retries if s < last_step - RETRY_RECENT_STEPS + 1]
+        before = earlier[-1] if earlier else 0
+        growing = count > before
+        frag = next((m for m in reversed(samples) if m.fragmentation is not None), None)
+        evidence = [f"num_alloc_retries {count}" + (f", {count - before} of them in the last {RETRY_RECENT_STEPS} "
+                                                    "steps" if growing else f", none in the last {RETRY_RECENT_STEPS} steps"),
+                    "each retry is a cudaMalloc that failed until the allocator freed its cached blocks: the step "
+                    "stalls, and the next larger allocation may be an OOM"]
+        if frag is not None and frag.fragmentation is not None:
+            evidence.append(f"reserved {format_bytes(frag.reserved)}, allocated {format_bytes(frag.allocated)}: "
+                            f"{format_bytes(frag.fragmentation)} cached but unused")
+        findings.append(Finding(
+            "alloc_retries", Severity.CRITICAL if growing else Severity.WARN,
+            f"the allocator retried {count} times" + (" and keeps retrying: memory pressure" if growing else ""),
+            rank=run.rank, step=last_step, evidence=tuple(evidence),
+            remedies=_remedies(run, {"fragmentation", "all"}),
+            metrics={"num_alloc_retries": float(count), "recent_retries": float(count - before)}))
+    reserved = [m for m in samples if m.reserved is not None and m.allocated is not None]
+    if reserved and run.capacity:
+        top = max(reserved, key=lambda m: m.reserved or 0)
+        frag_bytes = top.fragmentation or 0
+        if frag_bytes >= FRAGMENTATION_WARN_SHARE * run.capacity:
+            pressure = run.share(top.reserved or 0)
+            severity = Severity.WARN if pressure is not None and pressure >= WARN_PEAK_SHARE else Severity.INFO
+            evidence = [f"at the highest reservation (step {top.step}): reserved {format_bytes(top.reserved)}, "
+                        f"allocated {format_bytes(top.allocated)}; {format_bytes(frag_bytes)} "
+                        f"({_pct(frag_bytes / run.capacity)} of capacity) cached but unused",
+                        f"reserved is {_pct(pressure)} of {_capacity_text(run)}"]
+            if top.inactive_split:
+                evidence.append(f"{format_bytes(top.inactive_split)} in inactive split blocks: free pieces of "
+                                "larger blocks that only smaller allocations can use")
+            findings.append(Finding("fragmentation", severity,
+                                    f"allocator fragmentation: {format_bytes(frag_bytes)} reserved but unused "
+                                    f"({_pct(frag_bytes / run.capacity)} of capacity)",
+                                    rank=run.rank, step=top.step, evidence=tuple(evidence),
+                                    remedies=_remedies(run, {"fragmentation"}),
+                                    metrics={"fragmentation_bytes": float(frag_bytes)}))
+    return findings
+
+
+def _recorded_ooms(recording: Recording, samples: list[MemorySample]) -> list[Finding]:
+    counted = max((m.num_ooms for m in samples if m.num_ooms is not None), default=0)
+    events = sorted(recording.ooms, key=lambda e: e.t_ns)
+    if not counted and not events:
+        return []
+    evidence = [f"the allocator counted {counted} OOM{'s' if counted != 1 else ''} (num_ooms)"] if counted else []
+    for e in events[:3]:
+        evidence.append(f"OOM in step {e.step} ({e.phase}) on {e.device}: requested {format_bytes(e.requested)} "
+                        f"with {format_bytes(e.allocated)} allocated and {format_bytes(e.free)} free"
+                        + (f"; allocator snapshot {e.snapshot_path} (open at pytorch.org/memory_viz)"
+                           if e.snapshot_path else ""))
+    if len(events) > 3:
+        evidence.append(f"... and {len(events) - 3} more")
+    info = recording.run_info
+    run = _Run(rank=recording.rank, info=info, on_gpu=True, capacity=None, outside=0, walk=None)
+    first = events[0] if events else None
+    return [Finding("oom_recorded", Severity.CRITICAL,
+                    f"out of memory: {max(counted, len(events))} OOM{'s' if max(counted, len(events)) != 1 else ''} "
+                    "recorded", rank=recording.rank, step=first.step if first else None, evidence=tuple(evidence),
+                    remedies=_remedies(run, {"all", "fragmentation"}),
+                    metrics={"num_ooms": float(max(counted, len(events)))})]
+
+
+# --- remedies -----------------------------------------------------------------------------------------
+
+# The seeds' stage selection guide: ZeRO-2 is the default choice; ZeRO-3 when that is still too big.
+_NEXT_STAGE = {0: "2 (shards optimizer state and gradients)", 1: "2 (shards gradients too)",
+               2: "3 (shards the parameters too)"}
+_BF16_SETTING = {"deepspeed": '"bf16": {"enabled": true}',
+                 "fsdp2": "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)",
+                 "fsdp1": "MixedPrecision(param_dtype=torch.bfloat16)"}
+
+
+def _remedies(run: _Run, focus: set[str]) -> tuple[str, ...]:
+    """The remedies that apply to this framework and config, in the order of the seeds'
+    troubleshooting ("ZeRO-3 OOM despite using stage 3", then the stage selection guide): fewer
+    gathered parameters, more sharding, offload, activation checkpointing, a smaller micro-batch,
+    bf16; expandable segments first where fragmentation is the subject."""
+    info = run.info
+    framework = info.framework if info else "unknown"
+    stage = info.zero_stage if info else None
+    dtype = (info.param_dtype or "") if info else ""
+
+    def wants(*topics: str) -> bool:
+        return "all" in focus or any(t in focus for t in topics)
+
+    ds, fsdp = framework == "deepspeed", framework in ("fsdp1", "fsdp2")
+    out: list[str] = []
+    if run.on_gpu and "fragmentation" in focus:
+        out.append("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set before the first CUDA allocation): "
+                   "segments grow in place instead of caching fixed-size blocks, so freed memory serves larger "
+                   "allocations")
+    if ds and stage == 3 and wants("gathers", "params"):
+        threshold, _ = _number(run.knob("stage3_param_persistence_threshold"), DS_DEFAULT_PARAM_PERSISTENCE_THRESHOLD)
+        max_live, _ = _number(run.knob("stage3_max_live_parameters"), DS_DEFAULT_MAX_LIVE_PARAMETERS)
+        out.append(f"lower stage3_param_persistence_threshold (now {threshold:.3g}; e.g. 1e4): parameters "
+                   "smaller than it stay gathered on every rank")
+        out.append(f"lower stage3_max_live_parameters (now {max_live:.3g}; e.g. {max_live / 2:.3g}): it bounds "
+                   "the parameters gathered at once")
+    if fsdp and wants("gathers", "params"):
+        reshard = run.knob("reshard_after_forward")
+        strategy = info.fsdp_strategy if info else None
+        if framework == "fsdp2" and reshard is False:  # "mixed" is FSDP2's default: all but the root
+            out.append("reshard_after_forward=True on the fully_shard units (now False): each unit's gathered "
+                       "parameters are freed after its forward")
+        if framework == "fsdp1" and strategy in ("SHARD_GRAD_OP", "NO_SHARD", "_HYBRID_SHARD_ZERO2"):
+            out.append(f"sharding_strategy=FULL_SHARD (now {strategy}): parameters are sharded between forward "
+                       "and backward too")
+        units = run.knob("fsdp_units")
+        out.append("smaller wrapping units (one per transformer block or smaller" + (f"; now {units} units" if units
+                   else "") + "): the largest unit's gathered parameters bound the transient peak")
+    if wants("params", "optimizer"):
+        if ds and stage in _NEXT_STAGE:
+            out.append(f"a higher ZeRO stage: zero_optimization.stage {_NEXT_STAGE[stage]}")
+        elif framework in ("ddp", "none"):
+            out.append("shard the model state: FSDP2 fully_shard or DeepSpeed ZeRO-2/3 (each rank then keeps "
+                       "1/N of the optimizer state)")
+        elif framework == "fsdp1" and (info.fsdp_strategy if info else None) == "NO_SHARD":
+            out.append("sharding_strategy=FULL_SHARD or SHARD_GRAD_OP (NO_SHARD keeps the whole optimizer state "
+                       "on every rank)")
+    offload_to = "cpu" if run.on_gpu else "nvme"
+    if ds and stage == 3 and wants("gathers", "params") and run.knob("offload_param") in (None, "none"):
+        out.append(f'parameter offload: "offload_param": {{"device": "{offload_to}", "pin_memory": true}}')
+    if ds and stage and wants("optimizer", "params") and run.knob("offload_optimizer") in (None, "none"):
+        out.append(f'optimizer offload: "offload_optimizer": {{"device": "{offload_to}", "pin_memory": true}}')
+    if fsdp and run.on_gpu and wants("optimizer", "params") and not run.knob("offload_params"):
+        out.append("CPU offload of parameters, gradients and optimizer state: "
+                   + ("fully_shard(..., offload_policy=CPUOffloadPolicy())" if framework == "fsdp2"
+                      else "cpu_offload=CPUOffload(offload_params=True)"))
+    if wants("activations"):
+        activations = run.categories.get("activations")
+        now = f" (activations now {format_bytes(activations)})" if activations else ""
+        out.append("activation checkpointing" + now + ": " + (
+            "apply_activation_checkpointing or torch.utils.checkpoint around each block" if fsdp
+            else "model.gradient_checkpointing_enable() or torch.utils.checkpoint around each block")
+            + "; about half the activation memory for ~20% more compute")
+        micro, accum = run.knob("train_micro_batch_size_per_gpu"), run.knob("gradient_accumulation_steps")
+        if ds and micro is not None:
+            out.append(f"a smaller micro-batch: lower train_micro_batch_size_per_gpu (now {micro}) and raise "
+                       f"gradient_accumulation_steps (now {accum}) to keep train_batch_size")
+        else:
+            out.append("a smaller micro-batch with gradient accumulation to keep the global batch (activations "
+                       "scale with it)")
+    if wants("activations", "gathers"):
+        setting = _BF16_SETTING.get(framework, f'torch.autocast("{"cuda" if run.on_gpu else "cpu"}", '
+                                                'dtype=torch.bfloat16)')
+        if dtype == "float16":
+            out.append(f"bf16 instead of fp16 ({setting}): the same 2 bytes per value without loss scaling, "
+                       "the precision the seeds recommend with ZeRO-3")
+        elif dtype == "float32":
+            halves = {"deepspeed": "parameters, gradients and activations (the fp32 master copy moves into the "
+                                   "optimizer state)",
+                      "fsdp1": "gathered parameters and activations",
+                      "fsdp2": "gathered parameters and activations"}.get(framework, "activations")
+            out.append(f"bf16 mixed precision ({setting}): halves {halves}")
+    return tuple(out)

@@ -1,0 +1,148 @@
+"""The whole offline analysis of a recorded run, as one value: what `zeromon report` prints."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from zeromon.analysis.bandwidth import BandwidthRow, bandwidth_table, busbw_by_op
+from zeromon.analysis.comm_advice import overlap_findings
+from zeromon.analysis.findings import Finding
+from zeromon.analysis.oom import OomForecast, forecast
+from zeromon.analysis.step_overlap import StepOverlap, step_overlaps
+from zeromon.analysis.stragglers import Imbalance, analyze_imbalance
+from zeromon.model.codec import Recording
+
+
+@dataclass(frozen=True, slots=True)
+class RankReport:
+    rank: int
+    framework: str
+    strategy: str
+    steps: tuple[StepOverlap, ...]
+    median_step_s: float | None
+    median_exposed_comm_s: float | None
+    median_exposed_share: float | None
+    median_overlap_ratio: float | None
+    median_blocked_s: float | None
+    peak_memory: int | None
+    capacity: int | None
+    busbw_by_op: dict[str, float]
+    oom: OomForecast
+
+
+@dataclass(frozen=True, slots=True)
+class RunReport:
+    run_dir: str
+    world_size: int
+    ranks: tuple[RankReport, ...]
+    bandwidth: tuple[BandwidthRow, ...]
+    imbalance: Imbalance
+    findings: tuple[Finding, ...]  # worst first
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_dir": self.run_dir,
+            "world_size": self.world_size,
+            "ranks": [_rank_dict(r) for r in self.ranks],
+            "bandwidth": [_bandwidth_dict(b) for b in self.bandwidth],
+            "imbalance": {
+                "step_skew_median": self.imbalance.step_skew_median,
+                "slowest_rank_counts": {str(k): v for k, v in self.imbalance.slowest_rank_counts.items()},
+                "peak_memory_bytes": {str(k): v for k, v in self.imbalance.peak_memory.items()},
+                "memory_spread": self.imbalance.memory_spread,
+                "arrivals": [{"rank": a.rank, "matched": a.matched, "last_arrivals": a.last_arrivals,
+                              "caused_wait_s": a.caused_wait_s, "waited_s": a.waited_s}
+                             for a in self.imbalance.ranks],
+            },
+            "findings": [f.to_dict() for f in self.findings],
+        }
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _pct(ratio: float | None) -> float | None:
+    return None if ratio is None else round(100.0 * ratio, 3)
+
+
+def _rank_dict(r: RankReport) -> dict[str, Any]:
+    return {
+        "rank": r.rank, "framework": r.framework, "strategy": r.strategy, "steps": len(r.steps),
+        "median_step_s": r.median_step_s,
+        "comm_comp_overlap_pct": _pct(r.median_overlap_ratio),
+        "exposed_comm_s": r.median_exposed_comm_s,
+        "exposed_comm_share": r.median_exposed_share,
+        "blocked_s": r.median_blocked_s,
+        "peak_memory_bytes": r.peak_memory,
+        "capacity_bytes": r.capacity,
+        "busbw_bytes_per_s": r.busbw_by_op,
+        "oom": {"risk": r.oom.risk.value, "headroom_bytes": r.oom.headroom_bytes,
+                "predicted_peak_bytes": r.oom.predicted_peak_bytes,
+                "growth_bytes_per_step": r.oom.growth_bytes_per_step,
+                "steps_to_capacity": r.oom.steps_to_capacity},
+        "per_step": [{"step": s.step, "step_s": s.step_s, "comm_s": s.comm_s, "comp_s": s.comp_s,
+                      "overlap_s": s.overlap_s, "exposed_comm_s": s.exposed_comm_s, "idle_s": s.idle_s,
+                      "blocked_s": s.blocked_s, "comm_comp_overlap_pct": _pct(s.overlap_ratio)}
+                     for s in r.steps],
+    }
+
+
+def _bandwidth_dict(b: BandwidthRow) -> dict[str, Any]:
+    return {"op": b.op, "size_bucket_bytes": b.size_bucket_bytes, "group_size": b.group_size, "count": b.count,
+            "total_bytes": b.total_bytes, "median_time_s": b.median_time_s,
+            "median_algbw_bytes_per_s": b.median_algbw, "median_busbw_bytes_per_s": b.median_busbw,
+            "busbw_p10_bytes_per_s": b.busbw_p10, "peak_share": b.peak_share}
+
+
+def _strategy(rec: Recording) -> str:
+    info = rec.run_info
+    if info is None:
+        return "-"
+    if info.zero_stage is not None:
+        return f"ZeRO-{info.zero_stage}"
+    return info.fsdp_strategy or "-"
+
+
+def rank_report(rec: Recording, capacity_bytes: int | None = None) -> RankReport:
+    steps = step_overlaps(rec)
+    steady = [s for s in steps if s.step >= 1] or list(steps)
+    levels = [level for m in rec.memory
+              if (level := m.allocated if m.allocated is not None else m.rss) is not None]
+    capacity = capacity_bytes or next((m.capacity for m in reversed(rec.memory) if m.capacity), None)
+    return RankReport(
+        rank=rec.rank,
+        framework=rec.run_info.framework if rec.run_info else "-",
+        strategy=_strategy(rec),
+        steps=steps,
+        median_step_s=_median([s.step_s for s in steady]),
+        median_exposed_comm_s=_median([s.exposed_comm_s for s in steady]),
+        median_exposed_share=_median([s.exposed_share for s in steady]),
+        median_overlap_ratio=_median([s.overlap_ratio for s in steady]),
+        median_blocked_s=_median([s.blocked_s for s in steady]),
+        peak_memory=max(levels) if levels else None,
+        capacity=capacity,
+        busbw_by_op=busbw_by_op(rec.collectives),
+        oom=forecast(rec, capacity_bytes=capacity_bytes),
+    )
+
+
+def build_report(recordings: Sequence[Recording], run_dir: str, peak_busbw: float | None = None,
+                 capacity_bytes: int | None = None) -> RunReport:
+    ranks = tuple(rank_report(rec, capacity_bytes) for rec in recordings)
+    imbalance = analyze_imbalance(recordings)
+    findings: list[Finding] = []
+    for rec, rank in zip(recordings, ranks, strict=True):
+        findings.extend(rank.oom.findings)
+        findings.extend(overlap_findings(rec.rank, rank.steps, rec.run_info))
+    findings.extend(imbalance.findings)
+    findings.sort(key=lambda f: (-f.severity.rank, f.rank if f.rank is not None else -1))
+    events = [e for rec in recordings for e in rec.collectives]
+    world = max((r.run_info.world_size for r in recordings if r.run_info), default=len(recordings))
+    return RunReport(run_dir=run_dir, world_size=world, ranks=ranks,
+                     bandwidth=bandwidth_table(events, peak_busbw), imbalance=imbalance,
+                     findings=tuple(findings))

@@ -1,0 +1,136 @@
+"""`zeromon report RUN_DIR | --trace DIR [--json] [--html FILE]`: the offline analysis."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from zeromon.errors import ZeromonError
+from zeromon.model.units import format_bytes, parse_size
+
+NAME = "report"
+HELP = "analyse a recorded run (or PyTorch profiler traces): overlap, OOM risk, bandwidth, stragglers"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("The whole offline analysis of a zeromon recording (a folder of rank-<r>.jsonl) or of "
+                          "PyTorch profiler (Kineto) traces: per-rank table and findings to stdout, --json for "
+                          "machines, --html FILE for a self-contained page with figures.")
+    parser.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a run folder written by `zeromon run`")
+    parser.add_argument("--trace", metavar="DIR", help="a folder (or file) of PyTorch profiler traces instead")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page with figures")
+    parser.add_argument("--peak-busbw", metavar="RATE",
+                        help="the link's peak bus bandwidth per second, e.g. 200GB (reports the achieved share)")
+    parser.add_argument("--capacity", metavar="SIZE", help="memory capacity per rank to forecast against, e.g. 80GiB")
+
+
+def _size_flag(flag: str, value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        size = parse_size(value.removesuffix("/s"))
+    except ValueError as exc:
+        raise ZeromonError(f"{flag} {value!r}: {exc}") from None
+    if size <= 0:
+        raise ZeromonError(f"{flag} {value!r}: must be greater than 0")
+    return size
+
+
+def run(args: argparse.Namespace) -> int:
+    if bool(args.run_dir) == bool(args.trace):
+        raise ZeromonError("zeromon report: give a RUN_DIR or --trace DIR (one of them)",
+                           hint="zeromon report runs/x   or   zeromon report --trace profiler_traces/")
+    if args.trace:
+        return _trace_report(args)
+    return _run_report(args)
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from zeromon.analysis.report import build_report
+    from zeromon.model.codec import read_run
+
+    peak = _size_flag("--peak-busbw", args.peak_busbw)
+    capacity = _size_flag("--capacity", args.capacity)
+    recordings = read_run(Path(args.run_dir))
+    report = build_report(recordings, str(args.run_dir), peak_busbw=float(peak) if peak else None,
+                          capacity_bytes=capacity)
+    text = format_run_report(report)
+    if args.html:
+        from zeromon.exporters.html_report import render_html
+
+        try:
+            Path(args.html).write_text(render_html(report, recordings, text), encoding="utf-8")
+        except OSError as exc:
+            raise ZeromonError(f"--html {args.html}: cannot write: {exc.strerror}") from None
+    if args.json:
+        json.dump(report.to_dict(), sys.stdout, indent=1, default=str)
+        print()
+    else:
+        print(text)
+        if args.html:
+            print(f"\nwrote {args.html}")
+    return 0
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f}"
+
+
+def _pct(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{100 * ratio:.0f}%"
+
+
+def format_run_report(report: Any) -> str:
+    lines = [f"zeromon report: {report.run_dir} ({len(report.ranks)} of {report.world_size} ranks)", ""]
+    lines.append(f"{'rank':>4}  {'framework':<9} {'strategy':<13} {'steps':>5} {'step ms':>8} {'exposed ms':>10} "
+                 f"{'exposed':>7} {'overlap':>7} {'peak mem':>11} {'capacity':>11} {'risk':<8} busbw")
+    for r in report.ranks:
+        busbw = ", ".join(f"{op} {bw / 1e9:.2f} GB/s" for op, bw in sorted(r.busbw_by_op.items())) or "-"
+        lines.append(f"{r.rank:>4}  {r.framework:<9} {r.strategy:<13} {len(r.steps):>5} {_ms(r.median_step_s):>8} "
+                     f"{_ms(r.median_exposed_comm_s):>10} {_pct(r.median_exposed_share):>7} "
+                     f"{_pct(r.median_overlap_ratio):>7} {format_bytes(r.peak_memory):>11} "
+                     f"{format_bytes(r.capacity):>11} {r.oom.risk.value:<8} {busbw}")
+    lines.append("(medians over the steps after the first; exposed = communication not hidden behind compute)")
+    if report.bandwidth:
+        lines += ["", "bandwidth (nccl-tests busbw, median per op and message size):"]
+        for b in report.bandwidth[:12]:
+            share = f"  {b.peak_share:.0%} of peak" if b.peak_share is not None else ""
+            lines.append(f"  {b.op:<15} {'>= ' + format_bytes(b.size_bucket_bytes):<14} n={b.group_size:<4} "
+                         f"{b.count:>6} calls  {b.median_busbw / 1e9:8.3f} GB/s{share}")
+    lines += ["", f"findings ({len(report.findings)}):" if report.findings else "findings: none"]
+    for f in report.findings:
+        where = f"rank {f.rank}" if f.rank is not None else "job"
+        lines.append(f"  [{f.severity.value}] {f.title} ({where})")
+        lines.extend(f"      evidence: {e}" for e in f.evidence)
+        lines.extend(f"      remedy: {r}" for r in f.remedies)
+    return "\n".join(lines)
+
+
+def _trace_report(args: argparse.Namespace) -> int:
+    from zeromon.analysis.trace_overlap import trace_report_from
+    from zeromon.sources.kineto import load_traces
+
+    if args.html:
+        raise ZeromonError("--html is for recordings; with --trace use --json or the text table")
+    result = trace_report_from(load_traces(Path(args.trace)))
+    if args.json:
+        json.dump(result, sys.stdout, indent=1, default=str)
+        print()
+        return 0
+    lines = [f"zeromon report: traces in {args.trace}", "",
+             f"{'rank':>4} {'iterations':>10} {'overlap':>8} {'exposed ms':>10} {'idle':>7} {'compute':>8} "
+             f"{'non-compute':>11}"]
+    for r in result["ranks"]:
+        tb = r.get("temporal_breakdown", {})
+        overlap = r.get("comm_comp_overlap_pct")
+        lines.append(f"{r['rank']:>4} {len(r.get('iterations', [])):>10} "
+                     f"{'-' if overlap is None else f'{overlap:.1f}%':>8} {_ms(r.get('exposed_comm_s')):>10} "
+                     f"{tb.get('idle_time_pctg', 0):>6.1f}% {tb.get('compute_time_pctg', 0):>7.1f}% "
+                     f"{tb.get('non_compute_time_pctg', 0):>10.1f}%")
+    lines.append("(overlap and temporal breakdown as Holistic Trace Analysis defines them)")
+    print("\n".join(lines))
+    return 0

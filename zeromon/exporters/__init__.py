@@ -1,0 +1,1 @@
+"""Exporters: the offline HTML report (and, later, Prometheus)."""
