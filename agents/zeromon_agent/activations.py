@@ -1,7 +1,8 @@
 """Activation bytes: what autograd saves for backward during the root module's forward.
 
 A ``saved_tensors_hooks`` pack hook sees every tensor saved for backward (~1 us each); storages are
-counted once and parameters are left out (they are counted as parameters). Activation
+counted once; parameters and views of them (``weight.t()``) are left out, they are counted as
+parameters. Activation
 checkpointing's own hooks take over inside checkpointed regions, so only what it keeps is counted,
 which is what the memory holds. Off with ZEROMON_ACTIVATIONS=0.
 """
@@ -36,7 +37,9 @@ class SavedTensorMeter:
 
     def _pack(self, tensor: Any) -> Any:
         try:
-            if not isinstance(tensor, self._parameter):
+            # Parameters, and views of them (linear saves weight.t()), are counted as parameters.
+            parameter = self._parameter
+            if not isinstance(tensor, parameter) and not isinstance(tensor._base, parameter):
                 storage = tensor.untyped_storage()
                 ptr = storage.data_ptr()
                 if ptr not in self._seen:

@@ -91,6 +91,7 @@ class Agent:
         self.started = False
         self._framework_known = False
         self._ddp_checked = False
+        self._optimizer_announced = False
         self._walk_cost_s = 0.0
         self._last_walk_step = -(10**9)
         self._step_started: tuple[int, float] | None = None  # (step, perf_counter at its first forward)
@@ -262,17 +263,19 @@ class Agent:
             return
         if what == "forward_end":
             activations = self.meter.stop() if self.meter is not None and self._walk_this_forward else None
-            self.sample_memory(categories=self._walk_this_forward, activations=activations)
+            self.sample_memory("forward", categories=self._walk_this_forward, activations=activations)
             self._walk_this_forward = False
         elif what == "backward_end":
-            self.sample_memory(categories=False)
+            self.sample_memory("backward", categories=False)
+        elif what == "optimizer_start":
+            if self.started and self.optimizer is None and not self._optimizer_announced:
+                self._optimizer_announced = True
+                self._write_run_info()  # the optimizer is known before it allocates its state
         elif what == "step_end":
             started = self._step_started
             if started is not None and started[0] == self.state.step:
                 self._step_s = time.perf_counter() - started[1]  # first forward to optimizer step
-            self.sample_memory(categories=False)
-            if self.state.step == 0 and self.optimizer is None and self.tracker.optimizer is not None:
-                self._write_run_info()  # the optimizer is known once it has stepped
+            self.sample_memory("optimizer", categories=False)
 
     def _walk_due(self) -> bool:
         """Whether to walk the categories at this forward's end (at most once a step)."""
@@ -285,7 +288,8 @@ class Agent:
             every = 1
         return step - self._last_walk_step >= every
 
-    def sample_memory(self, categories: bool, activations: int | None = None) -> None:
+    def sample_memory(self, phase: str, categories: bool, activations: int | None = None) -> None:
+        """Take a memory sample at the end of ``phase`` (with the category walk if asked)."""
         t = perf_ns()
         fields: dict[str, Any] = {"device": self.device_name, "allocated": None, "reserved": None,
                                   "active": None, "peak_allocated": None, "peak_reserved": None,
@@ -311,7 +315,7 @@ class Agent:
             fields["categories"] = cats
         elif activations is not None:
             fields["categories"] = {"activations": activations}
-        self.state.push_control((RAW_MEMORY, self.state.phase, self.state.step, t, fields))
+        self.state.push_control((RAW_MEMORY, phase, self.state.step, t, fields))
 
     def _setup_oom_observer(self, torch: Any) -> None:
         from zeromon_agent import cuda

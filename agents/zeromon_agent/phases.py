@@ -23,7 +23,7 @@ from zeromon_agent.state import RAW_PHASE, RAW_STEP_END, STATE, HotState, perf_n
 class PhaseTracker:
     def __init__(self, state: HotState = STATE, on_boundary: Callable[[str], None] | None = None) -> None:
         self.state = state
-        # Called (guarded) at "forward_start", "forward_end", "backward_end", "step_end".
+        # Called (guarded) at "forward_start", "forward_end", "backward_end", "optimizer_start", "step_end".
         self.on_boundary = on_boundary
         self.explicit_steps = False
         self.root: Any = None
@@ -164,6 +164,7 @@ class PhaseTracker:
         try:
             if self._is_the_optimizer(optimizer):
                 self.set_phase("optimizer")
+                self._boundary("optimizer_start")
         except Exception as exc:  # noqa: BLE001
             self.state.hook_error("optimizer_pre", exc)
 

@@ -94,6 +94,10 @@ def _fsdp2(root: Any) -> dict[str, Any]:
     knobs["forward_prefetch_units"] = forward_prefetch
     knobs["backward_prefetch_units"] = backward_prefetch
     knobs["unshard_async_op"] = any(getattr(g, "unshard_async_op", False) for g in groups)
+    policies = {type(getattr(g, "offload_policy", None)).__name__ for g in groups} - {"NoneType"}
+    if policies:
+        # "OffloadPolicy" is FSDP2's no-offload default; "CPUOffloadPolicy" keeps shards on the host.
+        knobs["offload_policy"] = ",".join(sorted(policies))
     reshard = [getattr(g, "post_forward_mesh_info", None) is not None for g in groups]
     if reshard:
         knobs["reshard_after_forward"] = all(reshard) if all(reshard) or not any(reshard) else "mixed"

@@ -137,7 +137,7 @@ class MemorySample:
 
     rank: int
     step: int
-    phase: str
+    phase: str  # the phase that just ended: "forward", "backward", "optimizer" (the step's end)
     t_ns: int
     device: str  # "cuda:0", "cpu"
     allocated: int | None
