@@ -40,9 +40,13 @@ def _figures(report: RunReport, recordings: Sequence[Recording]) -> list[tuple[s
         mem.add_trace(go.Scatter(x=[(t - t0) / 1e9 for t, _ in points], y=[v / _MB for _, v in points],
                                  name=f"rank {rec.rank}: {label}", mode="lines", line={"dash": "dot"}))
     capacity = report.ranks[0].capacity if report.ranks else None
-    if capacity:
+    peak = max((r.peak_memory or 0 for r in report.ranks), default=0)
+    title = "Memory over time (MiB)"
+    if capacity and peak >= capacity / 4:
         mem.add_hline(y=capacity / _MB, line_dash="dash", annotation_text="capacity")
-    mem.update_layout(title="Memory over time (MiB)", xaxis_title="seconds", yaxis_title="MiB")
+    elif capacity:  # a line far above the data would flatten it: say it instead
+        title += f"; capacity {format_bytes(capacity)} per rank, above the plot"
+    mem.update_layout(title=title, xaxis_title="seconds", yaxis_title="MiB")
     figures.append(("memory", mem))
 
     # One step's timeline: phases and collectives of the first rank's median step.
