@@ -16,9 +16,9 @@ from zeromon.analysis.lint import (
     STATIC_SCHEMA,
     LintOptions,
     LintReport,
-    lint_accelerate_config,
     lint_deepspeed_config,
 )
+from zeromon.analysis.lint_accelerate import lint_accelerate_config
 from zeromon.errors import ZeromonError
 from zeromon.sources.configs import deepspeed_schema, load_config
 

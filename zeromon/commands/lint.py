@@ -78,12 +78,8 @@ def _size(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zeromon.analysis.lint import (
-        STATIC_SCHEMA,
-        LintOptions,
-        lint_accelerate_config,
-        lint_deepspeed_config,
-    )
+    from zeromon.analysis.lint import STATIC_SCHEMA, LintOptions, lint_deepspeed_config
+    from zeromon.analysis.lint_accelerate import lint_accelerate_config
     from zeromon.sources.configs import deepspeed_schema, load_config
 
     loaded = load_config(Path(args.config))

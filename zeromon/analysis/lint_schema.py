@@ -1,0 +1,158 @@
+"""What DeepSpeed and accelerate accept, written down: rule ids, accelerate's key tables, the schema.
+
+``STATIC_SCHEMA`` is DeepSpeed 0.19.8's facts for machines without DeepSpeed; with DeepSpeed
+installed, ``zeromon.sources.configs.deepspeed_schema`` builds the same from its config classes (a
+test checks the two agree). The rules that use these live in ``zeromon.analysis.lint``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+SEVERITIES = ("error", "warning", "info")
+
+# id -> what the rule looks for; the ids are stable (scripts may filter on them).
+RULES: dict[str, str] = {
+    "ZL001": "ZeRO-3 without stage3_gather_16bit_weights_on_model_save",
+    "ZL002": "train_batch_size != micro batch x gradient accumulation x world size",
+    "ZL003": "batch sizes that no world size satisfies, or the world size they imply",
+    "ZL004": "no batch size given (DeepSpeed needs train_batch_size or train_micro_batch_size_per_gpu)",
+    "ZL005": "gradient_accumulation_steps differ between the accelerate file and the DeepSpeed file",
+    "ZL006": "fp16 with ZeRO-3",
+    "ZL007": "fp16 and bf16 both enabled",
+    "ZL008": "overlap_comm off or left at a default of off",
+    "ZL009": "offload without pin_memory",
+    "ZL010": "nvme offload without nvme_path",
+    "ZL011": "\"auto\" outside the Hugging Face / accelerate integration",
+    "ZL012": "unknown key",
+    "ZL013": "key removed from DeepSpeed",
+    "ZL014": "deprecated key",
+    "ZL015": "ZeRO-3 where ZeRO-2 fits",
+    "ZL016": "option that has no effect at this ZeRO stage",
+    "ZL017": "bucket size too small or too large",
+    "ZL018": "ZeRO-3 live parameters or prefetch bucket too large for the GPU",
+    "ZL019": "fp16 with a static loss scale, or without gradient clipping",
+    "ZL020": "max_grad_norm in optimizer params (DeepSpeed ignores it)",
+    "ZL021": "invalid ZeRO stage",
+    "ZL022": "gradient_allreduce_op sum with ZeRO-3",
+    "ZL023": "key repeated in one JSON object",
+    "ZL024": "DeepSpeed key in accelerate's deepspeed_config block (accelerate ignores it)",
+    "ZL025": "accelerate keys next to deepspeed_config_file (accelerate refuses to start)",
+    "ZL026": "accelerate distributed_type is not DEEPSPEED",
+    "ZL027": "relative deepspeed_config_file (accelerate opens it from the launch directory)",
+    "ZL028": "batch size value that is not a positive integer",
+}
+
+# The keys accelerate reads from its `deepspeed_config` block (accelerate/commands/launch.py, deepspeed_args).
+ACCELERATE_DEEPSPEED_KEYS = frozenset({
+    "deepspeed_config_file", "zero_stage", "offload_optimizer_device", "offload_param_device",
+    "offload_optimizer_nvme_path", "offload_param_nvme_path", "gradient_accumulation_steps", "gradient_clipping",
+    "zero3_init_flag", "zero3_save_16bit_model", "deepspeed_hostfile", "deepspeed_exclusion_filter",
+    "deepspeed_inclusion_filter", "deepspeed_multinode_launcher", "deepspeed_moe_layer_cls_names",
+})
+# With deepspeed_config_file, accelerate raises if its config also sets one of these
+# (DeepSpeedPlugin._deepspeed_config_checks); mixed_precision is the file's top-level key.
+ACCELERATE_FILE_OWNED_KEYS = ("gradient_accumulation_steps", "gradient_clipping", "zero_stage",
+                              "offload_optimizer_device", "offload_param_device", "offload_param_nvme_path",
+                              "offload_optimizer_nvme_path", "zero3_save_16bit_model")
+# accelerate key -> the DeepSpeed key it sets (accelerate's DeepSpeedPlugin.plugin_to_config_mapping).
+_ACCELERATE_TO_DEEPSPEED = {
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "gradient_clipping": "gradient_clipping",
+    "zero_stage": "zero_optimization.stage",
+    "offload_optimizer_device": "zero_optimization.offload_optimizer.device",
+    "offload_param_device": "zero_optimization.offload_param.device",
+    "offload_optimizer_nvme_path": "zero_optimization.offload_optimizer.nvme_path",
+    "offload_param_nvme_path": "zero_optimization.offload_param.nvme_path",
+    "zero3_save_16bit_model": "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+}
+_DEEPSPEED_TO_ACCELERATE = {ds: "deepspeed_config." + acc for acc, ds in _ACCELERATE_TO_DEEPSPEED.items()}
+_DEEPSPEED_TO_ACCELERATE.update({
+    "fp16": "mixed_precision", "fp16.enabled": "mixed_precision", "bf16": "mixed_precision",
+    "bf16.enabled": "mixed_precision",
+    "zero_optimization.offload_optimizer": "deepspeed_config.offload_optimizer_device",
+    "zero_optimization.offload_param": "deepspeed_config.offload_param_device",
+})
+
+_INLINE_HINT = ("accelerate's inline deepspeed_config cannot set this: write a DeepSpeed JSON and point "
+                "deepspeed_config_file at it")
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigSchema:
+    """What a DeepSpeed version accepts: known keys per section ("" is the top level), removed and
+    deprecated keys, and the defaults the rules mention."""
+
+    sections: Mapping[str, frozenset[str]]
+    removed: Mapping[str, str]  # key path -> DeepSpeed's reason
+    deprecated: Mapping[str, str]  # key path -> the key to use instead
+    overlap_comm_default: tuple[bool, bool, bool, bool]  # by stage
+    pin_memory_default: bool
+    origin: str  # where these facts come from, for the report
+
+    def strict(self, section: str) -> bool:
+        """Sections that are pydantic models with extra="forbid": an unknown key there is fatal."""
+        return section != ""
+
+
+_OFFLOAD_COMMON = {"device", "nvme_path", "buffer_count", "pin_memory"}
+STATIC_SCHEMA = ConfigSchema(
+    sections={
+        "": frozenset({
+            "activation_checkpointing", "aio", "autotuning", "bf16", "bfloat16", "checkpoint", "comet",
+            "comms_logger", "communication_data_type", "compile", "csv_monitor", "data_efficiency", "data_types",
+            "dataloader_drop_last", "datastates_ckpt", "disable_allgather", "disable_python_gc", "dump_state",
+            "expert_parallel", "flops_profiler", "fp16", "gradient_accumulation_steps", "gradient_allreduce_op",
+            "gradient_clipping", "gradient_predivide_factor", "hybrid_engine", "log_level",
+            "managed_gradient_accumulation", "memory_breakdown", "optimizer", "pipeline", "prescale_gradients",
+            "scheduler", "seq_parallel_communication_data_type", "sequence_parallel_size", "steps_per_print",
+            "tensor_parallel", "tensorboard", "timers", "torch_autocast", "train_batch_size",
+            "train_micro_batch_size_per_gpu", "use_data_before_expert_parallelism", "wall_clock_breakdown", "wandb",
+            "weight_quantization", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
+            "zero_optimization"}),
+        "zero_optimization": frozenset({
+            "allgather_bucket_size", "allgather_partitions", "allgather_sequential", "compute_grad_norm",
+            "contiguous_gradients", "cpu_offload", "cpu_offload_param", "cpu_offload_use_pin_memory",
+            "elastic_checkpoint", "enable_sanity_checks", "gather_16bit_weights_on_model_save",
+            "ignore_unused_parameters", "leaf_module", "legacy_stage1", "load_from_fp32_weights",
+            "log_trace_cache_warnings", "max_live_parameters", "max_reuse_distance", "memory_efficient_linear",
+            "model_persistence_threshold", "module_granularity_threshold", "offload_optimizer", "offload_param",
+            "overlap_comm", "override_module_apply", "param_persistence_threshold", "parameter_alignment",
+            "pipeline_loading_checkpoint", "prefetch_bucket_size", "reduce_bucket_size", "reduce_scatter",
+            "round_robin_gradients", "save_muon_momentum_buffer_in_memory", "stage", "stage3_allgather_sequential",
+            "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+            "stage3_max_live_parameters", "stage3_max_reuse_distance", "stage3_model_persistence_threshold",
+            "stage3_module_granularity_threshold", "stage3_param_persistence_threshold",
+            "stage3_prefetch_bucket_size", "stage3_use_all_reduce_for_fetch_params", "sub_group_size",
+            "use_all_reduce_for_fetch_params", "use_multi_rank_bucket_allreduce", "zenflow",
+            "zero_hpz_partition_size", "zero_quantized_gradients", "zero_quantized_nontrainable_weights",
+            "zero_quantized_weights"}),
+        "zero_optimization.offload_param": frozenset(_OFFLOAD_COMMON | {"buffer_size", "max_in_cpu"}),
+        "zero_optimization.offload_optimizer": frozenset(_OFFLOAD_COMMON | {
+            "cpuadam_cores_perc", "fast_init", "pipeline_read", "pipeline_write", "ratio", "super_offload"}),
+        "zero_optimization.zenflow": frozenset({
+            "auto_ratio", "full_warm_up_rounds", "offload", "overlap_step", "pt_reserved_cores_perc",
+            "select_interval", "select_strategy", "steps_per_epoch", "topk_ratio", "update_interval"}),
+        "zero_optimization.leaf_module": frozenset({"classes", "name_suffixes", "names"}),
+        "fp16": frozenset({"auto_cast", "consecutive_hysteresis", "enabled", "fp16_master_weights_and_grads",
+                           "hysteresis", "initial_scale_power", "loss_scale", "loss_scale_window", "min_loss_scale"}),
+        "bf16": frozenset({"bf16_master_weights_and_grads", "bf16_optimizer_states", "check_grad_overflow",
+                           "enabled", "immediate_grad_update"}),
+    },
+    removed={k: "removed from DeepSpeed (0.19.8 refuses configs that still set it)" for k in (
+        "amp", "compression_training", "curriculum_learning", "eigenvalue", "elasticity", "graph_harvesting",
+        "nebula", "progressive_layer_drop", "quantize_training", "sparse_attention", "sparse_gradients",
+        "zero_optimization.mics_shard_size", "zero_optimization.mics_hierarchical_params_gather",
+        "zero_optimization.zeropp_loco_param")},
+    deprecated={
+        "zero_optimization.cpu_offload": "zero_optimization.offload_optimizer",
+        "zero_optimization.cpu_offload_param": "zero_optimization.offload_param",
+        "zero_optimization.cpu_offload_use_pin_memory": "offload_param or offload_optimizer",
+        "zero_optimization.stage3_gather_fp16_weights_on_model_save":
+            "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+    },
+    overlap_comm_default=(False, False, False, True),
+    pin_memory_default=True,
+    origin="zeromon's static list (DeepSpeed 0.19.8)",
+)
