@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from zeromon.analysis.intervals import merge, total, union_length
 from zeromon.model.codec import RecordingWriter
 from zeromon.model.events import (
     AgentStats,
@@ -88,27 +89,10 @@ def meaning_of(op: str, phase: str, nbytes: int) -> str:
     return ZeroMeaning.UNKNOWN.value
 
 
-def merge_intervals(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """The union of [start, end) intervals as sorted, disjoint intervals. O(n log n)."""
-    merged: list[tuple[int, int]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            if end > merged[-1][1]:
-                merged[-1] = (merged[-1][0], end)
-        else:
-            merged.append((start, end))
-    return merged
-
-
-def union_seconds(intervals: list[tuple[int, int]]) -> float:
-    """Length of the union of [start, end) intervals given in ns, as seconds."""
-    return sum(end - start for start, end in merge_intervals(intervals)) / 1e9
-
-
 def _fold(acc: _StepAcc) -> None:
     """Keep a step's interval list short: all but the last merged interval become a number."""
-    merged = merge_intervals(acc.intervals)
-    acc.folded_union_ns += sum(end - start for start, end in merged[:-1])
+    merged = merge(acc.intervals)
+    acc.folded_union_ns += total(merged[:-1])
     acc.intervals = merged[-1:]
 
 
@@ -480,7 +464,7 @@ class Recorder:
                 rank=self.rank, step=step, start_ns=acc.start_ns or acc.end_ns, end_ns=acc.end_ns,
                 phase_s={k: round(v, 9) for k, v in acc.phase_s.items()}, collectives=acc.collectives,
                 comm_bytes=acc.comm_bytes, comm_bytes_by_op=dict(acc.by_op),
-                comm_union_s=round(acc.folded_union_ns / 1e9 + union_seconds(acc.intervals), 9),
+                comm_union_s=round((acc.folded_union_ns + union_length(acc.intervals)) / 1e9, 9),
                 blocked_s=round(acc.blocked_s, 9),
                 peak_memory=acc.peak_memory,
             )
