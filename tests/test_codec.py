@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -13,9 +14,11 @@ from zeromon.model import (
     CollectiveEvent,
     MemorySample,
     PhaseSpan,
+    Recording,
     RecordingWriter,
     RunInfo,
     StepSummary,
+    iter_records,
     read_recording,
     read_run,
 )
@@ -124,3 +127,35 @@ def test_not_a_recording(tmp_path: Path) -> None:
         read_run(empty)
     with pytest.raises(ZeromonError, match="no such run folder"):
         read_run(tmp_path / "missing")
+
+
+def test_read_recording_agrees_with_iter_records_on_a_damaged_file(tmp_path: Path) -> None:
+    """read_recording's columnar path and the record-by-record stream read a damaged file alike."""
+    path = tmp_path / "rank-1.jsonl"
+    _write_sample(path)
+    lines = path.read_text().splitlines()
+    # After collective 1 (line 3): one without the optional wait_ns, one with a NaN (orjson refuses
+    # it, the json fallback reads it), one with too few fields, a blank line, a row that is no array.
+    short = json.loads(lines[2])[:-1]
+    nan_row = json.loads(lines[2])
+    nan_row[1], nan_row[14] = 7, float("nan")
+    lines[3:3] = [json.dumps(short), json.dumps(nan_row), '["collective", 1, 2, 3]', "", '{"a": 1}']
+    path.write_text("\n".join(lines) + "\n")
+
+    corrupt: list[int] = []
+    streamed = [r for r in iter_records(path, corrupt) if isinstance(r, CollectiveEvent)]
+    rec = read_recording(path)
+    assert rec.corrupt_lines == corrupt == [6, 8]
+    assert [e.seq for e in rec.collectives] == [e.seq for e in streamed] == [1, 1, 7, 2]
+    assert rec.collectives[1] == _collective(1)  # wait_ns absent: its default, None
+    assert math.isnan(rec.collectives[2].blocked_s)
+    assert [e for e in rec.collectives if e.seq != 7] == [e for e in streamed if e.seq != 7]  # NaN != NaN
+
+    columns = rec.collective_columns()
+    assert len(columns) == 4
+    for name in ("seq", "step", "op", "bytes_in", "issue_ns", "complete_ns", "timing", "wait_ns"):
+        assert list(getattr(columns, name)) == [getattr(e, name) for e in streamed], name
+    # A Recording made by hand gets the same columns from its events.
+    by_hand = Recording(path=path, header=rec.header, collectives=streamed)
+    assert list(by_hand.collective_columns().issue_ns) == list(columns.issue_ns)
+    assert by_hand.collective_columns().op == list(columns.op)

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from zeromon.model.codec import CollectiveColumns
 from zeromon.model.events import CollectiveEvent
 
 MEASURED_TIMINGS = frozenset({"sync", "wait", "callback", "cuda_event", "nccl_hook"})
@@ -77,24 +77,114 @@ class BandwidthRow:
     peak_share: float | None  # median busbw / the peak, when a peak is known
 
 
+# busbw_by_op's threshold: smaller collectives measure latency, not bandwidth.
+LARGE_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class BandwidthSamples:
+    """The measured collectives of one (op, size bucket, group size).
+
+    Each list is sorted, or made of sorted runs (several ranks' samples): the medians then sort in
+    linear time. A million samples sorted three times over cost ~0.5 s.
+    """
+
+    seconds: list[float]
+    algbw: list[float]  # bytes/s
+    busbw: list[float]  # bytes/s
+    large_busbw: list[float]  # busbw of those of LARGE_BYTES or more
+    total_bytes: int
+
+    @classmethod
+    def of(cls, seconds: list[float], sizes: list[int], factor: float) -> BandwidthSamples:
+        """From each collective's time and size (in any order) and the group's busbw factor."""
+        if min(sizes) == max(sizes):  # the usual case: one tensor's collectives
+            # size / t falls as t grows (IEEE division is monotonic): one sort orders all three.
+            size = sizes[0]
+            seconds.sort()
+            algbw = [size / t for t in reversed(seconds)]
+            busbw = [a * factor for a in algbw]
+            large = busbw if size >= LARGE_BYTES else []
+        else:
+            algbw = [size / t for size, t in zip(sizes, seconds, strict=True)]
+            busbw = [a * factor for a in algbw]
+            large = sorted(b for size, b in zip(sizes, busbw, strict=True) if size >= LARGE_BYTES)
+            seconds.sort()
+            algbw.sort()
+            busbw.sort()
+        return cls(seconds=seconds, algbw=algbw, busbw=busbw, large_busbw=large, total_bytes=sum(sizes))
+
+
+SampleGroups = dict[tuple[str, int, int], BandwidthSamples]
+
+
+def bandwidth_samples(columns: CollectiveColumns) -> SampleGroups:
+    """Every measured collective's bandwidth (event_bandwidth), grouped by (op, size bucket, group
+    size) in the order the groups first occur: computed once, read by bandwidth_table and busbw_by_op."""
+    groups: dict[tuple[str, int, int], tuple[list[float], list[int], float]] = {}
+    factors: dict[tuple[str, int], float | None] = {}
+    buckets: dict[int, int] = {}
+    measured = MEASURED_TIMINGS
+    # event_bandwidth and array_bytes inlined: a call per event would double the cost of a million.
+    for op, bytes_in, bytes_out, n, issue, complete, timing in zip(
+            columns.op, columns.bytes_in, columns.bytes_out, columns.group_size, columns.issue_ns,
+            columns.complete_ns, columns.timing, strict=True):
+        if timing not in measured or complete is None:
+            continue
+        seconds = (complete - issue) / 1e9
+        try:
+            factor = factors[(op, n)]
+        except KeyError:
+            factor = factors[(op, n)] = bus_factor(op, n)
+        size = bytes_out if op == "all_gather" else bytes_in if op == "reduce_scatter" else (
+            bytes_in if bytes_in >= bytes_out else bytes_out)
+        if seconds <= 0 or factor is None or size <= 0:
+            continue
+        bucket = buckets.get(size)
+        if bucket is None:
+            bucket = buckets[size] = size_bucket(size)
+        group = groups.get((op, bucket, n))
+        if group is None:
+            group = groups[(op, bucket, n)] = ([], [], factor)
+        group[0].append(seconds)
+        group[1].append(size)
+    return {key: BandwidthSamples.of(*group) for key, group in groups.items()}
+
+
+def _concat(lists: Iterable[list[float]]) -> list[float]:
+    out: list[float] = []
+    for values in lists:
+        out.extend(values)
+    return out
+
+
+def merge_samples(per_rank: Iterable[SampleGroups]) -> SampleGroups:
+    """The groups of several ranks as one, in the order they first occur."""
+    merged: dict[tuple[str, int, int], list[BandwidthSamples]] = {}
+    for groups in per_rank:
+        for key, samples in groups.items():
+            merged.setdefault(key, []).append(samples)
+    return {key: BandwidthSamples(
+        seconds=_concat(s.seconds for s in parts), algbw=_concat(s.algbw for s in parts),
+        busbw=_concat(s.busbw for s in parts), large_busbw=_concat(s.large_busbw for s in parts),
+        total_bytes=sum(s.total_bytes for s in parts)) for key, parts in merged.items()}
+
+
 def bandwidth_table(events: Iterable[CollectiveEvent], peak_busbw: float | None = None) -> tuple[BandwidthRow, ...]:
     """Median bandwidth per (op, size bucket, group size), largest traffic first."""
-    groups: dict[tuple[str, int, int], list[tuple[float, float, float, int]]] = defaultdict(list)
-    for event in events:
-        bw = event_bandwidth(event)
-        if bw is None:
-            continue
-        size = array_bytes(event)
-        seconds = (event.complete_ns - event.issue_ns) / 1e9  # type: ignore[operator]
-        groups[(event.op, size_bucket(size), event.group_size)].append((seconds, bw[0], bw[1], size))
+    return table_of_samples(bandwidth_samples(CollectiveColumns.of(list(events))), peak_busbw)
+
+
+def table_of_samples(groups: SampleGroups, peak_busbw: float | None = None) -> tuple[BandwidthRow, ...]:
+    """bandwidth_table, from bandwidth_samples."""
     rows = []
     for (op, bucket, n), samples in groups.items():
-        busbws = sorted(s[2] for s in samples)
+        busbws = sorted(samples.busbw)
         median_busbw = statistics.median(busbws)
         rows.append(BandwidthRow(
-            op=op, size_bucket_bytes=bucket, group_size=n, count=len(samples),
-            total_bytes=sum(s[3] for s in samples), median_time_s=statistics.median(s[0] for s in samples),
-            median_algbw=statistics.median(s[1] for s in samples), median_busbw=median_busbw,
+            op=op, size_bucket_bytes=bucket, group_size=n, count=len(busbws),
+            total_bytes=samples.total_bytes, median_time_s=statistics.median(samples.seconds),
+            median_algbw=statistics.median(samples.algbw), median_busbw=median_busbw,
             busbw_p10=busbws[int(0.1 * (len(busbws) - 1))],
             peak_share=median_busbw / peak_busbw if peak_busbw else None,
         ))
@@ -104,13 +194,14 @@ def bandwidth_table(events: Iterable[CollectiveEvent], peak_busbw: float | None 
 def busbw_by_op(events: Iterable[CollectiveEvent]) -> dict[str, float]:
     """Median busbw per op, weighted toward what moves bytes: the median over collectives >= 64 KiB
     when there are any (small ones measure latency, not bandwidth)."""
-    by_op: dict[str, list[tuple[int, float]]] = defaultdict(list)
-    for event in events:
-        bw = event_bandwidth(event)
-        if bw is not None:
-            by_op[event.op].append((array_bytes(event), bw[1]))
-    out = {}
-    for op, samples in by_op.items():
-        large = [b for size, b in samples if size >= 64 * 1024]
-        out[op] = statistics.median(large or [b for _, b in samples])
-    return out
+    return busbw_by_op_of_samples(bandwidth_samples(CollectiveColumns.of(list(events))))
+
+
+def busbw_by_op_of_samples(groups: SampleGroups) -> dict[str, float]:
+    """busbw_by_op, from bandwidth_samples."""
+    by_op: dict[str, tuple[list[float], list[float]]] = {}
+    for (op, _, _), samples in groups.items():
+        large, every = by_op.setdefault(op, ([], []))
+        large.extend(samples.large_busbw)
+        every.extend(samples.busbw)
+    return {op: statistics.median(large or every) for op, (large, every) in by_op.items()}

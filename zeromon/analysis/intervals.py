@@ -13,14 +13,21 @@ Interval = tuple[int, int]
 def merge(intervals: Iterable[Interval]) -> list[Interval]:
     """The union as sorted, disjoint intervals (touching intervals are joined; empty ones dropped)."""
     merged: list[Interval] = []
+    # The interval being grown lives in two locals: no tuple is made until it is complete.
+    cur_start = cur_end = 0
+    growing = False
     for start, end in sorted(intervals):
         if end <= start:
             continue
-        if merged and start <= merged[-1][1]:
-            if end > merged[-1][1]:
-                merged[-1] = (merged[-1][0], end)
+        if growing and start <= cur_end:
+            if end > cur_end:
+                cur_end = end
         else:
-            merged.append((start, end))
+            if growing:
+                merged.append((cur_start, cur_end))
+            cur_start, cur_end, growing = start, end, True
+    if growing:
+        merged.append((cur_start, cur_end))
     return merged
 
 
@@ -36,17 +43,26 @@ def union_length(intervals: Iterable[Interval]) -> int:
 def intersect(a: Sequence[Interval], b: Sequence[Interval]) -> list[Interval]:
     """Intersection of two sorted disjoint interval lists (outputs of merge), by a two-pointer walk."""
     out: list[Interval] = []
+    if not a or not b:
+        return out
     i = j = 0
-    while i < len(a) and j < len(b):
-        start = max(a[i][0], b[j][0])
-        end = min(a[i][1], b[j][1])
+    a_start, a_end = a[0]
+    b_start, b_end = b[0]
+    while True:
+        start = a_start if a_start > b_start else b_start
+        end = a_end if a_end < b_end else b_end
         if start < end:
             out.append((start, end))
-        if a[i][1] < b[j][1]:
+        if a_end < b_end:
             i += 1
+            if i == len(a):
+                return out
+            a_start, a_end = a[i]
         else:
             j += 1
-    return out
+            if j == len(b):
+                return out
+            b_start, b_end = b[j]
 
 
 def subtract(a: Sequence[Interval], b: Sequence[Interval]) -> list[Interval]:

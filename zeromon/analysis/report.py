@@ -7,13 +7,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from zeromon.analysis.bandwidth import BandwidthRow, bandwidth_table, busbw_by_op
+from zeromon.analysis.bandwidth import (
+    BandwidthRow,
+    SampleGroups,
+    bandwidth_samples,
+    busbw_by_op_of_samples,
+    merge_samples,
+    table_of_samples,
+)
 from zeromon.analysis.comm_advice import overlap_findings
 from zeromon.analysis.findings import Finding
 from zeromon.analysis.oom import OomForecast, forecast
 from zeromon.analysis.step_overlap import StepOverlap, step_overlaps
 from zeromon.analysis.stragglers import Imbalance, analyze_imbalance
-from zeromon.model.codec import Recording
+from zeromon.model.codec import Recording, collector_paused
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +115,11 @@ def _strategy(rec: Recording) -> str:
     return info.fsdp_strategy or "-"
 
 
-def rank_report(rec: Recording, capacity_bytes: int | None = None) -> RankReport:
+def rank_report(rec: Recording, capacity_bytes: int | None = None,
+                samples: SampleGroups | None = None) -> RankReport:
+    """One rank's report; ``samples``: its bandwidth_samples, when the caller has them already."""
+    if samples is None:
+        samples = bandwidth_samples(rec.collective_columns())
     steps = step_overlaps(rec)
     steady = [s for s in steps if s.step >= 1] or list(steps)
     levels = [level for m in rec.memory
@@ -126,23 +137,24 @@ def rank_report(rec: Recording, capacity_bytes: int | None = None) -> RankReport
         median_blocked_s=_median([s.blocked_s for s in steady]),
         peak_memory=max(levels) if levels else None,
         capacity=capacity,
-        busbw_by_op=busbw_by_op(rec.collectives),
+        busbw_by_op=busbw_by_op_of_samples(samples),
         oom=forecast(rec, capacity_bytes=capacity_bytes),
     )
 
 
 def build_report(recordings: Sequence[Recording], run_dir: str, peak_busbw: float | None = None,
                  capacity_bytes: int | None = None) -> RunReport:
-    ranks = tuple(rank_report(rec, capacity_bytes) for rec in recordings)
-    imbalance = analyze_imbalance(recordings)
+    with collector_paused():
+        samples = [bandwidth_samples(rec.collective_columns()) for rec in recordings]
+        ranks = tuple(rank_report(rec, capacity_bytes, s) for rec, s in zip(recordings, samples, strict=True))
+        imbalance = analyze_imbalance(recordings)
+        bandwidth = table_of_samples(merge_samples(samples), peak_busbw)
     findings: list[Finding] = []
     for rec, rank in zip(recordings, ranks, strict=True):
         findings.extend(rank.oom.findings)
         findings.extend(overlap_findings(rec.rank, rank.steps, rec.run_info))
     findings.extend(imbalance.findings)
     findings.sort(key=lambda f: (-f.severity.rank, f.rank if f.rank is not None else -1))
-    events = [e for rec in recordings for e in rec.collectives]
     world = max((r.run_info.world_size for r in recordings if r.run_info), default=len(recordings))
-    return RunReport(run_dir=run_dir, world_size=world, ranks=ranks,
-                     bandwidth=bandwidth_table(events, peak_busbw), imbalance=imbalance,
+    return RunReport(run_dir=run_dir, world_size=world, ranks=ranks, bandwidth=bandwidth, imbalance=imbalance,
                      findings=tuple(findings))

@@ -1,4 +1,5 @@
-"""Events, samples and the recording codec shared by the agent and every client (stdlib only)."""
+"""Events, samples and the recording codec shared by the agent and every client (stdlib only; reading
+uses orjson when it is installed, as zeromon's own install has it)."""
 
 from zeromon.model.codec import (
     FORMAT_VERSION,
