@@ -47,9 +47,11 @@ def main() -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    # hidden: long compute, small all-reduce; partial: short compute, large all-reduce.
-    depth = {"sync": 8, "hidden": 36, "partial": 2}[args.mode]
-    numel = {"sync": 2_000_000, "hidden": 1_000_000, "partial": 8_000_000}[args.mode]
+    # hidden: long compute, smaller all-reduce; partial: short compute, large all-reduce. Everything
+    # lasts tens of ms at least: a GIL hand-over (up to 5 ms) between the script's clock reads and the
+    # agent's must stay small next to what is measured.
+    depth = {"sync": 12, "hidden": 96, "partial": 8}[args.mode]
+    numel = {"sync": 12_000_000, "hidden": 4_000_000, "partial": 16_000_000}[args.mode]
     model = Compute(512, depth)
     x = torch.randn(256, 512)
     payload = torch.ones(numel)
