@@ -33,6 +33,9 @@ def test_json_report_of_a_recorded_run(run_dir: Path) -> None:
         assert rank["oom"]["risk"] in ("ok", "warn", "critical")
         assert rank["peak_memory_bytes"] > 0 and rank["capacity_bytes"] > rank["peak_memory_bytes"]
         assert rank["busbw_bytes_per_s"]["all_gather"] > 0
+        breakdown = rank["temporal_breakdown"]
+        assert breakdown["idle_time_pctg"] + breakdown["compute_time_pctg"] + breakdown["non_compute_time_pctg"] \
+            == pytest.approx(100.0, abs=0.5)
         steps = rank["per_step"]
         assert [s["step"] for s in steps] == [0, 1, 2, 3, 4]
         for s in steps:

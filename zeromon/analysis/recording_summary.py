@@ -41,7 +41,8 @@ class RunSummary:
     ranks: tuple[RankSummary, ...]
 
 
-def _strategy(rec: Recording) -> str:
+def strategy_label(rec: Recording) -> str:
+    """'ZeRO-3', 'FULL_SHARD', ...: how the rank's run shards, in the words of its framework."""
     info = rec.run_info
     if info is None:
         return "-"
@@ -67,7 +68,7 @@ def summarize_recording(rec: Recording) -> RankSummary:
     return RankSummary(
         rank=rec.rank,
         framework=info.framework if info else "-",
-        strategy=_strategy(rec),
+        strategy=strategy_label(rec),
         steps=len(rec.steps),
         median_step_s=statistics.median(durations) if durations else None,
         collectives=len(rec.collectives),

@@ -18,6 +18,7 @@ from zeromon.analysis.bandwidth import (
 from zeromon.analysis.comm_advice import overlap_findings
 from zeromon.analysis.findings import Finding
 from zeromon.analysis.oom import OomForecast, forecast
+from zeromon.analysis.recording_summary import strategy_label
 from zeromon.analysis.step_overlap import StepOverlap, step_overlaps
 from zeromon.analysis.stragglers import Imbalance, analyze_imbalance
 from zeromon.model.codec import Recording, collector_paused
@@ -88,6 +89,7 @@ def _rank_dict(r: RankReport) -> dict[str, Any]:
         "peak_memory_bytes": r.peak_memory,
         "capacity_bytes": r.capacity,
         "busbw_bytes_per_s": r.busbw_by_op,
+        "temporal_breakdown": _temporal_breakdown(r.steps),
         "oom": {"risk": r.oom.risk.value, "headroom_bytes": r.oom.headroom_bytes,
                 "predicted_peak_bytes": r.oom.predicted_peak_bytes,
                 "growth_bytes_per_step": r.oom.growth_bytes_per_step,
@@ -99,20 +101,25 @@ def _rank_dict(r: RankReport) -> dict[str, Any]:
     }
 
 
+def _temporal_breakdown(steps: Sequence[StepOverlap]) -> dict[str, float]:
+    """HTA's temporal breakdown over the steps after the first: idle (neither), compute, and
+    non-compute (communication not hidden behind compute), in seconds and as shares of the time."""
+    steady = [s for s in steps if s.step >= 1] or list(steps)
+    total = sum(s.step_s for s in steady)
+    idle = sum(s.idle_s for s in steady)
+    compute = sum(s.comp_s for s in steady)
+    non_compute = sum(s.exposed_comm_s for s in steady)
+    share = (lambda x: round(100.0 * x / total, 3)) if total > 0 else (lambda x: 0.0)
+    return {"idle_time_s": idle, "compute_time_s": compute, "non_compute_time_s": non_compute,
+            "idle_time_pctg": share(idle), "compute_time_pctg": share(compute),
+            "non_compute_time_pctg": share(non_compute)}
+
+
 def _bandwidth_dict(b: BandwidthRow) -> dict[str, Any]:
     return {"op": b.op, "size_bucket_bytes": b.size_bucket_bytes, "group_size": b.group_size, "count": b.count,
             "total_bytes": b.total_bytes, "median_time_s": b.median_time_s,
             "median_algbw_bytes_per_s": b.median_algbw, "median_busbw_bytes_per_s": b.median_busbw,
             "busbw_p10_bytes_per_s": b.busbw_p10, "peak_share": b.peak_share}
-
-
-def _strategy(rec: Recording) -> str:
-    info = rec.run_info
-    if info is None:
-        return "-"
-    if info.zero_stage is not None:
-        return f"ZeRO-{info.zero_stage}"
-    return info.fsdp_strategy or "-"
 
 
 def rank_report(rec: Recording, capacity_bytes: int | None = None,
@@ -128,7 +135,7 @@ def rank_report(rec: Recording, capacity_bytes: int | None = None,
     return RankReport(
         rank=rec.rank,
         framework=rec.run_info.framework if rec.run_info else "-",
-        strategy=_strategy(rec),
+        strategy=strategy_label(rec),
         steps=steps,
         median_step_s=_median([s.step_s for s in steady]),
         median_exposed_comm_s=_median([s.exposed_comm_s for s in steady]),
