@@ -293,6 +293,17 @@ def test_gpu_first_step_prediction_includes_foreach_temporaries() -> None:
     assert offload < checkpointing
 
 
+def test_fsdp2_cpu_offload_policy_keeps_the_state_off_the_gpu() -> None:
+    """The agent records FSDP2's offload policy; with CPUOffloadPolicy nothing is predicted on the GPU
+    and offload is not suggested again."""
+    cats = {"sharded_params": 10 * GiB, "unsharded_params": 0, "activations": 20 * GiB}
+    memory = [_gpu(0, 45 * GiB, t=1, categories=cats), _gpu(0, 40 * GiB, t=2)]
+    offloaded = forecast(_rec(memory, _info("fsdp2", knobs={"offload_policy": "CPUOffloadPolicy"})))
+    assert offloaded.pending_optimizer_bytes == 0
+    for finding in offloaded.findings:
+        assert not any("CPUOffloadPolicy" in r for r in finding.remedies)
+
+
 def test_deepspeed_master_weights_and_offloaded_state() -> None:
     """DeepSpeed allocates the fp32 master partition at initialization (seen as optimizer_state); Adam's
     moments, each its size, come at the first step. With offload_optimizer the state is not on the GPU."""

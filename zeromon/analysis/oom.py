@@ -288,9 +288,15 @@ def _optimizer_states(name: str | None) -> tuple[int, str]:
     return 2, f"optimizer {'not known yet' if not name else name + ' not known'}: assumed Adam, 2 states per parameter"
 
 
+def _fsdp_offloads(run: _Run) -> bool:
+    """FSDP keeps the sharded parameters (and so the optimizer state) on the host: FSDP1's
+    CPUOffload(offload_params=True), FSDP2's CPUOffloadPolicy."""
+    return bool(run.knob("offload_params")) or "CPUOffloadPolicy" in str(run.knob("offload_policy") or "")
+
+
 def _optimizer_off_gpu(run: _Run) -> bool:
-    """Whether the optimizer state lives off this GPU (DeepSpeed's or FSDP1's offload)."""
-    return run.on_gpu and (run.knob("offload_optimizer") not in (None, "none") or bool(run.knob("offload_params")))
+    """Whether the optimizer state lives off this GPU (DeepSpeed's or FSDP's offload)."""
+    return run.on_gpu and (run.knob("offload_optimizer") not in (None, "none") or _fsdp_offloads(run))
 
 
 def _optimizer_still_to_come(run: _Run, peak: int, peak_step: int | None,
@@ -609,7 +615,7 @@ def _remedies(run: _Run, focus: set[str]) -> tuple[str, ...]:
         out.append(f'parameter offload: "offload_param": {{"device": "{offload_to}", "pin_memory": true}}')
     if ds and stage and wants("optimizer", "params") and run.knob("offload_optimizer") in (None, "none"):
         out.append(f'optimizer offload: "offload_optimizer": {{"device": "{offload_to}", "pin_memory": true}}')
-    if fsdp and run.on_gpu and wants("optimizer", "params") and not run.knob("offload_params"):
+    if fsdp and run.on_gpu and wants("optimizer", "params") and not _fsdp_offloads(run):
         out.append("CPU offload of parameters, gradients and optimizer state: "
                    + ("fully_shard(..., offload_policy=CPUOffloadPolicy())" if framework == "fsdp2"
                       else "cpu_offload=CPUOffload(offload_params=True)"))
