@@ -45,6 +45,10 @@ JOBS: tuple[Job, ...] = (
         "1M wrapped no-op calls, 100 per step: far faster than the recorder, the buffer overflows"),
     Job("bench_agent_memory.py", ("--scenario", "open-step"),
         "1M gloo all_reduce inside one step that never ends (eval loop, non-torch optimizer)"),
+    Job("bench_analysis.py", (),
+        "zeromon report's analysis of a 2-rank recording with 1M collectives and 10k memory samples"),
+    Job("bench_trace_import.py", (),
+        "streamed Kineto trace import and HTA-exact overlap, against HolisticTraceAnalysis, up to 100 MB"),
 )
 
 
