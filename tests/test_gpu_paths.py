@@ -67,7 +67,7 @@ def test_cuda_events_time_a_collective_without_host_sync() -> None:
     state.push((RAW_COLLECTIVE, 1, "all_reduce", "all_reduce", 100, 200, 4096, 4096, torch.bfloat16, None, False,
                 None, "backward", 0, pair, False))
     rec._drain(final=False)
-    (event,) = [r for r in rec.recent if type(r).__name__ == "CollectiveEvent"]
+    (event,) = [r for _, r in rec.recent if type(r).__name__ == "CollectiveEvent"]
     assert event.timing == "cuda_event"
     # Calibration recorded one more event 1.5 ms after the end event: start = ref - 3 ms, end = ref - 1.5 ms.
     assert event.complete_ns - event.issue_ns == 1_500_000
@@ -84,7 +84,7 @@ def test_async_collective_ends_at_its_wait_on_the_stream() -> None:
                 True, object(), "forward", 0, pair, False))
     state.push((RAW_WAIT, 7, 300, 900, False, timer.after_wait()))
     rec._drain(final=False)
-    (event,) = [r for r in rec.recent if type(r).__name__ == "CollectiveEvent"]
+    (event,) = [r for _, r in rec.recent if type(r).__name__ == "CollectiveEvent"]
     assert event.timing == "cuda_event" and event.async_op
     assert event.complete_ns - event.issue_ns == 1_500_000
     assert event.blocked_s == pytest.approx(600e-9)
@@ -116,6 +116,7 @@ def test_allocator_stats_mapping() -> None:
     assert mem.capacity() == (100, 70)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU fallback; this machine has a GPU")
 def test_nvml_without_a_driver_degrades_to_a_reason() -> None:
     device = NvmlDevice(cuda_index=0)  # the real pynvml: this machine has no NVIDIA driver
     assert device.available is False
@@ -166,5 +167,6 @@ def test_nvml_field_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
     assert second["nvlink_tx_bytes_s"] == 2048 * 1024 / 2.0 and second["nvlink_rx_bytes_s"] == 1024 * 1024 / 2.0
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU fallback; this machine has a GPU")
 def test_cpu_build_has_no_oom_observer() -> None:
     assert attach_oom_observer(torch, lambda *a: None) is False

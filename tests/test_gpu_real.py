@@ -60,3 +60,79 @@ def test_nccl_collectives_memory_and_nvml_on_a_gpu(tmp_path: Path) -> None:
     assert result["optimizer_state"] >= 2 * 4 * n_params
     assert result["device_samples"] >= 1
     assert result["steps"] == 5
+
+
+def test_phases_and_overlap_on_the_gpu_clock(tmp_path: Path) -> None:
+    """The forward pass queues 60 ms of GPU work and returns at once: on the host it takes
+    microseconds, on the GPU 60 ms. Phase spans, compute and the live per-step overlap must be
+    on the GPU's clock, and a synchronous all-reduce must count as time the stream waited."""
+    script = tmp_path / "gpu_phases.py"
+    script.write_text(textwrap.dedent("""
+        import json, os, sys, time, torch, torch.distributed as dist
+        import zeromon_agent
+        from zeromon.model import read_recording
+        from zeromon.analysis.step_overlap import step_overlaps
+        torch.cuda.set_device(0)
+        dist.init_process_group("nccl", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{sys.argv[2]}")
+        kernel_s = []
+
+        class Slow(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.lin = torch.nn.Linear(256, 256)
+            def forward(self, x):
+                # Tens of ms of GPU time and none of the host's; its real length timed on the GPU.
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record(); torch.cuda._sleep(60_000_000); end.record()
+                kernel_s.append((start, end))
+                return self.lin(x)
+
+        model = Slow().cuda()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        zeromon_agent.attach(model=model, optimizer=opt, out_dir=sys.argv[1], device_interval_s=0)
+        host_forward = []
+        for _ in range(6):
+            t0 = time.perf_counter()
+            loss = model(torch.randn(32, 256, device="cuda")).sum()
+            host_forward.append(time.perf_counter() - t0)
+            loss.backward()
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+            opt.step(); opt.zero_grad()
+            loss.item()
+        torch.cuda.synchronize()
+        zeromon_agent.detach()
+        rec = read_recording(os.path.join(sys.argv[1], "rank-0.jsonl"))
+        forward = [p for p in rec.phases if p.phase == "forward" and p.step >= 1]
+        steps = sorted((s for s in rec.steps if s.step >= 1), key=lambda s: s.step)
+        analysed = {o.step: o for o in step_overlaps(rec)}
+        print(json.dumps({
+            # the model is on the GPU: its phases are on the stream's clock from the first step
+            "phase_timings": sorted({str(p.timing) for p in rec.phases if p.step >= 0}),
+            "kernel_s": [a.elapsed_time(b) / 1e3 for a, b in kernel_s[1:]],
+            "forward_s": [p.duration_s for p in forward],
+            "host_forward_s": host_forward[1:],
+            "comp_s": [s.comp_s for s in steps],
+            "live_exposed": [s.exposed_comm_s for s in steps],
+            "analysed_exposed": [analysed[s.step].exposed_comm_s for s in steps],
+            "blocked_s": [s.blocked_s for s in steps],
+            "comm_s": [s.comm_union_s for s in steps],
+            "wait_set": all(e.wait_ns is not None for e in rec.collectives if e.step >= 1),
+        }))
+    """))
+    out = run_python(script, str(tmp_path), str(free_port()), env=child_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["phase_timings"] == ["cuda_event"], r
+    kernel = min(r["kernel_s"])
+    assert kernel > 0.01, r
+    assert max(r["host_forward_s"]) < 0.5 * kernel, r  # the host does not wait for the kernel
+    for forward, k in zip(r["forward_s"], r["kernel_s"], strict=True):
+        assert 0.95 * k <= forward <= k + 0.01, r  # the forward span is the GPU's time in it
+    for comp, k in zip(r["comp_s"], r["kernel_s"], strict=True):
+        assert comp >= 0.95 * k, r
+    # A synchronous NCCL all-reduce: the stream waits for it, so none of it is hidden.
+    assert r["wait_set"], r
+    for live, analysed, comm in zip(r["live_exposed"], r["analysed_exposed"], r["comm_s"], strict=True):
+        assert live is not None and abs(live - analysed) <= 0.1 * comm + 1e-6, r
+        assert live >= 0.5 * comm, r

@@ -35,6 +35,13 @@ def _run(tmp_path: Path, mode: str) -> list[tuple[StepOverlap, dict[str, Any]]]:
         measured = step_overlaps(rec)
         assert [s.step for s in measured] == [t["step"] for t in truth]
         pairs.extend((m, t) for m, t in zip(measured, truth, strict=True) if m.step >= 1)  # step 0 warms up
+        # The agent's own per-step numbers (what the live endpoint serves) meet the same truth.
+        live = sorted(rec.steps, key=lambda s: s.step)
+        for summary, t in zip(live, truth, strict=True):
+            if summary.step >= 1:
+                assert summary.overlap_s is not None and summary.exposed_comm_s is not None, summary
+                assert _close(summary.exposed_comm_s, t["exposed_s"], t["comm_s"]), (summary, t)
+                assert _close(summary.overlap_s, t["overlap_s"], t["comm_s"]), (summary, t)
     return pairs
 
 

@@ -250,14 +250,16 @@ def make_wait(orig_wait: Callable[..., Any], state: HotState = STATE) -> Callabl
             done_before = self.is_completed()
         except Exception:  # noqa: BLE001
             done_before = False
+        timer = state.cuda_timing
+        cuda_start = timer.mark() if timer is not None else None  # where the stream begins to wait
         t0 = perf_ns()
         try:
             return orig_wait(self, *args, **kwargs)
         finally:
             t1 = perf_ns()
             try:
-                cuda_end = state.cuda_timing.after_wait() if state.cuda_timing is not None else None
-                state.push((RAW_WAIT, seq, t0, t1, done_before, cuda_end))
+                cuda_end = timer.after_wait() if timer is not None else None
+                state.push((RAW_WAIT, seq, t0, t1, done_before, cuda_end, cuda_start))
             except Exception as exc:  # noqa: BLE001
                 state.hook_error("Work.wait", exc)
 

@@ -2,7 +2,8 @@
 
 No host synchronization: events are recorded on the current stream around each collective (for an
 async one, the end event is recorded when the caller waits, i.e. when its stream is made to wait on
-the collective) and read later by the agent's background thread with ``Event.query()``. Events come
+the collective, and one more just before that wait), and at every phase boundary, so that phases
+too are timed on the GPU; the events are read later by the agent's background thread with ``Event.query()``. Events come
 from a bounded pool; when it is empty the collective is recorded with host timing only.
 
 GPU event times are placed on the host clock by one reference event per calibration, which the
@@ -25,6 +26,9 @@ class CudaTimer:
             torch.cuda.Event(enable_timing=True) for _ in range(pool_size)
         )
         self.exhausted = 0
+        # Phase boundaries are marked on the stream only once a collective has run on CUDA tensors:
+        # a CPU (gloo) job on a machine with a GPU keeps host phases.
+        self.active = False
         self._ref_event: Any = None
         self._ref_unix_ns = 0
 
@@ -44,6 +48,7 @@ class CudaTimer:
             tensor = tensor[0] if tensor else None
         if tensor is None or not getattr(tensor, "is_cuda", False):
             return None
+        self.active = True
         try:
             start = self.pool.popleft()
         except IndexError:
@@ -65,14 +70,25 @@ class CudaTimer:
         end.record()
         return (start, end)
 
-    def after_wait(self) -> Any:
+    def mark(self) -> Any:
+        """An event recorded now on the current stream: a phase boundary, the start or end of a wait.
+        None before the first CUDA collective, when the pool is empty or when CUDA refuses (never
+        raises into training)."""
+        if not self.active:
+            return None
         try:
-            end = self.pool.popleft()
+            event = self.pool.popleft()
         except IndexError:
             self.exhausted += 1
             return None
-        end.record()
-        return end
+        try:
+            event.record()
+        except Exception:  # noqa: BLE001
+            self.pool.append(event)
+            return None
+        return event
+
+    after_wait = mark
 
     # Background thread -----------------------------------------------------------------------------
     def calibrate(self) -> None:
@@ -94,6 +110,14 @@ class CudaTimer:
         start_ns = self._ref_unix_ns + int(ref.elapsed_time(start) * 1e6)
         end_ns = self._ref_unix_ns + int(ref.elapsed_time(end) * 1e6)
         return start_ns, end_ns
+
+    def resolve_one(self, event: Any) -> int | None:
+        """When the GPU reached ``event``, in Unix ns; None while it has not."""
+        if event is None or not event.query():
+            return None
+        if self._ref_event is None:
+            self.calibrate()
+        return self._ref_unix_ns + int(self._ref_event.elapsed_time(event) * 1e6)
 
     def release(self, *events: Any) -> None:
         for event in events:

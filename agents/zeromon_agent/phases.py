@@ -40,7 +40,8 @@ class PhaseTracker:
         state = self.state
         if state.enabled and state.phase != phase:
             state.phase = phase
-            state.push_control((RAW_PHASE, phase, perf_ns(), state.step))
+            timer = state.cuda_timing  # on GPU the boundary is also marked on the stream
+            state.push_control((RAW_PHASE, phase, perf_ns(), state.step, timer.mark() if timer is not None else None))
 
     def begin_training(self) -> None:
         if self.state.step < 0:
@@ -52,7 +53,8 @@ class PhaseTracker:
             return
         self.set_phase("other")
         self._boundary("step_end")
-        state.push_control((RAW_STEP_END, state.step, perf_ns()))
+        timer = state.cuda_timing
+        state.push_control((RAW_STEP_END, state.step, perf_ns(), timer.mark() if timer is not None else None))
         state.step += 1
 
     def _boundary(self, what: str) -> None:
@@ -71,6 +73,13 @@ class PhaseTracker:
         # prepend: the phase is set before FSDP's own pre-forward hook gathers the root's parameters.
         self._handles.append(module.register_forward_pre_hook(self._on_forward_pre, prepend=True))
         self._handles.append(module.register_forward_hook(self._on_forward_post))
+        timer = self.state.cuda_timing
+        if timer is not None and not timer.active:
+            try:  # a model on the GPU: time its phases on the stream from the first step on
+                param = next(module.parameters(), None)
+                timer.active = bool(param is not None and param.is_cuda)
+            except Exception as exc:  # noqa: BLE001
+                self.state.hook_error("set_root", exc)
 
     def _on_forward_pre(self, module: Any, args: Any) -> None:
         try:

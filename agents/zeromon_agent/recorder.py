@@ -7,13 +7,16 @@ NVML) happens here, off the training thread. The thread holds the GIL only in sh
 
 from __future__ import annotations
 
+import bisect
 import collections
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from zeromon.analysis.bandwidth import event_bandwidth
 from zeromon.analysis.intervals import merge, total, union_length
+from zeromon.analysis.step_overlap import COMPUTE_PHASES, overlap_in_step
 from zeromon.model.codec import RecordingWriter
 from zeromon.model.events import (
     AgentStats,
@@ -52,6 +55,15 @@ _YIELD_EVERY_MASK = 63  # the drain gives the GIL away every 64 records (~0.3 ms
 # union (exact when intervals arrive in issue order, as synchronous ones do). Bounds the memory
 # of a step that never ends (an evaluation loop with collectives and no optimizer step).
 _MAX_STEP_INTERVALS = 4096
+# A CUDA event (a phase boundary) the GPU has not reached this long after it was recorded is given
+# up on: its spans fall back to host times. Bounds the wait of a step summary on a stalled GPU.
+_MARK_GRACE_NS = 10_000_000_000
+
+# Histogram bounds (seconds) of the live metrics: collective durations and step durations.
+DURATION_BUCKETS: tuple[float, ...] = (1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05,
+                                       0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+STEP_BUCKETS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_BUSBW_WINDOW = 256  # recent bus-bandwidth samples kept per op
 
 
 @dataclass(slots=True)
@@ -62,17 +74,60 @@ class _Inflight:
 
 
 @dataclass(slots=True)
+class CollectiveTotals:
+    """Running totals of one (op, meaning) since the agent started, for the live metrics."""
+
+    calls: int = 0
+    bytes: int = 0
+    seconds: float = 0.0  # sum of measured durations
+    timed_calls: int = 0  # calls with a measured duration (the histogram's count)
+    blocked_s: float = 0.0
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(DURATION_BUCKETS) + 1))  # not cumulative
+
+
+@dataclass(slots=True)
+class StepTotals:
+    count: int = 0
+    seconds: float = 0.0
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(STEP_BUCKETS) + 1))  # not cumulative
+
+
+@dataclass(slots=True)
+class _Mark:
+    """A phase boundary: the host's time and, on GPU, an event recorded on the stream there."""
+
+    perf: int
+    event: Any = None  # a pending CUDA event; None once resolved or given up, or on CPU
+    unix: int | None = None  # when the GPU reached it
+
+    @property
+    def pending(self) -> bool:
+        return self.event is not None
+
+
+@dataclass(slots=True)
+class _Span:
+    phase: str
+    step: int
+    start: _Mark
+    end: _Mark
+
+
+@dataclass(slots=True)
 class _StepAcc:
     collectives: int = 0
     comm_bytes: int = 0
     by_op: dict[str, int] = field(default_factory=dict)
     intervals: list[tuple[int, int]] = field(default_factory=list)
     folded_union_ns: int = 0  # union length of intervals folded away (see _MAX_STEP_INTERVALS)
+    blocked: list[tuple[int, int]] = field(default_factory=list)
+    compute: list[tuple[int, int]] = field(default_factory=list)
+    overlap_known: bool = True  # False once intervals were folded or blocked ones not kept
     blocked_s: float = 0.0
     peak_memory: int | None = None
     phase_s: dict[str, float] = field(default_factory=dict)
     start_ns: int | None = None
-    end_ns: int | None = None  # set when the step ended
+    end: _Mark | None = None  # set when the step ended
     ended_at_perf: int = 0
 
 
@@ -110,12 +165,19 @@ class Recorder:
         # perf_counter_ns -> Unix ns. One pair: the two clocks drift by parts per million at most.
         self.clock_offset_ns = time.time_ns() - time.perf_counter_ns()
         self.lock = threading.Lock()  # guards the live views below for other threads (endpoint)
-        self.recent: collections.deque[Record] = collections.deque(maxlen=recent_events)
+        self.recent: collections.deque[tuple[int, Record]] = collections.deque(maxlen=recent_events)
         self.recent_steps: collections.deque[StepSummary] = collections.deque(maxlen=512)
         self.latest_memory: MemorySample | None = None
         self.latest_device: DeviceSample | None = None
         self.run_info: RunInfo | None = None
         self.notices: list[Notice] = []
+        # Live views for the endpoint, also under self.lock: a cursor numbers every published record.
+        self.cursor = 0
+        self.memory_history: collections.deque[MemorySample] = collections.deque(maxlen=2048)
+        self.totals: dict[tuple[str, str], CollectiveTotals] = {}
+        self.busbw: dict[str, collections.deque[float]] = {}
+        self.step_totals = StepTotals()
+        self.ooms = 0
         self.events_finalized = 0
         self.cpu_time_s = 0.0
         self._inflight: dict[int, _Inflight] = {}
@@ -123,7 +185,9 @@ class Recorder:
         self._orphan_done: dict[int, int] = {}
         self._steps: dict[int, _StepAcc] = {}
         self._emitted_through = -1  # steps up to this one are summarized; later events skip them
-        self._phase: tuple[str, int, int] | None = None  # (phase, start perf ns, step)
+        self._phase: tuple[str, _Mark, int] | None = None  # (phase, its start, step)
+        self._marks: list[_Mark] = []  # boundaries whose CUDA event the GPU has not reached yet
+        self._spans: collections.deque[_Span] = collections.deque()  # closed, waiting for their marks
         self._group_sizes: dict[Any, int] = {}
         self._dtype_names: dict[Any, str] = {}
         self._last_device_ns = 0
@@ -177,7 +241,8 @@ class Recorder:
     def _publish(self, record: Record) -> None:
         self._write(record)
         with self.lock:
-            self.recent.append(record)
+            self.cursor += 1
+            self.recent.append((self.cursor, record))
 
     def stats(self) -> AgentStats:
         return AgentStats(rank=self.rank, t_ns=time.time_ns(), events_recorded=self.state.recorded,
@@ -234,6 +299,7 @@ class Recorder:
             elif kind == RAW_OOM:
                 self._on_oom(item)
         self._check_inflight(final)
+        self._resolve_spans(final)
         self._emit_steps(final)
 
     def _step_acc(self, step: int) -> _StepAcc:
@@ -283,7 +349,8 @@ class Recorder:
         sampled = item[15]
         if wait is None:
             return False
-        _, _, w0, w1, done_before, cuda_end = wait
+        _, _, w0, w1, done_before, cuda_end = wait[:6]
+        cuda_wait = wait[6] if len(wait) > 6 else None
         cuda = item[14]
         if cuda is not None and self.cuda_timer is not None and cuda_end is not None:
             resolved = self.cuda_timer.resolve(cuda[0], cuda_end)
@@ -291,11 +358,18 @@ class Recorder:
                 return False
             del self._inflight[seq]
             if resolved is not None:
+                # The stream waited from the event before the wait to the one after it.
+                waited = self.cuda_timer.resolve_one(cuda_wait)
+                stream_wait = None if waited is None else (waited, max(0, resolved[1] - waited) / 1e9)
                 self._finalize(item, None, (w1 - w0) / 1e9, Timing.CUDA_EVENT.value, unix_span=resolved,
-                               extra_event=cuda_end, wait_perf=w0)
+                               extra_event=cuda_end, wait_perf=w0, stream_wait=stream_wait,
+                               wait_event=cuda_wait)
             else:  # at exit, or a GPU that never got there: the host's wait times stand in
-                self._finalize(item, w1, (w1 - w0) / 1e9, Timing.WAIT.value, extra_event=cuda_end, wait_perf=w0)
+                self._finalize(item, w1, (w1 - w0) / 1e9, Timing.WAIT.value, extra_event=cuda_end, wait_perf=w0,
+                               wait_event=cuda_wait)
             return True
+        if cuda_wait is not None and self.cuda_timer is not None:
+            self.cuda_timer.release(cuda_wait)  # a collective on CPU tensors in a process with a GPU
         if sampled and entry.done_ns is None and (now is None or now - w1 < _CALLBACK_GRACE_NS):
             return False  # the exact completion time is on its way
         del self._inflight[seq]
@@ -322,8 +396,10 @@ class Recorder:
                 resolved = self.cuda_timer.resolve(cuda[0], cuda[1])
                 if resolved is not None:
                     del self._inflight[seq]
+                    # A synchronous collective on CUDA: the stream waits for it from start to end.
                     self._finalize(item, None, (item[5] - item[4]) / 1e9, Timing.CUDA_EVENT.value,
-                                   unix_span=resolved, wait_perf=item[4])
+                                   unix_span=resolved, wait_perf=item[4],
+                                   stream_wait=(resolved[0], (resolved[1] - resolved[0]) / 1e9))
                 elif final:
                     del self._inflight[seq]
                     self._finalize(item, item[5], (item[5] - item[4]) / 1e9, Timing.SYNC.value, wait_perf=item[4])
@@ -385,13 +461,19 @@ class Recorder:
 
     def _finalize(self, item: tuple[Any, ...], complete_perf: int | None, blocked_s: float, timing: str,
                   unix_span: tuple[int, int] | None = None, extra_event: Any = None,
-                  wait_perf: int | None = None) -> None:
+                  wait_perf: int | None = None, stream_wait: tuple[int, float] | None = None,
+                  wait_event: Any = None) -> None:
+        """``stream_wait`` (GPU): when the CUDA stream began waiting for the collective and how long;
+        it replaces the host's wait, since on GPU it is the stream that cannot compute meanwhile."""
         (_, seq, api, op, t0, _t1, b_in, b_out, dtype, group, async_op, _work, phase, step, cuda,
          _sampled) = item
-        if self.cuda_timer is not None and (cuda is not None or extra_event is not None):
+        if self.cuda_timer is not None and (cuda is not None or extra_event is not None or wait_event is not None):
             # Every CUDA event of this collective goes back to the pool, whichever path finished it.
-            self.cuda_timer.release(*(cuda or ()), extra_event)
+            self.cuda_timer.release(*(cuda or ()), extra_event, wait_event)
         complete_ns: int | None
+        wait_ns = self.unix(wait_perf) if wait_perf is not None else None
+        if stream_wait is not None:
+            wait_ns, blocked_s = stream_wait
         if unix_span is not None:
             issue_ns, complete_ns = unix_span
         else:
@@ -402,10 +484,11 @@ class Recorder:
             dtype=self._dtype(dtype), group_size=self._group_size(group), async_op=bool(async_op),
             issue_ns=issue_ns, complete_ns=complete_ns, blocked_s=round(blocked_s, 9), timing=timing,
             meaning=meaning_of(op, phase, max(b_in, b_out)),
-            wait_ns=self.unix(wait_perf) if wait_perf is not None else None,
+            wait_ns=wait_ns,
         )
         self.events_finalized += 1
         self._publish(event)
+        self._count(event)
         if step > self._emitted_through:
             acc = self._step_acc(step)
             acc.collectives += 1
@@ -416,62 +499,142 @@ class Recorder:
                 acc.intervals.append((issue_ns, max(issue_ns, complete_ns)))
                 if len(acc.intervals) > _MAX_STEP_INTERVALS:
                     _fold(acc)
-            acc.blocked_s += blocked_s
+                    acc.overlap_known = False
+            blocked = event.blocked_interval_ns
+            if blocked is not None and acc.overlap_known:
+                acc.blocked.append(blocked)
+                if len(acc.blocked) > _MAX_STEP_INTERVALS:
+                    acc.blocked = []
+                    acc.overlap_known = False
+            acc.blocked_s += event.blocked_s
+
+    def _count(self, event: CollectiveEvent) -> None:
+        """The running totals behind the live metrics."""
+        key = (event.op, event.meaning)
+        duration = event.duration_s if event.timing != Timing.UNKNOWN.value else None
+        bandwidth = event_bandwidth(event) if duration else None
+        with self.lock:
+            totals = self.totals.get(key)
+            if totals is None:
+                totals = self.totals[key] = CollectiveTotals()
+            totals.calls += 1
+            totals.bytes += max(event.bytes_in, event.bytes_out)
+            totals.blocked_s += event.blocked_s
+            if duration is not None:
+                totals.timed_calls += 1
+                totals.seconds += duration
+                totals.buckets[bisect.bisect_left(DURATION_BUCKETS, duration)] += 1
+            if bandwidth is not None:
+                window = self.busbw.get(event.op)
+                if window is None:
+                    window = self.busbw[event.op] = collections.deque(maxlen=_BUSBW_WINDOW)
+                window.append(bandwidth[1])
+
+    def _mark(self, t: int, event: Any) -> _Mark:
+        mark = _Mark(perf=t, event=event if self.cuda_timer is not None else None)
+        if mark.event is not None:
+            self._marks.append(mark)
+        return mark
 
     def _on_phase(self, item: tuple[Any, ...]) -> None:
-        _, phase, t, step = item
-        self._close_phase(t)
-        self._phase = (phase, t, step)
+        phase, t, step = item[1], item[2], item[3]
+        mark = self._mark(t, item[4] if len(item) > 4 else None)
+        self._close_phase(mark)
+        self._phase = (phase, mark, step)
 
-    def _close_phase(self, t: int) -> None:
+    def _close_phase(self, end: _Mark) -> None:
         if self._phase is None:
             return
         phase, start, step = self._phase
-        if t > start:
-            self._publish(PhaseSpan(rank=self.rank, step=step, phase=phase, start_ns=self.unix(start),
-                                    end_ns=self.unix(t)))
-            if step > self._emitted_through:
-                acc = self._step_acc(step)
-                acc.phase_s[phase] = acc.phase_s.get(phase, 0.0) + (t - start) / 1e9
-                if acc.start_ns is None:
-                    acc.start_ns = self.unix(start)
+        if end.perf > start.perf:
+            self._spans.append(_Span(phase, step, start, end))
         self._phase = None
 
+    def _resolve_spans(self, final: bool) -> None:
+        """Turn closed phases into PhaseSpans, in order: on the GPU's clock once the GPU has reached
+        both of their boundaries, else (no GPU, given up, or at exit) on the host's."""
+        if self._marks:
+            timer, now = self.cuda_timer, time.perf_counter_ns()
+            waiting = []
+            for mark in self._marks:
+                unix = timer.resolve_one(mark.event)
+                if unix is None and not final and now - mark.perf < _MARK_GRACE_NS:
+                    waiting.append(mark)
+                    continue
+                timer.release(mark.event)
+                mark.event, mark.unix = None, unix
+            self._marks = waiting
+        spans = self._spans
+        while spans and not (spans[0].start.pending or spans[0].end.pending):
+            span = spans.popleft()
+            if span.start.unix is not None and span.end.unix is not None:
+                self._finish_span(span, span.start.unix, span.end.unix, "cuda_event")
+            else:
+                self._finish_span(span, self.unix(span.start.perf), self.unix(span.end.perf), "host")
+
+    def _finish_span(self, span: _Span, start_ns: int, end_ns: int, timing: str) -> None:
+        self._publish(PhaseSpan(rank=self.rank, step=span.step, phase=span.phase, start_ns=start_ns,
+                                end_ns=end_ns, timing=timing))
+        if span.step > self._emitted_through:
+            acc = self._step_acc(span.step)
+            acc.phase_s[span.phase] = acc.phase_s.get(span.phase, 0.0) + (end_ns - start_ns) / 1e9
+            if span.phase in COMPUTE_PHASES:
+                acc.compute.append((start_ns, end_ns))
+            if acc.start_ns is None or start_ns < acc.start_ns:
+                acc.start_ns = start_ns
+
     def _on_step_end(self, item: tuple[Any, ...]) -> None:
-        _, step, t = item
+        step, t = item[1], item[2]
+        mark = self._mark(t, item[3] if len(item) > 3 else None)
         phase = self._phase
-        self._close_phase(t)
+        self._close_phase(mark)
         if phase is not None:
-            self._phase = (phase[0], t, step + 1)
+            self._phase = (phase[0], mark, step + 1)
         acc = self._step_acc(step)
-        acc.end_ns = self.unix(t)
+        acc.end = mark
         acc.ended_at_perf = time.perf_counter_ns()
-        if acc.start_ns is None:
-            acc.start_ns = acc.end_ns
 
     def _emit_steps(self, final: bool) -> None:
         now = time.perf_counter_ns()
         inflight_steps = {entry.raw[13] for entry in self._inflight.values()}
+        unresolved_steps = {span.step for span in self._spans}
         for step in sorted(self._steps):
             acc = self._steps[step]
-            if acc.end_ns is None:
+            end = acc.end
+            if end is None:
                 break  # unfinished: a step that never ended is not summarized, nor any after it
+            if not final and (end.pending or step in unresolved_steps):
+                break  # its phases still wait for the GPU (bounded by _MARK_GRACE_NS)
             if step in inflight_steps and not final and now - acc.ended_at_perf < _STEP_GRACE_NS:
                 break  # summaries go out in step order
             del self._steps[step]
             self._emitted_through = step
+            end_ns = end.unix if end.unix is not None else self.unix(end.perf)
+            start_ns = min(acc.start_ns, end_ns) if acc.start_ns is not None else end_ns
+            overlap = None
+            if acc.overlap_known:
+                overlap = overlap_in_step(acc.intervals, acc.compute, acc.blocked, (start_ns, end_ns))
             summary = StepSummary(
-                rank=self.rank, step=step, start_ns=acc.start_ns or acc.end_ns, end_ns=acc.end_ns,
+                rank=self.rank, step=step, start_ns=start_ns, end_ns=end_ns,
                 phase_s={k: round(v, 9) for k, v in acc.phase_s.items()}, collectives=acc.collectives,
                 comm_bytes=acc.comm_bytes, comm_bytes_by_op=dict(acc.by_op),
                 comm_union_s=round((acc.folded_union_ns + union_length(acc.intervals)) / 1e9, 9),
                 blocked_s=round(acc.blocked_s, 9),
                 peak_memory=acc.peak_memory,
+                comp_s=round(overlap.comp_s, 9) if overlap is not None else None,
+                overlap_s=round(overlap.overlap_s, 9) if overlap is not None else None,
+                exposed_comm_s=round(overlap.exposed_comm_s, 9) if overlap is not None else None,
             )
             self._write(summary)
+            duration = summary.duration_s
             with self.lock:
                 self.recent_steps.append(summary)
-                self.recent.append(summary)
+                self.cursor += 1
+                self.recent.append((self.cursor, summary))
+                totals = self.step_totals
+                totals.count += 1
+                totals.seconds += duration
+                totals.buckets[bisect.bisect_left(STEP_BUCKETS, duration)] += 1
 
     def _on_memory(self, item: tuple[Any, ...]) -> None:
         _, phase, step, t, fields = item
@@ -479,6 +642,7 @@ class Recorder:
         self._publish(sample)
         with self.lock:
             self.latest_memory = sample
+            self.memory_history.append(sample)
         if step > self._emitted_through:
             level = sample.allocated if sample.allocated is not None else sample.rss
             acc = self._step_acc(step)
@@ -487,6 +651,8 @@ class Recorder:
 
     def _on_oom(self, item: tuple[Any, ...]) -> None:
         _, t, device, info, snapshot, phase, step = item
+        with self.lock:
+            self.ooms += 1
         self._publish(OomEvent(rank=self.rank, step=step, phase=phase, t_ns=self.unix(t), device=device,
                                allocated=info.get("allocated"), requested=info.get("requested"),
                                free=info.get("free"), snapshot_path=snapshot))

@@ -16,10 +16,11 @@ log = logging.getLogger("zeromon.agent")
 # Raw record kinds (first element of each tuple in HotState.raw).
 RAW_COLLECTIVE = 0  # (kind, seq, api, op, t0, t1, bytes_in, bytes_out, dtype, group, async_op, work,
 #                     phase, step, cuda, sampled)
-RAW_WAIT = 1  # (kind, seq, t_wait_start, t_wait_end, completed_before_wait, cuda_end_event)
+RAW_WAIT = 1  # (kind, seq, t_wait_start, t_wait_end, completed_before_wait, cuda_end_event[,
+#                cuda_wait_start_event])
 RAW_DONE = 2  # (kind, seq, t_done)             a sampled completion callback fired
-RAW_PHASE = 3  # (kind, phase, t, step)         the phase changed at t
-RAW_STEP_END = 4  # (kind, step, t)             step `step` ended at t
+RAW_PHASE = 3  # (kind, phase, t, step[, cuda_event])   the phase changed at t
+RAW_STEP_END = 4  # (kind, step, t[, cuda_event])     step `step` ended at t
 RAW_MEMORY = 5  # (kind, phase, step, t, sample_fields)
 RAW_OOM = 6  # (kind, t, device, alloc_info, snapshot_path)
 

@@ -7,8 +7,10 @@ clipped to the step's window [first phase start, optimizer step end], and the ov
 definition (``zeromon.analysis.overlap``).
 
 On CPU with gloo these are host intervals: collectives run on gloo's threads while the training
-thread computes, so an async collective really overlaps. On GPU the collectives are timed with CUDA
-events but the phases are host intervals, an approximation until device-side phase timing exists.
+thread computes, so an async collective really overlaps. On GPU the agent marks the phase boundaries
+and the collectives with CUDA events on the current stream, so every interval is GPU time: a phase
+is when the stream ran its work, and "blocked" is when the stream waited for a collective
+(PhaseSpan.timing and CollectiveEvent.timing say which clock each interval is on).
 Collectives whose completion was never observed (timing ``unknown``) are left out.
 """
 
@@ -16,10 +18,11 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from zeromon.analysis.intervals import Interval, clip, merge, subtract, total
-from zeromon.analysis.overlap import overlap_of_merged
+from zeromon.analysis.overlap import Overlap, overlap_of_merged
 from zeromon.model.codec import Recording
 
 COMPUTE_PHASES = frozenset({"forward", "backward", "optimizer"})
@@ -64,15 +67,26 @@ def step_overlaps(rec: Recording) -> tuple[StepOverlap, ...]:
     for summary in sorted(rec.steps, key=lambda s: s.step):
         window = summary.start_ns, summary.end_ns
         blocked_in_step = _within(blocked_u, window)
-        comm = _within(comm_u, window)
-        comp = clip(subtract(merge(compute_by_step.get(summary.step, ())), blocked_in_step), window)
-        result = overlap_of_merged(comm, comp, window)
+        result = _overlap(_within(comm_u, window), compute_by_step.get(summary.step, ()), blocked_in_step, window)
         out.append(StepOverlap(
             rank=rec.rank, step=summary.step, step_s=result.window_s, comm_s=result.comm_s,
             comp_s=result.comp_s, overlap_s=result.overlap_s, exposed_comm_s=result.exposed_comm_s,
             idle_s=result.idle_s, blocked_s=total(blocked_in_step) / 1e9,
         ))
     return tuple(out)
+
+
+def overlap_in_step(comm: Iterable[Interval], compute: Iterable[Interval], blocked: Iterable[Interval],
+                    window: Interval) -> Overlap:
+    """One step's overlap from its raw intervals: what the agent computes live as each step ends."""
+    return _overlap(clip(merge(comm), window), compute, clip(merge(blocked), window), window)
+
+
+def _overlap(comm_in_window: list[Interval], compute: Iterable[Interval], blocked_in_window: list[Interval],
+             window: Interval) -> Overlap:
+    """Computation is the compute phases minus the blocked time; both unions clipped to the window."""
+    comp = clip(subtract(merge(compute), blocked_in_window), window)
+    return overlap_of_merged(comm_in_window, comp, window)
 
 
 def _within(merged: list[Interval], window: Interval) -> list[Interval]:

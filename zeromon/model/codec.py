@@ -37,7 +37,7 @@ from zeromon.model.events import (
 )
 
 FORMAT_NAME = "zeromon-recording"
-FORMAT_VERSION = "1.0"
+FORMAT_VERSION = "1.1"  # 1.1: PhaseSpan.timing; StepSummary.comp_s, overlap_s, exposed_comm_s
 _MAJOR = FORMAT_VERSION.split(".")[0]
 
 # The kind tag of each record type on the wire. Tags never change meaning within a major version.

@@ -121,6 +121,10 @@ class PhaseSpan:
     phase: str
     start_ns: int
     end_ns: int
+    # "host": the training thread's clock at the phase changes. "cuda_event": CUDA events recorded
+    # on the current stream at the phase changes, so the span is when the GPU ran the phase's work.
+    # None in recordings older than format 1.1 (host).
+    timing: str | None = "host"
 
     @property
     def duration_s(self) -> float:
@@ -210,6 +214,19 @@ class StepSummary:
     comm_union_s: float  # union of collective intervals (host or device clock)
     blocked_s: float  # time the training thread was blocked in collectives
     peak_memory: int | None  # highest allocator (GPU) or RSS (CPU) reading seen in the step
+    # Overlap within the step, as zeromon.analysis.step_overlap defines it, computed by the agent
+    # so that live clients need no events. None where unknown (a step with too many collectives to
+    # keep their intervals, or a recording older than format 1.1).
+    comp_s: float | None = None
+    overlap_s: float | None = None
+    exposed_comm_s: float | None = None
+
+    @property
+    def overlap_ratio(self) -> float | None:
+        """overlap / communication union, as HTA defines it; None without communication."""
+        if self.overlap_s is None or self.comm_union_s <= 0:
+            return None
+        return self.overlap_s / self.comm_union_s
 
     @property
     def duration_s(self) -> float:
