@@ -36,11 +36,17 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from zeromon.analysis.findings import Finding, Severity, worst
+from zeromon.analysis.memory_remedies import (
+    DS_DEFAULT_MAX_LIVE_PARAMETERS,
+    MemoryContext,
+    fsdp_offloads,
+    memory_remedies,
+    number_knob,
+)
 from zeromon.model.codec import Recording
-from zeromon.model.events import MemorySample, RunInfo
+from zeromon.model.events import MemorySample
 from zeromon.model.units import format_bytes
 
 WARN_PEAK_SHARE = 0.85
@@ -58,9 +64,6 @@ GROWTH_MIN_SHARE_ALLOCATED = 0.002
 RETRY_RECENT_STEPS = 10
 FRAGMENTATION_WARN_SHARE = 0.10  # reserved − allocated, of capacity
 GATHER_MIN_SHARE = 0.01  # ZeRO-3 gathers beyond those seen must add this share of capacity to be a finding
-# DeepSpeed's values when the config leaves them out.
-DS_DEFAULT_MAX_LIVE_PARAMETERS = 1_000_000_000
-DS_DEFAULT_PARAM_PERSISTENCE_THRESHOLD = 100_000
 
 _DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float64": 8,
                 "float8_e4m3fn": 1, "float8_e5m2": 1}
@@ -98,28 +101,6 @@ class OomForecast:
 
 
 @dataclass(frozen=True, slots=True)
-class _Run:
-    """What every finding needs to know about the rank."""
-
-    rank: int
-    info: RunInfo | None
-    on_gpu: bool
-    capacity: int | None
-    outside: int  # GPU memory outside the allocator at the last sample; 0 on CPU
-    walk: MemorySample | None  # the last sample with per-category bytes
-
-    @property
-    def categories(self) -> Mapping[str, int]:
-        return self.walk.categories if self.walk is not None else {}
-
-    def share(self, level: float) -> float | None:
-        return (level + self.outside) / self.capacity if self.capacity else None
-
-    def knob(self, name: str) -> Any:
-        return self.info.knobs.get(name) if self.info is not None else None
-
-
-@dataclass(frozen=True, slots=True)
 class _Trend:
     slope: float
     fitted_last: float  # the fitted line at the last step of the window
@@ -143,7 +124,7 @@ def forecast(recording: Recording, capacity_bytes: int | None = None) -> OomFore
                            current_bytes=None, peak_bytes=None, headroom_bytes=None, predicted_peak_bytes=None,
                            growth_bytes_per_step=None, steps_to_capacity=None, findings=tuple(findings))
     walks = [m for m in samples if any(k != "activations" for k in m.categories)]
-    run = _Run(rank=recording.rank, info=recording.run_info, on_gpu=on_gpu, capacity=capacity,
+    run = MemoryContext(rank=recording.rank, info=recording.run_info, on_gpu=on_gpu, capacity=capacity,
                outside=_outside_allocator(samples) if on_gpu else 0, walk=walks[-1] if walks else None)
 
     peaks = _step_peaks(points, on_gpu)
@@ -261,7 +242,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
-def _capacity_text(run: _Run) -> str:
+def _capacity_text(run: MemoryContext) -> str:
     text = f"capacity {format_bytes(run.capacity)}"
     if run.outside:
         text += f", of which {format_bytes(run.outside)} is held outside PyTorch's allocator (CUDA context, " \
@@ -269,7 +250,7 @@ def _capacity_text(run: _Run) -> str:
     return text
 
 
-def _breakdown(run: _Run) -> str | None:
+def _breakdown(run: MemoryContext) -> str | None:
     cats = {k: v for k, v in run.categories.items() if v > 0}
     if run.walk is None or not cats:
         return None
@@ -288,18 +269,12 @@ def _optimizer_states(name: str | None) -> tuple[int, str]:
     return 2, f"optimizer {'not known yet' if not name else name + ' not known'}: assumed Adam, 2 states per parameter"
 
 
-def _fsdp_offloads(run: _Run) -> bool:
-    """FSDP keeps the sharded parameters (and so the optimizer state) on the host: FSDP1's
-    CPUOffload(offload_params=True), FSDP2's CPUOffloadPolicy."""
-    return bool(run.knob("offload_params")) or "CPUOffloadPolicy" in str(run.knob("offload_policy") or "")
-
-
-def _optimizer_off_gpu(run: _Run) -> bool:
+def _optimizer_off_gpu(run: MemoryContext) -> bool:
     """Whether the optimizer state lives off this GPU (DeepSpeed's or FSDP's offload)."""
-    return run.on_gpu and (run.knob("offload_optimizer") not in (None, "none") or _fsdp_offloads(run))
+    return run.on_gpu and (run.knob("offload_optimizer") not in (None, "none") or fsdp_offloads(run))
 
 
-def _optimizer_still_to_come(run: _Run, peak: int, peak_step: int | None,
+def _optimizer_still_to_come(run: MemoryContext, peak: int, peak_step: int | None,
                              current: int) -> tuple[int, int, Finding | None]:
     """(predicted peak, optimizer state still to come, finding) before the first optimizer step.
 
@@ -355,21 +330,14 @@ def _optimizer_still_to_come(run: _Run, peak: int, peak_step: int | None,
         metrics["predicted_share"] = share
     return predicted, pending, Finding(
         "optimizer_state_pending", severity, title, rank=run.rank, step=0, evidence=tuple(evidence),
-        remedies=_remedies(run, {"optimizer", "activations"}) if severity != Severity.INFO else (), metrics=metrics)
+        remedies=memory_remedies(run, {"optimizer", "activations"}) if severity != Severity.INFO else (), metrics=metrics)
 
 
-def _number(value: Any, default: float) -> tuple[float, bool]:
-    """A numeric knob, or the default (and False) when it is missing or not a number ("auto")."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value), True
-    return default, False
-
-
-def _zero3_gathers(run: _Run, peak: int, walks: list[MemorySample]) -> tuple[int, Finding | None]:
+def _zero3_gathers(run: MemoryContext, peak: int, walks: list[MemorySample]) -> tuple[int, Finding | None]:
     info = run.info
     if info is None or info.framework != "deepspeed" or info.zero_stage != 3 or run.walk is None:
         return 0, None
-    max_live, configured = _number(run.knob("stage3_max_live_parameters"), DS_DEFAULT_MAX_LIVE_PARAMETERS)
+    max_live, configured = number_knob(run.knob("stage3_max_live_parameters"), DS_DEFAULT_MAX_LIVE_PARAMETERS)
     itemsize = _DTYPE_BYTES.get(info.param_dtype or "", 2)
     bound = int(max_live * itemsize)
     # The partitions ds_tensor holds, times the ranks: the whole model in the parameter dtype.
@@ -392,7 +360,7 @@ def _zero3_gathers(run: _Run, peak: int, walks: list[MemorySample]) -> tuple[int
     return predicted, Finding("zero3_gather_bound", severity,
                               f"ZeRO-3 may gather up to {format_bytes(gathered)} of parameters at once: "
                               f"{_pct(share)} of capacity", rank=run.rank, evidence=evidence,
-                              remedies=_remedies(run, {"gathers"}),
+                              remedies=memory_remedies(run, {"gathers"}),
                               metrics={"gather_bound_bytes": float(gathered), "predicted_peak_bytes": float(predicted)})
 
 
@@ -410,7 +378,7 @@ def _first_step_rise(recording: Recording, peak: int) -> str | None:
            f"{format_bytes(peak)} (+{format_bytes(peak - max(levels))})"
 
 
-def _peak_finding(run: _Run, peak: int, peak_step: int | None, recording: Recording) -> Finding | None:
+def _peak_finding(run: MemoryContext, peak: int, peak_step: int | None, recording: Recording) -> Finding | None:
     share = run.share(peak)
     severity = _severity_of_share(share)
     if severity == Severity.INFO:
@@ -428,12 +396,12 @@ def _peak_finding(run: _Run, peak: int, peak_step: int | None, recording: Record
     if optimizer_state and (rise := _first_step_rise(recording, peak)) is not None:
         evidence.append(f"{rise}; the optimizer state is now {format_bytes(optimizer_state)}")
     return Finding("peak_near_capacity", severity, title, rank=run.rank, step=peak_step, evidence=tuple(evidence),
-                   remedies=_remedies(run, {"all"}), metrics={"peak_bytes": float(peak), "share": share or 0.0})
+                   remedies=memory_remedies(run, {"all"}), metrics={"peak_bytes": float(peak), "share": share or 0.0})
 
 
 # --- growth, allocator, recorded OOMs ---------------------------------------------------------------
 
-def _growth_finding(run: _Run, trend: _Trend, steps_to_capacity: float | None, step_s: float | None,
+def _growth_finding(run: MemoryContext, trend: _Trend, steps_to_capacity: float | None, step_s: float | None,
                     walks: list[MemorySample]) -> Finding:
     if steps_to_capacity is None:
         severity = Severity.INFO
@@ -485,7 +453,7 @@ def _growth_finding(run: _Run, trend: _Trend, steps_to_capacity: float | None, s
                             **({"steps_to_capacity": steps_to_capacity} if steps_to_capacity is not None else {})})
 
 
-def _allocator_findings(run: _Run, samples: list[MemorySample]) -> list[Finding]:
+def _allocator_findings(run: MemoryContext, samples: list[MemorySample]) -> list[Finding]:
     findings: list[Finding] = []
     retries = [(m.step, m.num_alloc_retries) for m in samples if m.num_alloc_retries is not None]
     if retries and retries[-1][1] > 0:
@@ -505,7 +473,7 @@ def _allocator_findings(run: _Run, samples: list[MemorySample]) -> list[Finding]
             "alloc_retries", Severity.CRITICAL if growing else Severity.WARN,
             f"the allocator retried {count} times" + (" and keeps retrying: memory pressure" if growing else ""),
             rank=run.rank, step=last_step, evidence=tuple(evidence),
-            remedies=_remedies(run, {"fragmentation", "all"}),
+            remedies=memory_remedies(run, {"fragmentation", "all"}),
             metrics={"num_alloc_retries": float(count), "recent_retries": float(count - before)}))
     reserved = [m for m in samples if m.reserved is not None and m.allocated is not None]
     if reserved and run.capacity:
@@ -525,7 +493,7 @@ def _allocator_findings(run: _Run, samples: list[MemorySample]) -> list[Finding]
                                     f"allocator fragmentation: {format_bytes(frag_bytes)} reserved but unused "
                                     f"({_pct(frag_bytes / run.capacity)} of capacity)",
                                     rank=run.rank, step=top.step, evidence=tuple(evidence),
-                                    remedies=_remedies(run, {"fragmentation"}),
+                                    remedies=memory_remedies(run, {"fragmentation"}),
                                     metrics={"fragmentation_bytes": float(frag_bytes)}))
     return findings
 
@@ -544,105 +512,10 @@ def _recorded_ooms(recording: Recording, samples: list[MemorySample]) -> list[Fi
     if len(events) > 3:
         evidence.append(f"... and {len(events) - 3} more")
     info = recording.run_info
-    run = _Run(rank=recording.rank, info=info, on_gpu=True, capacity=None, outside=0, walk=None)
+    run = MemoryContext(rank=recording.rank, info=info, on_gpu=True, capacity=None, outside=0, walk=None)
     first = events[0] if events else None
     return [Finding("oom_recorded", Severity.CRITICAL,
                     f"out of memory: {max(counted, len(events))} OOM{'s' if max(counted, len(events)) != 1 else ''} "
                     "recorded", rank=recording.rank, step=first.step if first else None, evidence=tuple(evidence),
-                    remedies=_remedies(run, {"all", "fragmentation"}),
+                    remedies=memory_remedies(run, {"all", "fragmentation"}),
                     metrics={"num_ooms": float(max(counted, len(events)))})]
-
-
-# --- remedies -----------------------------------------------------------------------------------------
-
-# The seeds' stage selection guide: ZeRO-2 is the default choice; ZeRO-3 when that is still too big.
-_NEXT_STAGE = {0: "2 (shards optimizer state and gradients)", 1: "2 (shards gradients too)",
-               2: "3 (shards the parameters too)"}
-_BF16_SETTING = {"deepspeed": '"bf16": {"enabled": true}',
-                 "fsdp2": "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)",
-                 "fsdp1": "MixedPrecision(param_dtype=torch.bfloat16)"}
-
-
-def _remedies(run: _Run, focus: set[str]) -> tuple[str, ...]:
-    """The remedies that apply to this framework and config, in the order of the seeds'
-    troubleshooting ("ZeRO-3 OOM despite using stage 3", then the stage selection guide): fewer
-    gathered parameters, more sharding, offload, activation checkpointing, a smaller micro-batch,
-    bf16; expandable segments first where fragmentation is the subject."""
-    info = run.info
-    framework = info.framework if info else "unknown"
-    stage = info.zero_stage if info else None
-    dtype = (info.param_dtype or "") if info else ""
-
-    def wants(*topics: str) -> bool:
-        return "all" in focus or any(t in focus for t in topics)
-
-    ds, fsdp = framework == "deepspeed", framework in ("fsdp1", "fsdp2")
-    out: list[str] = []
-    if run.on_gpu and "fragmentation" in focus:
-        out.append("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set before the first CUDA allocation): "
-                   "segments grow in place instead of caching fixed-size blocks, so freed memory serves larger "
-                   "allocations")
-    if ds and stage == 3 and wants("gathers", "params"):
-        threshold, _ = _number(run.knob("stage3_param_persistence_threshold"), DS_DEFAULT_PARAM_PERSISTENCE_THRESHOLD)
-        max_live, _ = _number(run.knob("stage3_max_live_parameters"), DS_DEFAULT_MAX_LIVE_PARAMETERS)
-        out.append(f"lower stage3_param_persistence_threshold (now {threshold:.3g}; e.g. 1e4): parameters "
-                   "smaller than it stay gathered on every rank")
-        out.append(f"lower stage3_max_live_parameters (now {max_live:.3g}; e.g. {max_live / 2:.3g}): it bounds "
-                   "the parameters gathered at once")
-    if fsdp and wants("gathers", "params"):
-        reshard = run.knob("reshard_after_forward")
-        strategy = info.fsdp_strategy if info else None
-        if framework == "fsdp2" and reshard is False:  # "mixed" is FSDP2's default: all but the root
-            out.append("reshard_after_forward=True on the fully_shard units (now False): each unit's gathered "
-                       "parameters are freed after its forward")
-        if framework == "fsdp1" and strategy in ("SHARD_GRAD_OP", "NO_SHARD", "_HYBRID_SHARD_ZERO2"):
-            out.append(f"sharding_strategy=FULL_SHARD (now {strategy}): parameters are sharded between forward "
-                       "and backward too")
-        units = run.knob("fsdp_units")
-        out.append("smaller wrapping units (one per transformer block or smaller" + (f"; now {units} units" if units
-                   else "") + "): the largest unit's gathered parameters bound the transient peak")
-    if wants("params", "optimizer"):
-        if ds and stage in _NEXT_STAGE:
-            out.append(f"a higher ZeRO stage: zero_optimization.stage {_NEXT_STAGE[stage]}")
-        elif framework in ("ddp", "none"):
-            out.append("shard the model state: FSDP2 fully_shard or DeepSpeed ZeRO-2/3 (each rank then keeps "
-                       "1/N of the optimizer state)")
-        elif framework == "fsdp1" and (info.fsdp_strategy if info else None) == "NO_SHARD":
-            out.append("sharding_strategy=FULL_SHARD or SHARD_GRAD_OP (NO_SHARD keeps the whole optimizer state "
-                       "on every rank)")
-    offload_to = "cpu" if run.on_gpu else "nvme"
-    if ds and stage == 3 and wants("gathers", "params") and run.knob("offload_param") in (None, "none"):
-        out.append(f'parameter offload: "offload_param": {{"device": "{offload_to}", "pin_memory": true}}')
-    if ds and stage and wants("optimizer", "params") and run.knob("offload_optimizer") in (None, "none"):
-        out.append(f'optimizer offload: "offload_optimizer": {{"device": "{offload_to}", "pin_memory": true}}')
-    if fsdp and run.on_gpu and wants("optimizer", "params") and not _fsdp_offloads(run):
-        out.append("CPU offload of parameters, gradients and optimizer state: "
-                   + ("fully_shard(..., offload_policy=CPUOffloadPolicy())" if framework == "fsdp2"
-                      else "cpu_offload=CPUOffload(offload_params=True)"))
-    if wants("activations"):
-        activations = run.categories.get("activations")
-        now = f" (activations now {format_bytes(activations)})" if activations else ""
-        out.append("activation checkpointing" + now + ": " + (
-            "apply_activation_checkpointing or torch.utils.checkpoint around each block" if fsdp
-            else "model.gradient_checkpointing_enable() or torch.utils.checkpoint around each block")
-            + "; about half the activation memory for ~20% more compute")
-        micro, accum = run.knob("train_micro_batch_size_per_gpu"), run.knob("gradient_accumulation_steps")
-        if ds and micro is not None:
-            out.append(f"a smaller micro-batch: lower train_micro_batch_size_per_gpu (now {micro}) and raise "
-                       f"gradient_accumulation_steps (now {accum}) to keep train_batch_size")
-        else:
-            out.append("a smaller micro-batch with gradient accumulation to keep the global batch (activations "
-                       "scale with it)")
-    if wants("activations", "gathers"):
-        setting = _BF16_SETTING.get(framework, f'torch.autocast("{"cuda" if run.on_gpu else "cpu"}", '
-                                                'dtype=torch.bfloat16)')
-        if dtype == "float16":
-            out.append(f"bf16 instead of fp16 ({setting}): the same 2 bytes per value without loss scaling, "
-                       "the precision the seeds recommend with ZeRO-3")
-        elif dtype == "float32":
-            halves = {"deepspeed": "parameters, gradients and activations (the fp32 master copy moves into the "
-                                   "optimizer state)",
-                      "fsdp1": "gathered parameters and activations",
-                      "fsdp2": "gathered parameters and activations"}.get(framework, "activations")
-            out.append(f"bf16 mixed precision ({setting}): halves {halves}")
-    return tuple(out)

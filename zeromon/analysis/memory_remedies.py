@@ -1,0 +1,147 @@
+"""The remedies for too much memory that apply to one rank's framework and config.
+
+Shared by the OOM forecast's findings (``zeromon.analysis.oom``): each finding asks for the remedies of
+its subject (gathered parameters, optimizer state, activations, fragmentation) and gets them in the
+order of the seeds' troubleshooting, with this run's own knob values filled in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from zeromon.model.events import MemorySample, RunInfo
+from zeromon.model.units import format_bytes
+
+# DeepSpeed's values when the config leaves them out.
+DS_DEFAULT_MAX_LIVE_PARAMETERS = 1_000_000_000
+DS_DEFAULT_PARAM_PERSISTENCE_THRESHOLD = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryContext:
+    """What every finding needs to know about the rank."""
+
+    rank: int
+    info: RunInfo | None
+    on_gpu: bool
+    capacity: int | None
+    outside: int  # GPU memory outside the allocator at the last sample; 0 on CPU
+    walk: MemorySample | None  # the last sample with per-category bytes
+
+    @property
+    def categories(self) -> Mapping[str, int]:
+        return self.walk.categories if self.walk is not None else {}
+
+    def share(self, level: float) -> float | None:
+        return (level + self.outside) / self.capacity if self.capacity else None
+
+    def knob(self, name: str) -> Any:
+        return self.info.knobs.get(name) if self.info is not None else None
+
+
+def fsdp_offloads(run: MemoryContext) -> bool:
+    """FSDP keeps the sharded parameters (and so the optimizer state) on the host: FSDP1's
+    CPUOffload(offload_params=True), FSDP2's CPUOffloadPolicy."""
+    return bool(run.knob("offload_params")) or "CPUOffloadPolicy" in str(run.knob("offload_policy") or "")
+
+
+def number_knob(value: Any, default: float) -> tuple[float, bool]:
+    """A numeric knob, or the default (and False) when it is missing or not a number ("auto")."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value), True
+    return default, False
+
+
+# The seeds' stage selection guide: ZeRO-2 is the default choice; ZeRO-3 when that is still too big.
+_NEXT_STAGE = {0: "2 (shards optimizer state and gradients)", 1: "2 (shards gradients too)",
+               2: "3 (shards the parameters too)"}
+_BF16_SETTING = {"deepspeed": '"bf16": {"enabled": true}',
+                 "fsdp2": "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)",
+                 "fsdp1": "MixedPrecision(param_dtype=torch.bfloat16)"}
+
+
+def memory_remedies(run: MemoryContext, focus: set[str]) -> tuple[str, ...]:
+    """The remedies that apply to this framework and config, in the order of the seeds'
+    troubleshooting ("ZeRO-3 OOM despite using stage 3", then the stage selection guide): fewer
+    gathered parameters, more sharding, offload, activation checkpointing, a smaller micro-batch,
+    bf16; expandable segments first where fragmentation is the subject."""
+    info = run.info
+    framework = info.framework if info else "unknown"
+    stage = info.zero_stage if info else None
+    dtype = (info.param_dtype or "") if info else ""
+
+    def wants(*topics: str) -> bool:
+        return "all" in focus or any(t in focus for t in topics)
+
+    ds, fsdp = framework == "deepspeed", framework in ("fsdp1", "fsdp2")
+    out: list[str] = []
+    if run.on_gpu and "fragmentation" in focus:
+        out.append("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set before the first CUDA allocation): "
+                   "segments grow in place instead of caching fixed-size blocks, so freed memory serves larger "
+                   "allocations")
+    if ds and stage == 3 and wants("gathers", "params"):
+        threshold, _ = number_knob(run.knob("stage3_param_persistence_threshold"), DS_DEFAULT_PARAM_PERSISTENCE_THRESHOLD)
+        max_live, _ = number_knob(run.knob("stage3_max_live_parameters"), DS_DEFAULT_MAX_LIVE_PARAMETERS)
+        out.append(f"lower stage3_param_persistence_threshold (now {threshold:.3g}; e.g. 1e4): parameters "
+                   "smaller than it stay gathered on every rank")
+        out.append(f"lower stage3_max_live_parameters (now {max_live:.3g}; e.g. {max_live / 2:.3g}): it bounds "
+                   "the parameters gathered at once")
+    if fsdp and wants("gathers", "params"):
+        reshard = run.knob("reshard_after_forward")
+        strategy = info.fsdp_strategy if info else None
+        if framework == "fsdp2" and reshard is False:  # "mixed" is FSDP2's default: all but the root
+            out.append("reshard_after_forward=True on the fully_shard units (now False): each unit's gathered "
+                       "parameters are freed after its forward")
+        if framework == "fsdp1" and strategy in ("SHARD_GRAD_OP", "NO_SHARD", "_HYBRID_SHARD_ZERO2"):
+            out.append(f"sharding_strategy=FULL_SHARD (now {strategy}): parameters are sharded between forward "
+                       "and backward too")
+        units = run.knob("fsdp_units")
+        out.append("smaller wrapping units (one per transformer block or smaller" + (f"; now {units} units" if units
+                   else "") + "): the largest unit's gathered parameters bound the transient peak")
+    if wants("params", "optimizer"):
+        if ds and stage in _NEXT_STAGE:
+            out.append(f"a higher ZeRO stage: zero_optimization.stage {_NEXT_STAGE[stage]}")
+        elif framework in ("ddp", "none"):
+            out.append("shard the model state: FSDP2 fully_shard or DeepSpeed ZeRO-2/3 (each rank then keeps "
+                       "1/N of the optimizer state)")
+        elif framework == "fsdp1" and (info.fsdp_strategy if info else None) == "NO_SHARD":
+            out.append("sharding_strategy=FULL_SHARD or SHARD_GRAD_OP (NO_SHARD keeps the whole optimizer state "
+                       "on every rank)")
+    offload_to = "cpu" if run.on_gpu else "nvme"
+    if ds and stage == 3 and wants("gathers", "params") and run.knob("offload_param") in (None, "none"):
+        out.append(f'parameter offload: "offload_param": {{"device": "{offload_to}", "pin_memory": true}}')
+    if ds and stage and wants("optimizer", "params") and run.knob("offload_optimizer") in (None, "none"):
+        out.append(f'optimizer offload: "offload_optimizer": {{"device": "{offload_to}", "pin_memory": true}}')
+    if fsdp and run.on_gpu and wants("optimizer", "params") and not fsdp_offloads(run):
+        out.append("CPU offload of parameters, gradients and optimizer state: "
+                   + ("fully_shard(..., offload_policy=CPUOffloadPolicy())" if framework == "fsdp2"
+                      else "cpu_offload=CPUOffload(offload_params=True)"))
+    if wants("activations"):
+        activations = run.categories.get("activations")
+        now = f" (activations now {format_bytes(activations)})" if activations else ""
+        out.append("activation checkpointing" + now + ": " + (
+            "apply_activation_checkpointing or torch.utils.checkpoint around each block" if fsdp
+            else "model.gradient_checkpointing_enable() or torch.utils.checkpoint around each block")
+            + "; about half the activation memory for ~20% more compute")
+        micro, accum = run.knob("train_micro_batch_size_per_gpu"), run.knob("gradient_accumulation_steps")
+        if ds and micro is not None:
+            out.append(f"a smaller micro-batch: lower train_micro_batch_size_per_gpu (now {micro}) and raise "
+                       f"gradient_accumulation_steps (now {accum}) to keep train_batch_size")
+        else:
+            out.append("a smaller micro-batch with gradient accumulation to keep the global batch (activations "
+                       "scale with it)")
+    if wants("activations", "gathers"):
+        setting = _BF16_SETTING.get(framework, f'torch.autocast("{"cuda" if run.on_gpu else "cpu"}", '
+                                                'dtype=torch.bfloat16)')
+        if dtype == "float16":
+            out.append(f"bf16 instead of fp16 ({setting}): the same 2 bytes per value without loss scaling, "
+                       "the precision the seeds recommend with ZeRO-3")
+        elif dtype == "float32":
+            halves = {"deepspeed": "parameters, gradients and activations (the fp32 master copy moves into the "
+                                   "optimizer state)",
+                      "fsdp1": "gathered parameters and activations",
+                      "fsdp2": "gathered parameters and activations"}.get(framework, "activations")
+            out.append(f"bf16 mixed precision ({setting}): halves {halves}")
+    return tuple(out)
