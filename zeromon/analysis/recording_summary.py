@@ -54,9 +54,11 @@ def strategy_label(rec: Recording) -> str:
 def summarize_recording(rec: Recording) -> RankSummary:
     durations = [s.duration_s for s in rec.steps]
     per_step: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    for event in rec.collectives:
-        if event.step >= 0:
-            per_step[event.step][event.meaning] += max(event.bytes_in, event.bytes_out)
+    columns = rec.collective_columns()  # no event objects: a recording holds up to a million
+    for step, meaning, b_in, b_out in zip(columns.step, columns.meaning, columns.bytes_in, columns.bytes_out,
+                                          strict=True):
+        if step >= 0:
+            per_step[step][meaning] += b_in if b_in > b_out else b_out
     later = [s for s in sorted(per_step) if s >= 1] or sorted(per_step)
     meanings = {m for s in later for m in per_step[s]}
     by_meaning = {m: int(statistics.median(per_step[s].get(m, 0) for s in later)) for m in sorted(meanings)}
@@ -71,7 +73,7 @@ def summarize_recording(rec: Recording) -> RankSummary:
         strategy=strategy_label(rec),
         steps=len(rec.steps),
         median_step_s=statistics.median(durations) if durations else None,
-        collectives=len(rec.collectives),
+        collectives=len(columns),
         bytes_per_step_by_meaning=by_meaning,
         median_blocked_s=statistics.median(s.blocked_s for s in rec.steps) if rec.steps else None,
         peak_memory=max(levels) if levels else None,

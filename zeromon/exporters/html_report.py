@@ -61,13 +61,13 @@ def _figures(report: RunReport, recordings: Sequence[Recording]) -> list[tuple[s
                 timeline.add_trace(go.Bar(y=["compute (phases)"], x=[(span.end_ns - span.start_ns) / 1e6],
                                           base=[(span.start_ns - lo) / 1e6], orientation="h", name=span.phase,
                                           hovertext=span.phase))
-        for event in first.collectives:
-            if event.step == step.step and event.complete_ns is not None:
-                timeline.add_trace(go.Bar(y=[f"comm: {event.op}"], x=[(event.complete_ns - event.issue_ns) / 1e6],
-                                          base=[(event.issue_ns - lo) / 1e6], orientation="h",
-                                          name=event.meaning, showlegend=False,
-                                          hovertext=f"{event.api} {format_bytes(max(event.bytes_in, event.bytes_out))}"
-                                                    f" {event.timing}"))
+        c = first.collective_columns()  # only the step's events are looked at, by index
+        for i in [i for i, s in enumerate(c.step) if s == step.step and c.complete_ns[i] is not None]:
+            issue, complete = c.issue_ns[i], c.complete_ns[i] or 0
+            timeline.add_trace(go.Bar(y=[f"comm: {c.op[i]}"], x=[(complete - issue) / 1e6],
+                                      base=[(issue - lo) / 1e6], orientation="h", name=c.meaning[i], showlegend=False,
+                                      hovertext=f"{c.api[i]} {format_bytes(max(c.bytes_in[i], c.bytes_out[i]))}"
+                                                f" {c.timing[i]}"))
         timeline.update_layout(title=f"Rank {first.rank}, step {step.step}: communication and computation (ms)",
                                barmode="overlay", xaxis_title="ms since the step began")
         figures.append(("timeline", timeline))
