@@ -6,11 +6,13 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+TEST_REGISTRY = tempfile.mkdtemp(prefix="zeromon-test-registry-")
 EXAMPLES = REPO / "examples"
 
 
@@ -24,6 +26,9 @@ def child_env(**extra: str) -> dict[str, str]:
     """The environment for a child training process: one thread per rank on a 2-core machine."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZEROMON_")}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1")
+    # The agents' endpoints: any free port, and registered where this test session alone looks, never
+    # in the user's ~/.cache/zeromon/agents.
+    env.update(ZEROMON_PORT="0", ZEROMON_REGISTRY=TEST_REGISTRY)
     env.update(extra)
     return env
 

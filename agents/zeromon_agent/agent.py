@@ -98,6 +98,7 @@ class Agent:
         self._step_s: float | None = None
         self._previous_sigterm: Any = None
         self._stop_lock = threading.Lock()
+        self.endpoint: Any = None  # zeromon_agent.endpoint.AgentEndpoint while it serves
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self, model: Any = None, optimizer: Any = None, engine: Any = None) -> Agent:
@@ -142,6 +143,7 @@ class Agent:
         if cuda_index is not None:
             self._setup_oom_observer(torch)
         self.recorder.start()
+        self._start_endpoint()
 
         self.tracker.watch_optimizers(optimizer)
         self.tracker.watch_backward()
@@ -187,6 +189,13 @@ class Agent:
                     self.recorder.stop()
             except Exception as exc:  # noqa: BLE001
                 log.warning("zeromon: error while stopping the agent: %r", exc)
+            # After the recorder's last drain: a final scrape still sees the end of the run.
+            endpoint, self.endpoint = self.endpoint, None
+            if endpoint is not None:
+                try:
+                    endpoint.stop()
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("zeromon: error while stopping the endpoint: %r", exc)
             if self._previous_sigterm is not None and threading.current_thread() is threading.main_thread():
                 try:
                     signal.signal(signal.SIGTERM, self._previous_sigterm)
@@ -214,6 +223,25 @@ class Agent:
         else:  # default action: die by the same signal, as the launcher expects
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
+
+    def _start_endpoint(self) -> None:
+        """Serve /metrics and the snapshot. Binding is immediate; any failure is a Notice, never an error."""
+        if not self.config.endpoint or self.recorder is None:
+            return
+        recorder = self.recorder
+        try:
+            from zeromon.model.registry import registry_dir
+            from zeromon_agent.endpoint import AgentEndpoint
+
+            folder = Path(self.config.registry).expanduser() if self.config.registry else registry_dir({})
+            self.endpoint = AgentEndpoint.start(
+                recorder, rank=self.rank, local_rank=self.local_rank, world_size=self.world_size, job=self.job,
+                run_dir=self.run_dir, address=self.config.bind, base_port=self.config.port, token=self.config.token,
+                registry_folder=folder, notice=recorder.notice)
+        except Exception as exc:  # noqa: BLE001 - no endpoint is no reason to stop training
+            message = f"the HTTP endpoint did not start ({self.config.bind}, base port {self.config.port}): {exc}"
+            log.warning("zeromon: rank %d: %s", self.rank, message)
+            recorder.notice("warning", "endpoint", message)
 
     # --- run info ---------------------------------------------------------------------------------
     def _write_run_info(self) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from zeromon.errors import ZeromonError
@@ -72,6 +72,23 @@ def _size(text: str) -> int:
     return parse_size(text)
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError("expected a port from 0 to 65535 (0: any free port)") from None
+    if not 0 <= value <= 65535:
+        raise ValueError("expected a port from 0 to 65535 (0: any free port)")
+    return value
+
+
+def _address(text: str) -> str:
+    value = text.strip()
+    if not value or any(c.isspace() or c in "/[]" for c in value):
+        raise ValueError("expected an IP address or host name such as 127.0.0.1 or 0.0.0.0")
+    return value
+
+
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
     enabled: bool = True
@@ -87,6 +104,11 @@ class AgentConfig:
     cpu_capacity: int | None = None  # override of the CPU memory capacity in bytes
     memory_history: bool = False  # CUDA: record allocator history so an OOM can write a snapshot
     recent_events: int = 4096  # finalized events kept in memory for live clients
+    endpoint: bool = True  # serve /metrics, /api/v1/snapshot, /healthz over HTTP
+    port: int = 9470  # base port: a rank listens on port + local rank (else the next free); 0: any free port
+    bind: str = "127.0.0.1"  # the endpoint's address; another one only when asked
+    token: str | None = field(default=None, repr=False)  # when set, every route needs "Authorization: Bearer <token>"
+    registry: str | None = None  # user-level endpoint index; None: ~/.cache/zeromon/agents
 
 
 # field -> (environment variable, parser, accepted values for the message)
@@ -104,6 +126,11 @@ ENV: dict[str, tuple[str, Callable[[str], Any], str]] = {
     "cpu_capacity": ("ZEROMON_CPU_CAPACITY", _size, "a size such as 24GiB or 80GB"),
     "memory_history": ("ZEROMON_MEMORY_HISTORY", _bool, "1 or 0"),
     "recent_events": ("ZEROMON_RECENT_EVENTS", _int_at_least(16), "an integer >= 16"),
+    "endpoint": ("ZEROMON_ENDPOINT", _bool, "1 or 0"),
+    "port": ("ZEROMON_PORT", _port, "a port from 0 to 65535"),
+    "bind": ("ZEROMON_BIND", _address, "an IP address or host name"),
+    "token": ("ZEROMON_TOKEN", str, "a secret string"),
+    "registry": ("ZEROMON_REGISTRY", str, "a folder"),
 }
 
 

@@ -49,6 +49,8 @@ JOBS: tuple[Job, ...] = (
         "zeromon report's analysis of a 2-rank recording with 1M collectives and 10k memory samples"),
     Job("bench_trace_import.py", (),
         "streamed Kineto trace import and HTA-exact overlap, against HolisticTraceAnalysis, up to 100 MB"),
+    Job("bench_live_source.py", (), "the live source polling 64 simulated agents at 1 Hz: the client's own CPU"),
+    Job("bench_scrape.py", (), "one rank's /metrics scraped 1000 times while a 2-rank FSDP2 run trains"),
 )
 
 

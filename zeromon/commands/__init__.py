@@ -13,4 +13,6 @@ COMMAND_MODULES: tuple[str, ...] = (
     "zeromon.commands.lint",
     "zeromon.commands.plan",
     "zeromon.commands.report",
+    "zeromon.commands.targets",
+    "zeromon.commands.live",
 )

@@ -1,0 +1,248 @@
+"""What the endpoint serves, taken from the recorder: one consistent copy, and the snapshot JSON.
+
+``LiveData.view()`` copies the recorder's live state under ``recorder.lock`` (references and a
+few small tuples: tens of microseconds, so the recorder thread never waits long) and derives the
+rest outside the lock: bus bandwidth medians, the OOM forecast (``zeromon.analysis.oom.forecast``
+on a Recording of the live memory history, kept for FORECAST_TTL_S) and the findings. A view is
+reused for VIEW_TTL_S, so a scrape storm costs one copy per half second. /metrics and
+/api/v1/snapshot both render from views, so they agree with each other.
+
+Snapshot JSON, schema ``zeromon.snapshot/1`` (README "Live endpoint" documents it for clients).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import statistics
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from zeromon.analysis.comm_advice import overlap_findings
+from zeromon.analysis.findings import Finding
+from zeromon.analysis.oom import OomForecast, forecast
+from zeromon.analysis.step_overlap import StepOverlap
+from zeromon.model.codec import FIELDS_OF, KIND_OF, Recording
+from zeromon.model.events import (
+    AgentStats,
+    DeviceSample,
+    MemorySample,
+    Notice,
+    OomEvent,
+    Record,
+    RunInfo,
+    StepSummary,
+)
+
+SCHEMA = "zeromon.snapshot/1"
+VIEW_TTL_S = 0.5
+FORECAST_TTL_S = 1.0
+DEFAULT_STEPS = 64
+DEFAULT_EVENT_LIMIT = 2000
+MAX_EVENT_LIMIT = 20000
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """Who this endpoint is: the labels of every metric and the head of every snapshot."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    host: str
+    pid: int
+    job: str
+    start_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveRow:
+    op: str
+    meaning: str
+    calls: int
+    bytes: int
+    seconds: float  # sum of measured durations
+    timed_calls: int  # calls with a measured duration
+    blocked_s: float
+    buckets: tuple[int, ...]  # not cumulative, per recorder.DURATION_BUCKETS bound, last = +Inf
+
+
+@dataclass(frozen=True, slots=True)
+class View:
+    """The recorder's live state at one moment, and what is derived from it."""
+
+    t_ns: int
+    cursor: int
+    run_info: RunInfo | None
+    steps: tuple[StepSummary, ...]  # newest last
+    memory: MemorySample | None
+    categories: Mapping[str, int]  # of the newest sample with a category walk
+    device: DeviceSample | None
+    stats: AgentStats
+    collectives: tuple[CollectiveRow, ...]
+    busbw: Mapping[str, float]  # op -> median of the recent bus bandwidth samples, bytes/s
+    step_count: int
+    step_seconds: float
+    step_buckets: tuple[int, ...]  # not cumulative, per recorder.STEP_BUCKETS bound, last = +Inf
+    ooms: int
+    oom: OomForecast | None
+    findings: tuple[Finding, ...]
+    notices: tuple[Notice, ...]
+    recent: tuple[tuple[int, Record], ...]  # (cursor, record), oldest first
+
+
+class LiveData:
+    """Views of one recorder, cached; safe to call from any number of endpoint threads."""
+
+    def __init__(self, recorder: Any, identity: Identity, extra_cpu_s: Callable[[], float] | None = None) -> None:
+        self.recorder = recorder
+        self.identity = identity
+        self.extra_cpu_s = extra_cpu_s  # the endpoint's own threads' CPU time, counted as the agent's
+        self._lock = threading.Lock()  # one copy at a time; the others wait for it and share it
+        self._view: View | None = None
+        self._view_at = 0.0
+        self._forecast: tuple[float, OomForecast | None] | None = None  # (when, forecast)
+
+    def view(self) -> View:
+        with self._lock:
+            now = time.monotonic()
+            if self._view is None or now - self._view_at >= VIEW_TTL_S:
+                self._view = self._take(now)
+                self._view_at = now
+            return self._view
+
+    def _take(self, now: float) -> View:
+        rec = self.recorder
+        with rec.lock:
+            cursor = rec.cursor
+            run_info = rec.run_info
+            steps = tuple(rec.recent_steps)
+            memory = rec.latest_memory
+            device = rec.latest_device
+            notices = tuple(rec.notices)
+            history = list(rec.memory_history)
+            recent = tuple(rec.recent)
+            rows = tuple(CollectiveRow(op, meaning, t.calls, t.bytes, t.seconds, t.timed_calls, t.blocked_s,
+                                       tuple(t.buckets)) for (op, meaning), t in rec.totals.items())
+            busbw_samples = {op: list(window) for op, window in rec.busbw.items() if window}
+            step_totals = rec.step_totals
+            step_count, step_seconds, step_buckets = step_totals.count, step_totals.seconds, tuple(step_totals.buckets)
+            ooms = rec.ooms
+        stats = rec.stats()
+        if self.extra_cpu_s is not None:
+            stats = dataclasses.replace(stats, cpu_time_s=round(stats.cpu_time_s + self.extra_cpu_s(), 6))
+        walked = next((m for m in reversed(history) if any(k != "activations" for k in m.categories)), None)
+        oom = self._oom(now, history, steps, run_info, recent)
+        findings = (oom.findings if oom is not None else ()) + _overlap_findings(self.identity.rank, steps, run_info)
+        return View(
+            t_ns=time.time_ns(), cursor=cursor, run_info=run_info, steps=steps, memory=memory,
+            categories=dict(walked.categories) if walked is not None else {}, device=device, stats=stats,
+            collectives=tuple(sorted(rows, key=lambda r: (r.op, r.meaning))),
+            busbw={op: statistics.median(values) for op, values in sorted(busbw_samples.items())},
+            step_count=step_count, step_seconds=step_seconds, step_buckets=step_buckets, ooms=ooms, oom=oom,
+            findings=findings, notices=notices, recent=recent,
+        )
+
+    def _oom(self, now: float, history: list[MemorySample], steps: tuple[StepSummary, ...],
+             run_info: RunInfo | None, recent: tuple[tuple[int, Record], ...]) -> OomForecast | None:
+        """The OOM forecast of the live memory history, recomputed at most every FORECAST_TTL_S."""
+        cached = self._forecast
+        if cached is not None and now - cached[0] < FORECAST_TTL_S and (cached[1] is not None or not history):
+            return cached[1]
+        if not history:
+            result = None
+        else:
+            recording = Recording(
+                path=Path(f"<live rank {self.identity.rank}>"), header={"rank": self.identity.rank},
+                memory=history, steps=list(steps), run_info=run_info,
+                ooms=[r for _, r in recent if isinstance(r, OomEvent)])
+            result = forecast(recording)
+        self._forecast = (now, result)
+        return result
+
+
+def _overlap_findings(rank: int, steps: tuple[StepSummary, ...], info: RunInfo | None) -> tuple[Finding, ...]:
+    """Poor overlap over the recent steps, as `zeromon report` finds it (zeromon.analysis.comm_advice)."""
+    overlaps = []
+    for s in steps:
+        if s.comp_s is None or s.overlap_s is None or s.exposed_comm_s is None:
+            continue
+        step_s = s.duration_s
+        busy = s.comm_union_s + s.comp_s - s.overlap_s
+        overlaps.append(StepOverlap(rank=rank, step=s.step, step_s=step_s, comm_s=s.comm_union_s, comp_s=s.comp_s,
+                                    overlap_s=s.overlap_s, exposed_comm_s=s.exposed_comm_s,
+                                    idle_s=max(0.0, step_s - busy), blocked_s=s.blocked_s))
+    return overlap_findings(rank, overlaps, info) if overlaps else ()
+
+
+def record_dict(record: Record) -> dict[str, Any]:
+    """A record's fields by name (mappings as plain dicts), as the recording's schema names them."""
+    out: dict[str, Any] = {}
+    for name in FIELDS_OF[type(record)]:
+        value = getattr(record, name)
+        out[name] = dict(value) if isinstance(value, Mapping) else value
+    return out
+
+
+class SnapshotError(ValueError):
+    """A bad query parameter (answered with 400)."""
+
+
+def _int_param(query: Mapping[str, list[str]], name: str, default: int | None, low: int,
+               high: int | None = None) -> int | None:
+    values = query.get(name)
+    if not values:
+        return default
+    try:
+        value = int(values[-1])
+    except ValueError:
+        raise SnapshotError(f"?{name}={values[-1]!r} is not an integer") from None
+    if value < low or (high is not None and value > high):
+        bound = f">= {low}" if high is None else f"from {low} to {high}"
+        raise SnapshotError(f"?{name}={value} is out of range (expected {bound})")
+    return value
+
+
+def build_snapshot(identity: Identity, view: View, query: Mapping[str, list[str]]) -> dict[str, Any]:
+    """The /api/v1/snapshot document. ``query``: parsed ``steps``, ``since``, ``limit`` (SnapshotError if bad)."""
+    n_steps = _int_param(query, "steps", DEFAULT_STEPS, 0, 100_000) or 0
+    since = _int_param(query, "since", None, 0)
+    limit = _int_param(query, "limit", DEFAULT_EVENT_LIMIT, 1, MAX_EVENT_LIMIT) or DEFAULT_EVENT_LIMIT
+    world = view.run_info.world_size if view.run_info is not None else identity.world_size
+    snapshot: dict[str, Any] = {
+        "schema": SCHEMA, "t_ns": view.t_ns, "rank": identity.rank, "local_rank": identity.local_rank,
+        "world_size": world, "host": identity.host, "pid": identity.pid, "job": identity.job,
+        "start_ns": identity.start_ns, "cursor": view.cursor,
+        "run_info": record_dict(view.run_info) if view.run_info is not None else None,
+        "steps": [record_dict(s) for s in view.steps[len(view.steps) - n_steps:]] if n_steps else [],
+        "memory": record_dict(view.memory) if view.memory is not None else None,
+        "device": record_dict(view.device) if view.device is not None else None,
+        "stats": record_dict(view.stats),
+        "collectives": [{"op": r.op, "meaning": r.meaning, "calls": r.calls, "bytes": r.bytes,
+                         "seconds": r.seconds, "blocked_s": r.blocked_s, "busbw_bytes_s": view.busbw.get(r.op)}
+                        for r in view.collectives],
+        "oom": view.oom.to_dict() if view.oom is not None else None,
+        "findings": [f.to_dict() for f in view.findings],
+        "notices": [record_dict(n) for n in view.notices],
+    }
+    if since is not None:
+        events, lost = events_since(view.recent, since, limit)
+        snapshot["events"] = events
+        if lost:
+            snapshot["events_lost"] = True
+    return snapshot
+
+
+def events_since(recent: tuple[tuple[int, Record], ...], since: int,
+                 limit: int) -> tuple[list[dict[str, Any]], bool]:
+    """The oldest ``limit`` records with cursor > since, and whether some after ``since`` are gone."""
+    start = bisect.bisect_right(recent, since, key=lambda item: item[0])
+    # Lost: the first kept record is not the one right after `since` (the deque has moved past it).
+    lost = bool(recent) and recent[0][0] > since + 1
+    events = [{"cursor": cursor, "kind": KIND_OF[type(record)], **record_dict(record)}
+              for cursor, record in recent[start:start + limit]]
+    return events, lost

@@ -1,0 +1,561 @@
+"""The Grafana dashboard and the alert rules, checked against a real Prometheus server.
+
+The dashboard's PromQL may only name the metrics the agent exports (the issue's interface spec);
+`promtool` checks the alert rules, and its rule unit tests check that they fire when they should;
+a real `prometheus` binary (Debian's `prometheus` package, which `.ci/run` installs) scrapes the
+agents of a real 2-rank gloo training run, with a bearer token, through the file_sd file that
+`zeromon targets --write` keeps, and every dashboard query runs against it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import EXAMPLES, REPO, child_env, free_port, torchrun_args
+
+GRAFANA = REPO / "dashboard" / "grafana"
+DASHBOARD = GRAFANA / "zeromon.json"
+ALERTS = GRAFANA / "zeromon-alerts.yml"
+GRAFANA_README = GRAFANA / "README.md"
+
+# Loopback only: never through an http_proxy from the environment.
+_LOCAL_HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+PROMETHEUS = shutil.which("prometheus")
+PROMTOOL = shutil.which("promtool")
+needs_prometheus = pytest.mark.skipif(
+    PROMETHEUS is None, reason="no `prometheus` binary on PATH (Debian: apt-get install prometheus; .ci/run does)")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None, reason="no `promtool` on PATH (Debian: apt-get install prometheus; .ci/run does)")
+
+# The agent's metric families (the interface spec's section 2). Histograms also expose
+# _bucket, _sum and _count series.
+HISTOGRAMS = {"zeromon_collective_duration_seconds", "zeromon_step_duration_seconds"}
+AGENT_METRICS = HISTOGRAMS | {
+    "zeromon_run_info",
+    "zeromon_collective_calls_total", "zeromon_collective_bytes_total",
+    "zeromon_collective_blocked_seconds_total", "zeromon_collective_busbw_bytes_per_second",
+    "zeromon_steps_total", "zeromon_step", "zeromon_last_step_duration_seconds",
+    "zeromon_step_comm_seconds", "zeromon_step_exposed_comm_seconds", "zeromon_step_exposed_comm_ratio",
+    "zeromon_step_overlap_ratio",
+    "zeromon_memory_allocated_bytes", "zeromon_memory_reserved_bytes", "zeromon_memory_peak_bytes",
+    "zeromon_memory_rss_bytes", "zeromon_memory_capacity_bytes", "zeromon_memory_headroom_bytes",
+    "zeromon_memory_category_bytes", "zeromon_oom_risk", "zeromon_oom_predicted_peak_bytes",
+    "zeromon_oom_steps_to_capacity", "zeromon_allocator_retries_total", "zeromon_ooms_total",
+    "zeromon_device_utilization_ratio", "zeromon_device_memory_used_bytes", "zeromon_device_memory_total_bytes",
+    "zeromon_device_power_watts", "zeromon_device_temperature_celsius", "zeromon_device_pcie_bytes_per_second",
+    "zeromon_device_nvlink_bytes_per_second",
+    "zeromon_agent_events_recorded_total", "zeromon_agent_events_dropped_total", "zeromon_agent_hook_errors_total",
+    "zeromon_agent_cpu_seconds_total", "zeromon_agent_start_time_seconds",
+}
+SERIES_NAMES = AGENT_METRICS | {f"{h}_{s}" for h in HISTOGRAMS for s in ("bucket", "sum", "count")}
+PROMETHEUS_OWN = {"up"}  # the scrape health series Prometheus adds per target
+
+_PROMQL_WORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring", "group_left",
+                 "group_right", "inf", "nan", "atan2"}
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects (not its functions, keywords or label names)."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # string literals
+    text = re.sub(r"\{[^}]*\}", " ", text)  # label matchers
+    text = re.sub(r"\[[^\]]*\]", " ", text)  # range and subquery windows
+    text = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+    names = set()
+    for match in re.finditer(r"(?<![\w.$])[A-Za-z_:][\w:]*", text):
+        if text[match.end():].lstrip().startswith("("):
+            continue  # a function or an aggregation
+        if match.group().lower() not in _PROMQL_WORDS:
+            names.add(match.group())
+    return names
+
+
+def test_promql_metric_names_finds_the_selected_metrics_only() -> None:
+    expr = ('histogram_quantile(0.99, sum by (op, le) (rate(zeromon_collective_duration_seconds_bucket'
+            '{job=~"$job", rank=~"$rank"}[$__rate_interval]))) / on (job) group_left (rank) up{x="a(b"} '
+            'and bottomk(1, foo_total offset 5m)')
+    assert promql_metric_names(expr) == {"zeromon_collective_duration_seconds_bucket", "up", "foo_total"}
+
+
+# ---------------------------------------------------------------------------------------------------
+# the dashboard
+
+
+def _load_dashboard() -> dict[str, Any]:
+    return json.loads(DASHBOARD.read_text())
+
+
+def _panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for panel in dashboard["panels"]:
+        yield panel
+        yield from panel.get("panels", [])  # a collapsed row keeps its panels inside
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(where, PromQL) for every panel target and every query variable."""
+    dashboard = _load_dashboard()
+    queries = [(f"panel {p['title']!r} target {t['refId']}", t["expr"])
+               for p in _panels(dashboard) for t in p.get("targets", [])]
+    for var in dashboard["templating"]["list"]:
+        if var["type"] == "query":
+            # label_values(SELECTOR, label) is Grafana's; the selector inside is PromQL.
+            found = re.fullmatch(r"label_values\((.*),\s*\w+\)", var["definition"])
+            assert found, f"variable {var['name']}: {var['definition']!r} is not label_values(selector, label)"
+            queries.append((f"variable {var['name']!r}", found.group(1)))
+    return queries
+
+
+def substitute(expr: str, job: str, ranks: list[str]) -> str:
+    """Grafana's template variables as Grafana fills them in (multi-value rank as a regex group)."""
+    return (expr.replace("$__rate_interval", "5s").replace("$__interval", "1s").replace("$__range", "1m")
+            .replace("$job", re.escape(job)).replace("$rank", "(" + "|".join(ranks) + ")"))
+
+
+def test_dashboard_is_a_grafana_dashboard_with_datasource_job_and_rank_variables() -> None:
+    dashboard = _load_dashboard()
+    assert 36 <= dashboard["schemaVersion"] <= 41
+    assert dashboard["uid"] and dashboard["title"] and dashboard["id"] is None
+    assert [i["pluginId"] for i in dashboard["__inputs"]] == ["prometheus"]
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    assert variables["job"]["type"] == variables["rank"]["type"] == "query"
+    assert variables["rank"]["multi"] and variables["rank"]["includeAll"]
+    assert "$job" in variables["rank"]["definition"], "the rank list follows the chosen job"
+
+    panels = list(_panels(dashboard))
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids)), "panel ids are unique"
+    for panel in panels:
+        pos = panel["gridPos"]
+        assert 0 <= pos["x"] and pos["x"] + pos["w"] <= 24 and pos["h"] > 0, panel["title"]
+        if panel["type"] == "row":
+            continue
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+        assert panel["targets"], f"panel {panel['title']!r} has no query"
+        refs = [t["refId"] for t in panel["targets"]]
+        assert len(refs) == len(set(refs)), panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"] == panel["datasource"], panel["title"]
+            # Every agent query is narrowed by the dashboard's variables.
+            for name in promql_metric_names(target["expr"]) - PROMETHEUS_OWN:
+                selectors = re.findall(re.escape(name) + r"(?![\w:])(\{[^}]*\})?", target["expr"])
+                assert all('job=~"$job"' in s and 'rank=~"$rank"' in s for s in selectors), \
+                    f"panel {panel['title']!r}: {name} without the job and rank variables"
+
+
+def test_dashboard_queries_name_only_the_agents_metrics() -> None:
+    used: set[str] = set()
+    for where, expr in dashboard_queries():
+        names = promql_metric_names(expr)
+        assert names, f"{where}: no metric in {expr!r}"
+        unknown = names - SERIES_NAMES - PROMETHEUS_OWN
+        assert not unknown, f"{where}: {sorted(unknown)} are not metrics the agent exports ({expr!r})"
+        used |= names
+    # What the issue asks the dashboard to show.
+    for required in ("zeromon_memory_allocated_bytes", "zeromon_memory_reserved_bytes",
+                     "zeromon_memory_capacity_bytes", "zeromon_memory_headroom_bytes", "zeromon_oom_risk",
+                     "zeromon_step_exposed_comm_seconds", "zeromon_step_overlap_ratio",
+                     "zeromon_collective_busbw_bytes_per_second", "zeromon_step_duration_seconds_sum",
+                     "zeromon_collective_bytes_total", "zeromon_collective_blocked_seconds_total",
+                     "zeromon_agent_events_dropped_total", "zeromon_agent_hook_errors_total"):
+        assert required in used, f"no dashboard panel shows {required}"
+
+
+# ---------------------------------------------------------------------------------------------------
+# the alert rules
+
+
+def _promtool(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    assert PROMTOOL is not None
+    return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, timeout=60, cwd=cwd)
+
+
+@needs_promtool
+def test_promtool_accepts_the_alert_rules() -> None:
+    result = _promtool("check", "rules", str(ALERTS))
+    assert result.returncode == 0, result.stdout + result.stderr
+    rules = [r for g in yaml.safe_load(ALERTS.read_text())["groups"] for r in g["rules"]]
+    assert f"SUCCESS: {len(rules)} rules found" in result.stdout
+    for rule in rules:
+        for name in promql_metric_names(rule["expr"]):
+            assert name in SERIES_NAMES | PROMETHEUS_OWN, f"alert {rule['alert']}: unknown metric {name}"
+
+
+def _series(name: str, values: str, **labels: str) -> dict[str, str]:
+    body = ", ".join(f'{k}="{v}"' for k, v in labels.items())
+    return {"series": f"{name}{{{body}}}", "values": values}
+
+
+def _alert(name: str, at: str, *firing: dict[str, str]) -> dict[str, Any]:
+    return {"eval_time": at, "alertname": name, "exp_alerts": [{"exp_labels": labels} for labels in firing]}
+
+
+@needs_promtool
+def test_alert_rules_fire_when_they_should_and_not_otherwise(tmp_path: Path) -> None:
+    # promtool's rule unit tests: minute-spaced series, expected alerts at given times. The rules'
+    # annotations are dropped from the copy under test (promtool compares them verbatim; their
+    # templates are checked by `promtool check rules` above).
+    rules = yaml.safe_load(ALERTS.read_text())
+    for group in rules["groups"]:
+        for rule in group["rules"]:
+            rule.pop("annotations", None)
+    (tmp_path / "rules.yml").write_text(yaml.safe_dump(rules))
+
+    def rank(r: str) -> dict[str, str]:
+        return {"job": "train", "rank": r, "local_rank": r, "host": "node1"}
+
+    sick, healthy = rank("0"), rank("1")
+    at_risk = {"job": "train", "rank": "0", "host": "node1"}
+    gib = 2**30
+    series = [
+        _series("zeromon_oom_risk", "0 0 2x10", **sick), _series("zeromon_oom_risk", "0x12", **healthy),
+        _series("zeromon_oom_risk", "1x12", **rank("2")),
+        _series("zeromon_memory_headroom_bytes", f"{gib}x30", **sick),
+        _series("zeromon_memory_headroom_bytes", f"{40 * gib}x30", **healthy),
+        _series("zeromon_memory_capacity_bytes", f"{80 * gib}x30", **sick),
+        _series("zeromon_memory_capacity_bytes", f"{80 * gib}x30", **healthy),
+        _series("zeromon_step_overlap_ratio", "0.1x30", **sick),
+        _series("zeromon_step_overlap_ratio", "0.9x30", **healthy),
+        _series("zeromon_step_exposed_comm_ratio", "0.5x30", **sick),
+        _series("zeromon_step_exposed_comm_ratio", "0.02x30", **healthy),
+        _series("zeromon_agent_events_dropped_total", "0 0 0 40 40 40", **sick),
+        _series("zeromon_agent_events_dropped_total", "0x5", **healthy),
+        _series("zeromon_allocator_retries_total", "0 0 3 3", **sick),
+        _series("zeromon_allocator_retries_total", "0x3", **healthy),
+        _series("zeromon_ooms_total", "0 0 0 0 0 0 1 1", **sick), _series("zeromon_ooms_total", "0x7", **healthy),
+        _series("zeromon_agent_hook_errors_total", "0 2 2", **sick),
+        _series("zeromon_agent_hook_errors_total", "0x2", **healthy),
+        _series("zeromon_steps_total", "10+10x5 60x25", **sick),
+        _series("zeromon_steps_total", "10+10x30", **healthy),
+        _series("up", "1 1 0x10", instance="node1:9470", job="zeromon", zeromon_run="run-a"),
+        _series("up", "1x12", instance="node1:9471", job="zeromon", zeromon_run="run-a"),
+    ]
+    down = {"instance": "node1:9470", "job": "zeromon", "zeromon_run": "run-a"}
+    tests = [
+        # critical from minute 2 for 1m: pending at 2m, firing from 3m; rank 1 never
+        _alert("ZeromonOOMRiskCritical", "2m"),
+        _alert("ZeromonOOMRiskCritical", "4m", {"severity": "critical", **at_risk}),
+        # warn on rank 2 from minute 0 for 5m
+        _alert("ZeromonOOMRiskWarning", "4m"),
+        _alert("ZeromonOOMRiskWarning", "6m", {"severity": "warning", "job": "train", "rank": "2",
+                                               "host": "node1"}),
+        # 1 GiB of 80 GiB (1.25%) on rank 0, half the capacity on rank 1
+        _alert("ZeromonLowMemoryHeadroom", "6m", {"severity": "warning", **sick}),
+        _alert("ZeromonHighExposedCommunication", "9m"),
+        _alert("ZeromonHighExposedCommunication", "11m", {"severity": "warning", **sick}),
+        _alert("ZeromonPoorOverlap", "11m", {"severity": "warning", **sick}),
+        _alert("ZeromonEventsDropped", "4m", {"severity": "warning", **sick}),
+        _alert("ZeromonEventsDropped", "2m"),
+        _alert("ZeromonAllocatorRetries", "3m", {"severity": "warning", **sick}),
+        _alert("ZeromonOutOfMemory", "5m"),
+        _alert("ZeromonOutOfMemory", "7m", {"severity": "critical", **sick}),
+        _alert("ZeromonHookErrors", "1m", {"severity": "warning", **sick}),
+        # up == 0 from minute 2, for 1m
+        _alert("ZeromonRankDown", "2m"),
+        _alert("ZeromonRankDown", "3m", {"severity": "critical", **down}),
+        # rank 0 stops stepping at minute 5: 10m without a step, then 5m more
+        _alert("ZeromonTrainingStalled", "16m"),
+        _alert("ZeromonTrainingStalled", "21m", {"severity": "warning", **sick}),
+    ]
+    unit = {"rule_files": ["rules.yml"], "evaluation_interval": "1m",
+            "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": tests}]}
+    (tmp_path / "unit.yml").write_text(yaml.safe_dump(unit))
+    result = _promtool("test", "rules", "unit.yml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+    every_alert = {r["alert"] for g in rules["groups"] for r in g["rules"]}
+    assert every_alert == {t["alertname"] for t in tests if t["exp_alerts"]}, "each alert has a firing case"
+
+
+@needs_promtool
+def test_the_readmes_prometheus_config_passes_promtool(tmp_path: Path) -> None:
+    blocks = re.findall(r"```yaml\n(.*?)```", GRAFANA_README.read_text(), flags=re.S)
+    configs = [b for b in blocks if "scrape_configs:" in b]
+    assert len(configs) == 1, "dashboard/grafana/README.md shows one prometheus.yml"
+    config = yaml.safe_load(configs[0])
+    job = config["scrape_configs"][0]
+    assert job["honor_labels"] is True and job["file_sd_configs"], "scrapes the agents through file_sd"
+    shutil.copy(ALERTS, tmp_path / ALERTS.name)
+    (tmp_path / "prometheus.yml").write_text(configs[0])
+    result = _promtool("check", "config", "prometheus.yml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS: 1 rule files found" in result.stdout
+
+
+# ---------------------------------------------------------------------------------------------------
+# a real Prometheus server
+
+
+class PrometheusServer:
+    """A `prometheus` process on a free loopback port with its own storage, for one test."""
+
+    def __init__(self, folder: Path, targets_file: Path, token_file: Path | None = None) -> None:
+        self.folder = folder
+        self.log = folder / "prometheus.log"
+        scrape: dict[str, Any] = {"job_name": "zeromon", "honor_labels": True,
+                                  "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "1s"}]}
+        if token_file is not None:  # the agents' ZEROMON_TOKEN, as dashboard/grafana/README.md says
+            scrape["authorization"] = {"credentials_file": str(token_file)}
+        config = {
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(ALERTS)],
+            "scrape_configs": [scrape],
+        }
+        (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    def start(self, timeout: float = 30) -> None:
+        assert PROMETHEUS is not None
+        for _attempt in range(3):  # the free port may be taken between free_port() and the bind
+            self.url = f"http://127.0.0.1:{free_port()}"
+            with self.log.open("ab") as log:
+                self.proc = subprocess.Popen(
+                    [PROMETHEUS, f"--config.file={self.folder / 'prometheus.yml'}",
+                     f"--storage.tsdb.path={self.folder / 'data'}",
+                     f"--web.listen-address={self.url.removeprefix('http://')}", "--log.level=warn"],
+                    stdout=log, stderr=subprocess.STDOUT, cwd=self.folder)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                try:
+                    with _LOCAL_HTTP.open(self.url + "/-/ready", timeout=2) as response:
+                        if response.status == 200:
+                            return
+                except (urllib.error.URLError, OSError):
+                    pass
+                time.sleep(0.1)
+            self.stop()
+        raise AssertionError(f"prometheus did not become ready:\n{self.log.read_text()[-4000:]}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def api(self, path: str, **params: str) -> dict[str, Any]:
+        """GET an /api/v1 route; a PromQL error comes back as the JSON body Prometheus sends."""
+        url = f"{self.url}/api/v1/{path}?{urllib.parse.urlencode(params)}"
+        try:
+            with _LOCAL_HTTP.open(url, timeout=10) as response:
+                return dict(json.load(response))
+        except urllib.error.HTTPError as err:
+            return dict(json.load(err))
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """An instant query's result vector; fails the test with Prometheus's error message."""
+        body = self.api("query", query=expr)
+        assert body["status"] == "success", f"{expr!r}: {body.get('errorType')}: {body.get('error')}"
+        return list(body["data"]["result"])
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[Callable[..., PrometheusServer]]:
+    servers: list[PrometheusServer] = []
+
+    def start(targets_file: Path, token_file: Path | None = None) -> PrometheusServer:
+        folder = tmp_path / f"prometheus-{len(servers)}"
+        folder.mkdir()
+        server = PrometheusServer(folder, targets_file, token_file)
+        servers.append(server)
+        server.start()
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@needs_prometheus
+def test_every_dashboard_query_is_valid_promql(tmp_path: Path,
+                                               prometheus: Callable[..., PrometheusServer]) -> None:
+    # With no target at all: the parser and the type checks (a range vector where an instant one is
+    # wanted, an unknown function) answer without data.
+    targets = tmp_path / "targets.json"
+    targets.write_text("[]")
+    server = prometheus(targets)
+    for where, expr in dashboard_queries():
+        body = server.api("query", query=substitute(expr, "train", ["0", "1"]))
+        assert body["status"] == "success", f"{where}: {expr!r}: {body.get('error')}"
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float, what: str,
+              *procs: subprocess.Popen[str]) -> None:
+    """Poll ``predicate``; fail early, with its stderr, when one of ``procs`` ends first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        for proc in procs:
+            if proc.poll() is not None:
+                _out, err = proc.communicate()
+                raise AssertionError(f"{proc.args[:4]} ended (exit {proc.returncode}) before {what}:\n{err[-4000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _listed_targets(path: Path) -> list[str]:
+    try:
+        return [t for group in json.loads(path.read_text()) for t in group["targets"]]
+    except (OSError, ValueError):
+        return []
+
+
+def _by_rank(result: list[dict[str, Any]]) -> dict[str, float]:
+    return {s["metric"]["rank"]: float(s["value"][1]) for s in result}
+
+
+def _stop(proc: subprocess.Popen[str], sig: signal.Signals, *, group: bool) -> str:
+    """Send ``sig`` (to the process group with ``group``), wait, kill if need be; its stderr."""
+    if proc.poll() is None:
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+    try:
+        return proc.communicate(timeout=60)[1] or ""
+    except subprocess.TimeoutExpired:
+        if group:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
+        return proc.communicate()[1] or ""
+
+
+# Metrics the agent leaves out on a CPU run: what only a CUDA allocator or NVML knows, and the
+# steps to capacity, which exist only while the per-step peak grows.
+NOT_ON_CPU = {
+    "zeromon_memory_allocated_bytes", "zeromon_memory_reserved_bytes", "zeromon_allocator_retries_total",
+    "zeromon_oom_steps_to_capacity", *(m for m in AGENT_METRICS if m.startswith("zeromon_device_")),
+}
+
+
+@needs_prometheus
+@pytest.mark.distributed
+def test_prometheus_scrapes_a_real_2_rank_run_through_zeromon_targets(
+        tmp_path: Path, prometheus: Callable[..., PrometheusServer]) -> None:
+    run_dir = tmp_path / "run"
+    job = "promtest"
+    token = "s3cret-zeromon-test-token"
+    token_file = tmp_path / "zeromon-token"
+    token_file.write_text(token + "\n")
+    # ZEROMON_PORT=0: any free port, so that other runs on this machine do not matter. With a
+    # token, Prometheus scrapes with the credentials file that the README's config shows.
+    env = child_env(ZEROMON_PORT="0", ZEROMON_REGISTRY=str(tmp_path / "registry"), ZEROMON_TOKEN=token)
+    train = subprocess.Popen(
+        [sys.executable, "-m", "zeromon", "run", "--out", str(run_dir), "--job", job, "--",
+         *torchrun_args(2, EXAMPLES / "fsdp2_train.py", "--steps", "100000")],
+        env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    targets = tmp_path / "zeromon-targets.json"
+    writer: subprocess.Popen[str] | None = None
+    try:
+        server = prometheus(targets, token_file)  # starts while the ranks import torch; no targets yet
+        _wait_for(lambda: len(list((run_dir / "endpoints").glob("rank-*.json"))) == 2, 120,
+                  "both ranks' endpoints", train)
+
+        # The scrape list as a user keeps it: `zeromon targets RUN_DIR --write FILE` rewrites the
+        # file_sd file whenever the run's agents change, and Prometheus follows the file.
+        writer = subprocess.Popen(
+            [sys.executable, "-m", "zeromon", "targets", str(run_dir), "--write", str(targets), "--interval", "0.5"],
+            env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        _wait_for(lambda: len(_listed_targets(targets)) == 2, 30, "zeromon targets to list both ranks", writer)
+        groups = json.loads(targets.read_text())
+        assert [g["labels"] for g in groups] == [{"zeromon_run": run_dir.name}]
+
+        this_run = f'zeromon_steps_total{{zeromon_run="{run_dir.name}"}}'
+
+        def both_scraped() -> bool:
+            steps = [float(s["value"][1]) for s in server.query(this_run)]
+            return len(steps) == 2 and min(steps) >= 2
+        _wait_for(both_scraped, 90, "Prometheus to scrape two steps from both ranks", train, writer)
+
+        # Prometheus scrapes exactly the agents the list names, and both answer.
+        active = server.api("targets", state="active")["data"]["activeTargets"]
+        assert sorted(t["labels"]["instance"] for t in active) == sorted(_listed_targets(targets))
+        assert all(t["health"] == "up" for t in active), [t["lastError"] for t in active]
+        with pytest.raises(urllib.error.HTTPError) as refused:  # and the token was needed
+            _LOCAL_HTTP.open(f"http://{active[0]['labels']['instance']}/metrics", timeout=10)
+        assert refused.value.code == 401
+
+        # Labels: the agent's own rank, local_rank, host and job (kept by honor_labels: true), and
+        # the file_sd group's zeromon_run.
+        entries = {e["rank"]: e for e in (json.loads(p.read_text()) for p in (run_dir / "endpoints").iterdir())}
+        first = server.query(this_run)
+        assert sorted(s["metric"].get("rank") for s in first) == ["0", "1"], first
+        for series in first:
+            labels = series["metric"]
+            entry = entries[int(labels["rank"])]
+            assert labels["local_rank"] == labels["rank"]  # one node
+            assert labels["host"] == entry["host"]
+            assert labels["job"] == job
+            assert labels["zeromon_run"] == run_dir.name
+            assert labels["instance"] in _listed_targets(targets)
+            assert labels["instance"].endswith(f":{entry['port']}")
+
+        # The agents export the spec's metrics, and on CPU all of them but the GPU-only ones.
+        present = {s["metric"]["__name__"]
+                   for s in server.query(f'group by (__name__) ({{__name__=~"zeromon_.+", job="{job}"}})')}
+        assert not present - SERIES_NAMES, f"metrics outside the spec: {sorted(present - SERIES_NAMES)}"
+        missing = SERIES_NAMES - HISTOGRAMS - NOT_ON_CPU - present
+        assert not missing, f"the agents do not export {sorted(missing)}"
+
+        # Plausible values: memory in use within a capacity, FSDP2's gathers and reduce-scatters.
+        memory = {name: _by_rank(server.query(f'{name}{{job="{job}"}}'))
+                  for name in ("zeromon_memory_rss_bytes", "zeromon_memory_capacity_bytes")}
+        for r in ("0", "1"):
+            assert 0 < memory["zeromon_memory_rss_bytes"][r] < memory["zeromon_memory_capacity_bytes"][r], memory
+        meanings = {s["metric"]["meaning"]
+                    for s in server.query(f'zeromon_collective_bytes_total{{job="{job}"}} > 0')}
+        assert {"param_all_gather", "grad_reduce_scatter"} <= meanings
+
+        # Collective bytes and steps grow while training runs.
+        bytes_expr = f'sum by (rank) (zeromon_collective_bytes_total{{job="{job}"}})'
+        before_bytes, before_steps = _by_rank(server.query(bytes_expr)), _by_rank(first)
+        time.sleep(3)
+        after_bytes = _by_rank(server.query(bytes_expr))
+        after_steps = _by_rank(server.query(f'zeromon_steps_total{{job="{job}"}}'))
+        for r in ("0", "1"):
+            assert after_steps[r] > before_steps[r], (before_steps, after_steps)
+            assert after_bytes[r] > before_bytes[r], (before_bytes, after_bytes)
+        rates = _by_rank(server.query(f'sum by (rank) (rate(zeromon_collective_bytes_total{{job="{job}"}}[5s]))'))
+        assert sorted(rates) == ["0", "1"] and min(rates.values()) > 0, rates
+
+        # Every dashboard query runs on the live data, and one whose metrics exist returns data
+        # (which catches label sets that do not match across a division, and histogram names).
+        for where, expr in dashboard_queries():
+            result = server.query(substitute(expr, job, ["0", "1"]))
+            if promql_metric_names(expr) <= present | PROMETHEUS_OWN:
+                assert result, f"{where}: no data from {expr!r}"
+
+        # The alert rules are loaded and evaluate without error on these series.
+        rule_groups = yaml.safe_load(ALERTS.read_text())["groups"]
+        loaded = server.api("rules")["data"]["groups"]
+        assert sorted(g["name"] for g in loaded) == sorted(g["name"] for g in rule_groups)
+        assert sum(len(g["rules"]) for g in loaded) == sum(len(g["rules"]) for g in rule_groups)
+        _wait_for(lambda: all(r["health"] == "ok" for g in server.api("rules")["data"]["groups"]
+                              for r in g["rules"]), 10, "every rule evaluated")
+        assert train.poll() is None, "training ran through every check"
+    finally:
+        writer_err = _stop(writer, signal.SIGINT, group=False) if writer is not None else ""
+        _stop(train, signal.SIGTERM, group=True)
+    assert writer.returncode == 0, writer_err  # Ctrl-C ends `zeromon targets --write` cleanly

@@ -1,0 +1,85 @@
+"""`zeromon targets [RUN_DIR] [--write FILE]`: the Prometheus file_sd target list of a run's agents."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from zeromon.errors import ZeromonError
+
+NAME = "targets"
+HELP = "print the Prometheus file_sd targets of a run's agents (--write FILE keeps a file up to date)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", metavar="RUN_DIR", nargs="?",
+                        help="the run folder (default: the newest local run in the user-level index, "
+                             "ZEROMON_REGISTRY)")
+    parser.add_argument("--write", metavar="FILE",
+                        help="write the list to FILE (atomically) and rewrite it whenever it changes, until "
+                             "interrupted; point a file_sd_configs entry of Prometheus at FILE")
+    parser.add_argument("--interval", metavar="S", type=float, default=2.0,
+                        help="with --write: seconds between looks at the registry (default 2)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from zeromon.sources.discovery import file_sd_text, resolve_run_dir, run_endpoints_folder, run_entries
+
+    if not args.interval > 0:
+        raise ZeromonError(f"--interval {args.interval}: must be a number of seconds > 0")
+    if args.write is None:
+        run_dir = resolve_run_dir(args.run_dir)
+        problems: list[str] = []
+        entries = run_entries(run_dir, problems)
+        for problem in problems:
+            print(f"zeromon: warning: skipped {problem}", file=sys.stderr)
+        if not entries:
+            raise ZeromonError(f"RUN_DIR {run_dir}: no agent endpoints registered in {run_endpoints_folder(run_dir)}",
+                               hint="agents register there while the run is going, with the endpoint on "
+                                    "(ZEROMON_ENDPOINT=1, the default)")
+        sys.stdout.write(file_sd_text(entries))
+        return 0
+    return _keep_writing(Path(args.write), args.run_dir, args.interval)
+
+
+def _keep_writing(path: Path, run_dir_arg: str | None, interval_s: float) -> int:
+    """Rewrite ``path`` whenever the target list changes, until interrupted.
+
+    Without RUN_DIR it follows the newest local run: a run that starts later takes over, and a run
+    that ended stays (its targets then fail their scrapes, which Prometheus shows as up == 0) rather
+    than giving way to an older run's leftovers.
+    """
+    from zeromon.sources.discovery import (
+        file_sd_text,
+        newest_local_run,
+        resolve_run_dir,
+        run_entries,
+        write_atomically,
+    )
+
+    if not path.parent.is_dir():
+        raise ZeromonError(f"--write {path}: the folder {path.parent} does not exist")
+    run_dir: Path | None = resolve_run_dir(run_dir_arg) if run_dir_arg is not None else None
+    followed_start_ns = -1
+    written: str | None = None
+    try:
+        while True:
+            if run_dir_arg is None:
+                newest = newest_local_run()
+                if newest is not None and newest.start_ns > followed_start_ns:
+                    followed_start_ns, run_dir = newest.start_ns, Path(newest.run_dir)
+            entries = run_entries(run_dir) if run_dir is not None else []
+            text = file_sd_text(entries)
+            if text != written:
+                try:
+                    write_atomically(path, text)
+                except OSError as exc:
+                    raise ZeromonError(f"--write {path}: cannot write: {exc.strerror or exc}") from None
+                written = text
+                where = f"run {run_dir}" if run_dir is not None else "no local run yet"
+                print(f"zeromon: wrote {len(entries)} target(s) ({where}) to {path}", file=sys.stderr, flush=True)
+            time.sleep(interval_s)
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,355 @@
+"""The live FleetView read through Prometheus's HTTP API, for a job whose ranks span machines.
+
+Prometheus scrapes every rank's ``/metrics`` (targets from `zeromon targets`); this module asks it
+for the newest run's series with two instant queries per poll and turns them into the same
+RankViews that the agents' snapshots give. Through Prometheus there is less: no event stream (no
+phase spans), no findings beyond the OOM risk level, and the steps are the last step's gauges as
+seen at each poll (a step history at the poll's resolution), not every step.
+
+Stale ranks: Prometheus drops a target's series once its scrape fails (``up`` is 0); this client
+keeps each rank's last view, marked ``alive=False`` with the time since it was last seen.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.parse
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from zeromon.analysis.findings import Severity
+from zeromon.analysis.oom import OomForecast
+from zeromon.errors import ZeromonError
+from zeromon.model.events import AgentStats, DeviceSample, MemorySample, RunInfo, StepSummary
+from zeromon.sources.live import (
+    CollectiveTotal,
+    FetchError,
+    FleetView,
+    RankView,
+    describe_os_error,
+    http_get,
+    http_status_error,
+    json_loads,
+)
+
+STEPS_KEPT = 64
+# The newest run: the one whose agents started last. zeromon_run is the label `zeromon targets` puts on
+# its file_sd groups; without it (a hand-written scrape config) the metrics' own job label tells runs apart.
+RUNS_QUERY = "max by (zeromon_run, job) (zeromon_agent_start_time_seconds)"
+# Everything of one run in one query; histogram buckets are left out (the view needs sums and counts).
+SERIES_QUERY = '{{__name__=~"up|zeromon_.+",__name__!~".+_bucket|.+_created",{selector}}}'
+_RISK = {0: Severity.OK, 1: Severity.WARN, 2: Severity.CRITICAL}
+_ZERO_STRATEGY = re.compile(r"^zero-?(\d)$", re.IGNORECASE)
+
+
+class PromQLError(Exception):
+    """Prometheus answered, with an error (a bad query, a timeout on its side)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    labels: Mapping[str, str]
+    value: float
+
+
+class PromQL:
+    """A minimal client of Prometheus's instant-query API (``GET /api/v1/query``)."""
+
+    def __init__(self, url: str, timeout_s: float = 5.0, token: str | None = None) -> None:
+        parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ZeromonError(f"--prometheus {url}: not an http(s) URL", hint="e.g. --prometheus http://localhost:9090")
+        try:
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:
+            raise ZeromonError(f"--prometheus {url}: the port is not a number from 1 to 65535",
+                               hint="e.g. --prometheus http://localhost:9090") from None
+        self.url = f"{parts.scheme}://{parts.netloc}{parts.path.rstrip('/')}"
+        self.timeout_s = timeout_s
+        self._base = parts.path.rstrip("/")
+        self._headers = {"Accept": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self._host, self._port, self._https = parts.hostname, port, parts.scheme == "https"
+
+    def query(self, expr: str) -> list[Series]:
+        """An instant vector query. FetchError: no answer; PromQLError: Prometheus refused the query."""
+        path = f"{self._base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        try:
+            status, reason, body = http_get(self._host, self._port, path, self._headers, self.timeout_s, self._https)
+        except OSError as exc:
+            raise FetchError(describe_os_error(exc, self.timeout_s)) from None
+        try:
+            doc = json_loads(body)
+        except ValueError:
+            raise FetchError(f"not Prometheus's API ({http_status_error(status, reason, body, False)})") from None
+        if not isinstance(doc, dict) or "status" not in doc:
+            raise FetchError(f"not Prometheus's API (HTTP {status}: a JSON answer without 'status')")
+        if doc["status"] != "success":
+            raise PromQLError(f"{doc.get('errorType', 'error')}: {doc.get('error', '')}")
+        data = doc.get("data") or {}
+        if data.get("resultType") != "vector":
+            raise PromQLError(f"expected an instant vector, got {data.get('resultType')!r}")
+        out = []
+        for item in data.get("result") or ():
+            try:
+                out.append(Series(item["metric"], float(item["value"][1])))
+            except (KeyError, IndexError, TypeError, ValueError):
+                continue
+        return out
+
+    def check(self) -> None:
+        """ZeromonError naming the URL when Prometheus cannot be queried."""
+        try:
+            self.query("vector(1)")
+        except (FetchError, PromQLError) as exc:
+            raise ZeromonError(f"--prometheus {self.url}: {exc}",
+                               hint="the URL of a Prometheus server, e.g. http://localhost:9090") from None
+
+    def close(self) -> None:
+        """Nothing to close: every query is one request on its own connection."""
+
+
+def _selector(run: Mapping[str, str]) -> str:
+    if run.get("zeromon_run"):
+        return f'zeromon_run="{_escape(run["zeromon_run"])}"'
+    return f'job="{_escape(run.get("job", ""))}"'
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+class _Rank:
+    """One rank's series, by metric name."""
+
+    def __init__(self) -> None:
+        self.series: dict[str, list[Series]] = {}
+
+    def add(self, name: str, series: Series) -> None:
+        self.series.setdefault(name, []).append(series)
+
+    def get(self, name: str, **labels: str) -> float | None:
+        for s in self.series.get(name, ()):
+            if all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+        return None
+
+    def int(self, name: str, **labels: str) -> int | None:
+        value = self.get(name, **labels)
+        return int(value) if value is not None else None
+
+    def labels(self, name: str) -> Mapping[str, str]:
+        items = self.series.get(name)
+        return items[0].labels if items else {}
+
+
+class PrometheusFleet:
+    """Polls Prometheus for the newest zeromon run and keeps a RankView per rank seen (stale ones too)."""
+
+    def __init__(self, url: str, timeout_s: float = 5.0, token: str | None = None, run: str | None = None) -> None:
+        self.client = PromQL(url, timeout_s, token)
+        self.url = self.client.url
+        self.run = run  # a zeromon_run to watch; None: the newest
+        self._views: dict[int, RankView] = {}
+        self._seen: dict[int, float] = {}  # rank -> time.monotonic() last seen alive
+        self._steps: dict[int, deque[StepSummary]] = {}
+        self._watched: tuple[tuple[str, str], ...] = ()  # the labels of the run being watched
+
+    def close(self) -> None:
+        self.client.close()
+
+    def poll(self, source: str, looked_at: tuple[str, ...]) -> FleetView:
+        """One poll: never raises for what Prometheus answers or fails to."""
+        try:
+            error = self._poll()
+        except (FetchError, PromQLError) as exc:
+            error = f"prometheus {self.url}: {exc}"
+            for rank, view in self._views.items():
+                self._views[rank] = replace(view, alive=False, error=error)
+        now = time.monotonic()
+        ranks = tuple(replace(v, stale_s=round(now - self._seen[r], 3)) if r in self._seen else v
+                      for r, v in sorted(self._views.items()))
+        watched = dict(self._watched)
+        if watched.get("zeromon_run"):
+            source = f"{source}: run {watched['zeromon_run']}"
+        elif watched.get("job"):
+            source = f"{source}: job {watched['job']}"
+        return FleetView(time.time_ns(), source, ranks, looked_at, error)
+
+    def _poll(self) -> str | None:
+        if self.run is not None:
+            run: Mapping[str, str] = {"zeromon_run": self.run}
+        else:
+            runs = self.client.query(RUNS_QUERY)
+            if runs:
+                run = max(runs, key=lambda s: s.value).labels
+            elif self._watched:  # the watched run has no fresh series (it ended): its ranks turn stale
+                run = dict(self._watched)
+            else:
+                return (f"prometheus {self.url} has no zeromon series (zeromon_agent_start_time_seconds): "
+                        "is it scraping the agents? (`zeromon targets --write FILE` makes its file_sd list)")
+        watched = tuple(sorted((k, v) for k, v in run.items() if k in ("zeromon_run", "job")))
+        if watched != self._watched:  # another run: the ranks of the last one are not its ranks
+            self._watched = watched
+            self._views.clear()
+            self._seen.clear()
+            self._steps.clear()
+        by_rank: dict[int, _Rank] = {}
+        up: dict[str, float] = {}
+        instance_of: dict[int, str] = {}
+        for series in self.client.query(SERIES_QUERY.format(selector=_selector(run))):
+            name = series.labels.get("__name__", "")
+            if name == "up":
+                up[series.labels.get("instance", "")] = series.value
+                continue
+            try:
+                rank = int(series.labels["rank"])
+            except (KeyError, ValueError):
+                continue
+            by_rank.setdefault(rank, _Rank()).add(name, series)
+            if "instance" in series.labels:
+                instance_of[rank] = series.labels["instance"]
+        now, now_ns = time.monotonic(), time.time_ns()
+        for rank, data in by_rank.items():
+            instance = instance_of.get(rank, "")
+            if up.get(instance, 1.0) >= 1.0:
+                self._views[rank] = self._rank_view(rank, data, instance, now_ns)
+                self._seen[rank] = now
+        down = {i for i, v in up.items() if v < 1.0}
+        for rank, view in self._views.items():
+            if rank not in by_rank or view.target in down:
+                reason = (f"Prometheus cannot scrape {view.target} (up == 0)" if view.target in down
+                          else "no fresh series in Prometheus")
+                self._views[rank] = replace(view, alive=False, error=reason)
+        return None
+
+    def _rank_view(self, rank: int, d: _Rank, instance: str, now_ns: int) -> RankView:
+        info = d.labels("zeromon_run_info")
+        base = next(iter(s.labels for items in d.series.values() for s in items), {})
+        run_info = _run_info(rank, info, base) if info else None
+        device_name = run_info.device if run_info is not None else "-"
+        step = d.int("zeromon_step")
+        categories = {s.labels["category"]: int(s.value) for s in d.series.get("zeromon_memory_category_bytes", ())
+                      if "category" in s.labels}
+        memory_names = ("zeromon_memory_allocated_bytes", "zeromon_memory_rss_bytes", "zeromon_memory_capacity_bytes")
+        memory = None
+        if categories or any(n in d.series for n in memory_names):
+            memory = MemorySample(
+                rank=rank, step=step if step is not None else -1, phase="", t_ns=now_ns, device=device_name,
+                allocated=d.int("zeromon_memory_allocated_bytes"), reserved=d.int("zeromon_memory_reserved_bytes"),
+                active=None, peak_reserved=None,
+                # On GPU the peak is the allocator's; on CPU it is the highest RSS sample (OomForecast's peak).
+                peak_allocated=d.int("zeromon_memory_peak_bytes") if "zeromon_memory_allocated_bytes" in d.series
+                else None,
+                inactive_split=None, num_alloc_retries=d.int("zeromon_allocator_retries_total"),
+                num_ooms=d.int("zeromon_ooms_total"), capacity=d.int("zeromon_memory_capacity_bytes"), free=None,
+                rss=d.int("zeromon_memory_rss_bytes"), categories=categories)
+        return RankView(
+            rank=rank, target=instance or "-", alive=True, stale_s=0.0, error=None, run_info=run_info,
+            steps=self._step_history(rank, d, step, now_ns), memory=memory, device=_device(rank, d, now_ns),
+            stats=_stats(rank, d, now_ns), collectives=_collectives(d), oom=_oom(rank, d, memory),
+            host=base.get("host"), job=base.get("job"),
+            local_rank=int(base["local_rank"]) if base.get("local_rank", "").isdigit() else None,
+            world_size=run_info.world_size if run_info is not None else None, t_ns=now_ns)
+
+    def _step_history(self, rank: int, d: _Rank, step: int | None, now_ns: int) -> tuple[StepSummary, ...]:
+        """The last step from its gauges, appended to what earlier polls saw."""
+        history = self._steps.setdefault(rank, deque(maxlen=STEPS_KEPT))
+        duration = d.get("zeromon_last_step_duration_seconds")
+        if step is None or duration is None:
+            return tuple(history)
+        if history and history[-1].step == step:
+            return tuple(history)
+        if history and history[-1].step > step:  # a new run of the same rank: its steps start again
+            history.clear()
+        comm = d.get("zeromon_step_comm_seconds") or 0.0
+        ratio = d.get("zeromon_step_overlap_ratio")
+        history.append(StepSummary(
+            rank=rank, step=step, start_ns=now_ns - int(duration * 1e9), end_ns=now_ns, phase_s={}, collectives=0,
+            comm_bytes=0, comm_bytes_by_op={}, comm_union_s=comm, blocked_s=0.0, peak_memory=None, comp_s=None,
+            overlap_s=ratio * comm if ratio is not None else None,
+            exposed_comm_s=d.get("zeromon_step_exposed_comm_seconds")))
+        return tuple(history)
+
+
+def _run_info(rank: int, info: Mapping[str, str], base: Mapping[str, str]) -> RunInfo:
+    def label(name: str) -> str | None:
+        value = info.get(name)
+        return None if value in (None, "", "unknown") else value
+
+    strategy = label("strategy")
+    zero = _ZERO_STRATEGY.match(strategy or "")
+    world = info.get("world_size", "")
+    local = base.get("local_rank", "")
+    return RunInfo(
+        rank=rank, local_rank=int(local) if local.isdigit() else -1, world_size=int(world) if world.isdigit() else -1,
+        host=base.get("host", "-"), pid=0, job=base.get("job", "-"), framework=label("framework") or "unknown",
+        framework_version=label("framework_version"), torch_version="", backend=label("backend"),
+        device=label("device") or "-", zero_stage=int(zero.group(1)) if zero else None,
+        fsdp_strategy=None if zero or strategy == label("framework") else strategy,
+        param_dtype=label("param_dtype"), reduce_dtype=None, optimizer=None,
+        knobs={"zeromon_version": info["zeromon_version"]} if "zeromon_version" in info else {})
+
+
+def _device(rank: int, d: _Rank, now_ns: int) -> DeviceSample | None:
+    if not any(name.startswith("zeromon_device_") for name in d.series):
+        return None
+    util = d.get("zeromon_device_utilization_ratio")
+    pcie, nvlink = "zeromon_device_pcie_bytes_per_second", "zeromon_device_nvlink_bytes_per_second"
+    return DeviceSample(
+        rank=rank, t_ns=now_ns, index=-1, name="", util_gpu_pct=util * 100 if util is not None else None,
+        util_mem_pct=None, mem_used=d.int("zeromon_device_memory_used_bytes"),
+        mem_total=d.int("zeromon_device_memory_total_bytes"), power_w=d.get("zeromon_device_power_watts"),
+        temperature_c=d.get("zeromon_device_temperature_celsius"), pcie_tx_bytes_s=d.get(pcie, direction="tx"),
+        pcie_rx_bytes_s=d.get(pcie, direction="rx"), nvlink_tx_bytes_s=d.get(nvlink, direction="tx"),
+        nvlink_rx_bytes_s=d.get(nvlink, direction="rx"))
+
+
+def _stats(rank: int, d: _Rank, now_ns: int) -> AgentStats | None:
+    recorded = d.int("zeromon_agent_events_recorded_total")
+    if recorded is None:
+        return None
+    return AgentStats(rank=rank, t_ns=now_ns, events_recorded=recorded,
+                      events_dropped=d.int("zeromon_agent_events_dropped_total") or 0,
+                      hook_errors=d.int("zeromon_agent_hook_errors_total") or 0,
+                      cpu_time_s=d.get("zeromon_agent_cpu_seconds_total") or 0.0)
+
+
+def _collectives(d: _Rank) -> tuple[CollectiveTotal, ...]:
+    keys = sorted({(s.labels.get("op", ""), s.labels.get("meaning", ""))
+                   for s in d.series.get("zeromon_collective_calls_total", ())})
+    busbw = {s.labels.get("op"): s.value for s in d.series.get("zeromon_collective_busbw_bytes_per_second", ())}
+    return tuple(CollectiveTotal(
+        op=op, meaning=meaning, calls=d.int("zeromon_collective_calls_total", op=op, meaning=meaning) or 0,
+        bytes=d.int("zeromon_collective_bytes_total", op=op, meaning=meaning) or 0,
+        seconds=d.get("zeromon_collective_duration_seconds_sum", op=op, meaning=meaning) or 0.0,
+        blocked_s=d.get("zeromon_collective_blocked_seconds_total", op=op, meaning=meaning) or 0.0,
+        busbw_bytes_s=busbw.get(op)) for op, meaning in keys)
+
+
+def _oom(rank: int, d: _Rank, memory: MemorySample | None) -> OomForecast | None:
+    risk = d.int("zeromon_oom_risk")
+    if risk is None:
+        return None
+    on_gpu = memory is not None and memory.allocated is not None
+    current = (memory.allocated if on_gpu else memory.rss) if memory is not None else None
+    return OomForecast(
+        rank=rank, risk=_RISK.get(risk, Severity.CRITICAL), capacity_bytes=memory.capacity if memory else None,
+        current_bytes=current, peak_bytes=d.int("zeromon_memory_peak_bytes"),
+        headroom_bytes=d.int("zeromon_memory_headroom_bytes"),
+        predicted_peak_bytes=d.int("zeromon_oom_predicted_peak_bytes"), growth_bytes_per_step=None,
+        steps_to_capacity=d.get("zeromon_oom_steps_to_capacity"),
+        device=memory.device if memory is not None else "-")
+
+
+def check_prometheus(url: str, timeout_s: float = 5.0) -> None:
+    """ZeromonError naming ``--prometheus URL`` when it is malformed or does not answer queries."""
+    client = PromQL(url, timeout_s)
+    try:
+        client.check()
+    finally:
+        client.close()
+
