@@ -35,7 +35,8 @@ from zeromon.errors import ZeromonError
 from zeromon.model.events import AgentStats, MemorySample, PhaseSpan, RunInfo, StepSummary
 from zeromon.model.registry import EndpointEntry, run_entry_path, user_entry_path, write_entry
 from zeromon.sources.discovery import file_sd_groups, newest_local_run, parse_target
-from zeromon.sources.live import LiveSource, RankView
+from zeromon.sources.fleet import RankView
+from zeromon.sources.live import LiveSource
 from zeromon.sources.promql import PrometheusFleet
 
 from conftest import REPO, child_env, free_port, torchrun_args

@@ -13,7 +13,7 @@ from zeromon.errors import ZeromonError
 from zeromon.model.units import format_bytes
 
 if TYPE_CHECKING:
-    from zeromon.sources.live import FleetView, RankView
+    from zeromon.sources.fleet import FleetView, RankView
 
 NAME = "live"
 HELP = "show the live agents of a run, one line per rank (plain text or --json; Ctrl-C ends)"

@@ -20,33 +20,19 @@ for what changed: after the first poll it asks only for the steps that can have 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import errno
 import math
 import os
-import selectors
-import socket
-import ssl
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zeromon.analysis.findings import Finding, Severity
-from zeromon.analysis.oom import OomForecast
 from zeromon.errors import ZeromonError
-from zeromon.model.codec import FIELDS_OF
 from zeromon.model.events import (
-    AgentStats,
-    DeviceSample,
-    MemorySample,
-    Notice,
     PhaseSpan,
-    RunInfo,
     StepSummary,
 )
 from zeromon.model.registry import EndpointEntry, registry_dir
@@ -58,463 +44,26 @@ from zeromon.sources.discovery import (
     parse_target,
     run_endpoints_folder,
 )
+from zeromon.sources.fleet import (
+    FleetView,
+    RankView,
+    check_snapshot,
+    rank_view_from_snapshot,
+    record_from_dict,
+)
+from zeromon.sources.http import (
+    FetchError,
+    HttpFetcher,
+    describe_os_error,
+    http_request,
+    http_status_error,
+    json_loads,
+)
 
-SNAPSHOT_SCHEMA = "zeromon.snapshot/1"
 STEPS_ASKED = 64  # steps per snapshot (?steps=): the agent's default
 EVENTS_LIMIT = 2000  # events per poll (?limit=); a client further behind skips ahead
 PHASES_KEPT = 512  # recent phase spans kept per rank
 PHASES_BACKFILL = 256  # events asked for before the first cursor: the last step or so
-MAX_BODY_BYTES = 32 * 2**20  # an answer larger than this is refused, not read whole
-
-
-# --- the view --------------------------------------------------------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class CollectiveTotal:
-    """Totals of one (op, ZeRO meaning) since the agent started."""
-
-    op: str
-    meaning: str
-    calls: int
-    bytes: int
-    seconds: float  # sum of measured durations
-    blocked_s: float
-    busbw_bytes_s: float | None  # median of the recent bus bandwidth samples (nccl-tests' busbw)
-
-
-@dataclass(frozen=True, slots=True)
-class RankView:
-    """One rank as the client last saw it. Its data stays when the rank stops answering."""
-
-    rank: int | None  # None: a target that never answered
-    target: str  # host:port
-    alive: bool  # the last poll got an answer
-    stale_s: float | None  # seconds since the last answer; None: never answered
-    error: str | None  # why the last poll failed
-    run_info: RunInfo | None = None
-    steps: tuple[StepSummary, ...] = ()  # newest last
-    memory: MemorySample | None = None
-    device: DeviceSample | None = None
-    stats: AgentStats | None = None
-    collectives: tuple[CollectiveTotal, ...] = ()
-    oom: OomForecast | None = None
-    findings: tuple[Finding, ...] = ()
-    phases: tuple[PhaseSpan, ...] = ()  # recent phase spans, oldest first
-    notices: tuple[Notice, ...] = ()
-    host: str | None = None
-    pid: int | None = None
-    job: str | None = None
-    local_rank: int | None = None
-    world_size: int | None = None
-    t_ns: int | None = None  # the agent's clock when it answered
-
-    @property
-    def last_step(self) -> StepSummary | None:
-        return self.steps[-1] if self.steps else None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["oom"] = self.oom.to_dict() if self.oom is not None else None
-        out["findings"] = [f.to_dict() for f in self.findings]
-        for name in ("run_info", "memory", "device", "stats"):
-            value = out[name]
-            out[name] = _plain(value) if value is not None else None
-        for name in ("steps", "collectives", "phases", "notices"):
-            out[name] = [_plain(v) for v in out[name]]
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class FleetView:
-    """Every rank of the watched run at one moment, ordered by rank."""
-
-    t_ns: int
-    source: str  # what is watched: "run <dir>", "targets ...", "prometheus <url>"
-    ranks: tuple[RankView, ...]
-    looked_at: tuple[str, ...]  # where agents were looked for (for a "no agent found" message)
-    error: str | None = None  # about the source as a whole: no agent found, Prometheus unreachable
-
-    @property
-    def alive(self) -> int:
-        return sum(1 for r in self.ranks if r.alive)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"t_ns": self.t_ns, "source": self.source, "looked_at": list(self.looked_at), "error": self.error,
-                "ranks": [r.to_dict() for r in self.ranks]}
-
-
-def _plain(record: Any) -> dict[str, Any]:
-    return {name: (dict(v) if isinstance(v := getattr(record, name), Mapping) else v)
-            for name in (f.name for f in dataclasses.fields(record))}
-
-
-# --- the snapshot JSON into model types ----------------------------------------------------------------
-
-_NAMES: dict[type, tuple[str, ...]] = {**FIELDS_OF, CollectiveTotal: tuple(f.name for f in dataclasses.fields(CollectiveTotal))}
-
-
-def _make(cls: type, data: Any) -> Any:
-    """A dataclass from a JSON object: known keys only (newer agents may add some); None if it lacks a required one."""
-    if not isinstance(data, dict):
-        return None
-    try:
-        return cls(**{k: data[k] for k in _NAMES[cls] if k in data})
-    except TypeError:
-        return None
-
-
-def _severity(value: Any) -> Severity:
-    try:
-        return Severity(value)
-    except ValueError:
-        return Severity.INFO
-
-
-def finding_from_dict(data: Any) -> Finding | None:
-    """Finding.to_dict() read back."""
-    if not isinstance(data, dict) or not isinstance(data.get("kind"), str):
-        return None
-    metrics = data.get("metrics")
-    return Finding(kind=data["kind"], severity=_severity(data.get("severity")), title=str(data.get("title", "")),
-                   rank=data.get("rank"), step=data.get("step"), evidence=tuple(data.get("evidence") or ()),
-                   remedies=tuple(data.get("remedies") or ()),
-                   metrics=dict(metrics) if isinstance(metrics, dict) else {})
-
-
-def forecast_from_dict(data: Any) -> OomForecast | None:
-    """OomForecast.to_dict() read back."""
-    if not isinstance(data, dict):
-        return None
-    keys = ("capacity_bytes", "current_bytes", "peak_bytes", "headroom_bytes", "predicted_peak_bytes",
-            "growth_bytes_per_step", "steps_to_capacity")
-    findings = tuple(f for f in map(finding_from_dict, data.get("findings") or ()) if f is not None)
-    return OomForecast(rank=int(data.get("rank", -1)), risk=_severity(data.get("risk", "ok")),
-                       **{k: data.get(k) for k in keys}, findings=findings, device=str(data.get("device", "-")),
-                       pending_optimizer_bytes=int(data.get("pending_optimizer_bytes") or 0))
-
-
-def _steps(items: Any, previous: tuple[StepSummary, ...]) -> tuple[StepSummary, ...]:
-    """The snapshot's steps, reusing the objects of steps already seen (most of them, every poll)."""
-    if not isinstance(items, list):
-        return ()
-    # The answer holds the agent's newest steps: only as many of the newest known ones can match.
-    known: dict[tuple[Any, Any], StepSummary] = {(s.step, s.end_ns): s for s in previous[-len(items):]}
-    out = []
-    for item in items:
-        if isinstance(item, dict):
-            step = known.get((item.get("step"), item.get("end_ns"))) or _make(StepSummary, item)
-            if step is not None:
-                out.append(step)
-    return tuple(out)
-
-
-def check_snapshot(doc: Any) -> dict[str, Any]:
-    """The snapshot document, or ValueError saying why it is not one this client reads."""
-    if not isinstance(doc, dict):
-        raise ValueError("the answer is not a JSON object")
-    schema = doc.get("schema")
-    if not isinstance(schema, str) or schema.split("/")[0] != SNAPSHOT_SCHEMA.split("/")[0]:
-        raise ValueError(f"not a zeromon snapshot (schema {schema!r})")
-    if schema.split("/")[-1].split(".")[0] != SNAPSHOT_SCHEMA.split("/")[-1]:
-        raise ValueError(f"snapshot schema {schema} is not supported; this zeromon reads {SNAPSHOT_SCHEMA}")
-    return doc
-
-
-def _collectives(items: Any) -> tuple[CollectiveTotal, ...]:
-    return tuple(c for c in (_make(CollectiveTotal, d) for d in items or ()) if c is not None)
-
-
-def _findings(items: Any) -> tuple[Finding, ...]:
-    return tuple(f for f in map(finding_from_dict, items or ()) if f is not None)
-
-
-def _notices(items: Any) -> tuple[Notice, ...]:
-    return tuple(n for n in (_make(Notice, d) for d in items or ()) if n is not None)
-
-
-# Snapshot keys and how each becomes model objects.
-_PARTS: dict[str, Callable[[Any], Any]] = {
-    "run_info": lambda raw: _make(RunInfo, raw), "memory": lambda raw: _make(MemorySample, raw),
-    "device": lambda raw: _make(DeviceSample, raw), "stats": lambda raw: _make(AgentStats, raw),
-    "collectives": _collectives, "oom": forecast_from_dict, "findings": _findings, "notices": _notices,
-}
-
-
-def rank_view_from_snapshot(doc: dict[str, Any], target: str, previous: RankView | None = None,
-                            phases: tuple[PhaseSpan, ...] = (),
-                            parsed: dict[str, tuple[Any, Any]] | None = None) -> RankView:
-    """An alive RankView from a checked snapshot document.
-
-    ``previous``: the rank's last view, whose steps are reused. ``parsed``: the rank's (JSON, object)
-    of each part last time, updated here: a part whose JSON is unchanged (run info, notices, the
-    forecast between steps) keeps its object; comparing the parsed JSON costs less than building it.
-    """
-    old_steps = previous.steps if previous is not None else ()
-    cache = parsed if parsed is not None else {}
-    parts: dict[str, Any] = {}
-    for name, build in _PARTS.items():
-        raw = doc.get(name)
-        hit = cache.get(name)
-        if hit is None or hit[0] != raw:
-            hit = cache[name] = (raw, build(raw))
-        parts[name] = hit[1]
-    rank = doc.get("rank")
-
-    def opt_int(name: str) -> int | None:
-        value = doc.get(name)
-        return value if isinstance(value, int) else None
-
-    return RankView(
-        rank=rank if isinstance(rank, int) else None, target=target, alive=True, stale_s=0.0, error=None,
-        steps=_steps(doc.get("steps"), old_steps), phases=phases, **parts,
-        host=doc.get("host") if isinstance(doc.get("host"), str) else None, pid=opt_int("pid"),
-        job=doc.get("job") if isinstance(doc.get("job"), str) else None, local_rank=opt_int("local_rank"),
-        world_size=opt_int("world_size"), t_ns=opt_int("t_ns"),
-    )
-
-
-# --- HTTP ---------------------------------------------------------------------------------------------
-
-def _json_loads() -> Callable[[bytes], Any]:
-    try:
-        import orjson
-    except ImportError:  # a dependency; json is ~3x slower on a snapshot
-        import json
-
-        return json.loads
-    loads: Callable[[bytes], Any] = orjson.loads
-    return loads
-
-
-json_loads = _json_loads()
-
-
-class FetchError(Exception):
-    """A request that got no usable answer; the message says why, for RankView.error."""
-
-
-def describe_os_error(exc: BaseException, timeout_s: float) -> str:
-    if isinstance(exc, TimeoutError | socket.timeout):
-        return f"no answer within {timeout_s:g} s"
-    if isinstance(exc, ConnectionRefusedError):
-        return "connection refused (nothing listens there: the agent stopped?)"
-    if isinstance(exc, socket.gaierror):
-        return f"cannot resolve the host ({exc.strerror})"
-    if isinstance(exc, ConnectionResetError | BrokenPipeError):
-        return "the connection was closed before an answer"
-    if isinstance(exc, ssl.SSLError):
-        return f"TLS: {exc.reason or exc}"
-    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-
-
-def http_request(host: str, port: int, path: str, headers: Mapping[str, str]) -> bytes:
-    """An HTTP/1.0 GET: the server answers and closes, so there is no connection to keep, nor chunking."""
-    lines = [f"GET {path} HTTP/1.0", f"Host: {host}:{port}", *(f"{k}: {v}" for k, v in headers.items()), "", ""]
-    return "\r\n".join(lines).encode("latin-1")
-
-
-class _Answer:
-    """An HTTP answer arriving in pieces: done when the server closes, or at Content-Length."""
-
-    __slots__ = ("chunks", "received", "head_end", "length")
-
-    def __init__(self) -> None:
-        self.chunks: list[bytes] = []
-        self.received = 0
-        self.head_end = -1
-        self.length = -1
-
-    def feed(self, data: bytes) -> bool:
-        """Add what recv() gave (b"" at the end); True when the answer is complete."""
-        if not data:
-            return True
-        self.chunks.append(data)
-        self.received += len(data)
-        if self.received > MAX_BODY_BYTES:
-            raise FetchError(f"the answer is larger than {MAX_BODY_BYTES // 2**20} MiB")
-        if self.head_end < 0:
-            joined = b"".join(self.chunks)
-            self.chunks = [joined]
-            self.head_end = joined.find(b"\r\n\r\n")
-            if self.head_end >= 0:
-                self.length = _content_length(joined[:self.head_end])
-        # All of it, from a server that would keep the connection open.
-        return self.head_end >= 0 and 0 <= self.length <= self.received - self.head_end - 4
-
-    def result(self) -> tuple[int, str, bytes]:
-        """(status, reason, body), or FetchError."""
-        raw = b"".join(self.chunks)
-        if self.head_end < 0:
-            raise FetchError("the connection was closed before a complete HTTP answer" if raw
-                             else "the connection was closed before an answer")
-        status_line = raw[:raw.find(b"\r\n")].decode("latin-1").split(" ", 2)
-        if len(status_line) < 2 or not status_line[0].startswith("HTTP/") or not status_line[1].isdigit():
-            raise FetchError("not an HTTP answer")
-        body = raw[self.head_end + 4:]
-        if self.length >= 0:
-            if len(body) < self.length:
-                raise FetchError(f"the answer was cut short ({len(body)} of {self.length} bytes)")
-            body = body[:self.length]
-        return int(status_line[1]), status_line[2] if len(status_line) > 2 else "", body
-
-
-def _content_length(head: bytes) -> int:
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length" and value.strip().isdigit():
-            return int(value)
-    return -1
-
-
-def http_get(host: str, port: int, path: str, headers: Mapping[str, str], timeout_s: float,
-             https: bool = False) -> tuple[int, str, bytes]:
-    """One blocking GET (HTTP/1.0, HTTPS too), the whole exchange within ``timeout_s``: for Prometheus.
-    OSError or FetchError when there is no answer."""
-    deadline = time.monotonic() + timeout_s
-    sock = socket.create_connection((host, port), timeout=timeout_s)
-    try:
-        if https:
-            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=host)
-        sock.sendall(http_request(host, port, path, headers))
-        answer = _Answer()
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise TimeoutError
-            sock.settimeout(remaining)
-            if answer.feed(sock.recv(1 << 18)):
-                return answer.result()
-    finally:
-        sock.close()
-
-
-@dataclass(slots=True, eq=False)
-class _Exchange:
-    """One request in flight on a non-blocking socket."""
-
-    key: Any
-    sock: socket.socket
-    out: bytes  # the request, what is left of it to send
-    deadline: float
-    connecting: bool = True
-    answer: _Answer = dataclasses.field(default_factory=_Answer)
-
-
-class HttpFetcher:
-    """Many HTTP/1.0 GETs at once, in the calling thread: non-blocking sockets and one selector.
-
-    One thread serves any number of agents, a slow or dead one costing a socket, not a thread: 64
-    agents a second cost ~30% less CPU than a pool of threads doing the same blocking requests
-    (no GIL hand-offs). ``wake()`` interrupts a ``wait()`` from another thread.
-    """
-
-    def __init__(self) -> None:
-        self._selector = selectors.DefaultSelector()
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
-        self._addresses: dict[tuple[str, int], tuple[int, Any]] = {}
-        self._exchanges: dict[int, _Exchange] = {}  # by file descriptor (cheaper to walk than the selector's map)
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._exchanges)
-
-    def start(self, key: Any, host: str, port: int, request: bytes, timeout_s: float) -> BaseException | None:
-        """Begin a request; the error when it fails at once (a host that does not resolve)."""
-        try:
-            family, address = self._address(host, port)
-            sock = socket.socket(family, socket.SOCK_STREAM)
-        except OSError as exc:
-            return exc
-        sock.setblocking(False)
-        err = sock.connect_ex(address)
-        if err not in (0, errno.EINPROGRESS, errno.EWOULDBLOCK):
-            sock.close()
-            self._addresses.pop((host, port), None)
-            return OSError(err, os.strerror(err))
-        exchange = _Exchange(key, sock, request, time.monotonic() + timeout_s)
-        self._selector.register(sock, selectors.EVENT_WRITE, exchange)
-        self._exchanges[sock.fileno()] = exchange
-        return None
-
-    def _address(self, host: str, port: int) -> tuple[int, Any]:
-        # Resolved once per target: a name lookup blocks, and the agents' addresses do not move.
-        cached = self._addresses.get((host, port))
-        if cached is None:
-            family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-            cached = self._addresses[(host, port)] = (family, address)
-        return cached
-
-    def wait(self, timeout_s: float) -> list[tuple[Any, tuple[int, str, bytes] | BaseException]]:
-        """The exchanges that ended within ``timeout_s`` (answered, failed or past their deadline)."""
-        done: list[tuple[Any, tuple[int, str, bytes] | BaseException]] = []
-        if self._exchanges:
-            timeout_s = min(timeout_s, min(ex.deadline for ex in self._exchanges.values()) - time.monotonic())
-        for key, mask in self._selector.select(max(0.0, timeout_s)):
-            exchange = key.data
-            if exchange is None:  # wake()
-                with contextlib.suppress(OSError):
-                    self._wake_r.recv(4096)
-                continue
-            result: tuple[int, str, bytes] | BaseException | None
-            try:
-                result = self._step(exchange, mask)
-            except (OSError, FetchError) as exc:
-                result = exc
-            if result is not None:
-                self._end(exchange)
-                done.append((exchange.key, result))
-        now = time.monotonic()
-        for ex in [ex for ex in self._exchanges.values() if now >= ex.deadline]:
-            self._end(ex)
-            done.append((ex.key, TimeoutError()))
-        return done
-
-    def _step(self, ex: _Exchange, mask: int) -> tuple[int, str, bytes] | None:
-        if mask & selectors.EVENT_WRITE:
-            if ex.connecting:
-                err = ex.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-                if err:
-                    raise OSError(err, os.strerror(err))  # ConnectionRefusedError, ...
-                ex.connecting = False
-            try:
-                ex.out = ex.out[ex.sock.send(ex.out):]
-            except BlockingIOError:
-                return None
-            if not ex.out:
-                self._selector.modify(ex.sock, selectors.EVENT_READ, ex)
-            return None
-        try:
-            data = ex.sock.recv(1 << 18)
-        except BlockingIOError:
-            return None
-        return ex.answer.result() if ex.answer.feed(data) else None
-
-    def _end(self, ex: _Exchange) -> None:
-        del self._exchanges[ex.sock.fileno()]
-        self._selector.unregister(ex.sock)
-        ex.sock.close()
-
-    def wake(self) -> None:
-        with contextlib.suppress(OSError):
-            self._wake_w.send(b"x")
-
-    def close(self) -> None:
-        for ex in list(self._exchanges.values()):
-            self._end(ex)
-        self._selector.close()
-        self._wake_r.close()
-        self._wake_w.close()
-
-
-def http_status_error(status: int, reason: str, body: bytes, has_token: bool) -> str:
-    if status == 401:
-        return ("401: the agent requires a bearer token; set ZEROMON_TOKEN (or --token)" if not has_token
-                else "401: the agent refused the token (ZEROMON_TOKEN / --token)")
-    detail = body[:200].decode("utf-8", "replace").strip()
-    return f"HTTP {status} {reason}" + (f": {detail}" if detail else "")
 
 
 # --- polling -----------------------------------------------------------------------------------------
@@ -852,7 +401,7 @@ class LiveSource:
         if isinstance(events, list) and events:
             # Most events are collectives, which the view does not keep: only the phases become objects.
             for event in [e for e in events if isinstance(e, dict) and e.get("kind") == "phase"]:
-                span = _make(PhaseSpan, event)
+                span = record_from_dict(PhaseSpan, event)
                 if span is not None:
                     slot.phases.append(span)
             last = events[-1]  # the agent sends them in cursor order

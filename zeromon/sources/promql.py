@@ -23,16 +23,8 @@ from zeromon.analysis.findings import Severity
 from zeromon.analysis.oom import OomForecast
 from zeromon.errors import ZeromonError
 from zeromon.model.events import AgentStats, DeviceSample, MemorySample, RunInfo, StepSummary
-from zeromon.sources.live import (
-    CollectiveTotal,
-    FetchError,
-    FleetView,
-    RankView,
-    describe_os_error,
-    http_get,
-    http_status_error,
-    json_loads,
-)
+from zeromon.sources.fleet import CollectiveTotal, FleetView, RankView
+from zeromon.sources.http import FetchError, describe_os_error, http_get, http_status_error, json_loads
 
 STEPS_KEPT = 64
 # The newest run: the one whose agents started last. zeromon_run is the label `zeromon targets` puts on
