@@ -554,6 +554,14 @@ def test_prometheus_scrapes_a_real_2_rank_run_through_zeromon_targets(
         assert sum(len(g["rules"]) for g in loaded) == sum(len(g["rules"]) for g in rule_groups)
         _wait_for(lambda: all(r["health"] == "ok" for g in server.api("rules")["data"]["groups"]
                               for r in g["rules"]), 10, "every rule evaluated")
+        # The live source of the TUI and dashboard, through this Prometheus (a multi-node job's path).
+        from zeromon.sources.live import LiveSource
+
+        fleet = LiveSource(prometheus=server.url).poll()
+        assert fleet.error is None, fleet.error
+        assert [(r.rank, r.alive) for r in fleet.ranks] == [(0, True), (1, True)], fleet.ranks
+        for view in fleet.ranks:
+            assert view.job == job and view.steps and view.memory is not None and view.collectives, view
         assert train.poll() is None, "training ran through every check"
     finally:
         writer_err = _stop(writer, signal.SIGINT, group=False) if writer is not None else ""
