@@ -28,7 +28,8 @@ from zeromon.errors import ZeromonError
 from zeromon.model import registry
 from zeromon.model.codec import read_recording
 from zeromon_agent.config import AgentConfig, load_config
-from zeromon_agent.endpoint import AgentEndpoint, HttpServer, Response, bind
+from zeromon_agent.endpoint import AgentEndpoint
+from zeromon_agent.httpserver import HttpServer, Response, bind
 from zeromon_agent.recorder import Recorder
 from zeromon_agent.state import HotState
 
