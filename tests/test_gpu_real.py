@@ -6,6 +6,8 @@ Skipped without a CUDA GPU (this machine and CI have none); run where one is len
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -136,3 +138,47 @@ def test_phases_and_overlap_on_the_gpu_clock(tmp_path: Path) -> None:
     for live, analysed, comm in zip(r["live_exposed"], r["analysed_exposed"], r["comm_s"], strict=True):
         assert live is not None and abs(live - analysed) <= 0.1 * comm + 1e-6, r
         assert live >= 0.5 * comm, r
+
+
+def test_the_endpoint_serves_allocator_and_device_metrics_on_a_gpu(tmp_path: Path) -> None:
+    script = tmp_path / "gpu_endpoint.py"
+    script.write_text(textwrap.dedent("""
+        import json, sys, time, urllib.request, torch, torch.distributed as dist
+        import zeromon_agent
+        torch.cuda.set_device(0)
+        dist.init_process_group("nccl", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{sys.argv[2]}")
+        model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1)).cuda()
+        opt = torch.optim.AdamW(model.parameters())
+        zeromon_agent.attach(model=model, optimizer=opt, out_dir=sys.argv[1], device_interval_s=0.05)
+        for _ in range(6):
+            loss = model(torch.randn(64, 1024, device="cuda")).sum()
+            loss.backward()
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+            opt.step(); opt.zero_grad()
+            loss.item()
+        time.sleep(1.0)  # the recorder's passes and an NVML sample
+        url = zeromon_agent.get_agent().endpoint.url
+        metrics = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+        snapshot = json.loads(urllib.request.urlopen(url + "/api/v1/snapshot", timeout=10).read())
+        zeromon_agent.detach()
+        names = sorted({line.split("{")[0].split(" ")[0] for line in metrics.splitlines()
+                        if line and not line.startswith("#")})
+        print(json.dumps({"names": names, "memory": snapshot["memory"], "device": snapshot["device"],
+                          "oom": snapshot["oom"], "metrics": metrics}))
+    """))
+    out = run_python(script, str(tmp_path), str(free_port()), env=child_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    for name in ("zeromon_memory_allocated_bytes", "zeromon_memory_reserved_bytes", "zeromon_memory_capacity_bytes",
+                 "zeromon_device_utilization_ratio", "zeromon_device_memory_used_bytes", "zeromon_device_power_watts",
+                 "zeromon_collective_duration_seconds_bucket", "zeromon_allocator_retries_total", "zeromon_oom_risk"):
+        assert name in r["names"], (name, r["names"])
+    assert r["memory"]["device"] == "cuda:0" and r["memory"]["allocated"] > 0
+    assert r["memory"]["capacity"] > r["memory"]["allocated"]
+    assert r["device"] is not None and r["device"]["mem_total"] > 0
+    assert r["oom"]["risk"] == "ok"
+    assert 'op="all_reduce"' in r["metrics"]
+    if shutil.which("promtool"):
+        check = subprocess.run(["promtool", "check", "metrics"], input=r["metrics"], capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
