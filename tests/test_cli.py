@@ -56,3 +56,19 @@ def test_summary_of_a_folder_with_a_foreign_file(tmp_path: Path) -> None:
     (tmp_path / "rank-0.jsonl").write_text("hello\n")
     out = zeromon("summary", str(tmp_path))
     assert out.returncode == 2 and "rank-0.jsonl:1: not a zeromon recording" in out.stderr
+
+
+def test_run_endpoint_flags_are_checked_and_passed_to_the_ranks(tmp_path: Path) -> None:
+    out = zeromon("run", "--port", "70000", "--", sys.executable, "-c", "pass")
+    assert out.returncode == 2 and "--port '70000'" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    out = zeromon("run", "--bind", "not an address", "--", sys.executable, "-c", "pass")
+    assert out.returncode == 2 and "--bind" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    show = "import os; print(os.environ['ZEROMON_BIND'], os.environ['ZEROMON_PORT'])"
+    out = zeromon("run", "--quiet", "--out", str(tmp_path), "--bind", "0.0.0.0", "--port", "9600", "--",
+                  sys.executable, "-c", show)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0.0.0.0", "9600"]
+    assert "without ZEROMON_TOKEN" in out.stderr  # reachable from other machines with no token: said so
+    out = zeromon("run", "--quiet", "--out", str(tmp_path), "--bind", "0.0.0.0", "--", sys.executable, "-c", "pass",
+                  env=child_env(ZEROMON_TOKEN="s3cret"))
+    assert out.returncode == 0 and "without ZEROMON_TOKEN" not in out.stderr, out.stderr

@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zeromon.analysis.comm_advice import overlap_findings
+from zeromon.analysis.comm_advice import overlap_findings_of_summaries
 from zeromon.analysis.findings import Finding
 from zeromon.analysis.oom import OomForecast, forecast
-from zeromon.analysis.step_overlap import StepOverlap
 from zeromon.model.codec import FIELDS_OF, KIND_OF, Recording
 from zeromon.model.events import (
     AgentStats,
@@ -137,7 +136,7 @@ class LiveData:
             stats = dataclasses.replace(stats, cpu_time_s=round(stats.cpu_time_s + self.extra_cpu_s(), 6))
         walked = next((m for m in reversed(history) if any(k != "activations" for k in m.categories)), None)
         oom = self._oom(now, history, steps, run_info, recent)
-        findings = (oom.findings if oom is not None else ()) + _overlap_findings(self.identity.rank, steps, run_info)
+        findings = (oom.findings if oom is not None else ()) + overlap_findings_of_summaries(self.identity.rank, steps, run_info)
         return View(
             t_ns=time.time_ns(), cursor=cursor, run_info=run_info, steps=steps, memory=memory,
             categories=dict(walked.categories) if walked is not None else {}, device=device, stats=stats,
@@ -163,20 +162,6 @@ class LiveData:
             result = forecast(recording)
         self._forecast = (now, result)
         return result
-
-
-def _overlap_findings(rank: int, steps: tuple[StepSummary, ...], info: RunInfo | None) -> tuple[Finding, ...]:
-    """Poor overlap over the recent steps, as `zeromon report` finds it (zeromon.analysis.comm_advice)."""
-    overlaps = []
-    for s in steps:
-        if s.comp_s is None or s.overlap_s is None or s.exposed_comm_s is None:
-            continue
-        step_s = s.duration_s
-        busy = s.comm_union_s + s.comp_s - s.overlap_s
-        overlaps.append(StepOverlap(rank=rank, step=s.step, step_s=step_s, comm_s=s.comm_union_s, comp_s=s.comp_s,
-                                    overlap_s=s.overlap_s, exposed_comm_s=s.exposed_comm_s,
-                                    idle_s=max(0.0, step_s - busy), blocked_s=s.blocked_s))
-    return overlap_findings(rank, overlaps, info) if overlaps else ()
 
 
 def record_dict(record: Record) -> dict[str, Any]:

@@ -51,6 +51,7 @@ JOBS: tuple[Job, ...] = (
         "streamed Kineto trace import and HTA-exact overlap, against HolisticTraceAnalysis, up to 100 MB"),
     Job("bench_live_source.py", (), "the live source polling 64 simulated agents at 1 Hz: the client's own CPU"),
     Job("bench_scrape.py", (), "one rank's /metrics scraped 1000 times while a 2-rank FSDP2 run trains"),
+    Job("bench_tui.py", (), "zeromon attach headless at 200x60 replaying 256 synthesized ZeRO-3 ranks: refresh time, RSS"),
 )
 
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from zeromon.analysis.findings import Finding, Severity
 from zeromon.analysis.step_overlap import StepOverlap
-from zeromon.model.events import RunInfo
+from zeromon.model.events import RunInfo, StepSummary
 
 # Exposed communication worth a finding: a share of step time, with the overlap ratio below a bar.
 EXPOSED_SHARE_WARN = 0.10
@@ -70,3 +70,19 @@ def overlap_findings(rank: int, steps: Sequence[StepOverlap], info: RunInfo | No
         metrics={"exposed_share": share, "exposed_comm_s": exposed_ms / 1e3,
                  **({"overlap_ratio": ratio} if ratio is not None else {})},
     ),)
+
+
+def overlap_findings_of_summaries(rank: int, steps: Sequence[StepSummary],
+                                  info: RunInfo | None) -> tuple[Finding, ...]:
+    """The same finding from the overlap the agent computed per step (StepSummary's comp_s,
+    overlap_s, exposed_comm_s): what live clients have, with no collective events."""
+    overlaps = []
+    for s in steps:
+        if s.comp_s is None or s.overlap_s is None or s.exposed_comm_s is None:
+            continue
+        step_s = s.duration_s
+        busy = s.comm_union_s + s.comp_s - s.overlap_s
+        overlaps.append(StepOverlap(rank=rank, step=s.step, step_s=step_s, comm_s=s.comm_union_s, comp_s=s.comp_s,
+                                    overlap_s=s.overlap_s, exposed_comm_s=s.exposed_comm_s,
+                                    idle_s=max(0.0, step_s - busy), blocked_s=s.blocked_s))
+    return overlap_findings(rank, overlaps, info) if overlaps else ()

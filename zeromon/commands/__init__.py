@@ -15,4 +15,5 @@ COMMAND_MODULES: tuple[str, ...] = (
     "zeromon.commands.report",
     "zeromon.commands.targets",
     "zeromon.commands.live",
+    "zeromon.commands.attach",
 )

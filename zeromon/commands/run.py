@@ -23,6 +23,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="DIR", help="run folder (default: zeromon-runs/<time>)")
     parser.add_argument("--job", metavar="NAME", help="job name recorded with the run (default: the script name)")
     parser.add_argument("--quiet", action="store_true", help="no summary when the command ends")
+    parser.add_argument("--bind", metavar="ADDR",
+                        help="address the ranks' endpoints listen on (default 127.0.0.1; sets ZEROMON_BIND). "
+                        "Another address is reachable from other machines: set ZEROMON_TOKEN too")
+    parser.add_argument("--port", metavar="N",
+                        help="base port of the ranks' endpoints: each listens on N + its local rank, else the next "
+                        "free port (default 9470; 0: any free port; sets ZEROMON_PORT)")
+    parser.add_argument("--tui", action="store_true",
+                        help="watch the run in the live TUI (zeromon attach) while it trains; the command's output "
+                        "goes to DIR/launcher.log. Quitting the TUI leaves the command running: zeromon run "
+                        "waits for it and exits with its exit status")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...")
 
 
@@ -55,6 +65,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     from zeromon_agent.config import load_config
 
     load_config()
+    endpoint_env = {}
+    for flag, var, value in (("--bind", "ZEROMON_BIND", args.bind), ("--port", "ZEROMON_PORT", args.port)):
+        if value is None:
+            continue
+        try:
+            load_config({var: value})
+        except ZeromonError as exc:
+            raise ZeromonError(exc.message.replace(f"{var}=", f"{flag} ").replace(var, flag),
+                               hint=(exc.hint or "").replace(var, flag)) from None
+        endpoint_env[var] = value
+    bind = endpoint_env.get("ZEROMON_BIND", os.environ.get("ZEROMON_BIND", "127.0.0.1"))
+    if not _loopback(bind) and not os.environ.get("ZEROMON_TOKEN"):
+        print(f"zeromon: warning: the endpoints listen on {bind} without ZEROMON_TOKEN: whoever reaches this "
+              "machine can read the metrics and snapshots", file=sys.stderr)
+    if args.tui:
+        from zeromon.commands.attach import require_terminal
+
+        require_terminal("zeromon run --tui")
     out = Path(args.out) if args.out else Path("zeromon-runs") / time.strftime("%Y%m%d-%H%M%S")
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -72,13 +100,23 @@ def cmd_run(args: argparse.Namespace) -> int:
     env.setdefault("ZEROMON_ENABLE", "1")
     if args.job:
         env["ZEROMON_JOB"] = args.job
+    env.update(endpoint_env)
 
+    log = (out / "launcher.log").open("ab") if args.tui else None
     try:
-        child = subprocess.Popen(cmd, env=env)
+        if log is None:
+            child = subprocess.Popen(cmd, env=env)
+        else:  # the TUI owns the terminal: the command's output goes to the log, and it reads no keys
+            child = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     except FileNotFoundError:
         raise ZeromonError(f"zeromon run: command not found: {cmd[0]}") from None
     except PermissionError:
         raise ZeromonError(f"zeromon run: permission denied: {cmd[0]}") from None
+    finally:
+        if log is not None:
+            log.close()  # the child has its own descriptor
+    if args.tui:
+        _watch(child, out)
 
     def forward(signum: int, _frame: object) -> None:
         try:
@@ -95,6 +133,39 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.quiet:
         _print_run_summary(out)
     return code if code >= 0 else 128 - code
+
+
+def _loopback(address: str) -> bool:
+    import ipaddress
+
+    if address == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def _watch(child: subprocess.Popen[bytes], out: Path) -> None:
+    """The TUI on the run's folder until the user quits it; the command goes on either way."""
+    from zeromon.sources.live import LiveSource
+    from zeromon.tui.app import ZeromonApp
+
+    log = out / "launcher.log"
+
+    def status() -> tuple[str, bool]:
+        code = child.poll()
+        if code is None:
+            return f"job running (pid {child.pid}, output: launcher.log)", False
+        return f"the job ended with exit status {code} (output in {log}); q quits", True
+
+    try:
+        ZeromonApp(LiveSource(run_dir=out), status=status).run()
+    except Exception as exc:  # the TUI failing must not take the job with it
+        print(f"zeromon: the TUI stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
+    if child.poll() is None:
+        print(f"zeromon: the job goes on (pid {child.pid}, output in {log}); waiting for it to end "
+              "(Ctrl-C stops it)", file=sys.stderr)
 
 
 def _print_run_summary(out: Path) -> None:

@@ -65,6 +65,7 @@ class RankView:
     local_rank: int | None = None
     world_size: int | None = None
     t_ns: int | None = None  # the agent's clock when it answered
+    start_ns: int | None = None  # when the rank's agent started
 
     @property
     def last_step(self) -> StepSummary | None:
@@ -227,5 +228,5 @@ def rank_view_from_snapshot(doc: dict[str, Any], target: str, previous: RankView
         steps=_steps(doc.get("steps"), old_steps), phases=phases, **parts,
         host=doc.get("host") if isinstance(doc.get("host"), str) else None, pid=opt_int("pid"),
         job=doc.get("job") if isinstance(doc.get("job"), str) else None, local_rank=opt_int("local_rank"),
-        world_size=opt_int("world_size"), t_ns=opt_int("t_ns"),
+        world_size=opt_int("world_size"), t_ns=opt_int("t_ns"), start_ns=opt_int("start_ns"),
     )

@@ -245,7 +245,8 @@ class PrometheusFleet:
             stats=_stats(rank, d, now_ns), collectives=_collectives(d), oom=_oom(rank, d, memory),
             host=base.get("host"), job=base.get("job"),
             local_rank=int(base["local_rank"]) if base.get("local_rank", "").isdigit() else None,
-            world_size=run_info.world_size if run_info is not None else None, t_ns=now_ns)
+            world_size=run_info.world_size if run_info is not None else None, t_ns=now_ns,
+            start_ns=int(started * 1e9) if (started := d.get("zeromon_agent_start_time_seconds")) else None)
 
     def _step_history(self, rank: int, d: _Rank, step: int | None, now_ns: int) -> tuple[StepSummary, ...]:
         """The last step from its gauges, appended to what earlier polls saw."""

@@ -1,0 +1,209 @@
+"""ReplaySource: a real 2-rank gloo recording played back as FleetViews on a virtual clock.
+
+The recording is made once per module by the real CLI (`zeromon run -- torchrun ... fsdp2_train.py`);
+the replay is then checked against what read_recording says the files hold.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from zeromon.analysis.oom import forecast
+from zeromon.cli import main
+from zeromon.errors import ZeromonError
+from zeromon.model.codec import Recording, read_recording, read_run
+from zeromon.sources.fleet import FleetView
+from zeromon.sources.replay import ReplaySource
+
+from conftest import EXAMPLES, child_env, torchrun_args, zeromon
+
+STEPS = 8
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("replay") / "run"
+    result = zeromon("run", "--quiet", "--out", str(out), "--",
+                     *torchrun_args(2, EXAMPLES / "fsdp2_train.py", "--steps", str(STEPS)),
+                     env=child_env(ZEROMON_ENDPOINT="0"), timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert sorted(p.name for p in out.glob("rank-*.jsonl")) == ["rank-0.jsonl", "rank-1.jsonl"]
+    return out
+
+
+def wait_for(check: Callable[[], T | None], timeout_s: float = 10.0, what: str = "") -> T:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def record_times(rec: Recording) -> list[int]:
+    """When the agent published each record, as the replay orders them."""
+    return ([c.complete_ns if c.complete_ns is not None else c.issue_ns for c in rec.collectives]
+            + [s.end_ns for s in rec.steps] + [m.t_ns for m in rec.memory] + [p.end_ns for p in rec.phases]
+            + [n.t_ns for n in rec.notices] + ([rec.stats.t_ns] if rec.stats else []))
+
+
+def collective_totals(rec: Recording) -> dict[tuple[str, str], tuple[int, int]]:
+    calls: Counter[tuple[str, str]] = Counter()
+    nbytes: Counter[tuple[str, str]] = Counter()
+    for c in rec.collectives:
+        calls[(c.op, c.meaning)] += 1
+        nbytes[(c.op, c.meaning)] += max(c.bytes_in, c.bytes_out)
+    return {key: (calls[key], nbytes[key]) for key in calls}
+
+
+@pytest.mark.distributed
+def test_plays_to_the_end_with_steps_advancing_and_the_recordings_totals(run_dir: Path) -> None:
+    recordings = read_run(run_dir)
+    source = ReplaySource(run_dir, speed=1.0, interval_s=0.02)
+    source.speed = source.duration_ns / 1.5e9  # the whole run in 1.5 s of wall time
+    assert source.looked_at == (str(run_dir),) and source.position_ns == 0 and not source.finished
+    first = source.latest()
+    assert [r.rank for r in first.ranks] == [0, 1] and all(not r.steps for r in first.ranks)
+
+    seen: list[FleetView] = []
+    with source:
+        deadline = time.monotonic() + 30
+        while not source.finished and time.monotonic() < deadline:
+            seen.append(source.latest())
+            time.sleep(0.01)
+        assert source.finished
+        end = wait_for(lambda: (v := source.latest()).alive == 0 and v, what="the view at the end")
+
+    assert len({v.t_ns for v in seen}) >= 20  # it played, a view per tick, not one jump to the end
+    for rank in (0, 1):
+        last_steps = [r.last_step.step if r.last_step else -1 for v in seen for r in v.ranks if r.rank == rank]
+        calls = [sum(c.calls for c in r.collectives) for v in seen for r in v.ranks if r.rank == rank]
+        assert last_steps == sorted(last_steps) and calls == sorted(calls)  # never backwards
+        assert len(set(last_steps)) >= 4  # and through the steps one by one, not all at once
+    assert [v.t_ns for v in seen] == sorted(v.t_ns for v in seen)
+
+    for view, rec in zip(end.ranks, recordings, strict=True):
+        assert view.rank == rec.rank and not view.alive and view.error == "the recording ended"
+        assert view.t_ns == max(record_times(rec))
+        assert [s.step for s in view.steps] == [s.step for s in rec.steps] == list(range(STEPS))
+        assert view.steps[-1] == rec.steps[-1] and view.memory == max(rec.memory, key=lambda m: m.t_ns)
+        assert view.run_info == rec.run_info and view.job == "fsdp2_train" and view.world_size == 2
+        assert view.stats == rec.stats
+        got = {(c.op, c.meaning): (c.calls, c.bytes) for c in view.collectives}
+        assert got == collective_totals(rec)
+        assert {"param_all_gather", "grad_reduce_scatter"} <= {c.meaning for c in view.collectives}
+        for total in view.collectives:
+            measured = [c for c in rec.collectives if (c.op, c.meaning) == (total.op, total.meaning)]
+            assert total.seconds == pytest.approx(sum(c.duration_s or 0.0 for c in measured))
+            assert total.blocked_s == pytest.approx(sum(c.blocked_s for c in measured))
+            assert total.busbw_bytes_s is not None and total.busbw_bytes_s > 0
+        expected = forecast(rec)
+        assert view.oom is not None and view.oom.risk == expected.risk
+        assert (view.oom.peak_bytes, view.oom.capacity_bytes) == (expected.peak_bytes, expected.capacity_bytes)
+        assert {p.phase for p in view.phases} >= {"forward", "backward", "optimizer"}
+        assert all(f.rank == rec.rank for f in view.findings)
+
+
+@pytest.mark.distributed
+def test_pause_stops_the_clock_and_speed_scales_it(run_dir: Path) -> None:
+    source = ReplaySource(run_dir, speed=1.0, interval_s=0.02)
+    with source:
+        source.paused = True
+        held = source.position_ns
+        time.sleep(0.3)
+        assert source.position_ns == held and source.paused
+        view = wait_for(lambda: (v := source.latest()).t_ns == source.start_ns + held and v, what="a paused view")
+        time.sleep(0.1)
+        assert source.latest().t_ns == view.t_ns  # the views stop too
+
+        for speed in (1.0, 4.0):
+            source.seek(0)
+            source.speed = speed
+            source.paused = False
+            wall0, pos0 = time.monotonic(), source.position_ns
+            time.sleep(0.2)
+            pos1, wall1 = source.position_ns, time.monotonic()
+            source.paused = True
+            assert pos1 < source.duration_ns  # not stopped by the end of the run
+            assert (pos1 - pos0) / 1e9 / (wall1 - wall0) == pytest.approx(speed, rel=0.05)
+        assert not source.finished and 0 < source.position_ns < source.duration_ns
+    with pytest.raises(ZeromonError, match="replay speed 0"):
+        source.speed = 0
+    with pytest.raises(ZeromonError, match="replay speed 'fast'"):
+        ReplaySource(run_dir, speed="fast")  # type: ignore[arg-type]
+
+
+@pytest.mark.distributed
+def test_a_rank_whose_recording_ends_early_turns_stale(run_dir: Path, tmp_path: Path) -> None:
+    cut = tmp_path / "cut"
+    shutil.copytree(run_dir, cut)
+    lines = (cut / "rank-1.jsonl").read_text().splitlines(keepends=True)
+    third_step = next(i for i, line in enumerate(lines) if line.startswith('["step",1,2,'))
+    (cut / "rank-1.jsonl").write_text("".join(lines[:third_step + 1]))  # rank 1 died after its third step
+    rank1_end = max(record_times(read_recording(cut / "rank-1.jsonl")))
+    rank0_end = max(record_times(read_recording(cut / "rank-0.jsonl")))
+    source = ReplaySource(cut)
+    assert source.start_ns + source.duration_ns == rank0_end > rank1_end + 200_000_000  # 5 steps later
+
+    before = source.view_at(rank1_end - source.start_ns)
+    assert [r.alive for r in before.ranks] == [True, True]
+    after = source.view_at(rank1_end - source.start_ns + 200_000_000)
+    rank0, rank1 = after.ranks
+    assert rank0.alive and rank0.error is None and rank0.stale_s == 0.0
+    assert not rank1.alive and rank1.stale_s == pytest.approx(0.2, abs=1e-3)
+    assert rank1.error is not None and "recording ends" in rank1.error
+    assert rank1.t_ns == rank1_end and rank1.steps == before.ranks[1].steps  # its last data stays
+    assert rank0.last_step is not None and rank1.last_step is not None
+    assert rank0.last_step.step > rank1.last_step.step
+    end = source.view_at(source.duration_ns)
+    assert [r.alive for r in end.ranks] == [False, False]
+    assert end.ranks[1].stale_s == pytest.approx((rank0_end - rank1_end) / 1e9, abs=1e-3)
+
+
+@pytest.mark.distributed
+def test_loop_starts_over_and_seek_goes_back(run_dir: Path) -> None:
+    source = ReplaySource(run_dir, loop=True, interval_s=0.02)
+    source.speed = source.duration_ns / 0.5e9  # a lap in half a second
+    positions = []
+    with source:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and not any(b < a for a, b in zip(positions, positions[1:], strict=False)):
+            positions.append(source.position_ns)
+            time.sleep(0.01)
+        assert any(b < a for a, b in zip(positions, positions[1:], strict=False)), "the clock never wrapped"
+        assert not source.finished
+        source.paused = True
+        source.seek(source.duration_ns)
+        wait_for(lambda: source.latest().ranks[0].last_step, what="a view with steps")
+        source.seek(0)
+        back = wait_for(lambda: (v := source.latest()).t_ns == source.start_ns and v, what="the view at 0")
+    assert all(not r.steps and not r.collectives and r.oom is None for r in back.ranks)
+    assert back.ranks[0].alive or back.ranks[1].alive  # the one with the first record
+
+
+def test_bad_run_folders_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["attach", "--replay", str(tmp_path)]) == 2  # before the screen is taken
+    err = capsys.readouterr().err
+    assert f"zeromon: error: replay {tmp_path}: no rank-<r>.jsonl recordings in this folder" in err
+    assert "hint: record a run with `zeromon run --out DIR -- CMD ...`" in err
+
+    with pytest.raises(ZeromonError, match=f"replay {tmp_path / 'nope'}: no such run folder"):
+        ReplaySource(tmp_path / "nope")
+    with pytest.raises(ZeromonError, match="no rank-<r>.jsonl recordings"):
+        ReplaySource(tmp_path)
+    (tmp_path / "rank-0.jsonl").write_text("hello\n")
+    with pytest.raises(ZeromonError, match="rank-0.jsonl:1: not a zeromon recording"):
+        ReplaySource(tmp_path)
+    (tmp_path / "rank-0.jsonl").write_text('{"format": "zeromon-recording", "version": "1.1", "rank": 0, '
+                                           '"schemas": {}}\n')
+    with pytest.raises(ZeromonError, match="hold no records"):
+        ReplaySource(tmp_path)

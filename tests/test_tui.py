@@ -1,0 +1,690 @@
+"""`zeromon attach`: the view model without a terminal, the app through Textual's Pilot, the CLI's flags.
+
+The app is driven by FakeSource, a test double for the source: any object with start(), stop() and
+latest() -> FleetView is one, and this one returns FleetViews built here from the real model types
+(the same ones LiveSource builds from the agents' snapshots), so every screen is deterministic. The
+last test drives the app with a real LiveSource against the real agents of a 2-rank gloo run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import io
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+from rich.text import Text
+from textual.widgets import DataTable, Input, Static
+
+from zeromon.analysis.findings import Finding, Severity
+from zeromon.analysis.live_stragglers import memory_imbalance_finding, straggler_finding
+from zeromon.analysis.oom import OomForecast
+from zeromon.cli import main
+from zeromon.model.events import MemorySample, PhaseSpan, RunInfo, StepSummary
+from zeromon.sources.fleet import CollectiveTotal, FleetView, RankView
+from zeromon.sources.live import LiveSource
+from zeromon.tui.app import ZeromonApp
+from zeromon.tui.rank_detail import collective_rows, memory_lines, phase_timeline, rank_title
+from zeromon.tui.screens import HelpScreen, RankScreen
+from zeromon.tui.view_model import (
+    COLUMN_KEYS,
+    STALE_MARK,
+    WORST_MARK,
+    FindingsLog,
+    RankFilter,
+    RunClock,
+    header,
+    memory_bar,
+    no_agent_text,
+    rank_rows,
+    short_bytes,
+    sort_rows,
+    trends,
+    worst_row,
+)
+from zeromon.tui.widgets import FindingsPanel, FleetHeader, NoAgentPanel, RanksTable
+
+from conftest import REPO, child_env, torchrun_args
+
+T0 = 1_700_000_000_000_000_000  # the views' clock: fixed, so every screen is the same every run
+GIB = 2**30
+MS = 1_000_000
+
+
+# --- deterministic fleets ------------------------------------------------------------------------------
+
+def make_rank(rank: int, world: int = 4, steps: int = 12, step_ms: float = 100.0, exposed_ms: float = 10.0,
+              overlap: float = 0.75, used_gib: float = 10.0, capacity_gib: float = 80.0,
+              risk: Severity = Severity.OK, headroom_gib: float | None = None, alive: bool = True,
+              stale_s: float | None = 0.0, blocked_ms: float = 20.0, findings: tuple[Finding, ...] = (),
+              framework: str = "deepspeed", t_ns: int = T0) -> RankView:
+    """One rank's view as LiveSource builds it: `steps` steps of `step_ms` ending at t_ns."""
+    info = RunInfo(rank=rank, local_rank=rank % 8, world_size=world, host=f"node{rank // 8}", pid=1000 + rank,
+                   job="llama-7b", framework=framework,
+                   framework_version="0.19.8" if framework == "deepspeed" else "2.13.0", torch_version="2.13.0",
+                   backend="nccl", device=f"cuda:{rank % 8}", zero_stage=3 if framework == "deepspeed" else None,
+                   fsdp_strategy=None if framework == "deepspeed" else "FULL_SHARD", param_dtype="bf16",
+                   reduce_dtype="fp32", optimizer="AdamW")
+    step_ns = int(step_ms * MS)
+    summaries = []
+    spans = []
+    for i in range(steps):
+        start = t_ns - (steps - i) * step_ns
+        comm_s = exposed_ms / 1e3 / (1 - overlap) if overlap < 1 else exposed_ms / 1e3
+        summaries.append(StepSummary(
+            rank=rank, step=i, start_ns=start, end_ns=start + step_ns,
+            phase_s={"forward": step_ms * 0.3e-3, "backward": step_ms * 0.6e-3, "optimizer": step_ms * 0.1e-3},
+            collectives=40, comm_bytes=2 * GIB, comm_bytes_by_op={"all_gather": GIB, "reduce_scatter": GIB},
+            comm_union_s=comm_s, blocked_s=blocked_ms / 1e3, peak_memory=int((used_gib + 0.1 * i) * GIB),
+            comp_s=step_ms * 0.9e-3, overlap_s=comm_s * overlap, exposed_comm_s=exposed_ms / 1e3))
+        for phase, a, b in (("forward", 0.0, 0.3), ("backward", 0.3, 0.9), ("optimizer", 0.9, 1.0)):
+            spans.append(PhaseSpan(rank=rank, step=i, phase=phase, start_ns=start + int(a * step_ns),
+                                   end_ns=start + int(b * step_ns)))
+    used = int(used_gib * GIB)
+    peak = int((used_gib + 0.1 * (steps - 1)) * GIB)
+    capacity = int(capacity_gib * GIB)
+    memory = MemorySample(rank=rank, step=steps - 1, phase="optimizer", t_ns=t_ns, device=f"cuda:{rank % 8}",
+                          allocated=used, reserved=used + GIB, active=used, peak_allocated=peak,
+                          peak_reserved=peak + GIB, inactive_split=0, num_alloc_retries=0, num_ooms=0,
+                          capacity=capacity, free=capacity - used - GIB, rss=2 * GIB,
+                          categories={"sharded_params": used // 4, "optimizer_state": used // 2,
+                                      "activations": used // 4})
+    headroom = int(headroom_gib * GIB) if headroom_gib is not None else capacity - peak
+    oom = OomForecast(rank=rank, risk=risk, capacity_bytes=capacity, current_bytes=used, peak_bytes=peak,
+                      headroom_bytes=headroom, predicted_peak_bytes=capacity - headroom,
+                      growth_bytes_per_step=0.1 * GIB, steps_to_capacity=None, device=f"cuda:{rank % 8}")
+    collectives = (
+        CollectiveTotal("all_gather", "param_all_gather", 480, 12 * GIB, 0.9, 0.1, 150e9),
+        CollectiveTotal("reduce_scatter", "grad_reduce_scatter", 480, 12 * GIB, 0.6, 0.12, 140e9),
+        CollectiveTotal("all_reduce", "unknown", 12, 4096, 0.01, 0.01, None),
+    )
+    return RankView(rank=rank, target=f"127.0.0.1:{9470 + rank}", alive=alive, stale_s=stale_s,
+                    error=None if alive else "connection refused (nothing listens there: the agent stopped?)",
+                    run_info=info, steps=tuple(summaries), memory=memory, collectives=collectives, oom=oom,
+                    findings=findings, phases=tuple(spans), host=f"node{rank // 8}", pid=1000 + rank,
+                    job="llama-7b", local_rank=rank % 8, world_size=world, t_ns=t_ns)
+
+
+OOM_FINDING = Finding(kind="oom_risk", severity=Severity.WARN, title="rank 2: peak at 91% of capacity",
+                      rank=2, step=11, evidence=("peak 72.8 GiB of 80.0 GiB",),
+                      remedies=("lower the micro-batch size", "activation checkpointing"))
+
+
+def fleet(n: int = 4, t_ns: int = T0, **overrides: Any) -> FleetView:
+    """n ranks; rank 2 is the worst (WARN, 3 GiB headroom) unless overridden per rank with {rank: kwargs}."""
+    ranks = []
+    for r in range(n):
+        kwargs: dict[str, Any] = dict(world=n, step_ms=100.0 + r, exposed_ms=10.0 + r, t_ns=t_ns)
+        if r == 2:
+            kwargs.update(risk=Severity.WARN, headroom_gib=3.0, used_gib=70.0, findings=(OOM_FINDING,))
+        kwargs.update(overrides.get(f"r{r}", {}))
+        ranks.append(make_rank(r, **kwargs))
+    return FleetView(t_ns=t_ns, source="run /runs/demo", ranks=tuple(ranks),
+                     looked_at=("/runs/demo/endpoints (the run folder's endpoints)",))
+
+
+def empty_fleet(t_ns: int = T0) -> FleetView:
+    looked = ("/home/u/.cache/zeromon/agents (the user-level index of local agents, ZEROMON_REGISTRY)",)
+    return FleetView(t_ns=t_ns, source="newest local run (none found yet)", ranks=(), looked_at=looked,
+                     error="no agent found (looked at: /home/u/.cache/zeromon/agents)")
+
+
+class FakeSource:
+    """A test double for the source: returns whatever view the test set. ``speed``/``paused`` as a replay has."""
+
+    def __init__(self, view: FleetView, replay: bool = False) -> None:
+        self.view = view
+        self.started = self.stopped = 0
+        self.calls = 0
+        self.fail: Exception | None = None
+        if replay:
+            self.speed = 1.0
+            self.paused = False
+
+    def start(self) -> FakeSource:
+        self.started += 1
+        return self
+
+    def stop(self) -> None:
+        self.stopped += 1
+
+    def latest(self) -> FleetView:
+        self.calls += 1
+        if self.fail is not None:
+            raise self.fail
+        return self.view
+
+
+def text_of(widget: Static) -> str:
+    """A Static's content as plain text (Rich tables and groups rendered 120 columns wide)."""
+    content = widget.content
+    if isinstance(content, str | Text):
+        return str(content)
+    console = Console(width=120, record=True, file=io.StringIO())
+    console.print(content)
+    return console.export_text()
+
+
+def table_column(table: RanksTable, key: str) -> list[str]:
+    """A column's cells; for "rank" the rank alone, without the marks."""
+    values = [v.strip() for v in table.column_values(key)]
+    return [v.split()[-1] for v in values] if key == "rank" else values
+
+
+def screen_text(app: ZeromonApp) -> str:
+    """What the terminal shows, as text (the SVG screenshot's text, one tspan per run of a style)."""
+    import re
+
+    svg = app.export_screenshot()
+    return re.sub(r"<[^>]+>", "", svg).replace("&#160;", " ")
+
+
+async def settle(app: ZeromonApp, pilot: Any) -> None:
+    app.refresh_view()
+    await pilot.pause()
+
+
+# --- the view model (no terminal) ----------------------------------------------------------------------
+
+def test_rows_header_and_the_worst_rank() -> None:
+    view = fleet(4)
+    rows = rank_rows(view)
+    assert [r.key for r in rows] == ["rank 0", "rank 1", "rank 2", "rank 3"]
+    worst = worst_row(rows)
+    assert worst is not None and worst.rank == 2  # WARN beats the others' OK
+    cells = dict(zip(COLUMN_KEYS, worst.cells(worst=True), strict=True))
+    assert cells["rank"] == f"{WORST_MARK} 2" and cells["risk"] == "warn" and cells["headroom"] == "3G"
+    assert cells["memory"] == memory_bar(70 * GIB, int(71.1 * GIB), 80 * GIB, 6) + " 70G/71G/80G"
+    first = dict(zip(COLUMN_KEYS, rows[0].cells(), strict=True))
+    assert [first[k] for k in ("step_ms", "overlap", "exposed_ms", "exposed_pct", "busbw", "state")] == [
+        "100.0", "75%", "10.0", "10%", "150", "alive"]
+    h = header(view, rows, uptime_s=1.2, uptime_exact=True)
+    assert (h.job, h.framework, h.strategy, h.world, h.dtypes) == (
+        "llama-7b", "DeepSpeed 0.19.8", "ZeRO-3", "4", "param bf16 reduce fp32")
+    assert h.step == "11" and h.answering == "4/4 ranks answering" and h.uptime == "1s"
+    assert float(h.steps_per_s) == pytest.approx(1000 / 101.5, rel=0.02)  # median over ranks
+    assert h.worst_risk is Severity.WARN and h.worst_risk_text == "warn: rank 2, headroom 3G"
+    assert h.worst_overlap_text == "75% (rank 0)"
+
+
+def test_memory_bar_shows_used_peak_and_capacity() -> None:
+    assert memory_bar(2, 5, 10) == "██▒▒▒·····"
+    assert memory_bar(10, 10, 10) == "█" * 10
+    assert memory_bar(3, 3, None) == "?" * 10  # no capacity known: no bar, not a wrong one
+    assert short_bytes(1536) == "1.5K" and short_bytes(3 * GIB) == "3G" and short_bytes(-GIB) == "-1G"
+
+
+def test_a_target_that_never_answered_is_a_row_too() -> None:
+    never = RankView(rank=None, target="10.0.0.9:9470", alive=False, stale_s=None,
+                     error="connection refused (nothing listens there: the agent stopped?)")
+    view = fleet(2)
+    rows = rank_rows(FleetView(view.t_ns, view.source, (*view.ranks, never), view.looked_at))
+    row = rows[-1]
+    assert (row.key, row.state, row.level, row.host) == ("10.0.0.9:9470", "down", "stale", "10.0.0.9")
+    assert row.cells()[0] == f"{STALE_MARK} ?" and row.cells()[1] == "-"
+    assert [r.key for r in sort_rows(rows, "risk")][-1] == "10.0.0.9:9470"  # no data: not the worst
+    assert worst_row(rows) is not None and worst_row(rows).key != "10.0.0.9:9470"  # type: ignore[union-attr]
+    assert rank_title(never).endswith("never answered · connection refused (nothing listens there: the agent stopped?)")
+
+
+def test_sort_orders_and_filter_terms() -> None:
+    view = fleet(4, r3={"alive": False, "stale_s": 12.0})
+    rows = rank_rows(view)
+    assert [r.rank for r in sort_rows(rows, "risk")][0] == 2
+    assert [r.rank for r in sort_rows(rows, "step time")] == [3, 2, 1, 0]  # slowest first
+    assert [r.rank for r in sort_rows(rows, "state")][0] == 3  # not answering first
+    assert [r.rank for r in rows if RankFilter("1-2").matches(r)] == [1, 2]
+    assert [r.rank for r in rows if RankFilter("stale").matches(r)] == [3]
+    assert [r.rank for r in rows if RankFilter("warn 0").matches(r)] == [0, 2]
+    assert [r.rank for r in rows if RankFilter("crit").matches(r)] == []
+    assert [r.rank for r in rows if RankFilter("node0").matches(r)] == [0, 1, 2, 3]
+    assert [r.rank for r in rows if RankFilter("nowhere").matches(r)] == []
+    assert rows[3].state == "stale 12s" and rows[3].level == "stale"
+
+
+def test_findings_grouped_by_kind_newest_first() -> None:
+    log = FindingsLog()
+    overlap = [Finding(kind="poor_overlap", severity=Severity.WARN, title=f"rank {r}: 30% exposed", rank=r)
+               for r in (1, 3)]
+    first = log.update([OOM_FINDING], T0)
+    assert [i.finding.kind for i in first] == ["oom_risk"]
+    later = log.update([OOM_FINDING, *overlap], T0 + 10**9)
+    assert [i.finding.kind for i in later] == ["poor_overlap", "oom_risk"]  # the newer kind first
+    assert later[0].ranks == (1, 3) and later[0].title == "rank 1: 30% exposed (also rank 3)"
+    assert log.update([*overlap], T0 + 2 * 10**9)[0].first_seen_ns == T0 + 10**9  # it did not start anew
+    again = log.update([OOM_FINDING, *overlap], T0 + 3 * 10**9)
+    assert [i.finding.kind for i in again] == ["oom_risk", "poor_overlap"]  # gone and back: new again
+
+
+def test_straggler_and_memory_imbalance_across_ranks() -> None:
+    # Rank 3 is busy 30 ms longer per step; the others wait for it, blocked 35 ms.
+    steps = {r: make_rank(r, blocked_ms=35.0 if r != 3 else 5.0).steps for r in range(4)}
+    finding = straggler_finding(steps)
+    assert finding is not None and finding.rank == 3 and finding.kind == "straggler"
+    assert finding.metrics["gap_s"] == pytest.approx(0.030, abs=1e-6)
+    assert finding.severity is Severity.CRITICAL  # 30% of a 100 ms step
+    even = {r: make_rank(r).steps for r in range(4)}
+    assert straggler_finding(even) is None
+    imbalance = memory_imbalance_finding({0: 10 * GIB, 1: 10 * GIB, 2: 14 * GIB})
+    assert imbalance is not None and imbalance.rank == 2 and "29%" in imbalance.title
+    assert memory_imbalance_finding({0: 10 * GIB, 1: 10 * GIB + 2**20}) is None
+
+
+def test_trends_take_the_largest_over_ranks_per_step() -> None:
+    t = trends(fleet(3).ranks)
+    assert t.steps == tuple(range(12))
+    assert t.step_s[-1] == pytest.approx(0.102)  # rank 2's 102 ms
+    assert t.exposed_s[0] == pytest.approx(0.012)
+    assert t.peak_memory[0] == 70 * GIB
+
+
+def test_rank_detail_memory_collectives_and_timeline() -> None:
+    rank = make_rank(1)
+    categories, totals = memory_lines(rank)
+    assert [c.label for c in categories] == ["optimizer state", "sharded params", "activations"]
+    assert categories[0].share == pytest.approx(0.5)
+    assert ("fragmentation", "1G") in totals and ("OOM risk", "ok") in totals
+    rows = collective_rows(rank)
+    assert rows[0][:3] == ("all_gather", "param_all_gather", "480")
+    assert rows[0][6] == "150" and rows[0][8] == "11%"  # busbw GB/s; 0.1 s blocked of 0.9 s
+    timeline = phase_timeline(rank, n=3, width=20)
+    assert [t.step for t in timeline] == [9, 10, 11]
+    assert timeline[-1].cells == "F" * 6 + "B" * 12 + "O" * 2
+    # Without phase spans (through Prometheus): the step's phase totals side by side.
+    totals = phase_timeline(dataclasses.replace(rank, phases=()), n=1, width=20)
+    assert totals[0].cells == "F" * 6 + "B" * 12 + "O" * 2
+
+
+def test_uptime_is_exact_only_from_step_zero() -> None:
+    clock = RunClock()
+    assert clock.observe(fleet(2)) == (pytest.approx(12 * 0.101), True)
+    later = RunClock()
+    view = fleet(2)
+    trimmed = FleetView(view.t_ns, view.source, tuple(dataclasses.replace(r, steps=r.steps[5:]) for r in view.ranks),
+                        view.looked_at)
+    uptime, exact = later.observe(trimmed)
+    assert not exact and uptime == pytest.approx(7 * 0.101)
+    # Agents that say when they started make it exact however late the TUI attached.
+    started = FleetView(view.t_ns, view.source, tuple(dataclasses.replace(r, steps=r.steps[5:],
+                                                                        start_ns=view.t_ns - 30 * 10**9 - r.rank)
+                                                    for r in view.ranks), view.looked_at)
+    assert RunClock().observe(started) == (pytest.approx(30.0 + 1e-9), True)
+
+
+def test_no_agent_text_says_where_and_how() -> None:
+    text = no_agent_text(empty_fleet(), 1.0)
+    assert "ZEROMON_REGISTRY" in text and "zeromon run -- torchrun" in text and "zeromon_agent.attach(" in text
+    assert "Still looking, every 1 s" in text
+
+
+# --- the app, through Pilot ----------------------------------------------------------------------------
+
+def run_app(source: FakeSource, size: tuple[int, int] = (160, 48),
+            body: Callable[[ZeromonApp, Any], Any] | None = None) -> ZeromonApp:
+    app = ZeromonApp(source, refresh_s=60)  # the tests drive refreshes themselves
+
+    async def go() -> None:
+        async with app.run_test(size=size) as pilot:
+            await pilot.pause()
+            if body is not None:
+                await body(app, pilot)
+
+    asyncio.run(go())
+    return app
+
+
+def test_app_shows_header_table_findings_and_starts_and_stops_the_source() -> None:
+    source = FakeSource(fleet(4))
+
+    async def body(app: ZeromonApp, pilot: Any) -> None:
+        head = text_of(app.screen.query_one(FleetHeader))
+        assert "llama-7b" in head and "DeepSpeed 0.19.8" in head and "ZeRO-3" in head and "world 4" in head
+        assert "worst OOM risk warn: rank 2, headroom 3G" in head and "4/4 ranks answering" in head
+        table = app.screen.query_one(RanksTable)
+        assert table.row_count == 4
+        assert [v.strip() for v in table.column_values("rank")] == ["0", "1", WORST_MARK + " 2", "3"]
+        assert table.row_style("rank 2") == "bold yellow"  # colour too, not the symbol alone
+        assert WORST_MARK + " 2" in screen_text(app)  # and drawn
+        findings = text_of(app.screen.query_one("#findings-text", Static))
+        assert "warn rank 2: peak at 91% of capacity" in findings
+        assert "lower the micro-batch size" in findings and "peak 72.8 GiB" in findings
+        assert not app.screen.query_one(NoAgentPanel).display
+
+    run_app(source, body=body)
+    assert source.started == 1 and source.stopped == 1
+
+
+def test_sort_key_cycles_and_a_column_header_sorts() -> None:
+    async def body(app: ZeromonApp, pilot: Any) -> None:
+        table = app.screen.query_one(RanksTable)
+        assert table_column(table, "rank") == ["0", "1", "2", "3"]
+        await pilot.press("s")  # rank -> risk
+        assert app.sort == "risk" and table_column(table, "rank")[0] == "2"
+        assert "sort risk" in text_of(app.screen.query_one(FleetHeader))
+        for _ in range(3):  # -> headroom -> memory -> step time
+            await pilot.press("s")
+        assert app.sort == "step time" and table_column(table, "rank") == ["3", "2", "1", "0"]
+        await pilot.click(RanksTable, offset=(1 + 80, 1))  # the "state" header (the 160-column layout has a border)
+        await pilot.pause()
+        assert app.sort == "state" and table_column(table, "rank")[0] == "0"
+        app.sort = "rank"
+        app.draw()
+        assert table_column(table, "rank") == ["0", "1", "2", "3"]
+
+    run_app(FakeSource(fleet(4)), body=body)
+
+
+def test_filter_shows_matching_ranks_and_escape_clears_it() -> None:
+    async def body(app: ZeromonApp, pilot: Any) -> None:
+        table = app.screen.query_one(RanksTable)
+        await pilot.press("slash")
+        field = app.screen.query_one("#filter", Input)
+        assert field.display and field.has_focus
+        await pilot.press("1", "-", "2")
+        assert table_column(table, "rank") == ["1", "2"]
+        assert app.sort == "rank"  # typing did not trigger the keys (s, p, q) of the screen
+        await pilot.press("enter")
+        assert table.has_focus and table_column(table, "rank") == ["1", "2"]
+        assert "filter 1-2: 2 of 4" in text_of(app.screen.query_one(FleetHeader))
+        await pilot.press("escape")
+        assert table_column(table, "rank") == ["0", "1", "2", "3"] and not field.display
+
+    run_app(FakeSource(fleet(4)), body=body)
+
+
+def test_enter_drills_into_a_rank_and_escape_comes_back() -> None:
+    source = FakeSource(fleet(4))
+
+    async def body(app: ZeromonApp, pilot: Any) -> None:
+        app.screen.query_one(RanksTable).focus()
+        await pilot.press("down", "down", "enter")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, RankScreen) and screen.key == "rank 2"
+        assert "rank 2 · node0 · pid 1002" in text_of(screen.query_one("#rank-title", Static))
+        memory = text_of(screen.query_one("#rank-memory", Static))
+        assert "optimizer state" in memory and "headroom" in memory and "3G" in memory
+        collectives = screen.query_one("#rank-collectives", DataTable)
+        assert collectives.row_count == 3 and str(collectives.get_row_at(0)[1]) == "param_all_gather"
+        timeline = text_of(screen.query_one("#rank-timeline", Static))
+        assert "\n     11 │FFFF" in timeline and "FFFF" in timeline and "BBBB" in timeline
+        # The drill-down follows the data.
+        source.view = fleet(4, r2={"risk": Severity.CRITICAL, "headroom_gib": -1.0, "used_gib": 70.0})
+        await settle(app, pilot)
+        assert "risk critical" in text_of(screen.query_one("#rank-summary", Static))
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, RankScreen)
+        assert table_column(app.screen.query_one(RanksTable), "risk")[2] == "crit"
+
+    run_app(source, body=body)
+
+
+def test_pause_freezes_the_view_and_pauses_a_replay() -> None:
+    source = FakeSource(fleet(4), replay=True)
+
+    async def body(app: ZeromonApp, pilot: Any) -> None:
+        table = app.screen.query_one(RanksTable)
+        await pilot.press("p")
+        assert app.paused and source.paused
+        assert "PAUSED" in text_of(app.screen.query_one(FleetHeader))
+        source.view = fleet(2)
+        calls = source.calls
+        await settle(app, pilot)
+        assert source.calls == calls and table.row_count == 4  # not even asked
+        await pilot.press("p")
+        await settle(app, pilot)
+        assert not source.paused and table.row_count == 2
+        await pilot.press("plus")
+        assert source.speed == 2.0 and "replay ×2" in text_of(app.screen.query_one(FleetHeader))
+        await pilot.press("minus", "minus")
+        assert source.speed == 0.5
+
+    run_app(source, body=body)
+
+
+def test_stale_ranks_show_and_a_rank_that_comes_back_is_picked_up() -> None:
+    source = FakeSource(fleet(4))
+
+    async def body(app: ZeromonApp, pilot: Any) -> None:
+        table = app.screen.query_one(RanksTable)
+        source.view = fleet(4, r1={"alive": False, "stale_s": 7.0})
+        await settle(app, pilot)
+        assert table_column(table, "state")[1] == "stale 7s"
+        assert table.column_values("rank")[1] == STALE_MARK + " 1" and table.row_style("rank 1") == "dim"
+        assert "3/4 ranks answering" in text_of(app.screen.query_one(FleetHeader))
+        source.view = fleet(4, **{f"r{r}": {"alive": False, "stale_s": 9.0} for r in range(4)})
+        await settle(app, pilot)
+        assert "no rank answers (connection refused" in text_of(app.screen.query_one(FleetHeader))
+        source.view = fleet(4)  # they answer again
+        await settle(app, pilot)
+        assert table_column(table, "state") == ["alive"] * 4
+        assert "4/4 ranks answering" in text_of(app.screen.query_one(FleetHeader))
+
+    run_app(source, body=body)
+
+
+def test_no_agent_message_then_the_agents_appear() -> None:
+    source = FakeSource(empty_fleet())
+
+    async def body(app: ZeromonApp, pilot: Any) -> None:
+        panel = app.screen.query_one(NoAgentPanel)
+        assert panel.display and not app.screen.query_one("#body").display
+        text = text_of(panel)
+        assert "No zeromon agent is answering" in text and ".cache/zeromon/agents" in text
+        assert "zeromon run -- torchrun" in text and "zeromon_agent.attach(" in text
+        source.view = fleet(2)  # it keeps looking: the next view has ranks
+        await settle(app, pilot)
+        assert not panel.display and app.screen.query_one(RanksTable).row_count == 2
+
+    run_app(source, body=body)
+
+
+def test_help_opens_and_closes_and_q_quits() -> None:
+    async def body(app: ZeromonApp, pilot: Any) -> None:
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        assert "filter ranks" in text_of(app.screen.query_one("#help-text Static", Static))
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+        await pilot.press("tab")
+        assert app.screen.query_one(FindingsPanel).has_focus  # tab: the next panel
+        await pilot.press("q")
+        await pilot.pause()
+        assert app.return_code == 0 and not app.is_running
+
+    run_app(FakeSource(fleet(4)), body=body)
+
+
+def test_a_failing_source_is_shown_and_asked_again() -> None:
+    source = FakeSource(fleet(3))
+
+    async def body(app: ZeromonApp, pilot: Any) -> None:
+        app.screen.query_one(RanksTable).focus()
+        await pilot.press("down", "down", "enter")
+        assert isinstance(app.screen, RankScreen)
+        source.view = fleet(2)  # rank 2 is gone from the view
+        await settle(app, pilot)
+        assert "rank 2: no longer in the view" in text_of(app.screen.query_one("#rank-title", Static))
+        await pilot.press("escape")
+        source.fail = OSError("disk gone")
+        await settle(app, pilot)
+        assert "the source failed: OSError: disk gone" in text_of(app.screen.query_one(FleetHeader))
+        assert app.screen.query_one(RanksTable).row_count == 2  # the last view stays
+        source.fail = None
+        await settle(app, pilot)
+        assert "the source failed" not in text_of(app.screen.query_one(FleetHeader))
+
+    run_app(source, body=body)
+
+
+def test_a_source_that_cannot_start_is_shown() -> None:
+    source = FakeSource(empty_fleet())
+
+    def refuse() -> FakeSource:
+        raise RuntimeError("no recording in runs/x")
+
+    source.start = refuse  # type: ignore[method-assign]
+    source.fail = RuntimeError("not started")
+
+    async def body(app: ZeromonApp, pilot: Any) -> None:
+        head = text_of(app.screen.query_one(FleetHeader))
+        assert "the source failed: RuntimeError: not started" in head
+        assert app.screen.query_one(NoAgentPanel).display  # and the screen still says where it looked
+
+    run_app(source, body=body)
+
+
+def test_hundreds_of_ranks_scroll_and_refresh_quickly() -> None:
+    views = [fleet(256, t_ns=T0 + i * 10**9, r7={"step_ms": 1000.0 + i}) for i in range(6)]
+    source = FakeSource(views[0])
+
+    async def body(app: ZeromonApp, pilot: Any) -> None:
+        table = app.screen.query_one(RanksTable)
+        assert table.row_count == 256
+        table.focus()
+        await pilot.press("ctrl+end")
+        assert table.cursor_row == 255 and table.scroll_y > 0
+        await pilot.press("s", "s", "s", "s")  # step time: rank 7 first, the cursor stays on rank 255
+        assert table_column(table, "rank")[0] == "7" and table.selected_key == "rank 255"
+        took = []
+        for view in views[1:]:
+            source.view = view
+            started = time.perf_counter()
+            app.refresh_view()
+            took.append(time.perf_counter() - started)
+            await pilot.pause()
+        assert sorted(took)[len(took) // 2] < 0.25, took  # the benchmark measures it properly; this catches a blow-up
+
+    run_app(source, size=(200, 60), body=body)
+
+
+# --- the CLI's flags -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["attach", "--speed", "2"], "--speed applies to --replay only"),
+    (["attach", "--interval", "0"], "--interval 0: must be a number of seconds > 0"),
+    (["attach", "nohost"], "TARGET 'nohost': no port"),
+    (["attach", "127.0.0.1:9470", "--run", "."], "not both"),
+    (["attach", "--prometheus", "http://p:9090", "--run", "."], "--prometheus reads every rank"),
+    (["attach", "--replay", "/nonexistent/run"], "--replay /nonexistent/run: no such folder"),
+    (["attach", "--replay", ".", "--token", "t"], "takes no --token"),
+    (["attach", "--run", "/nonexistent/run"], "run folder /nonexistent/run: no such folder"),
+    (["attach", "tests"], "give a run folder as --run tests"),
+])
+def test_bad_flags_exit_2_with_one_clear_line(argv: list[str], says: str, capsys: pytest.CaptureFixture[str],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err.splitlines()[0] and "Traceback" not in err
+
+
+def test_attach_without_a_terminal_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["attach", "127.0.0.1:1"]) == 2  # pytest's stdin and stdout are not terminals
+    assert "draws in a terminal" in capsys.readouterr().err
+
+
+# --- `zeromon run --tui`, in a real terminal (tmux) ----------------------------------------------------
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+def test_run_tui_quit_leaves_the_job_running_and_returns_its_status(tmp_path: Path) -> None:
+    out, done = tmp_path / "run", tmp_path / "status"
+    job = "import sys, time; print('hello from the job', flush=True); time.sleep(4); sys.exit(3)"
+    line = (f"{sys.executable} -m zeromon run --out {out} --tui -- {sys.executable} -c {shlex.quote(job)}; "
+            f"echo $? > {done}; sleep 30")
+    tmux = ["tmux", "-L", f"zeromon-test-{os.getpid()}"]  # a server of its own, started with child_env()
+    subprocess.run([*tmux, "new-session", "-d", "-s", "t", "-x", "100", "-y", "30", line], env=child_env(),
+                   cwd=REPO, check=True)
+
+    def screen() -> str:
+        return subprocess.run([*tmux, "capture-pane", "-p", "-t", "t"], capture_output=True, text=True).stdout
+
+    def wait_for(what: str, check: Callable[[], bool], timeout_s: float = 30) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not check():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}; the screen:\n{screen()}"
+            time.sleep(0.2)
+
+    try:
+        # The command has no process group, so no agent: the TUI says where it looks, and the job's status.
+        wait_for("the TUI", lambda: "No zeromon agent is answering" in screen())
+        shown = screen()
+        assert "endpoints" in shown and "zeromon run -- torchrun" in shown
+        assert "job running (pid" in shown
+        subprocess.run([*tmux, "send-keys", "-t", "t", "q"], check=True)
+        wait_for("the TUI to close", lambda: "the job goes on" in screen())
+        assert not done.exists()  # the job runs on after the TUI quit
+        wait_for("the job's exit status", lambda: done.exists() and done.read_text().strip() != "")
+        assert done.read_text().strip() == "3"  # zeromon run returns the job's status
+        assert "hello from the job" in (out / "launcher.log").read_text()
+        assert "hello from the job" not in screen()  # the job's output went to the log, not the terminal
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+
+
+# --- a real LiveSource against the real agents of a 2-rank gloo run -----------------------------------
+
+SCENARIO = REPO / "tests" / "scenarios" / "live_train.py"
+
+
+@pytest.mark.distributed
+def test_the_app_on_a_real_two_rank_run(tmp_path: Path) -> None:
+    run_dir, stop = tmp_path / "run", tmp_path / "STOP"
+    env = child_env(ZEROMON_OUT=str(run_dir), ZEROMON_REGISTRY=str(tmp_path / "registry"), ZEROMON_PORT="0",
+                    ZEROMON_JOB="tui-e2e")
+    run_dir.mkdir()
+    train = subprocess.Popen(torchrun_args(2, SCENARIO, "--stop-file", str(stop), "--max-seconds", "120"),
+                             env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    source = LiveSource(run_dir=run_dir, interval_s=0.25)
+    app = ZeromonApp(source, refresh_s=0.2, interval_s=0.25)
+
+    async def wait_until(pilot: Any, check: Callable[[], bool], what: str, timeout_s: float = 90) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not check():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            await pilot.pause(0.2)
+
+    async def go() -> None:
+        async with app.run_test(size=(160, 48)) as pilot:
+            await wait_until(pilot, lambda: app.screen.query_one(NoAgentPanel).display
+                             or app.screen.query_one(RanksTable).row_count > 0, "the first view")
+            await wait_until(pilot, lambda: [r.step is not None and r.alive for r in app.rows] == [True, True],
+                             "both ranks alive with a step")
+            head = text_of(app.screen.query_one(FleetHeader))
+            assert "tui-e2e" in head and "FSDP2" in head and "world 2" in head and "2/2 ranks answering" in head
+            table = app.screen.query_one(RanksTable)
+            assert table_column(table, "rank") == ["0", "1"] and table_column(table, "state") == ["alive"] * 2
+            table.focus()
+            await pilot.press("enter")
+
+            def meanings() -> list[str]:
+                return [str(c) for c in app.screen.query_one("#rank-collectives", DataTable).get_column_at(1)]
+
+            await wait_until(pilot, lambda: isinstance(app.screen, RankScreen) and "param_all_gather" in meanings(),
+                             "the rank's collectives")
+            await pilot.press("escape")
+            stop.touch()
+            assert train.wait(timeout=60) == 0
+            await wait_until(pilot, lambda: table_column(app.screen.query_one(RanksTable), "state")[0]
+                             .startswith("stale"), "rank 0 stale after the run ended", timeout_s=15)
+
+    try:
+        asyncio.run(go())
+    finally:
+        stop.touch()
+        if train.poll() is None:
+            train.kill()
+        out = train.communicate(timeout=30)[0]
+    assert train.returncode == 0, out
+    assert source._thread is None, "the app stopped its source"  # noqa: SLF001

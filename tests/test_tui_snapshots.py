@@ -1,0 +1,53 @@
+"""`zeromon attach`'s layout, as pytest-textual-snapshot SVGs under tests/__snapshots__/.
+
+The views are built from fixed data with a fixed clock (test_tui's fleet(), through its FakeSource
+test double), so a change in these pictures is a change in the layout. After an intended change:
+``python -m pytest tests/test_tui_snapshots.py --snapshot-update`` and look at the new SVGs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from test_tui import FakeSource, empty_fleet, fleet
+
+from zeromon.tui.app import ZeromonApp
+
+SMALL = (80, 24)
+LARGE = (200, 60)
+
+
+def app_for(view: Any, replay: bool = False) -> ZeromonApp:
+    return ZeromonApp(FakeSource(view, replay=replay), refresh_s=3600)  # no refresh while the picture is taken
+
+
+def eight_ranks() -> Any:
+    return fleet(8, r1={"alive": False, "stale_s": 7.0})
+
+
+def test_main_screen_80x24(snap_compare: Any) -> None:
+    assert snap_compare(app_for(eight_ranks()), terminal_size=SMALL)
+
+
+def test_main_screen_200x60_with_64_ranks(snap_compare: Any) -> None:
+    assert snap_compare(app_for(fleet(64, r5={"alive": False, "stale_s": 31.0}), replay=True), terminal_size=LARGE)
+
+
+def test_sorted_by_risk_80x24(snap_compare: Any) -> None:
+    assert snap_compare(app_for(eight_ranks()), press=["s"], terminal_size=SMALL)
+
+
+def test_rank_drill_down_80x24(snap_compare: Any) -> None:
+    assert snap_compare(app_for(eight_ranks()), press=["down", "down", "enter"], terminal_size=SMALL)
+
+
+def test_rank_drill_down_200x60(snap_compare: Any) -> None:
+    assert snap_compare(app_for(eight_ranks()), press=["down", "down", "enter"], terminal_size=LARGE)
+
+
+def test_no_agent_80x24(snap_compare: Any) -> None:
+    assert snap_compare(app_for(empty_fleet()), terminal_size=SMALL)
+
+
+def test_help_80x24(snap_compare: Any) -> None:
+    assert snap_compare(app_for(eight_ranks()), press=["question_mark"], terminal_size=SMALL)

@@ -1,0 +1,498 @@
+"""A recorded run played back as if it were live: the FleetViews that LiveSource gives, on a virtual clock.
+
+``ReplaySource(run_dir, speed=1.0, loop=False)`` reads the run folder's rank files once, one at a
+time, and keeps per rank each kind of record sorted by the time the agent would have published it
+(a step at its end, a collective at its completion, a memory sample when taken), stored as columns
+(ColumnTable), with the collectives' running totals as prefix sums. A view at virtual time T is then a
+few bisections per rank, never a rescan. 256 ranks of 120 steps (768k records, 150 MB of files)
+take ~60 MB.
+
+The clock starts at the run's first record when ``start()`` is called and runs at ``speed`` × wall
+time; ``paused`` stops it, ``seek()`` moves it. A background thread (never the caller's) rebuilds
+the view every ``interval_s`` and, at most every ANALYSIS_EVERY_S of wall time per rank, the OOM
+forecast and the findings from the data so far, as the agent's endpoint does (zeromon.analysis.oom
+on the last MEMORY_HISTORY samples, poor-overlap findings on the last steps). ``latest()`` only
+hands over the newest view.
+
+A rank is alive while the replay runs through its recording; a rank whose recording ends before
+the others turns stale there (``alive=False``, ``stale_s`` growing), and when the replay finishes
+every rank is stale: the job has ended. With ``loop=True`` it starts over instead. A RankView's
+``t_ns`` is the virtual time its data last changed (a stale rank's: its last record), so that an
+unchanged rank keeps its view object from one refresh to the next.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+import threading
+import time
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zeromon.analysis.bandwidth import event_bandwidth
+from zeromon.analysis.comm_advice import overlap_findings_of_summaries
+from zeromon.analysis.findings import Finding
+from zeromon.analysis.oom import OomForecast, forecast
+from zeromon.errors import ZeromonError
+from zeromon.model.codec import Recording, read_recording
+from zeromon.model.columns import ColumnTable
+from zeromon.model.events import (
+    AgentStats,
+    DeviceSample,
+    MemorySample,
+    Notice,
+    OomEvent,
+    PhaseSpan,
+    RunInfo,
+    StepSummary,
+    Timing,
+)
+from zeromon.sources.fleet import CollectiveTotal, FleetView, RankView
+
+# What the live agent keeps, so that a replayed rank shows what its endpoint would have served.
+STEPS_SHOWN = 64  # LiveSource's STEPS_ASKED
+STEP_HISTORY = 512  # recorder.recent_steps
+MEMORY_HISTORY = 2048  # recorder.memory_history: the OOM forecast's input
+BUSBW_WINDOW = 256  # recorder's recent bus-bandwidth samples per op
+PHASE_STEPS = 8  # phase spans of the last steps (the TUI's timeline draws 8)
+PHASES_MAX = 256  # and at most this many (before the first step: setup)
+ANALYSIS_EVERY_S = 1.0  # wall seconds between two OOM forecasts of a rank, like the endpoint's FORECAST_TTL_S
+# CPU one tick may spend on forecasts: one rank's costs ~2.5 ms at 360 memory samples (half of it
+# making the samples), ~7 ms at 2048; 256 ranks' are spread over the ticks, oldest first, so the
+# UI thread never waits long for the GIL (at most 8% of a core at 4 ticks a second).
+ANALYSIS_BUDGET_S = 0.02
+
+
+@dataclass(slots=True)
+class _Totals:
+    """One (op, meaning)'s running totals, one entry per collective in completion order."""
+
+    op: str
+    meaning: str
+    t_ns: array[int]
+    bytes: array[int]  # cumulative
+    seconds: array[float]  # cumulative measured duration
+    blocked_s: array[float]  # cumulative
+
+
+@dataclass(slots=True)
+class _Analysis:
+    key: tuple[int, int, int]  # (memory, steps, ooms) indices it was computed at
+    wall: float  # time.monotonic() when computed
+    oom: OomForecast | None
+    findings: tuple[Finding, ...]
+
+
+@dataclass(slots=True)
+class _Track:
+    """One rank's recording, indexed by time."""
+
+    rank: int
+    target: str
+    run_info: RunInfo | None
+    stats: AgentStats | None
+    first_ns: int
+    last_ns: int  # -1: no records
+    steps: ColumnTable[StepSummary]  # by end
+    memory: ColumnTable[MemorySample]
+    device: ColumnTable[DeviceSample]
+    phases: ColumnTable[PhaseSpan]  # by end
+    notices: ColumnTable[Notice]
+    ooms: ColumnTable[OomEvent]
+    totals: list[_Totals]
+    busbw_t: dict[str, array[int]]
+    busbw: dict[str, array[float]]
+    analysis: _Analysis | None = None
+    # The last built pieces, reused while their indices stay the same.
+    steps_at: tuple[int, tuple[StepSummary, ...]] = (0, ())
+    phases_at: tuple[int, tuple[PhaseSpan, ...]] = (0, ())
+    notices_at: tuple[int, tuple[Notice, ...]] = (0, ())
+    memory_at: tuple[int, MemorySample | None] = (0, None)
+    device_at: tuple[int, DeviceSample | None] = (0, None)
+    collectives_at: tuple[tuple[int, ...], tuple[CollectiveTotal, ...]] = ((), ())
+    view_at: tuple[tuple[object, ...], RankView] | None = None  # the last alive view and what it was made of
+    medians: dict[tuple[str, int], float] = field(default_factory=dict)
+
+
+def _collective_totals(rec: Recording) -> tuple[list[_Totals], dict[str, array[int]], dict[str, array[float]]]:
+    """The agent's running totals (recorder._count) as prefix sums: every call counts its bytes and
+    blocked time, one with a known completion its duration, a measured one its bus bandwidth."""
+    per_key: dict[tuple[str, str], list[tuple[int, int, float, float]]] = {}
+    per_op: dict[str, list[tuple[int, float]]] = {}
+    for event in rec.collectives:
+        t = event.complete_ns if event.complete_ns is not None else event.issue_ns
+        duration = event.duration_s if event.timing != Timing.UNKNOWN.value else None
+        per_key.setdefault((event.op, event.meaning), []).append(
+            (t, max(event.bytes_in, event.bytes_out), duration or 0.0, event.blocked_s))
+        bandwidth = event_bandwidth(event) if duration else None
+        if bandwidth is not None:
+            per_op.setdefault(event.op, []).append((t, bandwidth[1]))
+    totals = []
+    for (op, meaning), rows in sorted(per_key.items()):
+        rows.sort(key=lambda row: row[0])
+        nbytes, seconds, blocked = 0, 0.0, 0.0
+        cum_bytes, cum_seconds, cum_blocked = array("q"), array("d"), array("d")
+        for _, b, s, w in rows:
+            nbytes, seconds, blocked = nbytes + b, seconds + s, blocked + w
+            cum_bytes.append(nbytes)
+            cum_seconds.append(seconds)
+            cum_blocked.append(blocked)
+        totals.append(_Totals(op, meaning, array("q", (row[0] for row in rows)), cum_bytes, cum_seconds, cum_blocked))
+    busbw_t, busbw = {}, {}
+    for op, samples in per_op.items():
+        samples.sort(key=lambda s: s[0])
+        busbw_t[op] = array("q", (s[0] for s in samples))
+        busbw[op] = array("d", (s[1] for s in samples))
+    return totals, busbw_t, busbw
+
+
+def _track(rec: Recording) -> _Track:
+    steps = ColumnTable(StepSummary, rec.steps, "end_ns")
+    memory = ColumnTable(MemorySample, rec.memory, "t_ns")
+    device = ColumnTable(DeviceSample, rec.device, "t_ns")
+    phases = ColumnTable(PhaseSpan, rec.phases, "end_ns")
+    notices = ColumnTable(Notice, rec.notices, "t_ns")
+    ooms = ColumnTable(OomEvent, rec.ooms, "t_ns")
+    totals, busbw_t, busbw = _collective_totals(rec)
+    times = [t for table in (steps, memory, device, phases, notices, ooms) if table
+             for t in (table.t_ns[0], table.t_ns[-1])]
+    times += [t for totals_ in totals for t in (totals_.t_ns[0], totals_.t_ns[-1])]
+    if rec.phases:  # a phase is published at its end, but the rank was there from its start
+        times.append(min(p.start_ns for p in rec.phases))
+    if rec.stats is not None:
+        times.append(rec.stats.t_ns)
+    return _Track(
+        rank=rec.rank, target=rec.path.name, run_info=rec.run_info, stats=rec.stats,
+        first_ns=min(times) if times else 0, last_ns=max(times) if times else -1, steps=steps, memory=memory,
+        device=device, phases=phases, notices=notices, ooms=ooms, totals=totals, busbw_t=busbw_t, busbw=busbw)
+
+
+def load_tracks(run_dir: Path) -> list[_Track]:
+    """Every rank file of the run folder, indexed; one rank's records in memory at a time."""
+    if not run_dir.is_dir():
+        raise ZeromonError(f"replay {run_dir}: no such run folder",
+                           hint="a run folder is the --out of `zeromon run` (it holds rank-<r>.jsonl files)")
+    files = sorted(run_dir.glob("rank-*.jsonl"))
+    if not files:
+        raise ZeromonError(f"replay {run_dir}: no rank-<r>.jsonl recordings in this folder",
+                           hint="record a run with `zeromon run --out DIR -- CMD ...`")
+    tracks = sorted((_track(read_recording(f)) for f in files), key=lambda t: t.rank)
+    if all(t.last_ns < 0 for t in tracks):
+        raise ZeromonError(f"replay {run_dir}: the recordings hold no records to play back",
+                           hint="the run ended before its first step; record it again")
+    return tracks
+
+
+def _analyse(track: _Track, key: tuple[int, int, int], wall: float) -> _Analysis:
+    """The OOM forecast and the findings of the data up to the indices in ``key``."""
+    mi, si, oi = key
+    steps = track.steps.slice(si - STEP_HISTORY, si)
+    oom = None
+    if mi:
+        recording = Recording(path=Path(f"<replay rank {track.rank}>"), header={"rank": track.rank},
+                              memory=track.memory.slice(mi - MEMORY_HISTORY, mi), steps=steps,
+                              run_info=track.run_info, ooms=track.ooms.slice(0, oi))
+        oom = forecast(recording)
+    findings = (oom.findings if oom is not None else ()) + overlap_findings_of_summaries(
+        track.rank, steps, track.run_info)
+    return _Analysis(key, wall, oom, findings)
+
+
+class ReplaySource:
+    """A run folder played back as FleetViews, with LiveSource's interface: start(), stop(), latest().
+
+    ``speed``: virtual seconds per wall second (settable while playing); ``loop``: start over at the
+    end. Bad arguments and unreadable recordings raise ZeromonError here; nothing later does.
+    """
+
+    def __init__(self, run_dir: str | Path, speed: float = 1.0, loop: bool = False,
+                 interval_s: float = 0.25) -> None:
+        self.run_dir = Path(run_dir)
+        self._speed = _checked_speed(speed)
+        if not interval_s > 0:
+            raise ZeromonError(f"replay interval {interval_s!r}: must be a number of seconds > 0")
+        self.interval_s = float(interval_s)
+        self.loop = loop
+        self._tracks = load_tracks(self.run_dir)
+        present = [t for t in self._tracks if t.last_ns >= 0]
+        self.start_ns = min(t.first_ns for t in present)
+        self.end_ns = max(t.last_ns for t in present)
+        self._lock = threading.Lock()  # the clock and the view
+        self._build_lock = threading.Lock()  # the tracks' caches
+        self._position = 0.0  # virtual ns since start_ns
+        self._wall_at = time.monotonic()
+        self._running = False  # the clock runs between start() and stop()
+        self._paused = False
+        self._built_at: float | None = None  # the position of the newest view
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._view = self._build(0, budget_s=0.0)
+
+    # -- the clock
+
+    @property
+    def looked_at(self) -> tuple[str, ...]:
+        return (str(self.run_dir),)
+
+    @property
+    def source(self) -> str:
+        return f"replay {self.run_dir}"
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+    @property
+    def position_ns(self) -> int:
+        """Virtual nanoseconds since the run's first record."""
+        with self._lock:
+            self._advance()
+            return int(self._position)
+
+    @property
+    def finished(self) -> bool:
+        return not self.loop and self.position_ns >= self.duration_ns
+
+    @property
+    def speed(self) -> float:
+        return self._speed
+
+    @speed.setter
+    def speed(self, value: float) -> None:
+        value = _checked_speed(value)
+        with self._lock:
+            self._advance()  # the time played so far at the old speed
+            self._speed = value
+        self._wake.set()
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        with self._lock:
+            self._advance()
+            self._paused = bool(value)
+        self._wake.set()
+
+    def seek(self, position_ns: int) -> None:
+        """Move the clock to ``position_ns`` after the run's first record (clamped to the run)."""
+        with self._lock:
+            self._advance()
+            self._position = float(min(max(0, position_ns), self.duration_ns))
+        if self._thread is None:
+            self._refresh()
+        self._wake.set()
+
+    def _advance(self) -> None:
+        """Move the clock on by the wall time since the last reading. Under self._lock."""
+        now = time.monotonic()
+        if self._running and not self._paused:
+            self._position += (now - self._wall_at) * self._speed * 1e9
+            duration = self.duration_ns
+            if self._position >= duration:
+                self._position = self._position % duration if self.loop and duration > 0 else float(duration)
+        self._wall_at = now
+
+    # -- LiveSource's interface
+
+    def start(self) -> ReplaySource:
+        """Play from the current position, in a background thread, until stop()."""
+        if self._thread is None:
+            with self._lock:
+                self._advance()
+                self._running = True
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="zeromon-replay", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        with self._lock:
+            self._advance()
+            self._running = False
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> ReplaySource:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def latest(self) -> FleetView:
+        """The view at the clock's position when the background thread last looked (every interval_s)."""
+        with self._lock:
+            return self._view
+
+    def view_at(self, position_ns: int) -> FleetView:
+        """The view at a position, built now on the caller's thread with every rank's analysis
+        brought up to date (tests and one-shot use; the clock does not move)."""
+        position = min(max(0, position_ns), self.duration_ns)
+        return self._build(position, budget_s=math.inf, finished=not self.loop and position >= self.duration_ns)
+
+    # -- the background thread
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            try:
+                self._refresh()
+            except Exception as exc:  # a bug here must not stop the clock; it shows in the view
+                with self._lock:
+                    self._view = FleetView(self._view.t_ns, self.source, self._view.ranks, self.looked_at,
+                                           error=f"internal error in the replay: {type(exc).__name__}: {exc}")
+
+    def _refresh(self) -> None:
+        with self._lock:
+            self._advance()
+            position = self._position
+        finished = not self.loop and position >= self.duration_ns
+        # Paused or at the end, the data stops changing: its analysis is brought up to date at once.
+        view = self._build(int(position), budget_s=ANALYSIS_BUDGET_S, finished=finished,
+                           settled=finished or self._paused)
+        with self._lock:
+            self._view = view
+
+    def _build(self, position_ns: int, budget_s: float, finished: bool = False, settled: bool = False) -> FleetView:
+        t = self.start_ns + position_ns
+        with self._build_lock:
+            if self._built_at is not None and position_ns < self._built_at:
+                for track in self._tracks:  # back in time (a loop, a seek): the analyses are of the future
+                    track.analysis = None
+            self._built_at = position_ns
+            self._analyse_due(t, budget_s, settled or budget_s == math.inf)
+            ranks = tuple(self._rank_view(track, t, finished) for track in self._tracks)
+        return FleetView(t_ns=t, source=self.source, ranks=ranks, looked_at=self.looked_at)
+
+    def _analyse_due(self, t: int, budget_s: float, at_once: bool) -> None:
+        """Forecasts of the ranks whose data moved on, each at most every ANALYSIS_EVERY_S (without that
+        limit when ``at_once``), oldest first, within ``budget_s`` of CPU."""
+        now = time.monotonic()
+        due = []
+        for track in self._tracks:
+            key = (track.memory.upto(t), track.steps.upto(t), track.ooms.upto(t))
+            done = track.analysis
+            # The first forecast comes with the first memory sample; later ones at most every ANALYSIS_EVERY_S.
+            if done is None or (done.key != key and (at_once or now - done.wall >= ANALYSIS_EVERY_S
+                                                     or (done.oom is None and key[0] > 0))):
+                due.append((done.wall if done is not None else -math.inf, track.rank, track, key))
+        due.sort(key=lambda item: (item[0], item[1]))
+        deadline = time.perf_counter() + budget_s
+        if budget_s <= 0:
+            return
+        for i, (_, _, track, key) in enumerate(due):
+            if i:
+                if time.perf_counter() >= deadline:
+                    break  # the first always runs: a budget smaller than one forecast still makes progress
+                time.sleep(0)  # let a waiting UI thread have the GIL between two forecasts
+            track.analysis = _analyse(track, key, now)
+
+    def _rank_view(self, track: _Track, t: int, finished: bool) -> RankView:
+        info = track.run_info
+        if track.last_ns < 0 or t < track.first_ns:  # as LiveSource shows a rank that never answered
+            return RankView(rank=track.rank, target=track.target, alive=False, stale_s=None,
+                            error="the recording holds no records" if track.last_ns < 0 else "not started yet",
+                            run_info=info, **_identity(info))
+        si = track.steps.upto(t)
+        if track.steps_at[0] != si:
+            track.steps_at = (si, track.steps.window(si - STEPS_SHOWN, si))
+        pi = track.phases.upto(t)
+        if track.phases_at[0] != pi:
+            # From the start of the PHASE_STEPS-th last step: spans are ordered by their end.
+            first = (bisect.bisect_right(track.phases.t_ns, track.steps.value(si - PHASE_STEPS, "start_ns"))
+                     if si >= PHASE_STEPS else 0)
+            track.phases_at = (pi, track.phases.window(max(first, pi - PHASES_MAX), pi))
+        ni = track.notices.upto(t)
+        if track.notices_at[0] != ni:
+            track.notices_at = (ni, track.notices.window(0, ni))
+        mi = track.memory.upto(t)
+        if track.memory_at[0] != mi:
+            track.memory_at = (mi, track.memory.get(mi - 1) if mi else None)
+        di = track.device.upto(t)
+        if track.device_at[0] != di:
+            track.device_at = (di, track.device.get(di - 1) if di else None)
+        analysis = track.analysis
+        collectives = self._collectives(track, t)
+        stale = finished or t > track.last_ns
+        stats = track.stats if track.stats is not None and track.stats.t_ns <= t else None
+        # An alive rank whose data has not moved on is the same view: no new objects for the
+        # collector to promote (a view of 256 ranks lives for one tick).
+        key = (si, pi, ni, mi, di, collectives, analysis, stats)
+        if not stale and track.view_at is not None and track.view_at[0] == key:
+            return track.view_at[1]
+        error = None
+        if finished:
+            error = "the recording ended"
+        elif stale:
+            error = f"its recording ends {(track.last_ns - self.start_ns) / 1e9:.1f} s into the run"
+        last = min(t, track.last_ns)  # a stale rank's last answer was its last record
+        view = RankView(
+            rank=track.rank, target=track.target, alive=not stale,
+            stale_s=round((t - last) / 1e9, 3), error=error, run_info=info,
+            steps=track.steps_at[1], memory=track.memory_at[1], device=track.device_at[1], stats=stats,
+            collectives=collectives, oom=analysis.oom if analysis else None,
+            findings=analysis.findings if analysis else (), phases=track.phases_at[1],
+            notices=track.notices_at[1], t_ns=last, **_identity(info))
+        track.view_at = None if stale else (key, view)
+        return view
+
+    def _collectives(self, track: _Track, t: int) -> tuple[CollectiveTotal, ...]:
+        indices = tuple(bisect.bisect_right(totals.t_ns, t) for totals in track.totals)
+        if indices == track.collectives_at[0]:
+            return track.collectives_at[1]
+        out = []
+        for totals, i in zip(track.totals, indices, strict=True):
+            if i:
+                out.append(CollectiveTotal(
+                    op=totals.op, meaning=totals.meaning, calls=i, bytes=totals.bytes[i - 1],
+                    seconds=totals.seconds[i - 1], blocked_s=totals.blocked_s[i - 1],
+                    busbw_bytes_s=self._busbw(track, totals.op, t)))
+        track.collectives_at = (indices, tuple(out))
+        return track.collectives_at[1]
+
+    @staticmethod
+    def _busbw(track: _Track, op: str, t: int) -> float | None:
+        """Median of the op's last BUSBW_WINDOW measured bus bandwidths up to ``t`` (the agent's window)."""
+        times = track.busbw_t.get(op)
+        if times is None:
+            return None
+        i = bisect.bisect_right(times, t)
+        if not i:
+            return None
+        median = track.medians.get((op, i))
+        if median is None:
+            if len(track.medians) > 64:
+                track.medians.clear()
+            median = track.medians[(op, i)] = statistics.median(track.busbw[op][max(0, i - BUSBW_WINDOW):i])
+        return median
+
+
+def _identity(info: RunInfo | None) -> dict[str, Any]:
+    """RankView's host, pid, job, local_rank and world_size: in a recording, the run info's."""
+    if info is None:
+        return {}
+    return {"host": info.host, "pid": info.pid, "job": info.job, "local_rank": info.local_rank,
+            "world_size": info.world_size}
+
+
+def _checked_speed(speed: float) -> float:
+    try:
+        value = float(speed)
+    except (TypeError, ValueError):
+        raise ZeromonError(f"replay speed {speed!r}: must be a number > 0 (1 = as recorded)") from None
+    if not value > 0 or math.isinf(value):
+        raise ZeromonError(f"replay speed {speed!r}: must be a number > 0 (1 = as recorded)")
+    return value

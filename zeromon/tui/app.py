@@ -1,0 +1,300 @@
+"""`zeromon attach`: the Textual application.
+
+The source collects in its own threads (LiveSource's poll pool, a replay's clock); the app only
+asks it for ``latest()`` on a timer (a copy of references under a lock, no I/O) and redraws what
+changed. Any object with ``start()``, ``stop()`` and ``latest() -> FleetView`` is a source; one with
+a ``paused`` attribute is paused with the view, one with ``speed`` gets the +/- keys.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Container, Vertical
+from textual.screen import Screen
+from textual.widgets import Footer, Input
+
+from zeromon.sources.fleet import FleetView
+from zeromon.tui.rank_table import RankTable
+from zeromon.tui.screens import HelpScreen, RankScreen
+from zeromon.tui.view_model import (
+    SORT_NAMES,
+    SORT_OF_COLUMN,
+    FindingItem,
+    FindingsLog,
+    RankFilter,
+    RankRow,
+    RunClock,
+    fleet_findings,
+    header,
+    no_agent_text,
+    rank_key,
+    rank_rows,
+    sort_rows,
+    trends,
+    worst_row,
+)
+from zeromon.tui.widgets import FindingsPanel, FleetHeader, NoAgentPanel, RanksTable, TrendsPanel
+
+SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+
+
+def _calm_the_collector() -> None:
+    """Full garbage collections walk Textual's render caches and every view held: ~100 ms each with
+    256 ranks, a frozen screen when one lands in a refresh. What exists after start-up (modules,
+    the loaded replay) is frozen out of them, and they run a tenth as often (the default, 10,
+    made 100): the TUI's garbage is young and dies young."""
+    gc.collect()
+    gc.freeze()
+    first, second, _ = gc.get_threshold()
+    gc.set_threshold(first, second, 100)
+
+
+class Source(Protocol):
+    def start(self) -> Any: ...
+
+    def stop(self) -> None: ...
+
+    def latest(self) -> FleetView: ...
+
+
+class MainScreen(Screen[None]):
+    """Header, ranks, sparklines and findings."""
+
+    # The app's keys again, first, so that the footer lists them in this order.
+    BINDINGS = [
+        Binding("question_mark", "app.help", "help"),
+        Binding("q", "app.quit", "quit"),
+        Binding("p", "app.pause", "pause"),
+        Binding("s", "app.cycle_sort", "sort"),
+        Binding("slash", "app.filter", "filter"),
+        Binding("tab", "app.focus_next", "panels"),
+        Binding("escape", "app.clear_filter", "clear filter", show=False),
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield FleetHeader(id="header")
+        yield NoAgentPanel(id="no-agent")
+        with Container(id="body"):
+            yield RanksTable(id="ranks")
+            with Vertical(id="side"):
+                yield TrendsPanel(id="trends")
+                yield FindingsPanel(id="findings")
+        yield Input(placeholder="ranks: 3  0-7  stale  warn  critical  host…  (enter keeps, escape clears)",
+                    id="filter")
+        yield Footer()
+
+
+class ZeromonApp(App[None]):
+    CSS_PATH = "app.tcss"
+    TITLE = "zeromon"
+    ENABLE_COMMAND_PALETTE = False
+    # Wide terminals put the sparklines and findings beside the table instead of under it.
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (150, "-wide")]
+    BINDINGS = [
+        Binding("question_mark", "help", "help"),
+        Binding("q", "quit", "quit"),
+        Binding("p", "pause", "pause"),
+        Binding("plus,equals_sign", "speed(1)", "faster"),
+        Binding("minus", "speed(-1)", "slower"),
+    ]
+
+    def __init__(self, source: Source, refresh_s: float = 0.5, interval_s: float = 1.0,
+                 status: Callable[[], tuple[str, bool] | None] | None = None) -> None:
+        """``refresh_s``: how often the screen reads the source; ``interval_s``: how often the source
+        polls (for the "still looking" message); ``status``: a note for the header, and whether it
+        needs attention (the job of `zeromon run --tui`)."""
+        super().__init__()
+        self.source = source
+        self.refresh_s = refresh_s
+        self.interval_s = interval_s
+        self.status = status
+        self.view: FleetView | None = None
+        self.paused = False
+        self.sort = "rank"
+        self.rank_filter = RankFilter("")
+        self.rows: list[RankRow] = []  # as shown: filtered and sorted
+        self.findings: tuple[FindingItem, ...] = ()
+        self.source_error: str | None = None  # latest() raised: shown, and the next tick tries again
+        self.analysis_every_s = 1.0  # findings and sparklines: redone at most this often
+        self._last_done: dict[str, tuple[float, object]] = {}
+        self._ticks = 0  # refreshes so far
+        self._heavy_tick = -1  # the tick that last redid a fleet-wide computation on time
+        self._clock = RunClock()
+        self._findings_log = FindingsLog()
+        self._main = MainScreen()
+
+    # -- lifecycle
+
+    async def on_mount(self) -> None:
+        await self.push_screen(self._main)
+        try:
+            self.source.start()
+        except Exception as exc:  # shown in the header; latest() may still answer (or say why not)
+            self.source_error = f"the source did not start: {type(exc).__name__}: {exc}"
+        _calm_the_collector()
+        self.refresh_view()
+        self.set_interval(self.refresh_s, self.refresh_view)
+
+    def on_unmount(self) -> None:
+        self.source.stop()
+
+    # -- data in
+
+    def refresh_view(self) -> None:
+        """One tick: the newest view from the source, drawn (nothing while paused)."""
+        if self.paused:
+            return
+        try:
+            view = self.source.latest()
+        except Exception as exc:  # a source's bug must not end the screen; it shows, the next tick retries
+            self.source_error = f"the source failed: {type(exc).__name__}: {exc}"
+            if self.view is None:
+                self.view = FleetView(0, "?", (), (), error=self.source_error)
+            self.draw()
+            return
+        self.source_error = None
+        self.view = view
+        self._ticks += 1
+        if self._due("findings", (len(view.ranks), view.alive)):
+            self.findings = self._findings_log.update(fleet_findings(view.ranks), view.t_ns)
+        self.draw()
+
+    def _due(self, what: str, shape: object) -> bool:
+        """Whether to redo a fleet-wide computation (findings, sparklines: a few ms each for 256 ranks)
+        now: at once when what it is computed over changes, else at most every analysis_every_s and
+        one of them per tick (spread over ticks, no refresh pays for all of them)."""
+        now = time.monotonic()
+        last = self._last_done.get(what)
+        if last is not None and last[1] == shape:
+            if now - last[0] < self.analysis_every_s or self._heavy_tick == self._ticks:
+                return False
+            self._heavy_tick = self._ticks
+        self._last_done[what] = (now, shape)
+        return True
+
+    def draw(self) -> None:
+        view = self.view
+        if view is None:
+            return
+        if isinstance(self.screen, RankScreen):
+            self.screen.show(view)
+            return
+        if self.screen is not self._main:
+            return  # help is open: the main screen is drawn when it closes
+        main = self._main
+        rows = rank_rows(view)
+        shown = sort_rows([r for r in rows if self.rank_filter.matches(r)], self.sort)
+        self.rows = shown
+        uptime, exact = self._clock.observe(view)
+        status, alerts = self.notes(view)
+        main.query_one(FleetHeader).show(header(view, rows, uptime, exact), status, alerts)
+        no_agent = not view.ranks
+        main.query_one(NoAgentPanel).display = no_agent
+        main.query_one("#body").display = not no_agent
+        if no_agent:
+            main.query_one(NoAgentPanel).update(no_agent_text(view, self.interval_s))
+            return
+        worst = worst_row(rows)
+        main.query_one(RanksTable).show(shown, worst.key if worst is not None else None)
+        if self._due("trends", (self.rank_filter.text, len(view.ranks))):
+            keys = {r.key for r in shown}
+            main.query_one(TrendsPanel).show(trends(r for r in view.ranks if rank_key(r) in keys))
+        main.query_one(FindingsPanel).show(self.findings, any(r.steps or r.memory for r in view.ranks))
+
+    def notes(self, view: FleetView) -> tuple[list[str], list[str]]:
+        """(the view's settings, for the header's second line; what needs attention, highlighted)."""
+        status = [f"sort {self.sort}"]
+        if self.rank_filter.text.strip():
+            status.append(f"filter {self.rank_filter.text.strip()}: {len(self.rows)} of {len(view.ranks)}")
+        speed = getattr(self.source, "speed", None)
+        if isinstance(speed, int | float):
+            status.append(f"replay ×{speed:g}")
+        alerts = []
+        if self.paused:
+            alerts.append("PAUSED (p resumes)")
+        if self.source_error:
+            alerts.append(self.source_error)
+        elif view.error and view.ranks:
+            alerts.append(view.error)
+        if view.ranks and not view.alive:
+            why = next((r.error for r in view.ranks if r.error), None)
+            alerts.append(f"no rank answers{f' ({why})' if why else ''}; still looking")
+        if self.status is not None and (note := self.status()) is not None:
+            (alerts if note[1] else status).append(note[0])
+        return status, alerts
+
+    # -- keys
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(), callback=lambda _: self.draw())
+
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+        if hasattr(self.source, "paused"):
+            self.source.paused = self.paused
+        self.draw()
+
+    def action_cycle_sort(self) -> None:
+        self.sort = SORT_NAMES[(SORT_NAMES.index(self.sort) + 1) % len(SORT_NAMES)]
+        self.draw()
+
+    def action_filter(self) -> None:
+        field = self._main.query_one("#filter", Input)
+        field.display = True
+        self.set_focus(field)  # now, not after the keys already typed (focus() would wait its turn)
+
+    def action_clear_filter(self) -> None:
+        field = self._main.query_one("#filter", Input)
+        if not field.display and not self.rank_filter.text:
+            return
+        field.value = ""
+        field.display = False
+        self.rank_filter = RankFilter("")
+        self._main.query_one(RanksTable).focus()
+        self.draw()
+
+    def action_speed(self, direction: int) -> None:
+        speed = getattr(self.source, "speed", None)
+        if not isinstance(speed, int | float):
+            return
+        faster = [s for s in SPEEDS if s > speed]
+        slower = [s for s in SPEEDS if s < speed]
+        if direction > 0 and faster:
+            self.source.speed = faster[0]  # type: ignore[attr-defined]
+        elif direction < 0 and slower:
+            self.source.speed = slower[-1]  # type: ignore[attr-defined]
+        self.draw()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "speed":  # only a replay has a speed
+            return isinstance(getattr(self.source, "speed", None), int | float)
+        return True
+
+    # -- widgets' messages
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id == "filter":
+            self.rank_filter = RankFilter(event.value)
+            self.draw()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "filter":
+            event.input.display = bool(event.value.strip())
+            self._main.query_one(RanksTable).focus()
+
+    def on_rank_table_row_selected(self, event: RankTable.RowSelected) -> None:
+        if self.view is not None:
+            self.push_screen(RankScreen(event.key), callback=lambda _: self.draw())
+
+    def on_rank_table_header_selected(self, event: RankTable.HeaderSelected) -> None:
+        sort = SORT_OF_COLUMN.get(event.column_key)
+        if sort is not None:
+            self.sort = sort
+            self.draw()

@@ -1,0 +1,138 @@
+"""The main screen's widgets. Each takes plain data from view_model and only styles and draws it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich.table import Table
+from rich.text import Text
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widgets import Label, Sparkline, Static
+
+from zeromon.analysis.findings import Severity
+from zeromon.tui.rank_table import RankTable
+from zeromon.tui.view_model import (
+    COLUMNS,
+    RISK_WORDS,
+    FindingItem,
+    Header,
+    RankRow,
+    Trends,
+    ms,
+    short_bytes,
+)
+
+LEVEL_STYLES = {"critical": "bold red", "warn": "yellow", "stale": "dim", "ok": ""}
+SEVERITY_STYLES = {Severity.CRITICAL: "bold red", Severity.WARN: "yellow", Severity.INFO: "cyan", Severity.OK: "green"}
+WORST_STYLE = {"critical": "bold red", "warn": "bold yellow", "stale": "bold", "ok": "bold magenta"}
+
+
+def severity_text(severity: Severity | None, text: str) -> Text:
+    return Text(text, style=SEVERITY_STYLES.get(severity, "") if severity is not None else "")
+
+
+class FleetHeader(Static):
+    """What runs (job, framework, sharding, world, dtypes), how far (step, rate, uptime), how it fares
+    (the worst OOM risk and overlap), and a highlighted line for what needs attention (paused, errors)."""
+
+    _shape: tuple[int, ...] = ()
+
+    def show(self, h: Header, status: Sequence[str] = (), alerts: Sequence[str] = ()) -> None:
+        dot = (" · ", "dim")
+        if h.known:
+            line1 = Text.assemble((h.job, "bold"), dot, h.framework, dot, (h.strategy, "bold"), dot,
+                                  ("world ", "dim"), h.world, dot, h.dtypes)
+        else:
+            line1 = Text.assemble(("zeromon ", "bold"), ("watching ", "dim"), h.source)
+        line2 = Text.assemble(("step ", "dim"), (h.step, "bold"), dot, h.steps_per_s, (" steps/s", "dim"), dot,
+                              ("up ", "dim"), h.uptime, dot, h.answering)
+        for item in status:
+            line2.append_text(Text.assemble(dot, item))
+        overlap_severity = None if h.worst_overlap is None else (
+            Severity.CRITICAL if h.worst_overlap < 0.2 else Severity.WARN if h.worst_overlap < 0.5 else Severity.OK)
+        line3 = Text.assemble(("worst OOM risk ", "dim"), severity_text(h.worst_risk, h.worst_risk_text), dot,
+                              ("worst overlap ", "dim"), severity_text(overlap_severity, h.worst_overlap_text))
+        lines = [line1, line2, line3]
+        if alerts:
+            lines.append(Text(" · ".join(alerts), style="bold reverse"))
+        # A new layout of the whole screen only when the header's height can change: a refresh
+        # that only draws its own lines is a fraction of the cost.
+        shape = (len(lines), self.size.width, *(line.cell_len // max(1, self.size.width) for line in lines))
+        self.update(Text("\n").join(lines), layout=shape != self._shape)
+        self._shape = shape
+
+
+class RanksTable(RankTable):
+    """One row per rank; the worst stands out by its mark (view_model.WORST_MARK) and its colour."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(COLUMNS, fixed=1, **kwargs)
+
+    def show(self, rows: Sequence[RankRow], worst_key: str | None) -> None:
+        def content(index: int) -> tuple[tuple[str, ...], str]:
+            row = rows[index]
+            worst = row.key == worst_key
+            return row.cells(worst), WORST_STYLE[row.level] if worst else LEVEL_STYLES[row.level]
+
+        self.set_rows([r.key for r in rows], content)
+
+
+class TrendsPanel(Horizontal):
+    """Sparklines over the last steps: the fleet's peak memory, slowest step and most exposed communication."""
+
+    def compose(self):  # type: ignore[no-untyped-def]
+        for key, title in (("memory", "peak memory"), ("step", "step time"), ("exposed", "exposed comm")):
+            with Vertical(classes="trend"):
+                yield Label(title, id=f"{key}-label", classes="trend-label")
+                yield Sparkline([], id=f"{key}-spark")
+
+    def show(self, t: Trends) -> None:
+        values = (("memory", "peak memory", t.peak_memory, short_bytes),
+                  ("step", "step time", t.step_s, lambda v: f"{ms(v)} ms"),
+                  ("exposed", "exposed comm", t.exposed_s, lambda v: f"{ms(v)} ms"))
+        for key, title, series, fmt in values:
+            now = fmt(series[-1]) if series else "-"
+            self.query_one(f"#{key}-label", Label).update(Text.assemble((title, "bold"), f" {now}"), layout=False)
+            self.query_one(f"#{key}-spark", Sparkline).data = list(series)
+
+
+class FindingsPanel(VerticalScroll):
+    """Findings, newest first, each with its evidence and remedies."""
+
+    can_focus = True
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._shown: tuple[tuple[FindingItem, ...], bool] | None = None
+
+    def compose(self):  # type: ignore[no-untyped-def]
+        yield Static(Text("no findings", style="dim"), id="findings-text")
+
+    def show(self, items: Sequence[FindingItem], have_data: bool = True) -> None:
+        if (tuple(items), have_data) == self._shown:
+            return
+        self._shown = (tuple(items), have_data)
+        self.border_title = f"findings ({len(items)}, newest first)"
+        content: Text | Table
+        if not items:
+            content = Text("no findings: memory, overlap and balance look fine" if have_data
+                           else "no findings yet: no rank has reported a step or memory sample", style="dim")
+        else:
+            # A grid, so that wrapped evidence and remedies hang under their text, not under the marks.
+            content = Table.grid(padding=(0, 1), expand=True)
+            content.add_column(width=4, no_wrap=True)
+            content.add_column(ratio=1)
+            for item in items:
+                f = item.finding
+                content.add_row(Text(RISK_WORDS.get(f.severity, f.severity.value), style=SEVERITY_STYLES[f.severity]),
+                                Text(item.title, style="bold"))
+                for line in f.evidence:
+                    content.add_row(Text("  ·", style="dim"), Text(line))
+                for line in f.remedies:
+                    content.add_row(Text("  →", style="green"), Text(line, style="green"))
+        self.query_one("#findings-text", Static).update(content)
+
+
+class NoAgentPanel(Static):
+    """Where it looked and how to start an agent; shown while no rank is known."""
