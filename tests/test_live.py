@@ -46,6 +46,14 @@ HOST = os.uname().nodename
 
 # --- a simulated agent -----------------------------------------------------------------------------
 
+
+def send_json(handler: BaseHTTPRequestHandler, status: int, body: bytes) -> None:
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    handler.wfile.write(body)
+
 class SimAgent:
     """One rank's endpoint, simulated: a real HTTP server answering snapshots of a fake training run."""
 
@@ -85,11 +93,7 @@ class SimAgent:
                     query = urllib.parse.parse_qs(url.query)
                     agent.queries.append(query)
                     status, body = 200, json.dumps(agent.snapshot(query)).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                send_json(self, status, body)
 
             def log_message(self, *args: Any) -> None:
                 pass
@@ -522,12 +526,7 @@ class FakePrometheus:
                 query = urllib.parse.parse_qs(url.query).get("query", [""])[0]
                 fake.queries.append(query)
                 status, doc = fake.answer(url.path, query)
-                body = json.dumps(doc).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                send_json(self, status, json.dumps(doc).encode())
 
             def log_message(self, *args: Any) -> None:
                 pass

@@ -29,7 +29,7 @@ from prometheus_client.utils import floatToGoString
 import zeromon_agent
 from zeromon.analysis.findings import Severity
 from zeromon.model.events import COLLECTIVE_OPS, MEMORY_CATEGORIES, ZeroMeaning
-from zeromon_agent.recorder import DURATION_BUCKETS, STEP_BUCKETS
+from zeromon_agent.live_totals import DURATION_BUCKETS, STEP_BUCKETS
 from zeromon_agent.snapshot import LiveData, View
 
 BASE_LABELS = ("rank", "local_rank", "host", "job")

@@ -7,7 +7,6 @@ NVML) happens here, off the training thread. The thread holds the GIL only in sh
 
 from __future__ import annotations
 
-import bisect
 import collections
 import threading
 import time
@@ -32,6 +31,7 @@ from zeromon.model.events import (
     Timing,
     ZeroMeaning,
 )
+from zeromon_agent.live_totals import LiveTotals
 from zeromon_agent.state import (
     RAW_COLLECTIVE,
     RAW_DONE,
@@ -59,11 +59,6 @@ _MAX_STEP_INTERVALS = 4096
 # up on: its spans fall back to host times. Bounds the wait of a step summary on a stalled GPU.
 _MARK_GRACE_NS = 10_000_000_000
 
-# Histogram bounds (seconds) of the live metrics: collective durations and step durations.
-DURATION_BUCKETS: tuple[float, ...] = (1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05,
-                                       0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-STEP_BUCKETS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
-_BUSBW_WINDOW = 256  # recent bus-bandwidth samples kept per op
 
 
 @dataclass(slots=True)
@@ -71,25 +66,6 @@ class _Inflight:
     raw: tuple[Any, ...]
     wait: tuple[Any, ...] | None = None
     done_ns: int | None = None  # perf ns from a sampled completion callback
-
-
-@dataclass(slots=True)
-class CollectiveTotals:
-    """Running totals of one (op, meaning) since the agent started, for the live metrics."""
-
-    calls: int = 0
-    bytes: int = 0
-    seconds: float = 0.0  # sum of measured durations
-    timed_calls: int = 0  # calls with a measured duration (the histogram's count)
-    blocked_s: float = 0.0
-    buckets: list[int] = field(default_factory=lambda: [0] * (len(DURATION_BUCKETS) + 1))  # not cumulative
-
-
-@dataclass(slots=True)
-class StepTotals:
-    count: int = 0
-    seconds: float = 0.0
-    buckets: list[int] = field(default_factory=lambda: [0] * (len(STEP_BUCKETS) + 1))  # not cumulative
 
 
 @dataclass(slots=True)
@@ -174,10 +150,7 @@ class Recorder:
         # Live views for the endpoint, also under self.lock: a cursor numbers every published record.
         self.cursor = 0
         self.memory_history: collections.deque[MemorySample] = collections.deque(maxlen=2048)
-        self.totals: dict[tuple[str, str], CollectiveTotals] = {}
-        self.busbw: dict[str, collections.deque[float]] = {}
-        self.step_totals = StepTotals()
-        self.ooms = 0
+        self.totals = LiveTotals()
         self.events_finalized = 0
         self.cpu_time_s = 0.0
         self._inflight: dict[int, _Inflight] = {}
@@ -510,25 +483,10 @@ class Recorder:
 
     def _count(self, event: CollectiveEvent) -> None:
         """The running totals behind the live metrics."""
-        key = (event.op, event.meaning)
         duration = event.duration_s if event.timing != Timing.UNKNOWN.value else None
         bandwidth = event_bandwidth(event) if duration else None
         with self.lock:
-            totals = self.totals.get(key)
-            if totals is None:
-                totals = self.totals[key] = CollectiveTotals()
-            totals.calls += 1
-            totals.bytes += max(event.bytes_in, event.bytes_out)
-            totals.blocked_s += event.blocked_s
-            if duration is not None:
-                totals.timed_calls += 1
-                totals.seconds += duration
-                totals.buckets[bisect.bisect_left(DURATION_BUCKETS, duration)] += 1
-            if bandwidth is not None:
-                window = self.busbw.get(event.op)
-                if window is None:
-                    window = self.busbw[event.op] = collections.deque(maxlen=_BUSBW_WINDOW)
-                window.append(bandwidth[1])
+            self.totals.count_collective(event, duration, bandwidth[1] if bandwidth is not None else None)
 
     def _mark(self, t: int, event: Any) -> _Mark:
         mark = _Mark(perf=t, event=event if self.cuda_timer is not None else None)
@@ -631,10 +589,7 @@ class Recorder:
                 self.recent_steps.append(summary)
                 self.cursor += 1
                 self.recent.append((self.cursor, summary))
-                totals = self.step_totals
-                totals.count += 1
-                totals.seconds += duration
-                totals.buckets[bisect.bisect_left(STEP_BUCKETS, duration)] += 1
+                self.totals.count_step(duration)
 
     def _on_memory(self, item: tuple[Any, ...]) -> None:
         _, phase, step, t, fields = item
@@ -652,7 +607,7 @@ class Recorder:
     def _on_oom(self, item: tuple[Any, ...]) -> None:
         _, t, device, info, snapshot, phase, step = item
         with self.lock:
-            self.ooms += 1
+            self.totals.ooms += 1
         self._publish(OomEvent(rank=self.rank, step=step, phase=phase, t_ns=self.unix(t), device=device,
                                allocated=info.get("allocated"), requested=info.get("requested"),
                                free=info.get("free"), snapshot_path=snapshot))

@@ -67,7 +67,7 @@ class CollectiveRow:
     seconds: float  # sum of measured durations
     timed_calls: int  # calls with a measured duration
     blocked_s: float
-    buckets: tuple[int, ...]  # not cumulative, per recorder.DURATION_BUCKETS bound, last = +Inf
+    buckets: tuple[int, ...]  # not cumulative, per live_totals.DURATION_BUCKETS bound, last = +Inf
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +86,7 @@ class View:
     busbw: Mapping[str, float]  # op -> median of the recent bus bandwidth samples, bytes/s
     step_count: int
     step_seconds: float
-    step_buckets: tuple[int, ...]  # not cumulative, per recorder.STEP_BUCKETS bound, last = +Inf
+    step_buckets: tuple[int, ...]  # not cumulative, per live_totals.STEP_BUCKETS bound, last = +Inf
     ooms: int
     oom: OomForecast | None
     findings: tuple[Finding, ...]
@@ -126,11 +126,11 @@ class LiveData:
             history = list(rec.memory_history)
             recent = tuple(rec.recent)
             rows = tuple(CollectiveRow(op, meaning, t.calls, t.bytes, t.seconds, t.timed_calls, t.blocked_s,
-                                       tuple(t.buckets)) for (op, meaning), t in rec.totals.items())
-            busbw_samples = {op: list(window) for op, window in rec.busbw.items() if window}
-            step_totals = rec.step_totals
+                                       tuple(t.buckets)) for (op, meaning), t in rec.totals.collectives.items())
+            busbw_samples = {op: list(window) for op, window in rec.totals.busbw.items() if window}
+            step_totals = rec.totals.steps
             step_count, step_seconds, step_buckets = step_totals.count, step_totals.seconds, tuple(step_totals.buckets)
-            ooms = rec.ooms
+            ooms = rec.totals.ooms
         stats = rec.stats()
         if self.extra_cpu_s is not None:
             stats = dataclasses.replace(stats, cpu_time_s=round(stats.cpu_time_s + self.extra_cpu_s(), 6))

@@ -1,0 +1,69 @@
+"""Running totals since the agent started, behind the live metrics: collectives by op and ZeRO
+meaning (calls, bytes, a duration histogram, time blocked), recent bus bandwidth by op, steps (a
+duration histogram) and OOMs. The recorder's thread updates them and the endpoint reads them, both
+under the recorder's lock.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+from dataclasses import dataclass, field
+
+from zeromon.model.events import CollectiveEvent
+
+# Histogram bounds (seconds) of the live metrics: collective durations and step durations.
+DURATION_BUCKETS: tuple[float, ...] = (1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05,
+                                       0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+STEP_BUCKETS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+BUSBW_WINDOW = 256  # recent bus-bandwidth samples kept per op
+
+
+@dataclass(slots=True)
+class CollectiveTotals:
+    """Running totals of one (op, meaning) since the agent started, for the live metrics."""
+
+    calls: int = 0
+    bytes: int = 0
+    seconds: float = 0.0  # sum of measured durations
+    timed_calls: int = 0  # calls with a measured duration (the histogram's count)
+    blocked_s: float = 0.0
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(DURATION_BUCKETS) + 1))  # not cumulative
+
+
+@dataclass(slots=True)
+class StepTotals:
+    count: int = 0
+    seconds: float = 0.0
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(STEP_BUCKETS) + 1))  # not cumulative
+
+
+class LiveTotals:
+    def __init__(self) -> None:
+        self.collectives: dict[tuple[str, str], CollectiveTotals] = {}  # by (op, meaning)
+        self.busbw: dict[str, collections.deque[float]] = {}  # recent samples (bytes/s) by op
+        self.steps = StepTotals()
+        self.ooms = 0
+
+    def count_collective(self, event: CollectiveEvent, duration_s: float | None, busbw: float | None) -> None:
+        key = (event.op, event.meaning)
+        totals = self.collectives.get(key)
+        if totals is None:
+            totals = self.collectives[key] = CollectiveTotals()
+        totals.calls += 1
+        totals.bytes += max(event.bytes_in, event.bytes_out)
+        totals.blocked_s += event.blocked_s
+        if duration_s is not None:
+            totals.timed_calls += 1
+            totals.seconds += duration_s
+            totals.buckets[bisect.bisect_left(DURATION_BUCKETS, duration_s)] += 1
+        if busbw is not None:
+            window = self.busbw.get(event.op)
+            if window is None:
+                window = self.busbw[event.op] = collections.deque(maxlen=BUSBW_WINDOW)
+            window.append(busbw)
+
+    def count_step(self, duration_s: float) -> None:
+        self.steps.count += 1
+        self.steps.seconds += duration_s
+        self.steps.buckets[bisect.bisect_left(STEP_BUCKETS, duration_s)] += 1
