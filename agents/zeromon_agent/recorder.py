@@ -460,8 +460,7 @@ class Recorder:
             wait_ns=wait_ns,
         )
         self.events_finalized += 1
-        self._publish(event)
-        self._count(event)
+        self._publish_collective(event)
         if step > self._emitted_through:
             acc = self._step_acc(step)
             acc.collectives += 1
@@ -481,11 +480,14 @@ class Recorder:
                     acc.overlap_known = False
             acc.blocked_s += event.blocked_s
 
-    def _count(self, event: CollectiveEvent) -> None:
-        """The running totals behind the live metrics."""
+    def _publish_collective(self, event: CollectiveEvent) -> None:
+        """_publish, and the running totals behind the live metrics, in one hold of the lock."""
         duration = event.duration_s if event.timing != Timing.UNKNOWN.value else None
         bandwidth = event_bandwidth(event) if duration else None
+        self._write(event)
         with self.lock:
+            self.cursor += 1
+            self.recent.append((self.cursor, event))
             self.totals.count_collective(event, duration, bandwidth[1] if bandwidth is not None else None)
 
     def _mark(self, t: int, event: Any) -> _Mark:
