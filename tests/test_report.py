@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
+from bench.bench_analysis import write_recording
+
+from zeromon.analysis.report import build_report
+from zeromon.analysis.stragglers import analyze_imbalance
+from zeromon.commands.report import analyse_run
+from zeromon.errors import ZeromonError
+from zeromon.model import read_run
+from zeromon.model.codec import Recording
 
 from conftest import EXAMPLES, REPO, child_env, torchrun_args, zeromon
 
@@ -83,3 +92,59 @@ def test_bad_input(args: tuple[str, ...], message: str) -> None:
     result = zeromon("report", *args)
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.distributed
+def test_parallel_report_equals_the_in_process_one(run_dir: Path) -> None:
+    """`zeromon report RUN_DIR` reads and analyses each rank in a worker process: the same report as
+    build_report over the recordings read here, to the last bit, and through the CLI."""
+    expected = build_report(read_run(run_dir), str(run_dir), peak_busbw=10e9).to_dict()
+    assert expected["imbalance"]["arrivals"][0]["matched"] > 0 and expected["bandwidth"]
+    for workers in (2, 1):
+        assert analyse_run(run_dir, peak_busbw=10e9, workers=workers).to_dict() == expected
+    result = zeromon("report", str(run_dir), "--json", "--peak-busbw", "10GB")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == json.loads(json.dumps(expected, default=str))
+
+
+def test_parallel_report_of_a_synthetic_recording(tmp_path: Path) -> None:
+    write_recording(tmp_path, events=20_000, samples=200)
+    expected = build_report(read_run(tmp_path), str(tmp_path), capacity_bytes=60 * 2**30).to_dict()
+    arrivals = expected["imbalance"]["arrivals"]
+    assert [a["matched"] for a in arrivals] == [10_000, 10_000]
+    assert sum(a["last_arrivals"] for a in arrivals) == 10_000 and arrivals[0]["caused_wait_s"] > 0
+    assert analyse_run(tmp_path, capacity_bytes=60 * 2**30, workers=2).to_dict() == expected
+
+
+def test_imbalance_does_not_depend_on_the_order_collectives_were_written(tmp_path: Path) -> None:
+    write_recording(tmp_path, events=4_000, samples=20)
+    recordings = read_run(tmp_path)
+    shuffled = []
+    for rec in recordings:
+        collectives = list(rec.collectives)
+        random.Random(rec.rank).shuffle(collectives)
+        shuffled.append(Recording(path=rec.path, header=rec.header, collectives=collectives, memory=rec.memory,
+                                  steps=rec.steps, run_info=rec.run_info))
+    expected = analyze_imbalance(recordings)
+    assert expected.ranks[0].matched == 2_000 and expected.ranks[0].waited_s > 0
+    assert analyze_imbalance(shuffled) == expected
+
+
+@pytest.mark.parametrize(("header", "message", "hint"), [
+    ('{"format": "zeromon-recording", "version": "9.0", "rank": 1, "schemas": {}}',
+     "rank-1.jsonl: recording format version 9.0 is not supported", "read it with the zeromon version"),
+    ("{not json", "rank-1.jsonl:1: not a zeromon recording", "recordings are the rank-<r>.jsonl files"),
+], ids=["unknown-version", "not-json"])
+def test_a_bad_rank_file_is_one_clear_error(tmp_path: Path, header: str, message: str, hint: str) -> None:
+    write_recording(tmp_path, events=2_000, samples=20)
+    (tmp_path / "rank-1.jsonl").write_text(header + "\n")
+    for args in ((), ("--json",)):
+        result = zeromon("report", str(tmp_path), *args)
+        assert result.returncode == 2 and result.stdout == ""
+        error, hint_line = result.stderr.splitlines()  # no traceback: the message and its hint
+        assert error.startswith(f"zeromon: error: {tmp_path}/") and message in error
+        assert hint_line.startswith("hint: ") and hint in hint_line
+    # Raised in a worker process, the error comes back whole, its hint with it.
+    with pytest.raises(ZeromonError) as raised:
+        analyse_run(tmp_path, workers=2)
+    assert message in raised.value.message and raised.value.hint is not None and hint in raised.value.hint

@@ -5,7 +5,9 @@ stragglers, OOM forecast: what `zeromon report --json` does) in under 5 s and un
 
 A synthetic 2-rank recording is written with zeromon's own writer: 5,000 steps, 100 collectives
 (half of them async) and 4 phase spans per step per rank, 5,000 memory samples per rank. Time is
-measured in a fresh process (`--child`), peak memory as that process's VmHWM.
+measured in a fresh process (`--child`) that runs what `zeromon report RUN_DIR --json` runs (each rank
+read and analysed in a worker process, one per CPU); peak memory is the largest sum of the RSS of
+that process and its workers, sampled every 10 ms (pages they share counted once per process).
 
     python tests/bench/bench_analysis.py [--events 1000000] [--samples 10000] [--json out.json]
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import subprocess
 import sys
@@ -76,22 +79,53 @@ def write_recording(folder: Path, events: int, samples: int) -> None:
         writer.close()
 
 
-def child(folder: str) -> None:
-    t0 = time.perf_counter()
-    from zeromon.analysis.report import build_report
-    from zeromon.model import read_run
+def _tree_rss_kb(pid: int) -> int:
+    """VmRSS of a process and all its descendants (shared pages counted in each: an upper bound)."""
+    total, pending = 0, [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            with open(f"/proc/{current}/status") as f:
+                total += next((int(line.split()[1]) for line in f if line.startswith("VmRSS")), 0)
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as f:
+                    pending.extend(int(child) for child in f.read().split())
+        except (OSError, ValueError):  # it exited meanwhile
+            continue
+    return total
 
-    recordings = read_run(Path(folder))
-    t1 = time.perf_counter()
-    report = build_report(recordings, folder)
+
+def child(folder: str) -> None:
+    """What `zeromon report RUN_DIR --json` runs: every rank read and analysed in a worker process
+    (one per CPU), the ranks combined in this one."""
+    t0 = time.perf_counter()
+    from zeromon.commands.report import analyse_run
+
+    report = analyse_run(Path(folder))
     json.dumps(report.to_dict(), default=str)
-    t2 = time.perf_counter()
+    total_s = time.perf_counter() - t0
     with open("/proc/self/status") as f:
-        hwm_kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
-    events = sum(len(r.collectives) for r in recordings)
-    samples = sum(len(r.memory) for r in recordings)
-    print(json.dumps({"read_s": t1 - t0, "analyse_s": t2 - t1, "total_s": t2 - t0, "peak_rss_mb": hwm_kb / 1024,
-                      "events": events, "samples": samples}))
+        parent_kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM"))
+    print(json.dumps({"total_s": total_s, "parent_rss_mb": parent_kb / 1024,
+                      "workers": min(len(report.ranks), len(os.sched_getaffinity(0))),
+                      "events": sum(b.count for b in report.bandwidth), "ranks": len(report.ranks)}))
+
+
+def measure(folder: Path) -> dict[str, float]:
+    """One run of child() in a fresh process; the RSS of it and its workers together sampled from
+    here every 10 ms (from outside: no thread of ours in the process that forks the workers)."""
+    proc = subprocess.Popen([sys.executable, __file__, "--child", str(folder)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    peak_kb = 0
+    while proc.poll() is None:
+        peak_kb = max(peak_kb, _tree_rss_kb(proc.pid))
+        time.sleep(0.01)
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"the analysis failed:\n{err}")
+    result: dict[str, float] = json.loads(out.strip().splitlines()[-1])
+    result["peak_rss_mb"] = max(peak_kb / 1024, result["parent_rss_mb"])
+    return result
 
 
 def main() -> None:
@@ -112,16 +146,13 @@ def main() -> None:
         size = sum(f.stat().st_size for f in folder.iterdir())
         print(f"wrote {args.events:,} events, {args.samples:,} samples: {size / 2**20:.0f} MB in "
               f"{time.perf_counter() - t:.1f} s")
-        runs = []
-        for _ in range(args.repeat):
-            out = subprocess.run([sys.executable, __file__, "--child", str(folder)], capture_output=True, text=True,
-                                 check=True)
-            runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        runs = [measure(folder) for _ in range(args.repeat)]
         runs.sort(key=lambda r: r["total_s"])
         median = runs[len(runs) // 2]
         for r in runs:
-            print(f"  read {r['read_s']:.2f} s  analyse {r['analyse_s']:.2f} s  total {r['total_s']:.2f} s  "
-                  f"peak RSS {r['peak_rss_mb']:.0f} MB  ({r['events']:,} events, {r['samples']:,} samples)")
+            print(f"  total {r['total_s']:.2f} s  peak RSS {r['peak_rss_mb']:.0f} MB (all processes; this one "
+                  f"{r['parent_rss_mb']:.0f} MB)  ({r['events']:,} collectives analysed, {r['ranks']} ranks, "
+                  f"{r['workers']} workers)")
         met = median["total_s"] < 5 and median["peak_rss_mb"] < 1024
         print(f"median total {median['total_s']:.2f} s (target < 5 s), peak RSS {median['peak_rss_mb']:.0f} MB "
               f"(target < 1024 MB): {'MET' if met else 'NOT MET'}")
@@ -129,13 +160,15 @@ def main() -> None:
             sys.path.insert(0, str(Path(__file__).parent))
             import benchlib
 
-            note = f"{median['events']:,} events, {median['samples']:,} memory samples, 2 ranks; " \
-                   f"read {median['read_s']:.2f} s + analyse {median['analyse_s']:.2f} s"
+            note = f"{args.events:,} events, {args.samples:,} memory samples, 2 ranks; read and analysed " \
+                   f"in {median['workers']} worker processes"
             benchlib.write_rows(args.json, [
                 benchlib.Row("analysis (zeromon report)", "read + analyse a recording", "s", None,
                              median["total_s"], "< 5 s", median["total_s"] < 5, note),
-                benchlib.Row("analysis (zeromon report)", "peak RSS of the analysing process", "MB", None,
-                             median["peak_rss_mb"], "< 1024 MB", median["peak_rss_mb"] < 1024),
+                benchlib.Row("analysis (zeromon report)", "peak RSS of the analysing processes", "MB", None,
+                             median["peak_rss_mb"], "< 1024 MB", median["peak_rss_mb"] < 1024,
+                             f"this process and its {median['workers']} workers together, sampled every 10 ms; "
+                             f"this process alone {median['parent_rss_mb']:.0f} MB"),
             ])
 
 

@@ -20,8 +20,9 @@ from zeromon.analysis.findings import Finding
 from zeromon.analysis.oom import OomForecast, forecast
 from zeromon.analysis.recording_summary import strategy_label
 from zeromon.analysis.step_overlap import StepOverlap, step_overlaps
-from zeromon.analysis.stragglers import Imbalance, analyze_imbalance
+from zeromon.analysis.stragglers import Imbalance, RankArrivals, combine_imbalance, rank_arrivals
 from zeromon.model.codec import Recording, collector_paused
+from zeromon.model.events import RunInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,19 +150,41 @@ def rank_report(rec: Recording, capacity_bytes: int | None = None,
     )
 
 
-def build_report(recordings: Sequence[Recording], run_dir: str, peak_busbw: float | None = None,
-                 capacity_bytes: int | None = None) -> RunReport:
+@dataclass(frozen=True, slots=True)
+class RankAnalysis:
+    """One rank's share of the run's report, without its recording: what combine_report needs of it.
+    Small enough to send back from the worker process that read the rank (`zeromon report` reads and
+    analyses the ranks in parallel): ~20 MB pickled for half a million collectives."""
+
+    report: RankReport
+    samples: SampleGroups  # its bandwidth samples, for the run's bandwidth table
+    arrivals: RankArrivals  # for the imbalance across ranks
+    run_info: RunInfo | None
+    findings: tuple[Finding, ...]  # its OOM and overlap findings
+
+
+def analyze_rank(rec: Recording, capacity_bytes: int | None = None) -> RankAnalysis:
     with collector_paused():
-        samples = [bandwidth_samples(rec.collective_columns()) for rec in recordings]
-        ranks = tuple(rank_report(rec, capacity_bytes, s) for rec, s in zip(recordings, samples, strict=True))
-        imbalance = analyze_imbalance(recordings)
-        bandwidth = table_of_samples(merge_samples(samples), peak_busbw)
-    findings: list[Finding] = []
-    for rec, rank in zip(recordings, ranks, strict=True):
-        findings.extend(rank.oom.findings)
-        findings.extend(overlap_findings(rec.rank, rank.steps, rec.run_info))
+        samples = bandwidth_samples(rec.collective_columns())
+        report = rank_report(rec, capacity_bytes, samples)
+        arrivals = rank_arrivals(rec)
+    findings = report.oom.findings + overlap_findings(rec.rank, report.steps, rec.run_info)
+    return RankAnalysis(report=report, samples=samples, arrivals=arrivals, run_info=rec.run_info, findings=findings)
+
+
+def combine_report(ranks: Sequence[RankAnalysis], run_dir: str, peak_busbw: float | None = None) -> RunReport:
+    """The run's report from each rank's analysis, in rank order."""
+    with collector_paused():
+        imbalance = combine_imbalance([r.arrivals for r in ranks])
+        bandwidth = table_of_samples(merge_samples(r.samples for r in ranks), peak_busbw)
+    findings = [f for r in ranks for f in r.findings]
     findings.extend(imbalance.findings)
     findings.sort(key=lambda f: (-f.severity.rank, f.rank if f.rank is not None else -1))
-    world = max((r.run_info.world_size for r in recordings if r.run_info), default=len(recordings))
-    return RunReport(run_dir=run_dir, world_size=world, ranks=ranks, bandwidth=bandwidth, imbalance=imbalance,
-                     findings=tuple(findings))
+    world = max((r.run_info.world_size for r in ranks if r.run_info), default=len(ranks))
+    return RunReport(run_dir=run_dir, world_size=world, ranks=tuple(r.report for r in ranks), bandwidth=bandwidth,
+                     imbalance=imbalance, findings=tuple(findings))
+
+
+def build_report(recordings: Sequence[Recording], run_dir: str, peak_busbw: float | None = None,
+                 capacity_bytes: int | None = None) -> RunReport:
+    return combine_report([analyze_rank(rec, capacity_bytes) for rec in recordings], run_dir, peak_busbw)

@@ -10,11 +10,12 @@ clocks: exact between ranks of one machine, as good as NTP between machines.
 from __future__ import annotations
 
 import statistics
+from array import array
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
-from operator import itemgetter
+from typing import Any
 
 from zeromon.analysis.findings import Finding, Severity
 from zeromon.model.codec import Recording
@@ -50,92 +51,155 @@ class Imbalance:
     findings: tuple[Finding, ...]
 
 
-def _peak(rec: Recording) -> int | None:
-    levels = [m.allocated if m.allocated is not None else m.rss for m in rec.memory]
-    values = [v for v in levels if v is not None]
-    return max(values) if values else None
+@dataclass(frozen=True, slots=True)
+class RankArrivals:
+    """What analyze_imbalance needs of one rank, without its recording: flat arrays, cheap to send
+    from the worker process that read the rank (`zeromon report` reads and analyses ranks in parallel)."""
+
+    rank: int
+    keys: tuple[tuple[int, str], ...]  # (step, op) from step 0 on, in the order of their first collective
+    counts: tuple[int, ...]  # how many collectives each key has
+    # Each key's collectives in issue (seq) order, the keys one after another: the k-th of a key is
+    # the k-th of that op in that step, the collective peers match it with.
+    issue_ns: Sequence[int]  # an array('q') (8 bytes a value, sent and received as one block) ...
+    blocked_s: Sequence[float]  # ... and an array('d'); lists where the values do not fit one
+    step_s: tuple[tuple[int, float], ...]  # (step, duration_s) of each step summary, as recorded
+    peak_memory: int | None  # the highest level (allocator on GPU, RSS on CPU)
 
 
-def _arrivals_by_step_op(rec: Recording) -> dict[tuple[int, str], list[tuple[int, float]]]:
-    """(issue_ns, blocked_s) of each collective from step 0 on, by (step, op), in issue (seq) order:
-    the k-th of a list is the k-th of that op in that step, the key peers match on."""
+def rank_arrivals(rec: Recording) -> RankArrivals:
+    """One rank's share of analyze_imbalance."""
     columns = rec.collective_columns()
-    rows: Iterable[tuple[int, int, str, int, float]] = zip(
-        columns.seq, columns.step, columns.op, columns.issue_ns, columns.blocked_s, strict=True)
+    rows: Sequence[int] = range(len(columns))
     if not all(a <= b for a, b in pairwise(columns.seq)):  # recorded in seq order: sort only if not
-        rows = sorted(rows, key=itemgetter(0))
-    by_key: dict[tuple[int, str], list[tuple[int, float]]] = defaultdict(list)
-    for _, step, op, issue, blocked in rows:
+        rows = sorted(rows, key=columns.seq.__getitem__)
+    steps, ops = columns.step, columns.op
+    # Row indices by key: one append per collective, the values gathered after in one pass each.
+    by_key: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for i in rows:
+        step = steps[i]
         if step >= 0:
-            by_key[(step, op)].append((issue, blocked))
-    return by_key
+            by_key[(step, ops[i])].append(i)
+    order = [i for indices in by_key.values() for i in indices]
+    levels = [m.allocated if m.allocated is not None else m.rss for m in rec.memory]
+    present = [v for v in levels if v is not None]
+    return RankArrivals(
+        rank=rec.rank, keys=tuple(by_key), counts=tuple(map(len, by_key.values())),
+        issue_ns=_packed("q", list(map(columns.issue_ns.__getitem__, order))),
+        blocked_s=_packed("d", list(map(columns.blocked_s.__getitem__, order))),
+        step_s=tuple((s.step, s.duration_s) for s in rec.steps),
+        peak_memory=max(present) if present else None,
+    )
+
+
+def _packed(typecode: str, values: list[Any]) -> Sequence[Any]:
+    """The values as an array: a million of them pickle in milliseconds and take 8 MB, not ~32 MB."""
+    try:
+        return array(typecode, values)
+    except (TypeError, OverflowError):  # a null or a float where an integer belongs: kept as read
+        return values
 
 
 def analyze_imbalance(recordings: Sequence[Recording]) -> Imbalance:
-    ranks = [r.rank for r in recordings]
-    keyed = {rec.rank: _arrivals_by_step_op(rec) for rec in recordings}
+    return combine_imbalance([rank_arrivals(rec) for rec in recordings])
+
+
+def combine_imbalance(parts: Sequence[RankArrivals]) -> Imbalance:
+    """The imbalance across ranks, from each rank's RankArrivals (in rank order)."""
+    ranks = [p.rank for p in parts]
+    keyed = {p.rank: p for p in parts}
+    tables = list(keyed.values())
+    runs = _matched_runs(tables)
+    matched = sum(n for _, n in runs)
     last = dict.fromkeys(ranks, 0)
     caused = dict.fromkeys(ranks, 0.0)
     waited = dict.fromkeys(ranks, 0.0)
-    tables = list(keyed.values())
-    common = set.intersection(*(set(t) for t in tables)) if tables else set()
-    # Collectives matched on every rank: the first min(count) of each common (step, op).
-    matched = sum(min(len(t[key]) for t in tables) for key in common)
-    if len(recordings) > 1:
-        order = list(keyed)
-        last_by, caused_by, waited_by = [0] * len(order), [0.0] * len(order), [0.0] * len(order)
-        # Half a million matched collectives: plain comparisons, no call per collective. Keys in the
-        # first rank's order, not the set's: the sums come out the same in every process.
-        for key in (key for key in tables[0] if key in common):
-            for arrivals in zip(*(t[key] for t in tables), strict=False):  # stops at the shortest
-                late, late_issue = 0, arrivals[0][0]
-                for i in range(1, len(arrivals)):
-                    if arrivals[i][0] > late_issue:
-                        late, late_issue = i, arrivals[i][0]
-                last_by[late] += 1
-                for i, (issue, blocked) in enumerate(arrivals):
-                    lost = (late_issue - issue) / 1e9
-                    if blocked < lost:
-                        lost = blocked
-                    if i != late and lost > 0:
-                        caused_by[late] += lost
-                        waited_by[i] += lost
-        for i, rank in enumerate(order):
-            last[rank], caused[rank], waited[rank] = last_by[i], caused_by[i], waited_by[i]
+    if len(parts) > 1:
+        for rank, (n_last, caused_s, waited_s) in zip(keyed, _late_arrivals(tables, runs), strict=True):
+            last[rank], caused[rank], waited[rank] = n_last, caused_s, waited_s
     arrivals_out = tuple(RankArrival(rank=r, matched=matched, last_arrivals=last[r], caused_wait_s=caused[r],
                                      waited_s=waited[r]) for r in ranks)
 
     durations: dict[int, dict[int, float]] = defaultdict(dict)
-    for rec in recordings:
-        for s in rec.steps:
-            durations[s.step][rec.rank] = s.duration_s
+    for part in parts:
+        for step, duration in part.step_s:
+            durations[step][part.rank] = duration
     skews = []
     slowest: dict[int, int] = defaultdict(int)
     for per_rank in durations.values():
-        if len(per_rank) == len(recordings) > 1:
+        if len(per_rank) == len(parts) > 1:
             values = list(per_rank.values())
             median = statistics.median(values)
             if median > 0:
                 skews.append((max(values) - min(values)) / median)
             slowest[max(per_rank, key=lambda r: per_rank[r])] += 1
-    peaks = {rec.rank: p for rec in recordings if (p := _peak(rec)) is not None}
+    peaks = {p.rank: p.peak_memory for p in parts if p.peak_memory is not None}
     spread = (max(peaks.values()) - min(peaks.values())) / max(peaks.values()) if len(peaks) > 1 else None
 
-    findings = _findings(recordings, arrivals_out, peaks, spread, skews)
+    findings = _findings(parts, arrivals_out, peaks, spread, skews)
     return Imbalance(ranks=arrivals_out, step_skew_median=statistics.median(skews) if skews else None,
                      slowest_rank_counts=dict(slowest), peak_memory=peaks, memory_spread=spread,
                      findings=findings)
 
 
-def _findings(recordings: Sequence[Recording], arrivals: tuple[RankArrival, ...], peaks: dict[int, int],
+def _spans(part: RankArrivals) -> dict[tuple[int, str], tuple[int, int]]:
+    """Where each key's collectives start in the rank's lists, and how many it has."""
+    spans, start = {}, 0
+    for key, count in zip(part.keys, part.counts, strict=True):
+        spans[key] = (start, count)
+        start += count
+    return spans
+
+
+def _matched_runs(tables: Sequence[RankArrivals]) -> list[tuple[list[int], int]]:
+    """The collectives matched on every rank: for each (step, op) all ranks have, in the first rank's
+    order (not a set's: the sums come out the same in every process), where its collectives start in
+    each rank's lists and how many are matched (the fewest any rank has)."""
+    spans = [_spans(t) for t in tables]
+    common = set.intersection(*(set(span) for span in spans)) if spans else set()
+    runs = []
+    for key in tables[0].keys if tables else ():
+        if key in common:
+            bounds = [span[key] for span in spans]
+            runs.append(([start for start, _ in bounds], min(count for _, count in bounds)))
+    return runs
+
+
+def _late_arrivals(tables: Sequence[RankArrivals],
+                   runs: list[tuple[list[int], int]]) -> list[tuple[int, float, float]]:
+    """Per rank (in the tables' order): how often it issued last, the wait that caused its peers,
+    and the time it waited for a later peer."""
+    n_ranks = len(tables)
+    last_by, caused_by, waited_by = [0] * n_ranks, [0.0] * n_ranks, [0.0] * n_ranks
+    for starts, n in runs:
+        issue_runs = [t.issue_ns[start:start + n] for t, start in zip(tables, starts, strict=True)]
+        blocked_runs = [t.blocked_s[start:start + n] for t, start in zip(tables, starts, strict=True)]
+        # Half a million matched collectives: plain comparisons, no call per collective.
+        for issues, blocks in zip(zip(*issue_runs, strict=True), zip(*blocked_runs, strict=True), strict=True):
+            late, late_issue = 0, issues[0]
+            for i in range(1, n_ranks):
+                if issues[i] > late_issue:
+                    late, late_issue = i, issues[i]
+            last_by[late] += 1
+            for i, (issue, blocked) in enumerate(zip(issues, blocks, strict=True)):
+                lost = (late_issue - issue) / 1e9
+                if blocked < lost:
+                    lost = blocked
+                if i != late and lost > 0:
+                    caused_by[late] += lost
+                    waited_by[i] += lost
+    return list(zip(last_by, caused_by, waited_by, strict=True))
+
+
+def _findings(parts: Sequence[RankArrivals], arrivals: tuple[RankArrival, ...], peaks: dict[int, int],
               spread: float | None, skews: list[float]) -> tuple[Finding, ...]:
     findings = []
-    total_step_s = sum(s.duration_s for rec in recordings for s in rec.steps) / max(1, len(recordings))
+    total_step_s = sum(duration for part in parts for _, duration in part.step_s) / max(1, len(parts))
     for arrival in arrivals:
         if not arrival.matched or total_step_s <= 0:
             continue
         share = arrival.last_arrivals / arrival.matched
-        peers = max(1, len(recordings) - 1)
+        peers = max(1, len(parts) - 1)
         caused_share = arrival.caused_wait_s / peers / total_step_s
         others = [a.caused_wait_s for a in arrivals if a.rank != arrival.rank]
         typical = sum(others) / len(others) if others else 0.0

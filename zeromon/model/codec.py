@@ -427,8 +427,8 @@ def read_recording(path: str | Path) -> Recording:
     return rec
 
 
-def read_run(run_dir: str | Path) -> list[Recording]:
-    """Read every rank file of a run folder, ordered by rank."""
+def rank_files(run_dir: str | Path) -> list[Path]:
+    """The rank files of a run folder; an error naming the folder when there are none."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ZeromonError(f"{run_dir}: no such run folder")
@@ -438,5 +438,10 @@ def read_run(run_dir: str | Path) -> list[Recording]:
             f"{run_dir}: no rank-<r>.jsonl recordings in this folder",
             hint="record a run with `zeromon run --out DIR -- CMD ...`",
         )
-    recordings = [read_recording(f) for f in files]
+    return files
+
+
+def read_run(run_dir: str | Path) -> list[Recording]:
+    """Read every rank file of a run folder, ordered by rank."""
+    recordings = [read_recording(f) for f in rank_files(run_dir)]
     return sorted(recordings, key=lambda r: r.rank)
