@@ -60,10 +60,8 @@ def build_source(args: argparse.Namespace) -> Source:
         if not os.path.isdir(args.replay):
             raise ZeromonError(f"--replay {args.replay}: no such folder",
                                hint="a run folder is the --out of `zeromon run`; it holds rank-*.jsonl")
-        try:
-            from zeromon.sources.replay import ReplaySource
-        except ImportError as exc:
-            raise ZeromonError(f"--replay: this zeromon cannot replay ({exc})") from None
+        from zeromon.sources.replay import ReplaySource
+
         source: Source = ReplaySource(args.replay, speed=speed)
         return source
     if args.prometheus is not None and (args.targets or args.run):
