@@ -247,6 +247,8 @@ def test_snapshot_document(live: LiveRun) -> None:
     assert last["rank"] == 1 and last["end_ns"] > last["start_ns"] and last["comm_bytes"] > 0
     assert last["comp_s"] > 0 and last["exposed_comm_s"] is not None and last["overlap_s"] is not None
     assert doc["memory"]["rss"] > 0 and doc["memory"]["device"] == "cpu" and doc["device"] is None
+    # The newest sample carries the last category walk's bytes, as zeromon_memory_category_bytes does.
+    assert doc["memory"]["categories"].get("sharded_params", 0) > 0, doc["memory"]
     assert doc["stats"]["events_dropped"] == 0 and doc["stats"]["events_recorded"] > 0
     rows = {(r["op"], r["meaning"]): r for r in doc["collectives"]}
     gather = rows[("all_gather", "param_all_gather")]

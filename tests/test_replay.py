@@ -6,6 +6,7 @@ the replay is then checked against what read_recording says the files hold.
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from collections import Counter
@@ -95,7 +96,13 @@ def test_plays_to_the_end_with_steps_advancing_and_the_recordings_totals(run_dir
         assert view.rank == rec.rank and not view.alive and view.error == "the recording ended"
         assert view.t_ns == max(record_times(rec))
         assert [s.step for s in view.steps] == [s.step for s in rec.steps] == list(range(STEPS))
-        assert view.steps[-1] == rec.steps[-1] and view.memory == max(rec.memory, key=lambda m: m.t_ns)
+        assert view.steps[-1] == rec.steps[-1]
+        # The last sample, with the last category walk's bytes when it was not a walk itself.
+        last = max(rec.memory, key=lambda m: m.t_ns)
+        last_walk = max((m for m in rec.memory if m.walked), key=lambda m: m.t_ns)
+        assert view.memory == dataclasses.replace(last, categories=last_walk.categories if not last.walked
+                                                  else last.categories)
+        assert view.memory is not None and view.memory.categories.get("sharded_params", 0) > 0
         assert view.run_info == rec.run_info and view.job == "fsdp2_train" and view.world_size == 2
         assert view.stats == rec.stats
         got = {(c.op, c.meaning): (c.calls, c.bytes) for c in view.collectives}

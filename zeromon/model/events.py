@@ -163,6 +163,12 @@ class MemorySample:
             return None
         return self.reserved - self.allocated
 
+    @property
+    def walked(self) -> bool:
+        """Whether the agent walked the categories for this sample (every few steps, within its
+        time budget), not only counted the activations."""
+        return any(name != "activations" for name in self.categories)
+
 
 @dataclass(frozen=True, slots=True)
 class DeviceSample:

@@ -24,11 +24,13 @@ unchanged rank keeps its view object from one refresh to the next.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 import statistics
 import threading
 import time
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -99,6 +101,7 @@ class _Track:
     last_ns: int  # -1: no records
     steps: ColumnTable[StepSummary]  # by end
     memory: ColumnTable[MemorySample]
+    last_walk: array[int]  # per memory sample, the index of the last one at or before it with a walk; -1: none
     device: ColumnTable[DeviceSample]
     phases: ColumnTable[PhaseSpan]  # by end
     notices: ColumnTable[Notice]
@@ -168,7 +171,26 @@ def _track(rec: Recording) -> _Track:
     return _Track(
         rank=rec.rank, target=rec.path.name, run_info=rec.run_info, stats=rec.stats,
         first_ns=min(times) if times else 0, last_ns=max(times) if times else -1, steps=steps, memory=memory,
-        device=device, phases=phases, notices=notices, ooms=ooms, totals=totals, busbw_t=busbw_t, busbw=busbw)
+        last_walk=_last_walks(rec.memory), device=device, phases=phases, notices=notices, ooms=ooms, totals=totals, busbw_t=busbw_t, busbw=busbw)
+
+
+def _last_walks(samples: Sequence[MemorySample]) -> array[int]:
+    out, last = array("q"), -1
+    for i, sample in enumerate(sorted(samples, key=lambda m: m.t_ns)):  # ColumnTable's order
+        if sample.walked:
+            last = i
+        out.append(last)
+    return out
+
+
+def _with_last_walk(track: _Track, i: int) -> MemorySample:
+    """Sample i, with the categories of the last walk when it was not one itself: what the live
+    endpoint serves."""
+    sample = track.memory.get(i)
+    walk = track.last_walk[i]
+    if sample.walked or walk < 0:
+        return sample
+    return dataclasses.replace(sample, categories=dict(track.memory.get(walk).categories))
 
 
 def load_tracks(run_dir: Path) -> list[_Track]:
@@ -420,7 +442,7 @@ class ReplaySource:
             track.notices_at = (ni, track.notices.window(0, ni))
         mi = track.memory.upto(t)
         if track.memory_at[0] != mi:
-            track.memory_at = (mi, track.memory.get(mi - 1) if mi else None)
+            track.memory_at = (mi, _with_last_walk(track, mi - 1) if mi else None)
         di = track.device.upto(t)
         if track.device_at[0] != di:
             track.device_at = (di, track.device.get(di - 1) if di else None)
