@@ -40,11 +40,11 @@ class FetchError(Exception):
     """A request that got no usable answer; the message says why, for RankView.error."""
 
 
-def describe_os_error(exc: BaseException, timeout_s: float) -> str:
+def describe_os_error(exc: BaseException, timeout_s: float, server: str = "the agent") -> str:
     if isinstance(exc, TimeoutError | socket.timeout):
         return f"no answer within {timeout_s:g} s"
     if isinstance(exc, ConnectionRefusedError):
-        return "connection refused (nothing listens there: the agent stopped?)"
+        return f"connection refused (nothing listens there: {server} stopped?)"
     if isinstance(exc, socket.gaierror):
         return f"cannot resolve the host ({exc.strerror})"
     if isinstance(exc, ConnectionResetError | BrokenPipeError):

@@ -72,7 +72,7 @@ class PromQL:
         try:
             status, reason, body = http_get(self._host, self._port, path, self._headers, self.timeout_s, self._https)
         except OSError as exc:
-            raise FetchError(describe_os_error(exc, self.timeout_s)) from None
+            raise FetchError(describe_os_error(exc, self.timeout_s, server="Prometheus")) from None
         try:
             doc = json_loads(body)
         except ValueError:
