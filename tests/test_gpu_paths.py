@@ -98,6 +98,34 @@ def test_cuda_event_pool_exhaustion_falls_back_to_host_timing() -> None:
     assert timer.exhausted == 1 and len(timer.pool) == 1
 
 
+def test_only_the_waits_of_cuda_timed_collectives_are_marked_on_the_stream() -> None:
+    """make_wait records CUDA events (before and after the wait) for a collective that was timed
+    with them, and none for one on CPU tensors in the same process (gloo beside NCCL)."""
+    from zeromon_agent.collectives import make_wait, make_wrapper
+
+    state = HotState()
+    state.enabled = True
+    state.cuda_timing = timer = CudaTimer(_fake_torch(), pool_size=8)
+
+    class Work:
+        def wait(self) -> bool:
+            return True
+
+        def is_completed(self) -> bool:
+            return False
+
+    wrapped = make_wrapper(lambda tensor, async_op=False: Work(), "all_reduce", "all_reduce",
+                           lambda a, k: (4096, 4096, torch.bfloat16, None, True), state=state)
+    wait = make_wait(Work.wait, state=state)
+    state.async_sample_every = 0
+    wait(wrapped(_CudaTensor(), async_op=True))  # timed: start at issue, two events at the wait
+    assert len(timer.pool) == 8 - 3 and not timer.awaiting
+    wait(wrapped(torch.ones(2), async_op=True))  # CPU tensors: no event at all
+    assert len(timer.pool) == 8 - 3 and not timer.awaiting
+    waits = [item for item in state.raw if item[0] == RAW_WAIT]
+    assert [w[5] is not None and w[6] is not None for w in waits] == [True, False]
+
+
 def test_cpu_tensors_are_not_cuda_timed() -> None:
     timer = CudaTimer(_fake_torch(), pool_size=2)
     assert timer.begin((torch.ones(2),), {}) is None

@@ -177,6 +177,8 @@ def _record_async(state: HotState, api: str, op: str, t0: int, t1: int, b_in: in
         pending = state.pending
         if len(pending) < state.pending_capacity:
             pending[id(result)] = seq
+            if cuda is not None:  # its wait is marked on the stream (make_wait)
+                state.cuda_timing.awaiting.add(seq)
         every = state.async_sample_every
         if every:
             state.async_count += 1
@@ -251,6 +253,10 @@ def make_wait(orig_wait: Callable[..., Any], state: HotState = STATE) -> Callabl
         except Exception:  # noqa: BLE001
             done_before = False
         timer = state.cuda_timing
+        if timer is not None and seq in timer.awaiting:  # a collective timed with CUDA events
+            timer.awaiting.discard(seq)
+        else:
+            timer = None
         cuda_start = timer.mark() if timer is not None else None  # where the stream begins to wait
         t0 = perf_ns()
         try:

@@ -29,6 +29,10 @@ class CudaTimer:
         # Phase boundaries are marked on the stream only once a collective has run on CUDA tensors:
         # a CPU (gloo) job on a machine with a GPU keeps host phases.
         self.active = False
+        # Async collectives timed with CUDA events whose wait is still to come (by seq): only their
+        # waits are marked on the stream. Bounded by the caller; emptied as they are waited on or
+        # finalized.
+        self.awaiting: set[int] = set()
         self._ref_event: Any = None
         self._ref_unix_ns = 0
 

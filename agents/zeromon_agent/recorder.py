@@ -342,7 +342,7 @@ class Recorder:
                                wait_event=cuda_wait)
             return True
         if cuda_wait is not None and self.cuda_timer is not None:
-            self.cuda_timer.release(cuda_wait)  # a collective on CPU tensors in a process with a GPU
+            self.cuda_timer.release(cuda_wait)  # its end event was not to be had (the pool ran dry)
         if sampled and entry.done_ns is None and (now is None or now - w1 < _CALLBACK_GRACE_NS):
             return False  # the exact completion time is on its way
         del self._inflight[seq]
@@ -443,6 +443,7 @@ class Recorder:
         if self.cuda_timer is not None and (cuda is not None or extra_event is not None or wait_event is not None):
             # Every CUDA event of this collective goes back to the pool, whichever path finished it.
             self.cuda_timer.release(*(cuda or ()), extra_event, wait_event)
+            self.cuda_timer.awaiting.discard(seq)  # finalized without a wait (polled, or at exit)
         complete_ns: int | None
         wait_ns = self.unix(wait_perf) if wait_perf is not None else None
         if stream_wait is not None:

@@ -204,7 +204,7 @@ def build_snapshot(identity: Identity, view: View, query: Mapping[str, list[str]
         "start_ns": identity.start_ns, "cursor": view.cursor,
         "run_info": record_dict(view.run_info) if view.run_info is not None else None,
         "steps": [record_dict(s) for s in view.steps[len(view.steps) - n_steps:]] if n_steps else [],
-        "memory": record_dict(_with_categories(view.memory, view.categories)) if view.memory is not None else None,
+        "memory": record_dict(view.memory.with_walk(view.categories)) if view.memory is not None else None,
         "device": record_dict(view.device) if view.device is not None else None,
         "stats": record_dict(view.stats),
         "collectives": [{"op": r.op, "meaning": r.meaning, "calls": r.calls, "bytes": r.bytes,
@@ -231,11 +231,3 @@ def events_since(recent: tuple[tuple[int, Record], ...], since: int,
     events = [{"cursor": cursor, "kind": KIND_OF[type(record)], **record_dict(record)}
               for cursor, record in recent[start:start + limit]]
     return events, lost
-
-
-def _with_categories(memory: MemorySample, categories: Mapping[str, int]) -> MemorySample:
-    """The newest sample, with the categories of the last walk when it was not one itself (what
-    zeromon_memory_category_bytes says too)."""
-    if memory.walked or not categories:
-        return memory
-    return dataclasses.replace(memory, categories=dict(categories))

@@ -6,6 +6,7 @@ ranks on different machines line up; sizes are bytes; durations in seconds carry
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -168,6 +169,13 @@ class MemorySample:
         """Whether the agent walked the categories for this sample (every few steps, within its
         time budget), not only counted the activations."""
         return any(name != "activations" for name in self.categories)
+
+    def with_walk(self, walk: Mapping[str, int]) -> MemorySample:
+        """This sample, with the categories of the last walk when it was not one itself: what live
+        clients show between walks (the endpoint, the replay, zeromon_memory_category_bytes)."""
+        if self.walked or not walk:
+            return self
+        return dataclasses.replace(self, categories=dict(walk))
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,6 @@ unchanged rank keeps its view object from one refresh to the next.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import math
 import statistics
 import threading
@@ -184,13 +183,10 @@ def _last_walks(samples: Sequence[MemorySample]) -> array[int]:
 
 
 def _with_last_walk(track: _Track, i: int) -> MemorySample:
-    """Sample i, with the categories of the last walk when it was not one itself: what the live
-    endpoint serves."""
-    sample = track.memory.get(i)
+    """Sample i as the live endpoint would serve it (MemorySample.with_walk)."""
     walk = track.last_walk[i]
-    if sample.walked or walk < 0:
-        return sample
-    return dataclasses.replace(sample, categories=dict(track.memory.get(walk).categories))
+    sample = track.memory.get(i)
+    return sample.with_walk(track.memory.get(walk).categories) if walk >= 0 and walk != i else sample
 
 
 def load_tracks(run_dir: Path) -> list[_Track]:
