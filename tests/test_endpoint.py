@@ -515,7 +515,7 @@ def test_read_deadline_cuts_a_client_that_keeps_sending() -> None:
         sender.start()
         reply = client.recv(200)
         elapsed = time.monotonic() - opened
-        assert reply.startswith(b"HTTP/1.0 408") and 0.4 < elapsed < 2.0, (reply, elapsed)
+        assert reply.startswith(b"HTTP/1.0 408") and 0.4 < elapsed < 4.0, (reply, elapsed)  # never, without the deadline
         assert server.refused == 1
         assert fetch(f"http://127.0.0.1:{port}", "/")[2] == b"ok"
     finally:

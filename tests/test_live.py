@@ -421,7 +421,7 @@ def test_latest_never_waits_on_a_slow_agent(agents: list[SimAgent]) -> None:
             view = source.latest()
             worst = max(worst, time.perf_counter() - started)
             time.sleep(0.05)
-        assert worst < 0.05, f"latest() took {worst * 1e3:.1f} ms"
+        assert worst < 0.5, f"latest() took {worst * 1e3:.1f} ms"  # waiting on the slow agent would take 1 s (its timeout)
         slow = wait_for(lambda: next((r for r in source.latest().ranks if r.error and "within" in r.error), None),
                         what="the slow agent's timeout")
         assert slow.error == "no answer within 1 s" and not slow.alive and view.ranks
