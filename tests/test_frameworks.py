@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from zeromon.analysis.step_overlap import step_overlaps
 from zeromon.model import Recording, read_run
 
 from conftest import EXAMPLES, child_env, torchrun_args, zeromon
@@ -143,6 +144,19 @@ def test_ddp(tmp_path: Path) -> None:
         assert sum(e.bytes_in for e in setup) >= summary["param_bytes"]
         cats = _last_categories(rec)
         assert cats["unsharded_params"] == summary["param_bytes"]
+        # DDP waits for its buckets in C++ at the end of backward; the agent's final callback records
+        # that wait, so the time the rank sat blocked there is exposed, not counted as compute.
+        reduces = [e for e in rec.collectives if e.meaning == "grad_all_reduce"]
+        assert reduces and all(e.wait_ns is not None and e.complete_ns is not None for e in reduces)
+        assert all(e.issue_ns <= e.wait_ns for e in reduces)  # type: ignore[operator]
+        waited_by_step: dict[int, float] = defaultdict(float)
+        for e in reduces:  # a bucket done before backward's compute ended was waited on for nothing
+            waited_by_step[e.step] += max(0, e.complete_ns - e.wait_ns) / 1e9  # type: ignore[operator]
+        assert sum(waited_by_step.values()) > 0
+        for o in step_overlaps(rec):
+            if o.step in waited_by_step:
+                assert o.exposed_comm_s >= 0.99 * waited_by_step[o.step] - 1e-6, (o, waited_by_step[o.step])
+        assert rec.stats is not None and rec.stats.hook_errors == 0
 
 
 def _deepspeed_available() -> bool:
