@@ -66,15 +66,12 @@ def _param_count(text: str) -> float:
 
 
 def _size(text: str) -> int:
-    from zeromon.model.units import parse_size
+    from zeromon.model.units import parse_memory_size
 
     try:
-        value = parse_size(text)
+        return parse_memory_size(text, "--gpu-memory")
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be more than 0 bytes, got {text!r}")
-    return value
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--gpu-memory: ")) from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -130,20 +130,15 @@ def _int_flag(flag: str, text: str) -> int:
 
 
 def _gpu_memory(text: str | None) -> int | None:
-    from zeromon.model.units import parse_size
+    from zeromon.model.units import parse_memory_size
 
     if text is None:
         return None
     try:
-        value = parse_size(text)
+        return parse_memory_size(text, "--gpu-memory")
     except ValueError as exc:
-        raise ZeromonError(f"--gpu-memory: {exc}", hint="a size with a unit: 80GiB, 40GB, 24GiB") from None
-    if value < 2**20:
-        has_unit = any(c.isalpha() for c in text.replace("e", "").replace("E", ""))
-        # A bare "80" is 80 bytes: surely a missing unit.
-        hint = "a size of at least 1 MiB, e.g. 80GiB" if has_unit else f"give a unit, e.g. --gpu-memory {text.strip()}GiB"
-        raise ZeromonError(f"--gpu-memory: {text!r} is {value} bytes, too small for a GPU", hint=hint)
-    return value
+        message = str(exc) if str(exc).startswith("--gpu-memory") else f"--gpu-memory: {exc}"
+        raise ZeromonError(message, hint="a size with a unit: 80GiB, 40GB, 24GiB") from None
 
 
 def _activations(text: str | None) -> tuple[int, int, int, int, int] | None:

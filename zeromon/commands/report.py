@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zeromon.errors import ZeromonError
-from zeromon.model.units import format_bytes, parse_size
+from zeromon.model.units import format_bytes, parse_memory_size
 
 if TYPE_CHECKING:
     from zeromon.analysis.report import RankAnalysis, RunReport
@@ -32,16 +32,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--capacity", metavar="SIZE", help="memory capacity per rank to forecast against, e.g. 80GiB")
 
 
-def _size_flag(flag: str, value: str | None) -> int | None:
+def _capacity_flag(value: str | None) -> int | None:
     if value is None:
         return None
     try:
-        size = parse_size(value.removesuffix("/s"))
+        return parse_memory_size(value, "--capacity")
     except ValueError as exc:
-        raise ZeromonError(f"{flag} {value!r}: {exc}") from None
-    if size <= 0:
-        raise ZeromonError(f"{flag} {value!r}: must be greater than 0")
-    return size
+        message = str(exc) if str(exc).startswith("--capacity") else f"--capacity {value!r}: {exc}"
+        raise ZeromonError(message) from None
+
+
+def _rate_flag(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        # "200GB", "200GB/s", "25GiB/s": bytes per second; a bare "200" is surely a missing unit.
+        return parse_memory_size(value.strip().removesuffix("/s"), "--peak-busbw")
+    except ValueError:
+        raise ZeromonError(f"--peak-busbw {value!r}: not a bus bandwidth",
+                           hint="bytes per second with a unit, e.g. --peak-busbw 200GB/s or 25GiB/s") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,8 +63,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    peak = _size_flag("--peak-busbw", args.peak_busbw)
-    capacity = _size_flag("--capacity", args.capacity)
+    peak = _rate_flag(args.peak_busbw)
+    capacity = _capacity_flag(args.capacity)
     peak_busbw = float(peak) if peak else None
     if args.html:  # the page plots the recordings themselves: read (and analyse) them in this process
         from zeromon.analysis.report import build_report

@@ -23,6 +23,23 @@ def parse_size(text: str) -> int:
     return int(number * _UNITS[unit])
 
 
+def parse_memory_size(text: str, flag: str) -> int:
+    """A device's or a rank's memory for ``flag`` (e.g. --gpu-memory 80GiB). Raises ValueError with one line.
+
+    A bare number under 1 MiB is taken for a forgotten unit ("80" is 80 bytes), and refused.
+    """
+    value = parse_size(text)
+    if value <= 0:
+        raise ValueError(f"{flag}: {text!r} must be more than 0 bytes (e.g. {flag} 80GiB)")
+    if value < 2**20:
+        match = _SIZE.match(text)
+        if match is not None and match.group(2):
+            raise ValueError(f"{flag}: {text!r} is {value} bytes, too small for a device's memory (at least 1 MiB)")
+        raise ValueError(f"{flag}: {text!r} has no unit and would be {value} bytes; "
+                         f"did you mean {flag} {text.strip()}GiB?")
+    return value
+
+
 def format_bytes(n: float | None) -> str:
     if n is None:
         return "-"
