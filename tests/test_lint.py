@@ -4,8 +4,12 @@ what it refuses, and the real CLI for output shape, exit codes and bad input."""
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import io
 import json
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,7 @@ from zeromon.analysis.lint import (
     lint_deepspeed_config,
 )
 from zeromon.analysis.lint_accelerate import lint_accelerate_config
+from zeromon.analysis.lint_schema import STATIC_SCHEMA_VERSION
 from zeromon.errors import ZeromonError
 from zeromon.sources.configs import deepspeed_schema, load_config
 
@@ -118,7 +123,8 @@ def test_every_rule_has_a_fixture_and_every_finding_a_known_id() -> None:
     covered = {rule for _, _, expected in CASES for rule, _, _ in expected}
     accelerate_only = {"ZL005", "ZL024", "ZL025", "ZL026", "ZL027"}  # tested on the accelerate fixtures
     planner = {"ZL015"}
-    assert set(RULES) == covered | accelerate_only | planner
+    inline = {"ZL029"}  # test_nvme_optimizer_offload_below_zero3_is_cpu_offload
+    assert set(RULES) == covered | accelerate_only | planner | inline
     for path in [*DATA.glob("*.json"), *ACC.glob("*.yaml")]:
         try:
             report = lint_file(path, gpu_memory_bytes=16 * GiB, world_size=8, params=1e9)
@@ -182,6 +188,45 @@ def test_batch_rules_follow_deepspeeds_derivation(config: dict[str, Any], world:
     assert {f.id for f in report.findings} == expected
 
 
+def test_every_bad_batch_value_is_reported_at_once() -> None:
+    config = {"train_micro_batch_size_per_gpu": -4, "gradient_accumulation_steps": 0, "train_batch_size": "8",
+              "zero_optimization": {"stage": 7}}
+    assert triples(lint_deepspeed_config(config)) == {
+        ("ZL021", "error", "zero_optimization.stage"),
+        ("ZL028", "error", "train_batch_size"),
+        ("ZL028", "error", "train_micro_batch_size_per_gpu"),
+        ("ZL028", "error", "gradient_accumulation_steps"),
+    }
+
+
+NVME_OPTIMIZER = {"device": "nvme", "nvme_path": "/local_nvme", "pin_memory": True}
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_nvme_optimizer_offload_below_zero3_is_cpu_offload(stage: int) -> None:
+    config = {"train_micro_batch_size_per_gpu": 4, "bf16": {"enabled": True},
+              "zero_optimization": {"stage": stage, "overlap_comm": True, "offload_optimizer": NVME_OPTIMIZER}}
+    report = lint_deepspeed_config(config)
+    assert triples(report) == {("ZL029", "warning", "zero_optimization.offload_optimizer.device")}
+    assert "CPU memory" in report.findings[0].message and "stage 3" in report.findings[0].fix
+    # Without nvme_path: nothing swaps below ZeRO-3, so that is no error (ZL010) here; at stage 3 it is.
+    no_path = {**config["zero_optimization"], "offload_optimizer": {"device": "nvme", "pin_memory": True}}
+    assert {f.id for f in lint_deepspeed_config({**config, "zero_optimization": no_path}).findings} == {"ZL029"}
+    stage3 = {**no_path, "stage": 3, "stage3_gather_16bit_weights_on_model_save": True}
+    assert {f.id for f in lint_deepspeed_config({**config, "zero_optimization": stage3}).findings} == {"ZL010"}
+    cpu = {**config["zero_optimization"], "offload_optimizer": {**NVME_OPTIMIZER, "device": "cpu"}}
+    assert lint_deepspeed_config({**config, "zero_optimization": cpu}).findings == ()
+
+
+def test_nvme_optimizer_offload_below_zero3_in_an_accelerate_block() -> None:
+    accelerate = {"distributed_type": "DEEPSPEED", "num_processes": 2, "mixed_precision": "bf16",
+                  "deepspeed_config": {"zero_stage": 2, "offload_optimizer_device": "nvme",
+                                       "gradient_accumulation_steps": 1}}
+    ids = {(f.id, f.key, f.file) for f in lint_accelerate_config(accelerate, None).findings}
+    assert ("ZL029", "deepspeed_config.offload_optimizer_device", "accelerate") in ids
+    assert not any(rule == "ZL010" for rule, _, _ in ids)  # nvme_path 'none' is not read below ZeRO-3
+
+
 def test_overlap_comm_message_gives_deepspeeds_default_for_the_stage(ds_schema: Any) -> None:
     finding = lint_file(DATA / "overlap_default.json", schema=ds_schema).findings[0]
     assert "DeepSpeed's default for stage 2 is false (true only for stage 3)" in finding.message
@@ -213,6 +258,20 @@ def test_zero3_where_zero2_fits_uses_the_planner() -> None:
     # A ZeRO-2 plan inside the planner's 10% headroom is only worth an info.
     tight = lint_file(DATA / "zero3_small_model.json", params=21e9, world_size=8, gpu_memory_bytes=80 * GiB)
     assert [(f.id, f.severity) for f in tight.findings] == [("ZL015", "info")]
+
+
+def test_zero3_where_zero2_fits_suggests_a_plan_command_that_runs() -> None:
+    config = json.loads((DATA / "zero3_small_model.json").read_text())
+    config["zero_optimization"]["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    report = lint_deepspeed_config(config, LintOptions(params=1.3e9, world_size=16, nodes=2,
+                                                       gpu_memory_bytes=80 * GiB))
+    fix = next(f.fix for f in report.findings if f.id == "ZL015")
+    command = fix.split("`")[1]
+    assert command.startswith("zeromon plan --params 1.3B --gpus-per-node 8 --nodes 2 --gpu-memory 80.00GiB")
+    assert "--offload-optimizer cpu" in command and "--activations" not in command
+    proc = zeromon(*shlex.split(command)[1:])
+    assert proc.returncode == 0, proc.stderr
+    assert "optimizer=cpu" in proc.stdout and "recommendation: " in proc.stdout
 
 
 # --- accelerate -------------------------------------------------------------------------------------------
@@ -316,7 +375,7 @@ def test_static_schema_matches_the_installed_deepspeed(ds_schema: Any) -> None:
 
     assert dict(ds_schema.sections) == {**STATIC_SCHEMA.sections, "": ds_schema.sections[""]}
     assert _top_level_keys(ds_config) <= STATIC_SCHEMA.sections[""]
-    assert set(ds_schema.removed) == set(STATIC_SCHEMA.removed)
+    assert dict(ds_schema.removed) == dict(STATIC_SCHEMA.removed)  # DeepSpeed's own reasons, word for word
     assert ds_schema.deprecated.keys() == STATIC_SCHEMA.deprecated.keys()
     assert ds_schema.overlap_comm_default == STATIC_SCHEMA.overlap_comm_default
     assert ds_schema.pin_memory_default == STATIC_SCHEMA.pin_memory_default
@@ -397,6 +456,47 @@ def test_cli_flags_feed_the_planner_and_the_batch_check() -> None:
     assert proc.returncode == 1 and "world size 8 (--world-size)" in proc.stdout
 
 
+def test_cli_params_without_gpus_or_memory_is_refused_not_ignored() -> None:
+    proc = zeromon("lint", str(DATA / "zero3_small_model.json"), "--params", "1.3B")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "zeromon: error: --params needs --gpus and --gpu-memory too" in proc.stderr
+    proc = zeromon("lint", str(DATA / "zero3_small_model.json"), "--params", "1.3B", "--gpus", "8")
+    assert proc.returncode == 2 and "zeromon: error: --params needs --gpu-memory too" in proc.stderr
+    # An accelerate file's num_processes gives the GPUs.
+    proc = zeromon("lint", str(ACC / "seed_zero3.yaml"), "--params", "1.3B", "--gpu-memory", "80GiB", "--json")
+    assert proc.returncode in (0, 1), proc.stderr
+    assert "ZL015" in {f["id"] for f in json.loads(proc.stdout)["findings"]}
+
+
+def test_installed_deepspeed_of_the_static_lists_version_is_not_imported() -> None:
+    code = ("import logging, sys; from zeromon.sources.configs import installed_schema; s = installed_schema(); "
+            "print('deepspeed' in sys.modules, 'torch' in sys.modules, s.origin)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    try:
+        version = importlib.metadata.version("deepspeed")
+    except importlib.metadata.PackageNotFoundError:
+        assert out.stdout.split("\n")[0] == f"False False {STATIC_SCHEMA.origin}"
+        return
+    if version != STATIC_SCHEMA_VERSION:
+        pytest.skip(f"DeepSpeed {version} installed: its schema is read from its classes")
+    assert out.stdout.strip() == f"False False DeepSpeed {version} (installed)"
+    assert out.stderr == ""
+
+
+@pytest.mark.deepspeed
+def test_reading_deepspeeds_schema_keeps_its_import_chatter_quiet(ds_schema: Any) -> None:
+    code = ("import logging; from zeromon.sources.configs import deepspeed_schema; s = deepspeed_schema(); "
+            "print(s is not None, logging.root.manager.disable)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert out.stdout.split() == ["True", "0"]  # read, and logging is enabled again afterwards
+    assert "[WARNING]" not in out.stderr and "Setting accelerator" not in out.stderr, out.stderr
+
+
+def test_cli_stderr_is_empty_for_a_clean_lint() -> None:
+    proc = zeromon("lint", str(DATA / "clean.json"))
+    assert proc.returncode == 0 and proc.stderr == ""
+
+
 @pytest.mark.parametrize(("args", "expected"), [
     (["tests/data/lint/malformed.json"], "zeromon: error: tests/data/lint/malformed.json:3:36: "),
     (["tests/data/lint/accelerate/malformed.yaml"], "zeromon: error: tests/data/lint/accelerate/malformed.yaml:4:24: "),
@@ -407,6 +507,10 @@ def test_cli_flags_feed_the_planner_and_the_batch_check() -> None:
     (["tests/data/lint/clean.json", "--gpus", "0"], "argument --gpus: must be >= 1"),
     (["tests/data/lint/clean.json", "--gpu-memory", "lots"], "argument --gpu-memory: 'lots' is not a size"),
     (["tests/data/lint/clean.json", "--params", "many"], "argument --params: 'many' is not a parameter count"),
+    (["tests/data/lint/clean.json", "--params", "-7e9"], "argument --params: must be a positive count"),
+    (["tests/data/lint/clean.json", "--gpu-memory", "-80GiB"], "argument --gpu-memory: '-80GiB' must be more than 0"),
+    (["tests/data/lint/clean.json", "--gpus", "-8"], "argument --gpus: must be >= 1"),
+    (["tests/data/lint/clean.json", "--bogus"], "hint: see `zeromon lint --help`"),
 ])
 def test_cli_bad_input_exits_2_with_one_line(args: list[str], expected: str) -> None:
     proc = zeromon("lint", *args)

@@ -100,6 +100,20 @@ def test_offload_moves_state_to_the_host_and_nvme() -> None:
     assert no_init[3].cpu_bytes == 4 * psi * gpn
 
 
+def test_nvme_optimizer_offload_below_zero3_is_modeled_as_deepspeed_runs_it() -> None:
+    # DeepSpeed's ZeRO-1/2 optimizer offloads to CPU for any device but none (stage_1_and_2.py cpu_offload).
+    psi, gpn = 70_000_000_000, 8
+    result = plan(PlanInputs(params=psi, gpus_per_node=gpn, nodes=2, gpu_memory_bytes=80 * GIB,
+                             offload_optimizer="nvme"))
+    stages = {sp.stage: sp for sp in result.stages}
+    cpu = by_stage(PlanInputs(params=psi, gpus_per_node=gpn, nodes=2, offload_optimizer="cpu"))
+    for stage in (1, 2):
+        assert stages[stage].offload == "optimizer=cpu" and stages[stage].nvme_bytes == 0
+        assert (stages[stage].gpu_bytes, stages[stage].cpu_bytes) == (cpu[stage].gpu_bytes, cpu[stage].cpu_bytes)
+    assert stages[3].offload == "optimizer=nvme" and stages[3].nvme_bytes > 0  # ZeRO-Infinity
+    assert any("DeepSpeed keeps it in CPU memory" in note and "NVMe needs ZeRO-3" in note for note in result.notes)
+
+
 def test_zero3_adds_the_gathered_largest_layer_when_known() -> None:
     without = by_stage(PlanInputs(params=8e9, gpus_per_node=8, stages=(3,)))[3]
     with_layer = by_stage(PlanInputs(params=8e9, gpus_per_node=8, stages=(3,), largest_layer_params=5e8))[3]
@@ -216,6 +230,22 @@ def test_recommendation_when_tight_or_nothing_fits() -> None:
     assert stage == 3 and reason.startswith("nothing fits") and "activations alone" in reason
 
 
+def test_zero2_is_recommended_over_zero1_with_or_without_capacity() -> None:
+    # The README's example, the paper's Figure 1: ZeRO-1 (29.25 GiB) and ZeRO-2 (15.50 GiB) both fit 80 GiB.
+    # The seeds' default is ZeRO-2, as without --gpu-memory; the reason names ZeRO-1 and when to prefer it.
+    with_capacity = plan(PlanInputs(params=7.5e9, gpus_per_node=8, nodes=8, gpu_memory_bytes=80 * GIB))
+    without = plan(PlanInputs(params=7.5e9, gpus_per_node=8, nodes=8))
+    assert with_capacity.recommendation.stage == without.recommendation.stage == 2
+    reason = with_capacity.recommendation.reason
+    assert reason.startswith("ZeRO-2 is the first choice") and "(DDP needs 111.76 GiB)" in reason
+    assert "ZeRO-1 fits too (29.25 GiB)" in reason and "gradient accumulation" in reason
+    assert "leaves more room" not in reason  # the old text that argued against its own choice
+    # A small model still gets DDP when it fits, and ZeRO-1 is never the recommendation.
+    assert recommend(params=1e9, gpus_per_node=8, gpu_memory_bytes=80 * GIB)[0] == 0
+    for params in (1e9, 3e9, 7e9, 13e9, 30e9, 70e9):
+        assert recommend(params=params, gpus_per_node=8, gpu_memory_bytes=80 * GIB)[0] != 1
+
+
 def test_without_capacity_the_seeds_size_rule_applies() -> None:
     assert recommend(params=7e9, gpus_per_node=8)[:3] == (2, "none", "none")
     assert recommend(params=70e9, gpus_per_node=8)[:3] == (3, "none", "none")
@@ -230,7 +260,7 @@ def test_the_api_the_config_lint_calls() -> None:
                              stages=(0, 1, 2, 3)))
     assert [sp.stage for sp in result.stages] == [0, 1, 2, 3]
     assert [sp.fits for sp in result.stages] == [False, True, True, True]  # DDP 112 GB > 80 GiB
-    assert smallest_fitting_stage(result) == 1 and result.recommendation.stage == 1
+    assert smallest_fitting_stage(result) == 1 and result.recommendation.stage == 2
 
 
 @pytest.mark.parametrize("text, count", [("7e9", 7_000_000_000), ("7B", 7_000_000_000), ("1.3b", 1_300_000_000),
@@ -266,7 +296,7 @@ def test_plan_json_through_the_cli() -> None:
     assert doc["stages"][2]["gpu_bytes"] == 2 * 7_000_000_000 + 14 * 7_000_000_000 // 8
     assert [s["fits"] for s in doc["stages"]] == [False, True, True, True]
     assert set(doc["recommendation"]) == {"stage", "offload_optimizer", "offload_params", "reason"}
-    assert doc["recommendation"]["stage"] == 1
+    assert doc["recommendation"]["stage"] == 2
 
 
 def test_plan_text_output() -> None:
@@ -326,6 +356,15 @@ BAD_INPUTS = [
     (["--params", "7e9", "--largest-layer-params", "8e9"], "--largest-layer-params"),
     (["--params", "7e9", "--convention", "deepspeed", "--dtype", "fp32"], "--dtype"),
     (["--params", "7e9", "--stage", "1", "--offload-params", "cpu"], "--offload-params"),
+    (["--params", "7e9", "--stage", "2", "--offload-optimizer", "nvme"], "--offload-optimizer nvme"),
+    (["--params", "7e9", "--stage", "1", "--offload-optimizer", "nvme"], "--offload-optimizer nvme"),
+    (["--params", "7e9", "--momentum"], "--optimizer sgd"),
+    (["--params", "7e9", "--momentum"], "--momentum"),
+    (["--params", "-7e9"], "--params"),  # a negative value after the flag reaches the flag's own check
+    (["--params", "-7B"], "--params"),
+    (["--params", "7e9", "--gpu-memory", "-80GiB"], "--gpu-memory"),
+    (["--params", "7e9", "--gpu-memory", "0"], "--gpu-memory"),
+    (["--params", "7e9", "--nodes", "-2"], "--nodes"),
     (["--model", "no_such_module_zeromon:build"], "--model"),
     (["--model", f"{TINY_MODEL}:broken"], "--model"),
     (["--model", f"{TINY_MODEL}:not_a_module"], "--model"),
@@ -341,7 +380,22 @@ def test_bad_input_names_the_flag_and_exits_2(args: list[str], flag: str) -> Non
     assert out.returncode == 2, (out.stdout, out.stderr)
     first = out.stderr.splitlines()[0]
     assert first.startswith("zeromon: error:") and flag in first
+    assert "expected one argument" not in first
     assert "Traceback" not in out.stderr and out.stdout == ""
+
+
+def test_plan_nvme_offload_with_all_stages_shows_cpu_below_zero3() -> None:
+    out = zeromon("plan", "--params", "70B", "--gpus-per-node", "8", "--nodes", "2", "--gpu-memory", "80GiB",
+                  "--offload-optimizer", "nvme")
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[0]: line.split() for line in out.stdout.splitlines() if line and line[0] in "0123"}
+    assert rows["1"][1] == rows["2"][1] == "optimizer=cpu" and rows["3"][1] == "optimizer=nvme"
+    assert rows["1"][-1] == rows["2"][-1] == "B" and rows["1"][-2] == "0"  # NVMe/node: 0 B
+    assert "note: ZeRO-1/2 cannot offload the optimizer to NVMe" in out.stdout
+    doc = json.loads(zeromon("plan", "--params", "70B", "--gpus-per-node", "8", "--offload-optimizer", "nvme",
+                             "--json").stdout)
+    assert [s["offload_optimizer"] for s in doc["stages"]] == ["none", "cpu", "cpu", "nvme"]
+    assert any("NVMe needs ZeRO-3" in note for note in doc["notes"])
 
 
 def test_planner_stays_pure() -> None:

@@ -17,6 +17,8 @@ Facts the rules rest on (DeepSpeed 0.19.8 unless said otherwise):
 - ``overlap_comm`` defaults to true for stage 3 and false for stages 1 and 2.
 - ``train_batch_size == train_micro_batch_size_per_gpu * gradient_accumulation_steps * world_size``
   is asserted at start-up, with world_size the data-parallel size.
+- ZeRO-1/2's optimizer (``stage_1_and_2.py``) offloads for any ``offload_optimizer.device`` but none,
+  always to CPU memory; only ZeRO-3 swaps to NVMe, and only there is ``nvme_path`` read.
 - accelerate (1.x) turns its ``deepspeed_config`` block into a DeepSpeed config from 15 keys only
   (``ACCELERATE_DEEPSPEED_KEYS``) and ignores the rest; with ``deepspeed_config_file`` it refuses to
   start if the block also sets any key the file owns (``ACCELERATE_FILE_OWNED_KEYS``).
@@ -199,8 +201,8 @@ def _check_keys(lint: _Lint, duplicate_keys: Iterable[str]) -> None:
         for key, value in block.items():
             path = f"{section}.{key}" if section else str(key)
             if path in schema.removed:
-                lint.add("ZL013", "error", path, f"{path}: {schema.removed[path]}; DeepSpeed refuses configs "
-                         "that still set it", f"remove {path}")
+                lint.add("ZL013", "error", path, f"{path}: {schema.removed[path].rstrip(' .')}; DeepSpeed refuses "
+                         "configs that still set it", f"remove {path}")
                 continue
             if path in schema.deprecated:
                 lint.add("ZL014", "info", path, f"{path} is deprecated; DeepSpeed translates it and logs a "
@@ -275,7 +277,8 @@ def _check_batch(lint: _Lint) -> None:
     cfg, hf = lint.config, lint.options.hf
     names = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
     values: dict[str, int | None] = {}
-    for name in names:
+    invalid = False
+    for name in names:  # every bad value at once, not one per run
         raw = cfg.get(name)
         if raw is None or lint.is_auto(raw):
             values[name] = None
@@ -284,8 +287,10 @@ def _check_batch(lint: _Lint) -> None:
         if count is None or count < 1:
             lint.add("ZL028", "error", name, f"{name} is {raw!r}; DeepSpeed needs a positive integer",
                      f"set {name} to an integer >= 1")
-            return
+            invalid = True
         values[name] = count
+    if invalid:
+        return  # the arithmetic below needs all of them
     tb, mb, gas = (values[n] for n in names)
     if tb is None and mb is None:
         if not hf and not any(lint.is_auto(cfg.get(n)) for n in names):
@@ -407,8 +412,8 @@ def _check_offload(lint: _Lint) -> None:
                      f"{path}.pin_memory is not set: {schema.origin} defaults it to true, older DeepSpeed releases "
                      "to false (slow pageable transfers)", "set \"pin_memory\": true explicitly")
         nvme_path = block.get("nvme_path")
-        if device != "nvme":
-            continue
+        if device != "nvme" or lint.stage in (0, 1, 2):
+            continue  # below ZeRO-3 nothing swaps to NVMe (ZL016, ZL029), so nvme_path is not read
         if nvme_path in (None, ""):
             lint.add("ZL010", "error", f"{path}.nvme_path", f"{path} offloads to nvme without nvme_path: DeepSpeed "
                      "has no folder to swap to and fails when it builds the swapper (os.path.join(None, ...))",
@@ -457,6 +462,14 @@ def _check_stage_relevance(lint: _Lint) -> None:
         lint.add("ZL016", "warning", "zero_optimization.offload_optimizer",
                  "offload_optimizer needs ZeRO stage 1, 2 or 3; at stage 0 nothing is offloaded",
                  "set zero_optimization.stage to 1 or 2")
+    devices = {path: device for path, _, device in lint.offloads()}
+    if stage in (1, 2) and devices.get("zero_optimization.offload_optimizer") == "nvme":
+        # deepspeed/runtime/zero/stage_1_and_2.py: cpu_offload = device != none; only ZeRO-3 has an NVMe swapper.
+        lint.add("ZL029", "warning", "zero_optimization.offload_optimizer.device",
+                 f"offload_optimizer.device is nvme at stage {stage}: DeepSpeed's ZeRO-1/2 optimizer offloads to CPU "
+                 "memory instead (NVMe optimizer offload is ZeRO-3's, ZeRO-Infinity), so the optimizer state "
+                 "takes host RAM and nvme_path is not used",
+                 "set \"device\": \"cpu\" and size host memory for it (zeromon plan), or use stage 3 for NVMe")
     stage3 = sorted(k for k in lint.zero if str(k).startswith("stage3_") and k not in (
         "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save"))
     if stage3:
@@ -575,9 +588,21 @@ def _check_zero2_fits(lint: _Lint, gpus: int | None, zero_init: bool) -> None:
              + (f", with less than {headroom:.0%} to spare" if tight else "")
              + "; ZeRO-3 adds a parameter all-gather to every forward and backward (~1.5x the communication of "
              "ZeRO-2). Activations are not counted here",
-             f"use stage 2; compare with zeromon plan --params {_params_text(opts.params)} --gpus-per-node "
-             f"{gpus // nodes} --nodes {nodes} --gpu-memory {format_bytes(opts.gpu_memory_bytes).replace(' ', '')} "
-             "--activations seq,batch,hidden,layers,heads")
+             f"use stage 2; compare with `{_plan_command(opts, gpus, nodes, devices, zero_init)}`, adding "
+             "--activations with your sequence length, micro-batch, hidden size, layers and heads")
+
+
+def _plan_command(opts: LintOptions, gpus: int, nodes: int, devices: Mapping[str, str], zero_init: bool) -> str:
+    """The `zeromon plan` command line for this check, runnable as printed."""
+    assert opts.params is not None and opts.gpu_memory_bytes is not None
+    words = ["zeromon plan --params", _params_text(opts.params), "--gpus-per-node", str(gpus // nodes),
+             "--nodes", str(nodes), "--gpu-memory", format_bytes(opts.gpu_memory_bytes).replace(" ", "")]
+    for what, flag in (("offload_optimizer", "--offload-optimizer"), ("offload_param", "--offload-params")):
+        if devices.get(what, "none") != "none":
+            words += [flag, devices[what]]
+    if not zero_init:
+        words.append("--no-zero-init")
+    return " ".join(words)
 
 
 def _params_text(params: float) -> str:

@@ -42,6 +42,7 @@ RULES: dict[str, str] = {
     "ZL026": "accelerate distributed_type is not DEEPSPEED",
     "ZL027": "relative deepspeed_config_file (accelerate opens it from the launch directory)",
     "ZL028": "batch size value that is not a positive integer",
+    "ZL029": "NVMe optimizer offload at ZeRO stage 1 or 2 (DeepSpeed offloads to CPU memory)",
 }
 
 # The keys accelerate reads from its `deepspeed_config` block (accelerate/commands/launch.py, deepspeed_args).
@@ -97,6 +98,10 @@ class ConfigSchema:
 
 
 _OFFLOAD_COMMON = {"device", "nvme_path", "buffer_count", "pin_memory"}
+_SEE_8489 = "See https://github.com/deepspeedai/DeepSpeed/issues/8489."
+# The DeepSpeed release STATIC_SCHEMA was written from: with this version installed, reading its
+# config classes (which costs importing DeepSpeed and torch) gives the same facts.
+STATIC_SCHEMA_VERSION = "0.19.8"
 STATIC_SCHEMA = ConfigSchema(
     sections={
         "": frozenset({
@@ -140,11 +145,42 @@ STATIC_SCHEMA = ConfigSchema(
         "bf16": frozenset({"bf16_master_weights_and_grads", "bf16_optimizer_states", "check_grad_overflow",
                            "enabled", "immediate_grad_update"}),
     },
-    removed={k: "removed from DeepSpeed (0.19.8 refuses configs that still set it)" for k in (
-        "amp", "compression_training", "curriculum_learning", "eigenvalue", "elasticity", "graph_harvesting",
-        "nebula", "progressive_layer_drop", "quantize_training", "sparse_attention", "sparse_gradients",
-        "zero_optimization.mics_shard_size", "zero_optimization.mics_hierarchical_params_gather",
-        "zero_optimization.zeropp_loco_param")},
+    # DeepSpeed's own words (deepspeed/runtime/config.py, _REMOVED_TOP_LEVEL_CONFIG_KEYS and
+    # _REMOVED_ZERO_CONFIG_KEYS), so that a lint without importing DeepSpeed says what it would.
+    removed={
+        "nebula": "Nebula checkpointing has been removed. A leftover 'nebula' block would be ignored and "
+                  f"checkpoints would silently fall back to local torch.save. {_SEE_8489}",
+        "compression_training": "The DeepSpeed compression library has been removed. A leftover "
+                                "'compression_training' block would be ignored and the model would train "
+                                f"unquantized. {_SEE_8489}",
+        "amp": "NVIDIA Apex AMP integration has been removed. Use DeepSpeed 'fp16', 'bf16', or 'torch_autocast' "
+               f"instead. {_SEE_8489}",
+        "quantize_training": f"Mixture-of-Quantization (MoQ) / 'quantize_training' has been removed. {_SEE_8489}",
+        "sparse_gradients": "Sparse compression of dense torch.nn.Embedding gradients has been removed. A leftover "
+                            "'sparse_gradients' flag would be ignored and those gradients would be reduced dense. "
+                            "Gradients from an embedding constructed with sparse=True are still reduced sparsely "
+                            f"and need no config flag. {_SEE_8489}",
+        "eigenvalue": "Eigenvalue-based Mixture-of-Quantization (MoQ) has been removed; the standalone 'eigenvalue' "
+                      f"configuration block is no longer supported. {_SEE_8489}",
+        "sparse_attention": "DeepSpeed Sparse Attention has been removed; the 'sparse_attention' configuration "
+                            f"block is no longer supported. {_SEE_8489}",
+        "elasticity": "Elastic training has been removed; the 'elasticity' configuration block is no longer "
+                      "supported. Set train_batch_size / train_micro_batch_size_per_gpu / "
+                      "gradient_accumulation_steps directly. ",
+        "graph_harvesting": "Graph harvesting has been removed; the 'graph_harvesting' configuration option is no "
+                            f"longer supported. {_SEE_8489}",
+        "curriculum_learning": "Legacy top-level 'curriculum_learning' has been removed. Use "
+                               f"'data_efficiency.data_sampling.curriculum_learning' instead. {_SEE_8489}",
+        "progressive_layer_drop": "Progressive Layer Dropping has been removed; the 'progressive_layer_drop' "
+                                  f"configuration block is no longer supported. {_SEE_8489}",
+        "zero_optimization.mics_shard_size": "MiCS ZeRO-3 sharding has been removed; "
+                                             f"'zero_optimization.mics_shard_size' is no longer supported. {_SEE_8489}",
+        "zero_optimization.mics_hierarchical_params_gather": "MiCS ZeRO-3 sharding has been removed; "
+            f"'zero_optimization.mics_hierarchical_params_gather' is no longer supported. {_SEE_8489}",
+        "zero_optimization.zeropp_loco_param": "LoCo-Zero++ has been removed; 'zero_optimization.zeropp_loco_param' "
+            "is no longer supported. Remove this key to use standard ZeRO++ quantized gradients without LoCo error "
+            f"feedback. {_SEE_8489}",
+    },
     deprecated={
         "zero_optimization.cpu_offload": "zero_optimization.offload_optimizer",
         "zero_optimization.cpu_offload_param": "zero_optimization.offload_param",
@@ -154,5 +190,5 @@ STATIC_SCHEMA = ConfigSchema(
     },
     overlap_comm_default=(False, False, False, True),
     pin_memory_default=True,
-    origin="zeromon's static list (DeepSpeed 0.19.8)",
+    origin=f"zeromon's static list (DeepSpeed {STATIC_SCHEMA_VERSION})",
 )

@@ -22,6 +22,8 @@ the paper's Figure 1. Extensions, each stated in the output:
 - offload_optimizer (ZeRO-Offload, Ren et al. 2021; stages 1-3) moves the optimizer state and the
   gradient partition, (g+K)⌈Ψ/N⌉ per rank, to host memory (cpu) or disk (nvme); stages 2 and 3 keep
   no gradients on the GPU (bucketed out during backward), stage 1 still holds its unsharded gradients.
+  nvme is ZeRO-Infinity's, stage 3 only: DeepSpeed's stage 1/2 optimizer takes any device other than
+  none for cpu (``cpu_offload`` in stage_1_and_2.py), so stages 1 and 2 are modeled with cpu, and say so.
   offload_params (ZeRO-Infinity; stage 3 only) moves the parameter partition p⌈Ψ/N⌉ as well.
 - host memory per node: the larger of the offloaded state × gpus_per_node and the fp32 copy every
   rank builds before the model is moved or partitioned, 4Ψ × gpus_per_node (none for ZeRO-3 with
@@ -47,10 +49,14 @@ transformer layer for 16-bit activations, times layers, per GPU (every data-para
 own micro-batch, whatever the stage). Of the 34 sbh, 2 sbh are 1-byte dropout masks, and of the
 5 as²b, 1 is; with fp32 activations the 2-byte tensors double: s·b·h·(66 + 9·a·s/h).
 
-The recommendation follows the seeds' stage-selection guide: the smallest stage that fits the GPU
-with ``headroom_fraction`` to spare (CUDA context, NCCL and bucket buffers, temporaries and allocator
-fragmentation are not in the model), without offload if possible; then ZeRO-2 + CPU optimizer
-offload, ZeRO-3 + CPU optimizer offload, ZeRO-3 + CPU optimizer and parameter offload, ZeRO-3 + NVMe.
+The recommendation follows the seeds' stage-selection guide: the first of DDP, ZeRO-2, ZeRO-3 that
+fits the GPU with ``headroom_fraction`` to spare (CUDA context, NCCL and bucket buffers, temporaries
+and allocator fragmentation are not in the model); then ZeRO-2 + CPU optimizer offload, ZeRO-3 + CPU
+optimizer offload, ZeRO-3 + CPU optimizer and parameter offload, ZeRO-3 + NVMe. ZeRO-1 is not a rung:
+ZeRO-2 never needs more memory and, per step, moves the same volume (the paper, §7), which is why the
+seeds make it the default; the reason says when ZeRO-1 fits too, and when it is worth choosing
+(gradient accumulation: DeepSpeed's ZeRO-1 reduces gradients once per optimizer step, ZeRO-2 after
+every micro-batch). Without the GPU's capacity, the seeds' size rule: ZeRO-2 up to 30B, ZeRO-3 above.
 """
 
 from __future__ import annotations
@@ -275,6 +281,10 @@ def _modeled_offload(stage: int, offload_optimizer: str, offload_params: str,
     if stage == 0 and offload_optimizer != "none":
         notes.append("stage 0 (DDP) cannot offload: modeled without offload")
         offload_optimizer = "none"
+    if stage in (1, 2) and offload_optimizer == "nvme":
+        notes.append("ZeRO-1/2 cannot offload the optimizer to NVMe: DeepSpeed keeps it in CPU memory instead "
+                     "(NVMe needs ZeRO-3), so stages 1 and 2 are modeled with optimizer=cpu")
+        offload_optimizer = "cpu"
     if stage < 3 and offload_params != "none":
         notes.append("only ZeRO-3 offloads parameters: lower stages keep them on the GPU")
         offload_params = "none"
@@ -385,9 +395,10 @@ def plan_stage(inputs: PlanInputs, stage: int, offload_optimizer: str | None = N
     return build(inputs, stage, opt_dev, param_dev, acts), tuple(notes)
 
 
-# The seeds' ladder (zero-deep-dive.md, "ZeRO Stage Selection Guide" and the speed/memory table):
-# no offload first, smallest stage first; then offload, fastest first.
-_LADDER = ((0, "none", "none"), (1, "none", "none"), (2, "none", "none"), (3, "none", "none"),
+# The seeds' ladder (zero-deep-dive.md, "ZeRO Stage Selection Guide", "Start with ZeRO-2", and the
+# speed/memory table): no offload first, smallest stage first; then offload, fastest first. No ZeRO-1:
+# ZeRO-2 fits wherever it does (see the module docstring).
+_LADDER = ((0, "none", "none"), (2, "none", "none"), (3, "none", "none"),
            (2, "cpu", "none"), (3, "cpu", "none"), (3, "cpu", "cpu"), (3, "nvme", "nvme"))
 
 
@@ -414,11 +425,9 @@ def _cost_note(stage: int, opt_dev: str, param_dev: str) -> str:
         return f"expect ~{slower} slower steps than without offload (seeds); enable pin_memory"
     if stage == 0:
         return "no ZeRO needed: the least communication"
-    if stage == 1:
-        return ("no offload needed; ZeRO-2, the seeds' default, moves the same volume as ZeRO-1 and DDP and "
-                "leaves more room")
     if stage == 2:
-        return "no offload needed; ZeRO-2 moves the same volume as DDP's all-reduce"
+        return ("no offload needed; ZeRO-2, the seeds' default, moves the same volume per step as DDP's "
+                "all-reduce")
     return "no offload needed; ZeRO-3 adds a parameter all-gather per forward and backward (~1.5x DDP's volume)"
 
 
@@ -434,11 +443,8 @@ def _recommend(inputs: PlanInputs) -> Recommendation:
     budget = int(capacity * (1 - inputs.headroom_fraction))
     plans = [plan_stage(inputs, *rung)[0] for rung in ladder]
     by_stage = {sp.stage: sp for sp in plans if sp.offload == "none"}
+    zero1 = plan_stage(inputs, 1, "none", "none")[0]  # not a rung, but users weigh it against ZeRO-2
     pct = round(inputs.headroom_fraction * 100)
-
-    def tried(upto: StagePlan) -> str:
-        before = plans[: plans.index(upto)]
-        return "; ".join(f"{_short(sp)} needs {format_bytes(sp.gpu_bytes)}" for sp in before)
 
     for sp in plans:
         if sp.gpu_bytes <= budget:
@@ -449,10 +455,18 @@ def _recommend(inputs: PlanInputs) -> Recommendation:
                 reason += f", and {format_bytes(sp.cpu_bytes)} of host memory per node"
             if sp.nvme_bytes:
                 reason += f" and {format_bytes(sp.nvme_bytes)} of NVMe per node"
-            if plans.index(sp):
-                reason += f" ({tried(sp)})"
-            return Recommendation(sp.stage, sp.offload_optimizer, sp.offload_params,
-                                  f"{reason}; {_cost_note(sp.stage, sp.offload_optimizer, sp.offload_params)}")
+            zero1_fits_too = sp.stage == 2 and sp.offload == "none" and zero1.gpu_bytes <= budget
+            before = plans[: plans.index(sp)]
+            if before and not zero1_fits_too:
+                before.insert(1, zero1)  # after DDP, in the order of the stages
+            if before:
+                reason += " (" + "; ".join(f"{_short(b)} needs {format_bytes(b.gpu_bytes)}" for b in before) + ")"
+            reason += f"; {_cost_note(sp.stage, sp.offload_optimizer, sp.offload_params)}"
+            if zero1_fits_too:
+                reason += (f"; ZeRO-1 fits too ({format_bytes(zero1.gpu_bytes)}) and can be faster with gradient "
+                           "accumulation: DeepSpeed's ZeRO-1 reduces gradients once per optimizer step, ZeRO-2 "
+                           "after every micro-batch")
+            return Recommendation(sp.stage, sp.offload_optimizer, sp.offload_params, reason)
     tight = next((sp for sp in plans if sp.fits), None)
     if tight is not None:
         what = _describe(tight.stage, tight.offload_optimizer, tight.offload_params)

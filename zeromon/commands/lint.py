@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from zeromon.errors import ZeromonError
+
 if TYPE_CHECKING:
     from zeromon.analysis.lint import LintReport
     from zeromon.sources.configs import LoadedConfig
@@ -35,7 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: --gpus, or num_processes from an accelerate file)")
     parser.add_argument("--gpus", type=_positive_int, metavar="N",
                         help="GPUs in the job (all nodes); with --params and --gpu-memory: does ZeRO-2 fit?")
-    parser.add_argument("--params", type=_param_count, metavar="N", help="model parameters, e.g. 7e9 or 7B")
+    parser.add_argument("--params", type=_param_count, metavar="N",
+                        help="model parameters, e.g. 7e9 or 7B (with --gpus and --gpu-memory: does ZeRO-2 fit?)")
     parser.add_argument("--gpu-memory", type=_size, metavar="SIZE", help="memory per GPU, e.g. 80GiB")
     parser.add_argument("--hf", action="store_true",
                         help="the Hugging Face Trainer or accelerate reads this DeepSpeed JSON and fills \"auto\" "
@@ -75,9 +78,9 @@ def _size(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zeromon.analysis.lint import STATIC_SCHEMA, LintOptions, lint_deepspeed_config
-    from zeromon.analysis.lint_accelerate import lint_accelerate_config
-    from zeromon.sources.configs import deepspeed_schema, load_config
+    from zeromon.analysis.lint import LintOptions, lint_deepspeed_config
+    from zeromon.analysis.lint_accelerate import accelerate_world, lint_accelerate_config
+    from zeromon.sources.configs import installed_schema, load_config
 
     loaded = load_config(Path(args.config))
     # --world-size wins over --gpus: with tensor or pipeline parallelism there are fewer data-parallel
@@ -85,9 +88,12 @@ def run(args: argparse.Namespace) -> int:
     world, source = args.world_size, "--world-size"
     if world is None and args.gpus is not None:
         world, source = args.gpus, "--gpus"
+    if args.params is not None:
+        processes = accelerate_world(loaded.accelerate)[0] if loaded.accelerate is not None else None
+        _check_params_can_be_used(args.gpu_memory, world or processes)
     options = LintOptions(world_size=world, world_size_from=source if world is not None else "",
                           params=args.params, gpu_memory_bytes=args.gpu_memory, hf=args.hf,
-                          schema=deepspeed_schema() or STATIC_SCHEMA)
+                          schema=installed_schema())
     if loaded.kind == "deepspeed":
         assert loaded.deepspeed is not None
         report = lint_deepspeed_config(loaded.deepspeed, options, loaded.duplicate_keys)
@@ -101,6 +107,17 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(_format_text(report, loaded, files))
     return EXIT_ERRORS if report.has_errors else EXIT_CLEAN
+
+
+def _check_params_can_be_used(gpu_memory: int | None, gpus: int | None) -> None:
+    """--params serves only the ZeRO-2-fits check (ZL015), which needs the GPUs and their memory too: asked
+    for without them it would be silently skipped, and a clean exit code would answer a question not asked."""
+    missing = [flag for flag, value in (("--gpus", gpus), ("--gpu-memory", gpu_memory)) if value is None]
+    if missing:
+        raise ZeromonError(f"--params needs {' and '.join(missing)} too: with the model size alone zeromon lint "
+                           "cannot check whether ZeRO-2 fits",
+                           hint="e.g. zeromon lint ds.json --params 7B --gpus 8 --gpu-memory 80GiB "
+                                "(--world-size, or num_processes in an accelerate file, also gives the GPUs)")
 
 
 def _summary(report: LintReport) -> dict[str, Any]:

@@ -18,8 +18,10 @@ HELP = "plan ZeRO memory per GPU and per node for each stage, and recommend one"
 
 DESCRIPTION = """\
 Estimate parameters, gradients, optimizer state and activations per GPU, host memory per node, and
-whether each ZeRO stage (0 = DDP) fits the GPU; recommend the smallest stage that fits with 10%
-headroom, preferring no offload (the seeds' stage-selection guide).
+whether each ZeRO stage (0 = DDP) fits the GPU; recommend the first of DDP, ZeRO-2, ZeRO-3 that fits
+with 10% headroom, then the same with offload (the seeds' stage-selection guide: ZeRO-2 is the
+default over ZeRO-1, which never needs less memory). NVMe optimizer offload is ZeRO-3's: at stages
+1 and 2 DeepSpeed keeps the optimizer state in CPU memory, and so does the plan.
 
 conventions:
   zero-paper  the ZeRO paper (Rajbhandari et al. 2020): Ψ params, N GPUs, mixed-precision Adam with
@@ -76,6 +78,10 @@ def run(args: argparse.Namespace) -> int:
     if args.params is None and args.model is None:
         raise ZeromonError("zeromon plan: give --params N (e.g. 7e9, 7B) or --model MODULE:FACTORY",
                            hint="see `zeromon plan --help`")
+    if args.momentum and args.optimizer != "sgd":
+        raise ZeromonError(f"--momentum applies to --optimizer sgd only (this plan is for --optimizer "
+                           f"{args.optimizer}, whose state is always counted)",
+                           hint="add --optimizer sgd, or drop --momentum")
     largest = _count_flag("--largest-layer-params", args.largest_layer_params)
     params: int | None
     if args.model is not None:
@@ -158,6 +164,9 @@ def _check_offload_applies(stage: int, args: argparse.Namespace) -> None:
         raise ZeromonError("--offload-optimizer: stage 0 (DDP) cannot offload; use --stage 1, 2 or 3")
     if stage < 3 and args.offload_params != "none":
         raise ZeromonError("--offload-params: only ZeRO-3 offloads parameters; use --stage 3")
+    if stage in (1, 2) and args.offload_optimizer == "nvme":
+        raise ZeromonError(f"--offload-optimizer nvme: at stage {stage} DeepSpeed keeps the optimizer state in CPU "
+                           "memory (NVMe offload needs ZeRO-3); use --offload-optimizer cpu, or --stage 3")
 
 
 # ---------------------------------------------------------------------------------------------

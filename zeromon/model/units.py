@@ -28,6 +28,8 @@ def parse_memory_size(text: str, flag: str) -> int:
 
     A bare number under 1 MiB is taken for a forgotten unit ("80" is 80 bytes), and refused.
     """
+    if text.strip().startswith("-"):  # parse_size has no sign: say what is wrong, not "not a size"
+        raise ValueError(f"{flag}: {text!r} must be more than 0 bytes (e.g. {flag} 80GiB)")
     value = parse_size(text)
     if value <= 0:
         raise ValueError(f"{flag}: {text!r} must be more than 0 bytes (e.g. {flag} 80GiB)")

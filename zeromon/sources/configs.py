@@ -8,7 +8,10 @@ parser's line and column (``ds.json:3:17: Expecting ',' delimiter``), never a tr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import importlib.metadata
 import json
+import logging
 import sys
 import typing
 from dataclasses import dataclass
@@ -16,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from zeromon.analysis.lint import STATIC_SCHEMA, ConfigSchema
+from zeromon.analysis.lint_schema import STATIC_SCHEMA_VERSION
 from zeromon.errors import ZeromonError
 
 _JSON_HINT = ("DeepSpeed configs read by accelerate and the Hugging Face Trainer are strict JSON: no comments, "
@@ -157,18 +161,40 @@ def load_config(path: Path) -> LoadedConfig:
 # ------------------------------------------------------------------------------------ DeepSpeed's own schema
 
 
+def installed_schema() -> ConfigSchema:
+    """What the installed DeepSpeed accepts, as cheaply as it can be known.
+
+    With the release STATIC_SCHEMA was written from (a test checks the two agree), the static list, named
+    as the installed version's: importing DeepSpeed and torch to read it again costs 1.5 s warm and
+    several seconds cold. Another release: read from DeepSpeed itself. None installed: the static list.
+    """
+    try:
+        version = importlib.metadata.version("deepspeed")
+    except importlib.metadata.PackageNotFoundError:
+        return STATIC_SCHEMA
+    if version == STATIC_SCHEMA_VERSION:
+        return dataclasses.replace(STATIC_SCHEMA, origin=f"DeepSpeed {version} (installed)")
+    return deepspeed_schema() or STATIC_SCHEMA
+
+
 def deepspeed_schema() -> ConfigSchema | None:
     """The keys, removed keys, deprecations and defaults of the installed DeepSpeed, read from its pydantic
     config models and its config parser; None when DeepSpeed is not importable (use STATIC_SCHEMA).
 
-    Costs the import of DeepSpeed (and torch), about 1.5 s. DeepSpeed logs to stdout on import; that is
-    sent to stderr so that ``--json`` output stays clean.
+    Costs the import of DeepSpeed (and torch), about 1.5 s. DeepSpeed logs to stdout on import, at
+    warning level and below, things that are no news to a config check ("Setting accelerator to
+    CPU"): those are dropped, errors are kept, and anything printed goes to stderr so that ``--json``
+    output stays clean.
     """
+    disabled = logging.root.manager.disable
+    logging.disable(logging.WARNING)
     try:
         with contextlib.redirect_stdout(sys.stderr):
             return _deepspeed_schema()
     except Exception:  # any import or API change in DeepSpeed: fall back to the static list
         return None
+    finally:
+        logging.disable(disabled)
 
 
 def _deepspeed_schema() -> ConfigSchema:
