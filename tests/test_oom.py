@@ -7,12 +7,14 @@ RSS a process with torch and a gloo group measures here (``baseline_rss``), not 
 - a run that spikes at the first optimizer step (the same script with DDP and eight 2048×2048
   layers: Adam's state, 256 MiB, is twice the parameters), forecast from its recording cut before
   step 0's optimizer phase, and from the whole recording;
-- a run that stays flat (examples/fsdp2_train.py).
+- a run that stays flat (examples/fsdp2_train.py);
+- the leaking run without ZEROMON_CPU_CAPACITY: each rank's capacity is its share of the host.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,12 +25,14 @@ import pytest
 from zeromon.analysis.findings import Finding, Severity
 from zeromon.analysis.oom import (
     CRITICAL_STEPS_TO_CAPACITY,
+    TRACKED_MIN_SHARE,
     WARN_PEAK_SHARE,
     OomForecast,
     forecast,
     forecast_run,
 )
 from zeromon.model import MemorySample, OomEvent, Recording, RunInfo, StepSummary, read_run
+from zeromon.model.units import format_bytes
 
 from conftest import EXAMPLES, REPO, child_env, free_port, torchrun_args, zeromon
 
@@ -175,6 +179,53 @@ def test_flat_run_is_ok(tmp_path: Path, baseline_rss: int) -> None:
         assert result.headroom_bytes is not None and result.headroom_bytes > 0
         assert result.predicted_peak_bytes == result.peak_bytes  # stepped: nothing still to come
         assert not any(f.severity in (Severity.WARN, Severity.CRITICAL) for f in result.findings)
+
+
+def _host_memory() -> tuple[int, str]:
+    """The memory the ranks here share, read independently of the agent: physical memory, or the
+    cgroup limit where one is set and lower."""
+    found = [(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "host RAM")]
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        if os.path.exists(path):
+            text = Path(path).read_text().strip()
+            if text.isdigit() and int(text) < (1 << 60):
+                found.append((int(text), "the cgroup limit"))
+    return min(found)
+
+
+@pytest.mark.distributed
+def test_cpu_capacity_is_the_rank_share_of_the_host(tmp_path: Path) -> None:
+    """Two ranks on one host fill the same memory: each one's capacity is half of it, and the leak's
+    forecast, the report and the device notice all use that share."""
+    recordings, _ = _record(tmp_path / "run", SCENARIO, "--leak-mb", str(LEAK_MIB), "--steps", "14")
+    total, source = _host_memory()
+    share = total // 2
+    report = zeromon("report", "--json", str(tmp_path / "run"))
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert [r["capacity_bytes"] for r in json.loads(report.stdout)["ranks"]] == [share, share]
+    for rec in recordings:
+        assert {m.capacity for m in rec.memory} == {share}
+        notice = next(n for n in rec.notices if n.source == "device")
+        assert f"capacity is {source} / 2 local ranks = {format_bytes(share)}" in notice.message
+        result = forecast(rec)
+        assert result.capacity_bytes == share and result.steps_to_capacity is not None
+        last = max((m for m in rec.memory if m.step == rec.steps[-1].step), key=_level)
+        assert result.steps_to_capacity == pytest.approx((share - _level(last)) / (LEAK_MIB * MiB), rel=0.25)
+
+        # Against a capacity the leak has already passed, the forecast says so, and the peak is
+        # blamed on what is outside the model (the leak and the runtime's RSS), not on its categories.
+        assert result.peak_bytes is not None
+        over = forecast(rec, capacity_bytes=int(result.peak_bytes / 1.2))
+        growth = _kinds(over)["memory_growth"]
+        assert over.steps_to_capacity == 0
+        assert growth.title.endswith("already over capacity") and "capacity in" not in growth.title
+        assert any("already 12" in e for e in growth.evidence)  # 120% give or take the fitted line
+        peak = _kinds(over)["peak_near_capacity"]
+        assert "mostly outside the model and optimizer" in peak.title and "largest category" not in peak.title
+        assert peak.metrics["tracked_share"] < TRACKED_MIN_SHARE
+        assert any("the rest is untracked" in e and "torch runtime" in e for e in peak.evidence)
+        assert peak.remedies[0].startswith("stop the growth first")
+        assert not any(r.startswith(("activation checkpointing", "bf16", "smaller wrapping")) for r in peak.remedies)
 
 
 # --- constructed recordings -------------------------------------------------------------------------
@@ -392,3 +443,25 @@ def test_without_capacity_or_samples() -> None:
     assert empty.risk == Severity.OK and empty.peak_bytes is None
     assert [f.kind for f in empty.findings] == ["oom_no_data"]
     assert json.dumps(result.to_dict())  # plain data for --json
+
+
+def test_gpu_peak_outside_the_categories_asks_for_the_allocator_history() -> None:
+    """The categories hold 4 of 76 GiB (the allocator's remainder, ``other``, is not one of them): the
+    finding says the memory is elsewhere and leads with finding it, not with sharding or checkpointing."""
+    cats = {"sharded_params": GiB, "optimizer_state": 2 * GiB, "activations": GiB, "other": 72 * GiB}
+    peak = _remedies_finding([_gpu(s, 76 * GiB, categories=cats) for s in range(3)])
+    assert peak.severity == Severity.CRITICAL
+    assert "mostly outside the model and optimizer: their categories hold 4.00 GiB of 76.00 GiB" in peak.title
+    assert peak.metrics["tracked_share"] == pytest.approx(4 / 76)
+    assert "memory_viz" in peak.remedies[0] and "act only on the 4.00 GiB" in peak.remedies[-1]
+    assert not any("CPUOffloadPolicy" in r or r.startswith("activation checkpointing") for r in peak.remedies)
+    assert not any("runtime" in e for e in peak.evidence)  # the allocator's count holds no runtime
+    # The same peak held mostly by activations: the largest category and the model-state remedies.
+    mostly_activations = {"sharded_params": GiB, "activations": 60 * GiB}
+    held = _remedies_finding([_gpu(s, 76 * GiB, categories=mostly_activations) for s in range(3)])
+    assert "the largest category is activations" in held.title
+    assert any(r.startswith("activation checkpointing") for r in held.remedies)
+
+
+def _remedies_finding(memory: list[MemorySample]) -> Finding:
+    return _kinds(forecast(_rec(memory, steps=3)))["peak_near_capacity"]

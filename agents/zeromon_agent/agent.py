@@ -17,7 +17,7 @@ from zeromon.model.codec import RecordingWriter, rank_file_name
 from zeromon_agent import collectives, ddp
 from zeromon_agent.activations import SavedTensorMeter
 from zeromon_agent.config import AgentConfig
-from zeromon_agent.memory import Categorizer, CudaMemory, cpu_capacity, process_rss
+from zeromon_agent.memory import Categorizer, CudaMemory, cpu_capacity, local_ranks, process_rss
 from zeromon_agent.phases import PhaseTracker
 from zeromon_agent.recorder import Recorder
 from zeromon_agent.state import RAW_MEMORY, RAW_OOM, STATE, HotState, perf_ns
@@ -111,6 +111,7 @@ class Agent:
         collectives.repatch_deepspeed()
 
         cuda_index = None
+        capacity_note = ""
         if torch.cuda.is_available():
             cuda_index = torch.cuda.current_device()
             self.device_name = f"cuda:{cuda_index}"
@@ -119,7 +120,9 @@ class Agent:
 
             self.state.cuda_timing = CudaTimer.create(torch)
         else:
-            self.capacity = self.config.cpu_capacity or cpu_capacity()
+            self.capacity, capacity_note = cpu_capacity(local_ranks())
+            if self.config.cpu_capacity:
+                self.capacity, capacity_note = self.config.cpu_capacity, "capacity set by ZEROMON_CPU_CAPACITY"
 
         writer = None
         if self.config.record:
@@ -137,7 +140,7 @@ class Agent:
                                  cuda_timer=self.state.cuda_timing)
         if cuda_index is None:
             self.recorder.notice("info", "device", "no CUDA device: NVML device metrics and allocator stats "
-                                 "are unavailable; memory is process RSS and per-category bytes")
+                                 f"are unavailable; memory is process RSS and per-category bytes; {capacity_note}")
         elif device is not None and not device.available:
             self.recorder.notice("warning", "nvml", device.reason)
         if cuda_index is not None:

@@ -15,6 +15,8 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
+from zeromon.model.units import format_bytes
+
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _statm_fd: int | None = None
 
@@ -37,9 +39,25 @@ def process_rss() -> int | None:
         return None
 
 
-def cpu_capacity() -> int | None:
-    """The memory this process may use on CPU: the cgroup limit if set, else physical memory."""
-    limits: list[int] = []
+# The ranks on this host, as each launcher says it: torchrun, DeepSpeed's launcher, Open MPI.
+_LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
+
+
+def local_ranks() -> int:
+    """The number of ranks on this host from the launcher's environment; 1 when no launcher says.
+
+    torch.distributed does not know it without a collective, which the agent never issues at start."""
+    for name in _LOCAL_SIZE_VARS:
+        value = os.environ.get(name, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return 1
+
+
+def host_memory() -> tuple[int | None, str]:
+    """The memory the processes here share, and what it is: the cgroup limit if set and lower, else
+    physical memory."""
+    found: list[tuple[int, str]] = []
     for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
             with open(path) as f:
@@ -47,12 +65,25 @@ def cpu_capacity() -> int | None:
         except OSError:
             continue
         if text.isdigit() and int(text) < (1 << 60):  # v1 reports "no limit" as a huge number
-            limits.append(int(text))
+            found.append((int(text), "the cgroup limit"))
     try:
-        limits.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        found.append((os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "host RAM"))
     except (ValueError, OSError, AttributeError):
         pass
-    return min(limits) if limits else None
+    return min(found) if found else (None, "host RAM")
+
+
+def cpu_capacity(ranks: int = 1) -> tuple[int | None, str]:
+    """One rank's share of the host's memory on CPU, and how it was found (for the device notice).
+
+    The ranks on a host fill the same memory: forecast against all of it, each of N ranks would be
+    promised N times the steps it has."""
+    total, source = host_memory()
+    if total is None:
+        return None, "capacity unknown (set ZEROMON_CPU_CAPACITY)"
+    ranks = max(1, ranks)
+    share = total // ranks
+    return share, f"capacity is {source} / {ranks} local rank{'s' if ranks != 1 else ''} = {format_bytes(share)}"
 
 
 class _Counter:

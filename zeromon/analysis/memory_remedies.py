@@ -34,6 +34,18 @@ class MemoryContext:
     def categories(self) -> Mapping[str, int]:
         return self.walk.categories if self.walk is not None else {}
 
+    @property
+    def tracked(self) -> int:
+        """The bytes the categories account for; ``other`` (the allocator's remainder on GPU) is not one."""
+        return sum(v for k, v in self.categories.items() if k != "other" and v > 0)
+
+    @property
+    def walk_level(self) -> int | None:
+        """The level when the categories were measured: allocated on GPU, RSS on CPU."""
+        if self.walk is None:
+            return None
+        return self.walk.allocated if self.on_gpu else self.walk.rss
+
     def share(self, level: float) -> float | None:
         return (level + self.outside) / self.capacity if self.capacity else None
 
@@ -144,4 +156,24 @@ def memory_remedies(run: MemoryContext, focus: set[str]) -> tuple[str, ...]:
                       "fsdp1": "gathered parameters and activations",
                       "fsdp2": "gathered parameters and activations"}.get(framework, "activations")
             out.append(f"bf16 mixed precision ({setting}): halves {halves}")
+    return tuple(out)
+
+
+def untracked_remedies(run: MemoryContext, growing: bool) -> tuple[str, ...]:
+    """What to do when the categories explain little of the level: find what holds the memory first.
+    Sharding, offload, checkpointing and bf16 act only on the tracked part, so they come last, as a note."""
+    out: list[str] = []
+    if growing:
+        out.append("stop the growth first (the memory_growth finding): a leak reaches any capacity")
+    if run.on_gpu:
+        out.append("find what holds the memory: record the allocator's history (ZEROMON_MEMORY_HISTORY=1, or "
+                   "torch.cuda.memory._record_memory_history) and open a snapshot taken near the peak at "
+                   "pytorch.org/memory_viz")
+    else:
+        out.append("find what holds the memory: tracemalloc snapshots, or gc.get_objects() filtered to "
+                   "torch.Tensor, compared at two steps")
+        out.append("if the level is mostly the runtime (compare it with the level before the first step), each "
+                   "rank on the host pays it once: fewer ranks per host, or more memory")
+    out.append(f"sharding, offload, activation checkpointing and bf16 act only on the {format_bytes(run.tracked)} "
+               "the categories hold")
     return tuple(out)

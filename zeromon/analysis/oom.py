@@ -28,7 +28,8 @@ is exact.
 
 Thresholds (the constants below): warn when a predicted peak passes 85% of capacity or capacity is
 at most 1000 steps away, critical past 95%, within 50 steps, on any recorded OOM, or when the
-allocator's retries grew in the last 10 steps.
+allocator's retries grew in the last 10 steps. When the categories hold under 25% of the level,
+the peak is blamed on what is outside them (leaks, caches, the runtime's RSS), not on model state.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from zeromon.analysis.memory_remedies import (
     fsdp_offloads,
     memory_remedies,
     number_knob,
+    untracked_remedies,
 )
 from zeromon.model.codec import Recording
 from zeromon.model.events import MemorySample
@@ -64,6 +66,9 @@ GROWTH_MIN_SHARE_ALLOCATED = 0.002
 RETRY_RECENT_STEPS = 10
 FRAGMENTATION_WARN_SHARE = 0.10  # reserved − allocated, of capacity
 GATHER_MIN_SHARE = 0.01  # ZeRO-3 gathers beyond those seen must add this share of capacity to be a finding
+# Below this share of the level the categories do not explain the peak: the finding says what is
+# outside them (leaks, caches, the runtime's RSS) rather than offering model-state remedies.
+TRACKED_MIN_SHARE = 0.25
 
 _DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float64": 8,
                 "float8_e4m3fn": 1, "float8_e5m2": 1}
@@ -140,7 +145,7 @@ def forecast(recording: Recording, capacity_bytes: int | None = None) -> OomFore
     predicted, pending, finding = (peak, 0, None) if stepped else \
         _optimizer_still_to_come(run, peak, peak_step, points[-1][1])
     if finding is None:
-        finding = _peak_finding(run, peak, peak_step, recording)
+        finding = _peak_finding(run, peak, peak_step, recording, growing=trend is not None and trend.growing)
     if finding is not None:
         findings.append(finding)
     gather_peak, finding = _zero3_gathers(run, peak, walks)
@@ -378,25 +383,43 @@ def _first_step_rise(recording: Recording, peak: int) -> str | None:
            f"{format_bytes(peak)} (+{format_bytes(peak - max(levels))})"
 
 
-def _peak_finding(run: MemoryContext, peak: int, peak_step: int | None, recording: Recording) -> Finding | None:
+def _peak_finding(run: MemoryContext, peak: int, peak_step: int | None, recording: Recording,
+                  growing: bool) -> Finding | None:
     share = run.share(peak)
     severity = _severity_of_share(share)
     if severity == Severity.INFO:
         return None
     cats = {k: v for k, v in run.categories.items() if v > 0 and k != "other"}
     largest = max(cats, key=lambda k: cats[k]) if cats else None
+    level = run.walk_level
+    tracked_share = run.tracked / level if run.walk is not None and level else None
+    untracked = tracked_share is not None and tracked_share < TRACKED_MIN_SHARE
     title = f"peak memory at {_pct(share)} of capacity"
-    if largest is not None:
+    if untracked and level is not None:
+        title += f", mostly outside the model and optimizer: their categories hold {format_bytes(run.tracked)} " \
+                 f"of {format_bytes(level)}"
+    elif largest is not None:
         title += f"; the largest category is {largest} ({format_bytes(cats[largest])})"
     evidence = [f"peak {format_bytes(peak)}" + (f" in step {peak_step}" if peak_step is not None else "")
                 + f", {_pct(share)} of {_capacity_text(run)}"]
     if breakdown := _breakdown(run):
         evidence.append(breakdown)
+    if untracked and run.walk is not None and level is not None:
+        runtime = "the process RSS also holds the Python and torch runtime, libraries and memory the C allocator " \
+                  "keeps after frees; and " if not run.on_gpu else ""
+        evidence.append(f"the categories (parameters, gradients, optimizer state, activations) hold "
+                        f"{format_bytes(run.tracked)} of the {format_bytes(level)} at step {run.walk.step} "
+                        f"({tracked_share:.1%}); the rest is untracked: {runtime}tensors held outside the model "
+                        "and optimizer (leaks, caches, activations of other code)")
     optimizer_state = cats.get("optimizer_state", 0)
     if optimizer_state and (rise := _first_step_rise(recording, peak)) is not None:
         evidence.append(f"{rise}; the optimizer state is now {format_bytes(optimizer_state)}")
+    remedies = untracked_remedies(run, growing) if untracked else memory_remedies(run, {"all"})
+    metrics = {"peak_bytes": float(peak), "share": share or 0.0}
+    if tracked_share is not None:
+        metrics["tracked_share"] = tracked_share
     return Finding("peak_near_capacity", severity, title, rank=run.rank, step=peak_step, evidence=tuple(evidence),
-                   remedies=memory_remedies(run, {"all"}), metrics={"peak_bytes": float(peak), "share": share or 0.0})
+                   remedies=remedies, metrics=metrics)
 
 
 # --- growth, allocator, recorded OOMs ---------------------------------------------------------------
@@ -417,7 +440,11 @@ def _growth_finding(run: MemoryContext, trend: _Trend, steps_to_capacity: float 
         f"{format_bytes(trend.values[-1])} (step {last}): {format_bytes(trend.slope)} per step "
         f"(Theil–Sen over {len(trend.steps)} steps; Mann–Kendall tau {trend.tau:.2f})",
     ]
-    if steps_to_capacity is not None:
+    over = steps_to_capacity == 0
+    if over:
+        evidence.append(f"at step {last} the per-step peak is already {_pct(run.share(trend.fitted_last))} of "
+                        f"the {_capacity_text(run)}")
+    elif steps_to_capacity is not None:
         when = f" (~{_duration(steps_to_capacity * step_s)} at {step_s:.2f} s per step)" if step_s else ""
         evidence.append(f"at this rate the {_capacity_text(run)} is reached in ~{steps_to_capacity:.0f} steps{when}")
     window = [w for w in walks if first <= w.step <= last]
@@ -434,7 +461,9 @@ def _growth_finding(run: MemoryContext, trend: _Trend, steps_to_capacity: float 
                             f"grew between steps {window[0].step} and {window[-1].step}: the growth is in tensors "
                             "held outside the model and optimizer")
     title = f"memory grows {format_bytes(trend.slope)} per step"
-    if steps_to_capacity is not None:
+    if over:
+        title += ": already over capacity"
+    elif steps_to_capacity is not None:
         title += f": capacity in ~{steps_to_capacity:.0f} steps"
     remedies = [
         "look for tensors kept across steps: losses or outputs appended to a list or summed without .item() "

@@ -153,7 +153,7 @@ class MemorySample:
     inactive_split: int | None
     num_alloc_retries: int | None
     num_ooms: int | None
-    capacity: int | None  # device total (mem_get_info) or, on CPU, the cgroup / physical limit
+    capacity: int | None  # device total (mem_get_info) or, on CPU, a rank's share: host RAM (or cgroup limit) / local ranks
     free: int | None  # device free bytes as the driver reports them (includes other processes)
     rss: int | None  # process resident set size
     categories: Mapping[str, int] = field(default_factory=dict)
@@ -222,11 +222,12 @@ class StepSummary:
     start_ns: int
     end_ns: int
     phase_s: Mapping[str, float]  # seconds per phase
-    collectives: int
-    comm_bytes: int  # sum of the larger of bytes in/out per collective
+    # The agent always knows these three; a step seen through Prometheus (its last step's gauges) does not.
+    collectives: int | None
+    comm_bytes: int | None  # sum of the larger of bytes in/out per collective
     comm_bytes_by_op: Mapping[str, int]
     comm_union_s: float  # union of collective intervals (host or device clock)
-    blocked_s: float  # time the training thread was blocked in collectives
+    blocked_s: float | None  # time the training thread was blocked in collectives
     peak_memory: int | None  # highest allocator (GPU) or RSS (CPU) reading seen in the step
     # Overlap within the step, as zeromon.analysis.step_overlap defines it, computed by the agent
     # so that live clients need no events. None where unknown (a step with too many collectives to
@@ -255,11 +256,11 @@ class RunInfo:
     local_rank: int
     world_size: int
     host: str
-    pid: int
+    pid: int | None  # None: not known (read through Prometheus, whose labels do not carry it)
     job: str
     framework: str  # "deepspeed", "fsdp2", "fsdp1", "ddp", "none", "unknown"
     framework_version: str | None
-    torch_version: str
+    torch_version: str | None  # None: as for pid
     backend: str | None  # "gloo", "nccl"
     device: str
     zero_stage: int | None
