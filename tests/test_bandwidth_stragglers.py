@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from zeromon.analysis.bandwidth import bandwidth_table, bus_factor, event_bandwidth, size_bucket
+from zeromon.analysis.bandwidth import (
+    bandwidth_table,
+    bucket_label,
+    bus_factor,
+    event_bandwidth,
+    format_rate,
+    format_share,
+    size_bucket,
+)
 from zeromon.analysis.stragglers import analyze_imbalance
 from zeromon.model import CollectiveEvent, read_run
 
-from conftest import REPO, child_env, torchrun_args
+from conftest import REPO, child_env, torchrun_args, zeromon
 
 
 def _event(op: str, n: int, b_in: int, b_out: int, seconds: float, timing: str = "sync") -> CollectiveEvent:
@@ -43,17 +52,51 @@ def test_table_groups_by_op_and_size() -> None:
     assert ar.median_time_s == pytest.approx(0.002)
     assert ar.median_busbw == pytest.approx(4 * 2**20 / 0.002)  # factor 2(n-1)/n = 1 at n = 2
     assert ar.peak_share == pytest.approx(ar.median_busbw / 4e9)
-    assert rows[0].op == "all_reduce", "largest traffic first"
+    assert [r.op for r in rows] == ["all_gather", "all_reduce"], "by op, then size"
+
+
+def test_table_rows_by_op_then_size() -> None:
+    sizes = (512, 2**20, 8 * 2**10, 64 * 2**20)
+    events = [_event(op, 2, size, size, 0.001) for size in sizes for op in ("reduce_scatter", "all_reduce")]
+    rows = bandwidth_table(events)
+    assert [(r.op, r.size_bucket_bytes) for r in rows] == [
+        (op, size_bucket(size)) for op in ("all_reduce", "reduce_scatter") for size in sorted(sizes)]
+    assert [bucket_label(r.size_bucket_bytes) for r in rows[:4]] == ["<= 1 KiB", "4-16 KiB", "1-4 MiB", "64-256 MiB"]
+
+
+def test_bucket_labels_rates_and_shares_read_at_any_size() -> None:
+    # Each bucket [b, 4b) of size_bucket, as a range; the smallest holds everything up to 1 KiB.
+    assert size_bucket(1024) == 0 and bucket_label(0) == "<= 1 KiB"
+    assert size_bucket(1025) == 1024 and bucket_label(1024) == "1-4 KiB"
+    assert size_bucket(4 * 2**20 - 1) == 2**20 and size_bucket(4 * 2**20) == 4 * 2**20
+    assert bucket_label(256 * 2**10) == "256 KiB-1 MiB"
+    assert bucket_label(4**15) == "1-4 GiB"
+    # Rates in decimal units, as nccl-tests prints GB/s: a CPU run's slow collectives still show.
+    assert format_rate(12.3e9) == "12.3 GB/s"
+    assert format_rate(216e6) == "216 MB/s"
+    assert format_rate(2_830) == "2.83 kB/s"
+    assert format_rate(0) == "0.00 B/s"
+    assert [format_share(r) for r in (0.42, 0.042, 0.004, 0.0004)] == ["42%", "4.2%", "0.4%", "<0.1%"]
+
+
+DELAY_S, STEPS = 0.1, 6
+
+
+@pytest.fixture(scope="module")
+def straggler_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real 2-rank run whose rank 1 is DELAY_S late to every step's all-reduces."""
+    out = tmp_path_factory.mktemp("straggler")
+    result = subprocess.run(
+        torchrun_args(2, REPO / "tests" / "scenarios" / "straggler.py", "--delay", str(DELAY_S), "--steps", str(STEPS)),
+        env=child_env(ZEROMON_OUT=str(out)), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
 
 
 @pytest.mark.distributed
-def test_straggler_and_memory_imbalance_are_named(tmp_path: Path) -> None:
-    delay, steps = 0.1, 6
-    out = subprocess.run(
-        torchrun_args(2, REPO / "tests" / "scenarios" / "straggler.py", "--delay", str(delay), "--steps", str(steps)),
-        env=child_env(ZEROMON_OUT=str(tmp_path)), capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = analyze_imbalance(read_run(tmp_path))
+def test_straggler_and_memory_imbalance_are_named(straggler_run: Path) -> None:
+    delay, steps = DELAY_S, STEPS
+    result = analyze_imbalance(read_run(straggler_run))
     by_rank = {a.rank: a for a in result.ranks}
     # Two all-reduces (weight, bias) per step, all matched. Rank 1 is last at every step's first one
     # (the second starts together: who is last there is a coin toss).
@@ -69,3 +112,20 @@ def test_straggler_and_memory_imbalance_are_named(tmp_path: Path) -> None:
     assert ("straggler", 1) in kinds
     assert ("memory_imbalance", 0) in kinds
     assert result.memory_spread is not None and result.memory_spread > 0.1
+
+
+@pytest.mark.distributed
+def test_exposed_communication_that_is_waiting_for_the_straggler_says_so(straggler_run: Path) -> None:
+    """Rank 0's collectives are exposed because it waits ~DELAY_S a step for rank 1: its poor-overlap
+    finding says how much is waiting, and that the straggler, not prefetching, is the fix."""
+    result = zeromon("report", str(straggler_run), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    (finding,) = [f for f in report["findings"] if f["kind"] == "poor_overlap" and f["rank"] == 0]
+    waited = next(a["waited_s"] for a in report["imbalance"]["arrivals"] if a["rank"] == 0)
+    assert finding["metrics"]["waited_for_peers_s"] == pytest.approx(waited)
+    assert finding["metrics"]["waited_share_of_exposed"] >= 0.5
+    assert any("was waiting for rank 1 to reach the collective" in e for e in finding["evidence"])
+    assert finding["remedies"][0].startswith("most of it is waiting for rank 1")
+    # Rank 1, the late one, waits for nobody: its findings say nothing of waiting.
+    assert not any("waiting for" in e for f in report["findings"] if f["rank"] == 1 for e in f["evidence"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,6 +23,7 @@ from zeromon.model import (
     read_recording,
     read_run,
 )
+from zeromon.model.codec import check_one_run, rank_files
 
 
 def _collective(seq: int) -> CollectiveEvent:
@@ -159,3 +161,66 @@ def test_read_recording_agrees_with_iter_records_on_a_damaged_file(tmp_path: Pat
     by_hand = Recording(path=path, header=rec.header, collectives=streamed)
     assert list(by_hand.collective_columns().issue_ns) == list(columns.issue_ns)
     assert by_hand.collective_columns().op == list(columns.op)
+
+
+# --- a run folder holds one run ------------------------------------------------------------------
+
+
+def _write_rank(folder: Path, rank: int, job: str = "train", framework: str = "fsdp2", world_size: int = 2,
+                name: str | None = None) -> Path:
+    path = folder / (name or f"rank-{rank}.jsonl")
+    writer = RecordingWriter(path, rank=rank, job=job, world_size=world_size)
+    writer.write(RunInfo(rank=rank, local_rank=rank, world_size=world_size, host="h", pid=7, job=job,
+                         framework=framework, framework_version=None, torch_version="2.13.0", backend="gloo",
+                         device="cpu", zero_stage=None, fsdp_strategy=None, param_dtype=None, reduce_dtype=None,
+                         optimizer=None))
+    writer.write(_collective(1))
+    writer.close()
+    return path
+
+
+def test_one_runs_rank_files_are_read(tmp_path: Path) -> None:
+    for rank in (1, 0):
+        _write_rank(tmp_path, rank)
+    # "unknown": a rank that stopped before its framework was detected differs from no one.
+    _write_rank(tmp_path, 2, framework="unknown")
+    assert [r.rank for r in read_run(tmp_path)] == [0, 1, 2]
+    assert rank_files(tmp_path) == [tmp_path / f"rank-{r}.jsonl" for r in (0, 1, 2)]
+
+
+@pytest.mark.parametrize(("make", "message", "hint"), [
+    (lambda d: (_write_rank(d, 0), _write_rank(d, 0, name="rank-1.jsonl")),  # cp rank-0.jsonl rank-1.jsonl
+     "rank-1.jsonl: the header says rank 0, the file name rank 1", "copied or renamed"),
+    (lambda d: (_write_rank(d, 0), _write_rank(d, 0, name="rank-0-old.jsonl")),
+     "rank-0-old.jsonl and {d}/rank-0.jsonl are both rank 0", "keep one recording per rank"),
+    (lambda d: (_write_rank(d, 0), _write_rank(d, 1, job="other")),
+     "rank-0.jsonl and {d}/rank-1.jsonl are from different runs: job 'train' and 'other'", "one run"),
+    (lambda d: (_write_rank(d, 0), _write_rank(d, 1, world_size=4)),
+     "are from different runs: world size 2 and 4", "one run"),
+], ids=["renamed", "two-of-one-rank", "another-job", "another-world-size"])
+def test_rank_files_of_several_runs_are_refused_from_their_headers(tmp_path: Path, make: Any, message: str,
+                                                                    hint: str) -> None:
+    make(tmp_path)
+    for read in (rank_files, read_run):
+        with pytest.raises(ZeromonError) as info:
+            read(tmp_path)
+        assert message.format(d=tmp_path) in info.value.message
+        assert info.value.hint is not None and hint in info.value.hint
+
+
+def test_another_framework_is_refused_once_the_run_info_is_read(tmp_path: Path) -> None:
+    _write_rank(tmp_path, 0, framework="fsdp2")
+    _write_rank(tmp_path, 1, framework="deepspeed")
+    assert len(rank_files(tmp_path)) == 2  # the headers alone agree
+    with pytest.raises(ZeromonError, match="from different runs: framework 'fsdp2' and 'deepspeed'"):
+        read_run(tmp_path)
+    with pytest.raises(ZeromonError, match="framework 'fsdp2' and 'deepspeed'"):
+        check_one_run([(r.path, r.header, r.run_info) for r in map(read_recording, rank_files(tmp_path))])
+
+
+def test_a_rank_file_given_as_the_run_folder_names_its_folder(tmp_path: Path) -> None:
+    path = _write_rank(tmp_path, 0)
+    with pytest.raises(ZeromonError) as info:
+        read_run(path)
+    assert info.value.message == f"{path}: is a file; a run is the folder of rank-<r>.jsonl files"
+    assert info.value.hint == f"pass the folder that holds it: {tmp_path}"

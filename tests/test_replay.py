@@ -217,3 +217,12 @@ def test_bad_run_folders_are_named(tmp_path: Path, capsys: pytest.CaptureFixture
                                            '"schemas": {}}\n')
     with pytest.raises(ZeromonError, match="hold no records"):
         ReplaySource(tmp_path)
+
+
+@pytest.mark.distributed
+def test_a_folder_holding_another_runs_rank_file_is_refused(run_dir: Path, tmp_path: Path) -> None:
+    mixed = tmp_path / "mixed"
+    shutil.copytree(run_dir, mixed)
+    shutil.copy(mixed / "rank-0.jsonl", mixed / "rank-1.jsonl")  # rank 0's file under rank 1's name
+    with pytest.raises(ZeromonError, match="rank-1.jsonl"):
+        ReplaySource(mixed)

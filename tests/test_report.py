@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -63,13 +64,41 @@ def test_text_and_html_report(run_dir: Path, tmp_path: Path) -> None:
     result = zeromon("report", str(run_dir), "--html", str(page))
     assert result.returncode == 0, result.stderr
     assert "rank  framework" in result.stdout and "fsdp2" in result.stdout
-    assert "bandwidth (nccl-tests busbw" in result.stdout
+    assert "exposed ms/step" in result.stdout
+    text = result.stdout.splitlines()
+    # The bandwidth table: by op, then size, each size a range of the bucket, each rate with its unit.
+    start = text.index("bandwidth (nccl-tests busbw, median per op and message size):") + 1
+    rows = [re.fullmatch(r"  (\S+) +(.+?) +n=\d+ +\d+ calls +([\d.]+) (\S+)", line)
+            for line in text[start:text.index("", start)]]
+    assert rows and all(rows), text[start:]
+    ops_sizes = [(r[1], _bucket_lower_bound(r[2])) for r in rows if r]
+    assert ops_sizes == sorted(ops_sizes) and "all_gather" in {op for op, _ in ops_sizes}
+    assert all(r[4] in ("kB/s", "MB/s", "GB/s") and float(r[3]) > 0 for r in rows if r), rows
+    assert ">=" not in " ".join(text)
+    # Each finding names its rank once.
+    findings = [line for line in text if line.startswith("  [")]
+    assert findings and not [line for line in findings if re.search(r"\brank (\d+)\b.*\(rank \1\)$", line)]
     html = page.read_text()
     assert html.startswith("<!DOCTYPE html>") and "plotly" in html.lower()
     for figure in ("zeromon-memory", "zeromon-timeline", "zeromon-overlap", "zeromon-bandwidth"):
         assert f'id="{figure}"' in html
+    # On CPU the categories (KiB to MiB) are a sliver of the process RSS: they get a plot of their own,
+    # and the capacity, far above, is named rather than drawn.
+    assert "by category (" in html and "so drawn apart" in html
+    assert "far above these levels, is not drawn" in html
+    assert '"tickvals":[0,25,50,75,100]' in html  # the overlap axis: 0 to 100 %, its own ticks
     assert 'src="http' not in html, "self-contained: plotly.js is inlined, nothing is fetched"
     assert len(html) > 1_000_000  # plotly.js itself is several MB
+
+
+def _bucket_lower_bound(label: str) -> int:
+    """Where a bucket's sizes start: '<= 1 KiB' 0, '4-16 KiB' 4096, '256 KiB-1 MiB' 262144."""
+    if label.startswith("<="):
+        return 0
+    match = re.match(r"(\d+)(?: (\w+))?-\d+ (\w+)", label)
+    assert match, label
+    unit = match[2] or match[3]
+    return int(match[1]) * 1024 ** (1 + ["KiB", "MiB", "GiB", "TiB"].index(unit))
 
 
 def test_trace_report_json() -> None:
@@ -86,7 +115,10 @@ def test_trace_report_json() -> None:
     (("runs/x", "--trace", "t"), "give a RUN_DIR or --trace DIR"),
     (("/nonexistent/run",), "/nonexistent/run: no such run folder"),
     (("/tmp", "--peak-busbw", "fast"), "--peak-busbw 'fast'"),
-    (("/tmp", "--capacity=-3GB"), "--capacity '-3GB'"),
+    (("/tmp", "--capacity=-3GB"), "--capacity: '-3GB' must be more than 0 bytes"),
+    (("/tmp", "--html", ""), "--html: give the file to write"),
+    (("--trace", "t", "--capacity", "80GiB"), "--capacity is for recordings (RUN_DIR)"),
+    (("--trace", "t", "--peak-busbw", "200GB"), "--peak-busbw is for recordings (RUN_DIR)"),
 ])
 def test_bad_input(args: tuple[str, ...], message: str) -> None:
     result = zeromon("report", *args)
@@ -144,7 +176,7 @@ def test_a_bad_rank_file_is_one_clear_error(tmp_path: Path, header: str, message
         error, hint_line = result.stderr.splitlines()  # no traceback: the message and its hint
         assert error.startswith(f"zeromon: error: {tmp_path}/") and message in error
         assert hint_line.startswith("hint: ") and hint in hint_line
-    # Raised in a worker process, the error comes back whole, its hint with it.
+    # The parallel path reads the headers before it starts its workers: the same error, its hint with it.
     with pytest.raises(ZeromonError) as raised:
         analyse_run(tmp_path, workers=2)
     assert message in raised.value.message and raised.value.hint is not None and hint in raised.value.hint

@@ -198,7 +198,8 @@ def _assert_same(ours: dict[str, Any], overlap: dict[str, Any], breakdown: dict[
         assert ours["comm_comp_overlap_pct"] == pytest.approx(hta_pct, abs=0.011), where
     tb = ours["temporal_breakdown"]
     for field in ("idle_time", "compute_time", "non_compute_time", "kernel_time"):
-        assert tb[f"{field}_us"] == pytest.approx(breakdown[f"{field}(us)"], abs=0.01), (where, field)
+        # zeromon's JSON is in seconds, HTA's columns in microseconds.
+        assert tb[f"{field}_s"] * 1e6 == pytest.approx(breakdown[f"{field}(us)"], abs=0.01), (where, field)
     for field in ("idle_time_pctg", "compute_time_pctg", "non_compute_time_pctg"):
         assert tb[field] == pytest.approx(breakdown[field], abs=0.011), (where, field)
 
@@ -236,10 +237,14 @@ def test_real_trace_known_values(oracle: dict[str, tuple[Path, dict[str, Any]]])
     folder, _ = oracle["a100-w2"]
     (rank0,) = trace_report(folder)["ranks"]
     assert rank0["comm_comp_overlap_pct"] == 14.31
-    assert rank0["temporal_breakdown"] == {
-        "idle_time_us": 338781.0, "compute_time_us": 75169.0, "non_compute_time_us": 21636.0,
-        "kernel_time_us": 435586.0, "idle_time_pctg": 77.78, "compute_time_pctg": 17.26,
+    assert rank0["temporal_breakdown"] == {  # HTA's microseconds, in seconds
+        "idle_time_s": 0.338781, "compute_time_s": 0.075169, "non_compute_time_s": 0.021636,
+        "kernel_time_s": 0.435586, "idle_time_pctg": 77.78, "compute_time_pctg": 17.26,
         "non_compute_time_pctg": 4.97}
+    # Two iterations: the typical one's exposed communication, beside the whole trace's.
+    exposed = sorted(it["exposed_comm_s"] for it in rank0["iterations"])
+    assert rank0["median_iteration_exposed_comm_s"] == pytest.approx(sum(exposed) / 2)
+    assert rank0["median_iteration_exposed_comm_s"] < rank0["exposed_comm_s"]
     assert [it["iteration"] for it in rank0["iterations"]] == [4, 5] and rank0["dropped_step"] == "ProfilerStep#6"
 
 
@@ -396,7 +401,7 @@ def test_report_json_shape(tmp_path: Path) -> None:
     assert json.loads(json.dumps(report)) == report  # plain JSON types only
     assert report["source"] == "kineto"
     assert report["files"] == [str(tmp_path / "rank0.json.gz"), str(tmp_path / "rank1.json.gz")]
-    breakdown_keys = {"idle_time_us", "compute_time_us", "non_compute_time_us", "kernel_time_us",
+    breakdown_keys = {"idle_time_s", "compute_time_s", "non_compute_time_s", "kernel_time_s",
                       "idle_time_pctg", "compute_time_pctg", "non_compute_time_pctg"}
     for rank, r in enumerate(report["ranks"]):
         assert r["rank"] == rank and r["world_size"] == 2 and r["dropped_step"] == "ProfilerStep#12"
@@ -404,7 +409,10 @@ def test_report_json_shape(tmp_path: Path) -> None:
                 "exposed_comm_share", "temporal_breakdown", "iterations"} <= set(r)
         assert set(r["temporal_breakdown"]) == breakdown_keys
         assert r["exposed_comm_s"] == pytest.approx(r["comm_s"] - r["overlap_s"])
+        assert r["temporal_breakdown"]["kernel_time_s"] == pytest.approx(r["kernel_time_s"])
         assert [it["iteration"] for it in r["iterations"]] == [10, 11]
+        assert r["median_iteration_exposed_comm_s"] == pytest.approx(
+            (r["iterations"][0]["exposed_comm_s"] + r["iterations"][1]["exposed_comm_s"]) / 2)
         for it in r["iterations"]:
             assert {"iteration", "comm_comp_overlap_pct", "exposed_comm_s", "comm_s", "comp_s"} <= set(it)
             assert set(it["temporal_breakdown"]) == breakdown_keys

@@ -63,6 +63,43 @@ def size_bucket(nbytes: int) -> int:
     return 4 ** int(math.log(nbytes, 4))
 
 
+def _exact_size(nbytes: int) -> str:
+    """A power of four from 1 KiB on, in the largest binary unit that keeps it whole: '4 KiB', '1 MiB'."""
+    for unit, name in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if nbytes >= unit and nbytes % unit == 0:
+            return f"{nbytes // unit} {name}"
+    return f"{nbytes} B"
+
+
+def bucket_label(bucket: int) -> str:
+    """The sizes a size_bucket holds: '<= 1 KiB', '4-16 KiB', '256 KiB-1 MiB'."""
+    if bucket <= 0:
+        return "<= 1 KiB"
+    low, high = _exact_size(bucket), _exact_size(4 * bucket)
+    low_value, low_unit = low.split(" ")
+    high_value, high_unit = high.split(" ")
+    return f"{low_value}-{high_value} {high_unit}" if low_unit == high_unit else f"{low}-{high}"
+
+
+def format_rate(bytes_per_s: float) -> str:
+    """A rate in decimal units (nccl-tests' GB/s is 1e9 bytes/s) with three significant figures or so."""
+    value, unit = bytes_per_s, "B/s"
+    for scale, name in ((1e9, "GB/s"), (1e6, "MB/s"), (1e3, "kB/s")):
+        if bytes_per_s >= scale:
+            value, unit = bytes_per_s / scale, name
+            break
+    digits = 0 if value >= 100 else 1 if value >= 10 else 2
+    return f"{value:.{digits}f} {unit}"
+
+
+def format_share(ratio: float) -> str:
+    """A share of a peak: '42%', '4.2%', '<0.1%'."""
+    percent = 100 * ratio
+    if 0 < percent < 0.1:
+        return "<0.1%"
+    return f"{percent:.1f}%" if percent < 10 else f"{percent:.0f}%"
+
+
 @dataclass(frozen=True, slots=True)
 class BandwidthRow:
     op: str
@@ -171,7 +208,7 @@ def merge_samples(per_rank: Iterable[SampleGroups]) -> SampleGroups:
 
 
 def bandwidth_table(events: Iterable[CollectiveEvent], peak_busbw: float | None = None) -> tuple[BandwidthRow, ...]:
-    """Median bandwidth per (op, size bucket, group size), largest traffic first."""
+    """Median bandwidth per (op, size bucket, group size), by op, then size, then group size."""
     return table_of_samples(bandwidth_samples(CollectiveColumns.of(list(events))), peak_busbw)
 
 
@@ -188,7 +225,7 @@ def table_of_samples(groups: SampleGroups, peak_busbw: float | None = None) -> t
             busbw_p10=busbws[int(0.1 * (len(busbws) - 1))],
             peak_share=median_busbw / peak_busbw if peak_busbw else None,
         ))
-    return tuple(sorted(rows, key=lambda r: (-r.total_bytes, r.op)))
+    return tuple(sorted(rows, key=lambda r: (r.op, r.size_bucket_bytes, r.group_size)))
 
 
 def busbw_by_op(events: Iterable[CollectiveEvent]) -> dict[str, float]:

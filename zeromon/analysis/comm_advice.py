@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Sequence
 
@@ -13,6 +14,10 @@ from zeromon.model.events import RunInfo, StepSummary
 EXPOSED_SHARE_WARN = 0.10
 EXPOSED_SHARE_CRITICAL = 0.30
 OVERLAP_RATIO_POOR = 0.5
+# Exposed communication that is partly waiting for a late peer: said from this share of it on, and
+# the straggler put first among the remedies from the second (prefetching cannot hide a peer's lateness).
+WAITING_SHARE_NOTED = 0.2
+WAITING_SHARE_MOSTLY = 0.5
 
 
 def overlap_remedies(info: RunInfo | None) -> tuple[str, ...]:
@@ -78,7 +83,7 @@ def overlap_findings_of_summaries(rank: int, steps: Sequence[StepSummary],
     overlap_s, exposed_comm_s): what live clients have, with no collective events."""
     overlaps = []
     for s in steps:
-        if s.comp_s is None or s.overlap_s is None or s.exposed_comm_s is None:
+        if s.comp_s is None or s.overlap_s is None or s.exposed_comm_s is None or s.blocked_s is None:
             continue
         step_s = s.duration_s
         busy = s.comm_union_s + s.comp_s - s.overlap_s
@@ -86,3 +91,28 @@ def overlap_findings_of_summaries(rank: int, steps: Sequence[StepSummary],
                                     overlap_s=s.overlap_s, exposed_comm_s=s.exposed_comm_s,
                                     idle_s=max(0.0, step_s - busy), blocked_s=s.blocked_s))
     return overlap_findings(rank, overlaps, info) if overlaps else ()
+
+
+def with_waiting_for_peers(finding: Finding, exposed_s: float, waited_s: float,
+                           late_ranks: Sequence[int]) -> Finding:
+    """A poor-overlap finding that says how much of the rank's exposed communication was waiting for
+    a later peer (stragglers' waited time), and, when that is most of it, that the late rank is the
+    fix. ``exposed_s``: the rank's exposed communication over the steps the waiting was matched in
+    (all of them); ``late_ranks``: the ranks found to be stragglers."""
+    if finding.kind != "poor_overlap" or exposed_s <= 0 or waited_s <= 0:
+        return finding
+    share = min(1.0, waited_s / exposed_s)
+    if share < WAITING_SHARE_NOTED:
+        return finding
+    late = [r for r in late_ranks if r != finding.rank]
+    whom = ("rank " + ", ".join(map(str, late))) if late else "later peers"
+    evidence = (*finding.evidence, f"{waited_s:.3f} s of its {exposed_s:.3f} s of exposed communication "
+                                   f"({share:.0%}) was waiting for {whom} to reach the collective")
+    remedies = finding.remedies
+    if share >= WAITING_SHARE_MOSTLY:
+        remedies = (f"most of it is waiting for {whom}: make {'that rank' if len(late) == 1 else 'them'} "
+                    "faster first (see the straggler finding); prefetching or resharding cannot hide a peer's "
+                    "lateness", *remedies)
+    return dataclasses.replace(finding, evidence=evidence, remedies=remedies,
+                               metrics={**finding.metrics, "waited_for_peers_s": waited_s,
+                                        "waited_share_of_exposed": share})

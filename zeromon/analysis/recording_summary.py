@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,8 +31,9 @@ class RankSummary:
     last_categories: dict[str, int] = field(default_factory=dict)
     events_dropped: int = 0
     hook_errors: int = 0
-    corrupt_lines: int = 0
+    corrupt_lines: tuple[int, ...] = ()  # line numbers in the rank file, skipped
     notices: tuple[str, ...] = ()
+    file: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,14 +77,16 @@ def summarize_recording(rec: Recording) -> RankSummary:
         median_step_s=statistics.median(durations) if durations else None,
         collectives=len(columns),
         bytes_per_step_by_meaning=by_meaning,
-        median_blocked_s=statistics.median(s.blocked_s for s in rec.steps) if rec.steps else None,
+        median_blocked_s=statistics.median(waits) if (waits := [s.blocked_s for s in rec.steps
+                                                                 if s.blocked_s is not None]) else None,
         peak_memory=max(levels) if levels else None,
         capacity=capacity,
         last_categories=dict(with_categories[-1].categories) if with_categories else {},
         events_dropped=rec.stats.events_dropped if rec.stats else 0,
         hook_errors=rec.stats.hook_errors if rec.stats else 0,
-        corrupt_lines=len(rec.corrupt_lines),
+        corrupt_lines=tuple(rec.corrupt_lines),
         notices=tuple(f"{n.level}: {n.message}" for n in rec.notices),
+        file=str(rec.path),
     )
 
 
@@ -91,6 +95,20 @@ def summarize_run(run_dir: Path) -> RunSummary:
     world = max((r.run_info.world_size for r in recordings if r.run_info), default=len(recordings))
     return RunSummary(run_dir=str(run_dir), world_size=world,
                       ranks=tuple(summarize_recording(r) for r in recordings))
+
+
+def counted(n: int, thing: str) -> str:
+    """'1 hook error', '3 hook errors'."""
+    return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
+
+
+def corrupt_lines_note(file: str, lines: Sequence[int], shown: int = 5) -> str:
+    """'rank-1.jsonl: 1 corrupt line skipped (line 57)', with at most ``shown`` line numbers."""
+    numbers = ", ".join(map(str, lines[:shown]))
+    if len(lines) > shown:
+        numbers += f" and {len(lines) - shown} more"
+    where = f"line {numbers}" if len(lines) == 1 else f"lines {numbers}"
+    return f"{Path(file).name}: {counted(len(lines), 'corrupt line')} skipped ({where})"
 
 
 def format_summary(summary: RunSummary) -> str:
@@ -108,10 +126,13 @@ def format_summary(summary: RunSummary) -> str:
     if first is not None and first.last_categories:
         cats = ", ".join(f"{k}={format_bytes(v)}" for k, v in first.last_categories.items() if v)
         lines.append(f"rank {first.rank} memory by category (last sample): {cats}")
-    problems = [(r.rank, r.events_dropped, r.hook_errors, r.corrupt_lines) for r in summary.ranks
-                if r.events_dropped or r.hook_errors or r.corrupt_lines]
-    for rank, dropped, errors, corrupt in problems:
-        lines.append(f"rank {rank}: {dropped} events dropped, {errors} hook errors, {corrupt} corrupt lines")
+    for r in summary.ranks:
+        lost = [counted(n, thing) + suffix for n, thing, suffix in
+                ((r.events_dropped, "event", " dropped"), (r.hook_errors, "hook error", "")) if n]
+        if lost:
+            lines.append(f"rank {r.rank}: {', '.join(lost)}")
+        if r.corrupt_lines:
+            lines.append(corrupt_lines_note(r.file, r.corrupt_lines))
     seen: set[str] = set()
     for r in summary.ranks:
         for note in r.notices:

@@ -15,7 +15,7 @@ from zeromon.analysis.bandwidth import (
     merge_samples,
     table_of_samples,
 )
-from zeromon.analysis.comm_advice import overlap_findings
+from zeromon.analysis.comm_advice import overlap_findings, with_waiting_for_peers
 from zeromon.analysis.findings import Finding
 from zeromon.analysis.oom import OomForecast, forecast
 from zeromon.analysis.recording_summary import strategy_label
@@ -40,6 +40,8 @@ class RankReport:
     capacity: int | None
     busbw_by_op: dict[str, float]
     oom: OomForecast
+    file: str = ""  # the rank file read
+    corrupt_lines: tuple[int, ...] = ()  # its lines that could not be decoded, skipped
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +57,7 @@ class RunReport:
         return {
             "run_dir": self.run_dir,
             "world_size": self.world_size,
+            "definitions": _DEFINITIONS,
             "ranks": [_rank_dict(r) for r in self.ranks],
             "bandwidth": [_bandwidth_dict(b) for b in self.bandwidth],
             "imbalance": {
@@ -70,6 +73,11 @@ class RunReport:
         }
 
 
+_DEFINITIONS = ("per rank, comm_comp_overlap_pct, exposed_comm_s and exposed_comm_share are medians per step over "
+                "the steps after the first (per_step has every step); temporal_breakdown sums those steps; "
+                "times in seconds, rates in bytes per second")
+
+
 def _median(values: Sequence[float | None]) -> float | None:
     present = [v for v in values if v is not None]
     return statistics.median(present) if present else None
@@ -81,7 +89,8 @@ def _pct(ratio: float | None) -> float | None:
 
 def _rank_dict(r: RankReport) -> dict[str, Any]:
     return {
-        "rank": r.rank, "framework": r.framework, "strategy": r.strategy, "steps": len(r.steps),
+        "rank": r.rank, "file": r.file, "corrupt_lines": list(r.corrupt_lines),
+        "framework": r.framework, "strategy": r.strategy, "steps": len(r.steps),
         "median_step_s": r.median_step_s,
         "comm_comp_overlap_pct": _pct(r.median_overlap_ratio),
         "exposed_comm_s": r.median_exposed_comm_s,
@@ -147,6 +156,8 @@ def rank_report(rec: Recording, capacity_bytes: int | None = None,
         capacity=capacity,
         busbw_by_op=busbw_by_op_of_samples(samples),
         oom=forecast(rec, capacity_bytes=capacity_bytes),
+        file=str(rec.path),
+        corrupt_lines=tuple(rec.corrupt_lines),
     )
 
 
@@ -177,7 +188,10 @@ def combine_report(ranks: Sequence[RankAnalysis], run_dir: str, peak_busbw: floa
     with collector_paused():
         imbalance = combine_imbalance([r.arrivals for r in ranks])
         bandwidth = table_of_samples(merge_samples(r.samples for r in ranks), peak_busbw)
-    findings = [f for r in ranks for f in r.findings]
+    waited = {a.rank: a.waited_s for a in imbalance.ranks}
+    late = [f.rank for f in imbalance.findings if f.kind == "straggler" and f.rank is not None]
+    findings = [with_waiting_for_peers(f, sum(s.exposed_comm_s for s in r.report.steps), waited[r.report.rank], late)
+                for r in ranks for f in r.findings]
     findings.extend(imbalance.findings)
     findings.sort(key=lambda f: (-f.severity.rank, f.rank if f.rank is not None else -1))
     world = max((r.run_info.world_size for r in ranks if r.run_info), default=len(ranks))

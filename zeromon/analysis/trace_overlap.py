@@ -49,6 +49,7 @@ import bisect
 import itertools
 import math
 import re
+import statistics
 from array import array
 from collections import defaultdict
 from collections.abc import Sequence
@@ -147,7 +148,7 @@ def _pctg(part_ns: int, whole_ns: int) -> float | None:
 
 @dataclass(frozen=True, slots=True)
 class TemporalBreakdown:
-    """HTA's temporal breakdown (its column names, ``(us)`` spelled ``_us``)."""
+    """HTA's temporal breakdown (its column names; its ``(us)`` in seconds, ``_s``, as all of zeromon's JSON)."""
 
     idle_time_ns: int
     compute_time_ns: int
@@ -167,9 +168,9 @@ class TemporalBreakdown:
         return _pctg(self.non_compute_time_ns, self.kernel_time_ns)
 
     def to_dict(self) -> dict[str, float | None]:
-        return {"idle_time_us": self.idle_time_ns / 1e3, "compute_time_us": self.compute_time_ns / 1e3,
-                "non_compute_time_us": self.non_compute_time_ns / 1e3,
-                "kernel_time_us": self.kernel_time_ns / 1e3, "idle_time_pctg": self.idle_time_pctg,
+        return {"idle_time_s": self.idle_time_ns / 1e9, "compute_time_s": self.compute_time_ns / 1e9,
+                "non_compute_time_s": self.non_compute_time_ns / 1e9,
+                "kernel_time_s": self.kernel_time_ns / 1e9, "idle_time_pctg": self.idle_time_pctg,
                 "compute_time_pctg": self.compute_time_pctg,
                 "non_compute_time_pctg": self.non_compute_time_pctg}
 
@@ -220,9 +221,17 @@ class RankTraceOverlap:
     iterations: tuple[KernelOverlap, ...]
     dropped_step: str | None  # the last ProfilerStep, left out as HTA does (rule 3)
 
+    @property
+    def median_iteration_exposed_comm_s(self) -> float | None:
+        """The exposed communication of a typical iteration (a recording's is per step); None without any."""
+        if not self.iterations:
+            return None
+        return statistics.median(it.exposed_comm_ns for it in self.iterations) / 1e9
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"rank": self.rank, "file": self.path, "world_size": self.world_size}
         out.update(self.total.to_dict())
+        out["median_iteration_exposed_comm_s"] = self.median_iteration_exposed_comm_s
         out["dropped_step"] = self.dropped_step
         out["iterations"] = [it.to_dict() for it in self.iterations]
         return out
@@ -369,7 +378,14 @@ def analyze_traces(traces: Sequence[RankTrace]) -> tuple[RankTraceOverlap, ...]:
 
 def trace_report_from(traces: Sequence[RankTrace]) -> dict[str, Any]:
     """The JSON-ready report of ``zeromon report --trace``: per rank, the whole trace and each iteration."""
-    results = analyze_traces(traces)
+    return trace_report_of(analyze_traces(traces))
+
+
+def trace_report_of(results: Sequence[RankTraceOverlap]) -> dict[str, Any]:
+    """trace_report_from, from analyze_traces' results."""
     return {"source": "kineto", "files": [r.path for r in results],
-            "definitions": "Holistic Trace Analysis (get_comm_comp_overlap, get_temporal_breakdown)",
+            "definitions": "Holistic Trace Analysis (get_comm_comp_overlap, get_temporal_breakdown); per rank, "
+                           "comm_comp_overlap_pct, exposed_comm_s and temporal_breakdown are over the whole trace, "
+                           "median_iteration_exposed_comm_s over its iterations (each in iterations); times in "
+                           "seconds",
             "ranks": [r.to_dict() for r in results]}

@@ -5,15 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from zeromon.errors import ZeromonError
 from zeromon.model.units import format_bytes, parse_memory_size
 
 if TYPE_CHECKING:
     from zeromon.analysis.report import RankAnalysis, RunReport
+    from zeromon.analysis.trace_overlap import RankTraceOverlap
 
 NAME = "report"
 HELP = "analyse a recorded run (or PyTorch profiler traces): overlap, OOM risk, bandwidth, stragglers"
@@ -28,8 +31,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page with figures")
     parser.add_argument("--peak-busbw", metavar="RATE",
-                        help="the link's peak bus bandwidth per second, e.g. 200GB (reports the achieved share)")
-    parser.add_argument("--capacity", metavar="SIZE", help="memory capacity per rank to forecast against, e.g. 80GiB")
+                        help="the link's peak bus bandwidth per second, e.g. 200GB (reports the achieved share; "
+                             "recordings only)")
+    parser.add_argument("--capacity", metavar="SIZE",
+                        help="memory capacity per rank to forecast against, e.g. 80GiB (recordings only)")
 
 
 def _capacity_flag(value: str | None) -> int | None:
@@ -57,9 +62,23 @@ def run(args: argparse.Namespace) -> int:
     if bool(args.run_dir) == bool(args.trace):
         raise ZeromonError("zeromon report: give a RUN_DIR or --trace DIR (one of them)",
                            hint="zeromon report runs/x   or   zeromon report --trace profiler_traces/")
+    if args.html is not None and not args.html.strip():
+        raise ZeromonError("--html: give the file to write, e.g. --html report.html")
     if args.trace:
+        # Refused, not ignored: a user who passes them expects numbers the trace analysis has not.
+        if args.peak_busbw is not None:
+            raise ZeromonError("--peak-busbw is for recordings (RUN_DIR): the trace analysis has no bandwidth table")
+        if args.capacity is not None:
+            raise ZeromonError("--capacity is for recordings (RUN_DIR): the trace analysis has no memory forecast")
         return _trace_report(args)
     return _run_report(args)
+
+
+def _write_html(path: str, page: str) -> None:
+    try:
+        Path(path).write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise ZeromonError(f"--html {path}: cannot write: {exc.strerror}") from None
 
 
 def _run_report(args: argparse.Namespace) -> int:
@@ -74,10 +93,7 @@ def _run_report(args: argparse.Namespace) -> int:
         recordings = read_run(Path(args.run_dir))
         report = build_report(recordings, str(args.run_dir), peak_busbw=peak_busbw, capacity_bytes=capacity)
         text = format_run_report(report)
-        try:
-            Path(args.html).write_text(render_html(report, recordings, text), encoding="utf-8")
-        except OSError as exc:
-            raise ZeromonError(f"--html {args.html}: cannot write: {exc.strerror}") from None
+        _write_html(args.html, render_html(report, recordings, text))
     else:
         report = analyse_run(Path(args.run_dir), peak_busbw=peak_busbw, capacity_bytes=capacity)
         text = format_run_report(report)
@@ -98,14 +114,16 @@ def analyse_run(run_dir: Path, peak_busbw: float | None = None, capacity_bytes: 
     process), and only the ranks' analyses come back, to be combined here. A rank of half a million
     collectives takes ~2.5 s of one core to read and analyse, and sends back ~20 MB."""
     from zeromon.analysis.report import combine_report
-    from zeromon.model.codec import rank_files
+    from zeromon.model.codec import check_one_run, run_headers
 
-    files = rank_files(run_dir)
+    headers = run_headers(run_dir)  # the files' headers checked here; their RunInfo once analysed
+    files = [path for path, _ in headers]
     workers = min(len(files), workers or _usable_cpus())
     if workers <= 1:
         ranks = [_analyse_file(path, capacity_bytes) for path in files]
     else:
         ranks = _analyse_in_processes(files, capacity_bytes, workers)
+    check_one_run([(path, header, rank.run_info) for (path, header), rank in zip(headers, ranks, strict=True)])
     ranks.sort(key=lambda r: r.report.rank)  # as read_run orders the recordings
     return combine_report(ranks, str(run_dir), peak_busbw)
 
@@ -165,53 +183,80 @@ def _pct(ratio: float | None) -> str:
     return "-" if ratio is None else f"{100 * ratio:.0f}%"
 
 
-def format_run_report(report: Any) -> str:
+# The bandwidth rows printed: those that move the most bytes (--json has them all).
+BANDWIDTH_ROWS_SHOWN = 16
+
+
+def format_run_report(report: RunReport) -> str:
+    from zeromon.analysis.bandwidth import bucket_label, format_rate, format_share
+    from zeromon.analysis.recording_summary import corrupt_lines_note
+
     lines = [f"zeromon report: {report.run_dir} ({len(report.ranks)} of {report.world_size} ranks)", ""]
-    lines.append(f"{'rank':>4}  {'framework':<9} {'strategy':<13} {'steps':>5} {'step ms':>8} {'exposed ms':>10} "
+    lines.append(f"{'rank':>4}  {'framework':<9} {'strategy':<13} {'steps':>5} {'step ms':>8} {'exposed ms/step':>15} "
                  f"{'exposed':>7} {'overlap':>7} {'peak mem':>11} {'capacity':>11} {'risk':<8} busbw")
     for r in report.ranks:
-        busbw = ", ".join(f"{op} {bw / 1e9:.2f} GB/s" for op, bw in sorted(r.busbw_by_op.items())) or "-"
+        busbw = ", ".join(f"{op} {format_rate(bw)}" for op, bw in sorted(r.busbw_by_op.items())) or "-"
         lines.append(f"{r.rank:>4}  {r.framework:<9} {r.strategy:<13} {len(r.steps):>5} {_ms(r.median_step_s):>8} "
-                     f"{_ms(r.median_exposed_comm_s):>10} {_pct(r.median_exposed_share):>7} "
+                     f"{_ms(r.median_exposed_comm_s):>15} {_pct(r.median_exposed_share):>7} "
                      f"{_pct(r.median_overlap_ratio):>7} {format_bytes(r.peak_memory):>11} "
                      f"{format_bytes(r.capacity):>11} {r.oom.risk.value:<8} {busbw}")
-    lines.append("(medians over the steps after the first; exposed = communication not hidden behind compute)")
+    lines.append("(medians per step over the steps after the first; exposed = communication not hidden behind "
+                 "compute, and its share of the step)")
+    lines.extend(corrupt_lines_note(r.file, r.corrupt_lines) for r in report.ranks if r.corrupt_lines)
     if report.bandwidth:
+        heaviest = sorted(report.bandwidth, key=lambda b: -b.total_bytes)[:BANDWIDTH_ROWS_SHOWN]
+        shown = [b for b in report.bandwidth if b in heaviest]  # in the table's order: op, then size
         lines += ["", "bandwidth (nccl-tests busbw, median per op and message size):"]
-        for b in report.bandwidth[:12]:
-            share = f"  {b.peak_share:.0%} of peak" if b.peak_share is not None else ""
-            lines.append(f"  {b.op:<15} {'>= ' + format_bytes(b.size_bucket_bytes):<14} n={b.group_size:<4} "
-                         f"{b.count:>6} calls  {b.median_busbw / 1e9:8.3f} GB/s{share}")
+        for b in shown:
+            share = f"  {format_share(b.peak_share)} of peak" if b.peak_share is not None else ""
+            lines.append(f"  {b.op:<15} {bucket_label(b.size_bucket_bytes):<14} n={b.group_size:<4} "
+                         f"{b.count:>6} calls  {format_rate(b.median_busbw):>11}{share}")
+        if len(shown) < len(report.bandwidth):
+            lines.append(f"  ({len(report.bandwidth) - len(shown)} rows that move fewer bytes: --json has them)")
     lines += ["", f"findings ({len(report.findings)}):" if report.findings else "findings: none"]
     for f in report.findings:
-        where = f"rank {f.rank}" if f.rank is not None else "job"
-        lines.append(f"  [{f.severity.value}] {f.title} ({where})")
+        names_rank = f.rank is None or re.search(rf"\brank {f.rank}\b", f.title)
+        lines.append(f"  [{f.severity.value}] {f.title}" + ("" if names_rank else f" (rank {f.rank})"))
         lines.extend(f"      evidence: {e}" for e in f.evidence)
         lines.extend(f"      remedy: {r}" for r in f.remedies)
     return "\n".join(lines)
 
 
 def _trace_report(args: argparse.Namespace) -> int:
-    from zeromon.analysis.trace_overlap import trace_report_from
+    from zeromon.analysis.trace_overlap import analyze_traces, trace_report_of
     from zeromon.sources.kineto import load_traces
 
+    results = analyze_traces(load_traces(Path(args.trace)))
+    text = format_trace_report(results, str(args.trace))
     if args.html:
-        raise ZeromonError("--html is for recordings; with --trace use --json or the text table")
-    result = trace_report_from(load_traces(Path(args.trace)))
+        from zeromon.exporters.html_report import render_trace_html
+
+        _write_html(args.html, render_trace_html(results, str(args.trace), text))
     if args.json:
-        json.dump(result, sys.stdout, indent=1, default=str)
+        json.dump(trace_report_of(results), sys.stdout, indent=1, default=str)
         print()
         return 0
-    lines = [f"zeromon report: traces in {args.trace}", "",
-             f"{'rank':>4} {'iterations':>10} {'overlap':>8} {'exposed ms':>10} {'idle':>7} {'compute':>8} "
-             f"{'non-compute':>11}"]
-    for r in result["ranks"]:
-        tb = r.get("temporal_breakdown", {})
-        overlap = r.get("comm_comp_overlap_pct")
-        lines.append(f"{r['rank']:>4} {len(r.get('iterations', [])):>10} "
-                     f"{'-' if overlap is None else f'{overlap:.1f}%':>8} {_ms(r.get('exposed_comm_s')):>10} "
-                     f"{tb.get('idle_time_pctg', 0):>6.1f}% {tb.get('compute_time_pctg', 0):>7.1f}% "
-                     f"{tb.get('non_compute_time_pctg', 0):>10.1f}%")
-    lines.append("(overlap and temporal breakdown as Holistic Trace Analysis defines them)")
-    print("\n".join(lines))
+    print(text)
+    if args.html:
+        print(f"\nwrote {args.html}")
     return 0
+
+
+def format_trace_report(results: Sequence[RankTraceOverlap], source: str) -> str:
+    lines = [f"zeromon report: traces in {source}", "",
+             f"{'rank':>4} {'iterations':>10} {'overlap':>8} {'exposed ms/iter':>15} {'exposed ms total':>16} "
+             f"{'idle':>7} {'compute':>8} {'non-compute':>11}"]
+    for r in results:
+        tb = r.total.breakdown
+        overlap = r.total.comm_comp_overlap_pct
+        lines.append(f"{r.rank:>4} {len(r.iterations):>10} {'-' if overlap is None else f'{overlap:.1f}%':>8} "
+                     f"{_ms(r.median_iteration_exposed_comm_s):>15} {_ms(r.total.exposed_comm_ns / 1e9):>16} "
+                     f"{_share(tb.idle_time_pctg):>7} {_share(tb.compute_time_pctg):>8} "
+                     f"{_share(tb.non_compute_time_pctg):>11}")
+    lines.append("(exposed ms/iter: median over the profiled iterations; total: over the whole trace)")
+    lines.append("(overlap and temporal breakdown over the whole trace, as Holistic Trace Analysis defines them)")
+    return "\n".join(lines)
+
+
+def _share(pctg: float | None) -> str:
+    return "-" if pctg is None else f"{pctg:.1f}%"

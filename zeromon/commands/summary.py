@@ -10,7 +10,12 @@ HELP = "summarize a recorded run folder"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", metavar="RUN_DIR")
+    parser.description = ("A first look at a recorded run: per rank, the framework and sharding, steps and their "
+                          "median time, time blocked in collectives, the collectives recorded, peak memory and the "
+                          "bytes each step moves by ZeRO meaning; then dropped events, corrupt lines and the "
+                          "agent's notes. `zeromon report` gives the whole analysis.")
+    parser.add_argument("run_dir", metavar="RUN_DIR",
+                        help="a run folder written by `zeromon run --out RUN_DIR` (its rank-<r>.jsonl files)")
 
 
 def run(args: argparse.Namespace) -> int:

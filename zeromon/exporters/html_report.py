@@ -1,7 +1,9 @@
 """`zeromon report --html FILE`: one self-contained page (plotly.js inlined) with the report's figures.
 
-Figures: memory over time by category, the communication/computation timeline of one step,
-overlap and exposed communication per step, and bus bandwidth by op and message size.
+For a recording: memory over time by category, the communication/computation timeline of one step,
+overlap and exposed communication per step, and bus bandwidth by op and message size. For profiler
+traces (`--trace`): each rank's temporal breakdown and overlap, and exposed communication per
+iteration.
 """
 
 from __future__ import annotations
@@ -11,11 +13,95 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from zeromon.analysis.bandwidth import bucket_label, format_rate
+from zeromon.analysis.findings import Finding
 from zeromon.analysis.report import RunReport
+from zeromon.analysis.trace_overlap import RankTraceOverlap
 from zeromon.model.codec import Recording
 from zeromon.model.units import format_bytes
 
-_MB = 2**20
+# Categories far below the level they are part of (process RSS on CPU: a few MiB of parameters in
+# ~400 MiB) would be a flat line at zero on its axis: they get a plot of their own below it.
+SMALL_CATEGORIES_SHARE = 0.05
+
+
+def _unit(largest_bytes: float) -> tuple[str, int]:
+    """The binary unit that shows values up to ``largest_bytes`` with a few digits."""
+    for name, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if largest_bytes >= size:
+            return name, size
+    return "B", 1
+
+
+def _memory_figure(report: RunReport, recordings: Sequence[Recording], t0: int) -> Any:
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    first = recordings[0]
+    levels = []  # per rank: (label, [(t_ns, bytes)])
+    for rec in recordings:
+        points = [(m.t_ns, level) for m in rec.memory
+                  if (level := m.allocated if m.allocated is not None else m.rss) is not None]
+        label = "allocated" if any(m.allocated is not None for m in rec.memory) else "RSS"
+        levels.append((f"rank {rec.rank}: {label}", points))
+    walked = [m for m in first.memory if len(m.categories) > 1]
+    names = sorted({k for m in walked for k in m.categories})
+    # A category walk costs time, so the agent walks now and then: each walk holds until the next,
+    # and the last one to the rank's last sample, where the level line ends too.
+    times = [m.t_ns for m in walked]
+    values = {name: [m.categories.get(name, 0) for m in walked] for name in names}
+    if walked and first.memory[-1].t_ns > times[-1]:
+        times.append(first.memory[-1].t_ns)
+        for name in names:
+            values[name].append(values[name][-1])
+    stacked_peak = max((sum(column) for column in zip(*values.values(), strict=True)), default=0)
+    level_peak = max((v for _, points in levels for _, v in points), default=0)
+    apart = bool(names) and stacked_peak < SMALL_CATEGORIES_SHARE * level_peak
+    level_unit, level_size = _unit(level_peak)
+    cat_unit, cat_size = _unit(stacked_peak) if apart else (level_unit, level_size)
+
+    if apart:
+        fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.55, 0.45], vertical_spacing=0.12,
+                            subplot_titles=("level per rank",
+                                            f"rank {first.rank} by category ({cat_unit}; under "
+                                            f"{SMALL_CATEGORIES_SHARE:.0%} of the level, so drawn apart)"))
+        where: dict[str, int] = {"row": 2, "col": 1}
+        level_where: dict[str, int] = {"row": 1, "col": 1}
+    else:
+        fig = go.Figure()
+        where = level_where = {}
+    for name in names:
+        fig.add_trace(go.Scatter(x=[(t - t0) / 1e9 for t in times], y=[v / cat_size for v in values[name]],
+                                 name=f"rank {first.rank}: {name}", stackgroup="categories", mode="lines",
+                                 line={"shape": "hv"}), **where)
+    for label, points in levels:
+        fig.add_trace(go.Scatter(x=[(t - t0) / 1e9 for t, _ in points], y=[v / level_size for _, v in points],
+                                 name=label, mode="lines", line={"dash": "dot"}), **level_where)
+
+    capacity = report.ranks[0].capacity if report.ranks else None
+    peak = max((r.peak_memory or 0 for r in report.ranks), default=0)
+    title = f"Memory over time ({level_unit})"
+    if capacity and peak >= capacity / 4:
+        fig.add_hline(y=capacity / level_size, line_dash="dash", annotation_text="capacity", **level_where)
+    elif capacity:  # a line far above the data would flatten it: say it instead
+        title += f"; capacity {format_bytes(capacity)} per rank, far above these levels, is not drawn"
+    fig.update_layout(title=title)
+    fig.update_xaxes(title_text="seconds", **where)
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_yaxes(title_text=level_unit, **level_where)
+    if apart:
+        fig.update_yaxes(title_text=cat_unit, **where)
+    return fig
+
+
+def _percent_axis(title: str) -> dict[str, Any]:
+    """A right-hand 0-100 % axis over another: its own ticks (not the left axis' grid) and room above 100."""
+    return {"title": title, "overlaying": "y", "side": "right", "range": [0, 105], "tickmode": "array",
+            "tickvals": [0, 25, 50, 75, 100], "showgrid": False, "zeroline": False}
+
+
+# The legend's place beside a right-hand axis: past its tick labels and title.
+_LEGEND_PAST_RIGHT_AXIS = {"x": 1.1, "xanchor": "left"}
 
 
 def _figures(report: RunReport, recordings: Sequence[Recording]) -> list[tuple[str, Any]]:
@@ -24,30 +110,7 @@ def _figures(report: RunReport, recordings: Sequence[Recording]) -> list[tuple[s
     figures: list[tuple[str, Any]] = []
     first = recordings[0]
     t0 = min((m.t_ns for rec in recordings for m in rec.memory), default=0)
-
-    # Memory over time: categories of the first rank (stacked) and every rank's level.
-    mem = go.Figure()
-    sampled = [m for m in first.memory if len(m.categories) > 1]
-    names = sorted({k for m in sampled for k in m.categories})
-    for name in names:
-        mem.add_trace(go.Scatter(x=[(m.t_ns - t0) / 1e9 for m in sampled],
-                                 y=[m.categories.get(name, 0) / _MB for m in sampled],
-                                 name=f"rank {first.rank}: {name}", stackgroup="categories", mode="lines"))
-    for rec in recordings:
-        points = [(m.t_ns, level) for m in rec.memory
-                  if (level := m.allocated if m.allocated is not None else m.rss) is not None]
-        label = "allocated" if any(m.allocated is not None for m in rec.memory) else "RSS"
-        mem.add_trace(go.Scatter(x=[(t - t0) / 1e9 for t, _ in points], y=[v / _MB for _, v in points],
-                                 name=f"rank {rec.rank}: {label}", mode="lines", line={"dash": "dot"}))
-    capacity = report.ranks[0].capacity if report.ranks else None
-    peak = max((r.peak_memory or 0 for r in report.ranks), default=0)
-    title = "Memory over time (MiB)"
-    if capacity and peak >= capacity / 4:
-        mem.add_hline(y=capacity / _MB, line_dash="dash", annotation_text="capacity")
-    elif capacity:  # a line far above the data would flatten it: say it instead
-        title += f"; capacity {format_bytes(capacity)} per rank, above the plot"
-    mem.update_layout(title=title, xaxis_title="seconds", yaxis_title="MiB")
-    figures.append(("memory", mem))
+    figures.append(("memory", _memory_figure(report, recordings, t0)))
 
     # One step's timeline: phases and collectives of the first rank's median step.
     steps = [s for s in first.steps if s.step >= 1] or list(first.steps)
@@ -81,46 +144,118 @@ def _figures(report: RunReport, recordings: Sequence[Recording]) -> list[tuple[s
                                      y=[100 * r if (r := s.overlap_ratio) is not None else None for s in rank.steps],
                                      name=f"rank {rank.rank}: overlap %", mode="lines", yaxis="y2"))
     overlap.update_layout(title="Exposed communication and overlap per step", xaxis_title="step",
-                          yaxis={"title": "exposed ms"},
-                          yaxis2={"title": "overlap %", "overlaying": "y", "side": "right", "range": [0, 100]})
+                          yaxis={"title": "exposed ms", "rangemode": "tozero"}, yaxis2=_percent_axis("overlap %"),
+                          legend=_LEGEND_PAST_RIGHT_AXIS)
     figures.append(("overlap", overlap))
 
-    # Bandwidth by op and size.
+    # Bandwidth by op and size: each bucket [b, 4b) drawn at its middle (2b on the log axis).
     bandwidth = go.Figure()
+    buckets = sorted({b.size_bucket_bytes for b in report.bandwidth})
     for op in sorted({b.op for b in report.bandwidth}):
         rows = sorted((b for b in report.bandwidth if b.op == op), key=lambda b: b.size_bucket_bytes)
-        bandwidth.add_trace(go.Scatter(x=[max(b.size_bucket_bytes, 1024) for b in rows],
+        bandwidth.add_trace(go.Scatter(x=[_bucket_middle(b.size_bucket_bytes) for b in rows],
                                        y=[b.median_busbw / 1e9 for b in rows], name=op, mode="lines+markers",
-                                       hovertext=[f"{b.count} calls" for b in rows]))
+                                       hovertext=[f"{bucket_label(b.size_bucket_bytes)}: {b.count} calls, "
+                                                  f"{format_rate(b.median_busbw)}" for b in rows]))
     bandwidth.update_layout(title="Bus bandwidth by op and message size (nccl-tests busbw)",
-                            xaxis={"title": "message size (bytes, bucket lower bound)", "type": "log"},
-                            yaxis_title="GB/s")
+                            xaxis={"title": "message size", "type": "log", "tickmode": "array",
+                                   "tickvals": [_bucket_middle(b) for b in buckets],
+                                   "ticktext": [bucket_label(b) for b in buckets]},
+                            yaxis={"title": "GB/s", "rangemode": "tozero"})
     figures.append(("bandwidth", bandwidth))
     return figures
 
 
-def render_html(report: RunReport, recordings: Sequence[Recording], text_summary: str) -> str:
-    from plotly.offline import get_plotlyjs
+def _bucket_middle(bucket: int) -> int:
+    """Where a size bucket [b, 4b) sits on a log axis: 2b (512 for the one up to 1 KiB)."""
+    return 2 * bucket if bucket else 512
 
-    parts = [fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"zeromon-{name}")
-             for name, fig in _figures(report, recordings)]
-    findings = "".join(
+
+def _trace_figures(results: Sequence[RankTraceOverlap]) -> list[tuple[str, Any]]:
+    import plotly.graph_objects as go
+
+    figures: list[tuple[str, Any]] = []
+    labels = [f"rank {r.rank}" for r in results]
+
+    # Temporal breakdown per rank, as HTA draws it: shares of the kernel time.
+    breakdown = go.Figure()
+    for name, field in (("compute", "compute_time"), ("non-compute", "non_compute_time"), ("idle", "idle_time")):
+        parts = [r.total.breakdown for r in results]
+        breakdown.add_trace(go.Bar(y=labels, x=[getattr(b, f"{field}_pctg") for b in parts], name=name,
+                                   orientation="h", hovertext=[f"{getattr(b, f'{field}_ns') / 1e6:.1f} ms" for b in parts]))
+    breakdown.update_layout(title="Temporal breakdown per rank (% of GPU kernel time, whole trace)",
+                            barmode="stack", xaxis={"title": "% of kernel time", "range": [0, 100]},
+                            yaxis={"autorange": "reversed"})
+    figures.append(("trace-breakdown", breakdown))
+
+    # Overlap and exposed communication per rank, over the whole trace.
+    per_rank = go.Figure()
+    per_rank.add_trace(go.Bar(x=labels, y=[r.total.exposed_comm_ns / 1e6 for r in results], name="exposed comm (ms)",
+                              offsetgroup="exposed"))
+    per_rank.add_trace(go.Bar(x=labels, y=[r.total.comm_comp_overlap_pct for r in results], name="overlap %",
+                              yaxis="y2", offsetgroup="overlap"))
+    per_rank.update_layout(title="Exposed communication and overlap per rank (whole trace)",
+                           yaxis={"title": "exposed ms", "rangemode": "tozero"}, yaxis2=_percent_axis("overlap %"),
+                           legend=_LEGEND_PAST_RIGHT_AXIS)
+    figures.append(("trace-overlap", per_rank))
+
+    # Per iteration, where the trace has ProfilerStep iterations.
+    if any(r.iterations for r in results):
+        iterations = go.Figure()
+        for r in results:
+            x = [it.iteration for it in r.iterations]
+            iterations.add_trace(go.Scatter(x=x, y=[it.exposed_comm_ns / 1e6 for it in r.iterations],
+                                            name=f"rank {r.rank}: exposed comm (ms)", mode="lines+markers"))
+            iterations.add_trace(go.Scatter(x=x, y=[it.comm_comp_overlap_pct for it in r.iterations],
+                                            name=f"rank {r.rank}: overlap %", mode="lines+markers", yaxis="y2",
+                                            line={"dash": "dot"}))
+        numbers = sorted({it.iteration for r in results for it in r.iterations if it.iteration is not None})
+        ticks = {"tickmode": "array", "tickvals": numbers} if len(numbers) <= 20 else {"tickformat": "d"}
+        iterations.update_layout(title="Exposed communication and overlap per iteration",
+                                 xaxis={"title": "iteration (ProfilerStep#)", **ticks},
+                                 yaxis={"title": "exposed ms", "rangemode": "tozero"},
+                                 yaxis2=_percent_axis("overlap %"), legend=_LEGEND_PAST_RIGHT_AXIS)
+        figures.append(("trace-iterations", iterations))
+    return figures
+
+
+def _findings_html(findings: Sequence[Finding]) -> str:
+    return "".join(
         f"<li><b>[{html.escape(f.severity.value)}] {html.escape(f.title)}</b><ul>"
         + "".join(f"<li>{html.escape(e)}</li>" for e in f.evidence)
         + ("<li>remedies: " + "; ".join(html.escape(r) for r in f.remedies) + "</li>" if f.remedies else "")
         + "</ul></li>"
-        for f in report.findings) or "<li>none</li>"
-    step_ms = [r.median_step_s for r in report.ranks if r.median_step_s is not None]
-    subtitle = f"{len(report.ranks)} ranks" + (f", median step {statistics.median(step_ms) * 1e3:.1f} ms"
-                                                if step_ms else "")
+        for f in findings) or "<li>none</li>"
+
+
+def _page(source: str, subtitle: str, sections: str, figures: list[tuple[str, Any]]) -> str:
+    from plotly.offline import get_plotlyjs
+
+    parts = [fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"zeromon-{name}") for name, fig in figures]
     return f"""<!DOCTYPE html>
-<html><head><meta charset="utf-8"><title>zeromon report: {html.escape(report.run_dir)}</title>
+<html><head><meta charset="utf-8"><title>zeromon report: {html.escape(source)}</title>
 <script type="text/javascript">{get_plotlyjs()}</script>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1200px}} pre{{background:#f4f4f4;padding:1em;overflow:auto}}</style>
 </head><body>
-<h1>zeromon report</h1><p>{html.escape(report.run_dir)}: {html.escape(subtitle)}</p>
-<h2>Findings</h2><ul>{findings}</ul>
-<h2>Per rank</h2><pre>{html.escape(text_summary)}</pre>
+<h1>zeromon report</h1><p>{html.escape(source)}: {html.escape(subtitle)}</p>
+{sections}
 {''.join(parts)}
 </body></html>
 """
+
+
+def render_html(report: RunReport, recordings: Sequence[Recording], text_summary: str) -> str:
+    step_ms = [r.median_step_s for r in report.ranks if r.median_step_s is not None]
+    subtitle = f"{len(report.ranks)} ranks" + (f", median step {statistics.median(step_ms) * 1e3:.1f} ms"
+                                                if step_ms else "")
+    sections = (f"<h2>Findings</h2><ul>{_findings_html(report.findings)}</ul>\n"
+                f"<h2>Per rank</h2><pre>{html.escape(text_summary)}</pre>")
+    return _page(report.run_dir, subtitle, sections, _figures(report, recordings))
+
+
+def render_trace_html(results: Sequence[RankTraceOverlap], source: str, text_summary: str) -> str:
+    """The page of `zeromon report --trace DIR --html FILE`."""
+    subtitle = f"PyTorch profiler traces of {len(results)} rank{'s' if len(results) != 1 else ''}"
+    sections = (f"<h2>Per rank</h2><pre>{html.escape(text_summary)}</pre>\n"
+                "<p>Overlap and temporal breakdown as Holistic Trace Analysis defines them, over GPU kernels.</p>")
+    return _page(source, subtitle, sections, _trace_figures(results))

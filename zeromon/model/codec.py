@@ -427,9 +427,20 @@ def read_recording(path: str | Path) -> Recording:
     return rec
 
 
-def rank_files(run_dir: str | Path) -> list[Path]:
-    """The rank files of a run folder; an error naming the folder when there are none."""
+def _rank_in_name(path: Path) -> int | None:
+    """r of a file named rank-<r>.jsonl; None for another name the folder's glob matched."""
+    number = path.name.removeprefix("rank-").removesuffix(".jsonl")
+    return int(number) if number.isdigit() else None
+
+
+def run_headers(run_dir: str | Path) -> list[tuple[Path, dict[str, Any]]]:
+    """Each rank file of a run folder with its header, checked to be one run's (check_one_run):
+    an error naming the folder when it is not one or holds no rank file. Only the first line of
+    each file is read."""
     run_dir = Path(run_dir)
+    if run_dir.is_file():
+        raise ZeromonError(f"{run_dir}: is a file; a run is the folder of rank-<r>.jsonl files",
+                           hint=f"pass the folder that holds it: {run_dir.parent}")
     if not run_dir.is_dir():
         raise ZeromonError(f"{run_dir}: no such run folder")
     files = sorted(run_dir.glob("rank-*.jsonl"))
@@ -438,10 +449,74 @@ def rank_files(run_dir: str | Path) -> list[Path]:
             f"{run_dir}: no rank-<r>.jsonl recordings in this folder",
             hint="record a run with `zeromon run --out DIR -- CMD ...`",
         )
-    return files
+    headers = []
+    for path in files:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                first = handle.readline()
+        except OSError as exc:
+            raise ZeromonError(f"{path}: cannot open recording: {exc.strerror}") from None
+        if not first:
+            raise ZeromonError(f"{path}: the recording is empty (no header line)")
+        headers.append((path, read_header(path, first)))
+    check_one_run([(path, header, None) for path, header in headers])
+    return headers
+
+
+def rank_files(run_dir: str | Path) -> list[Path]:
+    """The rank files of a run folder, checked to be one run's (run_headers)."""
+    return [path for path, _ in run_headers(run_dir)]
+
+
+# What makes rank files one run's: each a value in the header (written by the agent at start) or in
+# the run's RunInfo. A value missing from a file (an older or hand-made one) is not compared.
+_IDENTITY = (("job", "job"), ("world_size", "world size"), ("framework", "framework"))
+_DIFFERENT_RUNS_HINT = ("a run folder holds the rank files of one run (the --out of one `zeromon run`): "
+                        "move the other run's files to a folder of their own")
+
+
+def _identity(header: dict[str, Any], info: RunInfo | None) -> dict[str, Any]:
+    values = {key: header.get(key) for key, _ in _IDENTITY}
+    if info is not None:
+        values["job"] = values["job"] or info.job
+        values["world_size"] = values["world_size"] or info.world_size
+        # "unknown": not yet detected (a rank that stopped early), so it tells runs apart by nothing.
+        values["framework"] = info.framework if info.framework != "unknown" else None
+    return values
+
+
+def check_one_run(files: Sequence[tuple[Path, dict[str, Any], RunInfo | None]]) -> None:
+    """Refuse rank files that are not one run's, naming them: a header's rank that is not the one
+    in the file's name (a copied or renamed file), two files of one rank, or a job, world size or
+    framework that differs between files (two runs' files in one folder). Every analysis would
+    otherwise match one run's collectives against another's and report stragglers that are not.
+
+    ``files``: each file with its header and, where read, its RunInfo (None: the header alone)."""
+    by_rank: dict[int, Path] = {}
+    first_seen: dict[str, tuple[Path, Any]] = {}
+    for path, header, info in files:
+        rank = header.get("rank")
+        named = _rank_in_name(path)
+        if named is not None and rank is not None and rank != named:
+            raise ZeromonError(f"{path}: the header says rank {rank}, the file name rank {named}",
+                               hint="a rank file keeps the name `zeromon run` gave it: was it copied or renamed?")
+        if isinstance(rank, int):
+            if rank in by_rank:
+                raise ZeromonError(f"{by_rank[rank]} and {path} are both rank {rank}",
+                                   hint="keep one recording per rank in a run folder (several runs mixed?)")
+            by_rank[rank] = path
+        for key, value in _identity(header, info).items():
+            if value is None:
+                continue
+            seen = first_seen.setdefault(key, (path, value))
+            if seen[1] != value:
+                label = dict(_IDENTITY)[key]
+                raise ZeromonError(f"{seen[0]} and {path} are from different runs: {label} {seen[1]!r} and "
+                                   f"{value!r}", hint=_DIFFERENT_RUNS_HINT)
 
 
 def read_run(run_dir: str | Path) -> list[Recording]:
-    """Read every rank file of a run folder, ordered by rank."""
+    """Read every rank file of a run folder, ordered by rank; an error when they are not one run's."""
     recordings = [read_recording(f) for f in rank_files(run_dir)]
+    check_one_run([(r.path, r.header, r.run_info) for r in recordings])
     return sorted(recordings, key=lambda r: r.rank)

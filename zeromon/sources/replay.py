@@ -39,7 +39,7 @@ from zeromon.analysis.comm_advice import overlap_findings_of_summaries
 from zeromon.analysis.findings import Finding
 from zeromon.analysis.oom import OomForecast, forecast
 from zeromon.errors import ZeromonError
-from zeromon.model.codec import Recording, read_recording
+from zeromon.model.codec import Recording, check_one_run, rank_files, read_recording
 from zeromon.model.columns import ColumnTable
 from zeromon.model.events import (
     AgentStats,
@@ -194,11 +194,16 @@ def load_tracks(run_dir: Path) -> list[_Track]:
     if not run_dir.is_dir():
         raise ZeromonError(f"replay {run_dir}: no such run folder",
                            hint="a run folder is the --out of `zeromon run` (it holds rank-<r>.jsonl files)")
-    files = sorted(run_dir.glob("rank-*.jsonl"))
-    if not files:
+    if not any(run_dir.glob("rank-*.jsonl")):
         raise ZeromonError(f"replay {run_dir}: no rank-<r>.jsonl recordings in this folder",
                            hint="record a run with `zeromon run --out DIR -- CMD ...`")
-    tracks = sorted((_track(read_recording(f)) for f in files), key=lambda t: t.rank)
+    tracks, identities = [], []
+    for path in rank_files(run_dir):  # one run's files, from their headers
+        recording = read_recording(path)
+        identities.append((recording.path, recording.header, recording.run_info))
+        tracks.append(_track(recording))  # one rank's records in memory at a time
+    check_one_run(identities)  # and one framework
+    tracks.sort(key=lambda t: t.rank)
     if all(t.last_ns < 0 for t in tracks):
         raise ZeromonError(f"replay {run_dir}: the recordings hold no records to play back",
                            hint="the run ended before its first step; record it again")
