@@ -5,7 +5,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+from bench.bench_analysis import write_recording
+
 from zeromon.cli import main
+from zeromon.model.units import parse_memory_size
 
 from conftest import child_env, zeromon
 
@@ -72,3 +76,180 @@ def test_run_endpoint_flags_are_checked_and_passed_to_the_ranks(tmp_path: Path) 
     out = zeromon("run", "--quiet", "--out", str(tmp_path), "--bind", "0.0.0.0", "--", sys.executable, "-c", "pass",
                   env=child_env(ZEROMON_TOKEN="s3cret"))
     assert out.returncode == 0 and "without ZEROMON_TOKEN" not in out.stderr, out.stderr
+
+
+def test_unknown_flag_points_to_the_subcommands_help() -> None:
+    out = zeromon("plan", "--params", "7B", "--bogus")
+    assert out.returncode == 2
+    assert "unrecognized arguments: --bogus" in out.stderr and "see `zeromon plan --help`" in out.stderr
+    out = zeromon("--bogus")
+    assert out.returncode == 2 and "see `zeromon --help`" in out.stderr
+
+
+@pytest.mark.parametrize(("args", "flag"), [
+    (["plan", "--params", "-7e9"], "--params"),
+    (["plan", "--params", "7B", "--gpu-memory", "-80GiB"], "--gpu-memory"),
+    (["lint", "tests/data/lint/clean.json", "--gpu-memory", "-80GiB"], "--gpu-memory"),
+    (["report", "tests/data/lint", "--capacity", "-5GiB"], "--capacity"),
+    (["report", "tests/data/lint", "--capacity", "-.5GiB"], "--capacity"),
+])
+def test_a_negative_value_reaches_its_flag(args: list[str], flag: str) -> None:
+    """argparse took '-7e9' for an option ("expected one argument"); the flag's own check says what is wrong."""
+    out = zeromon(*args)
+    assert out.returncode == 2
+    first = out.stderr.splitlines()[0]
+    assert first.startswith("zeromon: error:") and flag in first and "expected one argument" not in first
+    assert "must be" in first and "Traceback" not in out.stderr
+
+
+# --- memory sizes: plan --gpu-memory, lint --gpu-memory, report --capacity ---------------------------------
+
+
+def test_memory_size_accepts_a_size_with_a_unit() -> None:
+    assert parse_memory_size("80GiB", "--gpu-memory") == 80 * 2**30
+    assert parse_memory_size("40GB", "--gpu-memory") == 40 * 10**9
+    assert parse_memory_size("1MiB", "--gpu-memory") == 2**20  # the smallest accepted
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("80", "'80' has no unit and would be 80 bytes; did you mean --gpu-memory 80GiB?"),
+    ("0", "'0' must be more than 0 bytes"),
+    ("-80GiB", "'-80GiB' must be more than 0 bytes"),
+    ("80KiB", "'80KiB' is 81920 bytes, too small for a device's memory"),
+    ("eighty", "'eighty' is not a size"),
+    ("80 parsecs", "unknown unit 'parsecs'"),
+])
+def test_memory_size_refuses_what_cannot_be_a_devices_memory(text: str, expected: str) -> None:
+    with pytest.raises(ValueError) as info:
+        parse_memory_size(text, "--gpu-memory")
+    assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+def test_bare_number_memory_flags_exit_2_naming_the_flag(tmp_path: Path) -> None:
+    out = zeromon("lint", "tests/data/lint/clean.json", "--params", "1.3B", "--gpus", "8", "--gpu-memory", "80")
+    assert out.returncode == 2 and out.stdout == ""
+    first = out.stderr.splitlines()[0]
+    assert first.startswith("zeromon: error:") and "--gpu-memory" in first and "80GiB" in first
+    write_recording(tmp_path, events=400, samples=10)
+    assert zeromon("report", str(tmp_path), "--capacity", "80GiB").returncode == 0  # the recording is readable
+    out = zeromon("report", str(tmp_path), "--capacity", "80")
+    assert out.returncode == 2 and out.stdout == ""
+    first = out.stderr.splitlines()[0]
+    assert first.startswith("zeromon: error:") and "--capacity" in first and "80GiB" in first
+    assert "Traceback" not in out.stderr
+
+
+# --- the live export: zeromon run's endpoint checks, a reused --out, zeromon live and targets --------------
+
+
+def _first_error_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    return stderr.splitlines()[0]
+
+
+def test_run_checks_the_endpoint_address_and_ports_before_launching(tmp_path: Path) -> None:
+    ran = tmp_path / "ran"
+    cmd = [sys.executable, "-c", f"open({str(ran)!r}, 'w')"]
+    for args, env, named in ((["--bind", "bogus.invalid"], {}, "--bind bogus.invalid"),
+                             (["--bind", "999.1.1.1"], {}, "--bind 999.1.1.1"),
+                             ([], {"ZEROMON_BIND": "999.1.1.1"}, "ZEROMON_BIND=999.1.1.1"),
+                             (["--port", "65535"], {}, "--port 65535")):
+        torchrun = ["--nproc-per-node", "2"] if "--port" in args else []  # the ranks per node it will start
+        out = zeromon("run", "--quiet", "--out", str(tmp_path / "r"), *args, "--", *cmd, *torchrun,
+                      env=child_env(**env))
+        assert out.returncode == 2, out.stderr
+        assert named in _first_error_line(out.stderr), out.stderr
+        assert not ran.exists()  # refused before the command started
+    assert "65536" in zeromon("run", "--port", "65535", "--", "torchrun", "--nproc-per-node=2", "x.py").stderr
+    # An empty --bind is the default (loopback): nothing to warn about.
+    show = "import os; print(repr(os.environ['ZEROMON_BIND']))"
+    out = zeromon("run", "--quiet", "--out", str(tmp_path / "r"), "--bind", "", "--", sys.executable, "-c", show)
+    assert out.returncode == 0 and out.stdout.strip() == "''" and "warning" not in out.stderr, out.stderr
+    # The message says what a port may be; no hint line saying it again.
+    out = zeromon("run", "--port", "70000", "--", sys.executable, "-c", "pass")
+    assert out.returncode == 2 and "from 0 to 65535" in out.stderr and "hint:" not in out.stderr, out.stderr
+
+
+@pytest.mark.distributed
+def test_a_reused_out_folder_keeps_the_previous_run_aside(tmp_path: Path) -> None:
+    import json
+
+    from conftest import REPO, torchrun_args
+
+    out = tmp_path / "run"
+    scenario = REPO / "tests" / "scenarios" / "live_train.py"
+    first = zeromon("run", "--quiet", "--out", str(out), "--",
+                    *torchrun_args(2, scenario, "--steps", "3", "--sleep", "0"))
+    assert first.returncode == 0, first.stderr
+    second = zeromon("run", "--quiet", "--out", str(out), "--",
+                     *torchrun_args(1, scenario, "--steps", "3", "--sleep", "0"))
+    assert second.returncode == 0, second.stderr
+    aside = [p for p in out.iterdir() if p.name.startswith("previous-")]
+    assert len(aside) == 1 and f"moved to {aside[0]}" in second.stderr, second.stderr
+    # Nothing of the first run is lost, and none of its ranks passes for the second run's.
+    assert sorted(p.name for p in aside[0].glob("rank-*.jsonl")) == ["rank-0.jsonl", "rank-1.jsonl"]
+    assert sorted(p.name for p in (aside[0] / "endpoints").iterdir()) == ["rank-0.json", "rank-1.json"]
+    assert sorted(p.name for p in out.glob("rank-*.jsonl")) == ["rank-0.jsonl"]
+    targets = zeromon("targets", str(out))
+    assert targets.returncode == 0 and len(json.loads(targets.stdout)) == 1, targets.stdout
+
+
+def test_run_refuses_an_out_folder_where_a_run_is_still_going(tmp_path: Path) -> None:
+    import os
+
+    from zeromon.model.registry import EndpointEntry, run_entry_path, write_entry
+
+    # This test's own process stands for a rank that still runs there.
+    write_entry(run_entry_path(tmp_path, 0), EndpointEntry(
+        run_dir=str(tmp_path), run_id=tmp_path.name, job="j", host=os.uname().nodename, address="127.0.0.1",
+        port=9470, url="http://127.0.0.1:9470", rank=0, local_rank=0, world_size=1, pid=os.getpid(), start_ns=1,
+        token_required=False))
+    out = zeromon("run", "--quiet", "--out", str(tmp_path), "--", sys.executable, "-c", "pass")
+    assert out.returncode == 2 and "a run is still going there (rank 0" in _first_error_line(out.stderr)
+    assert (tmp_path / "endpoints" / "rank-0.json").exists()
+
+
+def test_live_and_targets_refuse_intervals_and_urls_they_cannot_use(tmp_path: Path) -> None:
+    for args in (["live", "--once", "--interval", "inf", str(tmp_path)], ["live", "--interval", "nan"],
+                 ["live", "--interval", "1e9"],
+                 ["targets", str(tmp_path), "--write", str(tmp_path / "sd.json"), "--interval", "inf"]):
+        out = zeromon(*args)
+        assert out.returncode == 2 and "--interval" in _first_error_line(out.stderr), (args, out.stderr)
+    out = zeromon("targets", str(tmp_path), "--interval", "5")  # without --write it would be ignored
+    assert out.returncode == 2 and "--interval goes with --write" in _first_error_line(out.stderr)
+    out = zeromon("live", "--once", "--prometheus", "http://[::1")
+    assert out.returncode == 2 and "--prometheus http://[::1: not a URL" in _first_error_line(out.stderr)
+
+
+def test_live_names_what_is_wrong_with_a_path_argument(tmp_path: Path) -> None:
+    out = zeromon("live", "--once", "/nonexistent/zeromon-dir")
+    assert out.returncode == 2 and "RUN_DIR /nonexistent/zeromon-dir: no such run folder" in out.stderr
+    recording = tmp_path / "rank-0.jsonl"
+    recording.write_text("")
+    for command in ("live", "targets"):
+        out = zeromon(command, str(recording))
+        first = _first_error_line(out.stderr)
+        assert out.returncode == 2 and "a file, not a run folder" in first and f"({tmp_path})" in first, first
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    out = zeromon("live", "--once", str(tmp_path / "a"), str(tmp_path / "b"))
+    assert out.returncode == 2 and "give one RUN_DIR, not 2" in _first_error_line(out.stderr)
+
+
+def test_live_without_a_run_waits_for_one(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+
+    from conftest import REPO
+
+    env = child_env(ZEROMON_REGISTRY=str(tmp_path / "empty"))
+    out = zeromon("live", "--once", env=env)
+    assert out.returncode == 1 and "waiting for a run" in out.stdout and "Traceback" not in out.stderr, out
+    proc = subprocess.Popen([sys.executable, "-m", "zeromon", "live", "--interval", "0.2"], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and "waiting for a run" in proc.stdout.readline()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0 and "Traceback" not in err, err

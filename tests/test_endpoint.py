@@ -8,6 +8,7 @@ a real Recorder.
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import shutil
@@ -24,9 +25,11 @@ from urllib.parse import urlsplit
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from zeromon.cli import main
 from zeromon.errors import ZeromonError
 from zeromon.model import registry
 from zeromon.model.codec import read_recording
+from zeromon.sources.live import LiveSource
 from zeromon_agent.config import AgentConfig, load_config
 from zeromon_agent.endpoint import AgentEndpoint
 from zeromon_agent.httpserver import HttpServer, Response, bind
@@ -294,14 +297,33 @@ def test_snapshot_refuses_bad_parameters(live: LiveRun, query: str, message: str
 
 
 def test_healthz_head_and_unknown_routes(live: LiveRun) -> None:
-    url = live.url(1)
+    entry = next(e for e in live.entries() if e.rank == 1)
+    url = entry.url
     status, headers, body = fetch(url, "/healthz")
-    assert status == 200 and json.loads(body) == {"status": "ok", "rank": 1}
+    assert status == 200 and json.loads(body) == {"status": "ok", "rank": 1, "agent": entry.agent_id}
+    assert headers["server"] == "zeromon-agent"  # no trailing space, no Python version
     status, headers, body = fetch(url, "/healthz", method="HEAD")
     assert status == 200 and body == b"" and int(headers["content-length"]) > 0
     status, _, body = fetch(url, "/nope")
     assert status == 404 and "/metrics" in json.loads(body)["routes"]
-    assert fetch(url, "/metrics", method="POST")[0] == 501
+    # Errors are JSON on every path, http.server's own ones included.
+    status, headers, body = fetch(url, "/metrics", method="POST")
+    assert status == 405 and headers["allow"] == "GET, HEAD" and "POST" in json.loads(body)["error"], body
+    status, headers, body = fetch(url, "/metrics", method="FROB")
+    assert status == 501 and headers["content-type"] == "application/json" and "FROB" in json.loads(body)["error"]
+
+
+def test_a_client_that_names_another_agent_gets_404(live: LiveRun) -> None:
+    # Ports are reused from job to job: a scraper of a run that ended names the agent it means.
+    entries = {e.rank: e for e in live.entries()}
+    assert entries[0].agent_id and entries[0].agent_id != entries[1].agent_id
+    assert entries[0].launch_id and entries[0].launch_id == entries[1].launch_id  # one torchrun
+    url, own = entries[0].url, entries[0].agent_id
+    for path in ("/metrics", "/api/v1/snapshot", "/healthz"):
+        assert fetch(url, f"{path}?agent={own}")[0] == 200, path
+        status, _, body = fetch(url, f"{path}?agent={entries[1].agent_id}")
+        assert status == 404 and json.loads(body)["agent_mismatch"] is True, (path, body)
+    assert snapshot(url, f"?steps=2&agent={own}")["rank"] == 0  # the parameter does not upset the others
 
 
 # --- hostile clients --------------------------------------------------------------------------------------
@@ -421,6 +443,10 @@ def test_token_is_required_on_every_route(recorder: Recorder, tmp_path: Path) ->
             assert fetch(endpoint.url, path, headers={"Authorization": "Bearer wrong"})[0] == 401
             status, _, _ = fetch(endpoint.url, path, headers={"Authorization": "Bearer s3cret"})
             assert status == (404 if path == "/nope" else 200), path
+        # The scheme is case-insensitive (RFC 7235); the token is not, and another scheme is refused.
+        for header, expected in (("bearer s3cret", 200), ("BEARER  s3cret ", 200), ("Bearer S3CRET", 401),
+                                 ("Basic s3cret", 401), ("Bearer", 401), ("s3cret", 401)):
+            assert fetch(endpoint.url, "/healthz", headers={"Authorization": header})[0] == expected, header
     finally:
         endpoint.stop()
     assert list((tmp_path / "registry").glob("*.json")) == []
@@ -477,6 +503,29 @@ def test_no_free_port_is_an_error_for_the_caller() -> None:
     finally:
         for sock in held:
             sock.close()
+
+
+def test_a_base_port_that_leaves_a_rank_no_port_says_so() -> None:
+    with pytest.raises(OSError, match=r"base port 65535 \+ local rank 1 = 65536, above 65535"):
+        bind("127.0.0.1", 65535, 1)
+
+
+def test_live_clients_do_not_take_another_runs_agent_for_the_rank(recorder: Recorder, tmp_path: Path) -> None:
+    # Job B's agent listens where run A's rank 0 did (every job starts at the same base port); A's
+    # entry is still in A's folder.
+    endpoint = _start(recorder, tmp_path, run_dir=tmp_path / "job-b")
+    try:
+        ended = dataclasses.replace(endpoint.entry, run_dir=str(tmp_path / "run-a"), run_id="run-a",
+                                    agent_id="0123456789abcdef")
+        registry.write_entry(registry.run_entry_path(tmp_path / "run-a", 0), ended)
+        view = LiveSource(run_dir=tmp_path / "run-a").poll()
+        assert [(r.rank, r.alive) for r in view.ranks] == [(0, False)], view.ranks
+        assert "another agent" in (view.ranks[0].error or ""), view.ranks[0].error
+        assert view.ranks[0].run_info is None and not view.ranks[0].steps  # nothing of job B's is shown as A's
+        assert main(["live", "--once", str(tmp_path / "run-a")]) == 1
+        assert LiveSource(run_dir=tmp_path / "job-b").poll().alive == 1  # B's own entry reaches B
+    finally:
+        endpoint.stop()
 
 
 def _non_loopback_address() -> str | None:

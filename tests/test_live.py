@@ -33,8 +33,8 @@ from zeromon.analysis.oom import OomForecast
 from zeromon.cli import main
 from zeromon.errors import ZeromonError
 from zeromon.model.events import AgentStats, MemorySample, PhaseSpan, RunInfo, StepSummary
-from zeromon.model.registry import EndpointEntry, run_entry_path, user_entry_path, write_entry
-from zeromon.sources.discovery import file_sd_groups, newest_local_run, parse_target
+from zeromon.model.registry import EndpointEntry, read_entry, run_entry_path, user_entry_path, write_entry
+from zeromon.sources.discovery import file_sd_groups, newest_local_run, parse_target, run_entries
 from zeromon.sources.fleet import RankView
 from zeromon.sources.live import LiveSource
 from zeromon.sources.promql import PrometheusFleet
@@ -121,7 +121,8 @@ class SimAgent:
         return EndpointEntry(run_dir=str(run_dir.resolve()), run_id=run_dir.name, job="sim", host=HOST,
                              address="127.0.0.1", port=self.port, url=f"http://127.0.0.1:{self.port}", rank=self.rank,
                              local_rank=self.rank, world_size=2, pid=pid or os.getpid(),
-                             start_ns=start_ns or self.start_ns, token_required=self.token is not None)
+                             start_ns=start_ns or self.start_ns, token_required=self.token is not None,
+                             agent_id=f"a{self.rank}", launch_id="sim")
 
     # Each step is 100 ms: forward, backward, optimizer phases; the cursor counts 4 events per step.
     def _step(self, s: int) -> StepSummary:
@@ -259,7 +260,7 @@ def test_run_dir_without_endpoints_exits_2(tmp_path: Path, capsys: pytest.Captur
     assert main(["live", "--once", str(tmp_path)]) == 2
     assert "no agent endpoints registered" in capsys.readouterr().err
     assert main(["targets", str(tmp_path / "missing")]) == 2
-    assert f"RUN_DIR {tmp_path / 'missing'}: no such folder" in capsys.readouterr().err
+    assert f"RUN_DIR {tmp_path / 'missing'}: no such run folder" in capsys.readouterr().err
 
 
 def test_targets_prints_file_sd_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -270,13 +271,18 @@ def test_targets_prints_file_sd_json(tmp_path: Path, capsys: pytest.CaptureFixtu
     (run_dir / "endpoints" / "rank-9.json").write_text("{not json")  # skipped, and said so
     assert main(["targets", str(run_dir)]) == 0
     out, err = capsys.readouterr()
-    assert json.loads(out) == [{"targets": ["127.0.0.1:9470", "127.0.0.1:9471"], "labels": {"zeromon_run": "run-a"}}]
+    # One group per rank: the agent's id goes into its scrape URL (?agent=), so no other agent passes for it.
+    assert json.loads(out) == [{"targets": ["127.0.0.1:9470"], "labels": {"zeromon_run": "run-a", "__param_agent": "a0"}},
+                               {"targets": ["127.0.0.1:9471"], "labels": {"zeromon_run": "run-a", "__param_agent": "a1"}}]
     assert "rank-9.json:1: not JSON" in err
 
 
 def test_file_sd_uses_the_host_name_for_a_wildcard_bind(tmp_path: Path) -> None:
     entry = dataclasses.replace(SimAgent(0, port=9470).entry(tmp_path / "r"), address="0.0.0.0", host="node-7")
-    assert file_sd_groups([entry]) == [{"targets": ["node-7:9470"], "labels": {"zeromon_run": "r"}}]
+    assert file_sd_groups([entry]) == [{"targets": ["node-7:9470"], "labels": {"zeromon_run": "r", "__param_agent": "a0"}}]
+    # An entry written before agent ids: scraped without one.
+    assert file_sd_groups([dataclasses.replace(entry, agent_id="")]) == [{"targets": ["node-7:9470"],
+                                                                        "labels": {"zeromon_run": "r"}}]
 
 
 def test_newest_local_run_prefers_a_live_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -293,7 +299,7 @@ def test_newest_local_run_prefers_a_live_process(tmp_path: Path, monkeypatch: py
     newest = newest_local_run()
     assert newest is not None and newest.run_dir == str(new.resolve()) and newest.alive
     assert main(["targets"]) == 0
-    assert json.loads(capsys.readouterr().out)[0]["labels"] == {"zeromon_run": "new"}
+    assert json.loads(capsys.readouterr().out)[0]["labels"]["zeromon_run"] == "new"
 
 
 def test_targets_without_any_local_run_exits_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -313,8 +319,8 @@ def test_targets_write_keeps_the_file_up_to_date(tmp_path: Path) -> None:
     try:
         def targets() -> list[str]:
             try:
-                return list(json.loads(out.read_text())[0]["targets"])
-            except (OSError, ValueError, IndexError):
+                return [t for group in json.loads(out.read_text()) for t in group["targets"]]
+            except (OSError, ValueError, KeyError):
                 return []
 
         assert wait_for(targets, what="the first file") == ["127.0.0.1:9470"]
@@ -492,6 +498,31 @@ def test_agents_that_register_later_are_picked_up(tmp_path: Path, agents: list[S
     source.stop()
 
 
+def test_a_reused_run_folder_shows_only_the_newest_launchs_ranks(tmp_path: Path, agents: list[SimAgent]) -> None:
+    # A 2-rank launch, then a 1-rank launch into the same folder: rank 1's entry is the first launch's.
+    run_dir = tmp_path / "run"
+    for agent in agents:
+        write_entry(run_entry_path(run_dir, agent.rank),
+                    dataclasses.replace(agent.entry(run_dir, start_ns=1), launch_id="first"))
+    write_entry(run_entry_path(run_dir, 0), dataclasses.replace(agents[0].entry(run_dir, start_ns=2), launch_id="second"))
+    assert [e.rank for e in run_entries(run_dir)] == [0]
+    assert [r.rank for r in LiveSource(run_dir=run_dir).poll().ranks] == [0]
+    assert agents[0].queries[-1]["agent"] == ["a0"]  # the live source names the agent it means
+    # Each host has its own launcher: another host's ranks of the run are not an older launch.
+    write_entry(run_entry_path(run_dir, 1), dataclasses.replace(agents[1].entry(run_dir, start_ns=1),
+                                                                launch_id="first", host="node-9"))
+    assert [e.rank for e in run_entries(run_dir)] == [0, 1]
+
+
+def test_a_prometheus_given_as_an_agent_target_is_pointed_out() -> None:
+    prom = FakePrometheus()
+    try:
+        view = LiveSource(targets=[prom.url.removeprefix("http://")]).poll()
+        assert "not a zeromon agent" in (view.ranks[0].error or "") and "--prometheus" in (view.ranks[0].error or "")
+    finally:
+        prom.stop()
+
+
 def test_no_arguments_finds_the_newest_local_run(tmp_path: Path, agents: list[SimAgent],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     registry = tmp_path / "registry"
@@ -516,6 +547,7 @@ class FakePrometheus:
 
     def __init__(self) -> None:
         self.series: list[tuple[dict[str, str], float]] = []
+        self.targets: list[dict[str, Any]] = []  # /api/v1/targets' activeTargets
         self.queries: list[str] = []
         self.error: str | None = None
         fake = self
@@ -536,6 +568,8 @@ class FakePrometheus:
         threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
 
     def answer(self, path: str, query: str) -> tuple[int, dict[str, Any]]:
+        if path == "/api/v1/targets":
+            return 200, {"status": "success", "data": {"activeTargets": self.targets, "droppedTargets": []}}
         if path != "/api/v1/query":
             return 404, {}
         if self.error is not None:
@@ -550,6 +584,9 @@ class FakePrometheus:
                     key = (labels.get("zeromon_run", ""), labels.get("job", ""))
                     runs[key] = max(value, runs.get(key, 0.0))
             result = [{"metric": {"zeromon_run": r, "job": j}, "value": [now, str(v)]} for (r, j), v in runs.items()]
+        elif query == 'up{zeromon_run!=""}':
+            result = [{"metric": labels, "value": [now, repr(value)]} for labels, value in self.series
+                      if labels["__name__"] == "up" and labels.get("zeromon_run")]
         else:
             run = query.split('zeromon_run="')[1].split('"')[0]
             result = [{"metric": labels, "value": [now, repr(value)]} for labels, value in self.series
@@ -659,6 +696,29 @@ def test_prometheus_without_zeromon_series_says_so() -> None:
     try:
         view = LiveSource(prometheus=prom.url).poll()
         assert view.ranks == () and "has no zeromon series" in (view.error or "")
+        # Targets listed but all down: how many, and why (Prometheus's last scrape error).
+        for port in (9470, 9471):
+            instance = f"127.0.0.1:{port}"
+            prom.series.append(({"__name__": "up", "instance": instance, "job": "zeromon", "zeromon_run": "r"}, 0.0))
+            prom.targets.append({"labels": {"instance": instance, "zeromon_run": "r"}, "health": "down",
+                                 "lastError": "server returned HTTP status 401 Unauthorized"})
+        error = LiveSource(prometheus=prom.url).poll().error or ""
+        assert "2 zeromon target(s), all down: server returned HTTP status 401 Unauthorized (127.0.0.1:9470)" in error
+        assert "bearer token" in error
+    finally:
+        prom.stop()
+
+
+def test_the_prometheus_view_leaves_unknown_values_empty() -> None:
+    # Prometheus has the last step's gauges and the run_info labels; the rest is unknown, not 0.
+    prom = FakePrometheus()
+    try:
+        prom.add_rank(0, "run-d", 3000.0, step=4)
+        rank = LiveSource(prometheus=prom.url).poll().ranks[0]
+        step = rank.last_step
+        assert step is not None and step.step == 4 and step.duration_s == pytest.approx(0.5)
+        assert (step.collectives, step.comm_bytes, step.blocked_s) == (None, None, None)
+        assert rank.run_info is not None and rank.run_info.pid is None and rank.run_info.torch_version is None
     finally:
         prom.stop()
 
@@ -715,9 +775,11 @@ def test_real_run_discovered_polled_listed_and_stale_after_it_ends(tmp_path: Pat
 
         # `zeromon targets RUN_DIR` and without arguments: the two ranks' endpoints as file_sd JSON.
         urls = [r.target for r in later.ranks]  # by rank
+        agent_ids = [read_entry(run_entry_path(run_dir, r)).agent_id for r in (0, 1)]
         assert main(["targets", str(run_dir)]) == 0
         groups = json.loads(capsys.readouterr().out)
-        assert groups == [{"targets": urls, "labels": {"zeromon_run": "run"}}]
+        assert groups == [{"targets": [url], "labels": {"zeromon_run": "run", "__param_agent": agent_id}}
+                          for url, agent_id in zip(urls, agent_ids, strict=True)]
         assert main(["targets"]) == 0
         assert json.loads(capsys.readouterr().out) == groups
         wait_for(lambda: json.loads(sd_file.read_text()) == groups, what="--write to list both ranks")

@@ -9,6 +9,7 @@ agents of a real 2-rank gloo training run, with a bearer token, through the file
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -480,7 +481,8 @@ def test_prometheus_scrapes_a_real_2_rank_run_through_zeromon_targets(
             env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         _wait_for(lambda: len(_listed_targets(targets)) == 2, 30, "zeromon targets to list both ranks", writer)
         groups = json.loads(targets.read_text())
-        assert [g["labels"] for g in groups] == [{"zeromon_run": run_dir.name}]
+        ids = [json.loads((run_dir / "endpoints" / f"rank-{r}.json").read_text())["agent_id"] for r in (0, 1)]
+        assert [g["labels"] for g in groups] == [{"zeromon_run": run_dir.name, "__param_agent": i} for i in ids]
 
         this_run = f'zeromon_steps_total{{zeromon_run="{run_dir.name}"}}'
 
@@ -493,6 +495,7 @@ def test_prometheus_scrapes_a_real_2_rank_run_through_zeromon_targets(
         active = server.api("targets", state="active")["data"]["activeTargets"]
         assert sorted(t["labels"]["instance"] for t in active) == sorted(_listed_targets(targets))
         assert all(t["health"] == "up" for t in active), [t["lastError"] for t in active]
+        assert sorted(t["scrapeUrl"].split("?agent=")[1] for t in active) == sorted(ids)  # each names its agent
         with pytest.raises(urllib.error.HTTPError) as refused:  # and the token was needed
             _LOCAL_HTTP.open(f"http://{active[0]['labels']['instance']}/metrics", timeout=10)
         assert refused.value.code == 401
@@ -567,3 +570,54 @@ def test_prometheus_scrapes_a_real_2_rank_run_through_zeromon_targets(
         writer_err = _stop(writer, signal.SIGINT, group=False) if writer is not None else ""
         _stop(train, signal.SIGTERM, group=True)
     assert writer.returncode == 0, writer_err  # Ctrl-C ends `zeromon targets --write` cleanly
+
+
+@needs_prometheus
+def test_a_port_taken_by_another_jobs_agent_is_down_not_read_as_the_ended_run(
+        tmp_path: Path, prometheus: Callable[..., PrometheusServer]) -> None:
+    # Run A ended; job B's agent now listens on the port A's rank 0 had (every job starts at the same
+    # base port), and `zeromon targets --write` still lists A. Prometheus must not file B's series
+    # under A: A's target is down (up == 0, which ZeromonRankDown fires on), B's is up.
+    from zeromon.model.registry import run_entry_path, write_entry
+    from zeromon.sources.discovery import file_sd_text, run_entries
+    from zeromon.sources.live import LiveSource
+    from zeromon_agent.endpoint import AgentEndpoint
+    from zeromon_agent.recorder import Recorder
+    from zeromon_agent.state import HotState
+
+    recorder = Recorder(HotState(), rank=0, writer=None, flush_interval_s=0.05)
+    recorder.start()
+    job_b = AgentEndpoint.start(recorder, rank=0, local_rank=0, world_size=1, job="job-b", run_dir=tmp_path / "job-b",
+                                address="127.0.0.1", base_port=0, token=None, registry_folder=tmp_path / "registry",
+                                notice=recorder.notice)
+    try:
+        run_a = tmp_path / "run-a"
+        write_entry(run_entry_path(run_a, 0), dataclasses.replace(
+            job_b.entry, run_dir=str(run_a), run_id="run-a", job="job-a", agent_id="00000000000000aa"))
+        targets = tmp_path / "zeromon-targets.json"
+        targets.write_text(file_sd_text(run_entries(run_a)))
+        server = prometheus(targets)
+
+        def scraped(run: str) -> dict[str, Any] | None:
+            active = server.api("targets", state="active")["data"]["activeTargets"]
+            found = [t for t in active if t["labels"].get("zeromon_run") == run and t["health"] != "unknown"]
+            return found[0] if found else None
+        _wait_for(lambda: scraped("run-a") is not None, 30, "Prometheus to scrape run A's target")
+        target = scraped("run-a")
+        assert target is not None and target["health"] == "down" and "404" in target["lastError"], target
+        assert [float(s["value"][1]) for s in server.query('up{zeromon_run="run-a"}')] == [0.0]
+        assert server.query('{__name__=~"zeromon_.+", zeromon_run="run-a"}') == []  # nothing of B's under A
+        # The live view through this Prometheus says why there is nothing to show.
+        fleet = LiveSource(prometheus=server.url).poll()
+        assert fleet.ranks == () and "1 zeromon target(s), all down" in (fleet.error or ""), fleet.error
+        assert "HTTP status 404" in (fleet.error or "") and "the run has ended" in (fleet.error or "")
+
+        # Listed with its own id, B's agent is scraped as usual.
+        targets.write_text(file_sd_text(run_entries(run_a) + run_entries(tmp_path / "job-b")))
+        _wait_for(lambda: (t := scraped("job-b")) is not None and t["health"] == "up", 30,
+                  "Prometheus to scrape job B's target")
+        assert server.query('zeromon_agent_start_time_seconds{zeromon_run="job-b"}')
+        assert [float(s["value"][1]) for s in server.query('up{zeromon_run="run-a"}')] == [0.0]
+    finally:
+        job_b.stop()
+        recorder.stop()

@@ -4,7 +4,13 @@ Rendering is cached (metrics.RENDER_TTL_S, snapshot.VIEW_TTL_S), so a scrape sto
 
 Bind: 127.0.0.1 unless asked (ZEROMON_BIND). Port: ZEROMON_PORT + local rank, else the next free one
 up to PORT_TRIES above it (said in a Notice); 0 picks any free port. ZEROMON_TOKEN, when set, is
-required on every route as ``Authorization: Bearer <token>`` (401 otherwise).
+required on every route as ``Authorization: Bearer <token>`` (401 otherwise; the scheme's case does
+not matter, RFC 7235).
+
+Ports are reused from run to run, so a client says which agent it means: ``?agent=<agent_id>`` (the
+id in the agent's registry entry; Prometheus sends it from the file_sd list). Asked for another
+agent, this one answers 404: a scrape of a run that ended then fails (``up`` 0) rather than reading
+the job that took its port.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,19 +37,24 @@ INLINE_PATHS = frozenset({"/metrics", "/healthz"})  # cheap and cached: answered
 # --- the agent's routes ---------------------------------------------------------------------------------
 
 class EndpointApp:
-    """Routes: /metrics, /api/v1/snapshot, /healthz; the token check in front of all of them."""
+    """Routes: /metrics, /api/v1/snapshot, /healthz; the agent id and token checks in front of all of them."""
 
-    def __init__(self, live: LiveData, metrics: MetricsRenderer, token: str | None) -> None:
+    def __init__(self, live: LiveData, metrics: MetricsRenderer, token: str | None, agent_id: str = "") -> None:
         self.live = live
         self.metrics = metrics
-        self._expected = f"Bearer {token}".encode() if token else None
+        self.agent_id = agent_id
+        self._expected = token.encode() if token else None
 
     def __call__(self, request: Request) -> Response:
-        if self._expected is not None:
-            given = (request.headers.get("Authorization") or "").strip().encode("utf-8", "replace")
-            if not hmac.compare_digest(given, self._expected):
-                return Response(401, b'{"error":"a bearer token is required (ZEROMON_TOKEN)"}\n',
-                                headers=(("WWW-Authenticate", 'Bearer realm="zeromon"'),))
+        # Before the token: a client of the run that ended learns that, not that it lacks this job's token.
+        asked = request.query.get(registry.AGENT_PARAM)
+        if asked is not None and asked[-1] != self.agent_id:
+            return json_response(404, {"error": "another agent listens on this port now: the agent asked for "
+                                                "has stopped (its run ended or the rank restarted elsewhere)",
+                                        "agent_mismatch": True})
+        if self._expected is not None and not self._authorized(request.headers.get("Authorization")):
+            return Response(401, b'{"error":"a bearer token is required (ZEROMON_TOKEN)"}\n',
+                            headers=(("WWW-Authenticate", 'Bearer realm="zeromon"'),))
         if request.path == "/metrics":
             body, content_type = self.metrics.render(request.headers.get("Accept"))
             return Response(200, body, content_type)
@@ -53,12 +65,34 @@ class EndpointApp:
                 return json_response(400, {"error": str(exc)})
             return json_response(200, document)
         if request.path == "/healthz":
-            return json_response(200, {"status": "ok", "rank": self.live.identity.rank})
+            return json_response(200, {"status": "ok", "rank": self.live.identity.rank, "agent": self.agent_id})
         return json_response(404, {"error": f"no such route: {request.path}",
                                    "routes": ["/metrics", "/api/v1/snapshot", "/healthz"]})
 
+    def _authorized(self, header: str | None) -> bool:
+        """``Bearer <token>``, the scheme in any case (RFC 7235); the token compared in constant time."""
+        assert self._expected is not None
+        parts = (header or "").split(None, 1)
+        scheme = parts[0] if parts else ""
+        given = parts[1].strip().encode("utf-8", "replace") if len(parts) == 2 else b""
+        # compare_digest runs even for a wrong scheme, so the answer's timing says nothing about the token.
+        return hmac.compare_digest(given, self._expected) and scheme.lower() == "bearer"
+
 
 # --- the agent's side -------------------------------------------------------------------------------------
+
+def launch_id() -> str:
+    """The launcher of this rank (torchrun, mpirun's daemon, ...) as ``<pid>-<start time in clock ticks>``:
+    the same for every rank it started on this host, another for the next launch (a pid may come back,
+    with another start time). Only the pid where /proc is missing."""
+    ppid = os.getppid()
+    try:
+        with open(f"/proc/{ppid}/stat") as f:
+            started = f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return str(ppid)
+    return f"{ppid}-{started}"
+
 
 class AgentEndpoint:
     """One agent's endpoint: the server, its live data, and its entries in the registry."""
@@ -86,11 +120,13 @@ class AgentEndpoint:
             notice("warning", "endpoint", message)
         host = os.uname().nodename
         start_ns = time.time_ns()
+        agent_id = secrets.token_hex(8)
         identity = Identity(rank=rank, local_rank=local_rank, world_size=world_size, host=host, pid=os.getpid(),
                             job=job, start_ns=start_ns)
         live = LiveData(recorder, identity)
         try:
-            server = HttpServer(sock, EndpointApp(live, MetricsRenderer(live), token), inline_paths=INLINE_PATHS)
+            server = HttpServer(sock, EndpointApp(live, MetricsRenderer(live), token, agent_id),
+                                inline_paths=INLINE_PATHS)
         except BaseException:
             sock.close()
             raise
@@ -102,7 +138,8 @@ class AgentEndpoint:
             entry = registry.EndpointEntry(
                 run_dir=str(run_path), run_id=run_path.name, job=job, host=host, address=bound, port=port,
                 url=registry.url_for(bound, port), rank=rank, local_rank=local_rank, world_size=world_size,
-                pid=identity.pid, start_ns=start_ns, token_required=bool(token))
+                pid=identity.pid, start_ns=start_ns, token_required=bool(token), agent_id=agent_id,
+                launch_id=launch_id())
         except BaseException:
             server.stop()
             raise

@@ -59,7 +59,8 @@ def bind(address: str, base_port: int, local_rank: int, tries: int = PORT_TRIES)
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
     wanted = [0] if base_port == 0 else \
         [p for p in range(base_port + local_rank, base_port + local_rank + tries + 1) if p <= 65535]
-    last: OSError = OSError(f"no port to try from {base_port + local_rank}")
+    last: OSError = OSError(f"no port to try: base port {base_port} + local rank {local_rank} = "
+                            f"{base_port + local_rank}, above 65535 (ZEROMON_PORT, zeromon run --port)")
     for port in wanted:
         sock = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -111,7 +112,6 @@ class _Handler(BaseHTTPRequestHandler):
     """Parses one request head and writes the whole response into a buffer, for one send."""
 
     server_version = "zeromon-agent"
-    sys_version = ""
     protocol_version = "HTTP/1.0"  # one request per connection
 
     def setup(self) -> None:
@@ -129,6 +129,37 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_HEAD(self) -> None:  # noqa: N802
         self._answer(head_only=True)
+
+    def _not_allowed(self) -> None:
+        """Every route is read-only: a JSON 405 naming the methods that work, like every other error."""
+        body = json_response(405, {"error": f"method {self.command} is not allowed: GET or HEAD"}).body
+        self.send_response(405)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Allow", "GET, HEAD")
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed  # noqa: N815 - http.server's naming
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        """http.server's errors (a malformed request line, an unknown method: 400, 501, ...) as JSON, not HTML."""
+        self.close_connection = True
+        self.request_version = "HTTP/1.0"  # a status line even for a request line it could not parse
+        try:
+            phrase = HTTPStatus(code).phrase
+        except ValueError:
+            phrase = ""
+        body = json_response(code, {"error": message or phrase}).body
+        self.send_response(code, phrase)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def version_string(self) -> str:
+        return self.server_version  # http.server adds " <python version>"; sys_version "" left a trailing space
 
     def _answer(self, head_only: bool) -> None:
         url = urlsplit(self.path)

@@ -173,8 +173,9 @@ class AgentCollector(Collector):
                                    m.allocated)
             yield from self._gauge("zeromon_memory_reserved_bytes", "Caching allocator: bytes reserved.", m.reserved)
             yield from self._gauge("zeromon_memory_rss_bytes", "Resident set size of the training process.", m.rss)
-            yield from self._gauge("zeromon_memory_capacity_bytes", "Memory capacity: device total on GPU, cgroup "
-                                   "or physical limit on CPU.", m.capacity)
+            yield from self._gauge("zeromon_memory_capacity_bytes", "Memory capacity: device total on GPU; on CPU "
+                                   "a rank's share of host memory (host RAM or the cgroup limit, divided by the "
+                                   "ranks on this host).", m.capacity)
         peak = m.peak_allocated if m is not None and m.peak_allocated is not None else \
             oom.peak_bytes if oom is not None else None
         yield from self._gauge("zeromon_memory_peak_bytes", "Highest memory level seen: the allocator's peak "
@@ -226,8 +227,8 @@ class AgentCollector(Collector):
 
     def _agent(self, view: View) -> Iterator[Metric]:
         s = view.stats
-        yield from self._counter("zeromon_agent_events_recorded", "Events the agent's hooks recorded.",
-                                 s.events_recorded)
+        yield from self._counter("zeromon_agent_events_recorded", "Collective calls the agent's hooks recorded "
+                                 "(phases, steps and memory samples are not counted).", s.events_recorded)
         yield from self._counter("zeromon_agent_events_dropped", "Events dropped because the agent's bounded "
                                  "buffer was full.", s.events_dropped)
         yield from self._counter("zeromon_agent_hook_errors", "Exceptions caught inside zeromon's hooks "

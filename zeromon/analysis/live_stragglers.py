@@ -46,10 +46,11 @@ def straggler_finding(steps_by_rank: Mapping[int, Sequence[StepSummary]]) -> Fin
     step_s: list[float] = []
     for rank, steps in steps_by_rank.items():
         window = [s for s in steps[-2 * RECENT_STEPS:] if first <= s.step <= newest_common]
-        if not window:
+        waits = [s.blocked_s for s in window if s.blocked_s is not None]
+        if not window or len(waits) < len(window):  # blocked time unknown (steps read through Prometheus)
             return None
-        busy[rank] = statistics.median(max(0.0, s.duration_s - s.blocked_s) for s in window)
-        blocked[rank] = statistics.median(s.blocked_s for s in window)
+        busy[rank] = statistics.median(max(0.0, s.duration_s - w) for s, w in zip(window, waits, strict=True))
+        blocked[rank] = statistics.median(waits)
         step_s.append(statistics.median(s.duration_s for s in window))
     typical_step_s = statistics.median(step_s)
     if typical_step_s <= 0:

@@ -20,15 +20,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--write", metavar="FILE",
                         help="write the list to FILE (atomically) and rewrite it whenever it changes, until "
                              "interrupted; point a file_sd_configs entry of Prometheus at FILE")
-    parser.add_argument("--interval", metavar="S", type=float, default=2.0,
+    parser.add_argument("--interval", metavar="S", type=float,
                         help="with --write: seconds between looks at the registry (default 2)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from zeromon.commands.live import check_interval
     from zeromon.sources.discovery import file_sd_text, resolve_run_dir, run_endpoints_folder, run_entries
 
-    if not args.interval > 0:
-        raise ZeromonError(f"--interval {args.interval}: must be a number of seconds > 0")
+    if args.interval is not None:
+        if args.write is None:  # printing once has nothing to repeat
+            raise ZeromonError("zeromon targets: --interval goes with --write FILE (it sets how often FILE is "
+                               "brought up to date)", hint="zeromon targets RUN_DIR --write FILE --interval 5")
+        check_interval(args.interval)
     if args.write is None:
         run_dir = resolve_run_dir(args.run_dir)
         problems: list[str] = []
@@ -41,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
                                     "(ZEROMON_ENDPOINT=1, the default)")
         sys.stdout.write(file_sd_text(entries))
         return 0
-    return _keep_writing(Path(args.write), args.run_dir, args.interval)
+    return _keep_writing(Path(args.write), args.run_dir, args.interval if args.interval is not None else 2.0)
 
 
 def _keep_writing(path: Path, run_dir_arg: str | None, interval_s: float) -> int:

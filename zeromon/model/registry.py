@@ -6,6 +6,10 @@ reader never sees half a file): in the run folder, ``<run_dir>/endpoints/rank-<R
 ``~/.cache/zeromon/agents``) as ``<host>-<pid>.json``, which lets a client find the newest local
 run by itself. The user-level file is removed when the agent stops cleanly; a crashed agent leaves
 one behind, which ``pid_alive`` tells apart on the same host.
+
+Ports are reused: once a run ends, another job's rank may listen on its old port. Each entry
+therefore carries the agent's ``agent_id``, which clients send as ``?agent=<id>`` (Prometheus too,
+through the file_sd group's ``__param_agent`` label); an agent asked for another id answers 404.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import json
 import os
 import socket
 import tempfile
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +27,7 @@ SCHEMA = "zeromon.endpoint/1"
 ENDPOINTS_DIR = "endpoints"  # inside a run folder
 DEFAULT_REGISTRY = "~/.cache/zeromon/agents"
 REGISTRY_ENV = "ZEROMON_REGISTRY"
+AGENT_PARAM = "agent"  # the query parameter that names the agent a client means (its agent_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +47,9 @@ class EndpointEntry:
     pid: int
     start_ns: int  # Unix ns when the endpoint started
     token_required: bool
+    # Keys added later; an entry written without them reads as "" (unknown).
+    agent_id: str = ""  # random, this agent's own: an agent asked for another one answers 404
+    launch_id: str = ""  # the process that started the ranks on this host (pid and start time): one per launch
 
     def to_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **asdict(self)}
@@ -57,6 +65,8 @@ class EndpointEntry:
         values: dict[str, Any] = {}
         for f in fields(cls):
             if f.name not in data:
+                if f.default is not MISSING:
+                    continue
                 raise ValueError(f"missing key {f.name!r}")
             value = data[f.name]
             want = {"int": int, "bool": bool, "str": str}[str(f.type)]

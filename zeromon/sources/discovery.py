@@ -5,6 +5,9 @@ Every agent registers its endpoint (zeromon.model.registry) in its run folder,
 folder lists every rank of a run (all of them when the folder is on a shared file system); the
 user-level index lists the agents of this machine, which is how a client with no arguments finds
 the newest local run. This module reads both and writes Prometheus's file_sd target lists.
+
+A run folder used again keeps the entries of the launch before (a rank that the new launch does not
+have): of each host's entries for a run folder, only the newest launch's count (``launch_id``).
 """
 
 from __future__ import annotations
@@ -14,12 +17,20 @@ import json
 import os
 import socket
 import tempfile
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from zeromon.errors import ZeromonError
-from zeromon.model.registry import ENDPOINTS_DIR, EndpointEntry, pid_alive, read_entry, registry_dir
+from zeromon.model.registry import (
+    AGENT_PARAM,
+    ENDPOINTS_DIR,
+    EndpointEntry,
+    pid_alive,
+    read_entry,
+    registry_dir,
+)
 
 _TARGET_HINT = "a target is host:port, e.g. 127.0.0.1:9470 (an IPv6 address in brackets: [::1]:9470)"
 
@@ -71,6 +82,14 @@ def entry_target(entry: EndpointEntry) -> Target:
     return parse_target(where, what=f"endpoint of rank {entry.rank} ({entry.run_dir})")
 
 
+def agent_query(entry: EndpointEntry | None) -> str:
+    """``&agent=<agent_id>`` for a request to ``entry``'s agent (any other agent on that port answers
+    404); "" without an entry or an id."""
+    if entry is None or not entry.agent_id:
+        return ""
+    return f"&{AGENT_PARAM}={urllib.parse.quote(entry.agent_id, safe='')}"
+
+
 class EntryFolder:
     """A registry folder, read again cheaply: a file is parsed only when its size or mtime changed.
 
@@ -82,7 +101,8 @@ class EntryFolder:
         self._cache: dict[str, tuple[tuple[int, int], EndpointEntry | None, str | None]] = {}
 
     def read(self, problems: list[str] | None = None) -> list[EndpointEntry]:
-        """The readable entries, ordered by (run, rank, pid); unreadable ones named in ``problems``."""
+        """The readable entries of each run folder's newest launch per host (``current_launches``),
+        ordered by (run, rank, pid); unreadable ones named in ``problems``."""
         try:
             listing = [e for e in os.scandir(self.folder) if e.name.endswith(".json") and not e.name.startswith(".")]
         except (FileNotFoundError, NotADirectoryError):
@@ -113,7 +133,19 @@ class EntryFolder:
                 entries.append(entry)
             elif problem is not None and problems is not None:
                 problems.append(problem)
-        return sorted(entries, key=lambda e: (e.run_dir, e.rank, e.pid))
+        return sorted(current_launches(entries), key=lambda e: (e.run_dir, e.rank, e.pid))
+
+
+def current_launches(entries: list[EndpointEntry]) -> list[EndpointEntry]:
+    """The entries of the newest launch (the one whose agent started last) of each run folder on each
+    host: a rank that only the launch before had is not one of this run's. A launch spans hosts, and
+    each host's launcher has its own id, hence one newest launch per host."""
+    newest: dict[tuple[str, str], EndpointEntry] = {}
+    for entry in entries:
+        key = (entry.run_dir, entry.host)
+        if key not in newest or entry.start_ns > newest[key].start_ns:
+            newest[key] = entry
+    return [e for e in entries if e.launch_id == newest[(e.run_dir, e.host)].launch_id]
 
 
 def run_endpoints_folder(run_dir: str | Path) -> Path:
@@ -169,8 +201,11 @@ def resolve_run_dir(run_dir: str | None, what: str = "RUN_DIR") -> Path:
     """
     if run_dir is not None:
         path = Path(run_dir)
+        if path.is_file():
+            raise ZeromonError(f"{what} {run_dir}: a file, not a run folder; give the folder it is in "
+                               f"({path.parent})")
         if not path.is_dir():
-            raise ZeromonError(f"{what} {run_dir}: no such folder",
+            raise ZeromonError(f"{what} {run_dir}: no such run folder",
                                hint="a run folder is the --out of `zeromon run` (ZEROMON_OUT)")
         return path
     registry = registry_dir()
@@ -186,18 +221,20 @@ def resolve_run_dir(run_dir: str | None, what: str = "RUN_DIR") -> Path:
 
 
 def file_sd_groups(entries: list[EndpointEntry]) -> list[dict[str, Any]]:
-    """Prometheus file_sd groups: one per run, its ranks' ``host:port`` as targets.
+    """Prometheus file_sd groups: one per rank, its ``host:port`` as the target, by run and rank.
 
     The metrics carry ``rank``, ``job`` and ``host`` themselves; the scrape config keeps them with
-    ``honor_labels: true``. The ``zeromon_run`` label tells runs apart in PromQL.
+    ``honor_labels: true``. The ``zeromon_run`` label tells runs apart in PromQL. ``__param_agent``
+    makes Prometheus scrape ``/metrics?agent=<agent_id>``: once the rank has ended, whatever agent
+    takes its port (the next job's: every job starts at the same base port) answers 404, so the
+    target is down (``up`` 0) instead of filing another job's series under this run.
     """
-    by_run: dict[str, list[EndpointEntry]] = {}
-    for entry in entries:
-        by_run.setdefault(entry.run_id, []).append(entry)
     groups = []
-    for run_id in sorted(by_run):
-        targets = list(dict.fromkeys(e.target for e in sorted(by_run[run_id], key=lambda e: e.rank)))
-        groups.append({"targets": targets, "labels": {"zeromon_run": run_id}})
+    for entry in sorted(entries, key=lambda e: (e.run_id, e.rank)):
+        labels = {"zeromon_run": entry.run_id}
+        if entry.agent_id:  # an entry from before agent ids: scraped without one
+            labels[f"__param_{AGENT_PARAM}"] = entry.agent_id
+        groups.append({"targets": [entry.target], "labels": labels})
     return groups
 
 

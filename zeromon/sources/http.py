@@ -257,8 +257,24 @@ class HttpFetcher:
 
 
 def http_status_error(status: int, reason: str, body: bytes, has_token: bool) -> str:
+    """What an agent's non-200 answer means, for RankView.error."""
     if status == 401:
         return ("401: the agent requires a bearer token; set ZEROMON_TOKEN (or --token)" if not has_token
                 else "401: the agent refused the token (ZEROMON_TOKEN / --token)")
     detail = body[:200].decode("utf-8", "replace").strip()
+    if status == 404:
+        doc = _json_object(body)
+        if doc is None or not isinstance(doc.get("error"), str):  # an agent's 404 is JSON with an "error"
+            return (f"HTTP 404 {reason}" + (f": {detail}" if detail else "") + ": not a zeromon agent (a "
+                    "Prometheus server? read it with --prometheus URL)")
+        if doc.get("agent_mismatch") is True:  # asked with ?agent=: the rank's agent is gone, another has its port
+            return "its agent has stopped: another agent (another run's) listens on its port now"
     return f"HTTP {status} {reason}" + (f": {detail}" if detail else "")
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    try:
+        doc = json_loads(body)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None

@@ -18,6 +18,7 @@ import urllib.parse
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 from zeromon.analysis.findings import Severity
 from zeromon.analysis.oom import OomForecast
@@ -30,6 +31,8 @@ STEPS_KEPT = 64
 # The newest run: the one whose agents started last. zeromon_run is the label `zeromon targets` puts on
 # its file_sd groups; without it (a hand-written scrape config) the metrics' own job label tells runs apart.
 RUNS_QUERY = "max by (zeromon_run, job) (zeromon_agent_start_time_seconds)"
+# The scrape health of the targets `zeromon targets` listed, when there is no zeromon series to read.
+TARGETS_QUERY = 'up{zeromon_run!=""}'
 # Everything of one run in one query; histogram buckets are left out (the view needs sums and counts).
 SERIES_QUERY = '{{__name__=~"up|zeromon_.+",__name__!~".+_bucket|.+_created",{selector}}}'
 _RISK = {0: Severity.OK, 1: Severity.WARN, 2: Severity.CRITICAL}
@@ -50,7 +53,11 @@ class PromQL:
     """A minimal client of Prometheus's instant-query API (``GET /api/v1/query``)."""
 
     def __init__(self, url: str, timeout_s: float = 5.0, token: str | None = None) -> None:
-        parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+        try:
+            parts = urllib.parse.urlsplit(url if "://" in url else f"http://{url}")
+        except ValueError as exc:  # "Invalid IPv6 URL": a bracket left open
+            raise ZeromonError(f"--prometheus {url}: not a URL ({exc})",
+                               hint="e.g. --prometheus http://localhost:9090 or http://[::1]:9090") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ZeromonError(f"--prometheus {url}: not an http(s) URL", hint="e.g. --prometheus http://localhost:9090")
         try:
@@ -68,7 +75,25 @@ class PromQL:
 
     def query(self, expr: str) -> list[Series]:
         """An instant vector query. FetchError: no answer; PromQLError: Prometheus refused the query."""
-        path = f"{self._base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        data = self._get("query", {"query": expr})
+        if data.get("resultType") != "vector":
+            raise PromQLError(f"expected an instant vector, got {data.get('resultType')!r}")
+        out = []
+        for item in data.get("result") or ():
+            try:
+                out.append(Series(item["metric"], float(item["value"][1])))
+            except (KeyError, IndexError, TypeError, ValueError):
+                continue
+        return out
+
+    def active_targets(self) -> list[dict[str, Any]]:
+        """``/api/v1/targets?state=active``: each scrape target's labels, health and last error."""
+        targets = self._get("targets", {"state": "active"}).get("activeTargets")
+        return [t for t in targets if isinstance(t, dict)] if isinstance(targets, list) else []
+
+    def _get(self, route: str, params: Mapping[str, str]) -> dict[str, Any]:
+        """The ``data`` of an /api/v1 answer. FetchError: no answer; PromQLError: Prometheus said error."""
+        path = f"{self._base}/api/v1/{route}?" + urllib.parse.urlencode(params)
         try:
             status, reason, body = http_get(self._host, self._port, path, self._headers, self.timeout_s, self._https)
         except OSError as exc:
@@ -81,16 +106,8 @@ class PromQL:
             raise FetchError(f"not Prometheus's API (HTTP {status}: a JSON answer without 'status')")
         if doc["status"] != "success":
             raise PromQLError(f"{doc.get('errorType', 'error')}: {doc.get('error', '')}")
-        data = doc.get("data") or {}
-        if data.get("resultType") != "vector":
-            raise PromQLError(f"expected an instant vector, got {data.get('resultType')!r}")
-        out = []
-        for item in data.get("result") or ():
-            try:
-                out.append(Series(item["metric"], float(item["value"][1])))
-            except (KeyError, IndexError, TypeError, ValueError):
-                continue
-        return out
+        data = doc.get("data")
+        return data if isinstance(data, dict) else {}
 
     def check(self) -> None:
         """ZeromonError naming the URL when Prometheus cannot be queried."""
@@ -181,8 +198,7 @@ class PrometheusFleet:
             elif self._watched:  # the watched run has no fresh series (it ended): its ranks turn stale
                 run = dict(self._watched)
             else:
-                return (f"prometheus {self.url} has no zeromon series (zeromon_agent_start_time_seconds): "
-                        "is it scraping the agents? (`zeromon targets --write FILE` makes its file_sd list)")
+                return self._why_no_series()
         watched = tuple(sorted((k, v) for k, v in run.items() if k in ("zeromon_run", "job")))
         if watched != self._watched:  # another run: the ranks of the last one are not its ranks
             self._watched = watched
@@ -217,6 +233,30 @@ class PrometheusFleet:
                           else "no fresh series in Prometheus")
                 self._views[rank] = replace(view, alive=False, error=reason)
         return None
+
+    def _why_no_series(self) -> str:
+        """Why Prometheus has no zeromon series: no zeromon target, targets all down (and why), or
+        targets that answer without zeromon's metrics."""
+        targets = self.client.query(TARGETS_QUERY)
+        if not targets:
+            return (f"prometheus {self.url} has no zeromon series (zeromon_agent_start_time_seconds) and no "
+                    "target labelled zeromon_run: is it scraping the agents? (`zeromon targets --write FILE` "
+                    "makes its file_sd list)")
+        up = sum(1 for s in targets if s.value >= 1)
+        if up:
+            return (f"prometheus {self.url}: {up} of {len(targets)} zeromon target(s) up, but none exports "
+                    "zeromon_agent_start_time_seconds: are they zeromon agents?")
+        why = ""
+        try:
+            errors = sorted((str(t["labels"].get("instance", "")), str(t["lastError"]))
+                            for t in self.client.active_targets()
+                            if isinstance(t.get("labels"), dict) and t["labels"].get("zeromon_run") and t.get("lastError"))
+            if errors:
+                instance, error = errors[0]
+                why = f": {error} ({instance}){_scrape_hint(error)}"
+        except (FetchError, PromQLError):
+            pass  # the count says enough
+        return f"prometheus {self.url}: {len(targets)} zeromon target(s), all down{why}"
 
     def _rank_view(self, rank: int, d: _Rank, instance: str, now_ns: int) -> RankView:
         info = d.labels("zeromon_run_info")
@@ -260,12 +300,24 @@ class PrometheusFleet:
             history.clear()
         comm = d.get("zeromon_step_comm_seconds") or 0.0
         ratio = d.get("zeromon_step_overlap_ratio")
+        # Only the step's gauges are there: what a step summary has beyond them is None (unknown). The
+        # duration is the agent's; the end is when this poll saw the step (it ended at most a scrape and a
+        # poll interval before), which keeps the steps' rate and durations right.
         history.append(StepSummary(
-            rank=rank, step=step, start_ns=now_ns - int(duration * 1e9), end_ns=now_ns, phase_s={}, collectives=0,
-            comm_bytes=0, comm_bytes_by_op={}, comm_union_s=comm, blocked_s=0.0, peak_memory=None, comp_s=None,
+            rank=rank, step=step, start_ns=now_ns - int(duration * 1e9), end_ns=now_ns, phase_s={}, collectives=None,
+            comm_bytes=None, comm_bytes_by_op={}, comm_union_s=comm, blocked_s=None, peak_memory=None, comp_s=None,
             overlap_s=ratio * comm if ratio is not None else None,
             exposed_comm_s=d.get("zeromon_step_exposed_comm_seconds")))
         return tuple(history)
+
+
+def _scrape_hint(error: str) -> str:
+    """What a scrape error of Prometheus's means for zeromon's agents."""
+    if "HTTP status 401" in error:
+        return "; the agents want a bearer token: `authorization` in the scrape config (their ZEROMON_TOKEN)"
+    if "HTTP status 404" in error:  # the agent id in the file_sd list is not the one listening there
+        return "; the agents listed have stopped and others have their ports: the run has ended"
+    return ""
 
 
 def _run_info(rank: int, info: Mapping[str, str], base: Mapping[str, str]) -> RunInfo:
@@ -279,8 +331,8 @@ def _run_info(rank: int, info: Mapping[str, str], base: Mapping[str, str]) -> Ru
     local = base.get("local_rank", "")
     return RunInfo(
         rank=rank, local_rank=int(local) if local.isdigit() else -1, world_size=int(world) if world.isdigit() else -1,
-        host=base.get("host", "-"), pid=0, job=base.get("job", "-"), framework=label("framework") or "unknown",
-        framework_version=label("framework_version"), torch_version="", backend=label("backend"),
+        host=base.get("host", "-"), pid=None, job=base.get("job", "-"), framework=label("framework") or "unknown",
+        framework_version=label("framework_version"), torch_version=None, backend=label("backend"),
         device=label("device") or "-", zero_stage=int(zero.group(1)) if zero else None,
         fsdp_strategy=None if zero or strategy == label("framework") else strategy,
         param_dtype=label("param_dtype"), reduce_dtype=None, optimizer=None,
