@@ -30,17 +30,26 @@ from zeromon.analysis.findings import Finding, Severity
 from zeromon.analysis.live_stragglers import memory_imbalance_finding, straggler_finding
 from zeromon.analysis.oom import OomForecast
 from zeromon.cli import main
+from zeromon.errors import ZeromonError
+from zeromon.model import registry
 from zeromon.model.events import MemorySample, PhaseSpan, RunInfo, StepSummary
 from zeromon.sources.fleet import CollectiveTotal, FleetView, RankView
 from zeromon.sources.live import LiveSource
 from zeromon.tui.app import ZeromonApp
-from zeromon.tui.rank_detail import collective_rows, memory_lines, phase_timeline, rank_title
-from zeromon.tui.screens import HelpScreen, RankScreen
+from zeromon.tui.rank_detail import (
+    NARROW_COLLECTIVE_COLUMNS,
+    collective_rows,
+    memory_lines,
+    phase_timeline,
+    rank_title,
+)
+from zeromon.tui.screens import CollectivesTable, HelpScreen, RankScreen
 from zeromon.tui.view_model import (
     COLUMN_KEYS,
     STALE_MARK,
     WORST_MARK,
     FindingsLog,
+    JobStatus,
     RankFilter,
     RunClock,
     header,
@@ -54,7 +63,7 @@ from zeromon.tui.view_model import (
 )
 from zeromon.tui.widgets import FindingsPanel, FleetHeader, NoAgentPanel, RanksTable
 
-from conftest import REPO, child_env, torchrun_args
+from conftest import REPO, child_env, free_port, torchrun_args
 
 T0 = 1_700_000_000_000_000_000  # the views' clock: fixed, so every screen is the same every run
 GIB = 2**30
@@ -182,11 +191,13 @@ def table_column(table: RanksTable, key: str) -> list[str]:
 
 
 def screen_text(app: ZeromonApp) -> str:
-    """What the terminal shows, as text (the SVG screenshot's text, one tspan per run of a style)."""
-    import re
-
-    svg = app.export_screenshot()
-    return re.sub(r"<[^>]+>", "", svg).replace("&#160;", " ")
+    """What the terminal shows, as lines of text: the screen rendered as App.export_screenshot() renders
+    it, exported as text instead of SVG (whose text is split by style and placed by coordinates)."""
+    width, height = app.size
+    console = Console(width=width, height=height, file=io.StringIO(), force_terminal=True, record=True,
+                      legacy_windows=False, safe_box=False)
+    console.print(app.screen._compositor.render_update(full=True))  # noqa: SLF001
+    return console.export_text()
 
 
 async def settle(app: ZeromonApp, pilot: Any) -> None:
@@ -203,15 +214,17 @@ def test_rows_header_and_the_worst_rank() -> None:
     worst = worst_row(rows)
     assert worst is not None and worst.rank == 2  # WARN beats the others' OK
     cells = dict(zip(COLUMN_KEYS, worst.cells(worst=True), strict=True))
-    assert cells["rank"] == f"{WORST_MARK} 2" and cells["risk"] == "warn" and cells["headroom"] == "3G"
-    assert cells["memory"] == memory_bar(70 * GIB, int(71.1 * GIB), 80 * GIB, 6) + " 70G/71G/80G"
+    assert cells["rank"] == f" {WORST_MARK} 2" and cells["risk"] == "warn" and cells["headroom"] == "3G"
+    # The drill-down's three digits (71.1G, not 71G), the unit said once when all three share it.
+    assert cells["memory"] == memory_bar(70 * GIB, int(71.1 * GIB), 80 * GIB, 5) + " 70/71.1/80G"
     first = dict(zip(COLUMN_KEYS, rows[0].cells(), strict=True))
     assert [first[k] for k in ("step_ms", "overlap", "exposed_ms", "exposed_pct", "busbw", "state")] == [
         "100.0", "75%", "10.0", "10%", "150", "alive"]
     h = header(view, rows, uptime_s=1.2, uptime_exact=True)
     assert (h.job, h.framework, h.strategy, h.world, h.dtypes) == (
         "llama-7b", "DeepSpeed 0.19.8", "ZeRO-3", "4", "param bf16 reduce fp32")
-    assert h.step == "11" and h.answering == "4/4 ranks answering" and h.uptime == "1s"
+    # Steps done, as training scripts count them: the recording's last index is 11.
+    assert h.step == "12" and h.answering == "4/4 ranks answering" and h.uptime == "1s"
     assert float(h.steps_per_s) == pytest.approx(1000 / 101.5, rel=0.02)  # median over ranks
     assert h.worst_risk is Severity.WARN and h.worst_risk_text == "warn: rank 2, headroom 3G"
     assert h.worst_overlap_text == "75% (rank 0)"
@@ -231,10 +244,30 @@ def test_a_target_that_never_answered_is_a_row_too() -> None:
     rows = rank_rows(FleetView(view.t_ns, view.source, (*view.ranks, never), view.looked_at))
     row = rows[-1]
     assert (row.key, row.state, row.level, row.host) == ("10.0.0.9:9470", "down", "stale", "10.0.0.9")
-    assert row.cells()[0] == f"{STALE_MARK} ?" and row.cells()[1] == "-"
+    assert row.cells()[0] == f" {STALE_MARK} ?" and row.cells()[1] == "-"
     assert [r.key for r in sort_rows(rows, "risk")][-1] == "10.0.0.9:9470"  # no data: not the worst
     assert worst_row(rows) is not None and worst_row(rows).key != "10.0.0.9:9470"  # type: ignore[union-attr]
     assert rank_title(never).endswith("never answered · connection refused (nothing listens there: the agent stopped?)")
+
+
+def test_a_stale_rank_is_not_the_worst_while_another_answers_and_keeps_its_mark() -> None:
+    # Rank 2 (the WARN one) stopped answering: its data is old, the worst among the answering ranks stands out.
+    rows = rank_rows(fleet(4, r2={"alive": False, "stale_s": 75.0}))
+    worst = worst_row(rows)
+    assert worst is not None and worst.rank == 3  # the longest step and most exposed of the answering ranks
+    assert rows[2].cells()[0] == f" {STALE_MARK} 2" and rows[2].state == "stale 1m"  # fits the 9-cell column
+    # No rank answers: the worst is a stale one, and shows both marks (the colour is not the only sign).
+    rows = rank_rows(fleet(4, **{f"r{r}": {"alive": False, "stale_s": 5.0} for r in range(4)}))
+    worst = worst_row(rows)
+    assert worst is not None and worst.rank == 2
+    assert worst.cells(worst=True)[0] == f"{WORST_MARK}{STALE_MARK} 2"
+
+
+def test_the_table_and_the_drill_down_say_the_capacity_alike() -> None:
+    rank = make_rank(0, capacity_gib=23.5, used_gib=0.35)
+    cells = dict(zip(COLUMN_KEYS, rank_rows(FleetView(T0, "x", (rank,), ())).__getitem__(0).cells(), strict=True))
+    assert cells["memory"].endswith(" 358M/1.45G/23.5G")
+    assert ("capacity", "23.5G") in memory_lines(rank)[1]
 
 
 def test_sort_orders_and_filter_terms() -> None:
@@ -297,6 +330,9 @@ def test_rank_detail_memory_collectives_and_timeline() -> None:
     rows = collective_rows(rank)
     assert rows[0][:3] == ("all_gather", "param_all_gather", "480")
     assert rows[0][6] == "150" and rows[0][8] == "11%"  # busbw GB/s; 0.1 s blocked of 0.9 s
+    # Narrow: no mean, the meaning as what moves; the exposed share stays.
+    narrow = dict(zip(NARROW_COLLECTIVE_COLUMNS, collective_rows(rank, narrow=True)[1], strict=True))
+    assert (narrow["op"], narrow["meaning"], narrow["busbw"], narrow["exposed"]) == ("reduce_scatter", "grads", "140", "20%")
     timeline = phase_timeline(rank, n=3, width=20)
     assert [t.step for t in timeline] == [9, 10, 11]
     assert timeline[-1].cells == "F" * 6 + "B" * 12 + "O" * 2
@@ -319,19 +355,45 @@ def test_uptime_is_exact_only_from_step_zero() -> None:
                                                                         start_ns=view.t_ns - 30 * 10**9 - r.rank)
                                                     for r in view.ranks), view.looked_at)
     assert RunClock().observe(started) == (pytest.approx(30.0 + 1e-9), True)
+    # A run whose ranks all ended: its uptime stops at their last answer, however long the screen stays.
+    clock = RunClock()
+    clock.observe(started)
+    ended = FleetView(view.t_ns + 60 * 10**9, view.source, tuple(dataclasses.replace(r, alive=False, ended=True)
+                                                                 for r in view.ranks), view.looked_at)
+    assert clock.observe(ended) == (pytest.approx(30.0 + 1e-9), True)  # the agents' start, remembered
 
 
 def test_no_agent_text_says_where_and_how() -> None:
     text = no_agent_text(empty_fleet(), 1.0)
     assert "ZEROMON_REGISTRY" in text and "zeromon run -- torchrun" in text and "zeromon_agent.attach(" in text
     assert "Still looking, every 1 s" in text
+    assert "Why:" not in text  # "no agent found (looked at: ...)" would only repeat the list
+    unreadable = dataclasses.replace(empty_fleet(), error="agents/x.json: missing key 'port'")
+    assert "Why: agents/x.json: missing key 'port'" in no_agent_text(unreadable, 1.0)
+
+
+def test_no_agent_text_under_run_tui_and_through_prometheus() -> None:
+    run = FleetView(T0, "run /runs/x", (), ("/runs/x/endpoints (the run folder's endpoints)",),
+                    error="no agent found (looked at: /runs/x/endpoints (the run folder's endpoints))")
+    text = no_agent_text(run, 1.0, JobStatus(pid=4242, log="/runs/x/launcher.log"))
+    assert text.startswith("Waiting for the job's ranks to start and register")
+    assert "pid 4242" in text and "/runs/x/launcher.log" in text and "/runs/x/endpoints" in text
+    assert "zeromon run --" not in text and "Still looking" in text  # it is starting one: no advice to start a run
+    ended = no_agent_text(run, 1.0, JobStatus(pid=4242, log="/runs/x/launcher.log", exit_code=3))
+    assert ended.startswith("The job ended (exit status 3) before any rank registered") and "Still looking" not in ended
+    prom = FleetView(T0, "prometheus http://127.0.0.1:1", (), ("prometheus http://127.0.0.1:1",),
+                     error="prometheus http://127.0.0.1:1: connection refused")
+    text = no_agent_text(prom, 1.0)
+    assert "Why: prometheus http://127.0.0.1:1: connection refused" in text
+    assert "Check that Prometheus is up" in text and "zeromon targets --write" in text
+    assert "zeromon run --" not in text
 
 
 # --- the app, through Pilot ----------------------------------------------------------------------------
 
 def run_app(source: FakeSource, size: tuple[int, int] = (160, 48),
-            body: Callable[[ZeromonApp, Any], Any] | None = None) -> ZeromonApp:
-    app = ZeromonApp(source, refresh_s=60)  # the tests drive refreshes themselves
+            body: Callable[[ZeromonApp, Any], Any] | None = None, **kwargs: Any) -> ZeromonApp:
+    app = ZeromonApp(source, refresh_s=60, **kwargs)  # the tests drive refreshes themselves
 
     async def go() -> None:
         async with app.run_test(size=size) as pilot:
@@ -374,7 +436,7 @@ def test_sort_key_cycles_and_a_column_header_sorts() -> None:
         for _ in range(3):  # -> headroom -> memory -> step time
             await pilot.press("s")
         assert app.sort == "step time" and table_column(table, "rank") == ["3", "2", "1", "0"]
-        await pilot.click(RanksTable, offset=(1 + 80, 1))  # the "state" header (the 160-column layout has a border)
+        await pilot.click(RanksTable, offset=(2 + 75, 1))  # "state" (the 160-column layout: a border, a blank)
         await pilot.pause()
         assert app.sort == "state" and table_column(table, "rank")[0] == "0"
         app.sort = "rank"
@@ -417,7 +479,7 @@ def test_enter_drills_into_a_rank_and_escape_comes_back() -> None:
         collectives = screen.query_one("#rank-collectives", DataTable)
         assert collectives.row_count == 3 and str(collectives.get_row_at(0)[1]) == "param_all_gather"
         timeline = text_of(screen.query_one("#rank-timeline", Static))
-        assert "\n     11 │FFFF" in timeline and "FFFF" in timeline and "BBBB" in timeline
+        assert "\n     12 │FFFF" in timeline and "FFFF" in timeline and "BBBB" in timeline  # step 12: index 11
         # The drill-down follows the data.
         source.view = fleet(4, r2={"risk": Severity.CRITICAL, "headroom_gib": -1.0, "used_gib": 70.0})
         await settle(app, pilot)
@@ -461,7 +523,7 @@ def test_stale_ranks_show_and_a_rank_that_comes_back_is_picked_up() -> None:
         source.view = fleet(4, r1={"alive": False, "stale_s": 7.0})
         await settle(app, pilot)
         assert table_column(table, "state")[1] == "stale 7s"
-        assert table.column_values("rank")[1] == STALE_MARK + " 1" and table.row_style("rank 1") == "dim"
+        assert table.column_values("rank")[1] == f" {STALE_MARK} 1" and table.row_style("rank 1") == "dim"
         assert "3/4 ranks answering" in text_of(app.screen.query_one(FleetHeader))
         source.view = fleet(4, **{f"r{r}": {"alive": False, "stale_s": 9.0} for r in range(4)})
         await settle(app, pilot)
@@ -488,6 +550,170 @@ def test_no_agent_message_then_the_agents_appear() -> None:
         assert not panel.display and app.screen.query_one(RanksTable).row_count == 2
 
     run_app(source, body=body)
+
+
+def test_keys_reach_the_table_when_the_agents_appear_after_the_start() -> None:
+    # `zeromon run --tui` always starts before its ranks: the table was hidden behind the "no agent" panel.
+    source = FakeSource(empty_fleet())
+
+    async def body(app: ZeromonApp, pilot: Any) -> None:
+        assert app.screen.focused is None  # nothing focusable shows
+        source.view = fleet(4)
+        await settle(app, pilot)
+        await pilot.press("down", "enter")  # no tab first
+        await pilot.pause()
+        assert isinstance(app.screen, RankScreen) and app.screen.key == "rank 1"
+
+    run_app(source, size=(80, 24), body=body)
+
+
+def test_sparkline_titles_show_their_numbers_after_longer_ones() -> None:
+    source = FakeSource(fleet(2, r0={"exposed_ms": 1.0}, r1={"exposed_ms": 1.0}))
+
+    async def body(app: ZeromonApp, pilot: Any) -> None:
+        assert "exposed comm 1.0 ms" in screen_text(app)
+        source.view = fleet(3)  # a rank more: the sparklines are redone at once; rank 2 exposes 12 ms
+        await settle(app, pilot)
+        shown = screen_text(app)
+        assert "exposed comm 12.0 ms" in shown and "peak memory 71.1G" in shown  # one cell longer, not cut
+
+    run_app(source, size=(80, 24), body=body)
+
+
+def test_the_drill_down_at_80_columns_shows_the_exposed_share() -> None:
+    async def body(app: ZeromonApp, pilot: Any) -> None:
+        await pilot.press("down", "down", "enter")
+        await pilot.pause()
+        table = app.screen.query_one(CollectivesTable)
+        assert [str(c.label) for c in table.columns.values()] == list(NARROW_COLLECTIVE_COLUMNS)
+        assert table.virtual_size.width <= table.content_size.width  # nothing beyond the right edge
+        assert [str(c) for c in table.get_row_at(0)][-1] == "11%" and "100%" in screen_text(app)
+
+    run_app(FakeSource(fleet(4)), size=(80, 24), body=body)
+
+
+def test_wide_drill_down_memory_labels_whole_and_phase_bars_as_wide_as_the_panel() -> None:
+    async def body(app: ZeromonApp, pilot: Any) -> None:
+        await pilot.press("enter")
+        await pilot.pause()
+        shown = screen_text(app)
+        assert "optimizer to come" in shown and "mean ms" in shown
+        line = next(line for line in shown.splitlines() if "     12 │" in line)
+        bar = line.split("     12 │")[1].split("│")[0]
+        assert len(bar) > 80 and set(bar) == {"F", "B", "O"}  # 36 cells before, in a 140-cell panel
+
+    run_app(FakeSource(fleet(4)), size=(200, 60), body=body)
+
+
+def test_a_filter_matching_nothing_says_so() -> None:
+    async def body(app: ZeromonApp, pilot: Any) -> None:
+        await pilot.press("slash", "z", "z")
+        assert app.screen.query_one(RanksTable).row_count == 0
+        assert "no rank matches 'zz' (escape clears the filter)" in screen_text(app)
+        await pilot.press("escape")
+        assert "no rank matches" not in screen_text(app)
+
+    run_app(FakeSource(fleet(4)), size=(80, 24), body=body)
+
+
+def ended_fleet(steps: int = 12) -> FleetView:
+    """Every rank gone (as LiveSource shows the ranks of a job that exited, or a replay its end)."""
+    return fleet(2, **{f"r{r}": {"alive": False, "stale_s": 3.0, "steps": steps} for r in range(2)})
+
+
+def test_a_job_that_finishes_shows_its_final_state_not_a_crash() -> None:
+    source = FakeSource(fleet(2))
+    job = JobStatus(pid=4242, log="/runs/x/launcher.log")
+    asked = []
+
+    def final_view() -> FleetView:
+        asked.append(1)
+        return ended_fleet(steps=15)  # the recording has the steps after the last poll
+
+    async def body(app: ZeromonApp, pilot: Any) -> None:
+        nonlocal job
+        assert "job running (pid 4242, output: launcher.log)" in text_of(app.screen.query_one(FleetHeader))
+        source.view = ended_fleet()  # the ranks exited; the job's launcher ends a moment later
+        job = dataclasses.replace(job, exit_code=0)
+        await settle(app, pilot)
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        head = text_of(app.screen.query_one(FleetHeader))
+        assert "job finished (exit 0) — showing its final state" in head
+        assert "still looking" not in head and "no rank answers" not in head and "connection refused" not in head
+        assert "step 15" in head  # the final steps, from the recording
+        table = app.screen.query_one(RanksTable)
+        assert table_column(table, "state") == ["ended", "ended"] and table.row_style("rank 0") != "dim"
+        assert not app.screen.query_one(NoAgentPanel).display
+        source.view = empty_fleet()  # whatever the source says now, the final state stays
+        await settle(app, pilot)
+        assert table.row_count == 2 and asked == [1]
+
+    run_app(source, body=body, job=lambda: job, final_view=final_view)
+
+
+def test_a_job_that_fails_says_so_and_keeps_the_last_data_polled() -> None:
+    source = FakeSource(fleet(2))
+    job = JobStatus(pid=4242, log="/runs/x/launcher.log")
+
+    def no_recording() -> FleetView:
+        raise ZeromonError("replay /runs/x: no rank-<r>.jsonl recordings in this folder")
+
+    async def body(app: ZeromonApp, pilot: Any) -> None:
+        nonlocal job
+        source.view = ended_fleet()
+        job = dataclasses.replace(job, exit_code=-9)
+        await settle(app, pilot)
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        head = text_of(app.screen.query_one(FleetHeader))
+        assert "job ended with signal 9 (SIGKILL) — showing the last data polled (its recording: replay " in head
+        assert "its output: /runs/x/launcher.log" in head and "step 12" in head
+
+    run_app(source, body=body, job=lambda: job, final_view=no_recording)
+
+
+def test_a_job_that_ends_before_any_rank_registers() -> None:
+    job = JobStatus(pid=4242, log="/runs/x/launcher.log", exit_code=1)
+
+    async def body(app: ZeromonApp, pilot: Any) -> None:
+        assert "The job ended (exit status 1) before any rank registered" in text_of(app.screen.query_one(NoAgentPanel))
+
+    run_app(FakeSource(empty_fleet()), body=body, job=lambda: job)
+
+
+def test_a_finished_replay_says_so() -> None:
+    source = FakeSource(fleet(2), replay=True)
+
+    async def body(app: ZeromonApp, pilot: Any) -> None:
+        source.view = fleet(2, **{f"r{r}": {"alive": False, "stale_s": 0.5} for r in range(2)})
+        source.finished = True  # type: ignore[attr-defined]
+        await settle(app, pilot)
+        head = text_of(app.screen.query_one(FleetHeader))
+        assert "replay finished — showing the recording's final state" in head and "still looking" not in head
+        assert table_column(app.screen.query_one(RanksTable), "state") == ["ended", "ended"]
+
+    run_app(source, body=body)
+
+
+def test_live_source_tells_an_exited_rank_from_one_that_stopped_answering(tmp_path: Path) -> None:
+    """A rank whose registered process is gone has ended; one whose process lives only stopped answering."""
+    run_dir = tmp_path / "run"
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    for rank, pid in ((0, gone.pid), (1, os.getpid())):
+        port = free_port()  # nothing listens there
+        entry = registry.EndpointEntry(
+            run_dir=str(run_dir), run_id="run", job="j", host=os.uname().nodename, address="127.0.0.1", port=port,
+            url=registry.url_for("127.0.0.1", port), rank=rank, local_rank=rank, world_size=2, pid=pid,
+            start_ns=T0, token_required=False)
+        registry.write_entry(registry.run_entry_path(run_dir, rank), entry)
+    view = LiveSource(run_dir=run_dir, timeout_s=2.0).poll()
+    assert [(r.rank, r.alive, r.ended) for r in view.ranks] == [(0, False, True), (1, False, False)]
+    assert all("connection refused" in (r.error or "") for r in view.ranks)
+    rows = rank_rows(view)
+    assert [r.state for r in rows] == ["ended", "down"]
+    assert rank_title(view.ranks[0]).endswith("ended: its process has exited")
 
 
 def test_help_opens_and_closes_and_q_quits() -> None:
@@ -573,6 +799,9 @@ def test_hundreds_of_ranks_scroll_and_refresh_quickly() -> None:
 
 @pytest.mark.parametrize(("argv", "says"), [
     (["attach", "--speed", "2"], "--speed applies to --replay only"),
+    (["attach", "--replay", ".", "--speed", "inf"], "--speed inf: must be a number > 0"),
+    (["attach", "--replay", ".", "--speed", "nan"], "--speed nan: must be a number > 0"),
+    (["attach", "--replay", ".", "--speed", "0"], "--speed 0: must be a number > 0"),
     (["attach", "--interval", "0"], "--interval 0: must be a number of seconds > 0"),
     (["attach", "nohost"], "TARGET 'nohost': no port"),
     (["attach", "127.0.0.1:9470", "--run", "."], "not both"),
@@ -617,10 +846,11 @@ def test_run_tui_quit_leaves_the_job_running_and_returns_its_status(tmp_path: Pa
             time.sleep(0.2)
 
     try:
-        # The command has no process group, so no agent: the TUI says where it looks, and the job's status.
-        wait_for("the TUI", lambda: "No zeromon agent is answering" in screen())
+        # The command has no process group, so no agent: the TUI waits for its ranks, says where it looks,
+        # and the job's status; not how to start a run (it is starting one).
+        wait_for("the TUI", lambda: "Waiting for the job's ranks to start and register" in screen())
         shown = screen()
-        assert "endpoints" in shown and "zeromon run -- torchrun" in shown
+        assert "endpoints" in shown and "zeromon run -- torchrun" not in shown
         assert "job running (pid" in shown
         subprocess.run([*tmux, "send-keys", "-t", "t", "q"], check=True)
         wait_for("the TUI to close", lambda: "the job goes on" in screen())
@@ -659,7 +889,7 @@ def test_the_app_on_a_real_two_rank_run(tmp_path: Path) -> None:
         async with app.run_test(size=(160, 48)) as pilot:
             await wait_until(pilot, lambda: app.screen.query_one(NoAgentPanel).display
                              or app.screen.query_one(RanksTable).row_count > 0, "the first view")
-            await wait_until(pilot, lambda: [r.step is not None and r.alive for r in app.rows] == [True, True],
+            await wait_until(pilot, lambda: [r.steps_done is not None and r.alive for r in app.rows] == [True, True],
                              "both ranks alive with a step")
             head = text_of(app.screen.query_one(FleetHeader))
             assert "tui-e2e" in head and "FSDP2" in head and "world 2" in head and "2/2 ranks answering" in head
@@ -676,8 +906,11 @@ def test_the_app_on_a_real_two_rank_run(tmp_path: Path) -> None:
             await pilot.press("escape")
             stop.touch()
             assert train.wait(timeout=60) == 0
-            await wait_until(pilot, lambda: table_column(app.screen.query_one(RanksTable), "state")[0]
-                             .startswith("stale"), "rank 0 stale after the run ended", timeout_s=15)
+            # The registered processes are gone: the ranks ended (not stale), and the header says the run did.
+            await wait_until(pilot, lambda: table_column(app.screen.query_one(RanksTable), "state") == ["ended"] * 2,
+                             "both ranks ended after the run ended", timeout_s=15)
+            head = text_of(app.screen.query_one(FleetHeader))
+            assert "run ended: every rank's process has exited" in head and "still looking" not in head
 
     try:
         asyncio.run(go())

@@ -49,5 +49,12 @@ def test_no_agent_80x24(snap_compare: Any) -> None:
     assert snap_compare(app_for(empty_fleet()), terminal_size=SMALL)
 
 
+def test_replay_finished_80x24(snap_compare: Any) -> None:
+    """The end of a replay: said plainly, the final data kept, every rank "ended" (not stale)."""
+    source = FakeSource(fleet(8, **{f"r{r}": {"alive": False, "stale_s": 0.5} for r in range(8)}), replay=True)
+    source.finished = True  # type: ignore[attr-defined]
+    assert snap_compare(ZeromonApp(source, refresh_s=3600), terminal_size=SMALL)
+
+
 def test_help_80x24(snap_compare: Any) -> None:
     assert snap_compare(app_for(eight_ranks()), press=["question_mark"], terminal_size=SMALL)

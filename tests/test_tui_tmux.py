@@ -30,8 +30,8 @@ pytestmark = pytest.mark.skipif(shutil.which("tmux") is None,
 
 SCENARIO = REPO / "tests" / "scenarios" / "live_train.py"
 T = TypeVar("T")
-# A ranks-table row: the worst row's marker (or another symbol), the rank, then its cells.
-ROW = re.compile(r"^\s*\W?\s*(\d+)\s+(.*)$")
+# A ranks-table row: the marks (worst, not answering: none, one or both), the rank, then its cells.
+ROW = re.compile(r"^\s*\W{0,2}\s*(\d+)\s+(.*)$")
 HEADER_STEP = re.compile(r"\bstep (\d+)(?:–(\d+))?")
 
 
@@ -117,6 +117,10 @@ def header_step(screen: str) -> int | None:
     return int(match.group(2) or match.group(1))
 
 
+def zeromon_cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "zeromon", *args]
+
+
 def attach(*args: str) -> list[str]:
     return [sys.executable, "-m", "zeromon", "attach", *args]
 
@@ -200,4 +204,30 @@ def test_attach_replay_pauses_with_p_and_quits_with_q(recorded_run: Path, tmp_pa
                  "the replay to move on after the pause")
         pane.keys("q")
         status = wait_for(lambda: (s := pane.exit_status()) is not None and (s,), pane, 15, "the TUI to exit")
+        assert status == (0,), pane.screen()
+
+
+@pytest.mark.distributed
+def test_run_tui_keys_work_at_once_and_the_end_shows_the_final_state(tmp_path: Path) -> None:
+    """`zeromon run --tui` starts the TUI before its ranks: enter drills down with no tab first, and when
+    the job finishes the screen says so, with the last step (from the recording), not a crash."""
+    out = tmp_path / "run"
+    command = zeromon_cli("run", "--quiet", "--out", str(out), "--job", "tui-end", "--tui", "--",
+                          *torchrun_args(2, SCENARIO, "--steps", "40", "--sleep", "0.1"))
+    with tmux_pane(command, tui_env(ZEROMON_REGISTRY=str(tmp_path / "registry"), ZEROMON_PORT="0"),
+                   tmp_path / "status") as pane:
+        wait_for(lambda: "Waiting for the job's ranks to start and register" in pane.screen(), pane, 60,
+                 "the TUI waiting for the job's ranks")
+        wait_for(lambda: sorted(rows(pane.screen())) == [0, 1], pane, 150, "both ranks' rows")
+        pane.keys("Enter")  # no tab: the table has the keys as soon as it shows
+        wait_for(lambda: "collectives by op and ZeRO meaning" in pane.screen(), pane, 15, "the rank's drill-down")
+        pane.keys("Escape")
+        screen = wait_for(lambda: "showing its final state" in (s := pane.screen()) and s, pane, 150,
+                          "the job's end")
+        assert "job finished (exit 0) — showing its final state" in screen
+        assert "still looking" not in screen and "connection refused" not in screen
+        assert header_step(screen) == 40  # steps 0..39 recorded: the 40th is the last, as the script logs it
+        assert all("ended" in row for row in rows(screen).values()), screen
+        pane.keys("q")
+        status = wait_for(lambda: (s := pane.exit_status()) is not None and (s,), pane, 30, "zeromon run to exit")
         assert status == (0,), pane.screen()

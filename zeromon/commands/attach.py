@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from typing import TYPE_CHECKING
@@ -55,8 +56,8 @@ def build_source(args: argparse.Namespace) -> Source:
         if given:
             raise ZeromonError(f"--replay plays a recording; it takes no {' or '.join(given)}", hint=_USAGE_HINT)
         speed = 1.0 if args.speed is None else args.speed
-        if not speed > 0:
-            raise ZeromonError(f"--speed {speed:g}: must be > 0 (1 = real time, 10 = ten times faster)")
+        if not 0 < speed < math.inf:  # nan and inf too
+            raise ZeromonError(f"--speed {speed:g}: must be a number > 0 (1 = real time, 10 = ten times faster)")
         if not os.path.isdir(args.replay):
             raise ZeromonError(f"--replay {args.replay}: no such folder",
                                hint="a run folder is the --out of `zeromon run`; it holds rank-*.jsonl")

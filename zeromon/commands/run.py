@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from zeromon.errors import ZeromonError
+from zeromon.model.registry import ENDPOINTS_DIR, pid_alive, read_entries
 
 NAME = "run"
 HELP = "run a training command with the agent injected into every rank"
@@ -61,24 +62,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ZeromonError("zeromon run: no command given",
                            hint="usage: zeromon run [--out DIR] -- CMD ..., e.g. zeromon run -- "
                            "torchrun --nproc-per-node 2 examples/fsdp2_train.py")
-    # Refuse bad ZEROMON_* settings here, naming the variable, rather than in every rank.
-    from zeromon_agent.config import load_config
-
-    load_config()
-    endpoint_env = {}
-    for flag, var, value in (("--bind", "ZEROMON_BIND", args.bind), ("--port", "ZEROMON_PORT", args.port)):
-        if value is None:
-            continue
-        try:
-            load_config({var: value})
-        except ZeromonError as exc:
-            raise ZeromonError(exc.message.replace(f"{var}=", f"{flag} ").replace(var, flag),
-                               hint=(exc.hint or "").replace(var, flag)) from None
-        endpoint_env[var] = value
-    bind = endpoint_env.get("ZEROMON_BIND", os.environ.get("ZEROMON_BIND", "127.0.0.1"))
-    if not _loopback(bind) and not os.environ.get("ZEROMON_TOKEN"):
-        print(f"zeromon: warning: the endpoints listen on {bind} without ZEROMON_TOKEN: whoever reaches this "
-              "machine can read the metrics and snapshots", file=sys.stderr)
+    endpoint_env = _endpoint_env(args, cmd)
     if args.tui:
         from zeromon.commands.attach import require_terminal
 
@@ -88,6 +72,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise ZeromonError(f"--out {out}: cannot create the run folder: {exc.strerror}") from None
+    _set_aside_previous_run(out)
     import zeromon_agent.bootstrap
 
     site_dir = str(Path(zeromon_agent.bootstrap.__file__).resolve().parent / "site")
@@ -135,6 +120,110 @@ def cmd_run(args: argparse.Namespace) -> int:
     return code if code >= 0 else 128 - code
 
 
+def _endpoint_env(args: argparse.Namespace, cmd: list[str]) -> dict[str, str]:
+    """The ranks' ZEROMON_BIND and ZEROMON_PORT from --bind and --port, checked here, naming the flag or
+    the variable, rather than failing in every rank once the job runs."""
+    from zeromon_agent.config import load_config
+
+    try:
+        config = load_config()
+    except ZeromonError as exc:  # its hint would say again what the message says (the values accepted)
+        raise ZeromonError(exc.message) from None
+    endpoint_env: dict[str, str] = {}
+    for flag, var, value in (("--bind", "ZEROMON_BIND", args.bind), ("--port", "ZEROMON_PORT", args.port)):
+        if value is None:
+            continue
+        try:
+            load_config({var: value})
+        except ZeromonError as exc:
+            raise ZeromonError(exc.message.replace(f"{var}=", f"{flag} ").replace(var, flag)) from None
+        endpoint_env[var] = value  # "" as in the environment: the default
+    config = load_config({**os.environ, **endpoint_env})  # what the ranks will see
+    if not (config.enabled and config.endpoint):
+        return endpoint_env
+    bind_from = "--bind" if args.bind is not None else "ZEROMON_BIND"
+    _check_bind(config.bind, bind_from)
+    ranks = _local_ranks(cmd)
+    if config.port and ranks is not None and config.port + ranks - 1 > 65535:  # local rank L listens on base + L
+        given = f"--port {config.port}" if args.port is not None else f"ZEROMON_PORT={config.port}"
+        raise ZeromonError(f"{given}: {ranks} ranks per node would listen on {config.port} to "
+                           f"{config.port + ranks - 1}, past the last port (65535)",
+                           hint=f"a base port of at most {65536 - ranks}, or 0 (any free port)")
+    if not _loopback(config.bind) and not os.environ.get("ZEROMON_TOKEN"):
+        print(f"zeromon: warning: the endpoints listen on {config.bind} without ZEROMON_TOKEN: whoever reaches "
+              "this machine can read the metrics and snapshots", file=sys.stderr)
+    return endpoint_env
+
+
+def _check_bind(address: str, flag: str) -> None:
+    """ZeromonError naming ``flag`` unless the ranks can listen on ``address``: the agent's own bind
+    (zeromon_agent.httpserver.bind), tried here on a free port."""
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    given = f"{flag} {address}" if flag.startswith("--") else f"{flag}={address}"
+    hint = "e.g. 127.0.0.1 (the default), 0.0.0.0 (every interface) or an address of this machine"
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((address, 0))
+        except socket.gaierror as exc:
+            raise ZeromonError(f"{given}: neither an IP address nor a host name that resolves ({exc.strerror})",
+                               hint=hint) from None
+        except OSError as exc:
+            what = "not an address of this machine" if exc.errno == errno.EADDRNOTAVAIL else "cannot listen there"
+            raise ZeromonError(f"{given}: {what} ({exc.strerror})", hint=hint) from None
+
+
+def _local_ranks(cmd: list[str]) -> int | None:
+    """The ranks per node that a torchrun command line asks for (--nproc-per-node N), else None."""
+    for i, arg in enumerate(cmd):
+        name, eq, value = arg.partition("=")
+        if name in ("--nproc-per-node", "--nproc_per_node"):
+            value = value if eq else (cmd[i + 1] if i + 1 < len(cmd) else "")
+            return int(value) if value.isdigit() and int(value) > 0 else None  # "gpu", "auto": not known here
+    return None
+
+
+# The files a run writes into its folder (zeromon_agent and --tui); see _set_aside_previous_run.
+_RUN_FILES = ("rank-*.jsonl", "oom-snapshot-rank-*.pickle", "launcher.log", ENDPOINTS_DIR)
+
+
+def _set_aside_previous_run(out: Path) -> None:
+    """A run folder used again: the previous run's files move to ``previous-<its last write>/`` in it,
+    so that nothing of it is lost and none of its ranks passes for this run's (a rank it had and this
+    one lacks would show in discovery, `zeromon report` and the summary). Refused while an agent that
+    registered there still runs on this machine."""
+    found = [path for pattern in _RUN_FILES for path in sorted(out.glob(pattern))]
+    if not any(p.name != "launcher.log" for p in found):
+        return
+    for entry in read_entries(out / ENDPOINTS_DIR):
+        if pid_alive(entry):
+            raise ZeromonError(f"--out {out}: a run is still going there (rank {entry.rank}, pid {entry.pid})",
+                               hint="give another --out, or wait for that run to end")
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(max(_mtime(p) for p in found)))
+    aside = out / f"previous-{stamp}"
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = out / f"previous-{stamp}-{n}"
+    try:
+        aside.mkdir()
+        for path in found:
+            path.rename(aside / path.name)
+    except OSError as exc:
+        raise ZeromonError(f"--out {out}: it holds a previous run, which cannot be moved to {aside}: "
+                           f"{exc.strerror or exc}", hint="give another --out") from None
+    print(f"zeromon: {out} held a previous run: moved to {aside}", file=sys.stderr)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 def _loopback(address: str) -> bool:
     import ipaddress
 
@@ -147,20 +236,26 @@ def _loopback(address: str) -> bool:
 
 
 def _watch(child: subprocess.Popen[bytes], out: Path) -> None:
-    """The TUI on the run's folder until the user quits it; the command goes on either way."""
+    """The TUI on the run's folder until the user quits it; the command goes on either way. When the
+    command ends, the TUI shows the run's final state from its recording (the agents are gone)."""
+    from zeromon.sources.fleet import FleetView
     from zeromon.sources.live import LiveSource
     from zeromon.tui.app import ZeromonApp
+    from zeromon.tui.view_model import JobStatus
 
     log = out / "launcher.log"
 
-    def status() -> tuple[str, bool]:
-        code = child.poll()
-        if code is None:
-            return f"job running (pid {child.pid}, output: launcher.log)", False
-        return f"the job ended with exit status {code} (output in {log}); q quits", True
+    def job() -> JobStatus:
+        return JobStatus(pid=child.pid, log=str(log), exit_code=child.poll())
+
+    def final_view() -> FleetView:
+        from zeromon.sources.replay import ReplaySource
+
+        replay = ReplaySource(out)
+        return replay.view_at(replay.duration_ns)
 
     try:
-        ZeromonApp(LiveSource(run_dir=out), status=status).run()
+        ZeromonApp(LiveSource(run_dir=out), job=job, final_view=final_view).run()
     except Exception as exc:  # the TUI failing must not take the job with it
         print(f"zeromon: the TUI stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
     if child.poll() is None:

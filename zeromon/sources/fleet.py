@@ -66,6 +66,7 @@ class RankView:
     world_size: int | None = None
     t_ns: int | None = None  # the agent's clock when it answered
     start_ns: int | None = None  # when the rank's agent started
+    ended: bool = False  # not answering because its process has exited (seen on its host): its data is its last
 
     @property
     def last_step(self) -> StepSummary | None:

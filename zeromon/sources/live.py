@@ -35,10 +35,11 @@ from zeromon.model.events import (
     PhaseSpan,
     StepSummary,
 )
-from zeromon.model.registry import EndpointEntry, registry_dir
+from zeromon.model.registry import EndpointEntry, pid_alive, registry_dir
 from zeromon.sources.discovery import (
     EntryFolder,
     Target,
+    agent_query,
     entry_target,
     newest_local_run,
     parse_target,
@@ -85,6 +86,8 @@ class _Slot:
     phases: deque[PhaseSpan] = dataclasses.field(default_factory=lambda: deque(maxlen=PHASES_KEPT))
     due: float = 0.0  # time.monotonic() of its next poll
     in_flight: bool = False  # a request is out: a slow agent is not asked twice
+    entry: EndpointEntry | None = None  # its registration, when found through one: its host and pid
+    ended: bool = False  # it stopped answering and its process is gone: the rank ended, it did not hang
 
 
 class LiveSource:
@@ -219,15 +222,16 @@ class LiveSource:
                                                            error="not polled yet")
         now = time.monotonic()
         with self._lock:
-            slots = [(s, s.view, s.last_ok, s.error, s.rank) for s in self._slots.values()]
+            slots = [(s, s.view, s.last_ok, s.error, s.rank, s.ended) for s in self._slots.values()]
             problems, error = self._problems, self._source_error
         ranks = []
-        for slot, view, last_ok, err, rank in slots:
+        for slot, view, last_ok, err, rank, ended in slots:
             stale = None if last_ok is None else round(now - last_ok, 3)
             if view is None:
-                ranks.append(RankView(rank=rank, target=str(slot.target), alive=False, stale_s=stale, error=err))
+                ranks.append(RankView(rank=rank, target=str(slot.target), alive=False, stale_s=stale, error=err,
+                                      ended=ended))
             else:
-                ranks.append(dataclasses.replace(view, alive=err is None, stale_s=stale, error=err))
+                ranks.append(dataclasses.replace(view, alive=err is None, stale_s=stale, error=err, ended=ended))
         ranks.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.target))
         if error is None and not ranks:
             error = "no agent found (looked at: " + "; ".join(self.looked_at) + ")"
@@ -308,15 +312,17 @@ class LiveSource:
                     continue
                 slot = self._slots.get(key)
                 if slot is None:
-                    self._slots[key] = _Slot(key, target, rank)
+                    slot = self._slots[key] = _Slot(key, target, rank)
                 elif slot.target != target and not slot.in_flight:
                     slot.target = target  # the rank's agent restarted elsewhere
+                slot.entry = entry
 
     def _send(self, fetcher: HttpFetcher, slot: _Slot) -> None:
         n_steps = STEPS_ASKED if slot.full_steps else self._steps_to_ask(slot)
         path = f"/api/v1/snapshot?steps={n_steps}"
         if self.events and slot.cursor is not None:
             path += f"&since={slot.cursor}&limit={EVENTS_LIMIT}"
+        path += agent_query(slot.entry)  # its own agent, not another run's on a reused port
         headers = {"Accept": "application/json"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
@@ -366,7 +372,7 @@ class LiveSource:
             slot.full_steps = answered[0].step > previous.steps[-1].step + 1
             view = dataclasses.replace(view, steps=_merge_steps(previous.steps, answered))
         with self._lock:
-            slot.view, slot.error, slot.last_ok = view, None, time.monotonic()
+            slot.view, slot.error, slot.last_ok, slot.ended = view, None, time.monotonic(), False
             if view.rank is not None:
                 slot.rank = view.rank
 
@@ -382,8 +388,11 @@ class LiveSource:
         return max(4, min(STEPS_ASKED, 2 * math.ceil(since_s / step_s) + 2))
 
     def _failed(self, slot: _Slot, error: str) -> None:
+        # A registered process that is gone ended (cleanly or not: the job's status tells); one that
+        # lives, or runs on another host, only stopped answering. One kill(pid, 0) per failed poll.
+        ended = slot.entry is not None and pid_alive(slot.entry) is False
         with self._lock:
-            slot.error = error
+            slot.error, slot.ended = error, ended
 
     def _read_events(self, slot: _Slot, doc: dict[str, Any]) -> None:
         """Phase spans from the events since the last poll; the cursor moves on (skipping ahead when far behind)."""

@@ -3,14 +3,23 @@
 The source collects in its own threads (LiveSource's poll pool, a replay's clock); the app only
 asks it for ``latest()`` on a timer (a copy of references under a lock, no I/O) and redraws what
 changed. Any object with ``start()``, ``stop()`` and ``latest() -> FleetView`` is a source; one with
-a ``paused`` attribute is paused with the view, one with ``speed`` gets the +/- keys.
+a ``paused`` attribute is paused with the view, one with ``speed`` gets the +/- keys, one whose
+``finished`` is true (a replay played through) has ended.
+
+When the run ends (the job of `zeromon run --tui` exits, a replay finishes, every rank's process
+has exited) the screen says so and keeps the last data; under `zeromon run --tui` it then reads the
+run's final state from the recording (the agents are gone by then, and the last poll is up to an
+interval old).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
+import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 from textual.app import App, ComposeResult
@@ -27,6 +36,7 @@ from zeromon.tui.view_model import (
     SORT_OF_COLUMN,
     FindingItem,
     FindingsLog,
+    JobStatus,
     RankFilter,
     RankRow,
     RunClock,
@@ -35,6 +45,7 @@ from zeromon.tui.view_model import (
     no_agent_text,
     rank_key,
     rank_rows,
+    run_ended,
     sort_rows,
     trends,
     worst_row,
@@ -105,15 +116,22 @@ class ZeromonApp(App[None]):
     ]
 
     def __init__(self, source: Source, refresh_s: float = 0.5, interval_s: float = 1.0,
-                 status: Callable[[], tuple[str, bool] | None] | None = None) -> None:
+                 job: Callable[[], JobStatus] | None = None,
+                 final_view: Callable[[], FleetView] | None = None) -> None:
         """``refresh_s``: how often the screen reads the source; ``interval_s``: how often the source
-        polls (for the "still looking" message); ``status``: a note for the header, and whether it
-        needs attention (the job of `zeromon run --tui`)."""
+        polls (for the "still looking" message); ``job``: the state of the command `zeromon run --tui`
+        runs; ``final_view``: the run's final state, asked once (on a worker thread) when that job has
+        ended."""
         super().__init__()
         self.source = source
         self.refresh_s = refresh_s
         self.interval_s = interval_s
-        self.status = status
+        self.job = job
+        self.final_view = final_view
+        self.job_status: JobStatus | None = None  # as job() last said
+        self.final: FleetView | None = None  # final_view()'s answer: shown instead of the source's views
+        self.final_error: str | None = None  # why final_view() gave none
+        self._final_asked = False
         self.view: FleetView | None = None
         self.paused = False
         self.sort = "rank"
@@ -150,20 +168,60 @@ class ZeromonApp(App[None]):
         """One tick: the newest view from the source, drawn (nothing while paused)."""
         if self.paused:
             return
-        try:
-            view = self.source.latest()
-        except Exception as exc:  # a source's bug must not end the screen; it shows, the next tick retries
-            self.source_error = f"the source failed: {type(exc).__name__}: {exc}"
-            if self.view is None:
-                self.view = FleetView(0, "?", (), (), error=self.source_error)
-            self.draw()
-            return
+        if self.job is not None:
+            self.job_status = self.job()
+            if self.job_status.exit_code is not None and self.final_view is not None and not self._final_asked:
+                self._final_asked = True
+                self.run_worker(self._read_final_view, thread=True, exit_on_error=False)
+        if self.final is not None:
+            view = self.final
+        else:
+            try:
+                view = self.source.latest()
+            except Exception as exc:  # a source's bug must not end the screen; it shows, the next tick retries
+                self.source_error = f"the source failed: {type(exc).__name__}: {exc}"
+                if self.view is None:
+                    self.view = FleetView(0, "?", (), (), error=self.source_error)
+                self.draw()
+                return
         self.source_error = None
+        if self.run_over() is not None:
+            if not view.ranks and self.view is not None and self.view.ranks:
+                view = self.view  # the run's last data stays, not a "no agent" screen
+            view = _as_ended(view)
         self.view = view
         self._ticks += 1
         if self._due("findings", (len(view.ranks), view.alive)):
             self.findings = self._findings_log.update(fleet_findings(view.ranks), view.t_ns)
         self.draw()
+
+    def _read_final_view(self) -> None:
+        """On a worker thread (reading a recording takes a moment): final_view(), handed to the UI thread."""
+        assert self.final_view is not None
+        view: FleetView | None = None
+        error = None
+        try:
+            view = self.final_view()
+        except Exception as exc:  # no recording, or an unreadable one: the last polled data stays
+            error = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+        if view is not None and not view.ranks:
+            view, error = None, "it holds no rank"
+        try:
+            self.call_from_thread(self._got_final_view, view, error)
+        except RuntimeError:  # the app has closed meanwhile
+            pass
+
+    def _got_final_view(self, view: FleetView | None, error: str | None) -> None:
+        self.final, self.final_error = view, error
+        self.refresh_view()
+
+    def run_over(self) -> str | None:
+        """Why the run is over, once it is: its job ended, the replay played through (None before)."""
+        if self.job_status is not None and self.job_status.exit_code is not None:
+            return "job"
+        if getattr(self.source, "finished", False) is True:
+            return "replay"
+        return None
 
     def _due(self, what: str, shape: object) -> bool:
         """Whether to redo a fleet-wide computation (findings, sparklines: a few ms each for 256 ranks)
@@ -192,23 +250,29 @@ class ZeromonApp(App[None]):
         shown = sort_rows([r for r in rows if self.rank_filter.matches(r)], self.sort)
         self.rows = shown
         uptime, exact = self._clock.observe(view)
-        status, alerts = self.notes(view)
-        main.query_one(FleetHeader).show(header(view, rows, uptime, exact), status, alerts)
+        status, alerts, ended = self.notes(view)
+        main.query_one(FleetHeader).show(header(view, rows, uptime, exact), status, alerts, ended)
         no_agent = not view.ranks
         main.query_one(NoAgentPanel).display = no_agent
         main.query_one("#body").display = not no_agent
         if no_agent:
-            main.query_one(NoAgentPanel).update(no_agent_text(view, self.interval_s))
+            main.query_one(NoAgentPanel).update(no_agent_text(view, self.interval_s, self.job_status))
             return
+        table = main.query_one(RanksTable)
+        if main.focused is None:  # the table was hidden behind the "no agent" panel: keys go to it now
+            table.focus()
         worst = worst_row(rows)
-        main.query_one(RanksTable).show(shown, worst.key if worst is not None else None)
+        wanted = self.rank_filter.text.strip()
+        table.show(shown, worst.key if worst is not None else None,
+                   f"no rank matches {wanted!r} (escape clears the filter)" if wanted and not shown else "")
         if self._due("trends", (self.rank_filter.text, len(view.ranks))):
             keys = {r.key for r in shown}
             main.query_one(TrendsPanel).show(trends(r for r in view.ranks if rank_key(r) in keys))
         main.query_one(FindingsPanel).show(self.findings, any(r.steps or r.memory for r in view.ranks))
 
-    def notes(self, view: FleetView) -> tuple[list[str], list[str]]:
-        """(the view's settings, for the header's second line; what needs attention, highlighted)."""
+    def notes(self, view: FleetView) -> tuple[list[str], list[str], str | None]:
+        """(the view's settings, for the header's second line; what needs attention, highlighted; that
+        the run has ended and what the screen shows of it, or None while it goes on)."""
         status = [f"sort {self.sort}"]
         if self.rank_filter.text.strip():
             status.append(f"filter {self.rank_filter.text.strip()}: {len(self.rows)} of {len(view.ranks)}")
@@ -222,12 +286,31 @@ class ZeromonApp(App[None]):
             alerts.append(self.source_error)
         elif view.error and view.ranks:
             alerts.append(view.error)
-        if view.ranks and not view.alive:
+        job = self.job_status
+        ended: str | None = None
+        if job is not None and job.exit_code is None:
+            status.append(f"job running (pid {job.pid}, output: {Path(job.log).name})")
+        if job is not None and job.exit_code is not None:
+            if self.final is not None:
+                shown = "showing its final state"
+            elif self.final_view is not None and self.final_error is None:
+                shown = "reading its final state from the recording…"
+            else:
+                unread = f" (its recording: {self.final_error})" if self.final_error else ""
+                shown = f"showing the last data polled{unread}"
+            if job.exit_code == 0:
+                ended = f"job finished (exit 0) — {shown}; q quits"
+            else:
+                alerts.append(f"job ended with {_exit_text(job.exit_code)} — {shown}; its output: {job.log}; "
+                              "q quits")
+        elif self.run_over() == "replay":
+            ended = "replay finished — showing the recording's final state; q quits"
+        elif run_ended(view):
+            ended = "run ended: every rank's process has exited — showing the last data polled"
+        elif view.ranks and not view.alive:
             why = next((r.error for r in view.ranks if r.error), None)
             alerts.append(f"no rank answers{f' ({why})' if why else ''}; still looking")
-        if self.status is not None and (note := self.status()) is not None:
-            (alerts if note[1] else status).append(note[0])
-        return status, alerts
+        return status, alerts, ended
 
     # -- keys
 
@@ -298,3 +381,21 @@ class ZeromonApp(App[None]):
         if sort is not None:
             self.sort = sort
             self.draw()
+
+
+def _as_ended(view: FleetView) -> FleetView:
+    """The view with every rank that does not answer marked ended: the run is over, its data final."""
+    if all(r.alive or r.ended for r in view.ranks):
+        return view
+    return dataclasses.replace(view, ranks=tuple(r if r.alive or r.ended else dataclasses.replace(r, ended=True)
+                                                 for r in view.ranks))
+
+
+def _exit_text(code: int) -> str:
+    """'exit status 3', or 'signal 9 (SIGKILL)' for a negative Popen return code."""
+    if code >= 0:
+        return f"exit status {code}"
+    try:
+        return f"signal {-code} ({signal.Signals(-code).name})"
+    except ValueError:
+        return f"signal {-code}"

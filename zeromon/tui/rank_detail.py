@@ -9,7 +9,8 @@ from zeromon.sources.fleet import RankView
 from zeromon.tui.view_model import duration, ms, pct, rate, short_bytes
 
 TIMELINE_STEPS = 8
-TIMELINE_WIDTH = 36
+TIMELINE_WIDTH = 36  # cells of a phase bar when the panel's width is not known yet
+TIMELINE_MIN_WIDTH = 12
 # One letter per phase, so the timeline reads without colour too.
 PHASE_LETTERS = {"forward": "F", "backward": "B", "optimizer": "O", "other": "·", "setup": "s"}
 IDLE = " "
@@ -51,23 +52,38 @@ def memory_lines(rank: RankView) -> tuple[tuple[MemoryLine, ...], tuple[tuple[st
 
 
 COLLECTIVE_COLUMNS = ("op", "meaning", "count", "bytes", "time s", "mean ms", "busbw GB/s", "blocked s", "exposed")
+# Under ~100 columns: no mean (time / count), and the meaning says only what moves (the op says how),
+# so that the exposed share still shows at 80x24.
+NARROW_COLLECTIVE_COLUMNS = ("op", "meaning", "count", "bytes", "time s", "busbw", "blocked s", "exposed")
+_MOVED = {"param_all_gather": "params", "param_broadcast": "params", "grad_reduce_scatter": "grads",
+          "grad_all_reduce": "grads", "unknown": "?"}
 
 
-def collective_rows(rank: RankView) -> tuple[tuple[str, ...], ...]:
-    """One row per (op, ZeRO meaning), most time first. 'exposed': the share of the op's time the
-    training thread was blocked on it (a synchronous collective is all exposed)."""
-    rows = []
+def collective_rows(rank: RankView, narrow: bool = False) -> tuple[tuple[str, ...], ...]:
+    """One row per (op, ZeRO meaning), most time first, in COLLECTIVE_COLUMNS (``narrow``:
+    NARROW_COLLECTIVE_COLUMNS). 'exposed': the share of the op's time the training thread was
+    blocked on it (a synchronous collective is all exposed)."""
+    rows: list[tuple[str, ...]] = []
     for c in sorted(rank.collectives, key=lambda c: (-c.seconds, c.op, c.meaning)):
-        exposed = c.blocked_s / c.seconds if c.seconds > 0 else None
-        rows.append((c.op, c.meaning, str(c.calls), short_bytes(c.bytes), f"{c.seconds:.3f}",
-                     ms(c.seconds / c.calls) if c.calls else "-", rate(c.busbw_bytes_s), f"{c.blocked_s:.3f}",
-                     pct(min(1.0, exposed) if exposed is not None else None)))
+        exposed = pct(min(1.0, c.blocked_s / c.seconds) if c.seconds > 0 else None)
+        if narrow:
+            rows.append((c.op, _MOVED.get(c.meaning, c.meaning), str(c.calls), short_bytes(c.bytes),
+                         f"{c.seconds:.3f}", rate(c.busbw_bytes_s), f"{c.blocked_s:.3f}", exposed))
+        else:
+            rows.append((c.op, c.meaning, str(c.calls), short_bytes(c.bytes), f"{c.seconds:.3f}",
+                         ms(c.seconds / c.calls) if c.calls else "-", rate(c.busbw_bytes_s), f"{c.blocked_s:.3f}",
+                         exposed))
     return tuple(rows)
+
+
+def table_width(columns: tuple[str, ...], rows: tuple[tuple[str, ...], ...], padding: int = 1) -> int:
+    """Cells a DataTable of these needs to show every column whole (``padding`` either side of a cell)."""
+    return sum(max([len(label), *(len(r[i]) for r in rows)]) + 2 * padding for i, label in enumerate(columns))
 
 
 @dataclass(frozen=True, slots=True)
 class TimelineRow:
-    step: int
+    step: int  # the recording's index (view_model.step_number() is what to show)
     cells: str  # one letter per time slice (PHASE_LETTERS, IDLE where no phase ran)
     step_s: float
     exposed_s: float | None
@@ -116,9 +132,9 @@ def phase_timeline(rank: RankView, n: int = TIMELINE_STEPS, width: int = TIMELIN
 
 def rank_title(rank: RankView) -> str:
     who = f"rank {rank.rank}" if rank.rank is not None else rank.target
-    state = "alive" if rank.alive else ("never answered" if rank.stale_s is None
-                                        else f"stale for {duration(rank.stale_s)}")
+    state = ("alive" if rank.alive else "ended: its process has exited" if rank.ended
+             else "never answered" if rank.stale_s is None else f"stale for {duration(rank.stale_s)}")
     parts = [who, rank.host or "-", f"pid {rank.pid}" if rank.pid is not None else "", rank.target, state]
-    if rank.error and not rank.alive:
+    if rank.error and not rank.alive and not rank.ended:  # an ended rank's "connection refused" says nothing more
         parts.append(rank.error)
     return " · ".join(p for p in parts if p)

@@ -24,7 +24,7 @@ from textual.strip import Strip
 
 from zeromon.tui.view_model import Column
 
-PADDING = 1  # blank cells either side of a column
+GAP = 1  # blank cells after a column: one, so that nine columns fit 80 (a rank cell starts with its marks' slot)
 
 
 class RankTable(ScrollView, can_focus=True):
@@ -87,8 +87,9 @@ class RankTable(ScrollView, can_focus=True):
         self._made: dict[int, tuple[tuple[str, ...], str]] = {}  # rows drawn since set_rows
         self._strips: dict[tuple[object, ...], Strip] = {}  # rendered rows, by content
         self._style_cache: dict[tuple[str, bool, bool], Style] = {}
-        self._fixed_width = sum(c.width + 2 * PADDING for c in self.columns[:fixed])
-        self._total_width = sum(c.width + 2 * PADDING for c in self.columns)
+        self._fixed_width = sum(c.width + GAP for c in self.columns[:fixed])
+        self._total_width = sum(c.width + GAP for c in self.columns)
+        self.empty_text = ""  # drawn, dimmed, where the rows would be when there are none (a filter matching none)
         self.virtual_size = Size(self._total_width, 1)
 
     # -- data
@@ -163,8 +164,8 @@ class RankTable(ScrollView, can_focus=True):
     def _line(self, cells: Sequence[str], style: Style, scroll_x: int, width: int) -> Strip:
         """One row as one segment: the fixed columns, then the others from scroll_x, to the width.
         (A Strip costs ~20 µs to make; joining and cropping per line would make five.)"""
-        pad = " " * PADDING
-        text = "".join(f"{pad}{set_cell_size(t, c.width)}{pad}" for c, t in zip(self.columns, cells, strict=True))
+        gap = " " * GAP
+        text = "".join(f"{set_cell_size(t, c.width)}{gap}" for c, t in zip(self.columns, cells, strict=True))
         fixed = self._fixed_width
         visible = text[:fixed] + text[fixed + scroll_x:fixed + scroll_x + max(0, width - fixed)]
         return Strip([Segment(set_cell_size(visible, width), style)], width)
@@ -181,6 +182,9 @@ class RankTable(ScrollView, can_focus=True):
             return line
         index = scroll_y + y - 1
         if index >= len(self.row_keys):
+            if y == 1 and not self.row_keys and self.empty_text:
+                text = set_cell_size(f" {self.empty_text}", width)
+                return Strip([Segment(text, self.rich_style + Style(dim=True, italic=True))], width)
             return Strip.blank(width, self.rich_style)
         odd, cursor = index % 2 == 1, index == self.cursor_row
         cells, spec = self.row(index)
@@ -231,7 +235,7 @@ class RankTable(ScrollView, can_focus=True):
         if offset.y == 0:
             x = offset.x if offset.x < self._fixed_width else offset.x + self.scroll_offset.x
             for column in self.columns:
-                x -= column.width + 2 * PADDING
+                x -= column.width + GAP
                 if x < 0:
                     self.post_message(self.HeaderSelected(self, column.key))
                     return

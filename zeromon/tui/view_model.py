@@ -52,6 +52,11 @@ def rate(bytes_s: float | None) -> str:
     return f"{gb_s:.2f}" if gb_s < 10 else f"{gb_s:.1f}" if gb_s < 100 else f"{gb_s:.0f}"
 
 
+def step_number(index: int) -> int:
+    """A step as training scripts log it (`step 400/400` is the 400th): recordings number steps from 0."""
+    return index + 1
+
+
 def duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -61,6 +66,24 @@ def duration(seconds: float | None) -> str:
     if s < 3600:
         return f"{s // 60}m{s % 60:02d}s"
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def short_duration(seconds: float) -> str:
+    """Three characters at most (under 100 days): '7s', '59s', '12m', '3h', '2d' (a table cell)."""
+    s = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit}"
+    return f"{s}s"
+
+
+def memory_numbers(used: int | None, peak: int | None, capacity: int | None) -> str:
+    """'45.2/71.1/79.6G' (one unit, said once, when all three share it), else '356M/356M/23.5G':
+    short_bytes' three digits, as the drill-down shows them, in a table cell."""
+    texts = [short_bytes(v) for v in (used, peak, capacity)]
+    if "-" not in texts and len({t[-1] for t in texts}) == 1:
+        return f"{texts[0][:-1]}/{texts[1][:-1]}/{texts[2]}"
+    return "/".join(texts)
 
 
 def memory_bar(used: int | None, peak: int | None, capacity: int | None, width: int = BAR_WIDTH) -> str:
@@ -81,12 +104,13 @@ class Column:
     width: int
 
 
-# The first eight fit an 80-column terminal; the rest scroll sideways (the rank column stays).
+# The first nine fit an 80-column terminal (state last but whole: staleness must read without colour);
+# the rest scroll sideways (the rank column stays).
 COLUMNS: tuple[Column, ...] = (
     Column("rank", "rank", 6),
     Column("risk", "risk", 4),
     Column("headroom", "headroom", 8),
-    Column("memory", "memory used/peak/cap", 20),
+    Column("memory", "memory used/peak/cap", 21),
     Column("step_ms", "step ms", 7),
     Column("overlap", "overlap", 7),
     Column("exposed_ms", "exp ms", 6),
@@ -98,7 +122,8 @@ COLUMNS: tuple[Column, ...] = (
 )
 COLUMN_KEYS = tuple(c.key for c in COLUMNS)
 WORST_MARK = "▶"  # the worst row's symbol (it is coloured too: the symbol is for those who see no colour)
-STALE_MARK = "○"  # a rank not answering (its last data stays)
+STALE_MARK = "○"  # a rank not answering (its last data stays); beside WORST_MARK when both apply
+MEMORY_BAR_CELLS = 5  # the table's memory bar: the numbers beside it take the rest of the column
 RISK_WORDS = {Severity.OK: "ok", Severity.INFO: "ok", Severity.WARN: "warn", Severity.CRITICAL: "crit"}
 
 
@@ -112,7 +137,7 @@ class RankRow:
     host: str
     alive: bool
     stale_s: float | None
-    step: int | None
+    steps_done: int | None  # step_number() of its last step: steps completed
     used: int | None
     peak: int | None
     capacity: int | None
@@ -122,6 +147,13 @@ class RankRow:
     overlap: float | None
     exposed_s: float | None
     busbw: float | None
+    ended: bool = False  # its process has exited: its data is its last
+    final: bool = False  # every rank has ended (the job or the replay finished): its data is the run's final state
+
+    @property
+    def answering(self) -> bool:
+        """Alive, or ended with the whole run: nothing to warn about."""
+        return self.alive or self.final
 
     @property
     def exposed_share(self) -> float | None:
@@ -133,7 +165,9 @@ class RankRow:
     def state(self) -> str:
         if self.alive:
             return "alive"
-        return "down" if self.stale_s is None else f"stale {duration(self.stale_s)}"
+        if self.ended:
+            return "ended"
+        return "down" if self.stale_s is None else f"stale {short_duration(self.stale_s)}"
 
     @property
     def headroom_share(self) -> float | None:
@@ -148,17 +182,18 @@ class RankRow:
             return "critical"
         if self.risk is Severity.WARN:
             return "warn"
-        return "ok" if self.alive else "stale"
+        return "ok" if self.answering else "stale"
 
     def cells(self, worst: bool = False) -> tuple[str, ...]:
-        """The cells in COLUMNS order; ``worst``: this is the row that stands out."""
-        mark = WORST_MARK if worst else (" " if self.alive else STALE_MARK)
-        memory = f"{memory_bar(self.used, self.peak, self.capacity, 6)} " \
-                 f"{short_bytes(self.used, 2)}/{short_bytes(self.peak, 2)}/{short_bytes(self.capacity, 2)}"
-        return (f"{mark} {self.rank if self.rank is not None else '?'}",
+        """The cells in COLUMNS order; ``worst``: this is the row that stands out (both marks show
+        on a worst rank that is stale)."""
+        marks = (WORST_MARK if worst else "") + ("" if self.answering else STALE_MARK)
+        memory = (f"{memory_bar(self.used, self.peak, self.capacity, MEMORY_BAR_CELLS)} "
+                  f"{memory_numbers(self.used, self.peak, self.capacity)}")
+        return (f"{marks:>2} {self.rank if self.rank is not None else '?'}",
                 RISK_WORDS[self.risk] if self.risk is not None else "-", short_bytes(self.headroom), memory,
                 ms(self.step_s), pct(self.overlap), ms(self.exposed_s), pct(self.exposed_share), self.state,
-                str(self.step) if self.step is not None else "-", rate(self.busbw), self.host)
+                str(self.steps_done) if self.steps_done is not None else "-", rate(self.busbw), self.host)
 
 
 def _busbw(rank: RankView) -> float | None:
@@ -174,7 +209,8 @@ def rank_key(rank: RankView) -> str:
     return f"rank {rank.rank}" if rank.rank is not None else rank.target
 
 
-def rank_row(rank: RankView) -> RankRow:
+def rank_row(rank: RankView, final: bool = False) -> RankRow:
+    """``final``: every rank of the view has ended (rank_rows says)."""
     last = rank.last_step
     m, oom = rank.memory, rank.oom
     used = (m.allocated if m.allocated is not None else m.rss) if m is not None else None
@@ -188,14 +224,22 @@ def rank_row(rank: RankView) -> RankRow:
     host = rank.host or (rank.run_info.host if rank.run_info is not None else rank.target.rsplit(":", 1)[0])
     return RankRow(
         key=rank_key(rank), rank=rank.rank, target=rank.target,
-        host=host, alive=rank.alive, stale_s=rank.stale_s, step=last.step if last else None, used=used, peak=peak,
+        host=host, alive=rank.alive, stale_s=rank.stale_s, steps_done=step_number(last.step) if last else None,
+        used=used, peak=peak,
         capacity=capacity, headroom=headroom, risk=oom.risk if oom is not None else None,
         step_s=last.duration_s if last else None, overlap=last.overlap_ratio if last else None,
-        exposed_s=last.exposed_comm_s if last else None, busbw=_busbw(rank))
+        exposed_s=last.exposed_comm_s if last else None, busbw=_busbw(rank), ended=rank.ended,
+        final=final and rank.ended)
+
+
+def run_ended(view: FleetView) -> bool:
+    """Every rank's process has exited: what the view holds is the run's final state."""
+    return bool(view.ranks) and all(r.ended for r in view.ranks)
 
 
 def rank_rows(view: FleetView) -> tuple[RankRow, ...]:
-    return tuple(rank_row(r) for r in view.ranks)
+    final = run_ended(view)
+    return tuple(rank_row(r, final) for r in view.ranks)
 
 
 def _badness(row: RankRow) -> tuple[float, ...]:
@@ -206,9 +250,11 @@ def _badness(row: RankRow) -> tuple[float, ...]:
 
 
 def worst_row(rows: Iterable[RankRow]) -> RankRow | None:
-    """The row that stands out: the rank closest to trouble among those with data (None without any)."""
-    candidates = [r for r in rows if r.step is not None or r.used is not None]
-    return max(candidates, key=_badness, default=None)
+    """The row that stands out: the rank closest to trouble among those with data (None without any),
+    an answering one while any answers (a stale rank's data is old; it has its own mark)."""
+    candidates = [r for r in rows if r.steps_done is not None or r.used is not None]
+    answering = [r for r in candidates if r.answering]
+    return max(answering or candidates, key=_badness, default=None)
 
 
 # Sort orders for `s` and the column headers: name, column it belongs to, key (ascending = shown first).
@@ -243,7 +289,7 @@ def sort_rows(rows: Sequence[RankRow], sort: str) -> list[RankRow]:
 
 @dataclass(frozen=True, slots=True)
 class RankFilter:
-    """`/` filter: rank numbers ('3', '0-7'), states ('stale', 'alive'), risks ('ok', 'warn', 'crit'),
+    """`/` filter: rank numbers ('3', '0-7'), states ('stale', 'alive', 'ended'), risks ('ok', 'warn', 'crit'),
     or any other word as part of the host or target. Several terms: a rank matching any is shown."""
 
     text: str
@@ -264,6 +310,8 @@ def _term_matches(term: str, row: RankRow) -> bool:
         return int(low) <= row.rank <= int(high) if dash else row.rank == int(low)
     if term in ("stale", "down", "dead"):
         return not row.alive
+    if term == "ended":
+        return row.ended
     if term == "alive":
         return row.alive
     if term in ("ok", "warn", "crit", "critical"):
@@ -311,13 +359,13 @@ def header(view: FleetView, rows: Sequence[RankRow], uptime_s: float | None, upt
     else:
         name = _FRAMEWORKS.get(info.framework, info.framework)
         framework = (f"{name} {info.framework_version}" if info.framework == "deepspeed" and info.framework_version
-                     else f"{name} (torch {info.torch_version})")
+                     else f"{name} (torch {info.torch_version})" if info.torch_version else name)
         strategy = f"ZeRO-{info.zero_stage}" if info.zero_stage is not None else (info.fsdp_strategy or "-")
         dtypes = " ".join(f"{what} {dtype}" for what, dtype in (("param", info.param_dtype),
                                                                  ("reduce", info.reduce_dtype)) if dtype) or "-"
     worlds = {r.world_size for r in view.ranks if r.world_size} | {i.world_size for i in infos}
     world = "/".join(str(w) for w in sorted(worlds)) if worlds else "-"
-    steps = [r.step for r in rows if r.step is not None]
+    steps = [r.steps_done for r in rows if r.steps_done is not None]
     step = "-" if not steps else str(max(steps)) if min(steps) == max(steps) else f"{min(steps)}–{max(steps)}"
     rates = [v for r in view.ranks if r.alive and (v := _steps_per_s(r)) is not None]
     steps_per_s = f"{statistics.median(rates):.2f}" if rates else "-"
@@ -344,18 +392,23 @@ def header(view: FleetView, rows: Sequence[RankRow], uptime_s: float | None, upt
 
 
 class RunClock:
-    """Uptime: since the earliest agent start the ranks report, else since the start of the earliest
-    step seen, exact once step 0 has been seen (a view keeps each rank's last 64 steps; attached
-    later, that uptime is a lower bound)."""
+    """Uptime: since the earliest agent start the ranks report (remembered: a run's final state read
+    from its recording says none), else since the start of the earliest step seen, exact once step 0
+    has been seen (a view keeps each rank's last 64 steps; attached later, that uptime is a lower bound)."""
 
     def __init__(self) -> None:
+        self.agent_start_ns: int | None = None
         self.first_start_ns: int | None = None
         self.first_step: int | None = None
 
     def observe(self, view: FleetView) -> tuple[float | None, bool]:
         started = [rank.start_ns for rank in view.ranks if rank.start_ns is not None]
         if started:
-            return max(0.0, (view.t_ns - min(started)) / 1e9), True
+            self.agent_start_ns = min(started)
+        answered = [rank.t_ns for rank in view.ranks if rank.t_ns is not None]
+        now = max(answered) if answered and run_ended(view) else view.t_ns  # an ended run's uptime stops
+        if self.agent_start_ns is not None:
+            return max(0.0, (now - self.agent_start_ns) / 1e9), True
         for rank in view.ranks:
             if rank.steps:
                 first = rank.steps[0]
@@ -363,7 +416,7 @@ class RunClock:
                     self.first_start_ns, self.first_step = first.start_ns, first.step
         if self.first_start_ns is None:
             return None, True
-        return max(0.0, (view.t_ns - self.first_start_ns) / 1e9), self.first_step == 0
+        return max(0.0, (now - self.first_start_ns) / 1e9), self.first_step == 0
 
 
 # --- sparklines --------------------------------------------------------------------------------------
@@ -449,14 +502,42 @@ class FindingsLog:
 
 # --- no agent ----------------------------------------------------------------------------------------
 
-def no_agent_text(view: FleetView, interval_s: float) -> str:
-    lines = ["No zeromon agent is answering.", "", "Looked at:"]
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    """The command that `zeromon run --tui` started, as the TUI tells it."""
+
+    pid: int
+    log: str  # where its output goes
+    exit_code: int | None = None  # None while it runs
+
+
+def no_agent_text(view: FleetView, interval_s: float, job: JobStatus | None = None) -> str:
+    """Where it looked, why nothing answers (when that says more than where), and what to do: start
+    a run, wait for the job's ranks (`zeromon run --tui`), or check Prometheus."""
+    if job is not None and job.exit_code is not None:
+        return "\n".join([
+            f"The job ended (exit status {job.exit_code}) before any rank registered its agent.", "",
+            f"Its output: {job.log}", "",
+            "A rank registers when it creates its torch.distributed process group",
+            "(unless ZEROMON_ENABLE=0 or ZEROMON_ENDPOINT=0 is set).", "", "q quits."])
+    heading = ("Waiting for the job's ranks to start and register their agents." if job is not None
+               else "No zeromon agent is answering.")
+    lines = [heading, "", "Looked at:"]
     lines += [f"  • {place}" for place in view.looked_at] or ["  • (nowhere: no target, run folder or index)"]
-    if view.error:
+    # LiveSource's "no agent found (looked at: ...)" only repeats the list above.
+    if view.error and not view.error.startswith("no agent found"):
         lines += ["", f"Why: {view.error}"]
-    lines += ["", "Start a run with the agent in every rank:",
-              "  zeromon run -- torchrun --nproc-per-node 2 train.py",
-              "or attach it in the training script after init_process_group:",
-              "  import zeromon_agent; zeromon_agent.attach(model=model, optimizer=optimizer)",
-              "", f"Still looking, every {interval_s:g} s…"]
+    if job is not None:
+        lines += ["", f"The job runs (pid {job.pid}; its output: {job.log}). Each rank registers",
+                  "when it creates its torch.distributed process group."]
+    elif view.source.startswith("prometheus"):
+        lines += ["", "Check that Prometheus is up at that address and scrapes the ranks' agents:",
+                  "  zeromon targets --write FILE",
+                  "keeps the file_sd list that its scrape config reads (honor_labels: true)."]
+    else:
+        lines += ["", "Start a run with the agent in every rank:",
+                  "  zeromon run -- torchrun --nproc-per-node 2 train.py",
+                  "or attach it in the training script after init_process_group:",
+                  "  import zeromon_agent; zeromon_agent.attach(model=model, optimizer=optimizer)"]
+    lines += ["", f"Still looking, every {interval_s:g} s…"]
     return "\n".join(lines)

@@ -34,11 +34,12 @@ def severity_text(severity: Severity | None, text: str) -> Text:
 
 class FleetHeader(Static):
     """What runs (job, framework, sharding, world, dtypes), how far (step, rate, uptime), how it fares
-    (the worst OOM risk and overlap), and a highlighted line for what needs attention (paused, errors)."""
+    (the worst OOM risk and overlap), a highlighted line for what needs attention (paused, errors),
+    and a calm one when the run has ended (the job finished, the replay played through)."""
 
     _shape: tuple[int, ...] = ()
 
-    def show(self, h: Header, status: Sequence[str] = (), alerts: Sequence[str] = ()) -> None:
+    def show(self, h: Header, status: Sequence[str] = (), alerts: Sequence[str] = (), ended: str | None = None) -> None:
         dot = (" · ", "dim")
         if h.known:
             line1 = Text.assemble((h.job, "bold"), dot, h.framework, dot, (h.strategy, "bold"), dot,
@@ -54,6 +55,8 @@ class FleetHeader(Static):
         line3 = Text.assemble(("worst OOM risk ", "dim"), severity_text(h.worst_risk, h.worst_risk_text), dot,
                               ("worst overlap ", "dim"), severity_text(overlap_severity, h.worst_overlap_text))
         lines = [line1, line2, line3]
+        if ended:
+            lines.append(Text(ended, style="bold green"))
         if alerts:
             lines.append(Text(" · ".join(alerts), style="bold reverse"))
         # A new layout of the whole screen only when the header's height can change: a refresh
@@ -69,7 +72,10 @@ class RanksTable(RankTable):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(COLUMNS, fixed=1, **kwargs)
 
-    def show(self, rows: Sequence[RankRow], worst_key: str | None) -> None:
+    def show(self, rows: Sequence[RankRow], worst_key: str | None, empty_text: str = "") -> None:
+        """``empty_text``: what to say when there are no rows (a filter that matches none)."""
+        self.empty_text = empty_text
+
         def content(index: int) -> tuple[tuple[str, ...], str]:
             row = rows[index]
             worst = row.key == worst_key
@@ -79,7 +85,8 @@ class RanksTable(RankTable):
 
 
 class TrendsPanel(Horizontal):
-    """Sparklines over the last steps: the fleet's peak memory, slowest step and most exposed communication."""
+    """Sparklines over the last steps: the fleet's peak memory, slowest step and most exposed communication.
+    The titles are as wide as their sparklines (app.tcss): a new value redraws them without a layout."""
 
     def compose(self):  # type: ignore[no-untyped-def]
         for key, title in (("memory", "peak memory"), ("step", "step time"), ("exposed", "exposed comm")):
