@@ -34,7 +34,14 @@ from zeromon.cli import main
 from zeromon.errors import ZeromonError
 from zeromon.model.events import AgentStats, MemorySample, PhaseSpan, RunInfo, StepSummary
 from zeromon.model.registry import EndpointEntry, read_entry, run_entry_path, user_entry_path, write_entry
-from zeromon.sources.discovery import file_sd_groups, newest_local_run, parse_target, run_entries
+from zeromon.sources.discovery import (
+    LocalRun,
+    file_sd_groups,
+    newest_local_run,
+    parse_target,
+    run_entries,
+    run_to_follow,
+)
 from zeromon.sources.fleet import RankView
 from zeromon.sources.live import LiveSource
 from zeromon.sources.promql import PrometheusFleet
@@ -806,3 +813,25 @@ def test_real_run_discovered_polled_listed_and_stale_after_it_ends(tmp_path: Pat
         writer.send_signal(signal.SIGINT)
         writer.communicate(timeout=10)
     assert writer.returncode == 0, out
+
+
+def test_the_run_followed_gives_way_to_a_newer_one_or_to_an_older_one_still_going() -> None:
+    def run(name: str, start_ns: int, alive: bool) -> LocalRun:
+        return LocalRun(run_dir=f"/runs/{name}", start_ns=start_ns, alive=alive, entries=())
+
+    def follow(runs: list[LocalRun], followed: str | None, start_ns: int = -1) -> str | None:
+        runs = sorted(runs, key=lambda r: (r.alive, r.start_ns), reverse=True)  # as local_runs orders them
+        chosen = run_to_follow(runs, None if followed is None else f"/runs/{followed}", start_ns)
+        return None if chosen is None else chosen.run_dir.removeprefix("/runs/")
+
+    long, short = run("long", 100, alive=True), run("short", 200, alive=True)
+    assert follow([], None) is None
+    assert follow([long], None) == "long"
+    assert follow([long, short], "long", 100) == "short"  # a newer run takes over
+    assert follow([long, short], "short", 200) is None
+    # The short run ended: its leftovers (a crash) or no entries at all (a clean exit) -> back to the long one.
+    assert follow([long, run("short", 200, alive=False)], "short", 200) == "long"
+    assert follow([long], "short", 200) == "long"
+    # An ended run keeps its place against an older run that ended too.
+    assert follow([run("long", 100, alive=False), run("short", 200, alive=False)], "short", 200) is None
+    assert follow([run("long", 100, alive=False)], "short", 200) is None

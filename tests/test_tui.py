@@ -327,6 +327,10 @@ def test_rank_detail_memory_collectives_and_timeline() -> None:
     assert [c.label for c in categories] == ["optimizer state", "sharded params", "activations"]
     assert categories[0].share == pytest.approx(0.5)
     assert ("fragmentation", "1G") in totals and ("OOM risk", "ok") in totals
+    assert ("steps to capacity", "-") in totals  # not growing toward it
+    for steps, says in ((37.4, "37"), (0.0, "already over")):
+        over = dataclasses.replace(rank, oom=dataclasses.replace(rank.oom, steps_to_capacity=steps))
+        assert ("steps to capacity", says) in memory_lines(over)[1]
     rows = collective_rows(rank)
     assert rows[0][:3] == ("all_gather", "param_all_gather", "480")
     assert rows[0][6] == "150" and rows[0][8] == "11%"  # busbw GB/s; 0.1 s blocked of 0.9 s
@@ -803,6 +807,8 @@ def test_hundreds_of_ranks_scroll_and_refresh_quickly() -> None:
     (["attach", "--replay", ".", "--speed", "nan"], "--speed nan: must be a number > 0"),
     (["attach", "--replay", ".", "--speed", "0"], "--speed 0: must be a number > 0"),
     (["attach", "--interval", "0"], "--interval 0: must be a number of seconds > 0"),
+    (["attach", "--interval", "inf"], "--interval inf: must be a number of seconds > 0"),
+    (["attach", "--prometheus", "http://[::1"], "--prometheus"),
     (["attach", "nohost"], "TARGET 'nohost': no port"),
     (["attach", "127.0.0.1:9470", "--run", "."], "not both"),
     (["attach", "--prometheus", "http://p:9090", "--run", "."], "--prometheus reads every rank"),

@@ -8,6 +8,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
+from zeromon.commands.live import check_interval
 from zeromon.errors import ZeromonError
 
 if TYPE_CHECKING:
@@ -39,8 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_source(args: argparse.Namespace) -> Source:
     """The source the flags ask for; ZeromonError naming the flag for a bad combination."""
-    if not args.interval > 0:
-        raise ZeromonError(f"--interval {args.interval:g}: must be a number of seconds > 0")
+    check_interval(args.interval)
     if args.speed is not None and args.replay is None:
         raise ZeromonError("--speed applies to --replay only")
     from zeromon.sources.discovery import parse_target

@@ -51,15 +51,16 @@ def run(args: argparse.Namespace) -> int:
 def _keep_writing(path: Path, run_dir_arg: str | None, interval_s: float) -> int:
     """Rewrite ``path`` whenever the target list changes, until interrupted.
 
-    Without RUN_DIR it follows the newest local run: a run that starts later takes over, and a run
-    that ended stays (its targets then fail their scrapes, which Prometheus shows as up == 0) rather
-    than giving way to an older run's leftovers.
+    Without RUN_DIR it follows the newest local run (discovery.run_to_follow): a run that starts later
+    takes over; a run that ended stays (its targets then fail their scrapes, which Prometheus shows as
+    up == 0) unless an older run is still going, which then takes over.
     """
     from zeromon.sources.discovery import (
         file_sd_text,
-        newest_local_run,
+        local_runs,
         resolve_run_dir,
         run_entries,
+        run_to_follow,
         write_atomically,
     )
 
@@ -71,9 +72,9 @@ def _keep_writing(path: Path, run_dir_arg: str | None, interval_s: float) -> int
     try:
         while True:
             if run_dir_arg is None:
-                newest = newest_local_run()
-                if newest is not None and newest.start_ns > followed_start_ns:
-                    followed_start_ns, run_dir = newest.start_ns, Path(newest.run_dir)
+                follow = run_to_follow(local_runs(), run_dir, followed_start_ns)
+                if follow is not None:
+                    followed_start_ns, run_dir = follow.start_ns, Path(follow.run_dir)
             entries = run_entries(run_dir) if run_dir is not None else []
             text = file_sd_text(entries)
             if text != written:

@@ -185,6 +185,25 @@ def newest_local_run(registry: str | Path | EntryFolder | None = None,
     return runs[0] if runs else None
 
 
+def run_to_follow(runs: list[LocalRun], followed: str | Path | None, followed_start_ns: int) -> LocalRun | None:
+    """Of ``runs`` (local_runs), the one a client following "the newest local run" should watch now;
+    None: keep ``followed``.
+
+    A run that starts later takes over. A run that has ended keeps its place against older runs'
+    leftovers (its ranks then read as down), but gives way to an older run whose processes are still
+    running: a short run started beside a long one must not leave the long one unwatched.
+    """
+    if not runs:  # local_runs: live runs first, newest first
+        return None
+    best = runs[0]
+    if followed is None or best.start_ns > followed_start_ns:
+        return best if followed is None or Path(best.run_dir) != Path(followed) else None
+    if Path(best.run_dir) == Path(followed) or not best.alive:
+        return None
+    current = next((r for r in runs if Path(r.run_dir) == Path(followed)), None)
+    return best if current is None or not current.alive else None
+
+
 def run_entries(run_dir: str | Path, problems: list[str] | None = None) -> list[EndpointEntry]:
     """The endpoints registered in a run folder, one per rank: the newest entry where a rank has two."""
     newest: dict[int, EndpointEntry] = {}

@@ -41,9 +41,10 @@ from zeromon.sources.discovery import (
     Target,
     agent_query,
     entry_target,
-    newest_local_run,
+    local_runs,
     parse_target,
     run_endpoints_folder,
+    run_to_follow,
 )
 from zeromon.sources.fleet import (
     FleetView,
@@ -282,18 +283,20 @@ class LiveSource:
             return
         problems: list[str] = []
         if self._auto:
-            newest = newest_local_run(self._registry, problems)
-            # Only a newer run takes over: when this one ends cleanly its user-level entries go,
-            # and an older crashed run's leftovers must not replace it.
-            if newest is not None and newest.start_ns > self._auto_start_ns:
-                self._auto_start_ns = newest.start_ns
-                self._run_dir = Path(newest.run_dir)
+            # A newer run takes over, and an older one still going replaces one that ended; an older
+            # crashed run's leftovers never do (discovery.run_to_follow).
+            runs = local_runs(self._registry, problems)
+            follow = run_to_follow(runs, self._run_dir, self._auto_start_ns)
+            if follow is not None:
+                self._auto_start_ns = follow.start_ns
+                self._run_dir = Path(follow.run_dir)
                 self._folder = EntryFolder(run_endpoints_folder(self._run_dir))
                 with self._lock:
                     self._slots = {}
             entries = self._folder.read(problems) if self._folder is not None else []
-            if not entries and newest is not None and self._run_dir == Path(newest.run_dir):
-                entries = list(newest.entries)  # the run folder is gone: the index still has this host's
+            followed = next((r for r in runs if self._run_dir == Path(r.run_dir)), None)
+            if not entries and followed is not None:
+                entries = list(followed.entries)  # the run folder is gone: the index still has this host's
         else:
             assert self._folder is not None
             entries = self._folder.read(problems)

@@ -46,7 +46,7 @@ def memory_lines(rank: RankView) -> tuple[tuple[MemoryLine, ...], tuple[tuple[st
         totals += [("OOM risk", oom.risk.value), ("headroom", short_bytes(oom.headroom_bytes)),
                    ("predicted peak", short_bytes(oom.predicted_peak_bytes)),
                    ("growth/step", short_bytes(oom.growth_bytes_per_step)),
-                   ("steps to capacity", "-" if oom.steps_to_capacity is None else f"{oom.steps_to_capacity:.0f}"),
+                   ("steps to capacity", _steps_to_capacity(oom.steps_to_capacity)),
                    ("optimizer to come", short_bytes(oom.pending_optimizer_bytes))]
     return lines, tuple(totals)
 
@@ -138,3 +138,9 @@ def rank_title(rank: RankView) -> str:
     if rank.error and not rank.alive and not rank.ended:  # an ended rank's "connection refused" says nothing more
         parts.append(rank.error)
     return " · ".join(p for p in parts if p)
+
+
+def _steps_to_capacity(steps: float | None) -> str:
+    if steps is None:
+        return "-"
+    return "already over" if steps <= 0 else f"{steps:.0f}"
