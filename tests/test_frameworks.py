@@ -247,3 +247,20 @@ def test_fsdp2_four_ranks(tmp_path: Path) -> None:
         assert rec.run_info is not None and rec.run_info.world_size == 4
         assert {e.group_size for e in rec.collectives if e.step >= 0} == {4}
         assert _last_categories(rec)["sharded_params"] == pytest.approx(full / 4, rel=0.01)
+
+
+def test_ddp_attached_by_the_script_itself(tmp_path: Path) -> None:
+    """`zeromon_agent.attach(model=ddp_model)` in the script, no `zeromon run`: the framework is known
+    from the model at attach time, and the buckets must still be hooked before the first backward."""
+    import subprocess
+
+    out = tmp_path / "run"
+    result = subprocess.run(torchrun_args(2, EXAMPLES / "ddp_train.py", "--steps", str(STEPS), "--zeromon"),
+                            env=child_env(ZEROMON_OUT=str(out)), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for rec in read_run(out):
+        assert rec.run_info is not None and rec.run_info.framework == "ddp"
+        reduces = [e for e in rec.collectives if e.meaning == "grad_all_reduce"]
+        assert len({e.step for e in reduces}) == STEPS, reduces
+        assert all(e.wait_ns is not None for e in reduces)
+        assert not [n for n in rec.notices if n.source == "ddp"]

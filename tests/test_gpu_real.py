@@ -182,3 +182,42 @@ def test_the_endpoint_serves_allocator_and_device_metrics_on_a_gpu(tmp_path: Pat
     if shutil.which("promtool"):
         check = subprocess.run(["promtool", "check", "metrics"], input=r["metrics"], capture_output=True, text=True)
         assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_ddp_buckets_are_waited_on_the_gpu_clock(tmp_path: Path) -> None:
+    """DDP's reducer waits for its buckets in C++; the agent's final callback waits on them first
+    through Work.wait, which on NCCL makes the stream wait: each bucket gets a wait on the GPU's
+    clock, and the GPU's own capacity (not the host's share) is the forecast's."""
+    script = tmp_path / "gpu_ddp.py"
+    script.write_text(textwrap.dedent("""
+        import json, os, sys, torch, torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        import zeromon_agent
+        from zeromon.model import read_recording
+        torch.cuda.set_device(0)
+        dist.init_process_group("nccl", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{sys.argv[2]}")
+        model = DDP(torch.nn.Sequential(torch.nn.Linear(2048, 2048), torch.nn.ReLU(),
+                                        torch.nn.Linear(2048, 1)).cuda(), device_ids=[0], bucket_cap_mb=4)
+        opt = torch.optim.AdamW(model.parameters())
+        zeromon_agent.attach(model=model, optimizer=opt, out_dir=sys.argv[1])
+        for _ in range(6):
+            model(torch.randn(256, 2048, device="cuda")).sum().backward()
+            opt.step(); opt.zero_grad()
+        torch.cuda.synchronize()
+        zeromon_agent.detach()
+        rec = read_recording(os.path.join(sys.argv[1], "rank-0.jsonl"))
+        buckets = [e for e in rec.collectives if e.meaning == "grad_all_reduce"]
+        print(json.dumps({
+            "buckets": len(buckets), "timings": sorted({e.timing for e in buckets}),
+            "waited": sum(e.wait_ns is not None for e in buckets),
+            "hook_errors": rec.stats.hook_errors if rec.stats else None,
+            "capacity": [m.capacity for m in rec.memory][-1], "total": torch.cuda.mem_get_info()[1],
+        }))
+    """))
+    out = run_python(script, str(tmp_path), str(free_port()), env=child_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["buckets"] >= 6, r  # at least one bucket a step
+    assert r["timings"] == ["cuda_event"] and r["waited"] == r["buckets"], r
+    assert r["hook_errors"] == 0, r
+    assert r["capacity"] == r["total"], r

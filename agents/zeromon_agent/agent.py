@@ -174,6 +174,9 @@ class Agent:
             self.tracker.stop_watching_for_root()
             self.tracker.set_root(model)
             self._framework_known = False
+            # Before the first backward: a DDP model's buckets are recorded through a comm hook, and
+            # the forward-time check below never runs once the framework is known from this model.
+            self._maybe_adopt_engine()
         if self.started:
             self._write_run_info()
 
