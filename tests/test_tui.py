@@ -656,6 +656,34 @@ def test_a_job_that_finishes_shows_its_final_state_not_a_crash() -> None:
     run_app(source, body=body, job=lambda: job, final_view=final_view)
 
 
+def test_attach_to_a_run_whose_ranks_exited_shows_its_recordings_final_state() -> None:
+    """`zeromon attach --run DIR` (no job of its own): once every rank's process has exited, the final
+    state comes from the recording, not from whatever the last poll caught."""
+    def gone(view: FleetView) -> FleetView:
+        return dataclasses.replace(view, ranks=tuple(dataclasses.replace(r, alive=False, ended=True)
+                                                     for r in view.ranks))
+
+    source = FakeSource(fleet(2))
+    asked = []
+
+    def final_view() -> FleetView:
+        asked.append(1)
+        return gone(ended_fleet(steps=15))
+
+    async def body(app: ZeromonApp, pilot: Any) -> None:
+        await settle(app, pilot)
+        assert asked == []  # not while the ranks run
+        source.view = gone(ended_fleet())
+        await settle(app, pilot)
+        await app.workers.wait_for_complete()
+        await pilot.pause()
+        head = text_of(app.screen.query_one(FleetHeader))
+        assert "run ended: every rank's process has exited — showing its final state (from the recording)" in head
+        assert "step 15" in head and asked == [1]
+
+    run_app(source, body=body, final_view=final_view)
+
+
 def test_a_job_that_fails_says_so_and_keeps_the_last_data_polled() -> None:
     source = FakeSource(fleet(2))
     job = JobStatus(pid=4242, log="/runs/x/launcher.log")
@@ -864,7 +892,10 @@ def test_run_tui_quit_leaves_the_job_running_and_returns_its_status(tmp_path: Pa
         wait_for("the job's exit status", lambda: done.exists() and done.read_text().strip() != "")
         assert done.read_text().strip() == "3"  # zeromon run returns the job's status
         assert "hello from the job" in (out / "launcher.log").read_text()
-        assert "hello from the job" not in screen()  # the job's output went to the log, not the terminal
+        # The job's output went to the log, not the terminal; its failure then shows the log's end, quoted.
+        lines = [line.strip() for line in screen().splitlines()]
+        assert "hello from the job" not in lines and "| hello from the job" in lines
+        assert any("the job ended with exit status 3" in line for line in lines)
     finally:
         subprocess.run([*tmux, "kill-server"], capture_output=True)
 

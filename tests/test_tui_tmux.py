@@ -231,3 +231,22 @@ def test_run_tui_keys_work_at_once_and_the_end_shows_the_final_state(tmp_path: P
         pane.keys("q")
         status = wait_for(lambda: (s := pane.exit_status()) is not None and (s,), pane, 30, "zeromon run to exit")
         assert status == (0,), pane.screen()
+
+
+def test_run_tui_leaves_a_failed_jobs_status_and_output_on_the_terminal(tmp_path: Path) -> None:
+    """Under --tui the job's output goes to launcher.log; once the TUI closes, a failed job's exit
+    status and the end of its output must be on the terminal, not a hint about process groups."""
+    out = tmp_path / "run"
+    command = zeromon_cli("run", "--out", str(out), "--tui", "--",
+                          sys.executable, "-c", "import sys; print('boom: bad batch'); sys.exit(3)")
+    with tmux_pane(command, tui_env(ZEROMON_REGISTRY=str(tmp_path / "registry"), ZEROMON_PORT="0"),
+                   tmp_path / "status") as pane:
+        wait_for(lambda: "exit status 3" in pane.screen(), pane, 60, "the TUI to say the job ended")
+        pane.keys("q")
+        status = wait_for(lambda: (s := pane.exit_status()) is not None and (s,), pane, 30, "zeromon run to exit")
+        screen = pane.tmux("capture-pane", "-p", "-J", "-S", "-200", "-t", "t")  # with the scrollback, lines joined
+        assert status == (3,), screen
+        assert f"the job ended with exit status 3; its output is in {out / 'launcher.log'}" in screen
+        assert "its last line:" in screen
+        assert "| boom: bad batch" in screen
+        assert "process group" not in screen

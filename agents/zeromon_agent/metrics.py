@@ -154,7 +154,7 @@ class AgentCollector(Collector):
             return
         last = view.steps[-1]
         step_s = last.duration_s
-        yield from self._gauge("zeromon_step", "Number of the last completed step.", last.step)
+        yield from self._gauge("zeromon_step", "Index of the last completed step, from 0 (zeromon_steps_total counts them).", last.step)
         yield from self._gauge("zeromon_last_step_duration_seconds", "Duration of the last completed step.", step_s)
         yield from self._gauge("zeromon_step_comm_seconds", "Communication time (union of collective "
                                "intervals) in the last completed step.", last.comm_union_s)

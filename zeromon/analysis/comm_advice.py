@@ -109,10 +109,14 @@ def with_waiting_for_peers(finding: Finding, exposed_s: float, waited_s: float,
     evidence = (*finding.evidence, f"{waited_s:.3f} s of its {exposed_s:.3f} s of exposed communication "
                                    f"({share:.0%}) was waiting for {whom} to reach the collective")
     remedies = finding.remedies
-    if share >= WAITING_SHARE_MOSTLY:
+    if share >= WAITING_SHARE_MOSTLY and late:
         remedies = (f"most of it is waiting for {whom}: make {'that rank' if len(late) == 1 else 'them'} "
                     "faster first (see the straggler finding); prefetching or resharding cannot hide a peer's "
                     "lateness", *remedies)
+    elif share >= WAITING_SHARE_MOSTLY:
+        remedies = ("most of it is waiting for peers, though no single rank is a straggler (the ranks take turns "
+                    "being late): look for per-rank jitter first (data loading, host contention, uneven batches); "
+                    "prefetching or resharding cannot hide a peer's lateness", *remedies)
     return dataclasses.replace(finding, evidence=evidence, remedies=remedies,
                                metrics={**finding.metrics, "waited_for_peers_s": waited_s,
                                         "waited_share_of_exposed": share})

@@ -12,6 +12,7 @@ from zeromon.commands.live import check_interval
 from zeromon.errors import ZeromonError
 
 if TYPE_CHECKING:
+    from zeromon.sources.fleet import FleetView
     from zeromon.tui.app import Source
 
 NAME = "attach"
@@ -86,5 +87,15 @@ def run(args: argparse.Namespace) -> int:
     require_terminal("zeromon attach")
     from zeromon.tui.app import ZeromonApp
 
-    ZeromonApp(source, refresh_s=min(0.5, args.interval), interval_s=args.interval).run()
+    final_view = None
+    if args.run is not None:  # once its ranks have exited, its recording has the final state
+        run_dir = args.run
+
+        def final_view() -> FleetView:
+            from zeromon.sources.replay import ReplaySource
+
+            replay = ReplaySource(run_dir)
+            return replay.view_at(replay.duration_ns)
+
+    ZeromonApp(source, refresh_s=min(0.5, args.interval), interval_s=args.interval, final_view=final_view).run()
     return 0

@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING
 
 from zeromon.errors import ZeromonError
+from zeromon.model.events import step_number
 from zeromon.model.units import format_bytes
 
 if TYPE_CHECKING:
@@ -154,7 +155,7 @@ def _rank_line(r: RankView) -> str:
     fmt = format_bytes
     state = "alive" if r.alive else ("down" if r.stale_s is None else f"stale {r.stale_s:.0f}s")
     last = r.last_step
-    step = str(last.step) if last else "-"
+    step = str(step_number(last.step)) if last else "-"  # as the script logs it, as the TUI shows it
     step_ms = f"{last.duration_s * 1e3:.1f}" if last else "-"
     exposed = last.exposed_comm_s if last else None
     exposed_ms = f"{exposed * 1e3:.1f}" if exposed is not None else "-"

@@ -15,6 +15,7 @@ from zeromon.model.registry import ENDPOINTS_DIR, pid_alive, read_entries
 
 NAME = "run"
 HELP = "run a training command with the agent injected into every rank"
+LOG_TAIL_LINES = 15  # of a failed job's output, shown after the TUI closes (the rest is in launcher.log)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -115,9 +116,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if args.tui and code != 0:
+        _print_job_failure(out / "launcher.log", code)  # its output went to the log, not the terminal
     if not args.quiet:
-        _print_run_summary(out)
+        _print_run_summary(out, quiet_when_empty=args.tui and code != 0)
     return code if code >= 0 else 128 - code
+
+
+def _print_job_failure(log: Path, code: int) -> None:
+    how = f"exit status {code}" if code >= 0 else f"signal {-code}"
+    print(f"zeromon: the job ended with {how}; its output is in {log}", file=sys.stderr)
+    try:
+        tail = log.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+    except OSError:
+        return
+    if tail:
+        print("zeromon: its last line:" if len(tail) == 1 else f"zeromon: its last {len(tail)} lines:",
+              file=sys.stderr)
+        for line in tail:
+            print(f"  | {line}", file=sys.stderr)
 
 
 def _endpoint_env(args: argparse.Namespace, cmd: list[str]) -> dict[str, str]:
@@ -263,9 +280,11 @@ def _watch(child: subprocess.Popen[bytes], out: Path) -> None:
               "(Ctrl-C stops it)", file=sys.stderr)
 
 
-def _print_run_summary(out: Path) -> None:
+def _print_run_summary(out: Path, quiet_when_empty: bool = False) -> None:
     files = sorted(out.glob("rank-*.jsonl"))
     if not files:
+        if quiet_when_empty:  # the job failed, and that was said
+            return
         print(f"zeromon: no rank recorded in {out} (did the command create a torch.distributed process "
               "group? is ZEROMON_ENABLE=0 set?)", file=sys.stderr)
         return

@@ -213,6 +213,11 @@ class OomEvent:
     snapshot_path: str | None
 
 
+def step_number(index: int) -> int:
+    """A step as training scripts log it (`step 400/400` is the 400th): recordings number steps from 0."""
+    return index + 1
+
+
 @dataclass(frozen=True, slots=True)
 class StepSummary:
     """What one rank did in one step, aggregated by the agent as the step ends."""

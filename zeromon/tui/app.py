@@ -121,7 +121,7 @@ class ZeromonApp(App[None]):
         """``refresh_s``: how often the screen reads the source; ``interval_s``: how often the source
         polls (for the "still looking" message); ``job``: the state of the command `zeromon run --tui`
         runs; ``final_view``: the run's final state, asked once (on a worker thread) when that job has
-        ended."""
+        ended, or, without a job, when every rank's process has exited."""
         super().__init__()
         self.source = source
         self.refresh_s = refresh_s
@@ -185,6 +185,9 @@ class ZeromonApp(App[None]):
                 self.draw()
                 return
         self.source_error = None
+        if self.job is None and self.final_view is not None and not self._final_asked and run_ended(view):
+            self._final_asked = True  # attach --run: the ranks are gone, the recording has the rest
+            self.run_worker(self._read_final_view, thread=True, exit_on_error=False)
         if self.run_over() is not None:
             if not view.ranks and self.view is not None and self.view.ranks:
                 view = self.view  # the run's last data stays, not a "no agent" screen
@@ -306,7 +309,9 @@ class ZeromonApp(App[None]):
         elif self.run_over() == "replay":
             ended = "replay finished — showing the recording's final state; q quits"
         elif run_ended(view):
-            ended = "run ended: every rank's process has exited — showing the last data polled"
+            shown = ("showing its final state (from the recording)" if self.final is not None
+                     else "showing the last data polled")
+            ended = f"run ended: every rank's process has exited — {shown}"
         elif view.ranks and not view.alive:
             why = next((r.error for r in view.ranks if r.error), None)
             alerts.append(f"no rank answers{f' ({why})' if why else ''}; still looking")

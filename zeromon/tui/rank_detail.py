@@ -83,7 +83,7 @@ def table_width(columns: tuple[str, ...], rows: tuple[tuple[str, ...], ...], pad
 
 @dataclass(frozen=True, slots=True)
 class TimelineRow:
-    step: int  # the recording's index (view_model.step_number() is what to show)
+    step: int  # the recording's index (zeromon.model.events.step_number() is what to show)
     cells: str  # one letter per time slice (PHASE_LETTERS, IDLE where no phase ran)
     step_s: float
     exposed_s: float | None

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from zeromon.analysis.findings import Finding, Severity
 from zeromon.analysis.live_stragglers import memory_imbalance_finding, straggler_finding
+from zeromon.model.events import step_number
 from zeromon.sources.fleet import FleetView, RankView
 
 TREND_STEPS = 60  # steps in the sparklines
@@ -50,11 +51,6 @@ def rate(bytes_s: float | None) -> str:
         return "-"
     gb_s = bytes_s / 1e9
     return f"{gb_s:.2f}" if gb_s < 10 else f"{gb_s:.1f}" if gb_s < 100 else f"{gb_s:.0f}"
-
-
-def step_number(index: int) -> int:
-    """A step as training scripts log it (`step 400/400` is the 400th): recordings number steps from 0."""
-    return index + 1
 
 
 def duration(seconds: float | None) -> str:
