@@ -18,6 +18,8 @@ OVERLAP_RATIO_POOR = 0.5
 # the straggler put first among the remedies from the second (prefetching cannot hide a peer's lateness).
 WAITING_SHARE_NOTED = 0.2
 WAITING_SHARE_MOSTLY = 0.5
+# reduce_bucket_size and allgather_bucket_size when a config sets neither (elements).
+DEEPSPEED_BUCKET_DEFAULT = 5e8
 
 
 def overlap_remedies(info: RunInfo | None) -> tuple[str, ...]:
@@ -44,8 +46,15 @@ def overlap_remedies(info: RunInfo | None) -> tuple[str, ...]:
         if not knobs.get("overlap_comm"):
             remedies.append("zero_optimization.overlap_comm: true (overlaps gradient reduction with backward)")
         if knobs.get("stage") == 3 or info is not None and info.zero_stage == 3:
-            remedies.append("raise stage3_prefetch_bucket_size so parameters are gathered ahead of use")
-        remedies.append("larger reduce_bucket_size / allgather_bucket_size: fewer, larger collectives")
+            prefetch = knobs.get("stage3_prefetch_bucket_size")
+            now = f" (now {prefetch:g})" if isinstance(prefetch, int | float) else ""
+            remedies.append(f"raise stage3_prefetch_bucket_size{now} so parameters are gathered ahead of use")
+        small = {key: value for key in ("reduce_bucket_size", "allgather_bucket_size")
+                 if isinstance(value := knobs.get(key), int | float) and value < DEEPSPEED_BUCKET_DEFAULT}
+        if small:  # at DeepSpeed's default or above, larger buckets are seldom what is missing
+            sizes = ", ".join(f"{key} {value:g}" for key, value in small.items())
+            remedies.append(f"larger buckets ({sizes}; DeepSpeed's default is {DEEPSPEED_BUCKET_DEFAULT:g}): "
+                            "fewer, larger collectives")
     elif framework == "ddp":
         remedies.append("bucket_cap_mb: buckets that are too large start reducing late in backward")
     remedies.append("a larger micro-batch (or gradient accumulation) gives each collective more compute to hide behind")

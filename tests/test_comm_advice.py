@@ -1,0 +1,41 @@
+"""The overlap remedies follow the run's configuration, and the waiting-for-peers evidence names a
+straggler only when there is one."""
+
+from __future__ import annotations
+
+from zeromon.analysis.comm_advice import overlap_remedies, with_waiting_for_peers
+from zeromon.analysis.findings import Finding, Severity
+from zeromon.model.events import RunInfo
+
+
+def deepspeed(stage: int, **knobs: object) -> RunInfo:
+    return RunInfo(rank=0, local_rank=0, world_size=8, host="h", pid=1, job="j", framework="deepspeed",
+                   framework_version="0.19.8", torch_version="2.13.0", backend="nccl", device="cuda:0",
+                   zero_stage=stage, fsdp_strategy=None, param_dtype="bfloat16", reduce_dtype="bfloat16",
+                   optimizer="AdamW", knobs={"stage": stage, "overlap_comm": True, **knobs})
+
+
+def test_bucket_remedies_name_the_configured_sizes_and_stay_quiet_at_the_default() -> None:
+    at_default = overlap_remedies(deepspeed(2, reduce_bucket_size=5e8, allgather_bucket_size=5e8))
+    assert not any("bucket" in r for r in at_default)
+    assert not any("bucket" in r for r in overlap_remedies(deepspeed(2)))  # unset: the default
+    small = overlap_remedies(deepspeed(2, reduce_bucket_size=2e7, allgather_bucket_size=5e8))
+    assert [r for r in small if "bucket" in r] == [
+        "larger buckets (reduce_bucket_size 2e+07; DeepSpeed's default is 5e+08): fewer, larger collectives"]
+    stage3 = overlap_remedies(deepspeed(3, stage3_prefetch_bucket_size=5e7))
+    assert "raise stage3_prefetch_bucket_size (now 5e+07) so parameters are gathered ahead of use" in stage3
+
+
+def test_waiting_for_peers_names_the_straggler_only_when_there_is_one() -> None:
+    poor = Finding(kind="poor_overlap", severity=Severity.CRITICAL, title="rank 0: 60% exposed", rank=0,
+                   remedies=("prefetch",))
+    named = with_waiting_for_peers(poor, exposed_s=1.0, waited_s=0.8, late_ranks=[1])
+    assert named.remedies[0].startswith("most of it is waiting for rank 1: make that rank faster first "
+                                        "(see the straggler finding)")
+    assert "0.800 s of its 1.000 s of exposed communication (80%) was waiting for rank 1" in named.evidence[-1]
+    nobody = with_waiting_for_peers(poor, exposed_s=1.0, waited_s=0.8, late_ranks=[])
+    assert "straggler finding" not in " ".join(nobody.remedies)
+    assert nobody.remedies[0].startswith("most of it is waiting for peers, though no single rank is a straggler")
+    assert nobody.remedies[1:] == ("prefetch",)
+    little = with_waiting_for_peers(poor, exposed_s=1.0, waited_s=0.05, late_ranks=[1])
+    assert little == poor  # 5%: not worth a line
