@@ -188,6 +188,42 @@ def test_batch_rules_follow_deepspeeds_derivation(config: dict[str, Any], world:
     assert {f.id for f in report.findings} == expected
 
 
+@pytest.mark.parametrize(("config", "world", "message"), [
+    # Without a world size: the product of what is given, and "= N" only where there is a product.
+    ({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4}, None,
+     "train_batch_size 30 is not a multiple of train_micro_batch_size_per_gpu 4: no world size"),
+    ({"train_batch_size": 30, "gradient_accumulation_steps": 4}, None,
+     "train_batch_size 30 is not a multiple of gradient_accumulation_steps 4: no world size"),
+    ({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}, None,
+     "train_batch_size 30 is not a multiple of train_micro_batch_size_per_gpu 4 x gradient_accumulation_steps 2 "
+     "= 8: no world size"),
+    ({"train_batch_size": 24, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}, None,
+     "train_batch_size 24 = train_micro_batch_size_per_gpu 4 x gradient_accumulation_steps 2 x world size 3: "
+     "this config runs only on 3 data-parallel ranks"),
+    ({"train_batch_size": 24, "train_micro_batch_size_per_gpu": 4}, None,
+     "train_batch_size 24 / train_micro_batch_size_per_gpu 4 = 6 = world size x gradient_accumulation_steps"),
+    # With one: the divisor written out, and what DeepSpeed's integer division derives.
+    ({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4}, 4,
+     "train_batch_size 30 is not divisible by train_micro_batch_size_per_gpu 4 x world size 4 (test) = 16; "
+     "DeepSpeed derives gradient_accumulation_steps by integer division (30 // 16 = 1)"),
+    ({"train_batch_size": 30, "gradient_accumulation_steps": 4}, 4,
+     "train_batch_size 30 is not divisible by gradient_accumulation_steps 4 x world size 4 (test) = 16; "
+     "DeepSpeed derives train_micro_batch_size_per_gpu by integer division (30 // 16 = 1)"),
+    ({"train_batch_size": 12}, 8,
+     "train_batch_size 12 is not divisible by world size 8 (test); DeepSpeed derives "
+     "train_micro_batch_size_per_gpu by integer division (12 // 8 = 1)"),
+    ({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}, 4,
+     "train_batch_size 30 != train_micro_batch_size_per_gpu 4 x gradient_accumulation_steps 2 x world size 4 "
+     "(test) = 32"),
+])
+def test_batch_messages_write_the_arithmetic_out(config: dict[str, Any], world: int | None, message: str) -> None:
+    config = {**config, "bf16": {"enabled": True}, "zero_optimization": {"stage": 2, "overlap_comm": True}}
+    report = lint_deepspeed_config(config, LintOptions(world_size=world, world_size_from="test"))
+    [finding] = report.findings
+    assert finding.message.startswith(message), finding.message
+    assert " = 4 = " not in finding.message and not any(f" {n} = {n}:" in finding.message for n in (4, 8, 16))
+
+
 def test_every_bad_batch_value_is_reported_at_once() -> None:
     config = {"train_micro_batch_size_per_gpu": -4, "gradient_accumulation_steps": 0, "train_batch_size": "8",
               "zero_optimization": {"stage": 7}}

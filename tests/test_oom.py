@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,10 @@ import pytest
 
 from zeromon.analysis.findings import Finding, Severity
 from zeromon.analysis.oom import (
+    CRITICAL_SECONDS_TO_CAPACITY,
     CRITICAL_STEPS_TO_CAPACITY,
+    MIN_TREND_STEPS,
+    TIME_HORIZON_MAX_WINDOWS,
     TRACKED_MIN_SHARE,
     WARN_PEAK_SHARE,
     OomForecast,
@@ -109,11 +113,17 @@ def test_leak_forecasts_steps_to_capacity(tmp_path: Path, baseline_rss: int) -> 
         expected = (capacity - _level(last)) / (LEAK_MIB * MiB)
         assert result.steps_to_capacity is not None
         assert result.steps_to_capacity == pytest.approx(expected, rel=0.25, abs=3)
-        assert result.risk in (Severity.WARN, Severity.CRITICAL)
-        assert result.risk == (Severity.CRITICAL if result.steps_to_capacity <= CRITICAL_STEPS_TO_CAPACITY
-                               else Severity.WARN)
+        # ~100 steps away: inside the step horizon, and near enough for the time horizon to count.
+        assert result.steps_to_capacity <= TIME_HORIZON_MAX_WINDOWS * MIN_TREND_STEPS
+        seconds = result.steps_to_capacity * statistics.median(s.duration_s for s in rec.steps)
+        critical = (result.steps_to_capacity <= CRITICAL_STEPS_TO_CAPACITY
+                    or seconds <= CRITICAL_SECONDS_TO_CAPACITY)
+        assert result.risk == (Severity.CRITICAL if critical else Severity.WARN)
         leak = _kinds(result)["memory_growth"]
         assert leak.severity == result.risk
+        assert leak.metrics["seconds_to_capacity"] == pytest.approx(seconds)
+        assert any(e.startswith(f"{result.risk.value}: capacity is ~") and "or 1 h of training" in e
+                   for e in leak.evidence)
         assert "per step" in leak.title and "capacity in" in leak.title
         # The leaked tensors belong to no model or optimizer: the walk says so.
         assert any("outside the model and optimizer" in e for e in leak.evidence)
@@ -256,15 +266,15 @@ def _info(framework: str = "fsdp2", **kwargs: Any) -> RunInfo:
                    torch_version="2.13.0", backend="nccl", device="cuda:0", **fields)
 
 
-def _steps(n: int) -> list[StepSummary]:
-    return [StepSummary(rank=0, step=s, start_ns=s * 10**9, end_ns=s * 10**9 + 5 * 10**8, phase_s={},
+def _steps(n: int, step_s: float = 0.5) -> list[StepSummary]:
+    return [StepSummary(rank=0, step=s, start_ns=s * 10**9, end_ns=s * 10**9 + int(step_s * 1e9), phase_s={},
                         collectives=0, comm_bytes=0, comm_bytes_by_op={}, comm_union_s=0.0, blocked_s=0.0,
                         peak_memory=None) for s in range(n)]
 
 
 def _rec(memory: list[MemorySample], info: RunInfo | None = None, steps: int = 0,
-         ooms: list[OomEvent] | None = None) -> Recording:
-    return Recording(path=Path("rank-0.jsonl"), header={"rank": 0}, memory=memory, steps=_steps(steps),
+         ooms: list[OomEvent] | None = None, step_s: float = 0.5) -> Recording:
+    return Recording(path=Path("rank-0.jsonl"), header={"rank": 0}, memory=memory, steps=_steps(steps, step_s),
                      run_info=info or _info(), ooms=ooms or [])
 
 
@@ -425,10 +435,53 @@ def test_noise_and_one_outlier_are_not_growth() -> None:
     assert result.growth_bytes_per_step is not None and abs(result.growth_bytes_per_step) < MiB
     assert result.steps_to_capacity is None and "memory_growth" not in _kinds(result)
     # A steady climb of the same size is one.
-    climbing = forecast(_rec([_gpu(s, 40 * GiB + s * 64 * MiB) for s in range(36)], steps=36))
+    climbing = forecast(_rec([_gpu(s, 40 * GiB + s * 64 * MiB) for s in range(36)], steps=36, step_s=10.0))
     assert climbing.growth_bytes_per_step == pytest.approx(64 * MiB)
     assert climbing.steps_to_capacity == pytest.approx((80 * GiB - (40 * GiB + 35 * 64 * MiB)) / (64 * MiB))
-    assert _kinds(climbing)["memory_growth"].severity == Severity.WARN  # ~605 steps away
+    assert _kinds(climbing)["memory_growth"].severity == Severity.WARN  # ~605 steps away, 1.7 h at 10 s
+
+
+def _climb(per_step: int, step_s: float | None, steps: int = 36) -> Finding:
+    """The growth finding of a GPU level that climbs from 40 of 80 GiB by ``per_step`` each step."""
+    memory = [_gpu(s, 40 * GiB + s * per_step) for s in range(steps)]
+    return _kinds(forecast(_rec(memory, steps=steps if step_s else 0, step_s=step_s or 0.5)))["memory_growth"]
+
+
+@pytest.mark.parametrize(("per_step", "step_s", "severity", "why"), [
+    # ~605 steps away: inside the 1000-step horizon whatever the step time; at 0.5 s it is ~5 min away.
+    (64 * MiB, 10.0, Severity.WARN, "warn: capacity is ~605 steps away"),
+    (64 * MiB, 5.0, Severity.WARN, "warn: capacity is ~605 steps away"),
+    (64 * MiB, 0.5, Severity.CRITICAL, "critical: capacity is ~5 min of training away"),
+    (64 * MiB, None, Severity.WARN, "(no step time yet: no time horizon)"),
+    # ~2525 steps away: past the step horizon; the time horizon decides (2525 s is 42 min).
+    (16 * MiB, 2.0, Severity.INFO, "beyond the horizon: warn when capacity is within 1000 steps or 1 h of training"),
+    (16 * MiB, 1.0, Severity.WARN, "warn: capacity is ~42 min of training away"),
+    (16 * MiB, 0.2, Severity.CRITICAL, "critical: capacity is ~8 min of training away"),
+    # ~10200 steps away, 300 windows of 34 steps: too far for the time horizon, however short the step.
+    (4 * MiB, 0.01, Severity.INFO, "training time counts only within 3400 steps"),
+])
+def test_growth_horizon_in_steps_and_in_training_time(per_step: int, step_s: float | None, severity: Severity,
+                                                      why: str) -> None:
+    growth = _climb(per_step, step_s)
+    assert growth.severity == severity
+    horizon = next(e for e in growth.evidence if "warn when capacity is within 1000 steps" in e)
+    assert why in horizon, horizon
+    if step_s is None:
+        assert "seconds_to_capacity" not in growth.metrics
+    else:
+        assert growth.metrics["seconds_to_capacity"] == pytest.approx(growth.metrics["steps_to_capacity"] * step_s)
+        assert "of training" in horizon or "counts only within" in horizon
+
+
+def test_no_growth_no_horizon() -> None:
+    """A flat level and one spike have no growth: nothing reaches capacity, however short the step."""
+    jitter = [0, 3, -2, 1, -3, 2, 0, -1, 3, -2, 1, 0] * 3
+    flat = [_gpu(s, 40 * GiB + j * MiB) for s, j in enumerate(jitter)]
+    spike = [_gpu(s, 40 * GiB if s != 20 else 60 * GiB) for s in range(36)]
+    for memory in (flat, spike):
+        result = forecast(_rec(memory, steps=len(memory), step_s=0.001))
+        assert "memory_growth" not in _kinds(result) and result.steps_to_capacity is None
+        assert result.risk == Severity.OK, [f.title for f in result.findings]
 
 
 def test_without_capacity_or_samples() -> None:

@@ -166,6 +166,26 @@ def test_deepspeed_convention_matches_deepspeeds_estimators_exactly() -> None:
     assert checked == (8 * 3 + 1) * 25 * 8  # a 1-parameter model has one possible largest layer
 
 
+def test_deepspeed_columns_split_the_totals_by_one_rule() -> None:
+    # params: the 16-bit parameters; optimizer: 12 B per parameter of the partition (fp32 master + m + v);
+    # grads: the rest of DeepSpeed's total: 6P/N at stage 2, 4P/N + 2L at stage 3, whose total is 2P/N less.
+    psi, n, layer = 7_000_000_000, 16, 100_000_000
+    stages = by_stage(PlanInputs(params=psi, gpus_per_node=8, nodes=2, largest_layer_params=layer,
+                                 convention="deepspeed"))
+    assert [stages[s].params_bytes for s in range(4)] == [2 * psi] * 3 + [2 * layer + 2 * psi // n]
+    assert [stages[s].optimizer_bytes for s in range(4)] == [12 * psi] + [12 * psi // n] * 3
+    assert [stages[s].grads_bytes for s in range(4)] == [6 * psi, 2 * psi + 4 * psi // n, 6 * psi // n,
+                                                         2 * layer + 4 * psi // n]
+    offloaded = by_stage(PlanInputs(params=psi, gpus_per_node=8, nodes=2, largest_layer_params=layer,
+                                    convention="deepspeed", offload_optimizer="cpu"))
+    assert all(offloaded[s].optimizer_bytes == 0 for s in (1, 2, 3))
+    assert (offloaded[3].params_bytes, offloaded[3].grads_bytes) == (2 * layer + 2 * psi // n, 2 * layer)
+    # Where the partitions do not divide evenly the rule still holds; the rounding lands in grads.
+    for psi, gpus in itertools.product((7, 999, 123_456_789), (3, 7)):
+        uneven = by_stage(PlanInputs(params=psi, gpus_per_node=gpus, convention="deepspeed"))
+        assert all(uneven[s].optimizer_bytes == int(12 * psi / gpus) for s in (1, 2, 3)), (psi, gpus)
+
+
 def test_deepspeed_convention_differs_from_the_paper_as_documented() -> None:
     psi = 7_000_000_000
     paper = by_stage(PlanInputs(params=psi, gpus_per_node=8, stages=(2,)))[2]
@@ -244,6 +264,38 @@ def test_zero2_is_recommended_over_zero1_with_or_without_capacity() -> None:
     assert recommend(params=1e9, gpus_per_node=8, gpu_memory_bytes=80 * GIB)[0] == 0
     for params in (1e9, 3e9, 7e9, 13e9, 30e9, 70e9):
         assert recommend(params=params, gpus_per_node=8, gpu_memory_bytes=80 * GIB)[0] != 1
+
+
+def test_the_recommendation_names_what_the_table_does_not_show() -> None:
+    # 13B on 8 x 40 GiB with NVMe offload asked for: the table shows offload rows (ZeRO-2 optimizer=cpu
+    # 24.21 GiB), but ZeRO-3 without offload fits (16Ψ/8 = 24.21 GiB too), and the guide weighs every
+    # stage without offload first. The reason quotes those plans as such and says they are not rows.
+    result = plan(PlanInputs(params=13e9, gpus_per_node=8, gpu_memory_bytes=40 * GIB, offload_optimizer="nvme"))
+    assert [sp.offload for sp in result.stages] == ["none", "optimizer=cpu", "optimizer=cpu", "optimizer=nvme"]
+    rec = result.recommendation
+    assert (rec.stage, rec.offload_optimizer, rec.offload_params) == (3, "none", "none")
+    assert rec.reason.startswith("ZeRO-3 without offload is the first choice")
+    assert "(DDP needs 193.72 GiB; ZeRO-1 without offload needs 66.59 GiB; ZeRO-2 without offload needs " \
+           "45.40 GiB)" in rec.reason
+    assert rec.reason.endswith("ZeRO-1, ZeRO-2 and ZeRO-3 without offload are not in the table above, which shows "
+                               "the offload asked for (optimizer=nvme): the guide weighs every stage without "
+                               "offload before any offload.")
+    # The DDP figure is the table's own row.
+    assert result.stages[0].offload == "none" and result.stages[0].gpu_bytes == 16 * 13_000_000_000
+
+    # Only some stages asked for: the others are named.
+    only_two = plan(PlanInputs(params=13e9, gpus_per_node=8, gpu_memory_bytes=40 * GIB, stages=(2,)))
+    assert only_two.recommendation.stage == 3
+    assert only_two.recommendation.reason.endswith(
+        "DDP, ZeRO-1 and ZeRO-3 are not in the table above, which shows only stage 2.")
+    # No offload asked for, offload recommended: the recommended plan itself is not a row.
+    offload = plan(PlanInputs(params=13e9, gpus_per_node=1, gpu_memory_bytes=80 * GIB))
+    assert offload.recommendation.reason.endswith(
+        "ZeRO-2 (optimizer=cpu) is not in the table above, which shows the offload asked for (none).")
+    # Where the table shows everything quoted, nothing is added (the README's example).
+    shown = plan(PlanInputs(params=7.5e9, gpus_per_node=8, nodes=8, gpu_memory_bytes=80 * GIB))
+    assert "not in the table" not in shown.recommendation.reason and "without offload" not in \
+        shown.recommendation.reason.split(";")[0]
 
 
 def test_without_capacity_the_seeds_size_rule_applies() -> None:
@@ -392,6 +444,12 @@ def test_plan_nvme_offload_with_all_stages_shows_cpu_below_zero3() -> None:
     assert rows["1"][1] == rows["2"][1] == "optimizer=cpu" and rows["3"][1] == "optimizer=nvme"
     assert rows["1"][-1] == rows["2"][-1] == "B" and rows["1"][-2] == "0"  # NVMe/node: 0 B
     assert "note: ZeRO-1/2 cannot offload the optimizer to NVMe" in out.stdout
+    # ZeRO-3 without offload fits (70 GB of 80 GiB): the reason says which of its figures are not rows.
+    assert out.stdout.splitlines()[-2] == "recommendation: ZeRO-3, no offload"
+    assert "ZeRO-2 without offload needs" in out.stdout
+    assert out.stdout.rstrip().endswith("are not in the table above, which shows the offload asked for "
+                                        "(optimizer=nvme): the guide weighs every stage without offload before "
+                                        "any offload.")
     doc = json.loads(zeromon("plan", "--params", "70B", "--gpus-per-node", "8", "--offload-optimizer", "nvme",
                              "--json").stdout)
     assert [s["offload_optimizer"] for s in doc["stages"]] == ["none", "cpu", "cpu", "nvme"]

@@ -316,23 +316,26 @@ def _check_batch(lint: _Lint) -> None:
                          "DeepSpeed asserts this at start-up (world size = data-parallel ranks)", suggestion)
         elif tb % (per_rank * world):
             derived = "gradient_accumulation_steps" if mb is not None else "train_micro_batch_size_per_gpu"
+            divisor = _product(_batch_terms(values, names[1:]) + [(f"world size {world} ({source})", world)])
             lint.add("ZL002", "error", "train_batch_size",
-                     f"train_batch_size {tb} is not divisible by {per_rank * world} (the given batch values x world "
-                     f"size {world} from {source}); DeepSpeed derives {derived} by integer division and then "
-                     "fails its batch assertion", f"make train_batch_size a multiple of {per_rank * world}, or "
-                     f"set {derived} explicitly")
+                     f"train_batch_size {tb} is not divisible by {divisor}; DeepSpeed derives {derived} by integer "
+                     f"division ({tb} // {per_rank * world} = {tb // (per_rank * world)}) and then fails its batch "
+                     "assertion", f"make train_batch_size a multiple of {per_rank * world}, or set {derived} "
+                     "explicitly")
         return
-    given = " x ".join(f"{n} {values[n]}" for n in names[1:] if values[n] is not None)
+    terms = _batch_terms(values, names[1:])
+    given = _product(terms)
     if tb % per_rank:
         lint.add("ZL003", "error", "train_batch_size",
-                 f"train_batch_size {tb} is not a multiple of {given} = {per_rank}: no world size satisfies "
+                 f"train_batch_size {tb} is not a multiple of {given}: no world size satisfies "
                  "train_batch_size = micro batch x accumulation x world size, and DeepSpeed stops at start-up",
                  "set train_batch_size to micro batch x gradient_accumulation_steps x the number of data-parallel "
                  "ranks, or drop it and let DeepSpeed derive it")
     elif mb is not None and gas is not None:
         lint.add("ZL003", "info", "train_batch_size",
-                 f"train_batch_size {tb} = {given} x {tb // per_rank}: this config runs only on {tb // per_rank} "
-                 "data-parallel ranks (world size not given)",
+                 f"train_batch_size {tb} = {' x '.join(t for t, _ in terms)} x world size {tb // per_rank}: this "
+                 f"config runs only on "
+                 f"{tb // per_rank} data-parallel ranks (world size not given)",
                  "give --world-size or --gpus to check it against the cluster, or drop train_batch_size so that "
                  "DeepSpeed derives it for any world size")
     else:
@@ -341,6 +344,22 @@ def _check_batch(lint: _Lint) -> None:
                  f"train_batch_size {tb} / {given} = {tb // per_rank} = world size x {missing}: DeepSpeed derives "
                  f"{missing} from the world size, which must divide {tb // per_rank}",
                  f"give --world-size or --gpus to check it, or set {missing} explicitly")
+
+
+def _batch_terms(values: dict[str, int | None], names: tuple[str, ...]) -> list[tuple[str, int]]:
+    """('train_micro_batch_size_per_gpu 4', 4), ... for the batch values the config sets."""
+    return [(f"{name} {value}", value) for name in names if (value := values[name]) is not None]
+
+
+def _product(terms: list[tuple[str, int]]) -> str:
+    """'a 4 x b 2 = 8', or just 'a 4' for one term: the arithmetic as a user checks it."""
+    text = " x ".join(label for label, _ in terms)
+    if len(terms) < 2:
+        return text
+    total = 1
+    for _, value in terms:
+        total *= value
+    return f"{text} = {total}"
 
 
 def _check_precision(lint: _Lint) -> None:

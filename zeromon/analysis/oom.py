@@ -26,10 +26,14 @@ the peak rises consistently and it rose by more than noise: RSS creeps by a few 
 allocator and Python settle (0.5% over 14 steps of the FSDP2 example); the GPU allocator's count
 is exact.
 
-Thresholds (the constants below): warn when a predicted peak passes 85% of capacity or capacity is
-at most 1000 steps away, critical past 95%, within 50 steps, on any recorded OOM, or when the
-allocator's retries grew in the last 10 steps. When the categories hold under 25% of the level,
-the peak is blamed on what is outside them (leaks, caches, the runtime's RSS), not on model state.
+Thresholds (the constants below): warn when a predicted peak passes 85% of capacity or a growing
+peak reaches capacity within 1000 steps or, at the median step time, 1 hour of training; critical
+past 95%, within 50 steps or 10 minutes, on any recorded OOM, or when the allocator's retries grew
+in the last 10 steps. Steps alone let a fast leak through (1500 steps of 30 ms are 45 s); time
+alone would call 40 steps of 60 s only a warning. The time horizon counts only up to 100 trend
+windows ahead, since a short trend extrapolated further is mostly noise. When the categories hold
+under 25% of the level, the peak is blamed on what is outside them (leaks, caches, the runtime's
+RSS), not on model state.
 """
 
 from __future__ import annotations
@@ -56,6 +60,14 @@ CRITICAL_PEAK_SHARE = 0.95
 # At 0.5–5 s a step, 1000 steps are 8 minutes to 1.4 hours: time to act; 50 steps are minutes.
 WARN_STEPS_TO_CAPACITY = 1000
 CRITICAL_STEPS_TO_CAPACITY = 50
+# The same horizon in training time, when the step time is known: short steps reach a far step count soon.
+WARN_SECONDS_TO_CAPACITY = 3600.0
+CRITICAL_SECONDS_TO_CAPACITY = 600.0
+# ... as far as a trend can be trusted: capacity at most this many trend windows ahead. RSS that
+# creeps 10 MiB over 13 steps of 0.09 s while the C allocator settles (a CPU ZeRO-3 run) would
+# otherwise be a leak due in 21 minutes, 1000 windows ahead; the 8 MiB leak of tests/test_oom.py is
+# due ~6 windows ahead.
+TIME_HORIZON_MAX_WINDOWS = 100
 WARMUP_STEPS = 2  # step 0 allocates the optimizer state; step 1 may still fill allocator caches
 TREND_WINDOW_STEPS = 50
 MIN_TREND_STEPS = 5
@@ -242,8 +254,12 @@ def _pct(share: float | None) -> str:
 
 
 def _duration(seconds: float) -> str:
+    if seconds < 10:
+        return f"{seconds:.2g} s"
     if seconds < 120:
         return f"{seconds:.0f} s"
+    if seconds % 3600 == 0:
+        return f"{seconds / 3600:.0f} h"
     return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
@@ -424,16 +440,52 @@ def _peak_finding(run: MemoryContext, peak: int, peak_step: int | None, recordin
 
 # --- growth, allocator, recorded OOMs ---------------------------------------------------------------
 
+def _growth_severity(steps_to_capacity: float | None, seconds_to_capacity: float | None) -> Severity:
+    """The worse of the step horizon and, where it applies (``seconds_to_capacity``), the time horizon."""
+    if steps_to_capacity is None:
+        return Severity.INFO  # no capacity: nothing to reach
+    by_steps = (Severity.CRITICAL if steps_to_capacity <= CRITICAL_STEPS_TO_CAPACITY else
+                Severity.WARN if steps_to_capacity <= WARN_STEPS_TO_CAPACITY else Severity.INFO)
+    if seconds_to_capacity is None:
+        return by_steps
+    by_time = (Severity.CRITICAL if seconds_to_capacity <= CRITICAL_SECONDS_TO_CAPACITY else
+               Severity.WARN if seconds_to_capacity <= WARN_SECONDS_TO_CAPACITY else Severity.INFO)
+    return max(by_steps, by_time, key=lambda s: s.rank)
+
+
+def _horizon_text(severity: Severity, steps_to_capacity: float, seconds_to_capacity: float | None,
+                  time_reach_steps: int | None) -> str:
+    """Which horizon the growth is inside, and what the horizons are: the reason for its severity.
+
+    ``time_reach_steps``: how far ahead the time horizon counts (None: no step time yet).
+    """
+    timed = time_reach_steps is not None and steps_to_capacity <= time_reach_steps
+    warn, critical = f"{WARN_STEPS_TO_CAPACITY} steps", f"{CRITICAL_STEPS_TO_CAPACITY} steps"
+    if timed:
+        warn += f" or {_duration(WARN_SECONDS_TO_CAPACITY)} of training"
+        critical += f" or {_duration(CRITICAL_SECONDS_TO_CAPACITY)}"
+    horizons = f"warn when capacity is within {warn}, critical within {critical}"
+    if time_reach_steps is None:
+        horizons += " (no step time yet: no time horizon)"
+    elif not timed:
+        horizons += (f"; training time counts only within {time_reach_steps} steps ({TIME_HORIZON_MAX_WINDOWS} × "
+                     "the steps the trend was seen over): further out, a trend this short says little")
+    if severity == Severity.INFO:
+        return f"beyond the horizon: {horizons}"
+    steps_limit = CRITICAL_STEPS_TO_CAPACITY if severity == Severity.CRITICAL else WARN_STEPS_TO_CAPACITY
+    if steps_to_capacity <= steps_limit or seconds_to_capacity is None:
+        inside = f"~{steps_to_capacity:.0f} steps"
+    else:  # the time horizon made it so
+        inside = f"~{_duration(seconds_to_capacity)} of training"
+    return f"{severity.value}: capacity is {inside} away; {horizons}"
+
+
 def _growth_finding(run: MemoryContext, trend: _Trend, steps_to_capacity: float | None, step_s: float | None,
                     walks: list[MemorySample]) -> Finding:
-    if steps_to_capacity is None:
-        severity = Severity.INFO
-    elif steps_to_capacity <= CRITICAL_STEPS_TO_CAPACITY:
-        severity = Severity.CRITICAL
-    elif steps_to_capacity <= WARN_STEPS_TO_CAPACITY:
-        severity = Severity.WARN
-    else:
-        severity = Severity.INFO
+    seconds_to_capacity = steps_to_capacity * step_s if steps_to_capacity is not None and step_s else None
+    time_reach_steps = TIME_HORIZON_MAX_WINDOWS * len(trend.steps) if step_s else None
+    timed = steps_to_capacity is not None and time_reach_steps is not None and steps_to_capacity <= time_reach_steps
+    severity = _growth_severity(steps_to_capacity, seconds_to_capacity if timed else None)
     first, last = trend.steps[0], trend.steps[-1]
     evidence = [
         f"the per-step peak rose from {format_bytes(trend.values[0])} (step {first}) to "
@@ -445,8 +497,11 @@ def _growth_finding(run: MemoryContext, trend: _Trend, steps_to_capacity: float 
         evidence.append(f"at step {last} the per-step peak is already {_pct(run.share(trend.fitted_last))} of "
                         f"the {_capacity_text(run)}")
     elif steps_to_capacity is not None:
-        when = f" (~{_duration(steps_to_capacity * step_s)} at {step_s:.2f} s per step)" if step_s else ""
+        when = f" (~{_duration(seconds_to_capacity)} at {step_s:.2g} s per step, the median)" \
+            if seconds_to_capacity is not None and step_s else ""
         evidence.append(f"at this rate the {_capacity_text(run)} is reached in ~{steps_to_capacity:.0f} steps{when}")
+    if steps_to_capacity is not None and not over:
+        evidence.append(_horizon_text(severity, steps_to_capacity, seconds_to_capacity, time_reach_steps))
     window = [w for w in walks if first <= w.step <= last]
     if len(window) >= 2:
         a, b = window[0].categories, window[-1].categories
@@ -465,6 +520,8 @@ def _growth_finding(run: MemoryContext, trend: _Trend, steps_to_capacity: float 
         title += ": already over capacity"
     elif steps_to_capacity is not None:
         title += f": capacity in ~{steps_to_capacity:.0f} steps"
+        if seconds_to_capacity is not None:
+            title += f" (~{_duration(seconds_to_capacity)})"
     remedies = [
         "look for tensors kept across steps: losses or outputs appended to a list or summed without .item() "
         "or .detach(), caches keyed by step, metrics kept as tensors",
@@ -479,7 +536,9 @@ def _growth_finding(run: MemoryContext, trend: _Trend, steps_to_capacity: float 
     return Finding("memory_growth", severity, title, rank=run.rank, step=last, evidence=tuple(evidence),
                    remedies=tuple(remedies),
                    metrics={"growth_bytes_per_step": trend.slope, "tau": trend.tau,
-                            **({"steps_to_capacity": steps_to_capacity} if steps_to_capacity is not None else {})})
+                            **({"steps_to_capacity": steps_to_capacity} if steps_to_capacity is not None else {}),
+                            **({"seconds_to_capacity": seconds_to_capacity}
+                               if seconds_to_capacity is not None else {})})
 
 
 def _allocator_findings(run: MemoryContext, samples: list[MemorySample]) -> list[Finding]:

@@ -40,6 +40,7 @@ reproduced expression by expression, float rounding included:
   every rank first loads the fp32 model: 4P·gpus_per_node·1.5 (or the max with the offload term).
   DeepSpeed models parameter offload only together with optimizer offload; alone it is ignored.
 - the 1.5 is DeepSpeed's ``additional_buffer_factor`` on host memory; no GPU headroom is added.
+- DeepSpeed gives totals; the params / grads / optimizer columns are our split (``_deepspeed_stage``).
 - stages 0 and 1 have no DeepSpeed estimator: extrapolated in its accounting (DDP 20P; stage 1
   4P + int(16P/N); stage 1 offload 4P), host as for stage 2. Mixed-precision Adam and cpu offload
   only: other dtypes, optimizers and nvme are refused, since DeepSpeed's numbers do not cover them.
@@ -57,6 +58,8 @@ ZeRO-2 never needs more memory and, per step, moves the same volume (the paper, 
 seeds make it the default; the reason says when ZeRO-1 fits too, and when it is worth choosing
 (gradient accumulation: DeepSpeed's ZeRO-1 reduces gradients once per optimizer step, ZeRO-2 after
 every micro-batch). Without the GPU's capacity, the seeds' size rule: ZeRO-2 up to 30B, ZeRO-3 above.
+The ladder covers every stage, without offload first, whatever stages and offload the table shows;
+the reason names each plan it quotes that the table has no row for.
 """
 
 from __future__ import annotations
@@ -323,28 +326,38 @@ def _paper_stage(inputs: PlanInputs, stage: int, opt_dev: str, param_dev: str, a
 
 
 def _deepspeed_stage(inputs: PlanInputs, stage: int, opt_dev: str, param_dev: str, acts: int) -> StagePlan:
+    """DeepSpeed's totals, and our split of the GPU total into the table's columns.
+
+    DeepSpeed's estimators give totals only. The split follows one rule at every stage:
+    - params: the 16-bit parameters on the GPU: 2P below stage 3; at stage 3 the partition
+      int(2P/N) (none with parameters offloaded) plus the gathered largest layer, 2L;
+    - optimizer: the fp32 master copy and Adam's m and v, 12 bytes per parameter of the rank's
+      optimizer partition: 12P for DDP, int(12P/N) from stage 1, none with optimizer offload;
+    - grads: the rest of DeepSpeed's total. That is 6P/N at stage 2 (DeepSpeed's 18 = 2 + 4 bytes of
+      16-bit and fp32 gradient partition + 12) but 4P/N at stage 3, plus the layer's gradient 2L:
+      DeepSpeed's stage-3 total, 18P/N with the parameters inside it, counts 2 bytes per parameter
+      less than its stage-2 total, 2P + 18P/N, and only the gradient column can take the difference
+      without contradicting what the other two columns hold.
+    """
     # Mirrors DeepSpeed's expressions (and their evaluation order) so that the floats round the same way.
     total_params, num_gpus_per_node, num_nodes = int(inputs.params), inputs.gpus_per_node, inputs.nodes
     total_gpus = num_nodes * num_gpus_per_node
     additional_buffer_factor = DEEPSPEED_BUFFER_FACTOR
     cpu_offload = opt_dev == "cpu"
+    largest_layer_params = int(inputs.largest_layer_params or 0) if stage == 3 else 0
     if stage < 3:
         if cpu_offload:
             cpu_mem = total_params * max(4 * total_gpus, 16) * additional_buffer_factor
         else:
             cpu_mem = total_params * 4 * num_gpus_per_node * additional_buffer_factor
-        params = 2 * total_params
         if stage == 2:
             gpu_mem = 2 * total_params if cpu_offload else 2 * total_params + int(18 * total_params / total_gpus)
-            grads = 0 if cpu_offload else int(6 * total_params / total_gpus)
         elif stage == 1:  # extrapolated: fp16 gradients unsharded, the 16 bytes of fp32 state sharded
             gpu_mem = 4 * total_params if cpu_offload else 4 * total_params + int(16 * total_params / total_gpus)
-            grads = 2 * total_params + (0 if cpu_offload else int(4 * total_params / total_gpus))
         else:  # extrapolated: DDP keeps all 2 + 18 bytes
             gpu_mem = 20 * total_params
-            grads = 6 * total_params
+        params = 2 * total_params
     else:
-        largest_layer_params = int(inputs.largest_layer_params or 0)
         gpus_factor = 1 / num_nodes
         largest_layer_memory = (4 * largest_layer_params)
         zero_init = inputs.zero_init
@@ -355,25 +368,25 @@ def _deepspeed_stage(inputs: PlanInputs, stage: int, opt_dev: str, param_dev: st
                     cpu_mem = total_params * 18 * gpus_factor * additional_buffer_factor
                 else:
                     cpu_mem = total_params * max(4 * num_gpus_per_node, 18 * gpus_factor) * additional_buffer_factor
-                params = 2 * largest_layer_params
             else:
                 gpu_mem = largest_layer_memory + int(2 * total_params / total_gpus)
                 if zero_init:
                     cpu_mem = total_params * 16 * gpus_factor * additional_buffer_factor
                 else:
                     cpu_mem = total_params * max(4 * num_gpus_per_node, 16 * gpus_factor) * additional_buffer_factor
-                params = 2 * largest_layer_params + int(2 * total_params / total_gpus)
-            grads = 2 * largest_layer_params
         else:
             gpu_mem = largest_layer_memory + int(18 * total_params / total_gpus)
             if zero_init:
                 cpu_mem = largest_layer_params * 4 * num_gpus_per_node * additional_buffer_factor
             else:
                 cpu_mem = total_params * 4 * num_gpus_per_node * additional_buffer_factor
-            params = 2 * largest_layer_params + int(2 * total_params / total_gpus)
-            grads = 2 * largest_layer_params + int(4 * total_params / total_gpus)
+        params = 2 * largest_layer_params + (0 if param_dev == "cpu" else int(2 * total_params / total_gpus))
     gpu_mem = int(gpu_mem)
-    optimizer = gpu_mem - params - grads  # DeepSpeed gives totals; the split is ours, the sum is theirs
+    if cpu_offload:
+        optimizer = 0
+    else:
+        optimizer = 12 * total_params if stage == 0 else int(12 * total_params / total_gpus)
+    grads = gpu_mem - params - optimizer
     gpu = gpu_mem + acts
     return StagePlan(stage, opt_dev, param_dev, params, grads, optimizer, acts, gpu, cpu_bytes=int(cpu_mem),
                      fits=_fits(gpu, inputs))
@@ -412,9 +425,56 @@ def _describe(stage: int, opt_dev: str = "none", param_dev: str = "none") -> str
     return name + (" with " + " and ".join(moved) if moved else "")
 
 
-def _short(sp: StagePlan) -> str:
+def _short(sp: StagePlan, say_no_offload: bool = False) -> str:
     name = "DDP" if sp.stage == 0 else f"ZeRO-{sp.stage}"
-    return name if sp.offload == "none" else f"{name} ({sp.offload})"
+    if sp.offload != "none":
+        return f"{name} ({sp.offload})"
+    return f"{name} without offload" if say_no_offload and sp.stage else name
+
+
+def _offload_asked(inputs: PlanInputs) -> bool:
+    return inputs.offload_optimizer != "none" or inputs.offload_params != "none"
+
+
+def _not_in_table(quoted: list[StagePlan], table: tuple[StagePlan, ...], inputs: PlanInputs) -> str:
+    """A sentence naming the plans a reason quotes that the table (what was asked for) has no row for.
+
+    The ladder weighs every stage without offload before any offload, and every stage whatever
+    ``--stage`` asked for, so a reason can quote numbers the table does not show; it says which.
+    """
+    shown = {(sp.stage, sp.offload) for sp in table}
+    missing: list[StagePlan] = []
+    for sp in quoted:
+        if (sp.stage, sp.offload) not in shown and all((m.stage, m.offload) != (sp.stage, sp.offload)
+                                                       for m in missing):
+            missing.append(sp)
+    if not missing:
+        return ""
+    groups: dict[str, list[str]] = {}  # offload -> stage names: no offload first, then by stage
+    for sp in sorted(missing, key=lambda sp: (sp.offload != "none", sp.stage)):
+        groups.setdefault(sp.offload, []).append("DDP" if sp.stage == 0 else f"ZeRO-{sp.stage}")
+    parts = []
+    for offload, names in groups.items():
+        listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+        if offload == "none":
+            parts.append(listed + (" without offload" if _offload_asked(inputs) and names != ["DDP"] else ""))
+        else:
+            parts.append(f"{listed} ({offload})")
+    asked_stages = [sp.stage for sp in table]
+    if all(sp.stage not in asked_stages for sp in missing):
+        shows = ("only stage " if len(asked_stages) == 1 else "only stages ") + \
+            " and ".join(", ".join(map(str, asked_stages)).rsplit(", ", 1))
+    elif all(sp.stage in asked_stages for sp in missing):
+        asked = ",".join(f"{what}={dev}" for what, dev in (("optimizer", inputs.offload_optimizer),
+                                                             ("params", inputs.offload_params)) if dev != "none")
+        shows = f"the offload asked for ({asked or 'none'})"
+    else:
+        shows = "only the stages and offload asked for"
+    verb = "are" if len(missing) > 1 else "is"
+    sentence = f"{', and '.join(parts)} {verb} not in the table above, which shows {shows}"
+    if _offload_asked(inputs) and "none" in groups:
+        sentence += ": the guide weighs every stage without offload before any offload"
+    return sentence[0].upper() + sentence[1:] + "."
 
 
 def _cost_note(stage: int, opt_dev: str, param_dev: str) -> str:
@@ -431,7 +491,7 @@ def _cost_note(stage: int, opt_dev: str, param_dev: str) -> str:
     return "no offload needed; ZeRO-3 adds a parameter all-gather per forward and backward (~1.5x DDP's volume)"
 
 
-def _recommend(inputs: PlanInputs) -> Recommendation:
+def _recommend(inputs: PlanInputs, table: tuple[StagePlan, ...]) -> Recommendation:
     ladder = [rung for rung in _LADDER if inputs.convention != "deepspeed" or rung[1] != "nvme"]
     scope = "" if inputs.activations is not None else " (model states only: no activations given)"
     if inputs.gpu_memory_bytes is None:
@@ -445,10 +505,12 @@ def _recommend(inputs: PlanInputs) -> Recommendation:
     by_stage = {sp.stage: sp for sp in plans if sp.offload == "none"}
     zero1 = plan_stage(inputs, 1, "none", "none")[0]  # not a rung, but users weigh it against ZeRO-2
     pct = round(inputs.headroom_fraction * 100)
+    explicit = _offload_asked(inputs)  # then "ZeRO-2" alone would read as the table's offloaded row
 
     for sp in plans:
         if sp.gpu_bytes <= budget:
-            what = _describe(sp.stage, sp.offload_optimizer, sp.offload_params)
+            what = _short(sp, explicit) if sp.offload == "none" else _describe(
+                sp.stage, sp.offload_optimizer, sp.offload_params)
             reason = (f"{what} is the first choice of the seeds' guide that fits: {format_bytes(sp.gpu_bytes)} "
                       f"of {format_bytes(capacity)} per GPU{scope}, leaving at least {pct}% headroom")
             if sp.cpu_bytes and sp.offload != "none":
@@ -460,21 +522,26 @@ def _recommend(inputs: PlanInputs) -> Recommendation:
             if before and not zero1_fits_too:
                 before.insert(1, zero1)  # after DDP, in the order of the stages
             if before:
-                reason += " (" + "; ".join(f"{_short(b)} needs {format_bytes(b.gpu_bytes)}" for b in before) + ")"
+                reason += " (" + "; ".join(f"{_short(b, explicit)} needs {format_bytes(b.gpu_bytes)}"
+                                           for b in before) + ")"
             reason += f"; {_cost_note(sp.stage, sp.offload_optimizer, sp.offload_params)}"
             if zero1_fits_too:
                 reason += (f"; ZeRO-1 fits too ({format_bytes(zero1.gpu_bytes)}) and can be faster with gradient "
                            "accumulation: DeepSpeed's ZeRO-1 reduces gradients once per optimizer step, ZeRO-2 "
                            "after every micro-batch")
-            return Recommendation(sp.stage, sp.offload_optimizer, sp.offload_params, reason)
+            quoted = [*before, sp] + ([zero1] if zero1_fits_too else [])
+            unshown = _not_in_table(quoted, table, inputs)
+            return Recommendation(sp.stage, sp.offload_optimizer, sp.offload_params,
+                                  reason + (f". {unshown}" if unshown else ""))
     tight = next((sp for sp in plans if sp.fits), None)
     if tight is not None:
         what = _describe(tight.stage, tight.offload_optimizer, tight.offload_params)
+        unshown = _not_in_table([tight], table, inputs)
         return Recommendation(tight.stage, tight.offload_optimizer, tight.offload_params,
                               f"{what} fits, but tightly: {format_bytes(tight.gpu_bytes)} of "
                               f"{format_bytes(capacity)} per GPU{scope} leaves less than {pct}% for the CUDA context, "
                               f"communication buffers and fragmentation; reduce activations (activation "
-                              f"checkpointing, smaller micro-batch) or add GPUs")
+                              f"checkpointing, smaller micro-batch) or add GPUs" + (f". {unshown}" if unshown else ""))
     least = min(plans, key=lambda sp: sp.gpu_bytes)
     what = _describe(least.stage, least.offload_optimizer, least.offload_params)
     reason = (f"nothing fits: even {what} needs {format_bytes(least.gpu_bytes)} per GPU of "
@@ -486,7 +553,9 @@ def _recommend(inputs: PlanInputs) -> Recommendation:
         reason += "; add GPUs, or reduce activations (activation checkpointing, smaller micro-batch)"
     if 3 in by_stage:
         reason += f" (ZeRO-3 without offload needs {format_bytes(by_stage[3].gpu_bytes)})"
-    return Recommendation(least.stage, least.offload_optimizer, least.offload_params, reason)
+    unshown = _not_in_table([least] + ([by_stage[3]] if 3 in by_stage else []), table, inputs)
+    return Recommendation(least.stage, least.offload_optimizer, least.offload_params,
+                          reason + (f". {unshown}" if unshown else ""))
 
 
 def plan(inputs: PlanInputs) -> PlanResult:
@@ -501,7 +570,7 @@ def plan(inputs: PlanInputs) -> PlanResult:
         notes.append("largest layer unknown: ZeRO-3's gathered-layer term (4 bytes x largest layer) is left out"
                      if inputs.convention == "deepspeed" else
                      "largest layer unknown: ZeRO-3 shows the paper's formula without the gathered layer")
-    return PlanResult(inputs, tuple(stages), _recommend(inputs), tuple(notes))
+    return PlanResult(inputs, tuple(stages), _recommend(inputs, tuple(stages)), tuple(notes))
 
 
 def smallest_fitting_stage(result: PlanResult) -> int | None:

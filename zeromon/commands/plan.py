@@ -289,7 +289,10 @@ def _convention_lines(result: Any) -> list[str]:
         return [f"convention deepspeed: DeepSpeed's estimate_zero2/3_model_states_mem_needs, exactly: stage 2 "
                 f"2P + 18P/N, stage 3 4L + 18P/N (N = {n}, L = largest layer); CPU/node includes the 1.5 "
                 "additional_buffer_factor and the fp32 model each rank loads; stages 0, 1 extrapolated.",
-                "  (zero-paper counts 2P + 14P/N for stage 2: no fp32 gradient partition, no buffer factor.)"]
+                "  (zero-paper counts 2P + 14P/N for stage 2: no fp32 gradient partition, no buffer factor.)",
+                "  DeepSpeed gives totals; the columns split them: params the 16-bit parameters, optimizer 12 B per "
+                "parameter (fp32 master + Adam m, v), grads the rest: 6P/N at stage 2 but 4P/N at stage 3, whose "
+                "total counts 2 B per parameter less."]
     p, g, k = bytes_per_param(inputs)
     return [f"convention zero-paper: {p} B params + {g} B grads + {k} B optimizer state per parameter "
             f"(K = {k}), sharded over N = {n} GPUs as the stage says; per GPU, GiB = 2^30 bytes.",
