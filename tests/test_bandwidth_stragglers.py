@@ -17,7 +17,7 @@ from zeromon.analysis.bandwidth import (
     format_share,
     size_bucket,
 )
-from zeromon.analysis.stragglers import analyze_imbalance
+from zeromon.analysis.stragglers import STEP_SKEW_SHARE, RankArrivals, analyze_imbalance, combine_imbalance
 from zeromon.model import CollectiveEvent, read_run
 
 from conftest import REPO, child_env, torchrun_args, zeromon
@@ -122,10 +122,107 @@ def test_exposed_communication_that_is_waiting_for_the_straggler_says_so(straggl
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     (finding,) = [f for f in report["findings"] if f["kind"] == "poor_overlap" and f["rank"] == 0]
-    waited = next(a["waited_s"] for a in report["imbalance"]["arrivals"] if a["rank"] == 0)
+    # Over the steps after the first, as the table's medians and the straggler findings.
+    waited = next(a["steady_waited_s"] for a in report["imbalance"]["arrivals"] if a["rank"] == 0)
     assert finding["metrics"]["waited_for_peers_s"] == pytest.approx(waited)
     assert finding["metrics"]["waited_share_of_exposed"] >= 0.5
     assert any("was waiting for rank 1 to reach the collective" in e for e in finding["evidence"])
     assert finding["remedies"][0].startswith("most of it is waiting for rank 1")
     # Rank 1, the late one, waits for nobody: its findings say nothing of waiting.
     assert not any("waiting for" in e for f in report["findings"] if f["rank"] == 1 for e in f["evidence"])
+
+
+WARMUP_S, LATE_S, WARMUP_STEPS = 1.0, 0.05, 8
+
+# Rank 1 is late once, in its first step (as a rank that allocates or loads data before its loop);
+# rank 0 is a little late in every step, the real straggler.
+_WARMUP_SCRIPT = '''
+import sys, time
+import torch, torch.distributed as dist
+import zeromon_agent
+
+warmup_s, late_s, steps = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = torch.nn.Linear(256, 256)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+zeromon_agent.attach(model=model, optimizer=opt)
+x = torch.randn(64, 256)
+for step in range(steps):
+    if rank == 1 and step == 0:
+        time.sleep(warmup_s)
+    if rank == 0:
+        time.sleep(late_s)
+    opt.zero_grad()
+    model(x).sum().backward()
+    for p in model.parameters():
+        dist.all_reduce(p.grad)
+    opt.step()
+zeromon_agent.detach()
+dist.destroy_process_group()
+'''
+
+
+@pytest.fixture(scope="module")
+def warmup_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("warmup")
+    script = folder / "warmup.py"
+    script.write_text(_WARMUP_SCRIPT)
+    out = folder / "run"
+    result = subprocess.run(torchrun_args(2, script, str(WARMUP_S), str(LATE_S), str(WARMUP_STEPS)),
+                            env=child_env(ZEROMON_OUT=str(out)), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+@pytest.mark.distributed
+def test_a_rank_late_only_in_its_first_step_is_not_a_straggler(warmup_run: Path) -> None:
+    """Rank 1's one long wait in the first step outweighs, in total, all of rank 0's lateness: the
+    straggler is the rank its peers wait for step after step (rank 0), judged over the steps after
+    the first, as the per-rank table is."""
+    result = analyze_imbalance(read_run(warmup_run))
+    by_rank = {a.rank: a for a in result.ranks}
+    # Over all steps, rank 1 made its peer wait the longest: a rule on total time would name it.
+    assert by_rank[1].caused_wait_s > 2 * by_rank[0].caused_wait_s
+    assert by_rank[1].caused_wait_s >= 0.5 * WARMUP_S
+    # After the first step rank 0 is the one waited for, in most steps.
+    steady = WARMUP_STEPS - 1
+    assert result.steady_steps == steady and by_rank[0].steady_matched == 2 * steady
+    assert by_rank[0].steps_most_waited_for > steady // 2
+    assert by_rank[1].steady_caused_wait_s < by_rank[0].steady_caused_wait_s
+    stragglers = [f for f in result.findings if f.kind == "straggler"]
+    assert [f.rank for f in stragglers] == [0]
+
+    report = json.loads(zeromon("report", str(warmup_run), "--json").stdout)
+    (finding,) = [f for f in report["findings"] if f["kind"] == "straggler"]
+    # "% of their step time" is of the waiting peer's own steps (rank 1's, after the first).
+    rank1_steps = next(r for r in report["ranks"] if r["rank"] == 1)["per_step"]
+    peer_step_s = sum(s["step_s"] for s in rank1_steps if s["step"] >= 1)
+    assert finding["metrics"]["caused_share"] == pytest.approx(finding["metrics"]["caused_wait_s"] / peer_step_s)
+    assert finding["metrics"]["steps_most_waited_for"] == by_rank[0].steps_most_waited_for
+    text = zeromon("report", str(warmup_run)).stdout
+    assert "rank 0 arrives last" in text and "rank 1 arrives last" not in text
+
+
+def _ranks_with_steps(step_s: dict[int, list[float]]) -> list[RankArrivals]:
+    """Ranks with these step times and no collectives."""
+    return [RankArrivals(rank=rank, keys=(), counts=(), issue_ns=[], blocked_s=[],
+                         step_s=tuple(enumerate(times)), peak_memory=None) for rank, times in step_s.items()]
+
+
+def test_step_skew_names_the_slowest_rank_with_numbers_and_threshold() -> None:
+    # Rank 2 is the slowest after the first step (which, far longer on rank 0, is left out).
+    times = {0: [1.0, 0.10, 0.10, 0.10, 0.10], 1: [0.2, 0.10, 0.11, 0.10, 0.10], 2: [0.2, 0.13, 0.12, 0.13, 0.10]}
+    result = combine_imbalance(_ranks_with_steps(times))
+    (skew,) = [f for f in result.findings if f.kind == "step_skew"]
+    assert skew.rank == 2 and "rank 2" in skew.title
+    assert result.median_step_s == pytest.approx({0: 0.10, 1: 0.10, 2: 0.125})
+    assert result.slowest_rank_counts[2] == 3
+    assert skew.evidence[0] == ("median step time over steps 2-5 (the first left out, as in the per-rank table): "
+                                "rank 2 125.0 ms (the longest step in 3 of 4 steps), rank 0 100.0 ms")
+    assert "threshold: (slowest - fastest) / median step time of 10%" in skew.evidence[1]
+    assert skew.metrics["threshold"] == STEP_SKEW_SHARE
+    # Ranks whose steps agree after the first have no skew finding, whatever the first step took.
+    even = {0: [1.0, 0.10, 0.10, 0.10], 1: [0.1, 0.10, 0.10, 0.10]}
+    assert not [f for f in combine_imbalance(_ranks_with_steps(even)).findings if f.kind == "step_skew"]

@@ -6,6 +6,7 @@ import json
 import random
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from bench.bench_analysis import write_recording
@@ -14,6 +15,7 @@ from zeromon.analysis.report import build_report
 from zeromon.analysis.stragglers import analyze_imbalance
 from zeromon.commands.report import analyse_run
 from zeromon.errors import ZeromonError
+from zeromon.exporters.html_report import MEANING_COLOURS, PHASE_COLOURS
 from zeromon.model import read_run
 from zeromon.model.codec import Recording
 
@@ -180,3 +182,85 @@ def test_a_bad_rank_file_is_one_clear_error(tmp_path: Path, header: str, message
     with pytest.raises(ZeromonError) as raised:
         analyse_run(tmp_path, workers=2)
     assert message in raised.value.message and raised.value.hint is not None and hint in raised.value.hint
+
+
+def _plotly_figure(page: str, div_id: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The data and layout of one figure of a report page, as plotly received them."""
+    start = re.search(rf'Plotly\.newPlot\(\s*"{div_id}",\s*', page)
+    assert start is not None, div_id
+    decoder = json.JSONDecoder()
+    data, end = decoder.raw_decode(page, start.end())
+    comma = re.compile(r",\s*").match(page, end)
+    assert comma is not None
+    layout, _ = decoder.raw_decode(page, comma.end())
+    return data, layout
+
+
+@pytest.mark.distributed
+def test_html_colours_communication_by_meaning_and_numbers_steps_from_1(run_dir: Path, tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
+    assert zeromon("report", str(run_dir), "--html", str(page)).returncode == 0
+    html = page.read_text()
+    data, layout = _plotly_figure(html, "zeromon-timeline")
+    # One legend entry per phase and per ZeRO meaning, each in its own fixed colour; the two palettes apart.
+    names = [trace["name"] for trace in data]
+    assert len(names) == len(set(names))
+    comm = {t["name"].removeprefix("comm: "): t["marker"]["color"] for t in data if t["name"].startswith("comm: ")}
+    phases = {t["name"].removeprefix("phase: "): t["marker"]["color"] for t in data if t["name"].startswith("phase: ")}
+    assert {"param_all_gather", "grad_reduce_scatter"} <= set(comm) and {"forward", "backward"} <= set(phases)
+    assert comm == {m: MEANING_COLOURS[m] for m in comm} and phases == {p: PHASE_COLOURS[p] for p in phases}
+    assert not set(MEANING_COLOURS.values()) & set(PHASE_COLOURS.values())
+    # Steps as training scripts count them: the timeline's step is the median one after the first, + 1.
+    rank0 = read_run(run_dir)[0]
+    later = sorted((s for s in rank0.steps if s.step >= 1), key=lambda s: s.duration_s)
+    assert layout["title"]["text"].startswith(f"Rank 0, step {later[len(later) // 2].step + 1}:")
+    overlap, _ = _plotly_figure(html, "zeromon-overlap")
+    assert overlap[0]["x"] == [1, 2, 3, 4, 5]
+    # The JSON keeps the recording's index, and says so.
+    report = json.loads(zeromon("report", str(run_dir), "--json").stdout)
+    assert [s["step"] for s in report["ranks"][0]["per_step"]] == [0, 1, 2, 3, 4]
+    assert "step is the recording's step index, from 0" in report["definitions"]
+
+
+@pytest.mark.distributed
+def test_summary_and_report_show_the_same_step_times(run_dir: Path) -> None:
+    summary = zeromon("summary", str(run_dir))
+    assert summary.returncode == 0, summary.stderr
+    lines = summary.stdout.splitlines()
+    header = lines[1].split()
+    assert header[:6] == ["rank", "framework", "strategy", "steps", "step", "ms"]
+    report = json.loads(zeromon("report", str(run_dir), "--json").stdout)
+    for rank, line in zip(report["ranks"], lines[2:4], strict=True):
+        steady = sorted(s["step_s"] for s in rank["per_step"] if s["step"] >= 1)
+        assert rank["median_step_s"] == pytest.approx((steady[1] + steady[2]) / 2)  # 4 steps after the first
+        assert line.split()[4] == f"{rank['median_step_s'] * 1e3:.1f}", line
+    assert "(step ms, blocked ms and bytes per step: medians over the steps after the first, as in `zeromon " \
+           "report`)" in lines
+
+
+@pytest.mark.distributed
+def test_a_recording_without_samples_says_so(run_dir: Path, tmp_path: Path) -> None:
+    """Rank files that hold only their header: no risk to show, figures that say why they are empty,
+    and each finding of a rank with its rank, in the text and in the page."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for rank in (0, 1):
+        with (run_dir / f"rank-{rank}.jsonl").open() as source:
+            (empty / f"rank-{rank}.jsonl").write_text(source.readline())
+    page = tmp_path / "empty.html"
+    result = zeromon("report", str(empty), "--html", str(page))
+    assert result.returncode == 0, result.stderr
+    rows = result.stdout.splitlines()[3:5]
+    assert [row.split()[:3] for row in rows] == [["0", "-", "-"], ["1", "-", "-"]]
+    assert all(row.split()[-2:] == ["-", "-"] for row in rows), rows  # risk and busbw
+    html = page.read_text()
+    for figure, message in (("zeromon-memory", "no memory samples in this recording"),
+                            ("zeromon-timeline", "no steps in this recording"),
+                            ("zeromon-overlap", "no steps in this recording"),
+                            ("zeromon-bandwidth", "no collectives with a measured duration in this recording")):
+        _, layout = _plotly_figure(html, figure)
+        assert [a["text"] for a in layout["annotations"]] == [message], figure
+    text_findings = [line.strip() for line in result.stdout.splitlines() if line.startswith("  [")]
+    assert text_findings and all(re.search(r"\brank [01]\b", line) for line in text_findings)
+    for line in text_findings:
+        assert f"<b>{line}</b>" in html.replace("&#x27;", "'"), line

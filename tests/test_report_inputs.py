@@ -125,6 +125,11 @@ def test_trace_report_html_and_units(tmp_path: Path) -> None:
     header = result.stdout.splitlines()[2].split()
     assert header[:5] == ["rank", "iterations", "overlap", "exposed", "ms/iter"]
     assert f"wrote {page}" in result.stdout
+    # What the table leaves out is said: HTA's dropped last step, and the ranks with no trace here.
+    assert "note: the last profiler step (ProfilerStep#6) and what it launched are left out, as Holistic Trace " \
+           "Analysis does (the profiler may stop in the middle of it)" in result.stdout.splitlines()
+    assert "note: 1 of a world of 2 ranks (rank 0); the others' traces are not among those read" \
+           in result.stdout.splitlines()
     html = page.read_text()
     assert html.startswith("<!DOCTYPE html>") and 'src="http' not in html
     for figure in ("zeromon-trace-breakdown", "zeromon-trace-overlap", "zeromon-trace-iterations"):
@@ -154,3 +159,22 @@ def test_summary_help_says_what_it_shows() -> None:
     assert result.returncode == 0
     assert "A first look at a recorded run" in result.stdout
     assert "a run folder written by `zeromon run --out RUN_DIR`" in " ".join(result.stdout.split())
+
+
+def test_a_folder_of_profiler_traces_given_as_a_run_points_to_trace(tmp_path: Path) -> None:
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    shutil.copy(A100_TRACE, traces)
+    for command in ("report", "summary"):
+        result = zeromon(command, str(traces))
+        assert result.returncode == 2 and result.stdout == ""
+        assert result.stderr.splitlines() == [
+            f"zeromon: error: {traces}: no rank-<r>.jsonl recordings in this folder; it holds 1 .json/.json.gz "
+            "file, profiler traces?",
+            f"hint: for PyTorch profiler traces: zeromon report --trace {traces}"]
+    # A folder with neither: the hint is to record a run.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = zeromon("report", str(empty))
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[1] == "hint: record a run with `zeromon run --out DIR -- CMD ...`"

@@ -21,6 +21,8 @@ class RankSummary:
     framework: str
     strategy: str
     steps: int
+    # Medians over the steps after the first (all steps when there is one), as `zeromon report`'s:
+    # the first step holds one-off work (allocation, lazy initialization, the first gathers).
     median_step_s: float | None
     collectives: int
     # Median over the steps after the first of the bytes each step moved, per ZeRO meaning.
@@ -54,7 +56,8 @@ def strategy_label(rec: Recording) -> str:
 
 
 def summarize_recording(rec: Recording) -> RankSummary:
-    durations = [s.duration_s for s in rec.steps]
+    steady = [s for s in rec.steps if s.step >= 1] or list(rec.steps)
+    durations = [s.duration_s for s in steady]
     per_step: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     columns = rec.collective_columns()  # no event objects: a recording holds up to a million
     for step, meaning, b_in, b_out in zip(columns.step, columns.meaning, columns.bytes_in, columns.bytes_out,
@@ -77,7 +80,7 @@ def summarize_recording(rec: Recording) -> RankSummary:
         median_step_s=statistics.median(durations) if durations else None,
         collectives=len(columns),
         bytes_per_step_by_meaning=by_meaning,
-        median_blocked_s=statistics.median(waits) if (waits := [s.blocked_s for s in rec.steps
+        median_blocked_s=statistics.median(waits) if (waits := [s.blocked_s for s in steady
                                                                  if s.blocked_s is not None]) else None,
         peak_memory=max(levels) if levels else None,
         capacity=capacity,
@@ -122,6 +125,8 @@ def format_summary(summary: RunSummary) -> str:
         meanings = ", ".join(f"{m}={format_bytes(b)}" for m, b in r.bytes_per_step_by_meaning.items()) or "-"
         lines.append(f"{r.rank:>4}  {r.framework:<10} {r.strategy:<14} {r.steps:>5} {step_ms:>8} {blocked:>10} "
                      f"{r.collectives:>11} {format_bytes(r.peak_memory):>11}  {meanings}")
+    lines.append("(step ms, blocked ms and bytes per step: medians over the steps after the first, as in "
+                 "`zeromon report`)")
     first = summary.ranks[0] if summary.ranks else None
     if first is not None and first.last_categories:
         cats = ", ".join(f"{k}={format_bytes(v)}" for k, v in first.last_categories.items() if v)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -63,10 +64,15 @@ class RunReport:
             "imbalance": {
                 "step_skew_median": self.imbalance.step_skew_median,
                 "slowest_rank_counts": {str(k): v for k, v in self.imbalance.slowest_rank_counts.items()},
+                "median_step_s": {str(k): v for k, v in self.imbalance.median_step_s.items()},
                 "peak_memory_bytes": {str(k): v for k, v in self.imbalance.peak_memory.items()},
                 "memory_spread": self.imbalance.memory_spread,
+                "steady_steps": self.imbalance.steady_steps,
                 "arrivals": [{"rank": a.rank, "matched": a.matched, "last_arrivals": a.last_arrivals,
-                              "caused_wait_s": a.caused_wait_s, "waited_s": a.waited_s}
+                              "caused_wait_s": a.caused_wait_s, "waited_s": a.waited_s,
+                              "steady_matched": a.steady_matched, "steady_last_arrivals": a.steady_last_arrivals,
+                              "steady_caused_wait_s": a.steady_caused_wait_s, "steady_waited_s": a.steady_waited_s,
+                              "steps_most_waited_for": a.steps_most_waited_for}
                              for a in self.imbalance.ranks],
             },
             "findings": [f.to_dict() for f in self.findings],
@@ -75,7 +81,19 @@ class RunReport:
 
 _DEFINITIONS = ("per rank, comm_comp_overlap_pct, exposed_comm_s and exposed_comm_share are medians per step over "
                 "the steps after the first (per_step has every step); temporal_breakdown sums those steps; "
+                "step is the recording's step index, from 0 (the text and HTML number steps from 1, as training "
+                "scripts log them); imbalance: arrivals' matched, last_arrivals, caused_wait_s and waited_s count "
+                "all steps, their steady_ keys, steps_most_waited_for, steady_steps, step_skew_median, "
+                "slowest_rank_counts and median_step_s the steps after the first (what the findings judge); "
                 "times in seconds, rates in bytes per second")
+
+
+def finding_heading(finding: Finding) -> str:
+    """The finding's title, with its rank added where the title does not name it: every client
+    shows a rank's finding with the rank, once."""
+    if finding.rank is None or re.search(rf"\brank {finding.rank}\b", finding.title):
+        return finding.title
+    return f"{finding.title} (rank {finding.rank})"
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -111,10 +129,15 @@ def _rank_dict(r: RankReport) -> dict[str, Any]:
     }
 
 
+def _steady(steps: Sequence[StepOverlap]) -> list[StepOverlap]:
+    """The steps after the first (all of them when there is one): what the medians and findings judge."""
+    return [s for s in steps if s.step >= 1] or list(steps)
+
+
 def _temporal_breakdown(steps: Sequence[StepOverlap]) -> dict[str, float]:
     """HTA's temporal breakdown over the steps after the first: idle (neither), compute, and
     non-compute (communication not hidden behind compute), in seconds and as shares of the time."""
-    steady = [s for s in steps if s.step >= 1] or list(steps)
+    steady = _steady(steps)
     total = sum(s.step_s for s in steady)
     idle = sum(s.idle_s for s in steady)
     compute = sum(s.comp_s for s in steady)
@@ -138,7 +161,7 @@ def rank_report(rec: Recording, capacity_bytes: int | None = None,
     if samples is None:
         samples = bandwidth_samples(rec.collective_columns())
     steps = step_overlaps(rec)
-    steady = [s for s in steps if s.step >= 1] or list(steps)
+    steady = _steady(steps)
     levels = [level for m in rec.memory
               if (level := m.allocated if m.allocated is not None else m.rss) is not None]
     capacity = capacity_bytes or next((m.capacity for m in reversed(rec.memory) if m.capacity), None)
@@ -188,9 +211,13 @@ def combine_report(ranks: Sequence[RankAnalysis], run_dir: str, peak_busbw: floa
     with collector_paused():
         imbalance = combine_imbalance([r.arrivals for r in ranks])
         bandwidth = table_of_samples(merge_samples(r.samples for r in ranks), peak_busbw)
-    waited = {a.rank: a.waited_s for a in imbalance.ranks}
+    # The waiting and the exposed communication it is a share of, over the steps after the first:
+    # the window of the per-rank table and of the straggler findings (a rank late once, in its first
+    # step, is warm-up, not a reason to look at a peer).
+    waited = {a.rank: a.steady_waited_s for a in imbalance.ranks}
     late = [f.rank for f in imbalance.findings if f.kind == "straggler" and f.rank is not None]
-    findings = [with_waiting_for_peers(f, sum(s.exposed_comm_s for s in r.report.steps), waited[r.report.rank], late)
+    findings = [with_waiting_for_peers(f, sum(s.exposed_comm_s for s in _steady(r.report.steps)),
+                                       waited[r.report.rank], late)
                 for r in ranks for f in r.findings]
     findings.extend(imbalance.findings)
     findings.sort(key=lambda f: (-f.severity.rank, f.rank if f.rank is not None else -1))

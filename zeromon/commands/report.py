@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,7 +14,7 @@ from zeromon.errors import ZeromonError
 from zeromon.model.units import format_bytes, parse_memory_size
 
 if TYPE_CHECKING:
-    from zeromon.analysis.report import RankAnalysis, RunReport
+    from zeromon.analysis.report import RankAnalysis, RankReport, RunReport
     from zeromon.analysis.trace_overlap import RankTraceOverlap
 
 NAME = "report"
@@ -183,6 +182,13 @@ def _pct(ratio: float | None) -> str:
     return "-" if ratio is None else f"{100 * ratio:.0f}%"
 
 
+def _risk(r: RankReport) -> str:
+    """The OOM risk; '-' where there was nothing to forecast (no memory samples, no OOM recorded)."""
+    from zeromon.analysis.findings import Severity
+
+    return "-" if r.peak_memory is None and r.oom.risk is Severity.OK else r.oom.risk.value
+
+
 # The bandwidth rows printed: those that move the most bytes (--json has them all).
 BANDWIDTH_ROWS_SHOWN = 16
 
@@ -190,6 +196,7 @@ BANDWIDTH_ROWS_SHOWN = 16
 def format_run_report(report: RunReport) -> str:
     from zeromon.analysis.bandwidth import bucket_label, format_rate, format_share
     from zeromon.analysis.recording_summary import corrupt_lines_note
+    from zeromon.analysis.report import finding_heading
 
     lines = [f"zeromon report: {report.run_dir} ({len(report.ranks)} of {report.world_size} ranks)", ""]
     lines.append(f"{'rank':>4}  {'framework':<9} {'strategy':<13} {'steps':>5} {'step ms':>8} {'exposed ms/step':>15} "
@@ -199,7 +206,7 @@ def format_run_report(report: RunReport) -> str:
         lines.append(f"{r.rank:>4}  {r.framework:<9} {r.strategy:<13} {len(r.steps):>5} {_ms(r.median_step_s):>8} "
                      f"{_ms(r.median_exposed_comm_s):>15} {_pct(r.median_exposed_share):>7} "
                      f"{_pct(r.median_overlap_ratio):>7} {format_bytes(r.peak_memory):>11} "
-                     f"{format_bytes(r.capacity):>11} {r.oom.risk.value:<8} {busbw}")
+                     f"{format_bytes(r.capacity):>11} {_risk(r):<8} {busbw}")
     lines.append("(medians per step over the steps after the first; exposed = communication not hidden behind "
                  "compute, and its share of the step)")
     lines.extend(corrupt_lines_note(r.file, r.corrupt_lines) for r in report.ranks if r.corrupt_lines)
@@ -215,8 +222,7 @@ def format_run_report(report: RunReport) -> str:
             lines.append(f"  ({len(report.bandwidth) - len(shown)} rows that move fewer bytes: --json has them)")
     lines += ["", f"findings ({len(report.findings)}):" if report.findings else "findings: none"]
     for f in report.findings:
-        names_rank = f.rank is None or re.search(rf"\brank {f.rank}\b", f.title)
-        lines.append(f"  [{f.severity.value}] {f.title}" + ("" if names_rank else f" (rank {f.rank})"))
+        lines.append(f"  [{f.severity.value}] {finding_heading(f)}")
         lines.extend(f"      evidence: {e}" for e in f.evidence)
         lines.extend(f"      remedy: {r}" for r in f.remedies)
     return "\n".join(lines)
@@ -255,7 +261,24 @@ def format_trace_report(results: Sequence[RankTraceOverlap], source: str) -> str
                      f"{_share(tb.non_compute_time_pctg):>11}")
     lines.append("(exposed ms/iter: median over the profiled iterations; total: over the whole trace)")
     lines.append("(overlap and temporal breakdown over the whole trace, as Holistic Trace Analysis defines them)")
+    lines.extend(_trace_notes(results))
     return "\n".join(lines)
+
+
+def _trace_notes(results: Sequence[RankTraceOverlap]) -> list[str]:
+    """What the table leaves out: the last profiler step dropped (as HTA does), and ranks of the
+    world that have no trace in the folder."""
+    notes = []
+    dropped = sorted({r.dropped_step for r in results if r.dropped_step})
+    if dropped:
+        notes.append(f"note: the last profiler step ({', '.join(dropped)}) and what it launched are left out, as "
+                     "Holistic Trace Analysis does (the profiler may stop in the middle of it)")
+    world = max((r.world_size for r in results if r.world_size), default=None)
+    if world is not None and len(results) < world:
+        notes.append(f"note: {len(results)} of a world of {world} ranks "
+                     f"({'rank' if len(results) == 1 else 'ranks'} {', '.join(str(r.rank) for r in results)}); "
+                     "the others' traces are not among those read")
+    return notes
 
 
 def _share(pctg: float | None) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 from zeromon.analysis.bandwidth import bucket_label, format_rate
 from zeromon.analysis.findings import Finding
-from zeromon.analysis.report import RunReport
+from zeromon.analysis.report import RunReport, finding_heading
 from zeromon.analysis.trace_overlap import RankTraceOverlap
 from zeromon.model.codec import Recording
 from zeromon.model.units import format_bytes
@@ -86,12 +86,56 @@ def _memory_figure(report: RunReport, recordings: Sequence[Recording], t0: int) 
     elif capacity:  # a line far above the data would flatten it: say it instead
         title += f"; capacity {format_bytes(capacity)} per rank, far above these levels, is not drawn"
     fig.update_layout(title=title)
+    if not names and not any(points for _, points in levels):
+        fig.update_layout(title="Memory over time")
+        _say_empty(fig, "no memory samples in this recording")
+        return fig
     fig.update_xaxes(title_text="seconds", **where)
     fig.update_yaxes(rangemode="tozero")
     fig.update_yaxes(title_text=level_unit, **level_where)
     if apart:
         fig.update_yaxes(title_text=cat_unit, **where)
     return fig
+
+
+# The timeline's colours say what a bar is, the same in every report: phases in light tints,
+# communication by ZeRO meaning in strong colours of other hues.
+PHASE_COLOURS = {"setup": "#d9d9d9", "forward": "#c6dbef", "backward": "#c7e9c0", "optimizer": "#fdd0a2"}
+MEANING_COLOURS = {"param_all_gather": "#6a3d9a", "grad_reduce_scatter": "#e7298a", "grad_all_reduce": "#8c510a",
+                   "param_broadcast": "#01665e", "unknown": "#525252"}
+OTHER_COLOURS = {"phase": "#f0f0f0", "comm": "#252525"}
+_PHASE_ORDER = ("setup", "forward", "backward", "optimizer")
+_MEANING_ORDER = tuple(MEANING_COLOURS)
+
+
+def _legend_order(kind: str, name: str) -> tuple[int, int, str]:
+    """Phases in step order, then the collectives' meanings in a fixed order."""
+    order = _PHASE_ORDER if kind == "phase" else _MEANING_ORDER
+    return (kind != "phase", order.index(name) if name in order else len(order), name)
+
+
+class _Bars:
+    """The bars of one timeline trace: row, start and length (ns from the step's start), hover text."""
+
+    def __init__(self) -> None:
+        self.rows: list[str] = []
+        self.starts_ms: list[float] = []
+        self.lengths_ms: list[float] = []
+        self.hovers: list[str] = []
+
+    def add(self, row: str, start_ns: int, length_ns: int, hover: str) -> None:
+        self.rows.append(row)
+        self.starts_ms.append(start_ns / 1e6)
+        self.lengths_ms.append(length_ns / 1e6)
+        self.hovers.append(hover)
+
+
+def _say_empty(fig: Any, message: str) -> None:
+    """A figure without data says why, instead of empty axes."""
+    fig.add_annotation(text=message, xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False,
+                       font={"size": 16, "color": "#555"})
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
 
 
 def _percent_axis(title: str) -> dict[str, Any]:
@@ -119,33 +163,48 @@ def _figures(report: RunReport, recordings: Sequence[Recording]) -> list[tuple[s
         step = durations[len(durations) // 2]
         lo = step.start_ns
         timeline = go.Figure()
+        # One trace (one legend entry, one colour) per phase, then per ZeRO meaning of the collectives.
+        bars: dict[tuple[str, str], _Bars] = {}
         for span in first.phases:
             if span.step == step.step and span.phase != "other":
-                timeline.add_trace(go.Bar(y=["compute (phases)"], x=[(span.end_ns - span.start_ns) / 1e6],
-                                          base=[(span.start_ns - lo) / 1e6], orientation="h", name=span.phase,
-                                          hovertext=span.phase))
+                bars.setdefault(("phase", span.phase), _Bars()).add(
+                    "compute (phases)", span.start_ns - lo, span.end_ns - span.start_ns, span.phase)
         c = first.collective_columns()  # only the step's events are looked at, by index
         for i in [i for i, s in enumerate(c.step) if s == step.step and c.complete_ns[i] is not None]:
             issue, complete = c.issue_ns[i], c.complete_ns[i] or 0
-            timeline.add_trace(go.Bar(y=[f"comm: {c.op[i]}"], x=[(complete - issue) / 1e6],
-                                      base=[(issue - lo) / 1e6], orientation="h", name=c.meaning[i], showlegend=False,
-                                      hovertext=f"{c.api[i]} {format_bytes(max(c.bytes_in[i], c.bytes_out[i]))}"
-                                                f" {c.timing[i]}"))
-        timeline.update_layout(title=f"Rank {first.rank}, step {step.step}: communication and computation (ms)",
+            bars.setdefault(("comm", c.meaning[i]), _Bars()).add(
+                f"comm: {c.op[i]}", issue - lo, complete - issue,
+                f"{c.meaning[i]}: {c.api[i]} {format_bytes(max(c.bytes_in[i], c.bytes_out[i]))} {c.timing[i]}")
+        for (kind, name), bar in sorted(bars.items(), key=lambda item: _legend_order(*item[0])):
+            colour = (PHASE_COLOURS if kind == "phase" else MEANING_COLOURS).get(name, OTHER_COLOURS[kind])
+            timeline.add_trace(go.Bar(y=bar.rows, x=bar.lengths_ms, base=bar.starts_ms, orientation="h",
+                                      name=f"{kind}: {name}", marker_color=colour, hovertext=bar.hovers))
+        timeline.update_layout(title=f"Rank {first.rank}, step {step.step + 1}: communication and computation (ms)",
                                barmode="overlay", xaxis_title="ms since the step began")
+        if not bars:
+            _say_empty(timeline, "no phases or completed collectives recorded in this step")
+        figures.append(("timeline", timeline))
+    else:
+        timeline = go.Figure()
+        timeline.update_layout(title=f"Rank {first.rank}: communication and computation of a step")
+        _say_empty(timeline, "no steps in this recording")
         figures.append(("timeline", timeline))
 
     # Overlap per step.
+    # Overlap per step, steps numbered from 1 as training scripts log them (the JSON keeps the index).
     overlap = go.Figure()
     for rank in report.ranks:
-        overlap.add_trace(go.Scatter(x=[s.step for s in rank.steps], y=[s.exposed_comm_s * 1e3 for s in rank.steps],
+        numbers = [s.step + 1 for s in rank.steps]
+        overlap.add_trace(go.Scatter(x=numbers, y=[s.exposed_comm_s * 1e3 for s in rank.steps],
                                      name=f"rank {rank.rank}: exposed comm (ms)", mode="lines+markers"))
-        overlap.add_trace(go.Scatter(x=[s.step for s in rank.steps],
+        overlap.add_trace(go.Scatter(x=numbers,
                                      y=[100 * r if (r := s.overlap_ratio) is not None else None for s in rank.steps],
                                      name=f"rank {rank.rank}: overlap %", mode="lines", yaxis="y2"))
-    overlap.update_layout(title="Exposed communication and overlap per step", xaxis_title="step",
+    overlap.update_layout(title="Exposed communication and overlap per step", xaxis_title="step (from 1)",
                           yaxis={"title": "exposed ms", "rangemode": "tozero"}, yaxis2=_percent_axis("overlap %"),
                           legend=_LEGEND_PAST_RIGHT_AXIS)
+    if not any(rank.steps for rank in report.ranks):
+        _say_empty(overlap, "no steps in this recording")
     figures.append(("overlap", overlap))
 
     # Bandwidth by op and size: each bucket [b, 4b) drawn at its middle (2b on the log axis).
@@ -162,6 +221,8 @@ def _figures(report: RunReport, recordings: Sequence[Recording]) -> list[tuple[s
                                    "tickvals": [_bucket_middle(b) for b in buckets],
                                    "ticktext": [bucket_label(b) for b in buckets]},
                             yaxis={"title": "GB/s", "rangemode": "tozero"})
+    if not report.bandwidth:
+        _say_empty(bandwidth, "no collectives with a measured duration in this recording")
     figures.append(("bandwidth", bandwidth))
     return figures
 
@@ -221,7 +282,7 @@ def _trace_figures(results: Sequence[RankTraceOverlap]) -> list[tuple[str, Any]]
 
 def _findings_html(findings: Sequence[Finding]) -> str:
     return "".join(
-        f"<li><b>[{html.escape(f.severity.value)}] {html.escape(f.title)}</b><ul>"
+        f"<li><b>[{html.escape(f.severity.value)}] {html.escape(finding_heading(f))}</b><ul>"
         + "".join(f"<li>{html.escape(e)}</li>" for e in f.evidence)
         + ("<li>remedies: " + "; ".join(html.escape(r) for r in f.remedies) + "</li>" if f.remedies else "")
         + "</ul></li>"

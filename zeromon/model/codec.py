@@ -16,6 +16,7 @@ import dataclasses
 import gc
 import json
 import operator
+import shlex
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -445,9 +446,13 @@ def run_headers(run_dir: str | Path) -> list[tuple[Path, dict[str, Any]]]:
         raise ZeromonError(f"{run_dir}: no such run folder")
     files = sorted(run_dir.glob("rank-*.jsonl"))
     if not files:
+        traces = [*run_dir.glob("*.json"), *run_dir.glob("*.json.gz")]  # PyTorch profiler traces, likely
         raise ZeromonError(
-            f"{run_dir}: no rank-<r>.jsonl recordings in this folder",
-            hint="record a run with `zeromon run --out DIR -- CMD ...`",
+            f"{run_dir}: no rank-<r>.jsonl recordings in this folder"
+            + (f"; it holds {len(traces)} .json/.json.gz file{'s' if len(traces) != 1 else ''}, profiler "
+               "traces?" if traces else ""),
+            hint=f"for PyTorch profiler traces: zeromon report --trace {shlex.quote(str(run_dir))}" if traces
+            else "record a run with `zeromon run --out DIR -- CMD ...`",
         )
     headers = []
     for path in files:
