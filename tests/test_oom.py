@@ -316,6 +316,7 @@ def test_recorded_ooms_are_critical() -> None:
     oom = _kinds(result)["oom_recorded"]
     assert result.risk == Severity.CRITICAL and oom.severity == Severity.CRITICAL and oom.step == 4
     assert any("requested 2.00 GiB with 79.00 GiB allocated" in e and "memory_viz" in e for e in oom.evidence)
+    assert any(e.startswith("OOM in step 5 (backward)") for e in oom.evidence)  # index 4: the 5th step, as logged
     # The allocator's counter alone, without an observer event, is enough.
     assert forecast(_rec(memory, steps=6)).risk == Severity.CRITICAL
 
@@ -471,6 +472,13 @@ def test_growth_horizon_in_steps_and_in_training_time(per_step: int, step_s: flo
     else:
         assert growth.metrics["seconds_to_capacity"] == pytest.approx(growth.metrics["steps_to_capacity"] * step_s)
         assert "of training" in horizon or "counts only within" in horizon
+
+
+def test_growth_evidence_counts_steps_from_1() -> None:
+    growth = _climb(64 * MiB, 10.0)  # recorded steps 0..35; the trend leaves out the first two (warm-up)
+    rose = next(e for e in growth.evidence if e.startswith("the per-step peak rose from"))
+    assert "(step 3) to" in rose and "(step 36):" in rose, rose  # indices 2 and 35
+    assert growth.step == 35  # the data keeps the recording's index
 
 
 def test_no_growth_no_horizon() -> None:

@@ -52,7 +52,7 @@ from zeromon.analysis.memory_remedies import (
     untracked_remedies,
 )
 from zeromon.model.codec import Recording
-from zeromon.model.events import MemorySample
+from zeromon.model.events import MemorySample, step_number
 from zeromon.model.units import format_bytes
 
 WARN_PEAK_SHARE = 0.85
@@ -276,7 +276,7 @@ def _breakdown(run: MemoryContext) -> str | None:
     if run.walk is None or not cats:
         return None
     parts = ", ".join(f"{k} {format_bytes(v)}" for k, v in sorted(cats.items(), key=lambda kv: -kv[1]))
-    return f"by category at the end of step {run.walk.step}'s forward: {parts}"
+    return f"by category at the end of step {step_number(run.walk.step)}'s forward: {parts}"
 
 
 # --- the peaks still to come ------------------------------------------------------------------------
@@ -325,7 +325,7 @@ def _optimizer_still_to_come(run: MemoryContext, peak: int, peak_step: int | Non
     predicted = max(peak + pending, current + pending + temporaries)
     share = run.share(predicted)
     severity = _severity_of_share(share)
-    so_far = f"peak so far {format_bytes(peak)}" + (f" (step {peak_step})" if peak_step is not None else "")
+    so_far = f"peak so far {format_bytes(peak)}" + (f" (step {step_number(peak_step)})" if peak_step is not None else "")
     evidence = [
         f"the first optimizer step has not finished: the optimizer state does not exist yet; {about}: "
         f"{states} × {format_bytes(basis)} of {what} = {format_bytes(pending)}",
@@ -416,7 +416,7 @@ def _peak_finding(run: MemoryContext, peak: int, peak_step: int | None, recordin
                  f"of {format_bytes(level)}"
     elif largest is not None:
         title += f"; the largest category is {largest} ({format_bytes(cats[largest])})"
-    evidence = [f"peak {format_bytes(peak)}" + (f" in step {peak_step}" if peak_step is not None else "")
+    evidence = [f"peak {format_bytes(peak)}" + (f" in step {step_number(peak_step)}" if peak_step is not None else "")
                 + f", {_pct(share)} of {_capacity_text(run)}"]
     if breakdown := _breakdown(run):
         evidence.append(breakdown)
@@ -424,7 +424,7 @@ def _peak_finding(run: MemoryContext, peak: int, peak_step: int | None, recordin
         runtime = "the process RSS also holds the Python and torch runtime, libraries and memory the C allocator " \
                   "keeps after frees; and " if not run.on_gpu else ""
         evidence.append(f"the categories (parameters, gradients, optimizer state, activations) hold "
-                        f"{format_bytes(run.tracked)} of the {format_bytes(level)} at step {run.walk.step} "
+                        f"{format_bytes(run.tracked)} of the {format_bytes(level)} at step {step_number(run.walk.step)} "
                         f"({tracked_share:.1%}); the rest is untracked: {runtime}tensors held outside the model "
                         "and optimizer (leaks, caches, activations of other code)")
     optimizer_state = cats.get("optimizer_state", 0)
@@ -488,13 +488,13 @@ def _growth_finding(run: MemoryContext, trend: _Trend, steps_to_capacity: float 
     severity = _growth_severity(steps_to_capacity, seconds_to_capacity if timed else None)
     first, last = trend.steps[0], trend.steps[-1]
     evidence = [
-        f"the per-step peak rose from {format_bytes(trend.values[0])} (step {first}) to "
-        f"{format_bytes(trend.values[-1])} (step {last}): {format_bytes(trend.slope)} per step "
+        f"the per-step peak rose from {format_bytes(trend.values[0])} (step {step_number(first)}) to "
+        f"{format_bytes(trend.values[-1])} (step {step_number(last)}): {format_bytes(trend.slope)} per step "
         f"(Theil–Sen over {len(trend.steps)} steps; Mann–Kendall tau {trend.tau:.2f})",
     ]
     over = steps_to_capacity == 0
     if over:
-        evidence.append(f"at step {last} the per-step peak is already {_pct(run.share(trend.fitted_last))} of "
+        evidence.append(f"at step {step_number(last)} the per-step peak is already {_pct(run.share(trend.fitted_last))} of "
                         f"the {_capacity_text(run)}")
     elif steps_to_capacity is not None:
         when = f" (~{_duration(seconds_to_capacity)} at {step_s:.2g} s per step, the median)" \
@@ -570,7 +570,7 @@ def _allocator_findings(run: MemoryContext, samples: list[MemorySample]) -> list
         if frag_bytes >= FRAGMENTATION_WARN_SHARE * run.capacity:
             pressure = run.share(top.reserved or 0)
             severity = Severity.WARN if pressure is not None and pressure >= WARN_PEAK_SHARE else Severity.INFO
-            evidence = [f"at the highest reservation (step {top.step}): reserved {format_bytes(top.reserved)}, "
+            evidence = [f"at the highest reservation (step {step_number(top.step)}): reserved {format_bytes(top.reserved)}, "
                         f"allocated {format_bytes(top.allocated)}; {format_bytes(frag_bytes)} "
                         f"({_pct(frag_bytes / run.capacity)} of capacity) cached but unused",
                         f"reserved is {_pct(pressure)} of {_capacity_text(run)}"]
@@ -593,7 +593,7 @@ def _recorded_ooms(recording: Recording, samples: list[MemorySample]) -> list[Fi
         return []
     evidence = [f"the allocator counted {counted} OOM{'s' if counted != 1 else ''} (num_ooms)"] if counted else []
     for e in events[:3]:
-        evidence.append(f"OOM in step {e.step} ({e.phase}) on {e.device}: requested {format_bytes(e.requested)} "
+        evidence.append(f"OOM in step {step_number(e.step)} ({e.phase}) on {e.device}: requested {format_bytes(e.requested)} "
                         f"with {format_bytes(e.allocated)} allocated and {format_bytes(e.free)} free"
                         + (f"; allocator snapshot {e.snapshot_path} (open at pytorch.org/memory_viz)"
                            if e.snapshot_path else ""))
