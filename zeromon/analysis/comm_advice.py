@@ -107,7 +107,7 @@ def with_waiting_for_peers(finding: Finding, exposed_s: float, waited_s: float,
     """A poor-overlap finding that says how much of the rank's exposed communication was waiting for
     a later peer (stragglers' waited time), and, when that is most of it, that the late rank is the
     fix. ``exposed_s``: the rank's exposed communication over the steps the waiting was matched in
-    (all of them); ``late_ranks``: the ranks found to be stragglers."""
+    (the steps after the first); ``late_ranks``: the ranks found to be stragglers."""
     if finding.kind != "poor_overlap" or exposed_s <= 0 or waited_s <= 0:
         return finding
     share = min(1.0, waited_s / exposed_s)
