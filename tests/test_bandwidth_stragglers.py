@@ -134,44 +134,16 @@ def test_exposed_communication_that_is_waiting_for_the_straggler_says_so(straggl
 
 WARMUP_S, LATE_S, WARMUP_STEPS = 1.0, 0.05, 8
 
-# Rank 1 is late once, in its first step (as a rank that allocates or loads data before its loop);
-# rank 0 is a little late in every step, the real straggler.
-_WARMUP_SCRIPT = '''
-import sys, time
-import torch, torch.distributed as dist
-import zeromon_agent
-
-warmup_s, late_s, steps = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
-torch.set_num_threads(1)
-dist.init_process_group("gloo")
-rank = dist.get_rank()
-model = torch.nn.Linear(256, 256)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-zeromon_agent.attach(model=model, optimizer=opt)
-x = torch.randn(64, 256)
-for step in range(steps):
-    if rank == 1 and step == 0:
-        time.sleep(warmup_s)
-    if rank == 0:
-        time.sleep(late_s)
-    opt.zero_grad()
-    model(x).sum().backward()
-    for p in model.parameters():
-        dist.all_reduce(p.grad)
-    opt.step()
-zeromon_agent.detach()
-dist.destroy_process_group()
-'''
-
 
 @pytest.fixture(scope="module")
 def warmup_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("warmup")
-    script = folder / "warmup.py"
-    script.write_text(_WARMUP_SCRIPT)
-    out = folder / "run"
-    result = subprocess.run(torchrun_args(2, script, str(WARMUP_S), str(LATE_S), str(WARMUP_STEPS)),
-                            env=child_env(ZEROMON_OUT=str(out)), capture_output=True, text=True, timeout=300)
+    # Rank 1 is late once, before its first step; rank 0 is a little late in every step, the real
+    # straggler.
+    out = tmp_path_factory.mktemp("warmup") / "run"
+    args = torchrun_args(2, REPO / "tests" / "scenarios" / "straggler.py", "--slow-rank", "0", "--delay", str(LATE_S),
+                         "--extra-mb", "0", "--warmup-rank", "1", "--warmup-delay", str(WARMUP_S),
+                         "--steps", str(WARMUP_STEPS))
+    result = subprocess.run(args, env=child_env(ZEROMON_OUT=str(out)), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return out
 

@@ -2,7 +2,9 @@
 
 Rank --slow-rank spends --delay seconds more in every forward, so it reaches each step's
 all-reduce last and its peer waits about --delay for it; rank 0 also keeps --extra-mb MiB alive
-that rank 1 does not (rank-0-only buffers, as logging or checkpointing code keeps).
+that rank 1 does not (rank-0-only buffers, as logging or checkpointing code keeps). Rank
+--warmup-rank, if given, is late once, by --warmup-delay seconds before its first step (as a rank
+that allocates or loads data before its loop).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ def main() -> None:
     parser.add_argument("--delay", type=float, default=0.03)
     parser.add_argument("--extra-mb", type=int, default=200)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--warmup-rank", type=int, default=-1)
+    parser.add_argument("--warmup-delay", type=float, default=0.0)
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -43,7 +47,9 @@ def main() -> None:
     keep = torch.ones(args.extra_mb * 2**20 // 4) if rank == 0 else None  # noqa: F841 - held on purpose
     zeromon_agent.attach(model=model, optimizer=opt)
     x = torch.randn(64, 256)
-    for _ in range(args.steps):
+    for step in range(args.steps):
+        if step == 0 and rank == args.warmup_rank:
+            time.sleep(args.warmup_delay)
         opt.zero_grad()
         model(x).sum().backward()
         for p in model.parameters():

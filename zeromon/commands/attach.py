@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import sys
@@ -12,7 +13,6 @@ from zeromon.commands.live import check_interval
 from zeromon.errors import ZeromonError
 
 if TYPE_CHECKING:
-    from zeromon.sources.fleet import FleetView
     from zeromon.tui.app import Source
 
 NAME = "attach"
@@ -85,17 +85,10 @@ def require_terminal(what: str) -> None:
 def run(args: argparse.Namespace) -> int:
     source = build_source(args)  # bad flags: exit 2 before the screen is taken
     require_terminal("zeromon attach")
+    from zeromon.sources.replay import final_view
     from zeromon.tui.app import ZeromonApp
 
-    final_view = None
-    if args.run is not None:  # once its ranks have exited, its recording has the final state
-        run_dir = args.run
-
-        def final_view() -> FleetView:
-            from zeromon.sources.replay import ReplaySource
-
-            replay = ReplaySource(run_dir)
-            return replay.view_at(replay.duration_ns)
-
-    ZeromonApp(source, refresh_s=min(0.5, args.interval), interval_s=args.interval, final_view=final_view).run()
+    # With --run: once its ranks have exited, its recording has the final state.
+    final = functools.partial(final_view, args.run) if args.run is not None else None
+    ZeromonApp(source, refresh_s=min(0.5, args.interval), interval_s=args.interval, final_view=final).run()
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import subprocess
@@ -255,8 +256,8 @@ def _loopback(address: str) -> bool:
 def _watch(child: subprocess.Popen[bytes], out: Path) -> None:
     """The TUI on the run's folder until the user quits it; the command goes on either way. When the
     command ends, the TUI shows the run's final state from its recording (the agents are gone)."""
-    from zeromon.sources.fleet import FleetView
     from zeromon.sources.live import LiveSource
+    from zeromon.sources.replay import final_view
     from zeromon.tui.app import ZeromonApp
     from zeromon.tui.view_model import JobStatus
 
@@ -265,14 +266,8 @@ def _watch(child: subprocess.Popen[bytes], out: Path) -> None:
     def job() -> JobStatus:
         return JobStatus(pid=child.pid, log=str(log), exit_code=child.poll())
 
-    def final_view() -> FleetView:
-        from zeromon.sources.replay import ReplaySource
-
-        replay = ReplaySource(out)
-        return replay.view_at(replay.duration_ns)
-
     try:
-        ZeromonApp(LiveSource(run_dir=out), job=job, final_view=final_view).run()
+        ZeromonApp(LiveSource(run_dir=out), job=job, final_view=functools.partial(final_view, out)).run()
     except Exception as exc:  # the TUI failing must not take the job with it
         print(f"zeromon: the TUI stopped: {type(exc).__name__}: {exc}", file=sys.stderr)
     if child.poll() is None:

@@ -519,3 +519,9 @@ def _checked_speed(speed: float) -> float:
     if not value > 0 or math.isinf(value):
         raise ZeromonError(f"replay speed {speed!r}: must be a number > 0 (1 = as recorded)")
     return value
+
+
+def final_view(run_dir: str | Path) -> FleetView:
+    """A recorded run's final state: every rank as its recording ends (the TUI's view of an ended run)."""
+    replay = ReplaySource(Path(run_dir))
+    return replay.view_at(replay.duration_ns)
