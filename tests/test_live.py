@@ -409,10 +409,12 @@ def test_a_dead_rank_turns_stale_keeps_its_data_and_comes_back(agents: list[SimA
         wait_for(lambda: source.latest().alive == 2, what="both ranks alive")
         agents[1].stop()
         dead = wait_for(rank_when(source, 1, alive=False), what="rank 1 stale")
-        assert "connection refused" in (dead.error or "")
+        # A poll in flight as it stopped sees the connection closed; the polls after it, refused.
+        assert any(why in (dead.error or "") for why in ("connection refused", "the connection was closed"))
         assert [s.step for s in dead.steps] == [0, 1, 2, 3]  # its last data stays
         time.sleep(0.3)
         later = by_rank(source.latest())[1]
+        assert "connection refused" in (later.error or "")
         assert later.stale_s is not None and dead.stale_s is not None and later.stale_s > dead.stale_s
         assert by_rank(source.latest())[0].alive
         agents[1].step = 7
