@@ -386,7 +386,7 @@ def test_model_counts_agree_with_deepspeed() -> None:
     pytest.importorskip("deepspeed")
     from deepspeed.runtime.zero.stage3 import model_to_params
 
-    from zeromon.commands.plan import count_model_params
+    from zeromon.sources.model_spec import count_model_params
 
     model = load_tiny_model().build()
     assert count_model_params(model) == model_to_params(model) == (12096, 4608)

@@ -13,11 +13,11 @@ from bench.bench_analysis import write_recording
 
 from zeromon.analysis.report import build_report
 from zeromon.analysis.stragglers import analyze_imbalance
-from zeromon.commands.report import analyse_run
 from zeromon.errors import ZeromonError
 from zeromon.exporters.html_report import MEANING_COLOURS, PHASE_COLOURS
 from zeromon.model import read_run
 from zeromon.model.codec import Recording
+from zeromon.sources.run_analysis import analyse_run
 
 from conftest import EXAMPLES, REPO, child_env, torchrun_args, zeromon
 

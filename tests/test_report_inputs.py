@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from zeromon.commands.report import analyse_run
 from zeromon.errors import ZeromonError
 from zeromon.model import read_run
+from zeromon.sources.run_analysis import analyse_run
 
 from conftest import EXAMPLES, REPO, torchrun_args, zeromon
 

@@ -36,15 +36,9 @@ from zeromon.model.events import MemorySample, PhaseSpan, RunInfo, StepSummary
 from zeromon.sources.fleet import CollectiveTotal, FleetView, RankView
 from zeromon.sources.live import LiveSource
 from zeromon.tui.app import ZeromonApp
-from zeromon.tui.rank_detail import (
-    NARROW_COLLECTIVE_COLUMNS,
-    collective_rows,
-    memory_lines,
-    phase_timeline,
-    rank_title,
-)
 from zeromon.tui.screens import CollectivesTable, HelpScreen, RankScreen
-from zeromon.tui.view_model import (
+from zeromon.tui.widgets import FindingsPanel, FleetHeader, NoAgentPanel, RanksTable
+from zeromon.views.fleet import (
     COLUMN_KEYS,
     STALE_MARK,
     WORST_MARK,
@@ -61,7 +55,13 @@ from zeromon.tui.view_model import (
     trends,
     worst_row,
 )
-from zeromon.tui.widgets import FindingsPanel, FleetHeader, NoAgentPanel, RanksTable
+from zeromon.views.rank_detail import (
+    NARROW_COLLECTIVE_COLUMNS,
+    collective_rows,
+    memory_lines,
+    phase_timeline,
+    rank_title,
+)
 
 from conftest import REPO, child_env, free_port, torchrun_args
 

@@ -99,7 +99,7 @@ def child(folder: str) -> None:
     """What `zeromon report RUN_DIR --json` runs: every rank read and analysed in a worker process
     (one per CPU), the ranks combined in this one."""
     t0 = time.perf_counter()
-    from zeromon.commands.report import analyse_run
+    from zeromon.sources.run_analysis import analyse_run
 
     report = analyse_run(Path(folder))
     json.dumps(report.to_dict(), default=str)

@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from zeromon.analysis.intervals import Interval, clip, merge, subtract, total
+from zeromon.analysis.intervals import Interval, clip, intersect, merge, subtract, total
 from zeromon.analysis.overlap import Overlap, overlap_of_merged
 from zeromon.model.codec import Recording
 
@@ -103,3 +103,26 @@ def _within(merged: list[Interval], window: Interval) -> list[Interval]:
         if out[-1][1] > hi:
             out[-1] = (out[-1][0], hi)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class StepIntervals:
+    """One step's intervals (ns) as its overlap is computed: what a timeline draws."""
+
+    window: Interval
+    comm: tuple[Interval, ...]  # union of the collectives, clipped to the window
+    comp: tuple[Interval, ...]  # the compute phases minus the blocked time, clipped
+    overlap: tuple[Interval, ...]  # communication hidden behind computation
+    exposed: tuple[Interval, ...]  # communication not hidden: comm minus comp
+    blocked: tuple[Interval, ...]  # the training thread blocked in collectives (waits, sync calls)
+
+
+def step_intervals(comm: Iterable[Interval], compute: Iterable[Interval], blocked: Iterable[Interval],
+                   window: Interval) -> StepIntervals:
+    """The intervals behind overlap_in_step's numbers: total(exposed) / 1e9 is its exposed_comm_s."""
+    comm_u = clip(merge(comm), window)
+    blocked_u = clip(merge(blocked), window)
+    comp = clip(subtract(merge(compute), blocked_u), window)
+    return StepIntervals(window=window, comm=tuple(comm_u), comp=tuple(comp),
+                         overlap=tuple(intersect(comm_u, comp)), exposed=tuple(subtract(comm_u, comp)),
+                         blocked=tuple(blocked_u))

@@ -3,15 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
-import os
-import sys
-from pathlib import Path
 from typing import Any
-
-from zeromon.errors import ZeromonError
 
 NAME = "plan"
 HELP = "plan ZeRO memory per GPU and per node for each stage, and recommend one"
@@ -35,15 +28,6 @@ conventions:
 activations (--activations seq,batch,hidden,layers,heads): Korthikanti et al. 2022 without
 recomputation, s·b·h·(34 + 5·a·s/h) bytes per layer, times layers.
 """
-
-_FLAGS = {  # PlanInputs field -> the flag that sets it, for error messages
-    "params": "--params", "gpus_per_node": "--gpus-per-node", "nodes": "--nodes",
-    "gpu_memory_bytes": "--gpu-memory", "dtype": "--dtype", "optimizer": "--optimizer",
-    "offload_optimizer": "--offload-optimizer", "offload_params": "--offload-params",
-    "largest_layer_params": "--largest-layer-params", "activations": "--activations",
-    "convention": "--convention", "stages": "--stage", "zero_init": "--no-zero-init",
-}
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = DESCRIPTION
@@ -73,37 +57,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zeromon.analysis.planner import PlanInputError, PlanInputs, plan
+    from zeromon.analysis.planner import plan
+    from zeromon.views.planning import PlanRequest, plan_inputs
 
-    if args.params is None and args.model is None:
-        raise ZeromonError("zeromon plan: give --params N (e.g. 7e9, 7B) or --model MODULE:FACTORY",
-                           hint="see `zeromon plan --help`")
-    if args.momentum and args.optimizer != "sgd":
-        raise ZeromonError(f"--momentum applies to --optimizer sgd only (this plan is for --optimizer "
-                           f"{args.optimizer}, whose state is always counted)",
-                           hint="add --optimizer sgd, or drop --momentum")
-    largest = _count_flag("--largest-layer-params", args.largest_layer_params)
-    params: int | None
-    if args.model is not None:
-        params, model_largest = count_model_params(load_model(args.model))
-        largest = model_largest if largest is None else largest
-    else:
-        params = _count_flag("--params", args.params)
-    assert params is not None
-    try:
-        inputs = PlanInputs(
-            params=params, gpus_per_node=_int_flag("--gpus-per-node", args.gpus_per_node),
-            nodes=_int_flag("--nodes", args.nodes), gpu_memory_bytes=_gpu_memory(args.gpu_memory),
-            dtype=args.dtype, optimizer=args.optimizer, offload_optimizer=args.offload_optimizer,
-            offload_params=args.offload_params, zero_init=args.zero_init, largest_layer_params=largest,
-            activations=_activations(args.activations), convention=args.convention,
-            stages=(0, 1, 2, 3) if args.stage == "all" else (int(args.stage),), sgd_momentum=args.momentum)
-    except PlanInputError as exc:
-        raise ZeromonError(f"{_FLAGS.get(exc.field, exc.field)}: {exc.detail}",
-                           hint="see `zeromon plan --help`") from None
-    if args.stage != "all":
-        _check_offload_applies(int(args.stage), args)
-    result = plan(inputs)
+    request = PlanRequest(
+        params=args.params, model=args.model, gpus_per_node=args.gpus_per_node, nodes=args.nodes, stage=args.stage,
+        offload_optimizer=args.offload_optimizer, offload_params=args.offload_params, zero_init=args.zero_init,
+        dtype=args.dtype, optimizer=args.optimizer, momentum=args.momentum,
+        largest_layer_params=args.largest_layer_params, activations=args.activations, gpu_memory=args.gpu_memory,
+        convention=args.convention)
+    result = plan(plan_inputs(request))
     if args.json:
         payload = result.to_dict()
         if args.model is not None:
@@ -112,124 +75,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_plan(result, model=args.model))
     return 0
-
-
-def _count_flag(flag: str, text: str | None) -> int | None:
-    from zeromon.analysis.planner import parse_param_count
-
-    if text is None:
-        return None
-    try:
-        return parse_param_count(text)
-    except ValueError as exc:
-        raise ZeromonError(f"{flag}: {exc}", hint="a count > 0: 7e9, 7B, 1.3b, 350M, 7000000000") from None
-
-
-def _int_flag(flag: str, text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ZeromonError(f"{flag}: {text!r} is not a whole number", hint=f"{flag} takes an integer >= 1") from None
-    if value < 1:
-        raise ZeromonError(f"{flag}: must be at least 1, got {value}", hint=f"{flag} takes an integer >= 1")
-    return value
-
-
-def _gpu_memory(text: str | None) -> int | None:
-    from zeromon.model.units import parse_memory_size
-
-    if text is None:
-        return None
-    try:
-        return parse_memory_size(text, "--gpu-memory")
-    except ValueError as exc:
-        message = str(exc) if str(exc).startswith("--gpu-memory") else f"--gpu-memory: {exc}"
-        raise ZeromonError(message, hint="a size with a unit: 80GiB, 40GB, 24GiB") from None
-
-
-def _activations(text: str | None) -> tuple[int, int, int, int, int] | None:
-    if text is None:
-        return None
-    parts = [p.strip() for p in text.split(",")]
-    hint = "five integers >= 1: seq_len,micro_batch,hidden,layers,heads, e.g. 4096,1,4096,32,32"
-    if len(parts) != 5 or not all(p.isdigit() and int(p) >= 1 for p in parts):
-        raise ZeromonError(f"--activations: {text!r} is not SEQ,BATCH,HIDDEN,LAYERS,HEADS", hint=hint)
-    seq, batch, hidden, layers, heads = (int(p) for p in parts)
-    return seq, batch, hidden, layers, heads
-
-
-def _check_offload_applies(stage: int, args: argparse.Namespace) -> None:
-    """An explicit stage that cannot do the asked-for offload is a usage error, not a silent change."""
-    if stage == 0 and args.offload_optimizer != "none":
-        raise ZeromonError("--offload-optimizer: stage 0 (DDP) cannot offload; use --stage 1, 2 or 3")
-    if stage < 3 and args.offload_params != "none":
-        raise ZeromonError("--offload-params: only ZeRO-3 offloads parameters; use --stage 3")
-    if stage in (1, 2) and args.offload_optimizer == "nvme":
-        raise ZeromonError(f"--offload-optimizer nvme: at stage {stage} DeepSpeed keeps the optimizer state in CPU "
-                           "memory (NVMe offload needs ZeRO-3); use --offload-optimizer cpu, or --stage 3")
-
-
-# ---------------------------------------------------------------------------------------------
-# --model
-
-
-def load_model(spec: str) -> Any:
-    """'pkg.module:factory' or 'path/to/file.py:factory' -> factory(), which must be a torch nn.Module."""
-    module_name, sep, factory_name = spec.rpartition(":")
-    hint = "--model takes MODULE:FACTORY (e.g. examples.mymodel:build) or FILE.py:FACTORY, FACTORY() -> nn.Module"
-    if not sep or not module_name or not factory_name.isidentifier():
-        raise ZeromonError(f"--model: {spec!r} is not MODULE:FACTORY", hint=hint)
-    try:
-        module = _import(module_name)
-    except Exception as exc:  # anything the user's module raises on import is the user's problem to see
-        raise ZeromonError(f"--model: cannot import {module_name!r}: {type(exc).__name__}: {exc}", hint=hint) from None
-    factory = getattr(module, factory_name, None)
-    if not callable(factory):
-        raise ZeromonError(f"--model: {module_name!r} has no callable {factory_name!r}", hint=hint)
-    try:
-        model = factory()
-    except Exception as exc:
-        raise ZeromonError(f"--model: {spec}() failed: {type(exc).__name__}: {exc}", hint=hint) from None
-    from torch import nn
-
-    if not isinstance(model, nn.Module):
-        raise ZeromonError(f"--model: {spec}() returned {type(model).__name__}, not a torch nn.Module", hint=hint)
-    return model
-
-
-def _import(module_name: str) -> Any:
-    if module_name.endswith(".py"):
-        path = Path(module_name)
-        if not path.is_file():
-            raise FileNotFoundError(f"no such file: {path}")
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot load {path}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module  # dataclasses and pickling look the module up by name
-        spec.loader.exec_module(module)
-        return module
-    if os.getcwd() not in sys.path and "" not in sys.path:  # the `zeromon` script, unlike `python -m`
-        sys.path.insert(0, os.getcwd())
-    return importlib.import_module(module_name)
-
-
-def count_model_params(model: Any) -> tuple[int, int]:
-    """(total, largest layer) as DeepSpeed's stage3.model_to_params counts them.
-
-    Total: each storage once (tied weights share a data_ptr); meta tensors, which all report data_ptr 0,
-    count once per Parameter object. Largest layer: the module with the most parameters of its own
-    (``parameters(recurse=False)``), DeepSpeed's definition of a layer.
-    """
-    unique = {}
-    for p in model.parameters():
-        key = ("ptr", p.data_ptr()) if not p.is_meta and p.numel() > 0 else ("id", id(p))
-        unique[key] = p.numel()
-    total = sum(unique.values())
-    largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
-    if total < 1:
-        raise ZeromonError("--model: the model has no parameters", hint="pass --params N instead")
-    return total, largest
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,12 +115,11 @@ def format_plan(result: Any, model: str | None = None) -> str:
     lines.append("")
     lines.extend(_convention_lines(result))
     lines.extend(f"note: {n}" for n in result.notes)
+    from zeromon.views.planning import recommendation_text
+
     rec = result.recommendation
-    offload = [f"{what} offload {dev}" for what, dev in (("optimizer", rec.offload_optimizer),
-                                                          ("parameter", rec.offload_params)) if dev != "none"]
-    name = "stage 0 (DDP)" if rec.stage == 0 else f"ZeRO-{rec.stage}"
     lines.append("")
-    lines.append(f"recommendation: {name}" + (f" with {', '.join(offload)}" if offload else ", no offload"))
+    lines.append(f"recommendation: {recommendation_text(rec)}")
     lines.append(f"  why: {rec.reason}")
     return "\n".join(lines)
 

@@ -259,7 +259,7 @@ def _watch(child: subprocess.Popen[bytes], out: Path) -> None:
     from zeromon.sources.live import LiveSource
     from zeromon.sources.replay import final_view
     from zeromon.tui.app import ZeromonApp
-    from zeromon.tui.view_model import JobStatus
+    from zeromon.views.fleet import JobStatus
 
     log = out / "launcher.log"
 

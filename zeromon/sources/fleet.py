@@ -14,6 +14,7 @@ from zeromon.analysis.oom import OomForecast
 from zeromon.model.codec import FIELDS_OF
 from zeromon.model.events import (
     AgentStats,
+    CollectiveEvent,
     DeviceSample,
     MemorySample,
     Notice,
@@ -58,6 +59,9 @@ class RankView:
     oom: OomForecast | None = None
     findings: tuple[Finding, ...] = ()
     phases: tuple[PhaseSpan, ...] = ()  # recent phase spans, oldest first
+    # recent collectives, oldest first: only from a LiveSource asked to keep them (the dashboard's
+    # step timeline); the TUI shows totals
+    recent_collectives: tuple[CollectiveEvent, ...] = ()
     notices: tuple[Notice, ...] = ()
     host: str | None = None
     pid: int | None = None
@@ -79,7 +83,7 @@ class RankView:
         for name in ("run_info", "memory", "device", "stats"):
             value = out[name]
             out[name] = _plain(value) if value is not None else None
-        for name in ("steps", "collectives", "phases", "notices"):
+        for name in ("steps", "collectives", "phases", "notices", "recent_collectives"):
             out[name] = [_plain(v) for v in out[name]]
         return out
 

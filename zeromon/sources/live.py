@@ -32,6 +32,7 @@ from typing import Any
 
 from zeromon.errors import ZeromonError
 from zeromon.model.events import (
+    CollectiveEvent,
     PhaseSpan,
     StepSummary,
 )
@@ -85,6 +86,7 @@ class _Slot:
     full_steps: bool = True  # ask for all STEPS_ASKED steps next time (first poll, or steps were missed)
     parsed: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict)  # see rank_view_from_snapshot
     phases: deque[PhaseSpan] = dataclasses.field(default_factory=lambda: deque(maxlen=PHASES_KEPT))
+    collectives: deque[CollectiveEvent] | None = None  # recent ones, when LiveSource keeps them
     due: float = 0.0  # time.monotonic() of its next poll
     in_flight: bool = False  # a request is out: a slow agent is not asked twice
     entry: EndpointEntry | None = None  # its registration, when found through one: its host and pid
@@ -102,13 +104,16 @@ class LiveSource:
 
     def __init__(self, targets: list[str] | None = None, run_dir: str | Path | None = None,
                  prometheus: str | None = None, token: str | None = None, interval_s: float = 1.0,
-                 timeout_s: float | None = None, events: bool = True) -> None:
+                 timeout_s: float | None = None, events: bool = True, keep_collectives: int = 0) -> None:
         if not interval_s > 0:
             raise ZeromonError(f"interval {interval_s!r}: must be a number of seconds > 0")
         self.interval_s = float(interval_s)
         self.timeout_s = float(timeout_s) if timeout_s is not None else min(5.0, max(1.0, 2 * self.interval_s))
         self.token = token if token is not None else os.environ.get("ZEROMON_TOKEN") or None
         self.events = events  # read phase spans from the event stream (?since=)
+        # Recent collectives kept per rank (RankView.recent_collectives), for the dashboard's step
+        # timeline; 0: none (the TUI), so that the ~3 µs of building each one is not spent for nothing.
+        self.keep_collectives = max(0, int(keep_collectives)) if events else 0
         self._targets = [parse_target(t) for t in targets or ()]
         self._run_dir = Path(run_dir) if run_dir is not None else None
         if self._run_dir is not None and not self._run_dir.is_dir():
@@ -132,7 +137,13 @@ class LiveSource:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         for target in self._targets:
-            self._slots[str(target)] = _Slot(str(target), target, None)
+            self._slots[str(target)] = self._new_slot(str(target), target, None)
+
+    def _new_slot(self, key: str, target: Target, rank: int | None) -> _Slot:
+        slot = _Slot(key, target, rank)
+        if self.keep_collectives:
+            slot.collectives = deque(maxlen=self.keep_collectives)
+        return slot
 
     # -- public
 
@@ -315,7 +326,7 @@ class LiveSource:
                     continue
                 slot = self._slots.get(key)
                 if slot is None:
-                    slot = self._slots[key] = _Slot(key, target, rank)
+                    slot = self._slots[key] = self._new_slot(key, target, rank)
                 elif slot.target != target and not slot.in_flight:
                     slot.target = target  # the rank's agent restarted elsewhere
                 slot.entry = entry
@@ -364,10 +375,14 @@ class LiveSource:
             # Another agent process answers for this rank (a restart): its steps and events start anew.
             previous, slot.cursor, slot.full_steps = None, None, True
             slot.phases.clear()
+            if slot.collectives is not None:
+                slot.collectives.clear()
             slot.parsed.clear()
         slot.start_ns = start_ns if isinstance(start_ns, int) else None
         self._read_events(slot, doc)
         view = rank_view_from_snapshot(doc, str(target), previous, tuple(slot.phases), slot.parsed)
+        if slot.collectives is not None:
+            view = dataclasses.replace(view, recent_collectives=tuple(slot.collectives))
         answered = view.steps
         # No steps yet, or a gap after the steps already known: ask for all of them next time.
         slot.full_steps = not answered
@@ -405,17 +420,27 @@ class LiveSource:
         if slot.cursor is not None and cursor < slot.cursor:
             slot.cursor = None  # the agent's numbering went back: it is another process
             slot.phases.clear()
+            if slot.collectives is not None:
+                slot.collectives.clear()
         if slot.cursor is None:
             slot.cursor = max(0, cursor - PHASES_BACKFILL)
             return
         newest = slot.cursor
         events = doc.get("events")
         if isinstance(events, list) and events:
-            # Most events are collectives, which the view does not keep: only the phases become objects.
-            for event in [e for e in events if isinstance(e, dict) and e.get("kind") == "phase"]:
-                span = record_from_dict(PhaseSpan, event)
-                if span is not None:
-                    slot.phases.append(span)
+            # Most events are collectives, which only a source that keeps them turns into objects.
+            for event in events:
+                if not isinstance(event, dict):
+                    continue
+                kind = event.get("kind")
+                if kind == "phase":
+                    span = record_from_dict(PhaseSpan, event)
+                    if span is not None:
+                        slot.phases.append(span)
+                elif kind == "collective" and slot.collectives is not None:
+                    collective = record_from_dict(CollectiveEvent, event)
+                    if collective is not None:
+                        slot.collectives.append(collective)
             last = events[-1]  # the agent sends them in cursor order
             if isinstance(last, dict) and isinstance(last.get("cursor"), int):
                 newest = max(newest, last["cursor"])

@@ -31,7 +31,8 @@ from textual.widgets import Footer, Input
 from zeromon.sources.fleet import FleetView
 from zeromon.tui.rank_table import RankTable
 from zeromon.tui.screens import HelpScreen, RankScreen
-from zeromon.tui.view_model import (
+from zeromon.tui.widgets import FindingsPanel, FleetHeader, NoAgentPanel, RanksTable, TrendsPanel
+from zeromon.views.fleet import (
     SORT_NAMES,
     SORT_OF_COLUMN,
     FindingItem,
@@ -50,7 +51,6 @@ from zeromon.tui.view_model import (
     trends,
     worst_row,
 )
-from zeromon.tui.widgets import FindingsPanel, FleetHeader, NoAgentPanel, RanksTable, TrendsPanel
 
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 

@@ -22,7 +22,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from zeromon.tui.view_model import Column
+from zeromon.views.fleet import Column
 
 GAP = 1  # blank cells after a column: one, so that nine columns fit 80 (a rank cell starts with its marks' slot)
 

@@ -15,7 +15,8 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Static
 
 from zeromon.sources.fleet import FleetView, RankView
-from zeromon.tui.rank_detail import (
+from zeromon.views.fleet import ms, pct, rank_key, rank_row, short_bytes, step_number
+from zeromon.views.rank_detail import (
     COLLECTIVE_COLUMNS,
     NARROW_COLLECTIVE_COLUMNS,
     TIMELINE_MIN_WIDTH,
@@ -26,7 +27,6 @@ from zeromon.tui.rank_detail import (
     rank_title,
     table_width,
 )
-from zeromon.tui.view_model import ms, pct, rank_key, rank_row, short_bytes, step_number
 
 PHASE_STYLES = {"F": "bold blue", "B": "bold magenta", "O": "bold green", "·": "dim", "s": "dim cyan"}
 

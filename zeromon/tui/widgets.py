@@ -1,4 +1,4 @@
-"""The main screen's widgets. Each takes plain data from view_model and only styles and draws it."""
+"""The main screen's widgets. Each takes plain data from zeromon.views.fleet and only styles and draws it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from textual.widgets import Label, Sparkline, Static
 
 from zeromon.analysis.findings import Severity
 from zeromon.tui.rank_table import RankTable
-from zeromon.tui.view_model import (
+from zeromon.views.fleet import (
     COLUMNS,
     RISK_WORDS,
     FindingItem,
@@ -67,7 +67,7 @@ class FleetHeader(Static):
 
 
 class RanksTable(RankTable):
-    """One row per rank; the worst stands out by its mark (view_model.WORST_MARK) and its colour."""
+    """One row per rank; the worst stands out by its mark (zeromon.views.fleet.WORST_MARK) and its colour."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(COLUMNS, fixed=1, **kwargs)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from zeromon.model.events import MEMORY_CATEGORIES, PhaseSpan, StepSummary
 from zeromon.sources.fleet import RankView
-from zeromon.tui.view_model import duration, ms, pct, rate, short_bytes
+from zeromon.views.fleet import duration, ms, pct, rate, short_bytes
 
 TIMELINE_STEPS = 8
 TIMELINE_WIDTH = 36  # cells of a phase bar when the panel's width is not known yet

@@ -1,6 +1,7 @@
-"""What the TUI shows, as plain data: FleetView in, rows, header fields, series and findings out.
+"""What the TUI and the dashboard show, as plain data: FleetView in, rows, header fields, series and
+findings out.
 
-No Textual here, and no clock: every time comes from the view (``FleetView.t_ns``), so the same
+No UI library here, and no clock: every time comes from the view (``FleetView.t_ns``), so the same
 view always gives the same screen (snapshot tests, replays). The widgets only style these.
 """
 

@@ -1,0 +1,164 @@
+"""The dashboard's first glance, as plain data: the worst OOM risk and the worst exposed communication
+of the job (banners), and one cell per rank for the rank grid.
+
+The OOM banner speaks for the rank closest to trouble as the TUI's worst row does (risk, then least
+headroom); the exposed banner for the rank whose communication costs the largest share of its step:
+on a recording, `zeromon report`'s medians over the steps after the first; live, the same medians
+over the steps the view holds. Thresholds are the findings' own (comm_advice, oom), so a banner and
+a finding never disagree.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from zeromon.analysis.comm_advice import EXPOSED_SHARE_CRITICAL, EXPOSED_SHARE_WARN
+from zeromon.analysis.findings import Severity
+from zeromon.views.fleet import RankRow, duration, pct, rank_rows, short_bytes, worst_row
+from zeromon.views.run_data import RunData
+
+
+@dataclass(frozen=True, slots=True)
+class Banner:
+    kind: str  # "oom" or "exposed"
+    level: str  # "critical", "warn" or "ok"
+    rank: int | None
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class RankCell:
+    """One rank in the grid: where it sits, what colours it, what its hover says."""
+
+    rank: int
+    row: int
+    col: int
+    risk: Severity | None
+    used_share: float | None  # of capacity: the peak (or predicted peak) / capacity
+    exposed_share: float | None
+    state: str  # "alive", "ended", "down", "stale 7s"
+    answering: bool
+    hover: str
+
+
+def _level(severity: Severity | None) -> str:
+    if severity is Severity.CRITICAL:
+        return "critical"
+    return "warn" if severity is Severity.WARN else "ok"
+
+
+def _exposed_level(share: float | None) -> str:
+    if share is None:
+        return "ok"
+    return "critical" if share >= EXPOSED_SHARE_CRITICAL else "warn" if share >= EXPOSED_SHARE_WARN else "ok"
+
+
+def rank_exposed_shares(data: RunData) -> dict[int, float]:
+    """Each rank's median exposed share of step time over the steps after the first (the report's
+    window): from the report for a recording, else from the steps the history holds."""
+    if data.report is not None:
+        return {r.rank: r.median_exposed_share for r in data.report.ranks if r.median_exposed_share is not None}
+    out: dict[int, float] = {}
+    for rank, history in data.histories.items():
+        steps = [s for s in history.steps if s.step >= 1] or list(history.steps)
+        shares = [s.exposed_comm_s / s.duration_s for s in steps if s.exposed_comm_s is not None and s.duration_s > 0]
+        if shares:
+            out[rank] = statistics.median(shares)
+    return out
+
+
+def _time_left(rows_rank: int | None, data: RunData) -> str:
+    """Steps (and time, at the rank's median step time) until its memory reaches capacity."""
+    view = next((r for r in data.fleet.ranks if r.rank == rows_rank), None)
+    oom = view.oom if view is not None else None
+    if data.report is not None:
+        oom = next((r.oom for r in data.report.ranks if r.rank == rows_rank), oom)
+    if oom is None:
+        return ""
+    if oom.headroom_bytes is not None and oom.headroom_bytes < 0:
+        return "already over capacity"
+    steps = oom.steps_to_capacity
+    if steps is None or not math.isfinite(steps):
+        return ""
+    history = data.histories.get(rows_rank) if rows_rank is not None else None
+    durations = [s.duration_s for s in history.steps[-50:]] if history is not None else []
+    seconds = f" (~{duration(steps * statistics.median(durations))})" if durations else ""
+    return f"{steps:,.0f} steps to capacity{seconds}"
+
+
+def oom_banner(data: RunData, rows: Sequence[RankRow] | None = None) -> Banner | None:
+    """The rank closest to running out of memory; None without memory data."""
+    rows = rank_rows(data.fleet) if rows is None else rows
+    worst = worst_row([r for r in rows if r.used is not None or r.risk is not None])
+    if worst is None:
+        return None
+    level = _level(worst.risk)
+    left = _time_left(worst.rank, data)
+    parts = [f"rank {worst.rank}", f"headroom {short_bytes(worst.headroom)} of {short_bytes(worst.capacity)}"]
+    if worst.peak is not None:
+        parts.append(f"peak {short_bytes(worst.peak)}")
+    if left:
+        parts.append(left)
+    head = {"critical": "OOM risk CRITICAL", "warn": "OOM risk", "ok": "Memory OK"}[level]
+    return Banner("oom", level, worst.rank, f"{head}: " + ", ".join(parts))
+
+
+def exposed_banner(data: RunData) -> Banner | None:
+    """The rank whose exposed communication is the largest share of its step; None without steps."""
+    shares = rank_exposed_shares(data)
+    if not shares:
+        return None
+    rank = max(shares, key=lambda r: (shares[r], -r))
+    share = shares[rank]
+    level = _exposed_level(share)
+    head = {"critical": "Exposed communication CRITICAL", "warn": "Exposed communication",
+            "ok": "Communication mostly hidden"}[level]
+    median_ms = None
+    if data.report is not None:
+        median_ms = next((r.median_exposed_comm_s for r in data.report.ranks if r.rank == rank), None)
+    else:
+        history = data.histories.get(rank)
+        values = [s.exposed_comm_s for s in (history.steps if history else ()) if s.step >= 1
+                  and s.exposed_comm_s is not None]
+        median_ms = statistics.median(values) if values else None
+    extra = f" ({median_ms * 1e3:.1f} ms per step)" if median_ms is not None else ""
+    return Banner("exposed", level, rank,
+                  f"{head}: rank {rank}, {pct(share)} of step time is communication not hidden behind compute{extra}")
+
+
+GRID_COLUMNS_MAX = 32
+
+
+def grid_shape(n: int) -> tuple[int, int]:
+    """(rows, columns) for n ranks: 8 per row up to 64 ranks (a node of 8 GPUs per row), then square-ish
+    up to GRID_COLUMNS_MAX columns."""
+    if n <= 0:
+        return 0, 0
+    cols = min(n, 8) if n <= 64 else min(GRID_COLUMNS_MAX, math.ceil(math.sqrt(n)))
+    return math.ceil(n / cols), cols
+
+
+def rank_cells(data: RunData, rows: Sequence[RankRow] | None = None) -> tuple[RankCell, ...]:
+    rows = [r for r in (rank_rows(data.fleet) if rows is None else rows) if r.rank is not None]
+    rows.sort(key=lambda r: r.rank if r.rank is not None else 0)
+    _, cols = grid_shape(len(rows))
+    shares = rank_exposed_shares(data)
+    cells = []
+    for i, row in enumerate(rows):
+        assert row.rank is not None
+        used = row.peak if row.peak is not None else row.used
+        used_share = used / row.capacity if used is not None and row.capacity else None
+        exposed = shares.get(row.rank, row.exposed_share)
+        hover = "<br>".join([
+            f"rank {row.rank} ({row.host})", f"state: {row.state}",
+            f"OOM risk: {row.risk.value if row.risk else '-'}",
+            f"memory peak {short_bytes(used)} of {short_bytes(row.capacity)} ({pct(used_share)})",
+            f"headroom {short_bytes(row.headroom)}",
+            f"exposed comm: {pct(exposed)} of step time", f"step {row.steps_done if row.steps_done is not None else '-'}",
+        ])
+        cells.append(RankCell(rank=row.rank, row=i // cols, col=i % cols, risk=row.risk, used_share=used_share,
+                              exposed_share=exposed, state=row.state, answering=row.answering, hover=hover))
+    return tuple(cells)

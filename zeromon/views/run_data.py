@@ -1,0 +1,382 @@
+"""What the dashboard draws at one moment, as one immutable value (RunData), and the feeds that make it
+from each kind of source: a recording (RUN_DIR), a replay of one, live agents or Prometheus, profiler
+traces.
+
+Every feed builds RunData on its own thread (or once, for a recording); a page's callback only reads
+the newest one (``Feed.latest()``: a reference under a lock, no I/O), so a refresh costs the drawing
+alone. The numbers come from the same objects the TUI and `zeromon report` use: the FleetView (rank
+rows, OOM forecasts, findings), the recordings and the RunReport.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from zeromon.analysis.findings import Finding
+from zeromon.analysis.report import RunReport
+from zeromon.analysis.trace_overlap import RankTraceOverlap
+from zeromon.model.codec import CollectiveColumns, Recording
+from zeromon.model.events import CollectiveEvent, MemorySample, OomEvent, PhaseSpan, StepSummary
+from zeromon.sources.fleet import FleetView, RankView
+from zeromon.views.fleet import fleet_findings
+
+RECORDING_CHECK_S = 2.0  # how often a followed recording's files are looked at for growth
+# Live history kept per rank: enough for hours of steps on a few ranks, bounded on hundreds (a step
+# summary or memory sample costs ~0.5-1 KB): the total is what bounds the process's memory.
+LIVE_SAMPLES_TOTAL = 400_000
+LIVE_SAMPLES_MIN = 512
+
+
+@dataclass(frozen=True, slots=True)
+class RankHistory:
+    """One rank over time, oldest first: what the recording holds (``complete``), or what a live
+    client has seen since it started (bounded)."""
+
+    rank: int
+    memory: Sequence[MemorySample] = ()
+    steps: Sequence[StepSummary] = ()
+    phases: Sequence[PhaseSpan] = ()
+    collectives: CollectiveColumns | None = None
+    ooms: Sequence[OomEvent] = ()
+    complete: bool = False
+    until_ns: int | None = None  # a replay's position: nothing after it is shown
+    _by_step: dict[int, list[int]] = field(default_factory=dict, compare=False, repr=False)
+
+    def step_collectives(self, step: int) -> list[CollectiveEvent]:
+        """The collectives issued in ``step`` (by the agent's step index), in issue order."""
+        columns = self.collectives
+        if columns is None or not len(columns):
+            return []
+        if not self._by_step:
+            for i, s in enumerate(columns.step):
+                self._by_step.setdefault(s, []).append(i)
+        names = [f.name for f in dataclasses.fields(CollectiveEvent)]
+        out = [CollectiveEvent(*(getattr(columns, name)[i] for name in names)) for i in self._by_step.get(step, ())]
+        if self.until_ns is not None:
+            out = [c for c in out if c.issue_ns <= self.until_ns]
+        return sorted(out, key=lambda c: c.issue_ns)
+
+    def step_phases(self, step: int) -> list[PhaseSpan]:
+        return [p for p in self.phases if p.step == step]
+
+
+@dataclass(frozen=True, slots=True)
+class RunData:
+    """Everything a page may draw, at one moment."""
+
+    kind: str  # "recording", "replay", "live", "trace"
+    source: str  # what is watched, in words
+    version: int  # grows whenever the data changes: a page whose version is drawn skips the redraw
+    fleet: FleetView
+    histories: Mapping[int, RankHistory] = field(default_factory=dict)
+    report: RunReport | None = None  # the offline analysis, for a recording
+    findings: tuple[Finding, ...] = ()  # worst first: the report's, or the live view's (as the TUI shows them)
+    traces: tuple[RankTraceOverlap, ...] = ()  # for --trace
+    error: str | None = None  # about the source as a whole: shown on every page
+    finished: bool = False  # the run (or the replay) has ended: this is its final state
+    position_s: float | None = None  # a replay's position
+    duration_s: float | None = None  # a replay's length
+
+    @property
+    def live(self) -> bool:
+        """Pages refresh themselves: the data can still change."""
+        return self.kind in ("live", "replay") or (self.kind == "recording" and not self.finished)
+
+
+class Feed(Protocol):
+    def start(self) -> Any: ...
+
+    def stop(self) -> None: ...
+
+    def latest(self) -> RunData: ...
+
+
+def _sorted_findings(findings: Iterable[Finding]) -> tuple[Finding, ...]:
+    return tuple(sorted(findings, key=lambda f: (-f.severity.rank, f.rank if f.rank is not None else -1, f.kind)))
+
+
+# --- a recording ---------------------------------------------------------------------------------------
+
+def _files_state(run_dir: Path) -> tuple[tuple[str, int, int], ...]:
+    try:
+        return tuple(sorted((p.name, (st := p.stat()).st_size, st.st_mtime_ns) for p in run_dir.glob("rank-*.jsonl")))
+    except OSError:
+        return ()
+
+
+def recording_data(run_dir: Path, version: int = 1, peak_busbw: float | None = None,
+                   capacity_bytes: int | None = None, finished: bool = True) -> RunData:
+    """A run folder read whole and analysed as `zeromon report` does (ZeromonError for a folder that
+    is not one run), with the TUI's view of its final state."""
+    from zeromon.analysis.report import build_report
+    from zeromon.model.codec import read_run
+    from zeromon.sources.replay import final_view
+
+    recordings = read_run(run_dir)
+    report = build_report(recordings, str(run_dir), peak_busbw=peak_busbw, capacity_bytes=capacity_bytes)
+    fleet = final_view(run_dir)
+    return RunData(kind="recording", source=f"recording {run_dir}", version=version, fleet=fleet,
+                   histories={rec.rank: history_of(rec) for rec in recordings}, report=report,
+                   findings=report.findings, finished=finished)
+
+
+def history_of(rec: Recording, until_ns: int | None = None) -> RankHistory:
+    columns = getattr(rec.collectives, "columns", None)
+    if columns is None:
+        columns = CollectiveColumns.of(list(rec.collectives))
+    return RankHistory(rank=rec.rank, memory=rec.memory, steps=sorted(rec.steps, key=lambda s: s.step),
+                       phases=rec.phases, collectives=columns, ooms=rec.ooms, complete=True, until_ns=until_ns)
+
+
+class RecordingFeed:
+    """A run folder. Read at start; while its files grow (a run still training into it), read again
+    at most every RECORDING_CHECK_S on a thread of its own, the old data shown meanwhile."""
+
+    def __init__(self, run_dir: str | Path, peak_busbw: float | None = None, capacity_bytes: int | None = None,
+                 alive: Callable[[], bool] | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.peak_busbw, self.capacity_bytes = peak_busbw, capacity_bytes
+        self._alive = alive  # is the run still being written? (its agents' processes)
+        self._state = _files_state(self.run_dir)
+        self._data = self._read(1, finished=not self._still_running())
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _read(self, version: int, finished: bool) -> RunData:
+        return recording_data(self.run_dir, version, peak_busbw=self.peak_busbw,
+                              capacity_bytes=self.capacity_bytes, finished=finished)
+
+    def _still_running(self) -> bool:
+        try:
+            return bool(self._alive and self._alive())
+        except Exception:  # a registry that cannot be read: take the run as ended
+            return False
+
+    def start(self) -> RecordingFeed:
+        if self._thread is None and not self._data.finished:
+            self._thread = threading.Thread(target=self._loop, name="zeromon-recording-feed", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def latest(self) -> RunData:
+        with self._lock:
+            return self._data
+
+    def _loop(self) -> None:
+        while not self._stop.wait(RECORDING_CHECK_S):
+            state = _files_state(self.run_dir)
+            running = self._still_running()
+            if state == self._state and running:
+                continue
+            try:
+                data = self._read(self._data.version + 1, finished=not running)
+            except Exception as exc:  # a half-written line is skipped by the reader; anything else is shown
+                with self._lock:
+                    self._data = dataclasses.replace(self._data, error=f"reading {self.run_dir} again: {exc}",
+                                                     version=self._data.version + 1)
+                continue
+            with self._lock:
+                self._state, self._data = state, data
+            if not running:
+                return
+
+
+# --- a replay --------------------------------------------------------------------------------------------
+
+def _upto(items: Sequence[Any], t: int, key: Callable[[Any], int]) -> Sequence[Any]:
+    """The items at or before ``t`` of a sequence ordered by ``key``."""
+    return items[:bisect.bisect_right(items, t, key=key)]
+
+
+class ReplayFeed:
+    """A recording played back (ReplaySource's clock and FleetViews); each rank's history is its
+    recording up to the replay's position."""
+
+    def __init__(self, run_dir: str | Path, speed: float = 1.0) -> None:
+        from zeromon.model.codec import read_run
+        from zeromon.sources.replay import ReplaySource
+
+        self.run_dir = Path(run_dir)
+        self.replay = ReplaySource(self.run_dir, speed=speed)
+        self._recordings = read_run(self.run_dir)
+        for rec in self._recordings:  # ordered by time, for the cuts
+            rec.memory.sort(key=lambda m: m.t_ns)
+            rec.steps.sort(key=lambda s: s.end_ns)
+            rec.phases.sort(key=lambda p: p.end_ns)
+        self._lock = threading.Lock()
+        self._last: tuple[int, RunData] | None = None
+
+    def start(self) -> ReplayFeed:
+        self.replay.start()
+        return self
+
+    def stop(self) -> None:
+        self.replay.stop()
+
+    def latest(self) -> RunData:
+        fleet = self.replay.latest()
+        t = self.replay.start_ns + self.replay.position_ns
+        with self._lock:
+            if self._last is not None and self._last[0] == t:
+                return self._last[1]
+            version = (self._last[1].version + 1) if self._last else 1
+            histories = {}
+            for rec in self._recordings:
+                base = history_of(rec, until_ns=t)
+                histories[rec.rank] = dataclasses.replace(
+                    base, memory=_upto(rec.memory, t, lambda m: m.t_ns),
+                    steps=sorted(_upto(rec.steps, t, lambda s: s.end_ns), key=lambda s: s.step),
+                    phases=_upto(rec.phases, t, lambda p: p.end_ns), complete=False)
+            data = RunData(kind="replay", source=f"replay of {self.run_dir} at {self.replay.speed:g}x",
+                           version=version, fleet=fleet, histories=histories,
+                           findings=_sorted_findings(fleet_findings(fleet.ranks)), error=fleet.error,
+                           finished=self.replay.finished, position_s=self.replay.position_ns / 1e9,
+                           duration_s=self.replay.duration_ns / 1e9)
+            self._last = (t, data)
+            return data
+
+
+# --- live agents or Prometheus ------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class _LiveTrack:
+    memory: deque[MemorySample]
+    steps: dict[int, StepSummary]
+
+
+class LiveFeed:
+    """A LiveSource (agents, a run folder's agents, the newest local run, or Prometheus), polled on
+    its own threads; this feed's thread takes each new FleetView every ``interval_s`` and adds what is
+    new to each rank's history (memory samples, steps), bounded to LIVE_SAMPLES_TOTAL over all ranks."""
+
+    def __init__(self, source: Any, interval_s: float = 1.0) -> None:
+        self.source = source
+        self.interval_s = interval_s
+        self._tracks: dict[int, _LiveTrack] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._version = 0
+        self._data = self._build(source.latest())
+
+    def start(self) -> LiveFeed:
+        self.source.start()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="zeromon-live-feed", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.source.stop()
+
+    def latest(self) -> RunData:
+        with self._lock:
+            return self._data
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                data = self._build(self.source.latest())
+            except Exception as exc:  # shown on the page; the feed goes on
+                with self._lock:
+                    self._data = dataclasses.replace(self._data, error=f"internal error: {type(exc).__name__}: {exc}")
+                continue
+            with self._lock:
+                self._data = data
+
+    def add(self, fleet: FleetView) -> None:
+        """Take one view into the histories (the feed's thread does this; tests call it directly)."""
+        data = self._build(fleet)
+        with self._lock:
+            self._data = data
+
+    def _build(self, fleet: FleetView) -> RunData:
+        ranks = [r for r in fleet.ranks if r.rank is not None]
+        keep = max(LIVE_SAMPLES_MIN, LIVE_SAMPLES_TOTAL // max(1, len(ranks)))
+        for view in ranks:
+            assert view.rank is not None
+            track = self._tracks.get(view.rank)
+            if track is None or track.memory.maxlen != keep:
+                track = self._tracks[view.rank] = _LiveTrack(
+                    deque(track.memory if track else (), maxlen=keep), dict(track.steps) if track else {})
+            _take(track, view, keep)
+        self._version += 1
+        histories = {view.rank: _live_history(view, self._tracks[view.rank]) for view in ranks
+                     if view.rank is not None}
+        ended = bool(fleet.ranks) and all(r.ended for r in fleet.ranks)
+        return RunData(kind="live", source=fleet.source, version=self._version, fleet=fleet, histories=histories,
+                       findings=_sorted_findings(fleet_findings(fleet.ranks)), error=fleet.error, finished=ended)
+
+
+def _take(track: _LiveTrack, view: RankView, keep: int) -> None:
+    m = view.memory
+    if m is not None and (not track.memory or m.t_ns > track.memory[-1].t_ns):
+        track.memory.append(m)
+    for s in view.steps:
+        track.steps[s.step] = s
+    if len(track.steps) > keep:
+        for step in sorted(track.steps)[:len(track.steps) - keep]:
+            del track.steps[step]
+
+
+def _live_history(view: RankView, track: _LiveTrack) -> RankHistory:
+    assert view.rank is not None
+    return RankHistory(rank=view.rank, memory=tuple(track.memory),
+                       steps=tuple(track.steps[s] for s in sorted(track.steps)), phases=view.phases,
+                       collectives=CollectiveColumns.of(list(view.recent_collectives)))
+
+
+# --- profiler traces -------------------------------------------------------------------------------------
+
+def trace_data(trace_dir: str | Path) -> RunData:
+    """`zeromon report --trace`'s analysis (ZeromonError for a folder without traces)."""
+    from zeromon.analysis.trace_overlap import analyze_traces
+    from zeromon.sources.kineto import load_traces
+
+    results = analyze_traces(load_traces(Path(trace_dir)))
+    fleet = FleetView(t_ns=time.time_ns(), source=f"traces in {trace_dir}", ranks=(), looked_at=(str(trace_dir),))
+    return RunData(kind="trace", source=f"traces in {trace_dir}", version=1, fleet=fleet, traces=tuple(results),
+                   finished=True)
+
+
+class StaticFeed:
+    """Data that does not change (profiler traces)."""
+
+    def __init__(self, data: RunData) -> None:
+        self._data = data
+
+    def start(self) -> StaticFeed:
+        return self
+
+    def stop(self) -> None:
+        pass
+
+    def latest(self) -> RunData:
+        return self._data
+
+
+def run_processes_alive(run_dir: str | Path) -> Callable[[], bool]:
+    """Whether any agent registered in the run folder still has a live process (on this host)."""
+    from zeromon.model.registry import pid_alive
+    from zeromon.sources.discovery import EntryFolder, run_endpoints_folder
+
+    folder = EntryFolder(run_endpoints_folder(Path(run_dir)))
+
+    def alive() -> bool:
+        return any(pid_alive(entry) is True for entry in folder.read())
+
+    return alive
+
