@@ -16,4 +16,5 @@ COMMAND_MODULES: tuple[str, ...] = (
     "zeromon.commands.targets",
     "zeromon.commands.live",
     "zeromon.commands.attach",
+    "zeromon.commands.dashboard",
 )

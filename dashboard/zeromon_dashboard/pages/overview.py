@@ -1,0 +1,97 @@
+"""Overview: the worst OOM risk and the worst exposed communication as banners, the rank grid coloured
+by each, the run's identity, and the findings with their evidence and remedies as `zeromon report`
+words them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from dash import html
+
+from zeromon.analysis.findings import Finding
+from zeromon.analysis.report import finding_heading
+from zeromon.views.fleet import RunClock, header, rank_rows
+from zeromon.views.overview import Banner, exposed_banner, oom_banner, rank_cells
+from zeromon.views.run_data import RunData
+from zeromon_dashboard.figures.overview import rank_grid
+from zeromon_dashboard.figures.style import empty
+from zeromon_dashboard.pages.common import drawn_store, graph, message, register_redraw, section
+from zeromon_dashboard.state import PageState
+
+if TYPE_CHECKING:
+    from dash import Dash
+
+    from zeromon_dashboard.app import Context
+
+PAGE = "overview"
+
+
+def banners(data: RunData) -> list[Any]:
+    rows = rank_rows(data.fleet)
+    shown: list[Banner | None] = [oom_banner(data, rows), exposed_banner(data)]
+    out = [html.Div(b.text, className=f"banner banner-{b.level}", id=f"banner-{b.kind}",
+                    **{"data-level": b.level, "data-rank": str(b.rank)})
+           for b in shown if b is not None]
+    if not out:
+        out.append(message("No memory samples or steps yet: the banners appear with the first step.",
+                           element_id="banner-none"))
+    return out
+
+
+def run_info(data: RunData) -> html.Table:
+    rows = rank_rows(data.fleet)
+    uptime, exact = RunClock().observe(data.fleet)
+    h = header(data.fleet, rows, uptime, exact)
+    pairs = [("job", h.job), ("framework", h.framework), ("strategy", h.strategy), ("world", h.world),
+             ("dtypes", h.dtypes), ("steps", h.step), ("steps/s", h.steps_per_s), ("uptime", h.uptime),
+             ("ranks", h.answering if data.kind in ("live", "replay") else f"{len(data.histories)} recorded")]
+    return html.Table([html.Tr([html.Th(k), html.Td(v)]) for k, v in pairs], className="run-info", id="run-info")
+
+
+def findings_list(findings: Sequence[Finding]) -> Any:
+    if not findings:
+        return message("No findings: nothing stands out in memory, overlap or rank balance.", "ok",
+                       element_id="findings-none")
+    items = []
+    for f in findings:
+        body = [html.Li(f"evidence: {e}") for e in f.evidence] + [html.Li(f"remedy: {r}") for r in f.remedies]
+        items.append(html.Details([
+            html.Summary([html.Span(f"[{f.severity.value}]", className=f"sev sev-{f.severity.value}"), " ",
+                          finding_heading(f)]),
+            html.Ul(body)], open=f.severity.rank >= 2, className="finding", **{"data-kind": f.kind}))
+    return html.Div(items, id="findings-list")
+
+
+def _draw(state: PageState, data: RunData) -> tuple[Any, ...]:
+    cells = rank_cells(data)
+    return (banners(data), rank_grid(cells, "risk"), rank_grid(cells, "exposed"), run_info(data),
+            findings_list(data.findings))
+
+
+def _fallback(exc: Exception) -> tuple[Any, ...]:
+    from zeromon_dashboard.app import failure_text
+
+    text = failure_text(exc)
+    return (message(text, "error"), empty("OOM risk per rank", text), empty("Exposed communication per rank", text),
+            "", "")
+
+
+OUTPUTS = (("overview-banners", "children"), ("overview-grid-risk", "figure"), ("overview-grid-exposed", "figure"),
+           ("overview-info", "children"), ("overview-findings", "children"))
+
+
+def layout(state: PageState, data: RunData, ctx: Context) -> Any:
+    banners_, risk, exposed, info, findings = _draw(state, data)
+    return html.Div([
+        drawn_store(PAGE),
+        html.Div(banners_, id="overview-banners", className="banners"),
+        html.Div([graph("overview-grid-risk", risk), graph("overview-grid-exposed", exposed)], className="grids"),
+        html.Div([section("Run", html.Div(info, id="overview-info")),
+                  section(f"Findings ({len(data.findings)})", html.Div(findings, id="overview-findings"))],
+                 className="columns"),
+    ], id="page-overview")
+
+
+def register(app: Dash, ctx: Context) -> None:
+    register_redraw(app, ctx, PAGE, OUTPUTS, _draw, _fallback)
