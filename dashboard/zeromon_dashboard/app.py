@@ -91,7 +91,7 @@ def create_app(feed: Feed, *, prefix: str = "/", refresh_s: float = 1.0, allow_m
                title: str = "zeromon") -> Dash:
     """The dashboard for ``feed``, served under ``prefix`` (a reverse proxy's path: '/user/x/proxy/8050/')."""
     prefix = "/" + prefix.strip("/") + "/" if prefix.strip("/") else "/"
-    app = Dash(__name__, title=title, update_title=None, suppress_callback_exceptions=True,
+    app = Dash(__name__, title=title, update_title="", suppress_callback_exceptions=True,
                requests_pathname_prefix=prefix, routes_pathname_prefix="/", serve_locally=True)
     ctx = Context(feed=feed, app=app, refresh_s=refresh_s, allow_model_import=allow_model_import)
     first = feed.latest()

@@ -16,7 +16,7 @@ from zeromon_dashboard.state import PageState, state_search
 if TYPE_CHECKING:
     from zeromon_dashboard.app import Context
 
-GRAPH_CONFIG = {"displaylogo": False}
+GRAPH_CONFIG: Any = {"displaylogo": False}
 
 
 def graph(graph_id: str, figure: Any, height: int | None = None) -> dcc.Graph:

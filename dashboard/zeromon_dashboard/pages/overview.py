@@ -31,7 +31,7 @@ def banners(data: RunData) -> list[Any]:
     rows = rank_rows(data.fleet)
     shown: list[Banner | None] = [oom_banner(data, rows), exposed_banner(data)]
     out = [html.Div(b.text, className=f"banner banner-{b.level}", id=f"banner-{b.kind}",
-                    **{"data-level": b.level, "data-rank": str(b.rank)})
+                    **_data(level=b.level, rank=str(b.rank)))
            for b in shown if b is not None]
     if not out:
         out.append(message("No memory samples or steps yet: the banners appear with the first step.",
@@ -59,8 +59,13 @@ def findings_list(findings: Sequence[Finding]) -> Any:
         items.append(html.Details([
             html.Summary([html.Span(f"[{f.severity.value}]", className=f"sev sev-{f.severity.value}"), " ",
                           finding_heading(f)]),
-            html.Ul(body)], open=f.severity.rank >= 2, className="finding", **{"data-kind": f.kind}))
+            html.Ul(body)], open=f.severity.rank >= 2, className="finding", **_data(kind=f.kind)))
     return html.Div(items, id="findings-list")
+
+
+def _data(**attrs: str) -> dict[str, Any]:
+    """data-* attributes (what the browser tests read)."""
+    return {f"data-{k}": v for k, v in attrs.items()}
 
 
 def _draw(state: PageState, data: RunData) -> tuple[Any, ...]:
