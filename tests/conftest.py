@@ -54,3 +54,13 @@ def torchrun_args(nproc: int, script: Path, *args: str) -> list[str]:
 @pytest.fixture
 def port() -> int:
     return free_port()
+
+
+@pytest.fixture(scope="session")
+def fsdp2_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real 2-rank FSDP2 run on gloo (the README's main job, 8 steps), recorded once per session for
+    every test that reads a recording (the dashboard's figures and pages)."""
+    out = tmp_path_factory.mktemp("fsdp2") / "run"
+    result = zeromon("run", "--out", str(out), "--", *torchrun_args(2, EXAMPLES / "fsdp2_train.py", "--steps", "8"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
