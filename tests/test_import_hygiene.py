@@ -32,3 +32,21 @@ def test_no_ui_library_is_imported(statement: str) -> None:
 def test_package_root_does_not_import_torch() -> None:
     # `import zeromon_agent` costs milliseconds: torch is imported when the agent starts.
     assert _imported_after("import zeromon_agent")["torch"] is False
+
+
+def test_the_layers_hold_as_import_contracts() -> None:
+    """DESIGN.md's layers as import-linter contracts (pyproject.toml [tool.importlinter]): the
+    dashboard and the TUI never import each other, the views and everything below them import no UI
+    library, the agent nothing above the analysis."""
+    from pathlib import Path
+
+    lint_imports = Path(sys.executable).parent / "lint-imports"  # installed with the test extra, beside python
+    result = subprocess.run([str(lint_imports), "--no-cache"], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parent.parent)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "0 broken" in result.stdout
+
+
+def test_the_dashboard_package_loads_lazily() -> None:
+    imported = _imported_after("import zeromon_dashboard")
+    assert not imported["dash"] and not imported["plotly"], imported
