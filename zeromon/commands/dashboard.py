@@ -111,7 +111,15 @@ def build_feed(args: argparse.Namespace) -> tuple[Any, str]:
     source = LiveSource(targets=args.sources or None, run_dir=args.run, prometheus=args.prometheus,
                         token=os.environ.get("ZEROMON_TOKEN") or None, interval_s=args.interval,
                         keep_collectives=LIVE_COLLECTIVES_KEPT)
-    return run_data.LiveFeed(source, interval_s=args.interval), source.source
+    return run_data.LiveFeed(source, interval_s=args.interval, on_error=_say_source_error), source.source
+
+
+def _say_source_error(error: str | None) -> None:
+    """The terminal hears what the page shows: a dead Prometheus, no agent found, and when it clears."""
+    if error is None:
+        print("zeromon dashboard: the source answers again", file=sys.stderr, flush=True)
+    else:
+        print(f"zeromon dashboard: {error}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -261,9 +261,12 @@ class LiveFeed:
     its own threads; this feed's thread takes each new FleetView every ``interval_s`` and adds what is
     new to each rank's history (memory samples, steps), bounded to LIVE_SAMPLES_TOTAL over all ranks."""
 
-    def __init__(self, source: Any, interval_s: float = 1.0) -> None:
+    def __init__(self, source: Any, interval_s: float = 1.0,
+                 on_error: Callable[[str | None], None] | None = None) -> None:
         self.source = source
         self.interval_s = interval_s
+        self._on_error = on_error  # told each time the source's error changes (the terminal says it too)
+        self._last_error: str | None = None
         self._tracks: dict[int, _LiveTrack] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -317,6 +320,10 @@ class LiveFeed:
         histories = {view.rank: _live_history(view, self._tracks[view.rank]) for view in ranks
                      if view.rank is not None}
         ended = bool(fleet.ranks) and all(r.ended for r in fleet.ranks)
+        if fleet.error != self._last_error:
+            self._last_error = fleet.error
+            if self._on_error is not None:
+                self._on_error(fleet.error)
         return RunData(kind="live", source=fleet.source, version=self._version, fleet=fleet, histories=histories,
                        findings=_sorted_findings(fleet_findings(fleet.ranks)), error=fleet.error, finished=ended)
 

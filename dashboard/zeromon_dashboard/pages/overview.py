@@ -11,7 +11,7 @@ from dash import html
 
 from zeromon.analysis.findings import Finding
 from zeromon.analysis.report import finding_heading
-from zeromon.views.fleet import RunClock, header, rank_rows
+from zeromon.views.fleet import RunClock, header, no_agent_text, rank_rows
 from zeromon.views.overview import Banner, exposed_banner, oom_banner, rank_cells
 from zeromon.views.run_data import RunData
 from zeromon_dashboard.figures.overview import rank_grid
@@ -28,6 +28,9 @@ PAGE = "overview"
 
 
 def banners(data: RunData) -> list[Any]:
+    if data.kind == "live" and not data.fleet.ranks:  # nothing found: where it looked and what to do
+        return [html.Pre(no_agent_text(data.fleet, 1.0).replace("q quits.", ""), className="message",
+                         id="no-agent")]
     rows = rank_rows(data.fleet)
     shown: list[Banner | None] = [oom_banner(data, rows), exposed_banner(data)]
     out = [html.Div(b.text, className=f"banner banner-{b.level}", id=f"banner-{b.kind}",
