@@ -94,9 +94,17 @@ def wsgi_app(app: Any, prefix: str, token: str | None) -> Wsgi:
 
 def make_server(app: Any, host: str, port: int, prefix: str = "/", token: str | None = None) -> Any:
     """A threaded werkzeug server, bound (OSError if it cannot be); ``serve_forever()`` runs it."""
+    from werkzeug.serving import WSGIRequestHandler
     from werkzeug.serving import make_server as werkzeug_server
 
-    return werkzeug_server(host, port, wsgi_app(app, prefix, token), threaded=True)
+    class QuietHandler(WSGIRequestHandler):
+        """No line per request (a live page posts a few a second); errors are still printed."""
+
+        def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+            if str(code).startswith("5"):
+                super().log_request(code, size)
+
+    return werkzeug_server(host, port, wsgi_app(app, prefix, token), threaded=True, request_handler=QuietHandler)
 
 
 def describe_bind_error(host: str, port: int, exc: OSError) -> str:

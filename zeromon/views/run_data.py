@@ -272,10 +272,12 @@ class LiveFeed:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._version = 0
+        self._started = False  # the source's error is told once it polls (before, it has not looked yet)
         self._data = self._build(source.latest())
 
     def start(self) -> LiveFeed:
         self.source.start()
+        self._started = True
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name="zeromon-live-feed", daemon=True)
             self._thread.start()
@@ -302,6 +304,7 @@ class LiveFeed:
 
     def add(self, fleet: FleetView) -> None:
         """Take one view into the histories (the feed's thread does this; tests call it directly)."""
+        self._started = True
         data = self._build(fleet)
         with self._lock:
             self._data = data
@@ -320,7 +323,7 @@ class LiveFeed:
         histories = {view.rank: _live_history(view, self._tracks[view.rank]) for view in ranks
                      if view.rank is not None}
         ended = bool(fleet.ranks) and all(r.ended for r in fleet.ranks)
-        if fleet.error != self._last_error:
+        if self._started and fleet.error != self._last_error:
             self._last_error = fleet.error
             if self._on_error is not None:
                 self._on_error(fleet.error)
