@@ -28,6 +28,7 @@ from zeromon.model.events import CollectiveEvent, MemorySample, OomEvent, PhaseS
 from zeromon.sources.fleet import FleetView, RankView
 from zeromon.views.fleet import fleet_findings
 
+_COLLECTIVE_FIELDS = tuple(f.name for f in dataclasses.fields(CollectiveEvent))
 RECORDING_CHECK_S = 2.0  # how often a followed recording's files are looked at for growth
 # Live history kept per rank: enough for hours of steps on a few ranks, bounded on hundreds (a step
 # summary or memory sample costs ~0.5-1 KB): the total is what bounds the process's memory.
@@ -58,8 +59,12 @@ class RankHistory:
         if not self._by_step:
             for i, s in enumerate(columns.step):
                 self._by_step.setdefault(s, []).append(i)
-        names = [f.name for f in dataclasses.fields(CollectiveEvent)]
-        out = [CollectiveEvent(*(getattr(columns, name)[i] for name in names)) for i in self._by_step.get(step, ())]
+        indices = self._by_step.get(step)
+        if not indices:
+            return []
+        # Only the step's own columns are made into events (~1 µs each): not the whole recording's.
+        values = [getattr(columns, name) for name in _COLLECTIVE_FIELDS]
+        out = [CollectiveEvent(*(column[i] for column in values)) for i in indices]
         if self.until_ns is not None:
             out = [c for c in out if c.issue_ns <= self.until_ns]
         return sorted(out, key=lambda c: c.issue_ns)

@@ -66,13 +66,18 @@ def ranks_control(page: str, data: RunData, chosen: Sequence[int], multi: bool =
                                   className="ranks-dropdown")], className="control")
 
 
-def register_ranks_control(app: dash.Dash, ctx: Context, page: str) -> None:
-    """The page's ranks dropdown writes ``ranks=`` into the URL (the figures redraw from the URL)."""
+def register_ranks_control(app: dash.Dash, ctx: Context, page: str, n: int = 2) -> None:
+    """The page's ranks dropdown writes ``ranks=`` into the URL (the figures redraw from the URL).
+    ``n``: the page's default count (chosen_ranks). Dash fires the callback when the page's controls
+    first render: a value that is the default while the URL names no ranks is not written, so the
+    URL stays the page's plain one (and a live page keeps following the worst ranks)."""
     @app.callback(Output("url", "search", allow_duplicate=True), Input(f"{page}-ranks", "value"),
                   State("url", "pathname"), State("url", "search"), prevent_initial_call=True)
     def ranks_to_url(value: Any, pathname: str | None, search: str | None) -> str:
         state = ctx.state(pathname, search)
         ranks = tuple(value) if isinstance(value, list) else ((value,) if isinstance(value, int) else ())
+        if not state.ranks and ranks == default_ranks(ctx.data(), n):
+            raise dash.exceptions.PreventUpdate
         new = state_search(state.with_(ranks=ranks))
         if new == (search or ""):
             raise dash.exceptions.PreventUpdate
