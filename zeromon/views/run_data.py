@@ -118,16 +118,23 @@ def _files_state(run_dir: Path) -> tuple[tuple[str, int, int], ...]:
 
 
 def recording_data(run_dir: Path, version: int = 1, peak_busbw: float | None = None,
-                   capacity_bytes: int | None = None, finished: bool = True) -> RunData:
+                   capacity_bytes: int | None = None, finished: bool = True, workers: int | None = None) -> RunData:
     """A run folder read whole and analysed as `zeromon report` does (ZeromonError for a folder that
-    is not one run), with the TUI's view of its final state."""
-    from zeromon.analysis.report import build_report
+    is not one run), with the TUI's view of its final state.
+
+    The report is made in worker processes (``workers``: analyse_run's; 1 in a process that has
+    threads running, where fork is not safe), the final view next, the recordings last: what each
+    step frees is reused by the next, so the process holds the recordings and little else (the 256
+    ranks of tests/bench/bench_dashboard.py: ~285 MB, against ~315 MB reading and analysing here)."""
     from zeromon.model.codec import read_run
     from zeromon.sources.replay import final_view
+    from zeromon.sources.run_analysis import analyse_run
 
-    recordings = read_run(run_dir)
-    report = build_report(recordings, str(run_dir), peak_busbw=peak_busbw, capacity_bytes=capacity_bytes)
+    report = analyse_run(run_dir, peak_busbw=peak_busbw, capacity_bytes=capacity_bytes, workers=workers)
     fleet = final_view(run_dir)
+    if finished:  # the run is over: its ranks ended, they are not stale
+        fleet = dataclasses.replace(fleet, ranks=tuple(dataclasses.replace(r, ended=True) for r in fleet.ranks))
+    recordings = read_run(run_dir)
     return RunData(kind="recording", source=f"recording {run_dir}", version=version, fleet=fleet,
                    histories={rec.rank: history_of(rec) for rec in recordings}, report=report,
                    findings=report.findings, finished=finished)
@@ -157,8 +164,10 @@ class RecordingFeed:
         self._thread: threading.Thread | None = None
 
     def _read(self, version: int, finished: bool) -> RunData:
-        return recording_data(self.run_dir, version, peak_busbw=self.peak_busbw,
-                              capacity_bytes=self.capacity_bytes, finished=finished)
+        # The first read runs before the server's threads start: analyse_run may fork its workers.
+        # Later ones run beside them, in this process alone.
+        return recording_data(self.run_dir, version, peak_busbw=self.peak_busbw, capacity_bytes=self.capacity_bytes,
+                              finished=finished, workers=None if version == 1 else 1)
 
     def _still_running(self) -> bool:
         try:
