@@ -76,8 +76,8 @@ def register_ranks_control(app: dash.Dash, ctx: Context, page: str, n: int = 2) 
     def ranks_to_url(value: Any, pathname: str | None, search: str | None) -> str:
         state = ctx.state(pathname, search)
         ranks = tuple(value) if isinstance(value, list) else ((value,) if isinstance(value, int) else ())
-        if not state.ranks and ranks == default_ranks(ctx.data(), n):
-            raise dash.exceptions.PreventUpdate
+        if ranks == state.ranks or (not state.ranks and ranks == default_ranks(ctx.data(), n)):
+            raise dash.exceptions.PreventUpdate  # '?ranks=0-7' stays as written
         new = state_search(state.with_(ranks=ranks))
         if new == (search or ""):
             raise dash.exceptions.PreventUpdate
