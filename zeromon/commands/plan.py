@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
 
 NAME = "plan"
 HELP = "plan ZeRO memory per GPU and per node for each stage, and recommend one"
@@ -58,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from zeromon.analysis.planner import plan
-    from zeromon.views.planning import PlanRequest, plan_inputs
+    from zeromon.views.planning import PlanRequest, format_plan, plan_inputs, plan_payload
 
     request = PlanRequest(
         params=args.params, model=args.model, gpus_per_node=args.gpus_per_node, nodes=args.nodes, stage=args.stage,
@@ -68,84 +67,7 @@ def run(args: argparse.Namespace) -> int:
         convention=args.convention)
     result = plan(plan_inputs(request))
     if args.json:
-        payload = result.to_dict()
-        if args.model is not None:
-            payload["inputs"]["model"] = args.model
-        print(json.dumps(payload, indent=2))
+        print(json.dumps(plan_payload(result, args.model), indent=2))
     else:
         print(format_plan(result, model=args.model))
     return 0
-
-
-# ---------------------------------------------------------------------------------------------
-# text
-
-
-def format_plan(result: Any, model: str | None = None) -> str:
-    from zeromon.model.units import format_bytes
-
-    inputs = result.inputs
-    precision = {"bf16": "bf16 mixed precision", "fp16": "fp16 mixed precision", "fp32": "fp32"}[inputs.dtype]
-    optimizer = "Adam" if inputs.optimizer == "adam" else ("SGD with momentum" if inputs.sgd_momentum else "SGD")
-    source = f" ({model})" if model else ""
-    capacity = format_bytes(inputs.gpu_memory_bytes) if inputs.gpu_memory_bytes else "unknown (--gpu-memory)"
-    lines = [
-        f"ZeRO memory plan: {_count(inputs.params)} parameters{source}, {inputs.total_gpus} "
-        f"GPU{'s' if inputs.total_gpus > 1 else ''} "
-        f"({inputs.nodes} node{'s' if inputs.nodes > 1 else ''} x {inputs.gpus_per_node}), {precision}, {optimizer}",
-        f"GPU memory {capacity}; largest layer "
-        + (_count(inputs.largest_layer_params) if inputs.largest_layer_params else "unknown"),
-        "",
-    ]
-    with_nvme = any(sp.nvme_bytes for sp in result.stages)
-    header = ["stage", "offload", "params", "grads", "optimizer", "activations", "GPU total", "fits", "CPU/node"]
-    header += ["NVMe/node"] if with_nvme else []
-    rows = [header]
-    for sp in result.stages:
-        row = ["0 (DDP)" if sp.stage == 0 else str(sp.stage), sp.offload,
-               format_bytes(sp.params_bytes), format_bytes(sp.grads_bytes), format_bytes(sp.optimizer_bytes),
-               format_bytes(sp.activations_bytes) if inputs.activations is not None else "-",
-               format_bytes(sp.gpu_bytes), {True: "yes", False: "NO", None: "?"}[sp.fits],
-               format_bytes(sp.cpu_bytes)]
-        rows.append(row + ([format_bytes(sp.nvme_bytes)] if with_nvme else []))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    for row in rows:
-        cells = [c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True))]
-        lines.append("  ".join(cells).rstrip())
-    lines.append("")
-    lines.extend(_convention_lines(result))
-    lines.extend(f"note: {n}" for n in result.notes)
-    from zeromon.views.planning import recommendation_text
-
-    rec = result.recommendation
-    lines.append("")
-    lines.append(f"recommendation: {recommendation_text(rec)}")
-    lines.append(f"  why: {rec.reason}")
-    return "\n".join(lines)
-
-
-def _convention_lines(result: Any) -> list[str]:
-    from zeromon.analysis.planner import bytes_per_param
-
-    inputs = result.inputs
-    n = inputs.total_gpus
-    if inputs.convention == "deepspeed":
-        return [f"convention deepspeed: DeepSpeed's estimate_zero2/3_model_states_mem_needs, exactly: stage 2 "
-                f"2P + 18P/N, stage 3 4L + 18P/N (N = {n}, L = largest layer); CPU/node includes the 1.5 "
-                "additional_buffer_factor and the fp32 model each rank loads; stages 0, 1 extrapolated.",
-                "  (zero-paper counts 2P + 14P/N for stage 2: no fp32 gradient partition, no buffer factor.)",
-                "  DeepSpeed gives totals; the columns split them: params the 16-bit parameters, optimizer 12 B per "
-                "parameter (fp32 master + Adam m, v), grads the rest: 6P/N at stage 2 but 4P/N at stage 3, whose "
-                "total counts 2 B per parameter less."]
-    p, g, k = bytes_per_param(inputs)
-    return [f"convention zero-paper: {p} B params + {g} B grads + {k} B optimizer state per parameter "
-            f"(K = {k}), sharded over N = {n} GPUs as the stage says; per GPU, GiB = 2^30 bytes.",
-            "  CPU/node: offloaded state, or the fp32 copy each rank builds before partitioning "
-            "(none for ZeRO-3 with zero.Init); activations per Korthikanti et al. without recomputation."]
-
-
-def _count(n: float) -> str:
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.2f}{unit}"
-    return str(int(n))

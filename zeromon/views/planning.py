@@ -1,13 +1,23 @@
 """`zeromon plan`'s inputs as a person types them (the CLI's flags, the dashboard's planner form), read
 into PlanInputs in one place: the same text means the same plan, and fails with the same sentence
-naming the flag, wherever it was typed."""
+naming the flag, wherever it was typed. And the plan's words (its table rows, notes, convention lines
+and recommendation), written once for both `zeromon plan` and the dashboard's Planner page."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from zeromon.analysis.planner import PlanInputError, PlanInputs, PlanResult, Recommendation, plan
+from zeromon.analysis.planner import (
+    PlanInputError,
+    PlanInputs,
+    PlanResult,
+    Recommendation,
+    bytes_per_param,
+    plan,
+)
 from zeromon.errors import ZeromonError
+from zeromon.model.units import format_bytes
 
 # PlanInputs field -> the flag that sets it, for error messages
 FLAGS = {
@@ -158,3 +168,97 @@ def _check_offload_applies(stage: int, request: PlanRequest) -> None:
                            "memory (NVMe offload needs ZeRO-3); use --offload-optimizer cpu, or --stage 3")
 
 
+
+
+# ---------------------------------------------------------------------------------------------
+# the plan's words: `zeromon plan`'s text and the dashboard's Planner page say the same things
+
+PLAN_COLUMNS = ("stage", "offload", "params", "grads", "optimizer", "activations", "GPU total", "fits", "CPU/node")
+NVME_COLUMN = "NVMe/node"  # shown only when some row offloads to NVMe
+FITS_TEXT = {True: "yes", False: "NO", None: "?"}
+
+
+def plan_payload(result: PlanResult, model: str | None = None) -> dict[str, Any]:
+    """`zeromon plan --json`'s object."""
+    payload = result.to_dict()
+    if model is not None:
+        payload["inputs"]["model"] = model
+    return payload
+
+
+def heading_lines(result: PlanResult, model: str | None = None) -> list[str]:
+    """What was planned: the model, the GPUs, precision and optimizer, the GPU's capacity, the largest layer."""
+    inputs = result.inputs
+    precision = {"bf16": "bf16 mixed precision", "fp16": "fp16 mixed precision", "fp32": "fp32"}[inputs.dtype]
+    optimizer = "Adam" if inputs.optimizer == "adam" else ("SGD with momentum" if inputs.sgd_momentum else "SGD")
+    source = f" ({model})" if model else ""
+    capacity = format_bytes(inputs.gpu_memory_bytes) if inputs.gpu_memory_bytes else "unknown (--gpu-memory)"
+    return [
+        f"ZeRO memory plan: {count_text(inputs.params)} parameters{source}, {inputs.total_gpus} "
+        f"GPU{'s' if inputs.total_gpus > 1 else ''} "
+        f"({inputs.nodes} node{'s' if inputs.nodes > 1 else ''} x {inputs.gpus_per_node}), {precision}, {optimizer}",
+        f"GPU memory {capacity}; largest layer "
+        + (count_text(inputs.largest_layer_params) if inputs.largest_layer_params else "unknown"),
+    ]
+
+
+def plan_table(result: PlanResult) -> tuple[list[str], list[list[str]]]:
+    """The table's header and one row of cells per planned stage, formatted as `zeromon plan` prints them."""
+    with_nvme = any(sp.nvme_bytes for sp in result.stages)
+    header = list(PLAN_COLUMNS) + ([NVME_COLUMN] if with_nvme else [])
+    rows = []
+    for sp in result.stages:
+        row = ["0 (DDP)" if sp.stage == 0 else str(sp.stage), sp.offload,
+               format_bytes(sp.params_bytes), format_bytes(sp.grads_bytes), format_bytes(sp.optimizer_bytes),
+               format_bytes(sp.activations_bytes) if result.inputs.activations is not None else "-",
+               format_bytes(sp.gpu_bytes), FITS_TEXT[sp.fits], format_bytes(sp.cpu_bytes)]
+        rows.append(row + ([format_bytes(sp.nvme_bytes)] if with_nvme else []))
+    return header, rows
+
+
+def convention_lines(result: PlanResult) -> list[str]:
+    """How the numbers were counted: the convention's formulas, with this plan's N."""
+    inputs = result.inputs
+    n = inputs.total_gpus
+    if inputs.convention == "deepspeed":
+        return [f"convention deepspeed: DeepSpeed's estimate_zero2/3_model_states_mem_needs, exactly: stage 2 "
+                f"2P + 18P/N, stage 3 4L + 18P/N (N = {n}, L = largest layer); CPU/node includes the 1.5 "
+                "additional_buffer_factor and the fp32 model each rank loads; stages 0, 1 extrapolated.",
+                "  (zero-paper counts 2P + 14P/N for stage 2: no fp32 gradient partition, no buffer factor.)",
+                "  DeepSpeed gives totals; the columns split them: params the 16-bit parameters, optimizer 12 B per "
+                "parameter (fp32 master + Adam m, v), grads the rest: 6P/N at stage 2 but 4P/N at stage 3, whose "
+                "total counts 2 B per parameter less."]
+    p, g, k = bytes_per_param(inputs)
+    return [f"convention zero-paper: {p} B params + {g} B grads + {k} B optimizer state per parameter "
+            f"(K = {k}), sharded over N = {n} GPUs as the stage says; per GPU, GiB = 2^30 bytes.",
+            "  CPU/node: offloaded state, or the fp32 copy each rank builds before partitioning "
+            "(none for ZeRO-3 with zero.Init); activations per Korthikanti et al. without recomputation."]
+
+
+def note_lines(result: PlanResult) -> list[str]:
+    return [f"note: {n}" for n in result.notes]
+
+
+def recommendation_lines(result: PlanResult) -> list[str]:
+    rec = result.recommendation
+    return [f"recommendation: {recommendation_text(rec)}", f"  why: {rec.reason}"]
+
+
+def format_plan(result: PlanResult, model: str | None = None) -> str:
+    """`zeromon plan`'s text: heading, table (columns aligned, numbers right-aligned), how it was counted,
+    notes, recommendation."""
+    header, cells = plan_table(result)
+    rows = [header, *cells]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    table = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                       for i, (c, w) in enumerate(zip(row, widths, strict=True))).rstrip() for row in rows]
+    return "\n".join([*heading_lines(result, model), "", *table, "", *convention_lines(result),
+                      *note_lines(result), "", *recommendation_lines(result)])
+
+
+def count_text(n: float) -> str:
+    """A parameter count as the plan writes it: 7.50B, 350.00M."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(int(n))
