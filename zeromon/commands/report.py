@@ -182,36 +182,23 @@ def _trace_report(args: argparse.Namespace) -> int:
 
 
 def format_trace_report(results: Sequence[RankTraceOverlap], source: str) -> str:
+    from zeromon.views.trace import TABLE_LEGEND, trace_notes, trace_rows
+
     lines = [f"zeromon report: traces in {source}", "",
              f"{'rank':>4} {'iterations':>10} {'overlap':>8} {'exposed ms/iter':>15} {'exposed ms total':>16} "
              f"{'idle':>7} {'compute':>8} {'non-compute':>11}"]
-    for r in results:
-        tb = r.total.breakdown
-        overlap = r.total.comm_comp_overlap_pct
-        lines.append(f"{r.rank:>4} {len(r.iterations):>10} {'-' if overlap is None else f'{overlap:.1f}%':>8} "
-                     f"{_ms(r.median_iteration_exposed_comm_s):>15} {_ms(r.total.exposed_comm_ns / 1e9):>16} "
-                     f"{_share(tb.idle_time_pctg):>7} {_share(tb.compute_time_pctg):>8} "
-                     f"{_share(tb.non_compute_time_pctg):>11}")
-    lines.append("(exposed ms/iter: median over the profiled iterations; total: over the whole trace)")
-    lines.append("(overlap and temporal breakdown over the whole trace, as Holistic Trace Analysis defines them)")
-    lines.extend(_trace_notes(results))
+    for row in trace_rows(results):
+        overlap = row.overlap_pct
+        lines.append(f"{row.rank:>4} {row.iterations:>10} {'-' if overlap is None else f'{overlap:.1f}%':>8} "
+                     f"{_ms_text(row.exposed_ms_per_iteration):>15} {_ms_text(row.exposed_ms_total):>16} "
+                     f"{_share(row.idle_pct):>7} {_share(row.compute_pct):>8} {_share(row.non_compute_pct):>11}")
+    lines.extend(TABLE_LEGEND)
+    lines.extend(trace_notes(results))
     return "\n".join(lines)
 
 
-def _trace_notes(results: Sequence[RankTraceOverlap]) -> list[str]:
-    """What the table leaves out: the last profiler step dropped (as HTA does), and ranks of the
-    world that have no trace in the folder."""
-    notes = []
-    dropped = sorted({r.dropped_step for r in results if r.dropped_step})
-    if dropped:
-        notes.append(f"note: the last profiler step ({', '.join(dropped)}) and what it launched are left out, as "
-                     "Holistic Trace Analysis does (the profiler may stop in the middle of it)")
-    world = max((r.world_size for r in results if r.world_size), default=None)
-    if world is not None and len(results) < world:
-        notes.append(f"note: {len(results)} of a world of {world} ranks "
-                     f"({'rank' if len(results) == 1 else 'ranks'} {', '.join(str(r.rank) for r in results)}); "
-                     "the others' traces are not among those read")
-    return notes
+def _ms_text(milliseconds: float | None) -> str:
+    return "-" if milliseconds is None else f"{milliseconds:.1f}"
 
 
 def _share(pctg: float | None) -> str:

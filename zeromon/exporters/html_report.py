@@ -104,6 +104,8 @@ PHASE_COLOURS = {"setup": "#d9d9d9", "forward": "#c6dbef", "backward": "#c7e9c0"
 MEANING_COLOURS = {"param_all_gather": "#6a3d9a", "grad_reduce_scatter": "#e7298a", "grad_all_reduce": "#8c510a",
                    "param_broadcast": "#01665e", "unknown": "#525252"}
 OTHER_COLOURS = {"phase": "#f0f0f0", "comm": "#252525"}
+# HTA's temporal breakdown: compute, non-compute (exposed communication, copies) in the exposed red, idle.
+BREAKDOWN_COLOURS = {"compute": "#74c476", "non-compute": "#d62728", "idle": "#d9d9d9"}
 _PHASE_ORDER = ("setup", "forward", "backward", "optimizer")
 _MEANING_ORDER = tuple(MEANING_COLOURS)
 
@@ -232,7 +234,10 @@ def _bucket_middle(bucket: int) -> int:
     return 2 * bucket if bucket else 512
 
 
-def _trace_figures(results: Sequence[RankTraceOverlap]) -> list[tuple[str, Any]]:
+def trace_figures(results: Sequence[RankTraceOverlap]) -> list[tuple[str, Any]]:
+    """The trace analysis' figures, named: each rank's temporal breakdown, its overlap and exposed
+    communication, and (where the traces have ProfilerStep iterations) both per iteration. This page
+    and the dashboard's Trace page draw these."""
     import plotly.graph_objects as go
 
     figures: list[tuple[str, Any]] = []
@@ -243,7 +248,10 @@ def _trace_figures(results: Sequence[RankTraceOverlap]) -> list[tuple[str, Any]]
     for name, field in (("compute", "compute_time"), ("non-compute", "non_compute_time"), ("idle", "idle_time")):
         parts = [r.total.breakdown for r in results]
         breakdown.add_trace(go.Bar(y=labels, x=[getattr(b, f"{field}_pctg") for b in parts], name=name,
-                                   orientation="h", hovertext=[f"{getattr(b, f'{field}_ns') / 1e6:.1f} ms" for b in parts]))
+                                   orientation="h", marker_color=BREAKDOWN_COLOURS[name],
+                                   hovertext=[f"{getattr(b, f'{field}_ns') / 1e6:.1f} ms" for b in parts],
+                                   hovertemplate=f"%{{y}}: {name} %{{x:.2f}}% of kernel time "
+                                                 "(%{hovertext})<extra></extra>"))
     breakdown.update_layout(title="Temporal breakdown per rank (% of GPU kernel time, whole trace)",
                             barmode="stack", xaxis={"title": "% of kernel time", "range": [0, 100]},
                             yaxis={"autorange": "reversed"})
@@ -252,9 +260,9 @@ def _trace_figures(results: Sequence[RankTraceOverlap]) -> list[tuple[str, Any]]
     # Overlap and exposed communication per rank, over the whole trace.
     per_rank = go.Figure()
     per_rank.add_trace(go.Bar(x=labels, y=[r.total.exposed_comm_ns / 1e6 for r in results], name="exposed comm (ms)",
-                              offsetgroup="exposed"))
+                              offsetgroup="exposed", hovertemplate="%{x}: exposed comm %{y:.1f} ms<extra></extra>"))
     per_rank.add_trace(go.Bar(x=labels, y=[r.total.comm_comp_overlap_pct for r in results], name="overlap %",
-                              yaxis="y2", offsetgroup="overlap"))
+                              yaxis="y2", offsetgroup="overlap", hovertemplate="%{x}: overlap %{y:.2f}%<extra></extra>"))
     per_rank.update_layout(title="Exposed communication and overlap per rank (whole trace)",
                            yaxis={"title": "exposed ms", "rangemode": "tozero"}, yaxis2=_percent_axis("overlap %"),
                            legend=_LEGEND_PAST_RIGHT_AXIS)
@@ -266,10 +274,14 @@ def _trace_figures(results: Sequence[RankTraceOverlap]) -> list[tuple[str, Any]]
         for r in results:
             x = [it.iteration for it in r.iterations]
             iterations.add_trace(go.Scatter(x=x, y=[it.exposed_comm_ns / 1e6 for it in r.iterations],
-                                            name=f"rank {r.rank}: exposed comm (ms)", mode="lines+markers"))
+                                            name=f"rank {r.rank}: exposed comm (ms)", mode="lines+markers",
+                                            hovertemplate=f"rank {r.rank}, iteration %{{x}}: exposed comm "
+                                                          "%{y:.2f} ms<extra></extra>"))
             iterations.add_trace(go.Scatter(x=x, y=[it.comm_comp_overlap_pct for it in r.iterations],
                                             name=f"rank {r.rank}: overlap %", mode="lines+markers", yaxis="y2",
-                                            line={"dash": "dot"}))
+                                            line={"dash": "dot"},
+                                            hovertemplate=f"rank {r.rank}, iteration %{{x}}: overlap "
+                                                          "%{y:.2f}%<extra></extra>"))
         numbers = sorted({it.iteration for r in results for it in r.iterations if it.iteration is not None})
         ticks = {"tickmode": "array", "tickvals": numbers} if len(numbers) <= 20 else {"tickformat": "d"}
         iterations.update_layout(title="Exposed communication and overlap per iteration",
@@ -319,4 +331,4 @@ def render_trace_html(results: Sequence[RankTraceOverlap], source: str, text_sum
     subtitle = f"PyTorch profiler traces of {len(results)} rank{'s' if len(results) != 1 else ''}"
     sections = (f"<h2>Per rank</h2><pre>{html.escape(text_summary)}</pre>\n"
                 "<p>Overlap and temporal breakdown as Holistic Trace Analysis defines them, over GPU kernels.</p>")
-    return _page(source, subtitle, sections, _trace_figures(results))
+    return _page(source, subtitle, sections, trace_figures(results))
