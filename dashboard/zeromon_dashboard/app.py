@@ -162,7 +162,7 @@ def _status_text(data: RunData, paused: bool) -> str:
         parts.append(f"at {data.position_s:.1f} of {data.duration_s:.1f} s" + (" (ended)" if data.finished else ""))
     elif data.kind == "live" and data.finished:
         parts.append("the run has ended: its last data")
-    if data.live:
+    if data.live and not data.finished:
         parts.append("paused" if paused else "live")
     return " · ".join(parts)
 

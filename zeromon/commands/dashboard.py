@@ -111,7 +111,14 @@ def build_feed(args: argparse.Namespace) -> tuple[Any, str]:
     source = LiveSource(targets=args.sources or None, run_dir=args.run, prometheus=args.prometheus,
                         token=os.environ.get("ZEROMON_TOKEN") or None, interval_s=args.interval,
                         keep_collectives=LIVE_COLLECTIVES_KEPT)
-    return run_data.LiveFeed(source, interval_s=args.interval, on_error=_say_source_error), source.source
+    final = None
+    if args.run is not None:  # its recording holds the run's final state once every rank has ended
+        run_dir = Path(args.run)
+
+        def final() -> run_data.RunData:
+            return run_data.recording_data(run_dir, workers=1)
+    return (run_data.LiveFeed(source, interval_s=args.interval, on_error=_say_source_error, final=final),
+            source.source)
 
 
 def _say_source_error(error: str | None) -> None:

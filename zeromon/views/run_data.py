@@ -241,6 +241,8 @@ class ReplayFeed:
 
     def latest(self) -> RunData:
         fleet = self.replay.latest()
+        if self.replay.finished:  # played through: its ranks ended, they are not stale
+            fleet = dataclasses.replace(fleet, ranks=tuple(dataclasses.replace(r, ended=True) for r in fleet.ranks))
         t = self.replay.start_ns + self.replay.position_ns
         with self._lock:
             if self._last is not None and self._last[0] == t:
@@ -276,9 +278,13 @@ class LiveFeed:
     new to each rank's history (memory samples, steps), bounded to LIVE_SAMPLES_TOTAL over all ranks."""
 
     def __init__(self, source: Any, interval_s: float = 1.0,
-                 on_error: Callable[[str | None], None] | None = None) -> None:
+                 on_error: Callable[[str | None], None] | None = None,
+                 final: Callable[[], RunData] | None = None) -> None:
         self.source = source
         self.interval_s = interval_s
+        # Once every rank has ended: the run's final state (its recording), as `zeromon attach --run`
+        # shows it: the last poll can be an interval older than the last step.
+        self._final = final
         self._on_error = on_error  # told each time the source's error changes (the terminal says it too)
         self._last_error: str | None = None
         self._tracks: dict[int, _LiveTrack] = {}
@@ -309,6 +315,11 @@ class LiveFeed:
         while not self._stop.wait(self.interval_s):
             try:
                 data = self._build(self.source.latest())
+                if data.finished and self._final is not None:
+                    final = dataclasses.replace(self._final(), version=data.version + 1)
+                    with self._lock:
+                        self._data = final
+                    return  # the run is over: its recording is the whole of it
             except Exception as exc:  # shown on the page; the feed goes on
                 with self._lock:
                     self._data = dataclasses.replace(self._data, error=f"internal error: {type(exc).__name__}: {exc}")

@@ -31,11 +31,12 @@ def message(text: str, level: str = "info", element_id: str | None = None) -> ht
     return html.Div(text, **props)
 
 
-def section(title: str, *children: Any, element_id: str | None = None) -> html.Section:
+def section(title: str, *children: Any, element_id: str | None = None, title_id: str | None = None) -> html.Section:
     props: dict[str, Any] = {"className": "section"}
     if element_id:
         props["id"] = element_id
-    return html.Section([html.H2(title), *children], **props)
+    heading = html.H2(title, id=title_id) if title_id else html.H2(title)
+    return html.Section([heading, *children], **props)
 
 
 def known_ranks(data: RunData) -> list[int]:

@@ -147,7 +147,8 @@ def layout(state: PageState, data: RunData, ctx: Context) -> Any:
     timeline, per_step, bandwidth, records, sums, value, largest, span = _draw(state, data, peak_of(data, ctx.feed))
     grid = dag.AgGrid(id="comm-bandwidth-table", rowData=records, columnDefs=COLUMNS, columnSize="sizeToFit",
                       defaultColDef={"sortable": True, "resizable": True, "filter": True},
-                      dashGridOptions={"domLayout": "autoHeight"}, className="ag-theme-alpine")
+                      dashGridOptions={"domLayout": "autoHeight"}, style={"height": None},
+                      className="ag-theme-alpine")
     note = ([message("No rank has reported yet: the page fills in with the first step.", element_id="communication-none")]
             if not data.histories else [])
     return html.Div([

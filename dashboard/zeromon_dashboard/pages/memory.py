@@ -128,7 +128,7 @@ def layout(state: PageState, data: RunData, ctx: Context) -> Any:
                       defaultColDef={"sortable": True, "resizable": True, "wrapHeaderText": True,
                                      "autoHeaderHeight": True, "minWidth": 80},
                       dashGridOptions={"domLayout": "autoHeight" if len(records) <= 32 else "normal"},
-                      style={} if len(records) <= 32 else {"height": "600px"}, className="ag-theme-alpine")
+                      style={"height": None} if len(records) <= 32 else {"height": "600px"}, className="ag-theme-alpine")
     note = ([message("No rank has reported memory yet: the page fills in with the first sample.",
                      element_id="memory-none")] if not any(h.memory for h in data.histories.values()) else [])
     return html.Div([

@@ -27,9 +27,9 @@ if TYPE_CHECKING:
 PAGE = "overview"
 
 
-def banners(data: RunData) -> list[Any]:
+def banners(data: RunData, interval_s: float = 1.0) -> list[Any]:
     if data.kind == "live" and not data.fleet.ranks:  # nothing found: where it looked and what to do
-        return [html.Pre(no_agent_text(data.fleet, 1.0).replace("q quits.", ""), className="message",
+        return [html.Pre(no_agent_text(data.fleet, interval_s).replace("q quits.", ""), className="message",
                          id="no-agent")]
     rows = rank_rows(data.fleet)
     shown: list[Banner | None] = [oom_banner(data, rows), exposed_banner(data)]
@@ -71,10 +71,10 @@ def _data(**attrs: str) -> dict[str, Any]:
     return {f"data-{k}": v for k, v in attrs.items()}
 
 
-def _draw(state: PageState, data: RunData) -> tuple[Any, ...]:
+def _draw(state: PageState, data: RunData, interval_s: float = 1.0) -> tuple[Any, ...]:
     cells = rank_cells(data)
-    return (banners(data), rank_grid(cells, "risk"), rank_grid(cells, "exposed"), run_info(data),
-            findings_list(data.findings))
+    return (banners(data, interval_s), rank_grid(cells, "risk"), rank_grid(cells, "exposed"), run_info(data),
+            f"Findings ({len(data.findings)})", findings_list(data.findings))
 
 
 def _fallback(exc: Exception) -> tuple[Any, ...]:
@@ -82,24 +82,24 @@ def _fallback(exc: Exception) -> tuple[Any, ...]:
 
     text = failure_text(exc)
     return (message(text, "error"), empty("OOM risk per rank", text), empty("Exposed communication per rank", text),
-            "", "")
+            "", "Findings", "")
 
 
 OUTPUTS = (("overview-banners", "children"), ("overview-grid-risk", "figure"), ("overview-grid-exposed", "figure"),
-           ("overview-info", "children"), ("overview-findings", "children"))
+           ("overview-info", "children"), ("overview-findings-title", "children"), ("overview-findings", "children"))
 
 
 def layout(state: PageState, data: RunData, ctx: Context) -> Any:
-    banners_, risk, exposed, info, findings = _draw(state, data)
+    banners_, risk, exposed, info, findings_title, findings = _draw(state, data, ctx.refresh_s)
     return html.Div([
         drawn_store(PAGE),
         html.Div(banners_, id="overview-banners", className="banners"),
         html.Div([graph("overview-grid-risk", risk), graph("overview-grid-exposed", exposed)], className="grids"),
         html.Div([section("Run", html.Div(info, id="overview-info")),
-                  section(f"Findings ({len(data.findings)})", html.Div(findings, id="overview-findings"))],
+                  section(findings_title, html.Div(findings, id="overview-findings"), title_id="overview-findings-title")],
                  className="columns"),
     ], id="page-overview")
 
 
 def register(app: Dash, ctx: Context) -> None:
-    register_redraw(app, ctx, PAGE, OUTPUTS, _draw, _fallback)
+    register_redraw(app, ctx, PAGE, OUTPUTS, lambda state, data: _draw(state, data, ctx.refresh_s), _fallback)

@@ -244,7 +244,8 @@ def layout(state: PageState, data: RunData, ctx: Context) -> Any:
     bars, columns, records, rec, error, command = draw(values, ctx.allow_model_import, import_model=False)
     grid = dag.AgGrid(id=f"{PAGE}-table", rowData=records, columnDefs=columns, columnSize="responsiveSizeToFit",
                       defaultColDef={"sortable": False, "resizable": True},
-                      dashGridOptions={"domLayout": "autoHeight"}, className="ag-theme-alpine")
+                      dashGridOptions={"domLayout": "autoHeight"}, style={"height": None},
+                      className="ag-theme-alpine")
     return html.Div([
         dcc.Store(id=f"{PAGE}-asked"),
         section("Plan ZeRO memory (zeromon plan)", form(values, ctx, command)),
