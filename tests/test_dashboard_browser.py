@@ -463,8 +463,10 @@ def healthy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests/scenarios/overlap_truth.py --mode hidden: each step's all-reduce hidden behind a longer
     forward (as tests/test_overlap_ground_truth.py runs it)."""
     out = tmp_path_factory.mktemp("hidden")
+    # A 2 MB all-reduce (not the mode's 16 MB) behind ~100 ms of forward: on 2 cores shared by two
+    # computing ranks, gloo's threads can take a 16 MB all-reduce past the forward's end (really exposed).
     result = subprocess.run(torchrun_args(2, SCENARIOS / "overlap_truth.py", "--mode", "hidden", "--steps", "5",
-                                          "--truth-dir", str(out)),
+                                          "--numel", "500000", "--truth-dir", str(out)),
                             env=child_env(ZEROMON_OUT=str(out), ZEROMON_ASYNC_SAMPLE_EVERY="1"),
                             capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -43,6 +43,7 @@ def main() -> None:
     parser.add_argument("--mode", choices=("sync", "hidden", "partial"), required=True)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--truth-dir", required=True)
+    parser.add_argument("--numel", type=int, default=None, help="the all-reduce's elements (default: the mode's)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -51,7 +52,7 @@ def main() -> None:
     # lasts tens of ms at least: a GIL hand-over (up to 5 ms) between the script's clock reads and the
     # agent's must stay small next to what is measured.
     depth = {"sync": 12, "hidden": 96, "partial": 8}[args.mode]
-    numel = {"sync": 12_000_000, "hidden": 4_000_000, "partial": 16_000_000}[args.mode]
+    numel = args.numel or {"sync": 12_000_000, "hidden": 4_000_000, "partial": 16_000_000}[args.mode]
     model = Compute(512, depth)
     x = torch.randn(256, 512)
     payload = torch.ones(numel)

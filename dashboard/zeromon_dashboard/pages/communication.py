@@ -38,8 +38,8 @@ from zeromon_dashboard.pages.common import (
     graph,
     message,
     ranks_control,
+    redraw_guard,
     register_ranks_control,
-    register_redraw,
     section,
 )
 from zeromon_dashboard.state import PageState, state_search
@@ -122,6 +122,20 @@ def _draw(state: PageState, data: RunData, peak_busbw: float | None) -> tuple[An
             bytes_figure(step_bytes(first) if first is not None else None), value, largest, span)
 
 
+def _draw_step(state: PageState, data: RunData) -> tuple[Any, ...]:
+    """Only what shows the step: the timeline, the per-step figure's marker, the step control."""
+    ranks = chosen_ranks(state, data)
+    step = shown_step(state, data)
+    if step is None:
+        timeline = empty("One step: computation and communication", "no step summarized yet on the chosen ranks")
+    else:
+        timeline = timeline_figure(step_timeline(data.histories, ranks, step))
+    series = [step_series(data, r) for r in ranks]
+    value, largest, span = _step_control(data, ranks, step)
+    return tuple(dash.no_update if i in _STEP_FREE else v for (i, _), v in zip(OUTPUTS, (
+        timeline, per_step_figure(series, step), None, None, None, value, largest, span), strict=True))
+
+
 def _fallback(exc: Exception) -> tuple[Any, ...]:
     from zeromon_dashboard.app import failure_text
 
@@ -161,12 +175,41 @@ def layout(state: PageState, data: RunData, ctx: Context) -> Any:
     ], id="page-communication")
 
 
+# The outputs that do not depend on the step: a change of step alone leaves them as drawn (the
+# bytes per step of a 10,000-step run are 20,000 bars for the browser to lay out again).
+_STEP_FREE = frozenset({"comm-bandwidth", "comm-bandwidth-table", "comm-bytes"})
+
+
+def _same_but_step(drawn: str | None, data: RunData, state: PageState, ctx: Context) -> bool:
+    """The drawn key (version|search) says the same data and ranks, another step."""
+    if not drawn:
+        return False
+    version, _, search = drawn.partition("|")
+    if version != str(data.version):
+        return False
+    before = ctx.state(f"/{PAGE}", search)
+    return before.ranks == state.ranks and before.extra == state.extra and before.step != state.step
+
+
 def register(app: Dash, ctx: Context) -> None:
     from zeromon_dashboard.app import guarded
 
     register_ranks_control(app, ctx, PAGE)
-    register_redraw(app, ctx, PAGE, OUTPUTS, lambda state, data: _draw(state, data, peak_of(data, ctx.feed)),
-                    _fallback)
+
+    @app.callback(*[Output(i, p) for i, p in OUTPUTS], Output(f"{PAGE}-drawn", "data"),
+                  Input("tick", "n_intervals"), Input("url", "search"), State("url", "pathname"),
+                  State(f"{PAGE}-drawn", "data"), prevent_initial_call=True)
+    @guarded(lambda exc: (*_fallback(exc), None))
+    def redraw(_: int | None, search: str | None, pathname: str | None, drawn: str | None) -> tuple[Any, ...]:
+        state = ctx.state(pathname, search)
+        if state.page != PAGE:
+            raise dash.exceptions.PreventUpdate
+        data, key = redraw_guard(ctx, search, drawn)
+        if _same_but_step(drawn, data, state, ctx):
+            values = _draw_step(state, data)
+        else:
+            values = _draw(state, data, peak_of(data, ctx.feed))
+        return (*values, key)
 
     @app.callback(Output("url", "search", allow_duplicate=True), Input(STEP_ID, "value"),
                   State("url", "pathname"), State("url", "search"), prevent_initial_call=True)
