@@ -16,7 +16,7 @@ from zeromon.analysis.findings import Severity
 from zeromon.exporters.html_report import SMALL_CATEGORIES_SHARE
 from zeromon.views.fleet import short_bytes
 from zeromon.views.memory import AllocatorSeries, MemoryRow, MemorySeries, peak_spread
-from zeromon_dashboard.figures.style import LEVEL_COLOURS, base_layout, empty, unit
+from zeromon_dashboard.figures.style import LEVEL_COLOURS, base_layout, blank, empty, unit
 
 POINTS_PER_TRACE = 2000  # a longer series is decimated (MinMaxLTTB; its largest and smallest kept)
 # Drawn values in float32: 7 digits are more than a plot shows, and half the bytes sent (a page of
@@ -178,7 +178,7 @@ def stack_figure(series: Sequence[MemorySeries], chosen: int | None = None) -> g
               for (kind, s), u in zip(rows, units, strict=True)]
     heights = [ROW_PX if kind == "level" else ROW_PX * 0.6 for kind, _ in rows]
     height = 110 + sum(heights) + TITLE_PX * len(rows)
-    fig = make_subplots(rows=len(rows), cols=1, shared_xaxes=True, vertical_spacing=TITLE_PX / height,
+    fig = make_subplots(figure=blank(), rows=len(rows), cols=1, shared_xaxes=True, vertical_spacing=TITLE_PX / height,
                         row_heights=heights, subplot_titles=titles)
     legend: set[str] = set()
     for row, ((kind, s), (unit_name, size)) in enumerate(zip(rows, units, strict=True), start=1):
@@ -208,7 +208,7 @@ def allocator_figure(series: Sequence[AllocatorSeries], chosen: int | None = Non
         return empty(title, "no allocator statistics: a CPU run records process RSS only")
     title += _how_many(len(drawn), max(chosen or 0, len(series)), "no allocator statistics")
     frag_unit, frag_size = unit(max((v for s in drawn for v in s.fragmentation_bytes if v is not None), default=0))
-    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.1,
+    fig = make_subplots(figure=blank(), rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.1,
                         subplot_titles=[f"{_ALLOCATOR_ROWS[0]}, {frag_unit}", *_ALLOCATOR_ROWS[1:]])
     for i, s in enumerate(drawn):
         colour = RANK_COLOURS[i % len(RANK_COLOURS)]
