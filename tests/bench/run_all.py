@@ -52,6 +52,9 @@ JOBS: tuple[Job, ...] = (
     Job("bench_live_source.py", (), "the live source polling 64 simulated agents at 1 Hz: the client's own CPU"),
     Job("bench_scrape.py", (), "one rank's /metrics scraped 1000 times while a 2-rank FSDP2 run trains"),
     Job("bench_tui.py", (), "zeromon attach headless at 200x60 replaying 256 synthesized ZeRO-3 ranks: refresh time, RSS"),
+    Job("bench_dashboard.py", (),
+        "zeromon dashboard in headless Chromium: 256 synthesized ZeRO-3 ranks, and 8 ranks x 10,000 steps; "
+        "a live refresh on the server; the server's RSS"),
 )
 
 

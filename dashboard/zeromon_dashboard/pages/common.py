@@ -94,8 +94,11 @@ def redraw_guard(ctx: Context, search: str | None, drawn: str | None) -> tuple[R
     return data, key
 
 
-def drawn_store(page: str) -> dcc.Store:
-    return dcc.Store(id=f"{page}-drawn")
+def drawn_store(page: str, data: RunData | None = None, state: PageState | None = None) -> dcc.Store:
+    """The page's redraw key, starting at what the layout drew (``data`` for ``state``): the first
+    tick or URL change then redraws only what changed, not the whole page again."""
+    key = f"{data.version}|{state_search(state)}" if data is not None and state is not None else None
+    return dcc.Store(id=f"{page}-drawn", data=key)
 
 
 def register_redraw(app: dash.Dash, ctx: Context, page: str, outputs: Sequence[tuple[str, str]],

@@ -166,7 +166,7 @@ def layout(state: PageState, data: RunData, ctx: Context) -> Any:
     note = ([message("No rank has reported yet: the page fills in with the first step.", element_id="communication-none")]
             if not data.histories else [])
     return html.Div([
-        drawn_store(PAGE),
+        drawn_store(PAGE, data, state),
         _controls(data, chosen_ranks(state, data), value, largest, span),
         *note,
         section("One step", graph("comm-timeline", timeline)),

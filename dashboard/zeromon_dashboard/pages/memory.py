@@ -132,7 +132,7 @@ def layout(state: PageState, data: RunData, ctx: Context) -> Any:
     note = ([message("No rank has reported memory yet: the page fills in with the first sample.",
                      element_id="memory-none")] if not any(h.memory for h in data.histories.values()) else [])
     return html.Div([
-        drawn_store(PAGE),
+        drawn_store(PAGE, data, state),
         html.Div([ranks_control(PAGE, data, chosen_ranks(state, data, DEFAULT_RANKS))], className="controls"),
         *note,
         section("Over time", graph("memory-stack", stack)),

@@ -92,7 +92,7 @@ OUTPUTS = (("overview-banners", "children"), ("overview-grid-risk", "figure"), (
 def layout(state: PageState, data: RunData, ctx: Context) -> Any:
     banners_, risk, exposed, info, findings_title, findings = _draw(state, data, ctx.refresh_s)
     return html.Div([
-        drawn_store(PAGE),
+        drawn_store(PAGE, data, state),
         html.Div(banners_, id="overview-banners", className="banners"),
         html.Div([graph("overview-grid-risk", risk), graph("overview-grid-exposed", exposed)], className="grids"),
         html.Div([section("Run", html.Div(info, id="overview-info")),

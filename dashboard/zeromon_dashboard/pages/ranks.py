@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import dash
-from dash import Input, Output, dcc, html
+from dash import Input, Output, html
 
 from zeromon.analysis.findings import Finding
 from zeromon.views.ranks import (
@@ -33,7 +33,7 @@ from zeromon_dashboard.figures.ranks import (
     waits_figure,
 )
 from zeromon_dashboard.figures.style import empty
-from zeromon_dashboard.pages.common import graph, message, register_redraw, section
+from zeromon_dashboard.pages.common import drawn_store, graph, message, register_redraw, section
 from zeromon_dashboard.pages.overview import findings_list
 from zeromon_dashboard.state import PageState, state_search
 
@@ -114,7 +114,7 @@ def layout(state: PageState, data: RunData, ctx: Context) -> Any:
             if not data.histories else [])
     return html.Div([
         # What the layout drew, as register_redraw keys it: the first tick does not draw it again.
-        dcc.Store(id=f"{PAGE}-drawn", data=f"{data.version}|{state_search(state)}"),
+        drawn_store(PAGE, data, state),
         *note,
         section("Step time", graph("ranks-heatmap", heatmap),
                 html.P("Click a cell to open that rank's step on the Communication page.", className="hint")),
