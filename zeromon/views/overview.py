@@ -85,8 +85,10 @@ def _time_left(rows_rank: int | None, data: RunData) -> str:
         return ""
     history = data.histories.get(rows_rank) if rows_rank is not None else None
     durations = [s.duration_s for s in history.steps[-50:]] if history is not None else []
-    seconds = f" (~{duration(steps * statistics.median(durations))})" if durations else ""
-    return f"{steps:,.0f} steps to capacity{seconds}"
+    if not durations:
+        return f"{steps:,.0f} steps to capacity"
+    left_s = steps * statistics.median(durations)
+    return f"{steps:,.0f} steps to capacity (~{duration(left_s) if left_s >= 10 else f'{left_s:.1f}s'})"
 
 
 def oom_banner(data: RunData, rows: Sequence[RankRow] | None = None) -> Banner | None:
