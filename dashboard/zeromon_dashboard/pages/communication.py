@@ -107,7 +107,9 @@ def _step_control(data: RunData, ranks: Sequence[int], step: int | None) -> tupl
     return (None if step is None else step + 1), span[1] + 1, f"steps {span[0] + 1}-{span[1] + 1}"
 
 
-def _draw(state: PageState, data: RunData, peak_busbw: float | None) -> tuple[Any, ...]:
+def _step_parts(state: PageState, data: RunData) -> tuple[tuple[int, ...], Any, Any, int | None, int, str]:
+    """What shows the step: the chosen ranks, the timeline, the per-step figure (its marker), the
+    step control's value, largest value and range."""
     ranks = chosen_ranks(state, data)
     step = shown_step(state, data)
     if step is None:
@@ -115,25 +117,23 @@ def _draw(state: PageState, data: RunData, peak_busbw: float | None) -> tuple[An
     else:
         timeline = timeline_figure(step_timeline(data.histories, ranks, step))
     series = [step_series(data, r) for r in ranks]
+    value, largest, span = _step_control(data, ranks, step)
+    return ranks, timeline, per_step_figure(series, step), value, largest, span
+
+
+def _draw(state: PageState, data: RunData, peak_busbw: float | None) -> tuple[Any, ...]:
+    ranks, timeline, per_step, value, largest, span = _step_parts(state, data)
     rows = bandwidth_rows(data, peak_busbw)
     first = data.histories.get(ranks[0]) if ranks else None
-    value, largest, span = _step_control(data, ranks, step)
-    return (timeline, per_step_figure(series, step), bandwidth_figure(rows, peak_busbw), table_records(rows),
+    return (timeline, per_step, bandwidth_figure(rows, peak_busbw), table_records(rows),
             bytes_figure(step_bytes(first) if first is not None else None), value, largest, span)
 
 
 def _draw_step(state: PageState, data: RunData) -> tuple[Any, ...]:
     """Only what shows the step: the timeline, the per-step figure's marker, the step control."""
-    ranks = chosen_ranks(state, data)
-    step = shown_step(state, data)
-    if step is None:
-        timeline = empty("One step: computation and communication", "no step summarized yet on the chosen ranks")
-    else:
-        timeline = timeline_figure(step_timeline(data.histories, ranks, step))
-    series = [step_series(data, r) for r in ranks]
-    value, largest, span = _step_control(data, ranks, step)
+    _, timeline, per_step, value, largest, span = _step_parts(state, data)
     return tuple(dash.no_update if i in _STEP_FREE else v for (i, _), v in zip(OUTPUTS, (
-        timeline, per_step_figure(series, step), None, None, None, value, largest, span), strict=True))
+        timeline, per_step, None, None, None, value, largest, span), strict=True))
 
 
 def _fallback(exc: Exception) -> tuple[Any, ...]:
