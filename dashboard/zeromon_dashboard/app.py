@@ -135,9 +135,9 @@ def create_app(feed: Feed, *, prefix: str = "/", refresh_s: float = 1.0, allow_m
 
     @app.callback(Output("status", "children"), Output("source-error", "children"),
                   Output("tick", "disabled"), Output("pause", "children"),
-                  Input("tick", "n_intervals"), Input("pause", "n_clicks"), State("tick", "disabled"))
+                  Input("tick", "n_intervals"), Input("pause", "n_clicks"))
     @guarded(lambda exc: (failure_text(exc), "", dash.no_update, dash.no_update))
-    def status(_: int | None, clicks: int, was_disabled: bool) -> tuple[Any, ...]:
+    def status(_: int | None, clicks: int) -> tuple[Any, ...]:
         data = ctx.data()
         paused = bool(clicks) and clicks % 2 == 1
         if not data.live:

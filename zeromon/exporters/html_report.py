@@ -116,8 +116,9 @@ def _legend_order(kind: str, name: str) -> tuple[int, int, str]:
     return (kind != "phase", order.index(name) if name in order else len(order), name)
 
 
-class _Bars:
-    """The bars of one timeline trace: row, start and length (ns from the step's start), hover text."""
+class TimelineBars:
+    """The bars of one timeline trace: row, start and length (ns from the step's start), hover text
+    (this report's timeline and the dashboard's)."""
 
     def __init__(self) -> None:
         self.rows: list[str] = []
@@ -166,15 +167,15 @@ def _figures(report: RunReport, recordings: Sequence[Recording]) -> list[tuple[s
         lo = step.start_ns
         timeline = go.Figure()
         # One trace (one legend entry, one colour) per phase, then per ZeRO meaning of the collectives.
-        bars: dict[tuple[str, str], _Bars] = {}
+        bars: dict[tuple[str, str], TimelineBars] = {}
         for span in first.phases:
             if span.step == step.step and span.phase != "other":
-                bars.setdefault(("phase", span.phase), _Bars()).add(
+                bars.setdefault(("phase", span.phase), TimelineBars()).add(
                     "compute (phases)", span.start_ns - lo, span.end_ns - span.start_ns, span.phase)
         c = first.collective_columns()  # only the step's events are looked at, by index
         for i in [i for i, s in enumerate(c.step) if s == step.step and c.complete_ns[i] is not None]:
             issue, complete = c.issue_ns[i], c.complete_ns[i] or 0
-            bars.setdefault(("comm", c.meaning[i]), _Bars()).add(
+            bars.setdefault(("comm", c.meaning[i]), TimelineBars()).add(
                 f"comm: {c.op[i]}", issue - lo, complete - issue,
                 f"{c.meaning[i]}: {c.api[i]} {format_bytes(max(c.bytes_in[i], c.bytes_out[i]))} {c.timing[i]}")
         for (kind, name), bar in sorted(bars.items(), key=lambda item: _legend_order(*item[0])):

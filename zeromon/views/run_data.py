@@ -132,12 +132,17 @@ def recording_data(run_dir: Path, version: int = 1, peak_busbw: float | None = N
 
     report = analyse_run(run_dir, peak_busbw=peak_busbw, capacity_bytes=capacity_bytes, workers=workers)
     fleet = final_view(run_dir)
-    if finished:  # the run is over: its ranks ended, they are not stale
-        fleet = dataclasses.replace(fleet, ranks=tuple(dataclasses.replace(r, ended=True) for r in fleet.ranks))
+    if finished:
+        fleet = _all_ended(fleet)
     recordings = read_run(run_dir)
     return RunData(kind="recording", source=f"recording {run_dir}", version=version, fleet=fleet,
                    histories={rec.rank: history_of(rec) for rec in recordings}, report=report,
                    findings=report.findings, finished=finished)
+
+
+def _all_ended(fleet: FleetView) -> FleetView:
+    """A run that is over: its ranks ended (the final state), they are not stale."""
+    return dataclasses.replace(fleet, ranks=tuple(dataclasses.replace(r, ended=True) for r in fleet.ranks))
 
 
 def history_of(rec: Recording, until_ns: int | None = None) -> RankHistory:
@@ -241,8 +246,8 @@ class ReplayFeed:
 
     def latest(self) -> RunData:
         fleet = self.replay.latest()
-        if self.replay.finished:  # played through: its ranks ended, they are not stale
-            fleet = dataclasses.replace(fleet, ranks=tuple(dataclasses.replace(r, ended=True) for r in fleet.ranks))
+        if self.replay.finished:  # played through
+            fleet = _all_ended(fleet)
         t = self.replay.start_ns + self.replay.position_ns
         with self._lock:
             if self._last is not None and self._last[0] == t:

@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 from tsdownsample import MinMaxLTTBDownsampler
 
 from zeromon.analysis.bandwidth import BandwidthRow, bucket_label, format_rate
+from zeromon.exporters.html_report import TimelineBars
 from zeromon.model.events import CollectiveEvent
 from zeromon.views.fleet import short_bytes
 from zeromon.views.timeline import RankStep, StepBytes, StepSeries, StepTimeline
@@ -37,22 +38,6 @@ def _rows(rank: RankStep) -> tuple[str, str, str]:
             f"rank {rank.rank} · exposed {rank.exposed_s * 1e3:.1f} ms")
 
 
-class _Bars:
-    """One trace's bars: row, start and length in ms from the origin, hover text."""
-
-    def __init__(self) -> None:
-        self.rows: list[str] = []
-        self.starts_ms: list[float] = []
-        self.lengths_ms: list[float] = []
-        self.hovers: list[str] = []
-
-    def add(self, row: str, start_ns: int, end_ns: int, hover: str) -> None:
-        self.rows.append(row)
-        self.starts_ms.append(start_ns / 1e6)
-        self.lengths_ms.append((end_ns - start_ns) / 1e6)
-        self.hovers.append(hover)
-
-
 def _collective_hover(c: CollectiveEvent, origin_ns: int) -> str:
     complete = c.complete_ns or c.issue_ns
     return (f"<b>{c.meaning}</b>: {c.op} ({c.api})<br>{short_bytes(c.bytes_in)} in, {short_bytes(c.bytes_out)} out, "
@@ -66,22 +51,23 @@ def _interval_hover(kind: str, rank: int, start_ns: int, end_ns: int, origin_ns:
             f"{(end_ns - origin_ns) / 1e6:.2f} ms")
 
 
-def _band(rank: RankStep, origin: int, bars: dict[tuple[str, str], _Bars]) -> None:
+def _band(rank: RankStep, origin: int, bars: dict[tuple[str, str], TimelineBars]) -> None:
     compute, comm, marks = _rows(rank)
     for p in rank.phases:
-        bars.setdefault(("phase", p.phase), _Bars()).add(
-            compute, p.start_ns - origin, p.end_ns - origin,
+        bars.setdefault(("phase", p.phase), TimelineBars()).add(
+            compute, p.start_ns - origin, p.end_ns - p.start_ns,
             _interval_hover(p.phase, rank.rank, p.start_ns, p.end_ns, origin))
     for c in rank.collectives:
         if c.complete_ns is not None:
-            bars.setdefault(("comm", c.meaning), _Bars()).add(comm, c.issue_ns - origin, c.complete_ns - origin,
-                                                              _collective_hover(c, origin))
+            bars.setdefault(("comm", c.meaning), TimelineBars()).add(comm, c.issue_ns - origin,
+                                                                     c.complete_ns - c.issue_ns,
+                                                                     _collective_hover(c, origin))
     intervals = rank.intervals
     for kind, row, spans in (("blocked", compute, intervals.blocked), ("overlap", marks, intervals.overlap),
                              ("exposed", marks, intervals.exposed)):
         for start, end in spans:
-            bars.setdefault(("mark", kind), _Bars()).add(row, start - origin, end - origin,
-                                                         _interval_hover(kind, rank.rank, start, end, origin))
+            bars.setdefault(("mark", kind), TimelineBars()).add(row, start - origin, end - start,
+                                                                _interval_hover(kind, rank.rank, start, end, origin))
 
 
 def _trace_order(key: tuple[str, str]) -> tuple[int, int, str]:
@@ -90,7 +76,7 @@ def _trace_order(key: tuple[str, str]) -> tuple[int, int, str]:
     return (("phase", "comm", "mark").index(kind), order.index(name) if name in order else len(order), name)
 
 
-def _bar_trace(kind: str, name: str, bar: _Bars) -> go.Bar:
+def _bar_trace(kind: str, name: str, bar: TimelineBars) -> go.Bar:
     colour = (PHASE_COLOURS.get(name, OTHER_COLOURS["phase"]) if kind == "phase" else
               MEANING_COLOURS.get(name, OTHER_COLOURS["comm"]) if kind == "comm" else MARK_COLOURS[name])
     label = {"phase": name, "comm": f"comm: {name}", "mark": {"blocked": "blocked (waiting)", "overlap": "overlap",
@@ -114,7 +100,7 @@ def timeline_figure(timeline: StepTimeline) -> go.Figure:
         why = "; ".join(why for _, why in timeline.missing) or "no rank chosen"
         return empty(title, why)
     origin = timeline.origin_ns
-    bars: dict[tuple[str, str], _Bars] = {}
+    bars: dict[tuple[str, str], TimelineBars] = {}
     for rank in timeline.ranks:
         _band(rank, origin, bars)
     fig = go.Figure([_bar_trace(kind, name, bars[(kind, name)]) for kind, name in sorted(bars, key=_trace_order)])

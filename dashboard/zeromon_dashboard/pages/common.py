@@ -103,8 +103,11 @@ def drawn_store(page: str, data: RunData | None = None, state: PageState | None 
 
 def register_redraw(app: dash.Dash, ctx: Context, page: str, outputs: Sequence[tuple[str, str]],
                     draw: Callable[[PageState, RunData], Sequence[Any]],
-                    fallback: Callable[[Exception], Sequence[Any]]) -> None:
-    """Redraw ``outputs`` ((id, property) pairs) on every tick and URL change when the data moved on."""
+                    fallback: Callable[[Exception], Sequence[Any]],
+                    partial: Callable[[PageState, RunData, str | None], Sequence[Any] | None] | None = None) -> None:
+    """Redraw ``outputs`` ((id, property) pairs) on every tick and URL change when the data moved on.
+    ``partial(state, data, drawn)``: the outputs when only some need drawing again (dash.no_update for
+    the others), given the key of what is drawn; None to draw them all."""
     from zeromon_dashboard.app import guarded
 
     @app.callback(*[Output(i, p) for i, p in outputs], Output(f"{page}-drawn", "data"),
@@ -116,4 +119,5 @@ def register_redraw(app: dash.Dash, ctx: Context, page: str, outputs: Sequence[t
         if state.page != page:
             raise dash.exceptions.PreventUpdate
         data, key = redraw_guard(ctx, search, drawn)
-        return (*draw(state, data), key)
+        values = partial(state, data, drawn) if partial is not None else None
+        return (*(draw(state, data) if values is None else values), key)

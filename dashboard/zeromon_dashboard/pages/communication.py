@@ -38,8 +38,8 @@ from zeromon_dashboard.pages.common import (
     graph,
     message,
     ranks_control,
-    redraw_guard,
     register_ranks_control,
+    register_redraw,
     section,
 )
 from zeromon_dashboard.state import PageState, state_search
@@ -195,21 +195,9 @@ def register(app: Dash, ctx: Context) -> None:
     from zeromon_dashboard.app import guarded
 
     register_ranks_control(app, ctx, PAGE)
-
-    @app.callback(*[Output(i, p) for i, p in OUTPUTS], Output(f"{PAGE}-drawn", "data"),
-                  Input("tick", "n_intervals"), Input("url", "search"), State("url", "pathname"),
-                  State(f"{PAGE}-drawn", "data"), prevent_initial_call=True)
-    @guarded(lambda exc: (*_fallback(exc), None))
-    def redraw(_: int | None, search: str | None, pathname: str | None, drawn: str | None) -> tuple[Any, ...]:
-        state = ctx.state(pathname, search)
-        if state.page != PAGE:
-            raise dash.exceptions.PreventUpdate
-        data, key = redraw_guard(ctx, search, drawn)
-        if _same_but_step(drawn, data, state, ctx):
-            values = _draw_step(state, data)
-        else:
-            values = _draw(state, data, peak_of(data, ctx.feed))
-        return (*values, key)
+    register_redraw(app, ctx, PAGE, OUTPUTS, lambda state, data: _draw(state, data, peak_of(data, ctx.feed)),
+                    _fallback, partial=lambda state, data, drawn: (
+                        _draw_step(state, data) if _same_but_step(drawn, data, state, ctx) else None))
 
     @app.callback(Output("url", "search", allow_duplicate=True), Input(STEP_ID, "value"),
                   State("url", "pathname"), State("url", "search"), prevent_initial_call=True)
