@@ -9,7 +9,10 @@
   ``step`` (ZeRO-1/2 all-gather the updated parameters inside ``engine.step`` after the inner
   optimizer returns, so the engine's step is the phase).
 - steps: a step ends when the optimizer step (or DeepSpeed's engine.step at a gradient-accumulation
-  boundary) returns, or at the end of ``with zeromon_agent.step():`` when that is used.
+  boundary) returns, and the next one starts there; the first starts at the root's first forward.
+  With ``with zeromon_agent.step():`` a step is the block, from its entry to its exit.
+- agent: zeromon's own work at a boundary (memory samples, category walks) is timed and recorded as
+  its own phase, so that it counts as neither computation nor communication.
 """
 
 from __future__ import annotations
@@ -17,7 +20,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from zeromon_agent.state import RAW_PHASE, RAW_STEP_END, STATE, HotState, perf_ns
+from zeromon_agent.state import RAW_AGENT, RAW_PHASE, RAW_STEP_END, RAW_STEP_START, STATE, HotState, perf_ns
+
+# zeromon's work at a boundary shorter than this is not recorded as an `agent` span (two clock
+# reads and a comparison are all it costs then).
+_AGENT_SPAN_MIN_NS = 20_000
 
 
 class PhaseTracker:
@@ -54,15 +61,21 @@ class PhaseTracker:
         self.set_phase("other")
         self._boundary("step_end")
         timer = state.cuda_timing
-        state.push_control((RAW_STEP_END, state.step, perf_ns(), timer.mark() if timer is not None else None))
+        state.push_control((RAW_STEP_END, state.step, perf_ns(), timer.mark() if timer is not None else None,
+                            self.explicit_steps))
         state.step += 1
 
     def _boundary(self, what: str) -> None:
-        if self.on_boundary is not None and self.state.enabled:
+        state = self.state
+        if self.on_boundary is not None and state.enabled:
+            t0 = perf_ns()
             try:
                 self.on_boundary(what)
             except Exception as exc:  # noqa: BLE001
-                self.state.hook_error(f"boundary:{what}", exc)
+                state.hook_error(f"boundary:{what}", exc)
+            t1 = perf_ns()
+            if t1 - t0 >= _AGENT_SPAN_MIN_NS:
+                state.push_control((RAW_AGENT, state.step, t0, t1, state.phase))
 
     # --- module hooks -----------------------------------------------------------------------------
     def set_root(self, module: Any) -> None:
@@ -234,6 +247,14 @@ class PhaseTracker:
     def explicit_step_enter(self) -> None:
         self.explicit_steps = True
         self.begin_training()
+        state = self.state
+        if not state.enabled:
+            return
+        if state.phase == "setup":  # the warm-up ends here, not at the first forward
+            state.phase = "other"
+        timer = state.cuda_timing
+        state.push_control((RAW_STEP_START, state.step, perf_ns(), timer.mark() if timer is not None else None,
+                            state.phase))
 
     def explicit_step_exit(self) -> None:
         self.end_step()

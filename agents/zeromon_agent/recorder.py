@@ -15,7 +15,7 @@ from typing import Any
 
 from zeromon.analysis.bandwidth import event_bandwidth
 from zeromon.analysis.intervals import merge, total, union_length
-from zeromon.analysis.step_overlap import COMPUTE_PHASES, overlap_in_step
+from zeromon.analysis.step_overlap import AGENT_PHASE, COMPUTE_PHASES, DEVICE_CLOCK, overlap_in_step
 from zeromon.model.codec import RecordingWriter
 from zeromon.model.events import (
     AgentStats,
@@ -33,12 +33,14 @@ from zeromon.model.events import (
 )
 from zeromon_agent.live_totals import LiveTotals
 from zeromon_agent.state import (
+    RAW_AGENT,
     RAW_COLLECTIVE,
     RAW_DONE,
     RAW_MEMORY,
     RAW_OOM,
     RAW_PHASE,
     RAW_STEP_END,
+    RAW_STEP_START,
     RAW_WAIT,
     HotState,
 )
@@ -97,12 +99,15 @@ class _StepAcc:
     intervals: list[tuple[int, int]] = field(default_factory=list)
     folded_union_ns: int = 0  # union length of intervals folded away (see _MAX_STEP_INTERVALS)
     blocked: list[tuple[int, int]] = field(default_factory=list)
-    compute: list[tuple[int, int]] = field(default_factory=list)
+    compute: list[tuple[int, int]] = field(default_factory=list)  # the stream's compute phases (GPU)
+    agent: list[tuple[int, int]] = field(default_factory=list)  # zeromon's own time on the training thread
+    on_stream: bool = False  # a phase of the step is on the GPU's clock: the stream's definition applies
     overlap_known: bool = True  # False once intervals were folded or blocked ones not kept
     blocked_s: float = 0.0
     peak_memory: int | None = None
     phase_s: dict[str, float] = field(default_factory=dict)
     start_ns: int | None = None
+    start: _Mark | None = None  # zeromon_agent.step()'s entry, which opens the step
     end: _Mark | None = None  # set when the step ended
     ended_at_perf: int = 0
 
@@ -267,6 +272,10 @@ class Recorder:
                 self._on_phase(item)
             elif kind == RAW_STEP_END:
                 self._on_step_end(item)
+            elif kind == RAW_STEP_START:
+                self._on_step_start(item)
+            elif kind == RAW_AGENT:
+                self._on_agent(item)
             elif kind == RAW_MEMORY:
                 self._on_memory(item)
             elif kind == RAW_OOM:
@@ -438,7 +447,7 @@ class Recorder:
                   wait_event: Any = None) -> None:
         """``stream_wait`` (GPU): when the CUDA stream began waiting for the collective and how long;
         it replaces the host's wait, since on GPU it is the stream that cannot compute meanwhile."""
-        (_, seq, api, op, t0, _t1, b_in, b_out, dtype, group, async_op, _work, phase, step, cuda,
+        (_, seq, api, op, t0, t1, b_in, b_out, dtype, group, async_op, _work, phase, step, cuda,
          _sampled) = item
         if self.cuda_timer is not None and (cuda is not None or extra_event is not None or wait_event is not None):
             # Every CUDA event of this collective goes back to the pool, whichever path finished it.
@@ -458,7 +467,7 @@ class Recorder:
             dtype=self._dtype(dtype), group_size=self._group_size(group), async_op=bool(async_op),
             issue_ns=issue_ns, complete_ns=complete_ns, blocked_s=round(blocked_s, 9), timing=timing,
             meaning=meaning_of(op, phase, max(b_in, b_out)),
-            wait_ns=wait_ns,
+            wait_ns=wait_ns, issue_s=round((t1 - t0) / 1e9, 9),
         )
         self.events_finalized += 1
         self._publish_collective(event)
@@ -474,12 +483,15 @@ class Recorder:
                     _fold(acc)
                     acc.overlap_known = False
             blocked = event.blocked_interval_ns
-            if blocked is not None and acc.overlap_known:
-                acc.blocked.append(blocked)
-                if len(acc.blocked) > _MAX_STEP_INTERVALS:
-                    acc.blocked = []
-                    acc.overlap_known = False
-            acc.blocked_s += event.blocked_s
+            issued = event.issue_interval_ns if async_op else None  # a synchronous call's is its wait
+            for interval in (blocked, issued):
+                if interval is not None:
+                    acc.blocked_s += (interval[1] - interval[0]) / 1e9
+                    if acc.overlap_known:
+                        acc.blocked.append(interval)
+            if len(acc.blocked) > _MAX_STEP_INTERVALS:
+                acc.blocked = []
+                acc.overlap_known = False
 
     def _publish_collective(self, event: CollectiveEvent) -> None:
         """_publish, and the running totals behind the live metrics, in one hold of the lock."""
@@ -503,13 +515,38 @@ class Recorder:
         self._close_phase(mark)
         self._phase = (phase, mark, step)
 
-    def _close_phase(self, end: _Mark) -> None:
+    def _close_phase(self, end: _Mark) -> _Span | None:
         if self._phase is None:
-            return
+            return None
         phase, start, step = self._phase
-        if end.perf > start.perf:
-            self._spans.append(_Span(phase, step, start, end))
         self._phase = None
+        if end.perf <= start.perf:
+            return None
+        span = _Span(phase, step, start, end)
+        self._spans.append(span)
+        return span
+
+    def _on_agent(self, item: tuple[Any, ...]) -> None:
+        """zeromon's own work at a boundary: a span of the `agent` phase inside the current one (host
+        clock only: on the GPU the stream goes on meanwhile, and its spans are on the GPU's clock)."""
+        _, step, t0, t1, phase = item
+        if self._phase is None or (self.cuda_timer is not None and self.cuda_timer.active):
+            return
+        current, _, current_step = self._phase
+        self._close_phase(_Mark(perf=t0))
+        self._spans.append(_Span(AGENT_PHASE, current_step, _Mark(perf=t0), _Mark(perf=t1)))
+        self._phase = (current, _Mark(perf=t1), current_step)
+
+    def _on_step_start(self, item: tuple[Any, ...]) -> None:
+        """zeromon_agent.step()'s entry: the step opens here; the time since the previous step's exit
+        belongs to no step."""
+        _, step, t, event, phase = item
+        mark = self._mark(t, event)
+        gap = self._close_phase(mark)
+        if gap is not None and gap.step == step and self._spans and self._spans[-1] is gap:
+            self._spans.pop()
+        self._phase = (phase, mark, step)
+        self._step_acc(step).start = mark
 
     def _resolve_spans(self, final: bool) -> None:
         """Turn closed phases into PhaseSpans, in order: on the GPU's clock once the GPU has reached
@@ -539,17 +576,21 @@ class Recorder:
         if span.step > self._emitted_through:
             acc = self._step_acc(span.step)
             acc.phase_s[span.phase] = acc.phase_s.get(span.phase, 0.0) + (end_ns - start_ns) / 1e9
-            if span.phase in COMPUTE_PHASES:
-                acc.compute.append((start_ns, end_ns))
+            if span.phase == AGENT_PHASE:
+                acc.agent.append((start_ns, end_ns))
+            elif timing == DEVICE_CLOCK:
+                acc.on_stream = True
+                if span.phase in COMPUTE_PHASES:
+                    acc.compute.append((start_ns, end_ns))
             if acc.start_ns is None or start_ns < acc.start_ns:
                 acc.start_ns = start_ns
 
     def _on_step_end(self, item: tuple[Any, ...]) -> None:
-        step, t = item[1], item[2]
-        mark = self._mark(t, item[3] if len(item) > 3 else None)
+        _, step, t, event, explicit = item
+        mark = self._mark(t, event)
         phase = self._phase
         self._close_phase(mark)
-        if phase is not None:
+        if phase is not None and not explicit:  # the next step starts where this one ends
             self._phase = (phase[0], mark, step + 1)
         acc = self._step_acc(step)
         acc.end = mark
@@ -564,17 +605,23 @@ class Recorder:
             end = acc.end
             if end is None:
                 break  # unfinished: a step that never ended is not summarized, nor any after it
-            if not final and (end.pending or step in unresolved_steps):
+            if not final and (end.pending or (acc.start is not None and acc.start.pending)
+                              or step in unresolved_steps):
                 break  # its phases still wait for the GPU (bounded by _MARK_GRACE_NS)
             if step in inflight_steps and not final and now - acc.ended_at_perf < _STEP_GRACE_NS:
                 break  # summaries go out in step order
             del self._steps[step]
             self._emitted_through = step
             end_ns = end.unix if end.unix is not None else self.unix(end.perf)
-            start_ns = min(acc.start_ns, end_ns) if acc.start_ns is not None else end_ns
+            if acc.start is not None:  # zeromon_agent.step(): the block's entry
+                start_ns = acc.start.unix if acc.start.unix is not None else self.unix(acc.start.perf)
+            else:
+                start_ns = acc.start_ns if acc.start_ns is not None else end_ns
+            start_ns = min(start_ns, end_ns)
             overlap = None
             if acc.overlap_known:
-                overlap = overlap_in_step(acc.intervals, acc.compute, acc.blocked, (start_ns, end_ns))
+                overlap = overlap_in_step(acc.intervals, acc.blocked, (start_ns, end_ns), agent=acc.agent,
+                                          stream_compute=acc.compute if acc.on_stream else None)
             summary = StepSummary(
                 rank=self.rank, step=step, start_ns=start_ns, end_ns=end_ns,
                 phase_s={k: round(v, 9) for k, v in acc.phase_s.items()}, collectives=acc.collectives,

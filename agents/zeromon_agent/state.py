@@ -20,9 +20,11 @@ RAW_WAIT = 1  # (kind, seq, t_wait_start, t_wait_end, completed_before_wait, cud
 #                cuda_wait_start_event])
 RAW_DONE = 2  # (kind, seq, t_done)             a sampled completion callback fired
 RAW_PHASE = 3  # (kind, phase, t, step[, cuda_event])   the phase changed at t
-RAW_STEP_END = 4  # (kind, step, t[, cuda_event])     step `step` ended at t
+RAW_STEP_END = 4  # (kind, step, t, cuda_event, explicit)   step `step` ended at t
 RAW_MEMORY = 5  # (kind, phase, step, t, sample_fields)
 RAW_OOM = 6  # (kind, t, device, alloc_info, snapshot_path)
+RAW_STEP_START = 7  # (kind, step, t, cuda_event, phase)   zeromon_agent.step() opened step `step` at t
+RAW_AGENT = 8  # (kind, step, t0, t1, phase)   zeromon's own work on the training thread, back to `phase` at t1
 
 
 class HotState:

@@ -20,7 +20,7 @@ from zeromon.analysis.comm_advice import overlap_findings, with_waiting_for_peer
 from zeromon.analysis.findings import Finding
 from zeromon.analysis.oom import OomForecast, forecast
 from zeromon.analysis.recording_summary import strategy_label
-from zeromon.analysis.step_overlap import StepOverlap, step_overlaps
+from zeromon.analysis.step_overlap import StepOverlap, WarmUp, step_overlaps, warmup
 from zeromon.analysis.stragglers import Imbalance, RankArrivals, combine_imbalance, rank_arrivals
 from zeromon.model.codec import Recording, collector_paused
 from zeromon.model.events import RunInfo
@@ -43,6 +43,7 @@ class RankReport:
     oom: OomForecast
     file: str = ""  # the rank file read
     corrupt_lines: tuple[int, ...] = ()  # its lines that could not be decoded, skipped
+    warmup: WarmUp = WarmUp(collectives=0, bytes=0, blocked_s=0.0)  # before the first step
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,10 @@ class RunReport:
 
 _DEFINITIONS = ("per rank, comm_comp_overlap_pct, exposed_comm_s and exposed_comm_share are medians per step over "
                 "the steps after the first (per_step has every step); temporal_breakdown sums those steps; "
+                "exposed_comm_s is, on the host, the time the training thread spent blocked in collective calls and waits "
+                "(on GPU, communication not hidden behind the stream's compute phases); agent_s is zeromon's own time "
+                "on the training thread, neither compute nor communication; warmup counts the collectives before the "
+                "first step, which no step includes; "
                 "step is the recording's step index, from 0 (the text and HTML number steps from 1, as training "
                 "scripts log them); imbalance: arrivals' matched, last_arrivals, caused_wait_s and waited_s count "
                 "all steps, their steady_ keys, steps_most_waited_for, steady_steps, step_skew_median, "
@@ -122,9 +127,10 @@ def _rank_dict(r: RankReport) -> dict[str, Any]:
                 "predicted_peak_bytes": r.oom.predicted_peak_bytes,
                 "growth_bytes_per_step": r.oom.growth_bytes_per_step,
                 "steps_to_capacity": r.oom.steps_to_capacity},
+        "warmup": {"collectives": r.warmup.collectives, "bytes": r.warmup.bytes, "blocked_s": r.warmup.blocked_s},
         "per_step": [{"step": s.step, "step_s": s.step_s, "comm_s": s.comm_s, "comp_s": s.comp_s,
                       "overlap_s": s.overlap_s, "exposed_comm_s": s.exposed_comm_s, "idle_s": s.idle_s,
-                      "blocked_s": s.blocked_s, "comm_comp_overlap_pct": _pct(s.overlap_ratio)}
+                      "blocked_s": s.blocked_s, "agent_s": s.agent_s, "comm_comp_overlap_pct": _pct(s.overlap_ratio)}
                      for s in r.steps],
     }
 
@@ -181,6 +187,7 @@ def rank_report(rec: Recording, capacity_bytes: int | None = None,
         oom=forecast(rec, capacity_bytes=capacity_bytes),
         file=str(rec.path),
         corrupt_lines=tuple(rec.corrupt_lines),
+        warmup=warmup(rec.collective_columns()),
     )
 
 

@@ -1,31 +1,47 @@
 """Overlap and exposed communication per rank and step, from zeromon's own recordings.
 
-Communication is each collective's [issue, completion] interval. Computation is the training
-thread's time in the forward, backward and optimizer phases, minus the intervals it spent blocked
-in collectives (a synchronous call, or ``Work.wait()``): a blocked thread computes nothing. Both are
-clipped to the step's window [first phase start, optimizer step end], and the overlap follows HTA's
-definition (``zeromon.analysis.overlap``).
+Exposed communication is the step time that communication costs. zeromon measures it on the clock
+of whatever communication holds up:
 
-On CPU with gloo these are host intervals: collectives run on gloo's threads while the training
-thread computes, so an async collective really overlaps. On GPU the agent marks the phase boundaries
-and the collectives with CUDA events on the current stream, so every interval is GPU time: a phase
-is when the stream ran its work, and "blocked" is when the stream waited for a collective
-(PhaseSpan.timing and CollectiveEvent.timing say which clock each interval is on).
-Collectives whose completion was never observed (timing ``unknown``) are left out.
+- **On the host (CPU, gloo; any step whose phases are on the host's clock).** The training thread
+  is either blocked on communication or doing something else. Blocked is the time inside every
+  collective call (a synchronous call's whole length, an async call's issue), inside
+  ``Work.wait()`` / ``wait_tensor``, and in DDP's wait for its buckets. Everything else the thread
+  does inside the step is computation, whether or not zeromon knows its phase (a module's forward,
+  autograd, an optimizer, data loading, a custom update, an inference loop). zeromon's own time on
+  the training thread (the ``agent`` phase: memory samples and category walks) is neither, and is
+  taken out of both. So exposed communication is exactly the time the thread was blocked, and
+  overlap is the rest of the communication (collectives running on gloo's threads meanwhile).
+- **On the GPU (steps whose phases carry CUDA events).** As Holistic Trace Analysis defines it, on
+  the stream: the agent marks phase boundaries and collectives with CUDA events on the current
+  stream, computation is the stream's time in the forward, backward and optimizer phases minus the
+  time the stream waited for a collective, and exposed communication is the communication union
+  minus that (PhaseSpan.timing and CollectiveEvent.timing say which clock each interval is on).
+
+Communication is each collective's [issue, completion] interval, and on the host also the time the
+thread spent in its calls. Everything is clipped to the step's window: a step opens where the
+previous one ended (or at the first forward of the root module, or at the entry of
+``zeromon_agent.step()``) and ends when its optimizer step returns (or at the block's exit).
+Collectives before the first step are the warm-up (step -1) and belong to no step. Collectives
+whose completion was never observed (timing ``unknown``) count only for the time the thread spent
+in them. The overlap follows HTA's definition (``zeromon.analysis.overlap``).
 """
 
 from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from zeromon.analysis.intervals import Interval, clip, intersect, merge, subtract, total
 from zeromon.analysis.overlap import Overlap, overlap_of_merged
-from zeromon.model.codec import Recording
+from zeromon.model.codec import CollectiveColumns, Recording
+from zeromon.model.events import issue_interval
 
-COMPUTE_PHASES = frozenset({"forward", "backward", "optimizer"})
+COMPUTE_PHASES = frozenset({"forward", "backward", "optimizer"})  # the stream's computation on GPU
+AGENT_PHASE = "agent"
+DEVICE_CLOCK = "cuda_event"  # PhaseSpan.timing of a span on the GPU's clock
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +54,8 @@ class StepOverlap:
     overlap_s: float
     exposed_comm_s: float
     idle_s: float
-    blocked_s: float  # time the training thread was blocked in collectives within the step
+    blocked_s: float  # time the training thread (on GPU: the stream) was blocked in collectives
+    agent_s: float = 0.0  # zeromon's own time on the training thread, neither computation nor communication
 
     @property
     def overlap_ratio(self) -> float | None:
@@ -51,42 +68,107 @@ class StepOverlap:
 
 def step_overlaps(rec: Recording) -> tuple[StepOverlap, ...]:
     """One StepOverlap per summarized step of one rank's recording, in step order."""
-    compute_by_step: dict[int, list[Interval]] = defaultdict(list)
+    stream_compute: dict[int, list[Interval]] = defaultdict(list)
+    agent: dict[int, list[Interval]] = defaultdict(list)
     for span in rec.phases:
-        if span.step >= 0 and span.phase in COMPUTE_PHASES:
-            compute_by_step[span.step].append((span.start_ns, span.end_ns))
-    # One pass over two columns each: a recording holds up to a million collectives.
+        if span.step < 0:
+            continue
+        if span.phase == AGENT_PHASE:
+            agent[span.step].append((span.start_ns, span.end_ns))
+        elif span.timing == DEVICE_CLOCK:
+            # Any span on the GPU's clock puts its step on the stream's definition.
+            compute = stream_compute[span.step]
+            if span.phase in COMPUTE_PHASES:
+                compute.append((span.start_ns, span.end_ns))
+    # One pass over a few columns: a recording holds up to a million collectives.
     columns = rec.collective_columns()
     comm_u = merge([(issue, complete) for issue, complete in zip(columns.issue_ns, columns.complete_ns, strict=True)
                     if complete is not None and complete > issue])
-    # CollectiveEvent.blocked_interval_ns, for every event at once.
-    blocked_u = merge([(wait, wait + int(blocked * 1e9))
-                       for wait, blocked in zip(columns.wait_ns, columns.blocked_s, strict=True)
-                       if wait is not None and blocked > 0])
+    blocked_u = merge(blocked_intervals(columns))
     out = []
     for summary in sorted(rec.steps, key=lambda s: s.step):
         window = summary.start_ns, summary.end_ns
-        blocked_in_step = _within(blocked_u, window)
-        result = _overlap(_within(comm_u, window), compute_by_step.get(summary.step, ()), blocked_in_step, window)
+        result, blocked_s, agent_s = _overlap(_within(comm_u, window), _within(blocked_u, window),
+                                              agent.get(summary.step, ()), window,
+                                              stream_compute.get(summary.step))
         out.append(StepOverlap(
             rank=rec.rank, step=summary.step, step_s=result.window_s, comm_s=result.comm_s,
             comp_s=result.comp_s, overlap_s=result.overlap_s, exposed_comm_s=result.exposed_comm_s,
-            idle_s=result.idle_s, blocked_s=total(blocked_in_step) / 1e9,
+            idle_s=result.idle_s, blocked_s=blocked_s, agent_s=agent_s,
         ))
     return tuple(out)
 
 
-def overlap_in_step(comm: Iterable[Interval], compute: Iterable[Interval], blocked: Iterable[Interval],
-                    window: Interval) -> Overlap:
-    """One step's overlap from its raw intervals: what the agent computes live as each step ends."""
-    return _overlap(clip(merge(comm), window), compute, clip(merge(blocked), window), window)
+@dataclass(frozen=True, slots=True)
+class WarmUp:
+    """The collectives before the first step (step -1): model wrapping, parameter broadcasts,
+    ZeRO-3's initial gathers, and whatever a loop does before its first step. No step counts them."""
+
+    collectives: int
+    bytes: int  # the larger of bytes in and out, summed
+    blocked_s: float  # the training thread's time in their calls and waits
 
 
-def _overlap(comm_in_window: list[Interval], compute: Iterable[Interval], blocked_in_window: list[Interval],
-             window: Interval) -> Overlap:
-    """Computation is the compute phases minus the blocked time; both unions clipped to the window."""
-    comp = clip(subtract(merge(compute), blocked_in_window), window)
-    return overlap_of_merged(comm_in_window, comp, window)
+def warmup(columns: CollectiveColumns) -> WarmUp:
+    count = moved = 0
+    blocked: list[Interval] = []
+    for step, b_in, b_out, issue, issue_s, timing, wait, waited in zip(
+            columns.step, columns.bytes_in, columns.bytes_out, columns.issue_ns, columns.issue_s, columns.timing,
+            columns.wait_ns, columns.blocked_s, strict=True):
+        if step >= 0:
+            continue
+        count += 1
+        moved += b_in if b_in > b_out else b_out
+        if wait is not None and waited > 0:
+            blocked.append((wait, wait + int(waited * 1e9)))
+        if issue_s and (interval := issue_interval(issue, issue_s, timing)) is not None:
+            blocked.append(interval)
+    return WarmUp(collectives=count, bytes=moved, blocked_s=total(merge(blocked)) / 1e9)
+
+
+def blocked_intervals(columns: CollectiveColumns) -> list[Interval]:
+    """Every interval in which the calling thread (on GPU: the stream) was blocked on a collective:
+    its wait (CollectiveEvent.blocked_interval_ns) and, on the host, its issuing call
+    (CollectiveEvent.issue_interval_ns), for every event at once."""
+    out = [(wait, wait + int(blocked * 1e9))
+           for wait, blocked in zip(columns.wait_ns, columns.blocked_s, strict=True)
+           if wait is not None and blocked > 0]
+    for issue, issue_s, timing in zip(columns.issue_ns, columns.issue_s, columns.timing, strict=True):
+        if issue_s and (interval := issue_interval(issue, issue_s, timing)) is not None:
+            out.append(interval)
+    return out
+
+
+def overlap_in_step(comm: Iterable[Interval], blocked: Iterable[Interval], window: Interval,
+                    agent: Iterable[Interval] = (), stream_compute: Iterable[Interval] | None = None) -> Overlap:
+    """One step's overlap from its raw intervals: what the agent computes live as each step ends.
+
+    ``stream_compute``: the stream's compute phases for a step on the GPU's clock; None on the host."""
+    return _overlap(clip(merge(comm), window), clip(merge(blocked), window), agent, window, stream_compute)[0]
+
+
+def _overlap(comm_in_window: Sequence[Interval], blocked_in_window: Sequence[Interval], agent: Iterable[Interval],
+             window: Interval, stream_compute: Iterable[Interval] | None) -> tuple[Overlap, float, float]:
+    """(the overlap, the blocked seconds, the agent's seconds) of one step's merged, clipped intervals."""
+    parts = _parts(comm_in_window, blocked_in_window, agent, window, stream_compute)
+    return (overlap_of_merged(parts.comm, parts.comp, window), total(parts.blocked) / 1e9,
+            total(parts.agent) / 1e9)
+
+
+def _parts(comm_in_window: Sequence[Interval], blocked_in_window: Sequence[Interval], agent: Iterable[Interval],
+           window: Interval, stream_compute: Iterable[Interval] | None) -> StepIntervals:
+    agent_u = clip(merge(agent), window)
+    blocked = subtract(blocked_in_window, agent_u)
+    # The thread's time in a collective's calls is communication too (a wait on a collective that
+    # was already done, an issue call that outlasts nothing).
+    comm = subtract(merge([*comm_in_window, *blocked]), agent_u)
+    if stream_compute is None:  # on the host: all of the thread's time that is neither blocked nor zeromon's
+        comp = subtract(subtract([window], blocked), agent_u)
+    else:
+        comp = subtract(clip(subtract(merge(stream_compute), blocked), window), agent_u)
+    return StepIntervals(window=window, comm=tuple(comm), comp=tuple(comp),
+                         overlap=tuple(intersect(comm, comp)), exposed=tuple(subtract(comm, comp)),
+                         blocked=tuple(blocked), agent=tuple(agent_u))
 
 
 def _within(merged: list[Interval], window: Interval) -> list[Interval]:
@@ -110,19 +192,15 @@ class StepIntervals:
     """One step's intervals (ns) as its overlap is computed: what a timeline draws."""
 
     window: Interval
-    comm: tuple[Interval, ...]  # union of the collectives, clipped to the window
-    comp: tuple[Interval, ...]  # the compute phases minus the blocked time, clipped
+    comm: tuple[Interval, ...]  # union of the collectives and the thread's time in them, clipped
+    comp: tuple[Interval, ...]  # computation: see the module's docstring for each clock
     overlap: tuple[Interval, ...]  # communication hidden behind computation
     exposed: tuple[Interval, ...]  # communication not hidden: comm minus comp
-    blocked: tuple[Interval, ...]  # the training thread blocked in collectives (waits, sync calls)
+    blocked: tuple[Interval, ...]  # the training thread (GPU: the stream) blocked in collectives
+    agent: tuple[Interval, ...] = ()  # zeromon's own time on the training thread
 
 
-def step_intervals(comm: Iterable[Interval], compute: Iterable[Interval], blocked: Iterable[Interval],
-                   window: Interval) -> StepIntervals:
+def step_intervals(comm: Iterable[Interval], blocked: Iterable[Interval], window: Interval,
+                   agent: Iterable[Interval] = (), stream_compute: Iterable[Interval] | None = None) -> StepIntervals:
     """The intervals behind overlap_in_step's numbers: total(exposed) / 1e9 is its exposed_comm_s."""
-    comm_u = clip(merge(comm), window)
-    blocked_u = clip(merge(blocked), window)
-    comp = clip(subtract(merge(compute), blocked_u), window)
-    return StepIntervals(window=window, comm=tuple(comm_u), comp=tuple(comp),
-                         overlap=tuple(intersect(comm_u, comp)), exposed=tuple(subtract(comm_u, comp)),
-                         blocked=tuple(blocked_u))
+    return _parts(clip(merge(comm), window), clip(merge(blocked), window), agent, window, stream_compute)

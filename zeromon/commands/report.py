@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from zeromon.errors import ZeromonError
 from zeromon.model.units import format_bytes, parse_memory_size
@@ -115,6 +115,13 @@ def _pct(ratio: float | None) -> str:
     return "-" if ratio is None else f"{100 * ratio:.0f}%"
 
 
+def _span(values: Iterable[Any], show: Callable[[Any], str] = str) -> str:
+    """'82' or '82-84': the range of a per-rank value."""
+    seen = sorted(values)
+    lo, hi = show(seen[0]), show(seen[-1])
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
 def _risk(r: RankReport) -> str:
     """The OOM risk; '-' where there was nothing to forecast (no memory samples, no OOM recorded)."""
     from zeromon.analysis.findings import Severity
@@ -140,8 +147,14 @@ def format_run_report(report: RunReport) -> str:
                      f"{_ms(r.median_exposed_comm_s):>15} {_pct(r.median_exposed_share):>7} "
                      f"{_pct(r.median_overlap_ratio):>7} {format_bytes(r.peak_memory):>11} "
                      f"{format_bytes(r.capacity):>11} {_risk(r):<8} {busbw}")
-    lines.append("(medians per step over the steps after the first; exposed = communication not hidden behind "
-                 "compute, and its share of the step)")
+    lines.append("(medians per step over the steps after the first; exposed = the step time communication "
+                 "cost: the training thread's time blocked in collectives and waits (on GPU, communication not "
+                 "hidden behind the stream's compute), and its share of the step)")
+    warm = [r.warmup for r in report.ranks if r.warmup.collectives]
+    if warm:
+        lines.append(f"warm-up before the first step (in no step's numbers): {_span(w.collectives for w in warm)} "
+                     f"collectives, {_span((w.bytes for w in warm), format_bytes)}, "
+                     f"{_span((w.blocked_s * 1e3 for w in warm), lambda v: f'{v:.1f}')} ms blocked per rank")
     lines.extend(corrupt_lines_note(r.file, r.corrupt_lines) for r in report.ranks if r.corrupt_lines)
     if report.bandwidth:
         heaviest = sorted(report.bandwidth, key=lambda b: -b.total_bytes)[:BANDWIDTH_ROWS_SHOWN]

@@ -100,7 +100,8 @@ def _memory_figure(report: RunReport, recordings: Sequence[Recording], t0: int) 
 
 # The timeline's colours say what a bar is, the same in every report: phases in light tints,
 # communication by ZeRO meaning in strong colours of other hues.
-PHASE_COLOURS = {"setup": "#d9d9d9", "forward": "#c6dbef", "backward": "#c7e9c0", "optimizer": "#fdd0a2"}
+PHASE_COLOURS = {"setup": "#d9d9d9", "forward": "#c6dbef", "backward": "#c7e9c0", "optimizer": "#fdd0a2",
+                 "other": "#f0f0f0", "agent": "#bcbddc"}
 MEANING_COLOURS = {"param_all_gather": "#6a3d9a", "grad_reduce_scatter": "#e7298a", "grad_all_reduce": "#8c510a",
                    "param_broadcast": "#01665e", "unknown": "#525252"}
 OTHER_COLOURS = {"phase": "#f0f0f0", "comm": "#252525"}

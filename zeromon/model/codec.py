@@ -38,7 +38,8 @@ from zeromon.model.events import (
 )
 
 FORMAT_NAME = "zeromon-recording"
-FORMAT_VERSION = "1.1"  # 1.1: PhaseSpan.timing; StepSummary.comp_s, overlap_s, exposed_comm_s
+FORMAT_VERSION = "1.2"  # 1.1: PhaseSpan.timing; StepSummary.comp_s, overlap_s, exposed_comm_s
+# 1.2: CollectiveEvent.issue_s; the "agent" phase; exposed communication as the training thread's blocked time
 _MAJOR = FORMAT_VERSION.split(".")[0]
 
 # The kind tag of each record type on the wire. Tags never change meaning within a major version.
@@ -147,6 +148,7 @@ class CollectiveColumns:
     timing: Sequence[str]
     meaning: Sequence[str]
     wait_ns: Sequence[int | None]
+    issue_s: Sequence[float | None]
 
     def __len__(self) -> int:
         return len(self.seq)

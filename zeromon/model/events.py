@@ -16,11 +16,15 @@ from typing import Any
 class Phase(str, Enum):
     """Where in a training step something happened."""
 
-    SETUP = "setup"  # before the first step: model wrapping, parameter broadcasts, ZeRO-3 init
+    # The warm-up, before the first step (step -1): model wrapping, parameter broadcasts, ZeRO-3 init,
+    # and whatever a loop does before the first forward of its root module (or before its first
+    # ``zeromon_agent.step()``).
+    SETUP = "setup"
     FORWARD = "forward"
     BACKWARD = "backward"
     OPTIMIZER = "optimizer"
-    OTHER = "other"  # between phases: data loading, loss, zero_grad, gradient clipping
+    OTHER = "other"  # the rest of a step: data loading, loss, zero_grad, clipping, a loop's own code
+    AGENT = "agent"  # zeromon's own work on the training thread (memory samples, category walks)
 
 
 class ZeroMeaning(str, Enum):
@@ -101,6 +105,9 @@ class CollectiveEvent:
     # Work.wait() for an async one; None if nobody waited. [wait_ns, wait_ns + blocked_s] is the
     # time the rank could not compute because of this collective.
     wait_ns: int | None = None
+    # Seconds the calling thread spent inside the call that issued it, on the host's clock (for a
+    # synchronous call, its whole duration). None in recordings older than format 1.2.
+    issue_s: float | None = None
 
     @property
     def blocked_interval_ns(self) -> tuple[int, int] | None:
@@ -109,10 +116,27 @@ class CollectiveEvent:
         return self.wait_ns, self.wait_ns + int(self.blocked_s * 1e9)
 
     @property
+    def issue_interval_ns(self) -> tuple[int, int] | None:
+        """The issuing call on the host's clock; None where issue_ns is on the GPU's (the stream does
+        not wait for the host to issue) or the call's length is unknown."""
+        return issue_interval(self.issue_ns, self.issue_s, self.timing)
+
+    @property
     def duration_s(self) -> float | None:
         if self.complete_ns is None:
             return None
         return max(0.0, (self.complete_ns - self.issue_ns) / 1e9)
+
+
+# Timings whose issue_ns is the GPU's clock, not the host call's.
+DEVICE_TIMINGS = frozenset({Timing.CUDA_EVENT.value, Timing.NCCL_HOOK.value})
+
+
+def issue_interval(issue_ns: int, issue_s: float | None, timing: str) -> tuple[int, int] | None:
+    """CollectiveEvent.issue_interval_ns from the three columns it reads."""
+    if not issue_s or issue_s <= 0 or timing in DEVICE_TIMINGS:
+        return None
+    return issue_ns, issue_ns + int(issue_s * 1e9)
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,9 +3,9 @@ the overlap, exposed and blocked intervals exactly as the step's overlap is comp
 communication and overlap per step, and the bytes each step moved by ZeRO meaning.
 
 The intervals come from zeromon.analysis.step_overlap.step_intervals fed with what step_overlaps
-feeds its sweep (the collectives' [issue, completion], the step's forward/backward/optimizer spans,
-the blocked intervals, the StepSummary's window), so the exposed time a timeline draws is the
-recorded step's exposed_comm_s and `zeromon report`'s.
+feeds it (the collectives' [issue, completion], the blocked intervals, zeromon's own spans, on the
+GPU the stream's compute phases, the StepSummary's window), so the exposed time a timeline draws is
+the recorded step's exposed_comm_s and `zeromon report`'s.
 """
 
 from __future__ import annotations
@@ -14,7 +14,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from zeromon.analysis.intervals import Interval, total
-from zeromon.analysis.step_overlap import COMPUTE_PHASES, StepIntervals, step_intervals
+from zeromon.analysis.step_overlap import (
+    AGENT_PHASE,
+    COMPUTE_PHASES,
+    DEVICE_CLOCK,
+    StepIntervals,
+    step_intervals,
+)
 from zeromon.model.codec import CollectiveColumns
 from zeromon.model.events import CollectiveEvent, PhaseSpan, StepSummary
 from zeromon.views.run_data import RankHistory, RunData
@@ -26,7 +32,7 @@ class RankStep:
 
     rank: int
     summary: StepSummary
-    phases: tuple[PhaseSpan, ...]  # the step's compute phases (forward, backward, optimizer)
+    phases: tuple[PhaseSpan, ...]  # the step's phases, in time order
     collectives: tuple[CollectiveEvent, ...]  # issued in the step, in issue order
     intervals: StepIntervals
 
@@ -71,8 +77,7 @@ def _near_window(history: RankHistory, step: int, window: Interval) -> list[Coll
 
 
 def _blocked_end(c: CollectiveEvent) -> int:
-    interval = c.blocked_interval_ns
-    return interval[1] if interval else 0
+    return max((b[1] for b in (c.blocked_interval_ns, c.issue_interval_ns) if b is not None), default=0)
 
 
 def rank_step(history: RankHistory, step: int) -> RankStep | str:
@@ -81,15 +86,18 @@ def rank_step(history: RankHistory, step: int) -> RankStep | str:
     if summary is None:
         where = "recorded" if history.complete else "held by this dashboard"
         return f"rank {history.rank}: step {step + 1} is not {where} ({_held(history)})"
-    phases = tuple(p for p in history.step_phases(step) if p.phase in COMPUTE_PHASES)
+    phases = tuple(sorted(history.step_phases(step), key=lambda p: p.start_ns))
     if not phases and not history.complete:
         return f"rank {history.rank}: the phases of step {step + 1} are no longer held (the agents keep recent ones)"
     own = history.step_collectives(step)
     window = (summary.start_ns, summary.end_ns)
     events = own + _near_window(history, step, window)
     comm = [(c.issue_ns, c.complete_ns) for c in events if c.complete_ns is not None]
-    blocked = [b for c in events if (b := c.blocked_interval_ns) is not None]
-    intervals = step_intervals(comm, [(p.start_ns, p.end_ns) for p in phases], blocked, window)
+    blocked = [b for c in events for b in (c.blocked_interval_ns, c.issue_interval_ns) if b is not None]
+    agent = [(p.start_ns, p.end_ns) for p in phases if p.phase == AGENT_PHASE]
+    on_stream = any(p.timing == DEVICE_CLOCK for p in phases)
+    stream_compute = [(p.start_ns, p.end_ns) for p in phases if p.phase in COMPUTE_PHASES] if on_stream else None
+    intervals = step_intervals(comm, blocked, window, agent=agent, stream_compute=stream_compute)
     return RankStep(rank=history.rank, summary=summary, phases=phases, collectives=tuple(own), intervals=intervals)
 
 

@@ -27,7 +27,7 @@ from zeromon_dashboard.figures.style import (
 POINTS_PER_TRACE = 2000  # a longer series is decimated (MinMaxLTTB keeps its peaks)
 # What a timeline marks besides phases and collectives, in the band's third row.
 MARK_COLOURS = {"overlap": "#31a354", "exposed": "#d62728", "blocked": "#636363"}
-_PHASE_ORDER = ("forward", "backward", "optimizer")
+_PHASE_ORDER = ("forward", "backward", "optimizer", "other", "agent")
 _ROW_PX = 26
 
 
