@@ -160,3 +160,70 @@ def test_functional_collectives_of_dtensor_are_recorded(tmp_path: Path) -> None:
     """)
     assert result["total"] == 64.0
     assert result["events"] == [["funcol.all_reduce", "all_reduce", 256, True, "wait"]]
+
+
+def test_an_explicit_step_opens_at_entry_and_the_issue_call_counts_as_blocked(tmp_path: Path) -> None:
+    """`zeromon_agent.step()` around a loop with no module, autograd or optimizer: the step is the
+    block (the first one too), and its exposed communication is the thread's time in the issue call
+    and the wait, not the collective's length, nor the compute zeromon cannot see."""
+    result = _run(tmp_path, """
+        out_dir, port = sys.argv[1], int(sys.argv[2])
+        init(port=port)
+        zeromon_agent.attach(out_dir=out_dir)
+        x, a = torch.ones(1 << 16), torch.randn(256, 256)
+        walls = []
+        for i in range(3):
+            t0 = time.time_ns()
+            with zeromon_agent.step():
+                work = dist.all_reduce(x, async_op=True)
+                for _ in range(20):
+                    a = torch.tanh(a @ a)        # compute outside any module
+                time.sleep(0.02)
+                work.wait()
+            walls.append(time.time_ns() - t0)
+        zeromon_agent.detach()
+        rec = read_recording(os.path.join(out_dir, "rank-0.jsonl"))
+        from zeromon.analysis.step_overlap import step_overlaps
+        print(json.dumps({
+            "walls": walls,
+            "steps": [[s.step, s.end_ns - s.start_ns, s.exposed_comm_s, s.blocked_s] for s in rec.steps],
+            "analysed": [[o.step, o.exposed_comm_s, o.comp_s] for o in step_overlaps(rec)],
+            "events": [[e.step, e.phase, e.issue_s, e.blocked_s] for e in rec.collectives],
+        }))
+    """)
+    assert [s[0] for s in result["steps"]] == [0, 1, 2]
+    for (_, length, exposed, blocked), wall, (_, analysed, comp), (_, phase, issue_s, waited) in zip(
+            result["steps"], result["walls"], result["analysed"], result["events"], strict=True):
+        assert 0.9 * wall <= length <= wall, (length, wall)  # the first step too (it was 0.1 ms long)
+        assert phase == "other" and issue_s > 0
+        assert abs(exposed - (issue_s + waited)) < 5e-6 and abs(blocked - exposed) < 5e-6, (exposed, issue_s, waited)
+        assert abs(analysed - exposed) < 5e-6 and comp > 0.02
+
+
+def test_an_async_collective_seen_done_at_a_phase_change_is_bounded_there(tmp_path: Path) -> None:
+    """Without a completion callback, the first phase change that finds the collective complete
+    bounds its end, not the wait that comes much later."""
+    result = _run(tmp_path, """
+        out_dir, port = sys.argv[1], int(sys.argv[2])
+        init(port=port)
+        model = torch.nn.Linear(64, 64)
+        zeromon_agent.attach(model=model, out_dir=out_dir, async_sample_every=0)
+        x = torch.ones(1 << 10)
+        for i in range(3):
+            work = dist.all_reduce(x, async_op=True)
+            time.sleep(0.01)                      # done by now (world 1, 4 KiB)
+            model(torch.randn(8, 64)).sum().backward()
+            time.sleep(0.03)
+            work.wait()
+            model.zero_grad()
+        zeromon_agent.detach()
+        rec = read_recording(os.path.join(out_dir, "rank-0.jsonl"))
+        forwards = [p.start_ns for p in rec.phases if p.phase == "forward"]
+        print(json.dumps([[e.timing, e.complete_ns - e.issue_ns, e.wait_ns - e.complete_ns,
+                           min(f - e.complete_ns for f in forwards if f >= e.issue_ns)]
+                          for e in rec.collectives]))
+    """)
+    for timing, length, before_wait, before_forward in result:
+        assert timing == "bound"
+        assert length < 0.02e9 and before_wait > 0.03e9, (length, before_wait)
+        assert before_forward >= -1e6, before_forward  # by the forward's start (1 ms for the clock pair)

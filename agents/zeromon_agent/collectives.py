@@ -177,6 +177,9 @@ def _record_async(state: HotState, api: str, op: str, t0: int, t1: int, b_in: in
         pending = state.pending
         if len(pending) < state.pending_capacity:
             pending[id(result)] = seq
+            works = state.works
+            if len(works) < state.pending_capacity:
+                works[seq] = result
             if cuda is not None:  # its wait is marked on the stream (make_wait)
                 state.cuda_timing.awaiting.add(seq)
         every = state.async_sample_every
@@ -248,6 +251,7 @@ def make_wait(orig_wait: Callable[..., Any], state: HotState = STATE) -> Callabl
         seq = pending.pop(id(self), None)
         if seq is None:
             return orig_wait(self, *args, **kwargs)
+        state.works.pop(seq, None)
         try:
             done_before = self.is_completed()
         except Exception:  # noqa: BLE001

@@ -20,7 +20,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from zeromon_agent.state import RAW_AGENT, RAW_PHASE, RAW_STEP_END, RAW_STEP_START, STATE, HotState, perf_ns
+from zeromon_agent.state import (
+    RAW_AGENT,
+    RAW_PHASE,
+    RAW_SEEN_DONE,
+    RAW_STEP_END,
+    RAW_STEP_START,
+    STATE,
+    HotState,
+    perf_ns,
+)
 
 # zeromon's work at a boundary shorter than this is not recorded as an `agent` span (two clock
 # reads and a comparison are all it costs then).
@@ -48,7 +57,24 @@ class PhaseTracker:
         if state.enabled and state.phase != phase:
             state.phase = phase
             timer = state.cuda_timing  # on GPU the boundary is also marked on the stream
-            state.push_control((RAW_PHASE, phase, perf_ns(), state.step, timer.mark() if timer is not None else None))
+            t = perf_ns()
+            state.push_control((RAW_PHASE, phase, t, state.step, timer.mark() if timer is not None else None))
+            if state.works:
+                self._look_at_works(t)
+
+    def _look_at_works(self, t: int) -> None:
+        """Bound the completion of the async collectives in flight: one found complete now was done
+        by ``t`` (a few is_completed() calls per phase change; the exact time needs a callback)."""
+        works = self.state.works
+        try:
+            done = [seq for seq, work in works.items() if work.is_completed()]
+        except Exception as exc:  # noqa: BLE001
+            self.state.hook_error("is_completed", exc)
+            works.clear()
+            return
+        for seq in done:
+            del works[seq]
+            self.state.push((RAW_SEEN_DONE, seq, t))
 
     def begin_training(self) -> None:
         if self.state.step < 0:

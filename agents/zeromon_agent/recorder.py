@@ -39,6 +39,7 @@ from zeromon_agent.state import (
     RAW_MEMORY,
     RAW_OOM,
     RAW_PHASE,
+    RAW_SEEN_DONE,
     RAW_STEP_END,
     RAW_STEP_START,
     RAW_WAIT,
@@ -68,6 +69,7 @@ class _Inflight:
     raw: tuple[Any, ...]
     wait: tuple[Any, ...] | None = None
     done_ns: int | None = None  # perf ns from a sampled completion callback
+    done_by: int | None = None  # perf ns of a phase change at which it was found complete
 
 
 @dataclass(slots=True)
@@ -161,6 +163,7 @@ class Recorder:
         self._inflight: dict[int, _Inflight] = {}
         self._orphan_waits: dict[int, tuple[Any, ...]] = {}
         self._orphan_done: dict[int, int] = {}
+        self._orphan_seen: dict[int, int] = {}
         self._steps: dict[int, _StepAcc] = {}
         self._emitted_through = -1  # steps up to this one are summarized; later events skip them
         self._phase: tuple[str, _Mark, int] | None = None  # (phase, its start, step)
@@ -268,6 +271,8 @@ class Recorder:
                 self._on_wait(item)
             elif kind == RAW_DONE:
                 self._on_done(item)
+            elif kind == RAW_SEEN_DONE:
+                self._on_seen_done(item)
             elif kind == RAW_PHASE:
                 self._on_phase(item)
             elif kind == RAW_STEP_END:
@@ -303,6 +308,7 @@ class Recorder:
         wait = self._orphan_waits.pop(seq, None)
         done = self._orphan_done.pop(seq, None)
         entry.wait, entry.done_ns = wait, done
+        entry.done_by = self._orphan_seen.pop(seq, None)
         self._inflight[seq] = entry
         self._try_finalize_async(seq, entry)
 
@@ -325,6 +331,15 @@ class Recorder:
             return
         entry.done_ns = item[2]
         self._try_finalize_async(seq, entry)
+
+    def _on_seen_done(self, item: tuple[Any, ...]) -> None:
+        seq = item[1]
+        entry = self._inflight.get(seq)
+        if entry is None:
+            if len(self._orphan_seen) < 65536:
+                self._orphan_seen[seq] = item[2]
+            return
+        entry.done_by = item[2]
 
     def _try_finalize_async(self, seq: int, entry: _Inflight, now: int | None = None) -> bool:
         item, wait = entry.raw, entry.wait
@@ -358,8 +373,9 @@ class Recorder:
         blocked = (w1 - w0) / 1e9
         if entry.done_ns is not None:
             self._finalize(item, entry.done_ns, blocked, Timing.CALLBACK.value, wait_perf=w0)
-        elif done_before:
-            self._finalize(item, w0, blocked, Timing.BOUND.value, wait_perf=w0)
+        elif done_before:  # done by the wait's start, or by an earlier phase change where it was seen done
+            done_by = w0 if entry.done_by is None else min(w0, entry.done_by)
+            self._finalize(item, done_by, blocked, Timing.BOUND.value, wait_perf=w0)
         else:
             self._finalize(item, w1, blocked, Timing.WAIT.value, wait_perf=w0)
         return True
@@ -401,6 +417,8 @@ class Recorder:
                         self.state.pending.pop(id(work), None)
                     if entry.done_ns is not None:
                         self._finalize(item, entry.done_ns, 0.0, Timing.CALLBACK.value)
+                    elif entry.done_by is not None:
+                        self._finalize(item, min(now, entry.done_by), 0.0, Timing.BOUND.value)
                     else:
                         self._finalize(item, now if completed else None, 0.0,
                                        Timing.POLL.value if completed else Timing.UNKNOWN.value)

@@ -19,6 +19,7 @@ RAW_COLLECTIVE = 0  # (kind, seq, api, op, t0, t1, bytes_in, bytes_out, dtype, g
 RAW_WAIT = 1  # (kind, seq, t_wait_start, t_wait_end, completed_before_wait, cuda_end_event[,
 #                cuda_wait_start_event])
 RAW_DONE = 2  # (kind, seq, t_done)             a sampled completion callback fired
+RAW_SEEN_DONE = 9  # (kind, seq, t)   an async collective was found complete at a phase change: done by t
 RAW_PHASE = 3  # (kind, phase, t, step[, cuda_event])   the phase changed at t
 RAW_STEP_END = 4  # (kind, step, t, cuda_event, explicit)   step `step` ended at t
 RAW_MEMORY = 5  # (kind, phase, step, t, sample_fields)
@@ -41,6 +42,7 @@ class HotState:
         "recorded",
         "pending",
         "pending_capacity",
+        "works",
         "async_sample_every",
         "async_count",
         "hook_errors",
@@ -66,6 +68,9 @@ class HotState:
         # id(Work) -> seq of the async collective that returned it, until it is waited on.
         self.pending: dict[int, int] = {}
         self.pending_capacity = 8192
+        # seq -> Work of the async collectives in flight (bounded like pending): looked at, at each phase
+        # change, to bound the completion of those that nobody has waited on yet.
+        self.works: dict[int, Any] = {}
         self.async_sample_every = 16
         self.async_count = 0
         self.hook_errors = 0
