@@ -221,3 +221,63 @@ def test_ddp_buckets_are_waited_on_the_gpu_clock(tmp_path: Path) -> None:
     assert r["timings"] == ["cuda_event"] and r["waited"] == r["buckets"], r
     assert r["hook_errors"] == 0, r
     assert r["capacity"] == r["total"], r
+
+
+def test_an_explicit_step_loop_on_the_gpu_clock(tmp_path: Path) -> None:
+    """A `zeromon_agent.step()` loop of plain tensor code (no module, autograd or optimizer) on the
+    GPU: each step is the block on the stream's clock, the stream's time in it is computation but
+    its waits, and the async collectives' issue calls are recorded without counting on the stream."""
+    script = tmp_path / "gpu_explicit.py"
+    script.write_text(textwrap.dedent("""
+        import json, os, sys, torch, torch.distributed as dist
+        import zeromon_agent
+        from zeromon.model import read_recording
+        from zeromon.analysis.step_overlap import step_overlaps
+        torch.cuda.set_device(0)
+        dist.init_process_group("nccl", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{sys.argv[2]}")
+        zeromon_agent.attach(out_dir=sys.argv[1], device_interval_s=0)
+        x = torch.ones(1 << 22, device="cuda")
+        blocks = []
+        for _ in range(6):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with zeromon_agent.step():
+                start.record()
+                work = dist.all_reduce(x, async_op=True)
+                torch.cuda._sleep(40_000_000)          # tens of ms of the stream's time, outside any module
+                work.wait()
+                dist.all_reduce(x)
+                end.record()
+            blocks.append((start, end))
+        torch.cuda.synchronize()
+        zeromon_agent.detach()
+        rec = read_recording(os.path.join(sys.argv[1], "rank-0.jsonl"))
+        analysed = {o.step: o for o in step_overlaps(rec)}
+        steps = sorted(rec.steps, key=lambda s: s.step)
+        print(json.dumps({
+            "block_s": [a.elapsed_time(b) / 1e3 for a, b in blocks],
+            "steps": [s.step for s in steps],
+            "step_s": [s.duration_s for s in steps],
+            # step 0 opens before the first CUDA collective turns the stream's marks on
+            "phase_timings": sorted({str(p.timing) for p in rec.phases if p.step >= 1}),
+            "comp_s": [analysed[s.step].comp_s for s in steps],
+            "live_exposed": [s.exposed_comm_s for s in steps],
+            "analysed_exposed": [analysed[s.step].exposed_comm_s for s in steps],
+            "comm_s": [analysed[s.step].comm_s for s in steps],
+            "timings": sorted({e.timing for e in rec.collectives}),
+            "issue_s": [e.issue_s for e in rec.collectives],
+            "hook_errors": rec.stats.hook_errors if rec.stats else None,
+        }))
+    """))
+    out = run_python(script, str(tmp_path), str(free_port()), env=child_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["steps"] == list(range(6)), r
+    assert r["phase_timings"] == ["cuda_event"] and r["timings"] == ["cuda_event"], r
+    assert all(s is not None and s > 0 for s in r["issue_s"]), r
+    assert r["hook_errors"] == 0, r
+    for block, step, comp in zip(r["block_s"][1:], r["step_s"][1:], r["comp_s"][1:], strict=True):
+        assert abs(step - block) <= 0.05 * block + 0.002, r  # the block, on the stream's clock
+        assert comp >= 0.9 * block - 0.002, r  # the stream's time in the block counts as computation
+    for live, analysed, comm in zip(r["live_exposed"], r["analysed_exposed"], r["comm_s"], strict=True):
+        assert live is not None and abs(live - analysed) <= 1e-4 + 0.05 * comm, r
+        assert 0 <= analysed <= comm + 1e-6, r

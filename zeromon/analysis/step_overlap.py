@@ -16,7 +16,9 @@ of whatever communication holds up:
   the stream: the agent marks phase boundaries and collectives with CUDA events on the current
   stream, computation is the stream's time in the forward, backward and optimizer phases minus the
   time the stream waited for a collective, and exposed communication is the communication union
-  minus that (PhaseSpan.timing and CollectiveEvent.timing say which clock each interval is on).
+  minus that (PhaseSpan.timing and CollectiveEvent.timing say which clock each interval is on). A
+  step with none of those phases (a ``zeromon_agent.step()`` loop of plain tensor code) counts the
+  stream's whole step but its waits as computation.
 
 Communication is each collective's [issue, completion] interval, and on the host also the time the
 thread spent in its calls. Everything is clipped to the step's window: a step opens where the
@@ -162,10 +164,14 @@ def _parts(comm_in_window: Sequence[Interval], blocked_in_window: Sequence[Inter
     # The thread's time in a collective's calls is communication too (a wait on a collective that
     # was already done, an issue call that outlasts nothing).
     comm = subtract(merge([*comm_in_window, *blocked]), agent_u)
-    if stream_compute is None:  # on the host: all of the thread's time that is neither blocked nor zeromon's
+    on_stream = merge(stream_compute) if stream_compute is not None else []
+    if not on_stream:
+        # On the host: all of the thread's time that is neither blocked nor zeromon's. Likewise on the
+        # stream for a step with no forward, backward or optimizer phase (a zeromon_agent.step() loop
+        # of plain tensor code): the stream's whole step but its waits.
         comp = subtract(subtract([window], blocked), agent_u)
     else:
-        comp = subtract(clip(subtract(merge(stream_compute), blocked), window), agent_u)
+        comp = subtract(clip(subtract(on_stream, blocked), window), agent_u)
     return StepIntervals(window=window, comm=tuple(comm), comp=tuple(comp),
                          overlap=tuple(intersect(comm, comp)), exposed=tuple(subtract(comm, comp)),
                          blocked=tuple(blocked), agent=tuple(agent_u))
