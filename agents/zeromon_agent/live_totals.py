@@ -52,7 +52,7 @@ class LiveTotals:
             totals = self.collectives[key] = CollectiveTotals()
         totals.calls += 1
         totals.bytes += max(event.bytes_in, event.bytes_out)
-        totals.blocked_s += event.blocked_s
+        totals.blocked_s += event.thread_blocked_s
         if duration_s is not None:
             totals.timed_calls += 1
             totals.seconds += duration_s

@@ -116,7 +116,8 @@ class AgentCollector(Collector):
         nbytes = CounterMetricFamily("zeromon_collective_bytes", "Bytes moved by collectives (the larger of "
                                      "input and output per call), by op and ZeRO meaning.", labels=labels)
         blocked = CounterMetricFamily("zeromon_collective_blocked_seconds", "Time the training thread was "
-                                      "blocked waiting on collectives, by op and ZeRO meaning.", labels=labels)
+                                      "blocked in collectives (their calls and waits; on GPU, the stream's waits), by "
+                                      "op and ZeRO meaning.", labels=labels)
         duration = HistogramMetricFamily("zeromon_collective_duration_seconds", "Collective duration, issue to "
                                          "completion, of the calls whose completion was observed.", labels=labels)
         merged: dict[tuple[str, str], list[float]] = {}

@@ -116,6 +116,14 @@ class CollectiveEvent:
         return self.wait_ns, self.wait_ns + int(self.blocked_s * 1e9)
 
     @property
+    def thread_blocked_s(self) -> float:
+        """The time this collective cost its caller (on GPU, the stream): its wait, and for an async
+        call on the host the issue call too (a synchronous call's is its wait)."""
+        if self.async_op and self.issue_interval_ns is not None and self.issue_s:
+            return self.blocked_s + self.issue_s
+        return self.blocked_s
+
+    @property
     def issue_interval_ns(self) -> tuple[int, int] | None:
         """The issuing call on the host's clock; None where issue_ns is on the GPU's (the stream does
         not wait for the host to issue) or the call's length is unknown."""

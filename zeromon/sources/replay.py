@@ -129,7 +129,7 @@ def _collective_totals(rec: Recording) -> tuple[list[_Totals], dict[str, array[i
         t = event.complete_ns if event.complete_ns is not None else event.issue_ns
         duration = event.duration_s if event.timing != Timing.UNKNOWN.value else None
         per_key.setdefault((event.op, event.meaning), []).append(
-            (t, max(event.bytes_in, event.bytes_out), duration or 0.0, event.blocked_s))
+            (t, max(event.bytes_in, event.bytes_out), duration or 0.0, event.thread_blocked_s))
         bandwidth = event_bandwidth(event) if duration else None
         if bandwidth is not None:
             per_op.setdefault(event.op, []).append((t, bandwidth[1]))
