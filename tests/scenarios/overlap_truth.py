@@ -6,6 +6,8 @@ Each step: a root module's forward (known compute) and one all-reduce placed by 
            it overlaps (exposed ~ 0);
 - partial: an async all-reduce issued before a forward shorter than it: the forward overlaps,
            the rest is exposed (the wait).
+Exposed is the training thread's own stopwatch around the issue call and the wait (what zeromon
+calls exposed on the host); overlap is the rest of the collective's issue-to-completion time.
 The script times its own forward and collective and writes the truth per step to
 TRUTH_DIR/truth-<rank>.json, for the test to compare with what zeromon's analysis derives from
 the recording.
@@ -74,19 +76,24 @@ def main() -> None:
                     overlap = 0
                 else:
                     work = dist.all_reduce(payload, async_op=True)
+                    issued = time.time_ns()
                     done: list[int] = []
                     # The script's own completion time: a callback when the collective completes.
                     work.get_future().add_done_callback(lambda _f, done=done: done.append(time.time_ns()))
                     f0 = time.time_ns()
                     model(x)
                     f1 = time.time_ns()
+                    w0 = time.time_ns()
                     work.wait()
+                    w1 = time.time_ns()
                     while not done:  # the callback runs on gloo's thread right after completion
                         time.sleep(0.0001)
                     end = done[0]
                     comm = (t_issue, end)
-                    overlap = max(0, min(end, f1) - max(t_issue, f0))
-                    exposed = (end - t_issue) - overlap
+                    # Exposed: the time this thread could do nothing else, in the issue call and the
+                    # wait; the rest of the collective ran on gloo's threads while this one worked.
+                    exposed = (issued - t_issue) + (w1 - w0)
+                    overlap = (end - t_issue) - exposed
                 truth.append({"step": step, "comm_s": (comm[1] - comm[0]) / 1e9, "forward_s": (f1 - f0) / 1e9,
                               "exposed_s": exposed / 1e9, "overlap_s": overlap / 1e9})
     zeromon_agent.detach()
