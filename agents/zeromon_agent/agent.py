@@ -356,7 +356,16 @@ class Agent:
 
         if self.config.memory_history:
             try:
-                torch.cuda.memory._record_memory_history(max_entries=100000)
+                # A program that records the allocator's history already chose its own max_entries,
+                # context and stacks; calling _record_memory_history again would replace them. Its
+                # history serves the OOM snapshot as it is.
+                already = getattr(torch._C, "_cuda_isHistoryEnabled", None)
+                if already is not None and already():
+                    if self.recorder is not None:
+                        self.recorder.notice("info", "cuda", "allocator history already on: the program's "
+                                             "settings are kept for the OOM snapshot")
+                else:
+                    torch.cuda.memory._record_memory_history(max_entries=100000)
             except Exception as exc:  # noqa: BLE001
                 if self.recorder is not None:
                     self.recorder.notice("warning", "cuda", f"allocator history unavailable: {exc}")
