@@ -269,7 +269,7 @@ def make_wait(orig_wait: Callable[..., Any], state: HotState = STATE) -> Callabl
             t1 = perf_ns()
             try:
                 cuda_end = timer.after_wait() if timer is not None else None
-                state.push((RAW_WAIT, seq, t0, t1, done_before, cuda_end, cuda_start))
+                state.push((RAW_WAIT, seq, t0, t1, done_before, cuda_end, cuda_start, state.step))
             except Exception as exc:  # noqa: BLE001
                 state.hook_error("Work.wait", exc)
 
@@ -359,7 +359,7 @@ def make_wait_tensor(orig: Callable[..., Any], state: HotState = STATE) -> Calla
             return orig(tensor)
         finally:
             try:
-                state.push((RAW_WAIT, seq, t0, perf_ns(), False, None))
+                state.push((RAW_WAIT, seq, t0, perf_ns(), False, None, None, state.step))
             except Exception as exc:  # noqa: BLE001
                 state.hook_error("wait_tensor", exc)
 

@@ -346,8 +346,7 @@ class Recorder:
         sampled = item[15]
         if wait is None:
             return False
-        _, _, w0, w1, done_before, cuda_end = wait[:6]
-        cuda_wait = wait[6] if len(wait) > 6 else None
+        _, _, w0, w1, done_before, cuda_end, cuda_wait, wait_step = wait
         cuda = item[14]
         if cuda is not None and self.cuda_timer is not None and cuda_end is not None:
             resolved = self.cuda_timer.resolve(cuda[0], cuda_end)
@@ -359,10 +358,10 @@ class Recorder:
                 waited = self.cuda_timer.resolve_one(cuda_wait)
                 stream_wait = None if waited is None else (waited, max(0, resolved[1] - waited) / 1e9)
                 self._finalize(item, None, (w1 - w0) / 1e9, Timing.CUDA_EVENT.value, unix_span=resolved,
-                               extra_event=cuda_end, wait_perf=w0, stream_wait=stream_wait,
+                               extra_event=cuda_end, wait_perf=w0, wait_step=wait_step, stream_wait=stream_wait,
                                wait_event=cuda_wait)
             else:  # at exit, or a GPU that never got there: the host's wait times stand in
-                self._finalize(item, w1, (w1 - w0) / 1e9, Timing.WAIT.value, extra_event=cuda_end, wait_perf=w0,
+                self._finalize(item, w1, (w1 - w0) / 1e9, Timing.WAIT.value, extra_event=cuda_end, wait_perf=w0, wait_step=wait_step,
                                wait_event=cuda_wait)
             return True
         if cuda_wait is not None and self.cuda_timer is not None:
@@ -372,12 +371,12 @@ class Recorder:
         del self._inflight[seq]
         blocked = (w1 - w0) / 1e9
         if entry.done_ns is not None:
-            self._finalize(item, entry.done_ns, blocked, Timing.CALLBACK.value, wait_perf=w0)
+            self._finalize(item, entry.done_ns, blocked, Timing.CALLBACK.value, wait_perf=w0, wait_step=wait_step)
         elif done_before:  # done by the wait's start, or by an earlier phase change where it was seen done
             done_by = w0 if entry.done_by is None else min(w0, entry.done_by)
-            self._finalize(item, done_by, blocked, Timing.BOUND.value, wait_perf=w0)
+            self._finalize(item, done_by, blocked, Timing.BOUND.value, wait_perf=w0, wait_step=wait_step)
         else:
-            self._finalize(item, w1, blocked, Timing.WAIT.value, wait_perf=w0)
+            self._finalize(item, w1, blocked, Timing.WAIT.value, wait_perf=w0, wait_step=wait_step)
         return True
 
     def _check_inflight(self, final: bool) -> None:
@@ -462,9 +461,10 @@ class Recorder:
     def _finalize(self, item: tuple[Any, ...], complete_perf: int | None, blocked_s: float, timing: str,
                   unix_span: tuple[int, int] | None = None, extra_event: Any = None,
                   wait_perf: int | None = None, stream_wait: tuple[int, float] | None = None,
-                  wait_event: Any = None) -> None:
+                  wait_event: Any = None, wait_step: int | None = None) -> None:
         """``stream_wait`` (GPU): when the CUDA stream began waiting for the collective and how long;
-        it replaces the host's wait, since on GPU it is the stream that cannot compute meanwhile."""
+        it replaces the host's wait, since on GPU it is the stream that cannot compute meanwhile.
+        ``wait_step``: the step the thread was in when it waited, if not the one it issued in."""
         (_, seq, api, op, t0, t1, b_in, b_out, dtype, group, async_op, _work, phase, step, cuda,
          _sampled) = item
         if self.cuda_timer is not None and (cuda is not None or extra_event is not None or wait_event is not None):
@@ -489,27 +489,35 @@ class Recorder:
         )
         self.events_finalized += 1
         self._publish_collective(event)
-        if step > self._emitted_through:
+        # Counted in the step it was issued in; its time in every step it spans (waited on in a later
+        # step, or issued in the warm-up and waited on in the first step).
+        emitted = self._emitted_through
+        last = max(step, wait_step if wait_step is not None else step)
+        if step > emitted:
             acc = self._step_acc(step)
             acc.collectives += 1
             nbytes = max(b_in, b_out)
             acc.comm_bytes += nbytes
             acc.by_op[op] = acc.by_op.get(op, 0) + nbytes
+        if last > emitted:
             if complete_ns is not None:
-                acc.intervals.append((issue_ns, max(issue_ns, complete_ns)))
-                if len(acc.intervals) > _MAX_STEP_INTERVALS:
-                    _fold(acc)
-                    acc.overlap_known = False
+                for s in range(max(step, emitted + 1), last + 1):
+                    acc = self._step_acc(s)
+                    acc.intervals.append((issue_ns, max(issue_ns, complete_ns)))
+                    if len(acc.intervals) > _MAX_STEP_INTERVALS:
+                        _fold(acc)
+                        acc.overlap_known = False
             blocked = event.blocked_interval_ns
             issued = event.issue_interval_ns if async_op else None  # a synchronous call's is its wait
-            for interval in (blocked, issued):
-                if interval is not None:
+            for interval, into in ((blocked, last), (issued, step)):
+                if interval is not None and into > emitted:
+                    acc = self._step_acc(into)
                     acc.blocked_s += (interval[1] - interval[0]) / 1e9
                     if acc.overlap_known:
                         acc.blocked.append(interval)
-            if len(acc.blocked) > _MAX_STEP_INTERVALS:
-                acc.blocked = []
-                acc.overlap_known = False
+                        if len(acc.blocked) > _MAX_STEP_INTERVALS:
+                            acc.blocked = []
+                            acc.overlap_known = False
 
     def _publish_collective(self, event: CollectiveEvent) -> None:
         """_publish, and the running totals behind the live metrics, in one hold of the lock."""

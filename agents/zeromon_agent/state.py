@@ -16,8 +16,8 @@ log = logging.getLogger("zeromon.agent")
 # Raw record kinds (first element of each tuple in HotState.raw).
 RAW_COLLECTIVE = 0  # (kind, seq, api, op, t0, t1, bytes_in, bytes_out, dtype, group, async_op, work,
 #                     phase, step, cuda, sampled)
-RAW_WAIT = 1  # (kind, seq, t_wait_start, t_wait_end, completed_before_wait, cuda_end_event[,
-#                cuda_wait_start_event])
+RAW_WAIT = 1  # (kind, seq, t_wait_start, t_wait_end, completed_before_wait, cuda_end_event,
+#                cuda_wait_start_event, step at the wait)
 RAW_DONE = 2  # (kind, seq, t_done)             a sampled completion callback fired
 RAW_SEEN_DONE = 9  # (kind, seq, t)   an async collective was found complete at a phase change: done by t
 RAW_PHASE = 3  # (kind, phase, t, step[, cuda_event])   the phase changed at t
