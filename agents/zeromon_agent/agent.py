@@ -18,6 +18,7 @@ from zeromon_agent import collectives, ddp
 from zeromon_agent.activations import SavedTensorMeter
 from zeromon_agent.config import AgentConfig
 from zeromon_agent.memory import Categorizer, CudaMemory, cpu_capacity, local_ranks, process_rss
+from zeromon_agent.peaks import MemoryPoints, PeakSearch
 from zeromon_agent.phases import PhaseTracker
 from zeromon_agent.recorder import Recorder
 from zeromon_agent.state import RAW_MEMORY, RAW_OOM, STATE, HotState, perf_ns
@@ -84,6 +85,11 @@ class Agent:
         self.meter = SavedTensorMeter() if config.activations else None
         self.categorizer = Categorizer()
         self._walk_this_forward = False
+        # The moments of a walk step (peaks.MemoryPoints), reported through the tracker's guarded,
+        # timed boundary so that the time spent there is the agent's, not the forward's or backward's.
+        self.points = MemoryPoints(self._memory_point)
+        self.search = PeakSearch()
+        self._walk_spent_s = 0.0
         self.recorder: Recorder | None = None
         self.cuda_memory: CudaMemory | None = None
         self.device_name = "cpu"
@@ -190,6 +196,8 @@ class Agent:
             try:
                 if self.meter is not None:
                     self.meter.stop()
+                    self.meter.release()
+                self.points.close()
                 self.tracker.close()
                 if self.recorder is not None:
                     self.recorder.stop()
@@ -281,6 +289,12 @@ class Agent:
             self.tracker.watch_engine(root)
 
     # --- memory -----------------------------------------------------------------------------------
+    # Every step: a sample (allocator totals or RSS) at the forward's, the backward's and the step's
+    # end. In a walk step (_walk_due: within _WALK_BUDGET of step time) also the categories: at the
+    # forward's end, and at the moments inside the forward and the backward that peaks.MemoryPoints
+    # names, keeping the highest of each: "forward_peak" and "backward_peak" samples. The highest is
+    # by the allocator's allocated bytes on GPU (one read per moment, a walk only at a new high) and
+    # by the categories' sum on CPU, which has no allocator count (a walk of what moves per moment).
     def _on_boundary(self, what: str) -> None:
         if what == "forward_start":
             step = self.state.step
@@ -289,18 +303,25 @@ class Agent:
             if not self._framework_known:
                 self._maybe_adopt_engine()
                 self._write_run_info()
-            # Activations are counted in the forwards whose end walks the categories: the pack hook
-            # costs ~2 us per saved tensor, so it follows the same budget.
+            self._finish_search()  # a forward with no backward after it (evaluation)
             self._walk_this_forward = self._walk_due()
-            if self.meter is not None and self._walk_this_forward:
-                self.meter.start()
+            if self._walk_this_forward:
+                self._begin_search()
+            return
+        if what == "forward_point" or what == "backward_point":
+            self._at_point()
             return
         if what == "forward_end":
-            activations = self.meter.stop() if self.meter is not None and self._walk_this_forward else None
-            self.sample_memory("forward", categories=self._walk_this_forward, activations=activations)
+            if self._walk_this_forward:
+                self._end_forward_search()
+            else:
+                self.sample_memory("forward", categories=False)
             self._walk_this_forward = False
         elif what == "backward_end":
-            self.sample_memory("backward", categories=False)
+            if self.search.best is not None:
+                self._end_backward_search()
+            else:
+                self.sample_memory("backward", categories=False)
         elif what == "optimizer_start":
             if self.started and self.optimizer is None and not self._optimizer_announced:
                 self._optimizer_announced = True
@@ -311,8 +332,12 @@ class Agent:
                 self._step_s = time.perf_counter() - started[1]  # first forward to optimizer step
             self.sample_memory("optimizer", categories=False)
 
+    def _memory_point(self, what: str) -> None:
+        self.tracker._boundary(what)
+
     def _walk_due(self) -> bool:
-        """Whether to walk the categories at this forward's end (at most once a step)."""
+        """Whether this forward starts a walk step (at most one a step): the categories at its end and
+        the peaks of its forward and backward. ``_walk_cost_s`` is what the last walk step cost."""
         step = self.state.step
         if self.config.memory_every:
             every = self.config.memory_every
@@ -322,9 +347,131 @@ class Agent:
             every = 1
         return step - self._last_walk_step >= every
 
+    def _walked_model(self) -> Any:
+        """The module whose FSDP2 units or blocks hold the moments (a DeepSpeed engine's module)."""
+        model = getattr(self.engine, "module", None) if self.engine is not None else None
+        if model is None:
+            model = self.model if self.model is not None else self.tracker.root
+        return model
+
+    def _begin_search(self) -> None:
+        w0 = time.perf_counter()
+        self._walk_spent_s = 0.0
+        self.search.begin_step()
+        self.search.begin_phase("forward")
+        # What holds still (parameter shards, buffers, optimizer state) once; each moment of this
+        # forward and its backward then walks only what moves.
+        self.categorizer.walk_still(model=self.model if self.model is not None else self.tracker.root,
+                                    optimizer=self._walked_optimizer(), engine=self.engine)
+        if self.meter is not None:
+            # Activations are counted in the walk steps only: the pack hook costs ~2 us per saved
+            # tensor, so it follows the same budget.
+            self.meter.start(self.categorizer.buffer_pointers())
+        self.points.arm(self._walked_model())
+        self._walk_spent_s += time.perf_counter() - w0
+
+    def _at_point(self) -> None:
+        """A moment inside this walk step's forward or backward: kept if memory is the highest yet."""
+        search = self.search
+        if search.best is None or not search.wants():
+            return
+        w0 = time.perf_counter()
+        t = perf_ns()
+        try:
+            if self.cuda_memory is not None:
+                level = self.cuda_memory.allocated()
+                if level is None or level <= search.best.level:
+                    return
+                cats = self._categories(moving=True)
+            else:
+                cats = self._categories(moving=True)
+                level = sum(cats.values())
+                if level <= search.best.level:
+                    return
+            search.offer(level, t, self._memory_fields(cats))
+        finally:
+            self._walk_spent_s += time.perf_counter() - w0
+
+    def _end_forward_search(self) -> None:
+        """The forward's end (the ``forward`` sample, always walked) is its last moment; then the
+        forward's peak."""
+        w0 = time.perf_counter()
+        search = self.search
+        if self.meter is not None:
+            self.meter.stop()  # its alive bytes follow the frees through the backward
+        t = perf_ns()
+        fields = self._memory_fields(self._categories(moving=True))
+        self._last_walk_step = self.state.step
+        if search.best is not None:
+            search.wants()  # counted: the end is always looked at
+            level = self._level(fields)
+            if level is not None:
+                search.offer(level, t, fields)
+            peak = search.end_phase()
+            if peak is not None and peak.fields is not None:  # fields: for mypy; end_phase checks
+                self._push_memory("forward_peak", peak.t, peak.fields)
+            search.begin_phase("backward")
+        self._push_memory("forward", t, fields)
+        self._walk_spent_s += time.perf_counter() - w0
+
+    def _end_backward_search(self) -> None:
+        """The backward's end is its last moment (all gradients there), then the backward's peak."""
+        w0 = time.perf_counter()
+        self._at_point()
+        t = perf_ns()
+        fields = self._memory_fields({})
+        peak = self.search.end_phase()
+        if peak is not None and peak.fields is not None:
+            self._push_memory("backward_peak", peak.t, peak.fields)
+        self._push_memory("backward", t, fields)
+        self._walk_spent_s += time.perf_counter() - w0
+        self._finish_search()
+
+    def _finish_search(self) -> None:
+        if self.search.best is None and not self.points.armed:
+            return
+        self.search.end_step()
+        self.points.disarm()
+        if self.meter is not None:
+            self.meter.stop()
+            self.meter.release()
+        self._walk_cost_s = self._walk_spent_s
+
+    def _walked_optimizer(self) -> Any:
+        return self.optimizer if self.optimizer is not None else self.tracker.optimizer
+
+    def _categories(self, moving: bool) -> dict[str, int]:
+        if moving:
+            cats = self.categorizer.categorize_moving()
+        else:
+            cats = self.categorizer.categorize(model=self.model if self.model is not None else self.tracker.root,
+                                               optimizer=self._walked_optimizer(), engine=self.engine)
+        if self.meter is not None and self.points.armed:
+            cats["activations"] = self.meter.alive_bytes
+        return cats
+
+    def _level(self, fields: dict[str, Any]) -> int | None:
+        """What "highest" compares: allocated bytes on GPU, the categories' sum on CPU."""
+        if self.cuda_memory is not None:
+            return fields.get("allocated")
+        cats = fields.get("categories")
+        return sum(cats.values()) if cats else None
+
     def sample_memory(self, phase: str, categories: bool, activations: int | None = None) -> None:
         """Take a memory sample at the end of ``phase`` (with the category walk if asked)."""
         t = perf_ns()
+        cats: dict[str, int] = {}
+        if categories:
+            w0 = time.perf_counter()
+            cats = self._categories(moving=False)
+            self._walk_cost_s = time.perf_counter() - w0
+            self._last_walk_step = self.state.step
+        if activations is not None:
+            cats["activations"] = activations
+        self._push_memory(phase, t, self._memory_fields(cats))
+
+    def _memory_fields(self, cats: dict[str, int]) -> dict[str, Any]:
+        """A MemorySample's fields now, with the categories ``cats`` (bytes; {}: none walked)."""
         fields: dict[str, Any] = {"device": self.device_name, "allocated": None, "reserved": None,
                                   "active": None, "peak_allocated": None, "peak_reserved": None,
                                   "inactive_split": None, "num_alloc_retries": None, "num_ooms": None,
@@ -332,23 +479,15 @@ class Agent:
         if self.cuda_memory is not None:
             fields.update(self.cuda_memory.totals())
             fields["capacity"], fields["free"] = self.cuda_memory.capacity()
-        cats: dict[str, int] = {}
-        if categories:
-            w0 = time.perf_counter()
-            cats = self.categorizer.categorize(model=self.model if self.model is not None else self.tracker.root,
-                              optimizer=self.optimizer if self.optimizer is not None else self.tracker.optimizer,
-                              engine=self.engine)
-            self._walk_cost_s = time.perf_counter() - w0
-            self._last_walk_step = self.state.step
         if cats:
-            if activations is not None:
-                cats["activations"] = activations
             allocated = fields["allocated"]
-            if allocated is not None:
+            if allocated is not None and len(cats) > ("activations" in cats):
+                # On GPU the allocator's remainder: temporaries, caches, tensors outside the model.
                 cats["other"] = max(0, allocated - sum(v for k, v in cats.items() if k != "other"))
             fields["categories"] = cats
-        elif activations is not None:
-            fields["categories"] = {"activations": activations}
+        return fields
+
+    def _push_memory(self, phase: str, t: int, fields: dict[str, Any]) -> None:
         self.state.push_control((RAW_MEMORY, phase, self.state.step, t, fields))
 
     def _setup_oom_observer(self, torch: Any) -> None:

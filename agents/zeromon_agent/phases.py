@@ -31,6 +31,9 @@ from zeromon_agent.state import (
     perf_ns,
 )
 
+# The root's hook registrations that keep_root_hooks_in_place follows.
+_GUARDED_REGISTRATIONS = ("register_forward_pre_hook", "register_forward_hook")
+
 # zeromon's work at a boundary shorter than this is not recorded as an `agent` span (two clock
 # reads and a comparison are all it costs then).
 _AGENT_SPAN_MIN_NS = 20_000
@@ -39,7 +42,8 @@ _AGENT_SPAN_MIN_NS = 20_000
 class PhaseTracker:
     def __init__(self, state: HotState = STATE, on_boundary: Callable[[str], None] | None = None) -> None:
         self.state = state
-        # Called (guarded) at "forward_start", "forward_end", "backward_end", "optimizer_start", "step_end".
+        # Called (guarded) at "forward_start", "forward_end", "backward_end", "optimizer_start", "step_end",
+        # and at the agent's memory moments inside a forward or backward ("forward_point", "backward_point").
         self.on_boundary = on_boundary
         self.explicit_steps = False
         self.root: Any = None
@@ -109,9 +113,13 @@ class PhaseTracker:
             return
         self.remove_module_hooks()
         self.root = module
-        # prepend: the phase is set before FSDP's own pre-forward hook gathers the root's parameters.
+        # prepend: the phase is set before FSDP's own pre-forward hook gathers the root's parameters;
+        # the forward hook goes last, after FSDP's post-forward (which reshards and frees the last
+        # all-gather buffer). Both stay there when others register hooks later (_RootHookGuard).
         self._handles.append(module.register_forward_pre_hook(self._on_forward_pre, prepend=True))
         self._handles.append(module.register_forward_hook(self._on_forward_post))
+        for name in _GUARDED_REGISTRATIONS:
+            module.__dict__[name] = _RootHookGuard(self, module, name)
         timer = self.state.cuda_timing
         if timer is not None and not timer.active:
             try:  # a model on the GPU: time its phases on the stream from the first step on
@@ -134,8 +142,31 @@ class PhaseTracker:
             if self.state.phase == "forward":
                 self.set_phase("other")
                 self._boundary("forward_end")
+            self.keep_root_hooks_in_place()
         except Exception as exc:  # noqa: BLE001
             self.state.hook_error("forward_post", exc)
+
+    def keep_root_hooks_in_place(self) -> None:
+        """zeromon's forward pre-hook first on the root, its forward hook last (two dict reads when
+        they are; a move_to_end when not).
+
+        Whoever registers a root hook after zeromon with prepend=True goes ahead of its pre-hook: so
+        does FSDPMemTracker, whose ``__enter__`` and ``__exit__`` remove FSDP2's forward hooks and
+        register them again (``__exit__`` FSDP's own ``_pre_forward``, prepended, and
+        ``_post_forward``, appended). From then on the root's all-gather would run before the
+        phase is "forward", and the forward's end would be seen before FSDP's post-forward. The
+        root's ``register_forward_pre_hook`` / ``register_forward_hook`` are guarded to call this
+        after each registration; the forward hook calls it too, for hooks added to the dicts directly.
+        """
+        root = self.root
+        if root is None or len(self._handles) < 2:
+            return
+        pre_id, post_id = self._handles[0].id, self._handles[1].id
+        pre, post = root._forward_pre_hooks, root._forward_hooks
+        if pre and next(iter(pre)) != pre_id and pre_id in pre:
+            pre.move_to_end(pre_id, last=False)
+        if post and next(reversed(post)) != post_id and post_id in post:
+            post.move_to_end(post_id)
 
     def watch_backward(self) -> None:
         """Phase every top-level ``torch.autograd.backward`` call (what ``loss.backward()`` runs).
@@ -290,6 +321,12 @@ class PhaseTracker:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        root = self.root
+        if root is not None:
+            for name in _GUARDED_REGISTRATIONS:
+                guard = root.__dict__.get(name)
+                if isinstance(guard, _RootHookGuard) and guard.tracker is self:
+                    del root.__dict__[name]
 
     def remove_global_hooks(self) -> None:
         self.stop_watching_for_root()
@@ -310,3 +347,26 @@ class PhaseTracker:
             else:
                 setattr(engine, name, previous)
         self._engine_patched.clear()
+
+
+class _RootHookGuard:
+    """The root module's own ``register_forward_pre_hook`` / ``register_forward_hook`` (an instance
+    attribute, found before the class's method): registers as asked, then puts zeromon's root hooks
+    back in place. Costs nothing at forward time; a registration costs ~1 us more."""
+
+    __slots__ = ("module", "name", "tracker")
+
+    def __init__(self, tracker: PhaseTracker, module: Any, name: str) -> None:
+        self.tracker = tracker
+        self.module = module
+        self.name = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        handle = getattr(type(self.module), self.name)(self.module, *args, **kwargs)
+        tracker = self.tracker
+        if tracker.root is self.module:
+            try:
+                tracker.keep_root_hooks_in_place()
+            except Exception as exc:  # noqa: BLE001
+                tracker.state.hook_error("root_hooks", exc)
+        return handle

@@ -18,6 +18,7 @@ from zeromon.analysis.intervals import merge, total, union_length
 from zeromon.analysis.step_overlap import AGENT_PHASE, COMPUTE_PHASES, DEVICE_CLOCK, overlap_in_step
 from zeromon.model.codec import RecordingWriter
 from zeromon.model.events import (
+    PEAK_PHASES,
     AgentStats,
     CollectiveEvent,
     DeviceSample,
@@ -674,7 +675,9 @@ class Recorder:
         with self.lock:
             self.latest_memory = sample
             self.memory_history.append(sample)
-        if step > self._emitted_through:
+        # The step's peak from the samples taken every step: those of the highest moments inside a
+        # forward or backward come in walk steps only, and would make a sawtooth of the series.
+        if step > self._emitted_through and phase not in PEAK_PHASES:
             level = sample.allocated if sample.allocated is not None else sample.rss
             acc = self._step_acc(step)
             if level is not None and (acc.peak_memory is None or level > acc.peak_memory):

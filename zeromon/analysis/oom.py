@@ -4,8 +4,9 @@ One rank's recording in, an OomForecast out: a risk level (ok / warn / critical)
 predicted peak, the growth per step and the steps left until capacity, and Findings that name their
 evidence and the remedies that apply to this run's framework and config.
 
-The level is what the rank holds at each phase boundary the agent samples (forward end, backward
-end, step end): the caching allocator's ``allocated`` on GPU, the process RSS on CPU. On GPU the
+The level is what the rank holds at each moment the agent samples (forward end, backward end, step
+end, and in the steps that walk the categories the highest moments inside the forward and the
+backward): the caching allocator's ``allocated`` on GPU, the process RSS on CPU. On GPU the
 allocator's high-water mark (``peak_allocated``) also catches peaks between samples, and the device
 memory outside the allocator (CUDA context, NCCL buffers, other processes: capacity − free −
 reserved at the last sample) is added to every predicted peak.
@@ -52,7 +53,7 @@ from zeromon.analysis.memory_remedies import (
     untracked_remedies,
 )
 from zeromon.model.codec import Recording
-from zeromon.model.events import MemorySample, step_number
+from zeromon.model.events import PEAK_PHASES, MemorySample, step_number
 from zeromon.model.units import format_bytes
 
 WARN_PEAK_SHARE = 0.85
@@ -149,7 +150,9 @@ def forecast(recording: Recording, capacity_bytes: int | None = None) -> OomFore
     peak_step = max(peaks, key=lambda s: peaks[s]) if peaks else None
     last_step = max(peaks) if peaks else -1
     done = {s.step for s in recording.steps} | {s for s in peaks if s < last_step}
-    trend = _trend(peaks, done, on_gpu)
+    # The trend from the samples taken every step: the peaks inside the forward and the backward are
+    # sampled in the steps that walk the categories only, and would make a sawtooth of the series.
+    trend = _trend(_step_peaks([p for p in points if p[0].phase not in PEAK_PHASES], on_gpu), done, on_gpu)
     step_s = statistics.median(s.duration_s for s in recording.steps) if recording.steps else None
 
     # Until a step has ended the optimizer has not stepped: its state is still to come.
@@ -502,7 +505,9 @@ def _growth_finding(run: MemoryContext, trend: _Trend, steps_to_capacity: float 
         evidence.append(f"at this rate the {_capacity_text(run)} is reached in ~{steps_to_capacity:.0f} steps{when}")
     if steps_to_capacity is not None and not over:
         evidence.append(_horizon_text(severity, steps_to_capacity, seconds_to_capacity, time_reach_steps))
-    window = [w for w in walks if first <= w.step <= last]
+    # Like with like: a step's walks are at different moments (its forward's peak and end, its
+    # backward's peak); compare those at the moment of the last one.
+    window = [w for w in walks if first <= w.step <= last and w.phase == walks[-1].phase] if walks else []
     if len(window) >= 2:
         a, b = window[0].categories, window[-1].categories
         total = trend.slope * (last - first)

@@ -164,6 +164,11 @@ class PhaseSpan:
         return (self.end_ns - self.start_ns) / 1e9
 
 
+# MemorySample phases of the highest moments inside a forward and a backward (in the steps that walk
+# the categories only).
+PEAK_PHASES = frozenset({"forward_peak", "backward_peak"})
+
+
 @dataclass(frozen=True, slots=True)
 class MemorySample:
     """Memory of one rank at one moment: allocator totals, categories, capacity, process RSS.
@@ -174,7 +179,9 @@ class MemorySample:
 
     rank: int
     step: int
-    phase: str  # the phase that just ended: "forward", "backward", "optimizer" (the step's end)
+    # The phase that just ended: "forward", "backward", "optimizer" (the step's end); or, in the steps
+    # that walk the categories, "forward_peak" / "backward_peak": the highest moment inside that phase.
+    phase: str
     t_ns: int
     device: str  # "cuda:0", "cpu"
     allocated: int | None
