@@ -339,6 +339,8 @@ class Agent:
         """Whether this forward starts a walk step (at most one a step): the categories at its end and
         the peaks of its forward and backward. ``_walk_cost_s`` is what the last walk step cost."""
         step = self.state.step
+        if step >= 1 > self._last_walk_step:
+            return True  # the first step after the first optimizer step: its state exists from now on
         if self.config.memory_every:
             every = self.config.memory_every
         elif self._step_s and self._walk_cost_s:
