@@ -54,7 +54,10 @@ def test_sync_all_reduce_between_compute_does_not_overlap(tmp_path: Path) -> Non
         assert t["overlap_s"] == 0
         assert _close(m.overlap_s, 0.0, t["comm_s"]), (m, t)
         assert _close(m.exposed_comm_s, t["exposed_s"], t["comm_s"]), (m, t)
-        assert m.comp_s == pytest.approx(t["forward_s"], rel=0.1)
+        # Computation is the whole step but the blocked time (and zeromon's own): the forward and
+        # the loop's other code alike.
+        assert m.comp_s >= 0.9 * t["forward_s"], (m, t)
+        assert m.comp_s == pytest.approx(m.step_s - m.exposed_comm_s - m.agent_s, abs=1e-6)
 
 
 def test_async_all_reduce_hidden_behind_longer_compute(tmp_path: Path) -> None:

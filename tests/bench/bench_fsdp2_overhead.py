@@ -24,8 +24,8 @@ What switching every step does to the numbers, by construction:
 - the recorder thread drains every 0.2 s whatever the switch says, so part of the cost of an on
   step (turning raw tuples into events, writing the file) lands on whichever step is running when
   it wakes, off steps included;
-- the agent measures the step time for its memory-walk budget (``memory_every=auto``: at most ~1%
-  of a step) between consecutive on steps, here two steps apart, so it allows itself a walk about
+- the agent measures the step time for its memory-walk budget (``memory_every=auto``: at most
+  ~0.25% of a step) between consecutive on steps, here two steps apart, so it allows itself a walk about
   twice as often as in a run that is always on. ``--block 8`` or ``--setting memory_every=N``
   show the difference.
 
@@ -55,14 +55,16 @@ RATIO_TARGET = 1.02  # the issue: step time within 2% with the agent on
 
 # --breakdown: (module, owner attribute path, label) of the agent functions timed on rank 0. Patched on
 # the classes before attach(), which binds the hook methods when it registers them. Nested: the
-# forward hook runs sample_memory, which runs categorize and process_rss.
+# forward hook runs sample_memory, which runs the walks and process_rss.
 BREAKDOWN: tuple[tuple[str, str, str], ...] = (
     ("zeromon_agent.phases", "PhaseTracker._on_forward_pre", "forward pre-hook (phase, meter start)"),
     ("zeromon_agent.phases", "PhaseTracker._on_forward_post", "forward hook (phase, sample_memory)"),
     ("zeromon_agent.phases", "PhaseTracker._on_optimizer_pre", "optimizer pre-hook"),
     ("zeromon_agent.phases", "PhaseTracker._on_optimizer_post", "optimizer post-hook (step end, sample_memory)"),
     ("zeromon_agent.agent", "Agent.sample_memory", "Agent.sample_memory (all calls)"),
-    ("zeromon_agent.memory", "Categorizer.categorize", "  Categorizer.categorize (the category walk)"),
+    ("zeromon_agent.memory", "Categorizer.walk_still", "  Categorizer.walk_still (what holds still, once a walk step)"),
+    ("zeromon_agent.memory", "Categorizer.categorize_moving", "  Categorizer.categorize_moving (at each moment)"),
+    ("zeromon_agent.agent", "Agent._at_point", "Agent._at_point (the moments inside forward and backward)"),
     ("zeromon_agent.agent", "process_rss", "  memory.process_rss (/proc/self/statm)"),
     ("zeromon_agent.activations", "SavedTensorMeter._pack", "saved-tensor pack hook (activations)"),
 )
