@@ -8,8 +8,8 @@ from __future__ import annotations
 import bisect
 import math
 from array import array
-from collections.abc import Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Generic, TypeVar, overload
 
 from zeromon.model.codec import FIELDS_OF
 
@@ -138,7 +138,7 @@ class ColumnTable(Generic[R]):
 
     def slice(self, start: int, stop: int) -> list[R]:
         """Records start..stop, made column by column (a forecast's 2048 memory samples: 4x faster than one by one)."""
-        start = max(0, start)
+        start, stop = max(0, start), min(stop, len(self.t_ns))
         if stop <= start:
             return []
         columns: list[Sequence[Any]] = []
@@ -164,3 +164,123 @@ class ColumnTable(Generic[R]):
             records = tuple(self.get(i) for i in range(start, stop))
         self._window = (start, records)
         return records
+
+
+class TableRecords(Sequence[R]):
+    """A ColumnTable read as a sequence of its records (in its time order), each made when looked at:
+    what a finished recording's dashboard holds instead of the records themselves."""
+
+    __slots__ = ("table",)
+    _CHUNK = 4096  # records made at a time while iterating
+
+    def __init__(self, table: ColumnTable[R]) -> None:
+        self.table = table
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    @overload
+    def __getitem__(self, index: int) -> R: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[R]: ...
+
+    def __getitem__(self, index: int | slice) -> R | list[R]:
+        n = len(self.table)
+        if isinstance(index, slice):
+            start, stop, stride = index.indices(n)
+            if stride == 1:
+                return self.table.slice(start, stop)
+            return [self.table.get(i) for i in range(start, stop, stride)]
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError("record index out of range")
+        return self.table.get(index)
+
+    def __iter__(self) -> Iterator[R]:
+        for start in range(0, len(self.table), self._CHUNK):
+            yield from self.table.slice(start, start + self._CHUNK)
+
+    def __repr__(self) -> str:
+        return f"TableRecords({len(self)} {self.table.cls.__name__})"
+
+
+class _Nullable(Sequence[Any]):
+    """Numbers with a few None among them: one array, None as a sentinel (NaN for floats)."""
+
+    __slots__ = ("values", "is_float")
+
+    def __init__(self, values: Sequence[Any], is_float: bool) -> None:
+        self.is_float = is_float
+        self.values = (array("d", (math.nan if v is None else v for v in values)) if is_float
+                       else array("q", (_NO_INT if v is None else v for v in values)))
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def _out(self, v: Any) -> Any:
+        if self.is_float:
+            return None if v != v else v
+        return None if v == _NO_INT else v
+
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Any]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [self._out(v) for v in self.values[index]]
+        return self._out(self.values[index])
+
+    def __iter__(self) -> Iterator[Any]:
+        out = self._out
+        return (out(v) for v in self.values)
+
+
+class _Codes(Sequence[Any]):
+    """A column of a few distinct values (ops, phases, dtypes, timings): one byte each."""
+
+    __slots__ = ("codes", "names")
+
+    def __init__(self, values: Sequence[Any], names: list[Any]) -> None:
+        self.names = names
+        index = {name: i for i, name in enumerate(names)}
+        self.codes = array("B", (index[v] for v in values))
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Any]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        names = self.names
+        if isinstance(index, slice):
+            return [names[c] for c in self.codes[index]]
+        return names[self.codes[index]]
+
+    def __iter__(self) -> Iterator[Any]:
+        return map(self.names.__getitem__, self.codes)
+
+
+def compact_column(values: Sequence[Any]) -> Sequence[Any]:
+    """The smallest of the sequences above that gives the same values back (a list where none fits)."""
+    distinct = set()
+    for v in values:
+        distinct.add(v if v.__hash__ is not None else id(v))
+        if len(distinct) > 255:
+            break
+    if len(distinct) <= 255 and all(v is None or type(v) in (str, bool) for v in distinct):
+        return _Codes(values, sorted(distinct, key=lambda v: (v is None, str(v))))
+    present = [v for v in values if v is not None]
+    if all(_int_like(v) for v in present):
+        return array("q", values) if len(present) == len(values) else _Nullable(values, is_float=False)
+    if all(type(v) is float for v in present):
+        return array("d", values) if len(present) == len(values) else _Nullable(values, is_float=True)
+    return list(values)

@@ -24,11 +24,13 @@ from zeromon.analysis.findings import Finding
 from zeromon.analysis.report import RunReport
 from zeromon.analysis.trace_overlap import RankTraceOverlap
 from zeromon.model.codec import CollectiveColumns, Recording
+from zeromon.model.columns import TableRecords
 from zeromon.model.events import CollectiveEvent, MemorySample, OomEvent, PhaseSpan, StepSummary
 from zeromon.sources.fleet import FleetView, RankView
 from zeromon.views.fleet import fleet_findings
 
 _COLLECTIVE_FIELDS = tuple(f.name for f in dataclasses.fields(CollectiveEvent))
+_COLUMN_FIELDS = tuple(f.name for f in dataclasses.fields(CollectiveColumns))
 RECORDING_CHECK_S = 2.0  # how often a followed recording's files are looked at for growth
 # Live history kept per rank: enough for hours of steps on a few ranks, bounded on hundreds (a step
 # summary or memory sample costs ~0.5-1 KB): the total is what bounds the process's memory.
@@ -50,6 +52,7 @@ class RankHistory:
     complete: bool = False
     until_ns: int | None = None  # a replay's position: nothing after it is shown
     _by_step: dict[int, list[int]] = field(default_factory=dict, compare=False, repr=False)
+    _phases_by_step: dict[int, list[int]] = field(default_factory=dict, compare=False, repr=False)
 
     def step_collectives(self, step: int) -> list[CollectiveEvent]:
         """The collectives issued in ``step`` (by the agent's step index), in issue order."""
@@ -70,7 +73,14 @@ class RankHistory:
         return sorted(out, key=lambda c: c.issue_ns)
 
     def step_phases(self, step: int) -> list[PhaseSpan]:
-        return [p for p in self.phases if p.step == step]
+        phases = self.phases
+        if not isinstance(phases, TableRecords):
+            return [p for p in phases if p.step == step]
+        table = phases.table  # stored as columns: only the step's own are made
+        if not self._phases_by_step:
+            for i in range(len(table)):
+                self._phases_by_step.setdefault(table.value(i, "step"), []).append(i)
+        return [table.get(i) for i in self._phases_by_step.get(step, ())]
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,22 +132,82 @@ def recording_data(run_dir: Path, version: int = 1, peak_busbw: float | None = N
     """A run folder read whole and analysed as `zeromon report` does (ZeromonError for a folder that
     is not one run), with the TUI's view of its final state.
 
-    The report is made in worker processes (``workers``: analyse_run's; 1 in a process that has
-    threads running, where fork is not safe), the final view next, the recordings last: what each
-    step frees is reused by the next, so the process holds the recordings and little else (the 256
-    ranks of tests/bench/bench_dashboard.py: ~285 MB, against ~315 MB reading and analysing here)."""
-    from zeromon.model.codec import read_run
-    from zeromon.sources.replay import final_view
+    The report is made in worker processes, the histories and the final view in one more (``workers``:
+    analyse_run's; 1: all in this process, which has threads running, where fork is not safe): the
+    process receives the analysis and the compact histories, and never holds the records read."""
     from zeromon.sources.run_analysis import analyse_run
 
     report = analyse_run(run_dir, peak_busbw=peak_busbw, capacity_bytes=capacity_bytes, workers=workers)
-    fleet = final_view(run_dir)
+    histories, fleet = _in_a_worker(_histories_and_view, run_dir) if workers != 1 else _histories_and_view(run_dir)
+    _give_back_freed_memory()
     if finished:
         fleet = _all_ended(fleet)
-    recordings = read_run(run_dir)
     return RunData(kind="recording", source=f"recording {run_dir}", version=version, fleet=fleet,
-                   histories={rec.rank: history_of(rec) for rec in recordings}, report=report,
-                   findings=report.findings, finished=finished)
+                   histories=histories, report=report, findings=report.findings, finished=finished)
+
+
+def _histories_and_view(run_dir: Path) -> tuple[dict[int, RankHistory], FleetView]:
+    """Every rank's history, stored compactly, and the run's final view. One rank at a time, each
+    stored before the next is read: no more than one rank's records are objects at once."""
+    from zeromon.model.codec import check_one_run, rank_files, read_recording
+    from zeromon.sources.replay import final_view
+
+    histories: dict[int, RankHistory] = {}
+    identities = []
+    for path in rank_files(run_dir):
+        rec = read_recording(path)
+        identities.append((rec.path, rec.header, rec.run_info))
+        histories[rec.rank] = compact_history(rec)
+        del rec
+    check_one_run(identities)
+    return dict(sorted(histories.items())), final_view(run_dir)
+
+
+def _give_back_freed_memory() -> None:
+    """Hand the C heap's free pages back to the system (glibc's malloc_trim): what a read or an
+    unpickling freed stays in this long-lived process otherwise (~50-70 MB after a large run's
+    read, measured in tests/bench/bench_dashboard.py). Nothing where there is no glibc."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        name = ctypes.util.find_library("c")
+        trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+        if trim is not None:
+            trim(0)
+    except OSError:
+        pass
+
+
+def _in_a_worker(fn: Callable[[Path], Any], run_dir: Path) -> Any:
+    """fn(run_dir) in a forked process: reading a run makes and frees millions of objects, and the
+    memory they leave scattered would stay with the dashboard's process for good; only the compact
+    result comes back. In this process where no fork can be had."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from zeromon.model.codec import collector_paused
+
+    try:
+        pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+    except (OSError, ValueError, NotImplementedError):
+        return fn(run_dir)
+    with pool, collector_paused():
+        return pool.submit(fn, run_dir).result()
+
+
+def compact_history(rec: Recording) -> RankHistory:
+    """A finished recording's rank as history_of gives it, stored as columns (~5x smaller than the
+    records): each page makes the records it draws again."""
+    from zeromon.model.columns import ColumnTable, compact_column
+    from zeromon.model.events import MemorySample, PhaseSpan
+
+    columns = rec.collective_columns()
+    compact = CollectiveColumns(*(compact_column(getattr(columns, name)) for name in _COLUMN_FIELDS))
+    return RankHistory(rank=rec.rank, memory=TableRecords(ColumnTable(MemorySample, rec.memory, "t_ns")),
+                       steps=TableRecords(ColumnTable(StepSummary, rec.steps, "step")),
+                       phases=TableRecords(ColumnTable(PhaseSpan, rec.phases, "start_ns")),
+                       collectives=compact, ooms=rec.ooms, complete=True)
 
 
 def _all_ended(fleet: FleetView) -> FleetView:
