@@ -145,23 +145,65 @@ def notes_lines(ordered: Sequence[tuple[benchlib.Row, int]], runs: int) -> list[
     return [""] + lines if lines else []
 
 
+def _sections(text: str) -> tuple[list[str], list[str], dict[str, list[str]]]:
+    """(the lines before the targets table's rows, its rows, the "## `command`" sections by heading)."""
+    lines = text.rstrip("\n").split("\n")
+    first = lines.index("## Targets") + 4  # the heading, a blank line, the table's header and rule
+    end = next(i for i in range(first, len(lines)) if not lines[i].startswith("|"))
+    sections: dict[str, list[str]] = {}
+    heading = None
+    for line in lines[end:]:
+        if line.startswith("## `"):
+            heading = line
+            sections[heading] = []
+        elif heading is not None:
+            sections[heading].append(line)
+    return lines[:first], lines[first:end], sections
+
+
+def splice(old: str, new: str, machine: dict[str, object]) -> str:
+    """``old`` with the benchmarks measured in ``new`` put in place of theirs (their target rows and
+    sections), each section saying when it was measured again."""
+    head, rows, sections = _sections(old)
+    _, new_rows, new_sections = _sections(new)
+    measured = {row.split("|")[1] for row in new_rows}
+    rows = [row for row in rows if row.split("|")[1] not in measured]
+    load = f"load average {machine['loadavg_1min']:.2f} at its start"
+    for heading, body in new_sections.items():
+        note = ["", f"Measured again on its own on {machine['date']} ({load}), after the rest of this file."]
+        sections[heading] = note + body
+    out = head + rows + new_rows
+    for heading, body in sections.items():
+        out += ["", heading] + body if out[-1] != "" else [heading] + body
+    return "\n".join(out) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=2, help="runs of every benchmark (default 2)")
     parser.add_argument("--output", default=str(benchlib.BENCH_DIR / "RESULTS.md"))
+    parser.add_argument("--only", action="append", metavar="SCRIPT",
+                        help="run only this script's jobs (repeatable) and replace their sections and target rows "
+                             "in --output, keeping the rest as measured before")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
+    jobs = [j for j in JOBS if not args.only or j.script in args.only]
+    if not jobs:
+        parser.error(f"--only: no such benchmark; one of {', '.join(sorted({j.script for j in JOBS}))}")
 
     machine = benchlib.machine()
     results: list[tuple[Job, int, list[benchlib.Row], float, int]] = []
     with tempfile.TemporaryDirectory(prefix="zeromon-bench-all-") as tmp:
         # Runs outermost: run 2 of a benchmark comes minutes after run 1, under whatever load then is.
         for run in range(1, args.repeat + 1):
-            for i, job in enumerate(JOBS):
+            for i, job in enumerate(jobs):
                 rows, wall_s, rc = run_job(job, Path(tmp) / f"{i}-{run}.json")
                 results.append((job, run, rows, wall_s, rc))
-    Path(args.output).write_text(render(machine, os.getloadavg()[0], args.repeat, results))
+    text = render(machine, os.getloadavg()[0], args.repeat, results)
+    if args.only:
+        text = splice(Path(args.output).read_text(), text, machine)
+    Path(args.output).write_text(text)
     print(f"\nwrote {args.output}")
     return 0 if all(rc == 0 for *_, rc in results) else 1
 
