@@ -36,8 +36,8 @@ def test_unknown_flag_names_the_flag() -> None:
 def test_bad_environment_variable_is_named_with_accepted_values() -> None:
     out = zeromon("run", "--", "true", env=child_env(ZEROMON_ASYNC_SAMPLE_EVERY="often"))
     assert out.returncode == 2
-    assert "ZEROMON_ASYNC_SAMPLE_EVERY='often' is not valid" in out.stderr
-    assert "an integer >= 0" in out.stderr and "Traceback" not in out.stderr
+    assert "ZEROMON_ASYNC_SAMPLE_EVERY='often': is not a number" in out.stderr
+    assert "an integer from 1 to 1000000, or 0 (none)" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_command_not_found() -> None:
@@ -112,11 +112,12 @@ def test_memory_size_accepts_a_size_with_a_unit() -> None:
 
 
 @pytest.mark.parametrize(("text", "expected"), [
-    ("80", "'80' has no unit and would be 80 bytes; did you mean --gpu-memory 80GiB?"),
-    ("0", "'0' must be more than 0 bytes"),
-    ("-80GiB", "'-80GiB' must be more than 0 bytes"),
-    ("80KiB", "'80KiB' is 81920 bytes, too small for a device's memory"),
-    ("eighty", "'eighty' is not a size"),
+    ("80", "--gpu-memory '80': has no unit and would be 80 bytes; did you mean 80GiB?"),
+    ("0", "--gpu-memory '0': must be more than 0 bytes"),
+    ("-80GiB", "--gpu-memory '-80GiB': must be more than 0 bytes"),
+    ("80KiB", "--gpu-memory '80KiB': is 81920 bytes; must be a device's memory with a unit, from 1MiB to 1PiB"),
+    ("1e30GiB", "--gpu-memory '1e30GiB': is more than 2^70 bytes; must be a device's memory"),
+    ("eighty", "--gpu-memory 'eighty': is not a size"),
     ("80 parsecs", "unknown unit 'parsecs'"),
 ])
 def test_memory_size_refuses_what_cannot_be_a_devices_memory(text: str, expected: str) -> None:
@@ -167,7 +168,7 @@ def test_run_checks_the_endpoint_address_and_ports_before_launching(tmp_path: Pa
     assert out.returncode == 0 and out.stdout.strip() == "''" and "warning" not in out.stderr, out.stderr
     # The message says what a port may be; no hint line saying it again.
     out = zeromon("run", "--port", "70000", "--", sys.executable, "-c", "pass")
-    assert out.returncode == 2 and "from 0 to 65535" in out.stderr and "hint:" not in out.stderr, out.stderr
+    assert out.returncode == 2 and "from 1 to 65535, or 0" in out.stderr and "hint:" not in out.stderr, out.stderr
 
 
 @pytest.mark.distributed

@@ -23,11 +23,17 @@ def test_values_from_environment_and_overrides() -> None:
 
 
 @pytest.mark.parametrize(("var", "value", "expected"), [
-    ("ZEROMON_BUFFER_EVENTS", "12", "an integer >= 1024"),
-    ("ZEROMON_ACTIVATIONS", "maybe", "expected one of 1, 0"),
-    ("ZEROMON_FLUSH_INTERVAL", "0", "seconds > 0"),
+    ("ZEROMON_BUFFER_EVENTS", "12", "must be an integer from 1024 to 16777216"),
+    ("ZEROMON_ACTIVATIONS", "maybe", "must be one of 1, 0"),
+    ("ZEROMON_FLUSH_INTERVAL", "0", "must be seconds from 0.01 to 3600"),
+    ("ZEROMON_FLUSH_INTERVAL", "nan", "is not finite: must be seconds from 0.01 to 3600"),
+    ("ZEROMON_FLUSH_INTERVAL", "-1", "must be seconds from 0.01 to 3600"),
+    ("ZEROMON_DEVICE_INTERVAL", "inf", "is not finite"),
     ("ZEROMON_CPU_CAPACITY", "lots", "is not a size"),
-    ("ZEROMON_MEMORY_EVERY", "0", "'auto' or an integer >= 1"),
+    ("ZEROMON_CPU_CAPACITY", "24", "has no unit and would be 24 bytes; did you mean 24GiB?"),
+    ("ZEROMON_CPU_CAPACITY", "1e400", "must be a memory capacity with a unit, from 1MiB to 1PiB"),
+    ("ZEROMON_MEMORY_EVERY", "0", "must be 'auto' or an integer from 1 to 1000000"),
+    ("ZEROMON_PORT", "65536", "must be an integer from 1 to 65535, or 0 (any free port)"),
 ])
 def test_bad_values_name_the_variable(var: str, value: str, expected: str) -> None:
     with pytest.raises(ZeromonError) as info:
@@ -47,4 +53,7 @@ def test_sizes() -> None:
     assert parse_size("7e9") == 7 * 10**9
     with pytest.raises(ValueError, match="unknown unit"):
         parse_size("3 parsecs")
+    for absurd in ("1e400", "nan", "inf", "-1GiB", "0"):
+        with pytest.raises(ValueError):
+            parse_size(absurd)
     assert format_bytes(1536) == "1.50 KiB" and format_bytes(None) == "-"

@@ -333,7 +333,7 @@ def test_a_bad_value_keeps_the_form_and_says_the_flag_in_the_page() -> None:
                                            "planner-asked.data": asked["planner-asked"]["data"]},
                    ["url.search", "planner-asked.data"])
     error = json.dumps(shown["planner-error"]["children"])
-    assert "--gpu-memory: '80' has no unit" in error and "Traceback" not in error
+    assert "--gpu-memory '80': has no unit" in error and "Traceback" not in error
     assert "planner-gpu_memory" not in shown and shown["planner-table"]["rowData"] == []
 
 

@@ -309,8 +309,8 @@ def test_healthz_head_and_unknown_routes(live: LiveRun) -> None:
     # Errors are JSON on every path, http.server's own ones included.
     status, headers, body = fetch(url, "/metrics", method="POST")
     assert status == 405 and headers["allow"] == "GET, HEAD" and "POST" in json.loads(body)["error"], body
-    status, headers, body = fetch(url, "/metrics", method="FROB")
-    assert status == 501 and headers["content-type"] == "application/json" and "FROB" in json.loads(body)["error"]
+    status, headers, body = fetch(url, "/metrics", method="FROB")  # a method http.server does not know: 405 too
+    assert status == 405 and headers["content-type"] == "application/json" and "FROB" in json.loads(body)["error"]
 
 
 def test_a_client_that_names_another_agent_gets_404(live: LiveRun) -> None:
@@ -394,8 +394,9 @@ def test_hostile_clients_stall_neither_scrapes_nor_training(live: LiveRun) -> No
         wait_for(lambda: bool(slow_closed), 15, "the server to hang up on the slowloris")
         assert slow_closed[0] - slow_opened < 5 + 3
         # The oldest idle connections were closed when more than 64 waited: not held, not served.
-        assert idle[0].recv(100) in (b"", b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\n"
-                                     b"Connection: close\r\n\r\n")
+        dropped = idle[0].recv(4096)
+        assert dropped == b"" or (dropped.startswith(b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: "
+                                                     b"application/json\r\n") and b'{"error":' in dropped), dropped
     finally:
         stop.set()
         for thread in threads:
@@ -595,7 +596,7 @@ def test_endpoint_settings() -> None:
     assert "t0ken" not in repr(cfg)
     assert AgentConfig().port == 9470 and AgentConfig().endpoint is True
     for var, raw in (("ZEROMON_PORT", "70000"), ("ZEROMON_PORT", "http"), ("ZEROMON_BIND", "a b")):
-        with pytest.raises(ZeromonError, match=f"{var}={raw!r} is not valid"):
+        with pytest.raises(ZeromonError, match=f"^{var}={raw!r}: "):
             load_config({var: raw})
 
 

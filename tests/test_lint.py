@@ -107,6 +107,18 @@ CASES: list[tuple[str, dict[str, Any], set[tuple[str, str, str]]]] = [
     ("sum_zero3.json", {}, {("ZL022", "error", "gradient_allreduce_op")}),
     ("duplicate_key.json", {}, {("ZL023", "error", "zero_optimization.stage"),
                                 ("ZL001", "warning", "zero_optimization.stage3_gather_16bit_weights_on_model_save")}),
+    # NaN where DeepSpeed takes any float (gradient_clipping): not finite, and DeepSpeed computes with it; an
+    # infinity where it wants an integer: also refused (ZL031), as DeepSpeedConfig does.
+    ("non_finite.json", {}, {("ZL030", "error", "gradient_clipping"),
+                             ("ZL030", "error", "zero_optimization.reduce_bucket_size"),
+                             ("ZL031", "error", "zero_optimization.reduce_bucket_size"),
+                             ("ZL030", "error", "zero_optimization.allgather_bucket_size"),
+                             ("ZL031", "error", "zero_optimization.allgather_bucket_size")}),
+    ("wrong_types.json", {}, {("ZL031", "error", "fp16"), ("ZL031", "error", "zero_optimization.offload_optimizer"),
+                              ("ZL031", "error", "zero_optimization.offload_param.device"),
+                              ("ZL031", "error", "zero_optimization.overlap_comm"),
+                              ("ZL031", "error", "zero_optimization.reduce_bucket_size"),
+                              ("ZL031", "error", "zero_optimization.stage3_max_live_parameters")}),
 ]
 
 
@@ -378,7 +390,7 @@ def test_accelerate_clean_and_not_deepspeed() -> None:
 
 # Rules whose errors DeepSpeedConfig itself raises when it parses the config (ZL010 fails later, in the engine).
 PARSE_TIME_ERRORS = {"ZL002", "ZL003", "ZL004", "ZL007", "ZL011", "ZL012", "ZL013", "ZL021", "ZL022", "ZL023",
-                     "ZL028"}
+                     "ZL028", "ZL031"}
 
 
 @pytest.mark.deepspeed
@@ -540,12 +552,14 @@ def test_cli_stderr_is_empty_for_a_clean_lint() -> None:
     (["tests/data/lint"], "zeromon: error: tests/data/lint: is a directory"),
     (["tests/data/lint/list_top.json"], "the top level is a list"),
     (["tests/data/lint/accelerate/no_block.yaml"], "no deepspeed_config block"),
-    (["tests/data/lint/clean.json", "--gpus", "0"], "argument --gpus: must be >= 1"),
-    (["tests/data/lint/clean.json", "--gpu-memory", "lots"], "argument --gpu-memory: 'lots' is not a size"),
-    (["tests/data/lint/clean.json", "--params", "many"], "argument --params: 'many' is not a parameter count"),
-    (["tests/data/lint/clean.json", "--params", "-7e9"], "argument --params: must be a positive count"),
-    (["tests/data/lint/clean.json", "--gpu-memory", "-80GiB"], "argument --gpu-memory: '-80GiB' must be more than 0"),
-    (["tests/data/lint/clean.json", "--gpus", "-8"], "argument --gpus: must be >= 1"),
+    (["tests/data/lint/clean.json", "--gpus", "0"], "zeromon: error: --gpus '0': must be an integer from 1 to"),
+    (["tests/data/lint/clean.json", "--gpu-memory", "lots"], "zeromon: error: --gpu-memory 'lots': is not a size"),
+    (["tests/data/lint/clean.json", "--params", "many"], "zeromon: error: --params 'many': is not a parameter count"),
+    (["tests/data/lint/clean.json", "--params", "-7e9"], "zeromon: error: --params '-7e9': must be at least 1"),
+    (["tests/data/lint/clean.json", "--gpu-memory", "-80GiB"],
+     "zeromon: error: --gpu-memory '-80GiB': must be more than 0 bytes"),
+    (["tests/data/lint/clean.json", "--gpus", "-8"], "zeromon: error: --gpus '-8': must be an integer from 1 to"),
+    (["tests/data/lint/clean.json", "--gpus", "1e400"], "zeromon: error: --gpus '1e400': must be an integer from 1 to"),
     (["tests/data/lint/clean.json", "--bogus"], "hint: see `zeromon lint --help`"),
 ])
 def test_cli_bad_input_exits_2_with_one_line(args: list[str], expected: str) -> None:

@@ -64,6 +64,7 @@ AGENT_METRICS = HISTOGRAMS | {
     "zeromon_device_nvlink_bytes_per_second",
     "zeromon_agent_events_recorded_total", "zeromon_agent_events_dropped_total", "zeromon_agent_hook_errors_total",
     "zeromon_agent_cpu_seconds_total", "zeromon_agent_start_time_seconds",
+    "zeromon_recording_lost_records_total", "zeromon_recording_lost_bytes_total",
 }
 SERIES_NAMES = AGENT_METRICS | {f"{h}_{s}" for h in HISTOGRAMS for s in ("bucket", "sum", "count")}
 PROMETHEUS_OWN = {"up"}  # the scrape health series Prometheus adds per target

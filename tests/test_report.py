@@ -117,7 +117,7 @@ def test_trace_report_json() -> None:
     (("runs/x", "--trace", "t"), "give a RUN_DIR or --trace DIR"),
     (("/nonexistent/run",), "/nonexistent/run: no such run folder"),
     (("/tmp", "--peak-busbw", "fast"), "--peak-busbw 'fast'"),
-    (("/tmp", "--capacity=-3GB"), "--capacity: '-3GB' must be more than 0 bytes"),
+    (("/tmp", "--capacity=-3GB"), "--capacity '-3GB': must be more than 0 bytes"),
     (("/tmp", "--html", ""), "--html: give the file to write"),
     (("--trace", "t", "--capacity", "80GiB"), "--capacity is for recordings (RUN_DIR)"),
     (("--trace", "t", "--peak-busbw", "200GB"), "--peak-busbw is for recordings (RUN_DIR)"),
@@ -138,7 +138,10 @@ def test_parallel_report_equals_the_in_process_one(run_dir: Path) -> None:
         assert analyse_run(run_dir, peak_busbw=10e9, workers=workers).to_dict() == expected
     result = zeromon("report", str(run_dir), "--json", "--peak-busbw", "10GB")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == json.loads(json.dumps(expected, default=str))
+    document = json.loads(result.stdout)
+    ends = document.pop("ends")  # read from the files' ends by the command, beside the analysis
+    assert [e["how"] for e in ends] == ["exit", "exit"] and not any(e["died"] or e["incomplete"] for e in ends)
+    assert document == json.loads(json.dumps(expected, default=str))
 
 
 def test_parallel_report_of_a_synthetic_recording(tmp_path: Path) -> None:
@@ -241,7 +244,8 @@ def test_summary_and_report_show_the_same_step_times(run_dir: Path) -> None:
 @pytest.mark.distributed
 def test_a_recording_without_samples_says_so(run_dir: Path, tmp_path: Path) -> None:
     """Rank files that hold only their header: no risk to show, figures that say why they are empty,
-    and each finding of a rank with its rank, in the text and in the page."""
+    and each finding of a rank with its rank, in the text and in the page. The agent's header promises
+    an end record, which these files lack: their ranks read as killed before their first step."""
     empty = tmp_path / "empty"
     empty.mkdir()
     for rank in (0, 1):
@@ -249,7 +253,8 @@ def test_a_recording_without_samples_says_so(run_dir: Path, tmp_path: Path) -> N
             (empty / f"rank-{rank}.jsonl").write_text(source.readline())
     page = tmp_path / "empty.html"
     result = zeromon("report", str(empty), "--html", str(page))
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 3, result.stderr
+    assert "rank 1 died before its first step (no end record" in result.stdout
     rows = result.stdout.splitlines()[3:5]
     assert [row.split()[:3] for row in rows] == [["0", "-", "-"], ["1", "-", "-"]]
     assert all(row.split()[-2:] == ["-", "-"] for row in rows), rows  # risk and busbw

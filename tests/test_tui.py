@@ -831,11 +831,12 @@ def test_hundreds_of_ranks_scroll_and_refresh_quickly() -> None:
 
 @pytest.mark.parametrize(("argv", "says"), [
     (["attach", "--speed", "2"], "--speed applies to --replay only"),
-    (["attach", "--replay", ".", "--speed", "inf"], "--speed inf: must be a number > 0"),
-    (["attach", "--replay", ".", "--speed", "nan"], "--speed nan: must be a number > 0"),
-    (["attach", "--replay", ".", "--speed", "0"], "--speed 0: must be a number > 0"),
-    (["attach", "--interval", "0"], "--interval 0: must be a number of seconds > 0"),
-    (["attach", "--interval", "inf"], "--interval inf: must be a number of seconds > 0"),
+    (["attach", "--replay", ".", "--speed", "inf"], "--speed 'inf': is not finite: must be a speed factor from"),
+    (["attach", "--replay", ".", "--speed", "nan"], "--speed 'nan': is not finite"),
+    (["attach", "--replay", ".", "--speed", "0"], "--speed '0': must be a speed factor from 0.001 to 100000"),
+    (["attach", "--interval", "0"], "--interval '0': must be seconds from 0.05 to 86400"),
+    (["attach", "--interval", "inf"], "--interval 'inf': is not finite: must be seconds from 0.05 to 86400"),
+    (["attach", "--interval", "1e-9"], "--interval '1e-9': must be seconds from 0.05 to 86400"),
     (["attach", "--prometheus", "http://[::1"], "--prometheus"),
     (["attach", "nohost"], "TARGET 'nohost': no port"),
     (["attach", "127.0.0.1:9470", "--run", "."], "not both"),

@@ -15,6 +15,7 @@ libraries (textual, dash, plotly) never are.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -35,7 +36,8 @@ def attach(model: Any = None, optimizer: Any = None, engine: Any = None, **setti
     ``model``: the root module (found on the first forward if omitted); ``optimizer``: the optimizer
     whose step ends a training step; ``engine``: a DeepSpeed engine (its module and optimizer are
     used). ``settings`` override the ZEROMON_* environment variables (see zeromon_agent.config).
-    Raises zeromon.errors.ZeromonError for a bad setting, naming it.
+    Raises zeromon.errors.ZeromonError for a bad or unknown keyword setting, naming it; a bad ZEROMON_*
+    variable is a warning (stderr and a notice in the recording) and its default.
     """
     global _agent
     with _lock:
@@ -45,9 +47,25 @@ def attach(model: Any = None, optimizer: Any = None, engine: Any = None, **setti
         from zeromon_agent.agent import Agent
         from zeromon_agent.config import load_config
 
-        config = load_config(**settings)
+        # A bad ZEROMON_* variable must not stop the training: a notice and its default (a bad keyword
+        # here is the caller's own code, and raises).
+        notices: list[str] = []
+        config = load_config(notices=notices, **settings)
+        for message in notices:
+            _say(message)
         _agent = Agent(config)
-        return _agent.start(model=model, optimizer=optimizer, engine=engine)
+        agent = _agent.start(model=model, optimizer=optimizer, engine=engine)
+        if agent.recorder is not None:
+            for message in notices:
+                agent.recorder.notice("warning", "settings", message)
+        return agent
+
+
+def _say(message: str) -> None:
+    try:
+        sys.stderr.write(f"zeromon: warning: {message}\n")
+    except Exception:  # noqa: BLE001 - a closed stderr is no reason to stop
+        pass
 
 
 def detach() -> None:

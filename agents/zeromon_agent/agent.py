@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from zeromon.model.codec import RecordingWriter, rank_file_name
+from zeromon.model.events import END_DETACH, END_EXIT
 from zeromon_agent import collectives, ddp
 from zeromon_agent.activations import SavedTensorMeter
 from zeromon_agent.config import AgentConfig
@@ -103,11 +104,25 @@ class Agent:
         self._step_started: tuple[int, float] | None = None  # (step, perf_counter at its first forward)
         self._step_s: float | None = None
         self._previous_sigterm: Any = None
-        self._stop_lock = threading.Lock()
+        self._stop_lock = threading.RLock()  # RLock: SIGTERM may arrive while atexit is stopping
+        self._ending: tuple[str, str | None] | None = None  # (RunEnd.how, detail) seen by the excepthook
         self.endpoint: Any = None  # zeromon_agent.endpoint.AgentEndpoint while it serves
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self, model: Any = None, optimizer: Any = None, engine: Any = None) -> Agent:
+        """Start recording. Never raises: whatever fails here (a bug, an unexpected environment) is one
+        log line, and the training goes on unobserved (``started`` stays False)."""
+        try:
+            return self._start(model, optimizer, engine)
+        except Exception as exc:  # noqa: BLE001 - zeromon must never be the reason a run dies
+            log.warning("zeromon: rank %d: the agent did not start (training goes on unobserved): %s: %s",
+                        self.rank, type(exc).__name__, exc)
+            self.state.enabled = False
+            self.started = True  # so that stop() undoes what did start
+            self.stop(END_DETACH, f"the agent did not start: {type(exc).__name__}: {exc}")
+            return self
+
+    def _start(self, model: Any, optimizer: Any, engine: Any) -> Agent:
         import torch
 
         self.state.resize(self.config.buffer_events)
@@ -132,9 +147,13 @@ class Agent:
 
         writer = None
         if self.config.record:
-            writer = RecordingWriter(self.run_dir / rank_file_name(self.rank), self.rank, job=self.job,
-                                     world_size=self.world_size, host=os.uname().nodename, pid=os.getpid(),
-                                     created_unix_ns=time.time_ns())
+            # Never raises: a folder that cannot be written (read-only, full, a path under a file) gives
+            # a writer that counts what it could not write; the recorder says so once (a Notice, the
+            # log) and the live endpoint serves all the same.
+            writer = RecordingWriter.open_or_lost(
+                self.run_dir / rank_file_name(self.rank), self.rank, job=self.job, world_size=self.world_size,
+                host=os.uname().nodename, pid=os.getpid(), created_unix_ns=time.time_ns(),
+                flush_interval_s=self.config.flush_interval_s, end_record=True)
         device = None
         if cuda_index is not None and self.config.device_interval_s > 0:
             from zeromon_agent.device import NvmlDevice
@@ -160,8 +179,9 @@ class Agent:
         if self.tracker.root is None:
             self.tracker.watch_for_root()
         self._write_run_info()
-        atexit.register(self.stop)
+        atexit.register(self._at_exit)
         self._install_sigterm()
+        self._install_excepthook()
         self.started = True
         self.state.enabled = True
         return self
@@ -186,8 +206,9 @@ class Agent:
         if self.started:
             self._write_run_info()
 
-    def stop(self) -> None:
-        """Flush and close. Safe to call more than once, from atexit or a signal handler."""
+    def stop(self, how: str = END_DETACH, detail: str | None = None) -> None:
+        """Flush and close, ending the recording with how the rank ended (RunEnd.how; by default the
+        agent was stopped on purpose). Safe to call more than once, from atexit or a signal handler."""
         with self._stop_lock:
             if not self.started:
                 return
@@ -199,10 +220,13 @@ class Agent:
                     self.meter.release()
                 self.points.close()
                 self.tracker.close()
-                if self.recorder is not None:
-                    self.recorder.stop()
             except Exception as exc:  # noqa: BLE001
                 log.warning("zeromon: error while stopping the agent: %r", exc)
+            try:
+                if self.recorder is not None:
+                    self.recorder.stop(how=how, detail=detail)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("zeromon: error while stopping the agent's recorder: %r", exc)
             # After the recorder's last drain: a final scrape still sees the end of the run.
             endpoint, self.endpoint = self.endpoint, None
             if endpoint is not None:
@@ -217,6 +241,26 @@ class Agent:
                     pass
                 self._previous_sigterm = None
 
+    def _at_exit(self) -> None:
+        """atexit: the interpreter is ending, after an uncaught exception if the hook below saw one."""
+        ending = self._ending
+        self.stop(*(ending if ending is not None else (END_EXIT, None)))
+
+    def _install_excepthook(self) -> None:
+        """Note the exception that ends the script, for the end record; then the hook that was there
+        (the user's, or Python's, which prints the traceback) runs as before."""
+        previous = sys.excepthook
+
+        def excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+            try:
+                if self._ending is None:
+                    self._ending = (f"exception {exc_type.__name__}", str(exc)[:500] or None)
+            except Exception:  # noqa: BLE001 - never in the way of the traceback
+                pass
+            previous(exc_type, exc, tb)
+
+        sys.excepthook = excepthook
+
     def _install_sigterm(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
@@ -229,7 +273,7 @@ class Agent:
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         previous = self._previous_sigterm
-        self.stop()  # flushes the recording
+        self.stop(f"signal {signal.Signals(signum).name}")  # flushes the recording and ends it
         if callable(previous):
             previous(signum, frame)
         elif previous == signal.SIG_IGN:

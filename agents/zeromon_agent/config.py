@@ -1,6 +1,9 @@
 """The agent's settings: keyword arguments to attach(), else ZEROMON_* environment variables.
 
-A bad value is refused with a message that names the variable and what it accepts.
+Every number goes through zeromon.model.numbers (finite, in range, with a unit where one is meant). A bad
+keyword to attach() raises ZeromonError naming it; a bad variable does too where a command checks them
+(``zeromon run``, before anything starts), but inside a training process it is a notice (on stderr and in
+the recording) and the default: a typo in the environment must not stop the training it would watch.
 """
 
 from __future__ import annotations
@@ -11,10 +14,17 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from zeromon.errors import ZeromonError
-from zeromon.model.units import parse_size
+from zeromon.model.numbers import CAPACITY, PORT, Count, Real, Size
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+
+BUFFER_EVENTS = Count(1024, 2**24)
+FLUSH_SECONDS = Real(0.01, 3600.0, "seconds")  # below 10 ms the writer would wake more than the training steps
+ASYNC_SAMPLE_EVERY = Count(1, 10**6, zero="none")
+MEMORY_EVERY = Count(1, 10**6)
+DEVICE_SECONDS = Real(0.05, 3600.0, "seconds", zero="off")  # an NVML query costs ~1 ms: at most 20 a second
+RECENT_EVENTS = Count(16, 2**20)
 
 
 def _bool(text: str) -> bool:
@@ -23,70 +33,58 @@ def _bool(text: str) -> bool:
         return True
     if low in _FALSE:
         return False
-    raise ValueError("expected one of 1, 0, true, false, yes, no, on, off")
+    raise ValueError("must be one of 1, 0, true, false, yes, no, on, off")
 
 
-def _int_at_least(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise ValueError(f"expected an integer >= {minimum}") from None
-        if value < minimum:
-            raise ValueError(f"expected an integer >= {minimum}")
+def _check_bool(value: object) -> bool:
+    if isinstance(value, bool):
         return value
-
-    return parse
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError("expected a number of seconds >= 0") from None
-    if value < 0:
-        raise ValueError("expected a number of seconds >= 0")
-    return value
-
-
-def _positive_seconds(text: str) -> float:
-    value = _seconds(text)
-    if value <= 0:
-        raise ValueError("expected a number of seconds > 0")
-    return value
+    if isinstance(value, str):
+        return _bool(value)
+    raise ValueError("must be True or False")
 
 
 def _memory_every(text: str) -> int:
     if text.strip().lower() == "auto":
         return 0
     try:
-        value = int(text)
+        return MEMORY_EVERY.parse(text)
     except ValueError:
-        raise ValueError("expected 'auto' or an integer >= 1") from None
-    if value < 1:
-        raise ValueError("expected 'auto' or an integer >= 1")
-    return value
+        raise ValueError(f"must be 'auto' or {MEMORY_EVERY.accepts}") from None
 
 
-def _size(text: str) -> int:
-    return parse_size(text)
-
-
-def _port(text: str) -> int:
+def _check_memory_every(value: object) -> int:
+    if isinstance(value, str):
+        return _memory_every(value)
+    if value == 0 and not isinstance(value, bool):
+        return 0  # the field's own "auto"
     try:
-        value = int(text)
+        return MEMORY_EVERY.check(value)
     except ValueError:
-        raise ValueError("expected a port from 0 to 65535 (0: any free port)") from None
-    if not 0 <= value <= 65535:
-        raise ValueError("expected a port from 0 to 65535 (0: any free port)")
-    return value
+        raise ValueError(f"must be 'auto' (0) or {MEMORY_EVERY.accepts}") from None
 
 
 def _address(text: str) -> str:
     value = text.strip()
     if not value or any(c.isspace() or c in "/[]" for c in value):
-        raise ValueError("expected an IP address or host name such as 127.0.0.1 or 0.0.0.0")
+        raise ValueError("must be an IP address or host name such as 127.0.0.1 or 0.0.0.0")
     return value
+
+
+def _check_text(parse: Callable[[str], Any]) -> Callable[[object], Any]:
+    def check(value: object) -> Any:
+        if not isinstance(value, str):
+            raise ValueError("must be a string")
+        return parse(value)
+
+    return check
+
+
+def _check_number(spec: Count | Real | Size) -> Callable[[object], Any]:
+    def check(value: object) -> Any:
+        return spec.parse(value) if isinstance(value, str) else spec.check(value)
+
+    return check
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,46 +109,96 @@ class AgentConfig:
     registry: str | None = None  # user-level endpoint index; None: ~/.cache/zeromon/agents
 
 
-# field -> (environment variable, parser, accepted values for the message)
-ENV: dict[str, tuple[str, Callable[[str], Any], str]] = {
-    "enabled": ("ZEROMON_ENABLE", _bool, "1 or 0"),
-    "out_dir": ("ZEROMON_OUT", str, "a folder"),
-    "record": ("ZEROMON_RECORD", _bool, "1 or 0"),
-    "job": ("ZEROMON_JOB", str, "a name"),
-    "buffer_events": ("ZEROMON_BUFFER_EVENTS", _int_at_least(1024), "an integer >= 1024"),
-    "flush_interval_s": ("ZEROMON_FLUSH_INTERVAL", _positive_seconds, "seconds > 0"),
-    "async_sample_every": ("ZEROMON_ASYNC_SAMPLE_EVERY", _int_at_least(0), "an integer >= 0"),
-    "memory_every": ("ZEROMON_MEMORY_EVERY", _memory_every, "'auto' or an integer >= 1"),
-    "activations": ("ZEROMON_ACTIVATIONS", _bool, "1 or 0"),
-    "device_interval_s": ("ZEROMON_DEVICE_INTERVAL", _seconds, "seconds >= 0 (0 = off)"),
-    "cpu_capacity": ("ZEROMON_CPU_CAPACITY", _size, "a size such as 24GiB or 80GB"),
-    "memory_history": ("ZEROMON_MEMORY_HISTORY", _bool, "1 or 0"),
-    "recent_events": ("ZEROMON_RECENT_EVENTS", _int_at_least(16), "an integer >= 16"),
-    "endpoint": ("ZEROMON_ENDPOINT", _bool, "1 or 0"),
-    "port": ("ZEROMON_PORT", _port, "a port from 0 to 65535"),
-    "bind": ("ZEROMON_BIND", _address, "an IP address or host name"),
-    "token": ("ZEROMON_TOKEN", str, "a secret string"),
-    "registry": ("ZEROMON_REGISTRY", str, "a folder"),
+@dataclass(frozen=True, slots=True)
+class Setting:
+    var: str  # the environment variable
+    parse: Callable[[str], Any]  # its text -> the value; ValueError with the reason
+    check: Callable[[object], Any]  # an attach() keyword's value -> the value; ValueError with the reason
+    accepts: str  # in words, for the hint
+
+
+def _switch(var: str) -> Setting:
+    return Setting(var, _bool, _check_bool, "1 or 0")
+
+
+def _text(var: str, accepts: str, parse: Callable[[str], Any] = str) -> Setting:
+    return Setting(var, parse, _check_text(parse), accepts)
+
+
+def _folder(var: str) -> Setting:
+    def check(value: object) -> str:
+        if not isinstance(value, str | os.PathLike):
+            raise ValueError("must be a folder (a str or a path)")
+        return os.fspath(value)  # type: ignore[return-value]
+
+    return Setting(var, str, check, "a folder")
+
+
+def _number(var: str, spec: Count | Real | Size) -> Setting:
+    return Setting(var, spec.parse, _check_number(spec), spec.accepts)
+
+
+# field -> its setting
+ENV: dict[str, Setting] = {
+    "enabled": _switch("ZEROMON_ENABLE"),
+    "out_dir": _folder("ZEROMON_OUT"),
+    "record": _switch("ZEROMON_RECORD"),
+    "job": _text("ZEROMON_JOB", "a name"),
+    "buffer_events": _number("ZEROMON_BUFFER_EVENTS", BUFFER_EVENTS),
+    "flush_interval_s": _number("ZEROMON_FLUSH_INTERVAL", FLUSH_SECONDS),
+    "async_sample_every": _number("ZEROMON_ASYNC_SAMPLE_EVERY", ASYNC_SAMPLE_EVERY),
+    "memory_every": Setting("ZEROMON_MEMORY_EVERY", _memory_every, _check_memory_every,
+                            f"'auto' or {MEMORY_EVERY.accepts}"),
+    "activations": _switch("ZEROMON_ACTIVATIONS"),
+    "device_interval_s": _number("ZEROMON_DEVICE_INTERVAL", DEVICE_SECONDS),
+    "cpu_capacity": _number("ZEROMON_CPU_CAPACITY", CAPACITY),
+    "memory_history": _switch("ZEROMON_MEMORY_HISTORY"),
+    "recent_events": _number("ZEROMON_RECENT_EVENTS", RECENT_EVENTS),
+    "endpoint": _switch("ZEROMON_ENDPOINT"),
+    "port": _number("ZEROMON_PORT", PORT),
+    "bind": _text("ZEROMON_BIND", "an IP address or host name", _address),
+    "token": _text("ZEROMON_TOKEN", "a secret string"),
+    "registry": _folder("ZEROMON_REGISTRY"),
 }
 
 
-def load_config(environ: Mapping[str, str] | None = None, **overrides: Any) -> AgentConfig:
-    """Settings from the environment, then keyword overrides. Raises ZeromonError naming the variable."""
+def load_config(environ: Mapping[str, str] | None = None, notices: list[str] | None = None,
+                **overrides: Any) -> AgentConfig:
+    """Settings from the environment, then keyword overrides.
+
+    A bad variable raises ZeromonError naming it (``ZEROMON_FLUSH_INTERVAL='nan': must be seconds from
+    0.01 to 3600``), or, when ``notices`` is a list (inside training), is said there and the default
+    kept. A bad or unknown keyword always raises ZeromonError naming it: it is the caller's own code.
+    """
     environ = os.environ if environ is None else environ
+    defaults = AgentConfig()
     values: dict[str, Any] = {}
-    for name, (var, parse, accepted) in ENV.items():
-        raw = environ.get(var)
+    for name, setting in ENV.items():
+        raw = environ.get(setting.var)
         if raw is None or raw == "":
             continue
         try:
-            values[name] = parse(raw)
+            values[name] = setting.parse(raw)
         except ValueError as exc:
-            raise ZeromonError(f"{var}={raw!r} is not valid: {exc}", hint=f"{var} accepts {accepted}") from None
+            message = f"{setting.var}={raw!r}: {exc}"
+            if notices is None:
+                said = setting.accepts in message
+                raise ZeromonError(message, hint=None if said else f"{setting.var} takes {setting.accepts}") from None
+            default = getattr(defaults, name)
+            instead = "its default" if default is None else f"the default, {default}"
+            notices.append(f"{message} (zeromon uses {instead}, instead)")
     known = {f.name for f in fields(AgentConfig)}
     for name, value in overrides.items():
         if name not in known:
             raise ZeromonError(f"attach() got an unknown setting {name!r}",
                                hint="settings: " + ", ".join(sorted(known)))
-        if value is not None:
-            values[name] = value
+        if value is None:
+            continue
+        setting = ENV[name]
+        try:
+            values[name] = setting.check(value)
+        except ValueError as exc:
+            shown = "..." if name == "token" else repr(value)  # a secret stays off the terminal
+            raise ZeromonError(f"attach({name}={shown}): {exc}",
+                               hint=f"{name} takes what {setting.var} takes: {setting.accepts}") from None
     return AgentConfig(**values)

@@ -16,6 +16,7 @@ the job that took its port.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import logging
 import os
 import secrets
@@ -81,6 +82,13 @@ class EndpointApp:
 
 # --- the agent's side -------------------------------------------------------------------------------------
 
+def _loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.split("%", 1)[0]).is_loopback
+    except ValueError:
+        return False
+
+
 def launch_id() -> str:
     """The launcher of this rank (torchrun, mpirun's daemon, ...) as ``<pid>-<start time in clock ticks>``:
     the same for every rank it started on this host, another for the next launch (a pid may come back,
@@ -118,6 +126,14 @@ class AgentEndpoint:
                        f"the endpoint listens on {port}")
             log.warning("zeromon: rank %d: %s", rank, message)
             notice("warning", "endpoint", message)
+        bound = str(sock.getsockname()[0])
+        if not token and not _loopback(bound):
+            # Said by the agent, whichever way it started (zeromon run, attach(), a bootstrap), so that it is
+            # in the recording and `zeromon summary`, not only on the launcher's terminal.
+            message = (f"the endpoint listens on {bound}:{port} (ZEROMON_BIND={address}) without ZEROMON_TOKEN: "
+                       "whoever reaches this machine can read its metrics and snapshots")
+            log.warning("zeromon: rank %d: %s", rank, message)
+            notice("warning", "endpoint", message)
         host = os.uname().nodename
         start_ns = time.time_ns()
         agent_id = secrets.token_hex(8)
@@ -133,7 +149,6 @@ class AgentEndpoint:
         live.extra_cpu_s = lambda: server.cpu_time_s  # the endpoint's threads count as the agent's CPU
         server.start()
         try:
-            bound = str(sock.getsockname()[0])
             run_path = Path(run_dir).resolve()
             entry = registry.EndpointEntry(
                 run_dir=str(run_path), run_id=run_path.name, job=job, host=host, address=bound, port=port,

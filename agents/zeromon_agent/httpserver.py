@@ -121,6 +121,19 @@ class _Handler(BaseHTTPRequestHandler):
     def handle(self) -> None:
         self.handle_one_request()
 
+    def parse_request(self) -> bool:
+        ok = super().parse_request()
+        if self.request_version == "HTTP/0.9":  # http.server writes no status line or headers for 0.9
+            self.request_version = "HTTP/1.0"
+        return ok
+
+    def __getattr__(self, name: str) -> Any:
+        """Any method but GET and HEAD (POST, PUT, BREW, ...) is 405: http.server answers a method it has
+        no do_<METHOD> for with 501, which would tell a client the server lacks it, not that it is refused."""
+        if name.startswith("do_"):
+            return self._not_allowed
+        raise AttributeError(name)
+
     def finish(self) -> None:
         pass
 
@@ -139,8 +152,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Allow", "GET, HEAD")
         self.end_headers()
         self.wfile.write(body)
-
-    do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _not_allowed  # noqa: N815 - http.server's naming
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """http.server's errors (a malformed request line, an unknown method: 400, 501, ...) as JSON, not HTML."""
@@ -208,12 +219,13 @@ class _Conn:
     out: memoryview | None = None  # the response still to send, once answered inline
 
 
-def _say(sock: socket.socket, status: HTTPStatus) -> None:
-    """Best effort, never blocking: a status line for a client about to be dropped."""
+def _say(sock: socket.socket, status: HTTPStatus, error: str) -> None:
+    """Best effort, never blocking: a status line and a JSON error for a client about to be dropped."""
+    body = json.dumps({"error": error}, separators=(",", ":")).encode() + b"\n"
     try:
         sock.setblocking(False)
-        sock.send(f"HTTP/1.0 {status.value} {status.phrase}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                  .encode())
+        sock.send(f"HTTP/1.0 {status.value} {status.phrase}\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
     except OSError:
         pass
 
@@ -398,7 +410,7 @@ class HttpServer:
             self._queue.put_nowait((conn.sock, head, conn.address))
         except queue.Full:
             self.refused += 1
-            _say(conn.sock, HTTPStatus.SERVICE_UNAVAILABLE)
+            _say(conn.sock, HTTPStatus.SERVICE_UNAVAILABLE, self._why(HTTPStatus.SERVICE_UNAVAILABLE))
             _close(conn.sock)
         except OSError:
             _close(conn.sock)
@@ -420,6 +432,12 @@ class HttpServer:
         else:  # a client that reads slowly: the rest when it can take it, until the deadline
             selector.modify(conn.sock, selectors.EVENT_WRITE, conn)
 
+    def _why(self, status: HTTPStatus) -> str:
+        """Why a connection is dropped unanswered, for the JSON error every answer carries."""
+        return {HTTPStatus.REQUEST_TIMEOUT: f"no complete request head within {self.read_timeout_s:g} s",
+                HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE: f"request head larger than {self.max_head_bytes} bytes",
+                HTTPStatus.SERVICE_UNAVAILABLE: "too many requests at once; try again"}.get(status, status.phrase)
+
     def _forget(self, selector: selectors.BaseSelector, conns: dict[int, _Conn], conn: _Conn) -> None:
         conns.pop(conn.sock.fileno(), None)
         try:
@@ -432,7 +450,7 @@ class HttpServer:
         self.refused += 1
         self._forget(selector, conns, conn)
         if status is not None:
-            _say(conn.sock, status)
+            _say(conn.sock, status, self._why(status))
         _close(conn.sock)
 
     # --- the workers ----------------------------------------------------------------------------------

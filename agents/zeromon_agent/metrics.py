@@ -234,6 +234,11 @@ class AgentCollector(Collector):
                                  "buffer was full.", s.events_dropped)
         yield from self._counter("zeromon_agent_hook_errors", "Exceptions caught inside zeromon's hooks "
                                  "(training continued).", s.hook_errors)
+        yield from self._counter("zeromon_recording_lost_records", "Records the agent could not write to its "
+                                 "recording (a full disk, a read-only or removed folder); the live endpoint goes on.",
+                                 s.records_lost)
+        yield from self._counter("zeromon_recording_lost_bytes", "Bytes of the records the agent could not write "
+                                 "to its recording.", s.bytes_lost)
         yield from self._counter("zeromon_agent_cpu_seconds", "CPU time of the agent's own threads (recorder "
                                  "and endpoint).", s.cpu_time_s)
         yield from self._gauge("zeromon_agent_start_time_seconds", "When the agent's endpoint started, Unix "

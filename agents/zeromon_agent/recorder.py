@@ -8,6 +8,7 @@ NVML) happens here, off the training thread. The thread holds the GIL only in sh
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from zeromon.model.events import (
     OomEvent,
     PhaseSpan,
     Record,
+    RunEnd,
     RunInfo,
     StepSummary,
     Timing,
@@ -46,6 +48,8 @@ from zeromon_agent.state import (
     RAW_WAIT,
     HotState,
 )
+
+log = logging.getLogger("zeromon.agent")
 
 # An async collective nobody waits on is polled for completion after this long.
 _POLL_AFTER_NS = 200_000_000
@@ -177,23 +181,36 @@ class Recorder:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._drain_lock = threading.Lock()
+        self._loss_said = False
+        self._hook_places_said: set[str] = set()
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
+        self._check_writer()  # a file that could not be made is said before the first step
         self._thread = threading.Thread(target=self._run, name="zeromon-recorder", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Drain everything, finalize what is left, write stats, close the file. Idempotent."""
+    def stop(self, timeout_s: float = 5.0, how: str = "exit", detail: str | None = None) -> None:
+        """Drain everything, finalize what is left, write stats and the end record (``how`` the rank
+        ended: RunEnd.how), close the file. Idempotent."""
         self._stop.set()
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
         with self._drain_lock:
-            self._drain(final=True)
-            self._write(self.stats())
-            if self.writer is not None:
-                self.writer.close()
+            try:
+                self._drain(final=True)
+            finally:  # the end record is written whatever the drain met
+                self._say_hook_errors()
+                self._write(self.stats())
+                writer = self.writer
+                if writer is not None:
+                    end = RunEnd(rank=self.rank, t_ns=time.time_ns(), how=how,
+                                 last_step=self._emitted_through if self._emitted_through >= 0 else None,
+                                 records_lost=writer.records_lost, bytes_lost=writer.bytes_lost,
+                                 detail=detail, write_error=writer.error)
+                    writer.close(end)
+                    self._check_writer()
 
     def _run(self) -> None:
         cpu0 = time.thread_time()
@@ -208,9 +225,40 @@ class Recorder:
                         self._write(self.stats())
                     if self.writer is not None:
                         self.writer.flush()
+                        self._check_writer()
+                    self._say_hook_errors()
             except Exception as exc:  # noqa: BLE001 - the recorder must never take training down
                 self.state.hook_error("recorder", exc)
             self.cpu_time_s = time.thread_time() - cpu0
+
+    def _check_writer(self) -> None:
+        """Say once, in a Notice and the log, that the recording stopped being written."""
+        writer = self.writer
+        if self._loss_said or writer is None or writer.error is None:
+            return
+        self._loss_said = True
+        message = (f"{writer.error}; the recording stops here (what follows is counted as lost: "
+                   "zeromon_recording_lost_records_total); training and the live endpoint go on")
+        log.warning("zeromon: rank %d: %s", self.rank, message)
+        record = Notice(rank=self.rank, t_ns=time.time_ns(), level="error", source="recording", message=message)
+        with self.lock:
+            self.notices.append(record)
+
+    def _say_hook_errors(self) -> None:
+        """A Notice for each place whose hook raised, once per place (HotState.hook_error counts every
+        error and logs each place once; its set of places is read here, off the training thread)."""
+        try:
+            places = set(self.state._logged) - self._hook_places_said
+        except RuntimeError:  # the set grew while copied: next pass
+            return
+        for where in sorted(places):
+            self._hook_places_said.add(where)
+            record = Notice(rank=self.rank, t_ns=time.time_ns(), level="warning", source="hooks",
+                            message=f"an error in zeromon's {where} hook: training goes on, zeromon's "
+                                    "hook errors count it (and any more)")
+            with self.lock:
+                self.notices.append(record)
+            self._write(record)
 
     # --- output -----------------------------------------------------------------------------------
     def unix(self, perf_ns: int) -> int:
@@ -227,9 +275,12 @@ class Recorder:
             self.recent.append((self.cursor, record))
 
     def stats(self) -> AgentStats:
+        writer = self.writer
         return AgentStats(rank=self.rank, t_ns=time.time_ns(), events_recorded=self.state.recorded,
                           events_dropped=self.state.dropped, hook_errors=self.state.hook_errors,
-                          cpu_time_s=round(self.cpu_time_s, 6))
+                          cpu_time_s=round(self.cpu_time_s, 6),
+                          records_lost=writer.records_lost if writer is not None else None,
+                          bytes_lost=writer.bytes_lost if writer is not None else None)
 
     def notice(self, level: str, source: str, message: str) -> None:
         record = Notice(rank=self.rank, t_ns=time.time_ns(), level=level, source=source, message=message)

@@ -27,6 +27,7 @@ Facts the rules rest on (DeepSpeed 0.19.8 unless said otherwise):
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,7 @@ from zeromon.analysis.lint_schema import (
     STATIC_SCHEMA,
     ConfigSchema,
 )
+from zeromon.analysis.lint_types import non_finite, refusal
 from zeromon.model.units import format_bytes
 
 
@@ -89,10 +91,15 @@ class LintReport:
 
 
 def _number(value: Any) -> float | None:
-    """An int or float as written (bools are not numbers here); None for anything else."""
+    """An int or float as written, finite (bools are not numbers here); None for anything else (NaN,
+    Infinity and numbers past a float's range are ZL030's)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an int of 400 digits
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _count(value: Any) -> int | None:
@@ -243,6 +250,69 @@ def _unknown_key(lint: _Lint, section: str, key: str, path: str) -> None:
     else:
         lint.add("ZL012", "warning", path, f"unknown key {path}: {hint}; DeepSpeed silently ignores unknown "
                  "top-level keys, so this setting has no effect", fix)
+
+
+def _check_values(lint: _Lint) -> None:
+    """ZL030: NaN and infinities anywhere; ZL031: the values DeepSpeed's config models refuse (their types
+    and bounds, read as pydantic reads them), and the blocks DeepSpeed reads as objects."""
+    for path, number in non_finite_values(lint.config):
+        add_non_finite(lint, path, number)
+    for name, accepted in (("zero_optimization", "an object {...} (or true/false, the legacy form)"),
+                           ("fp16", "an object {...}"), ("bf16", "an object {...}")):
+        block = lint.config.get(name)
+        if name in lint.config and not isinstance(block, Mapping) and not (
+                name == "zero_optimization" and isinstance(block, bool)) and not (name == "bf16" and block is None):
+            lint.add("ZL031", "error", name, f"{name} is {_shown(block)}; DeepSpeed reads it as {accepted} and "
+                     "stops at start-up", f"write {name} as {accepted}")
+    for path, field_type in lint.options.schema.types.items():
+        section, _, key = path.rpartition(".")
+        block = _block(lint.config, section)
+        if block is None or key not in block:
+            continue
+        value = block[key]
+        if lint.is_auto(value):
+            continue  # ZL011's
+        reason = refusal(field_type, value)
+        if reason is not None:
+            lint.add("ZL031", "error", path, f"{path} is {_shown(value)}: {reason}; DeepSpeed's config class "
+                     "refuses it and stops at start-up", f"set {key} to {field_type.describe()}")
+
+
+def non_finite_values(value: Any, path: str = "") -> Iterable[tuple[str, float]]:
+    """(key path, value) of every NaN and infinity in a parsed config."""
+    if isinstance(value, Mapping):
+        for key, sub in value.items():
+            yield from non_finite_values(sub, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list):
+        for i, sub in enumerate(value):
+            yield from non_finite_values(sub, f"{path}[{i}]")
+    elif non_finite(value):
+        yield path, value
+
+
+def add_non_finite(lint: _Lint, path: str, value: float, file: str | None = None) -> None:
+    lint.add("ZL030", "error", path, f"{path} is {_shown(value)} (NaN, Infinity, or a number too large for a float, such "
+             "as 1e400): no setting means that, and DeepSpeed either refuses it or computes with it",
+             "give a finite number", file)
+
+
+def _block(config: Mapping[str, Any], section: str) -> Mapping[str, Any] | None:
+    """The object at a dotted section path ("" is the top level), None when it is not an object."""
+    block: Any = config
+    for part in section.split(".") if section else ():
+        block = block.get(part) if isinstance(block, Mapping) else None
+    return block if isinstance(block, Mapping) else None
+
+
+def _shown(value: Any) -> str:
+    """A value as a message quotes it: JSON's spelling, cut short."""
+    import json
+
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _check_stage(lint: _Lint) -> None:
@@ -633,6 +703,7 @@ def _params_text(params: float) -> str:
 
 def _run_rules(lint: _Lint, duplicate_keys: Iterable[str], gpus: int | None, zero_init: bool) -> None:
     _check_keys(lint, duplicate_keys)
+    _check_values(lint)
     _check_stage(lint)
     _check_zero3_save(lint)
     _check_batch(lint)

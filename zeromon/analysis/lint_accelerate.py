@@ -20,6 +20,8 @@ from zeromon.analysis.lint import (
     _report,
     _run_rules,
     _truthy,
+    add_non_finite,
+    non_finite_values,
 )
 from zeromon.analysis.lint_schema import (
     _DEEPSPEED_TO_ACCELERATE,
@@ -155,5 +157,9 @@ def lint_accelerate_config(accelerate: Mapping[str, Any], deepspeed_file: Mappin
         lint = _Lint(inline_deepspeed_config(block, accelerate.get("mixed_precision")), opts,
                      key_map=_DEEPSPEED_TO_ACCELERATE, inline=True)
     _run_rules(lint, duplicate_keys, world, zero_init)
+    seen = {f.key for f in lint.findings if f.id == "ZL030" and f.file == "accelerate"}
+    for path, value in non_finite_values(accelerate):  # num_processes: .nan, and what the inline config drops
+        if path not in seen:
+            add_non_finite(lint, path, value, file="accelerate")
     _check_accelerate_block(lint, accelerate, block, deepspeed_file is not None, relative_file)
     return _report(lint)

@@ -8,7 +8,9 @@ test checks the two agree). The rules that use these live in ``zeromon.analysis.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from zeromon.analysis.lint_types import STATIC_TYPES, FieldType
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -43,6 +45,8 @@ RULES: dict[str, str] = {
     "ZL027": "relative deepspeed_config_file (accelerate opens it from the launch directory)",
     "ZL028": "batch size value that is not a positive integer",
     "ZL029": "NVMe optimizer offload at ZeRO stage 1 or 2 (DeepSpeed offloads to CPU memory)",
+    "ZL030": "number that is not finite (NaN, Infinity, or past a float's range such as 1e400)",
+    "ZL031": "value of a type or range DeepSpeed's config classes refuse",
 }
 
 # The keys accelerate reads from its `deepspeed_config` block (accelerate/commands/launch.py, deepspeed_args).
@@ -91,6 +95,7 @@ class ConfigSchema:
     overlap_comm_default: tuple[bool, bool, bool, bool]  # by stage
     pin_memory_default: bool
     origin: str  # where these facts come from, for the report
+    types: Mapping[str, FieldType] = field(default_factory=lambda: STATIC_TYPES)  # key path -> its value type
 
     def strict(self, section: str) -> bool:
         """Sections that are pydantic models with extra="forbid": an unknown key there is fatal."""

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from zeromon.analysis.rank_ends import RankEnd, end_lines, rank_ends
 from zeromon.model.codec import Recording, read_run
+from zeromon.model.run_end import read_file_ends
 from zeromon.model.units import format_bytes
 
 
@@ -34,6 +36,7 @@ class RankSummary:
     events_dropped: int = 0
     hook_errors: int = 0
     corrupt_lines: tuple[int, ...] = ()  # line numbers in the rank file, skipped
+    line_errors: dict[int, str] = field(default_factory=dict)  # what was wrong with some (Recording.line_errors)
     notices: tuple[str, ...] = ()
     file: str = ""
 
@@ -43,6 +46,7 @@ class RunSummary:
     run_dir: str
     world_size: int
     ranks: tuple[RankSummary, ...]
+    ends: tuple[RankEnd, ...] = ()  # how each rank ended (rank_ends): died, cut off, incomplete
 
 
 def strategy_label(rec: Recording) -> str:
@@ -88,6 +92,7 @@ def summarize_recording(rec: Recording) -> RankSummary:
         events_dropped=rec.stats.events_dropped if rec.stats else 0,
         hook_errors=rec.stats.hook_errors if rec.stats else 0,
         corrupt_lines=tuple(rec.corrupt_lines),
+        line_errors=dict(rec.line_errors),
         notices=tuple(f"{n.level}: {n.message}" for n in rec.notices),
         file=str(rec.path),
     )
@@ -96,8 +101,10 @@ def summarize_recording(rec: Recording) -> RankSummary:
 def summarize_run(run_dir: Path) -> RunSummary:
     recordings = read_run(run_dir)
     world = max((r.run_info.world_size for r in recordings if r.run_info), default=len(recordings))
+    through = {r.rank: max((s.step for s in r.steps), default=None) for r in recordings}
+    ends = rank_ends(read_file_ends([r.path for r in recordings]), through, world)
     return RunSummary(run_dir=str(run_dir), world_size=world,
-                      ranks=tuple(summarize_recording(r) for r in recordings))
+                      ranks=tuple(summarize_recording(r) for r in recordings), ends=ends)
 
 
 def counted(n: int, thing: str) -> str:
@@ -105,13 +112,16 @@ def counted(n: int, thing: str) -> str:
     return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
 
 
-def corrupt_lines_note(file: str, lines: Sequence[int], shown: int = 5) -> str:
-    """'rank-1.jsonl: 1 corrupt line skipped (line 57)', with at most ``shown`` line numbers."""
+def corrupt_lines_note(file: str, lines: Sequence[int], shown: int = 5, errors: Mapping[int, str] | None = None) -> str:
+    """'rank-1.jsonl: 2 corrupt lines skipped (lines 57, 80; line 57: collective.meaning is 7, not a
+    string)', with at most ``shown`` line numbers and the first of ``errors`` (line: what was wrong)."""
     numbers = ", ".join(map(str, lines[:shown]))
     if len(lines) > shown:
         numbers += f" and {len(lines) - shown} more"
     where = f"line {numbers}" if len(lines) == 1 else f"lines {numbers}"
-    return f"{Path(file).name}: {counted(len(lines), 'corrupt line')} skipped ({where})"
+    first = next(iter(errors.items()), None) if errors else None
+    why = f"; line {first[0]}: {first[1]}" if first is not None else ""
+    return f"{Path(file).name}: {counted(len(lines), 'corrupt line')} skipped ({where}{why})"
 
 
 def format_summary(summary: RunSummary) -> str:
@@ -137,7 +147,8 @@ def format_summary(summary: RunSummary) -> str:
         if lost:
             lines.append(f"rank {r.rank}: {', '.join(lost)}")
         if r.corrupt_lines:
-            lines.append(corrupt_lines_note(r.file, r.corrupt_lines))
+            lines.append(corrupt_lines_note(r.file, r.corrupt_lines, errors=r.line_errors))
+    lines.extend(end_lines(summary.ends))
     seen: set[str] = set()
     for r in summary.ranks:
         for note in r.notices:

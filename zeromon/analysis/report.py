@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from zeromon.analysis.bandwidth import (
@@ -43,6 +43,7 @@ class RankReport:
     oom: OomForecast
     file: str = ""  # the rank file read
     corrupt_lines: tuple[int, ...] = ()  # its lines that could not be decoded, skipped
+    line_errors: Mapping[int, str] = field(default_factory=dict)  # what was wrong with some (Recording.line_errors)
     warmup: WarmUp = WarmUp(collectives=0, bytes=0, blocked_s=0.0)  # before the first step
 
 
@@ -113,6 +114,7 @@ def _pct(ratio: float | None) -> float | None:
 def _rank_dict(r: RankReport) -> dict[str, Any]:
     return {
         "rank": r.rank, "file": r.file, "corrupt_lines": list(r.corrupt_lines),
+        "line_errors": {str(line): error for line, error in r.line_errors.items()},
         "framework": r.framework, "strategy": r.strategy, "steps": len(r.steps),
         "median_step_s": r.median_step_s,
         "comm_comp_overlap_pct": _pct(r.median_overlap_ratio),
@@ -187,6 +189,7 @@ def rank_report(rec: Recording, capacity_bytes: int | None = None,
         oom=forecast(rec, capacity_bytes=capacity_bytes),
         file=str(rec.path),
         corrupt_lines=tuple(rec.corrupt_lines),
+        line_errors=dict(rec.line_errors),
         warmup=warmup(rec.collective_columns()),
     )
 

@@ -131,10 +131,12 @@ def combine_imbalance(parts: Sequence[RankArrivals]) -> Imbalance:
     first_step = 1 if any(step >= 1 for step, _, _ in runs) or any(s >= 1 for p in parts for s, _ in p.step_s) else 0
     matched = sum(n for _, _, n in runs)
     steady_matched = sum(n for step, _, n in runs if step >= first_step)
+    # One rank alone arrives last at nothing and waits for no one.
+    alone: dict[str, Any] = {"last_arrivals": 0, "caused_wait_s": 0.0, "waited_s": 0.0}
     tallies = _late_arrivals(tables, runs, first_step) if len(parts) > 1 else {}
     steady_steps = len({step for step, _, _ in runs if step >= first_step})
     arrivals_out = tuple(RankArrival(rank=r, matched=matched, steady_matched=steady_matched,
-                                     **(tallies[r] if r in tallies else {})) for r in ranks)
+                                     **tallies.get(r, alone)) for r in ranks)
 
     durations: dict[int, dict[int, float]] = defaultdict(dict)
     own_steps: dict[int, list[float]] = defaultdict(list)

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import os
 import sys
 from typing import TYPE_CHECKING
 
-from zeromon.commands.live import check_interval
 from zeromon.errors import ZeromonError
+from zeromon.model.numbers import POLL_SECONDS, REPLAY_SPEED, flag
 
 if TYPE_CHECKING:
     from zeromon.tui.app import Source
@@ -33,15 +32,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prometheus", metavar="URL", help="read every rank through a Prometheus server's HTTP API")
     parser.add_argument("--token", help="the agents' bearer token (default: ZEROMON_TOKEN)")
     parser.add_argument("--replay", metavar="RUN_DIR", help="play a recorded run back (rank-*.jsonl)")
-    parser.add_argument("--speed", metavar="X", type=float, help="replay speed, 1 = real time (default 1; + and - "
-                        "change it)")
-    parser.add_argument("--interval", metavar="S", type=float, default=1.0,
-                        help="seconds between polls of the agents (default 1)")
+    parser.add_argument("--speed", metavar="X", type=flag("--speed", REPLAY_SPEED),
+                        help=f"replay speed, 1 = real time (default 1; + and - change it; {REPLAY_SPEED.accepts})")
+    parser.add_argument("--interval", metavar="S", type=flag("--interval", POLL_SECONDS), default=1.0,
+                        help=f"seconds between polls of the agents (default 1; {POLL_SECONDS.accepts})")
 
 
 def build_source(args: argparse.Namespace) -> Source:
     """The source the flags ask for; ZeromonError naming the flag for a bad combination."""
-    check_interval(args.interval)
     if args.speed is not None and args.replay is None:
         raise ZeromonError("--speed applies to --replay only")
     from zeromon.sources.discovery import parse_target
@@ -57,8 +55,10 @@ def build_source(args: argparse.Namespace) -> Source:
         if given:
             raise ZeromonError(f"--replay plays a recording; it takes no {' or '.join(given)}", hint=_USAGE_HINT)
         speed = 1.0 if args.speed is None else args.speed
-        if not 0 < speed < math.inf:  # nan and inf too
-            raise ZeromonError(f"--speed {speed:g}: must be a number > 0 (1 = real time, 10 = ten times faster)")
+        if os.path.isfile(args.replay):
+            parent = os.path.dirname(os.path.abspath(args.replay))
+            raise ZeromonError(f"--replay {args.replay}: is a file; a replay plays a run folder (its rank-*.jsonl "
+                               f"together)", hint=f"give the folder that holds it: --replay {parent}")
         if not os.path.isdir(args.replay):
             raise ZeromonError(f"--replay {args.replay}: no such folder",
                                hint="a run folder is the --out of `zeromon run`; it holds rank-*.jsonl")

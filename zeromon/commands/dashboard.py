@@ -4,14 +4,13 @@ the Dash web dashboard."""
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from zeromon.commands.live import check_interval
 from zeromon.errors import ZeromonError
+from zeromon.model.numbers import BUS_BANDWIDTH, CAPACITY, PORT, REFRESH_SECONDS, REPLAY_SPEED, flag
 
 NAME = "dashboard"
 HELP = "the web dashboard of a run: OOM risk, exposed communication, memory, timelines, ranks, planner"
@@ -20,7 +19,6 @@ _USAGE_HINT = ("zeromon dashboard   (the newest local run)   ·   zeromon dashbo
                "zeromon dashboard --replay runs/x   ·   zeromon dashboard --prometheus http://prom:9090   ·   "
                "zeromon dashboard --trace traces/")
 DEFAULT_PORT = 8050
-MIN_INTERVAL_S = 0.25
 # Recent collectives kept per rank from live agents, for the step timeline: a few steps of a large
 # FSDP model (~240 collectives a step); ~300 bytes each.
 LIVE_COLLECTIVES_KEPT = 2048
@@ -39,29 +37,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", metavar="RUN_DIR", help="the live agents registered in this run folder")
     parser.add_argument("--prometheus", metavar="URL", help="read every rank through a Prometheus server's HTTP API")
     parser.add_argument("--replay", metavar="RUN_DIR", help="play a recorded run back")
-    parser.add_argument("--speed", metavar="X", type=float, help="replay speed, 1 = real time (default 1)")
+    parser.add_argument("--speed", metavar="X", type=flag("--speed", REPLAY_SPEED),
+                        help=f"replay speed, 1 = real time (default 1; {REPLAY_SPEED.accepts})")
     parser.add_argument("--trace", metavar="DIR", help="PyTorch profiler (Kineto) traces: the Trace page")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1; another one only with a token)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free)")
+    parser.add_argument("--port", type=flag("--port", PORT), default=DEFAULT_PORT,
+                        help=f"port (default {DEFAULT_PORT}; 0: any free)")
     parser.add_argument("--token", help="require this bearer token (default: ZEROMON_TOKEN); a browser opens "
                         "the page once with ?token=...")
     parser.add_argument("--path-prefix", default="/", metavar="PATH",
                         help="serve under this path, behind a reverse proxy or JupyterHub's (e.g. /user/me/proxy/8050/)")
-    parser.add_argument("--interval", metavar="S", type=float, default=1.0,
-                        help="seconds between refreshes of a live page (default 1)")
-    parser.add_argument("--capacity", metavar="SIZE", help="memory capacity per rank to forecast against (recordings)")
-    parser.add_argument("--peak-busbw", metavar="RATE", help="the link's peak bus bandwidth, e.g. 200GB/s (recordings)")
+    parser.add_argument("--interval", metavar="S", type=flag("--interval", REFRESH_SECONDS), default=1.0,
+                        help=f"seconds between refreshes of a live page (default 1; {REFRESH_SECONDS.accepts}: each "
+                             "refresh redraws the page in every open browser)")
+    parser.add_argument("--capacity", metavar="SIZE", type=flag("--capacity", CAPACITY),
+                        help="memory capacity per rank to forecast against (recordings), e.g. 80GiB")
+    parser.add_argument("--peak-busbw", metavar="RATE", type=flag("--peak-busbw", BUS_BANDWIDTH),
+                        help="the link's peak bus bandwidth, e.g. 200GB/s (recordings)")
     parser.add_argument("--debug", action="store_true", help="Dash's debug mode (tracebacks in the browser: "
                         "never on a shared address)")
 
 
 def build_feed(args: argparse.Namespace) -> tuple[Any, str]:
     """The feed the flags ask for and what it watches, in words; ZeromonError naming the flag."""
-    check_interval(args.interval)
-    if args.interval < MIN_INTERVAL_S:
-        raise ZeromonError(f"--interval {args.interval:g}: at least {MIN_INTERVAL_S:g} s (each refresh redraws the "
-                           "page in every open browser)")
     from zeromon.sources.discovery import parse_target
     from zeromon.views import run_data
 
@@ -84,8 +83,6 @@ def build_feed(args: argparse.Namespace) -> tuple[Any, str]:
         return run_data.StaticFeed(run_data.trace_data(args.trace)), f"traces in {args.trace}"
     if args.replay is not None:
         speed = 1.0 if args.speed is None else args.speed
-        if not 0 < speed < math.inf:
-            raise ZeromonError(f"--speed {speed:g}: must be a number > 0 (1 = real time, 10 = ten times faster)")
         if not os.path.isdir(args.replay):
             raise ZeromonError(f"--replay {args.replay}: no such folder",
                                hint="a run folder is the --out of `zeromon run`; it holds rank-*.jsonl")
@@ -94,12 +91,10 @@ def build_feed(args: argparse.Namespace) -> tuple[Any, str]:
         if len(args.sources) > 1:
             raise ZeromonError(f"RUN_DIR {folders[0]}: give one run folder, or host:port targets, not both",
                                hint=_USAGE_HINT)
-        from zeromon.commands.report import _capacity_flag, _rate_flag
-
         run_dir = Path(folders[0])
-        peak = _rate_flag(args.peak_busbw)
+        peak = args.peak_busbw
         feed = run_data.RecordingFeed(run_dir, peak_busbw=float(peak) if peak else None,
-                                      capacity_bytes=_capacity_flag(args.capacity),
+                                      capacity_bytes=args.capacity,
                                       alive=run_data.run_processes_alive(run_dir))
         return feed, f"recording {run_dir}"
     for target in args.sources:
@@ -146,8 +141,6 @@ def _say_source_error(error: str | None) -> None:
 def run(args: argparse.Namespace) -> int:
     from zeromon.commands.run import _check_bind
 
-    if not 0 <= args.port <= 65535:
-        raise ZeromonError(f"--port {args.port}: must be 0 to 65535 (0: any free port)")
     _check_bind(args.host, "--host")
     token = args.token if args.token is not None else os.environ.get("ZEROMON_TOKEN") or None
     if args.token is not None and not args.token.strip():

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zeromon.errors import ZeromonError
+from zeromon.model.numbers import GPU_MEMORY, GPUS, PARAMS, flag
 
 if TYPE_CHECKING:
     from zeromon.analysis.lint import LintReport
@@ -32,49 +33,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "offload without pin_memory, \"auto\" outside the Hugging Face integration, unknown keys, ZeRO-3 where "
         "ZeRO-2 fits, and more. Exit code: 0 without errors, 1 with errors, 2 for bad input.")
     parser.add_argument("config", metavar="CONFIG", help="DeepSpeed JSON or accelerate YAML config file")
-    parser.add_argument("--world-size", type=_positive_int, metavar="N",
+    parser.add_argument("--world-size", type=flag("--world-size", GPUS), metavar="N",
                         help="data-parallel ranks, for train_batch_size = micro x accumulation x world size "
                              "(default: --gpus, or num_processes from an accelerate file)")
-    parser.add_argument("--gpus", type=_positive_int, metavar="N",
+    parser.add_argument("--gpus", type=flag("--gpus", GPUS), metavar="N",
                         help="GPUs in the job (all nodes); with --params and --gpu-memory: does ZeRO-2 fit?")
-    parser.add_argument("--params", type=_param_count, metavar="N",
+    parser.add_argument("--params", type=flag("--params", PARAMS), metavar="N",
                         help="model parameters, e.g. 7e9 or 7B (with --gpus and --gpu-memory: does ZeRO-2 fit?)")
-    parser.add_argument("--gpu-memory", type=_size, metavar="SIZE", help="memory per GPU, e.g. 80GiB")
+    parser.add_argument("--gpu-memory", type=flag("--gpu-memory", GPU_MEMORY), metavar="SIZE",
+                        help="memory per GPU, e.g. 80GiB")
     parser.add_argument("--hf", action="store_true",
                         help="the Hugging Face Trainer or accelerate reads this DeepSpeed JSON and fills \"auto\" "
                              "values (implied for accelerate files)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _param_count(text: str) -> float:
-    units = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
-    body, scale = (text[:-1], units[text[-1].lower()]) if text and text[-1].lower() in units else (text, 1.0)
-    try:
-        value = float(body) * scale
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a parameter count (examples: 7e9, 7B, 350M)") from None
-    if not value >= 1 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive count, got {text!r}")
-    return value
-
-
-def _size(text: str) -> int:
-    from zeromon.model.units import parse_memory_size
-
-    try:
-        return parse_memory_size(text, "--gpu-memory")
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc).removeprefix("--gpu-memory: ")) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -94,13 +65,17 @@ def run(args: argparse.Namespace) -> int:
     options = LintOptions(world_size=world, world_size_from=source if world is not None else "",
                           params=args.params, gpu_memory_bytes=args.gpu_memory, hf=args.hf,
                           schema=installed_schema())
-    if loaded.kind == "deepspeed":
-        assert loaded.deepspeed is not None
-        report = lint_deepspeed_config(loaded.deepspeed, options, loaded.duplicate_keys)
-    else:
-        assert loaded.accelerate is not None
-        report = lint_accelerate_config(loaded.accelerate, loaded.deepspeed, options, loaded.duplicate_keys,
-                                        relative_file=loaded.relative_deepspeed_file)
+    try:
+        if loaded.kind == "deepspeed":
+            assert loaded.deepspeed is not None
+            report = lint_deepspeed_config(loaded.deepspeed, options, loaded.duplicate_keys)
+        else:
+            assert loaded.accelerate is not None
+            report = lint_accelerate_config(loaded.accelerate, loaded.deepspeed, options, loaded.duplicate_keys,
+                                            relative_file=loaded.relative_deepspeed_file)
+    except RecursionError:  # values nested hundreds deep: the parser read them, the rules' walks cannot
+        raise ZeromonError(f"{loaded.deepspeed_path or loaded.path}: nested too deeply to be a DeepSpeed "
+                           "config") from None
     files = {"accelerate": str(loaded.path), "deepspeed": str(loaded.deepspeed_path or loaded.path)}
     if args.json:
         print(json.dumps(_to_json(report, loaded, files), indent=2))

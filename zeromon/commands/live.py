@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -12,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from zeromon.errors import ZeromonError
 from zeromon.model.events import step_number
+from zeromon.model.numbers import POLL_SECONDS, flag
 from zeromon.model.units import format_bytes
 
 if TYPE_CHECKING:
@@ -19,7 +19,6 @@ if TYPE_CHECKING:
 
 NAME = "live"
 HELP = "show the live agents of a run, one line per rank (plain text or --json; Ctrl-C ends)"
-MAX_INTERVAL_S = 86400.0  # a day: past that a poller is not live, and inf would overflow the sleep
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,14 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prometheus", metavar="URL", help="read through a Prometheus server's HTTP API instead")
     parser.add_argument("--once", action="store_true", help="one poll, print, exit")
     parser.add_argument("--json", action="store_true", help="JSON: one object (--once) or one line per poll")
-    parser.add_argument("--interval", metavar="S", type=float, default=1.0, help="seconds between polls (default 1)")
+    parser.add_argument("--interval", metavar="S", type=flag("--interval", POLL_SECONDS), default=1.0,
+                        help=f"seconds between polls (default 1; {POLL_SECONDS.accepts})")
     parser.add_argument("--token", help="the agents' bearer token (default: ZEROMON_TOKEN)")
-
-
-def check_interval(seconds: float, flag: str = "--interval") -> None:
-    """ZeromonError naming ``flag`` unless ``seconds`` is finite, > 0 and at most MAX_INTERVAL_S."""
-    if not (math.isfinite(seconds) and 0 < seconds <= MAX_INTERVAL_S):
-        raise ZeromonError(f"{flag} {seconds:g}: must be a number of seconds > 0, at most {MAX_INTERVAL_S:g} (a day)")
 
 
 _WHERE_HINT = "a run folder is the --out of `zeromon run`; a target is host:port, e.g. 127.0.0.1:9470"
@@ -80,7 +74,6 @@ def run(args: argparse.Namespace) -> int:
     from zeromon.sources.live import LiveSource
     from zeromon.sources.promql import check_prometheus
 
-    check_interval(args.interval)
     targets, run_dir = _split_where(args.where)
     waiting = False  # no local run yet: the source looks for one every poll
     if args.prometheus is not None:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from zeromon.analysis.rank_ends import RankEnd, end_lines, exit_status, rank_ends
 from zeromon.errors import ZeromonError
-from zeromon.model.units import format_bytes, parse_memory_size
+from zeromon.model.numbers import BUS_BANDWIDTH, CAPACITY, flag
+from zeromon.model.units import format_bytes
 
 if TYPE_CHECKING:
     from zeromon.analysis.report import RankReport, RunReport
@@ -23,37 +26,19 @@ HELP = "analyse a recorded run (or PyTorch profiler traces): overlap, OOM risk, 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("The whole offline analysis of a zeromon recording (a folder of rank-<r>.jsonl) or of "
                           "PyTorch profiler (Kineto) traces: per-rank table and findings to stdout, --json for "
-                          "machines, --html FILE for a self-contained page with figures.")
+                          "machines, --html FILE for a self-contained page with figures. Exit status 3 (after "
+                          "printing everything) when a rank of the recording died or its recording is incomplete; "
+                          "2 for bad input.")
     parser.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a run folder written by `zeromon run`")
     parser.add_argument("--trace", metavar="DIR", help="a folder (or file) of PyTorch profiler traces instead")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page with figures")
-    parser.add_argument("--peak-busbw", metavar="RATE",
-                        help="the link's peak bus bandwidth per second, e.g. 200GB (reports the achieved share; "
-                             "recordings only)")
-    parser.add_argument("--capacity", metavar="SIZE",
-                        help="memory capacity per rank to forecast against, e.g. 80GiB (recordings only)")
-
-
-def _capacity_flag(value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        return parse_memory_size(value, "--capacity")
-    except ValueError as exc:
-        message = str(exc) if str(exc).startswith("--capacity") else f"--capacity {value!r}: {exc}"
-        raise ZeromonError(message) from None
-
-
-def _rate_flag(value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        # "200GB", "200GB/s", "25GiB/s": bytes per second; a bare "200" is surely a missing unit.
-        return parse_memory_size(value.strip().removesuffix("/s"), "--peak-busbw")
-    except ValueError:
-        raise ZeromonError(f"--peak-busbw {value!r}: not a bus bandwidth",
-                           hint="bytes per second with a unit, e.g. --peak-busbw 200GB/s or 25GiB/s") from None
+    # "200GB", "200GB/s", "25GiB/s": bytes per second; a bare "200" is surely a missing unit.
+    parser.add_argument("--peak-busbw", metavar="RATE", type=flag("--peak-busbw", BUS_BANDWIDTH),
+                        help="the link's peak bus bandwidth per second, e.g. 200GB/s (reports the achieved share; "
+                             f"recordings only; {BUS_BANDWIDTH.accepts})")
+    parser.add_argument("--capacity", metavar="SIZE", type=flag("--capacity", CAPACITY),
+                        help=f"memory capacity per rank to forecast against (recordings only; {CAPACITY.accepts})")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,8 +65,7 @@ def _write_html(path: str, page: str) -> None:
 
 
 def _run_report(args: argparse.Namespace) -> int:
-    peak = _rate_flag(args.peak_busbw)
-    capacity = _capacity_flag(args.capacity)
+    peak, capacity = args.peak_busbw, args.capacity
     peak_busbw = float(peak) if peak else None
     if args.html:  # the page plots the recordings themselves: read (and analyse) them in this process
         from zeromon.analysis.report import build_report
@@ -97,14 +81,28 @@ def _run_report(args: argparse.Namespace) -> int:
 
         report = analyse_run(Path(args.run_dir), peak_busbw=peak_busbw, capacity_bytes=capacity)
         text = format_run_report(report)
+    ends = _rank_ends(report)
     if args.json:
-        json.dump(report.to_dict(), sys.stdout, indent=1, default=str)
+        document = report.to_dict()
+        document["ends"] = [dataclasses.asdict(e) | {"died": e.died, "incomplete": e.incomplete} for e in ends]
+        json.dump(document, sys.stdout, indent=1, default=str)
         print()
     else:
         print(text)
+        lines = end_lines(ends)
+        if lines:
+            print("\nhow the ranks ended:")
+            print("\n".join(f"  {line}" for line in lines))
         if args.html:
             print(f"\nwrote {args.html}")
-    return 0
+    return exit_status(ends)  # 3: a rank died or its recording is incomplete (said above)
+
+
+def _rank_ends(report: RunReport) -> tuple[RankEnd, ...]:
+    from zeromon.model.run_end import read_file_ends
+
+    through = {r.rank: max((s.step for s in r.steps), default=None) for r in report.ranks}
+    return rank_ends(read_file_ends([Path(r.file) for r in report.ranks]), through, report.world_size)
 
 
 def _ms(seconds: float | None) -> str:
@@ -155,7 +153,8 @@ def format_run_report(report: RunReport) -> str:
         lines.append(f"warm-up before the first step (in no step's numbers): {_span(w.collectives for w in warm)} "
                      f"collectives, {_span((w.bytes for w in warm), format_bytes)}, "
                      f"{_span((w.blocked_s * 1e3 for w in warm), lambda v: f'{v:.1f}')} ms blocked per rank")
-    lines.extend(corrupt_lines_note(r.file, r.corrupt_lines) for r in report.ranks if r.corrupt_lines)
+    lines.extend(corrupt_lines_note(r.file, r.corrupt_lines, errors=r.line_errors)
+                 for r in report.ranks if r.corrupt_lines)
     if report.bandwidth:
         heaviest = sorted(report.bandwidth, key=lambda b: -b.total_bytes)[:BANDWIDTH_ROWS_SHOWN]
         shown = [b for b in report.bandwidth if b in heaviest]  # in the table's order: op, then size

@@ -8,9 +8,11 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+from zeromon.analysis.rank_ends import EXIT_RANK_DIED
 from zeromon.errors import ZeromonError
 from zeromon.model.registry import ENDPOINTS_DIR, pid_alive, read_entries
 
@@ -70,38 +72,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         require_terminal("zeromon run --tui")
     out = Path(args.out) if args.out else Path("zeromon-runs") / time.strftime("%Y%m%d-%H%M%S")
+    made = _make_run_folder(out, "--out" if args.out else "the run folder")
     try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ZeromonError(f"--out {out}: cannot create the run folder: {exc.strerror}") from None
-    _set_aside_previous_run(out)
-    import zeromon_agent.bootstrap
-
-    site_dir = str(Path(zeromon_agent.bootstrap.__file__).resolve().parent / "site")
-    env = dict(os.environ)
-    paths = [site_dir, *_package_roots()]
-    if env.get("PYTHONPATH"):
-        paths.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    env["ZEROMON_OUT"] = str(out.resolve())
-    env.setdefault("ZEROMON_ENABLE", "1")
-    if args.job:
-        env["ZEROMON_JOB"] = args.job
-    env.update(endpoint_env)
-
-    log = (out / "launcher.log").open("ab") if args.tui else None
-    try:
-        if log is None:
-            child = subprocess.Popen(cmd, env=env)
-        else:  # the TUI owns the terminal: the command's output goes to the log, and it reads no keys
-            child = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-    except FileNotFoundError:
-        raise ZeromonError(f"zeromon run: command not found: {cmd[0]}") from None
-    except PermissionError:
-        raise ZeromonError(f"zeromon run: permission denied: {cmd[0]}") from None
-    finally:
-        if log is not None:
-            log.close()  # the child has its own descriptor
+        _set_aside_previous_run(out)
+        child = _start(cmd, out, args, endpoint_env)
+    except BaseException:
+        _remove_made(made)  # a command that did not start leaves no empty run folder behind
+        raise
     if args.tui:
         _watch(child, out)
 
@@ -119,9 +96,72 @@ def cmd_run(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
     if args.tui and code != 0:
         _print_job_failure(out / "launcher.log", code)  # its output went to the log, not the terminal
-    if not args.quiet:
-        _print_run_summary(out, quiet_when_empty=args.tui and code != 0)
+    died = _print_run_summary(out, quiet=args.quiet, quiet_when_empty=args.tui and code != 0)
+    if code == 0 and died:
+        return EXIT_RANK_DIED  # the command says all is well, and a rank died: a script should notice
     return code if code >= 0 else 128 - code
+
+
+def _make_run_folder(out: Path, flag: str) -> list[Path]:
+    """Create ``out`` (and its missing parents) and check that files can be made in it; the folders
+    made, innermost first. ZeromonError naming ``flag`` when it cannot be made or written: the ranks
+    would record nothing."""
+    made = [p for p in (out, *out.parents) if not p.exists()]
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ZeromonError(f"{flag} {out}: cannot create the run folder: {exc.strerror or exc}") from None
+    try:
+        probe = tempfile.NamedTemporaryFile(dir=out, prefix=".zeromon-probe-")  # noqa: SIM115
+        probe.close()
+    except OSError as exc:
+        _remove_made(made)
+        raise ZeromonError(f"{flag} {out}: cannot write in the run folder: {exc.strerror or exc}",
+                           hint="give a folder the ranks can write their recordings in") from None
+    return made
+
+
+def _remove_made(made: list[Path]) -> None:
+    """Remove the folders _make_run_folder made, if they are still empty."""
+    for folder in made:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
+def _start(cmd: list[str], out: Path, args: argparse.Namespace,
+           endpoint_env: dict[str, str]) -> subprocess.Popen[bytes]:
+    import zeromon_agent.bootstrap
+
+    site_dir = str(Path(zeromon_agent.bootstrap.__file__).resolve().parent / "site")
+    env = dict(os.environ)
+    paths = [site_dir, *_package_roots()]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env["ZEROMON_OUT"] = str(out.resolve())
+    env.setdefault("ZEROMON_ENABLE", "1")
+    if args.job:
+        env["ZEROMON_JOB"] = args.job
+    env.update(endpoint_env)
+
+    log_path = out / "launcher.log"
+    log = log_path.open("ab") if args.tui else None
+    try:
+        if log is None:
+            return subprocess.Popen(cmd, env=env)
+        # the TUI owns the terminal: the command's output goes to the log, and it reads no keys
+        return subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    except (FileNotFoundError, PermissionError) as exc:
+        if log is not None and log.tell() == 0:
+            log.close()
+            log_path.unlink(missing_ok=True)  # made for a command that never ran
+        what = "command not found" if isinstance(exc, FileNotFoundError) else "permission denied"
+        raise ZeromonError(f"zeromon run: {what}: {cmd[0]}") from None
+    finally:
+        if log is not None:
+            log.close()  # the child has its own descriptor
 
 
 def _print_job_failure(log: Path, code: int) -> None:
@@ -275,19 +315,49 @@ def _watch(child: subprocess.Popen[bytes], out: Path) -> None:
               "(Ctrl-C stops it)", file=sys.stderr)
 
 
-def _print_run_summary(out: Path, quiet_when_empty: bool = False) -> None:
+def _print_run_summary(out: Path, quiet: bool = False, quiet_when_empty: bool = False) -> bool:
+    """The run's summary on stderr (with --quiet, only how ranks died); whether a rank died or its
+    recording is incomplete."""
     files = sorted(out.glob("rank-*.jsonl"))
     if not files:
         if quiet_when_empty:  # the job failed, and that was said
-            return
-        print(f"zeromon: no rank recorded in {out} (did the command create a torch.distributed process "
-              "group? is ZEROMON_ENABLE=0 set?)", file=sys.stderr)
-        return
+            return False
+        if not out.is_dir():
+            print(f"zeromon: the run folder {out} was removed while the run was going: its recordings are lost",
+                  file=sys.stderr)
+            return True
+        if quiet:
+            return False
+        unwritable = _unwritable(out)
+        if unwritable is not None:
+            print(f"zeromon: no rank recorded in {out}: the folder cannot be written now ({unwritable})",
+                  file=sys.stderr)
+        else:
+            print(f"zeromon: no rank recorded in {out} (did the command create a torch.distributed process "
+                  "group? is ZEROMON_ENABLE=0 set?)", file=sys.stderr)
+        return False
     try:
+        from zeromon.analysis.rank_ends import end_lines, exit_status
         from zeromon.analysis.recording_summary import format_summary, summarize_run
 
-        print(format_summary(summarize_run(out)), file=sys.stderr)
+        summary = summarize_run(out)
+        if quiet:
+            for line in end_lines(summary.ends):
+                print(f"zeromon: {line}", file=sys.stderr)
+        else:
+            print(format_summary(summary), file=sys.stderr)
+        return exit_status(summary.ends) != 0
     except ZeromonError as exc:
         print(f"zeromon: {exc}", file=sys.stderr)
+        return False
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why no file can be made in ``folder`` now (a read-only or full file system); None if one can."""
+    try:
+        tempfile.NamedTemporaryFile(dir=folder, prefix=".zeromon-probe-").close()  # noqa: SIM115
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
 
 

@@ -13,13 +13,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("A first look at a recorded run: per rank, the framework and sharding, steps and their "
                           "median time, time blocked in collectives, the collectives recorded, peak memory and the "
                           "bytes each step moves by ZeRO meaning; then dropped events, corrupt lines and the "
-                          "agent's notes. `zeromon report` gives the whole analysis.")
+                          "agent's notes; and how each rank ended. `zeromon report` gives the whole analysis. "
+                          "Exit status 3 (after printing everything) when a rank died (a signal, an exception, "
+                          "or no end record) or its recording is incomplete; 2 for bad input.")
     parser.add_argument("run_dir", metavar="RUN_DIR",
                         help="a run folder written by `zeromon run --out RUN_DIR` (its rank-<r>.jsonl files)")
 
 
 def run(args: argparse.Namespace) -> int:
+    from zeromon.analysis.rank_ends import exit_status
     from zeromon.analysis.recording_summary import format_summary, summarize_run
 
-    print(format_summary(summarize_run(Path(args.run_dir))))
-    return 0
+    summary = summarize_run(Path(args.run_dir))
+    print(format_summary(summary))
+    return exit_status(summary.ends)  # 3: a rank died or its recording is incomplete (said above)

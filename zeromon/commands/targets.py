@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from zeromon.errors import ZeromonError
+from zeromon.model.numbers import POLL_SECONDS, flag
 
 NAME = "targets"
 HELP = "print the Prometheus file_sd targets of a run's agents (--write FILE keeps a file up to date)"
@@ -20,19 +21,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--write", metavar="FILE",
                         help="write the list to FILE (atomically) and rewrite it whenever it changes, until "
                              "interrupted; point a file_sd_configs entry of Prometheus at FILE")
-    parser.add_argument("--interval", metavar="S", type=float,
-                        help="with --write: seconds between looks at the registry (default 2)")
+    parser.add_argument("--interval", metavar="S", type=flag("--interval", POLL_SECONDS),
+                        help=f"with --write: seconds between looks at the registry (default 2; {POLL_SECONDS.accepts})")
 
 
 def run(args: argparse.Namespace) -> int:
-    from zeromon.commands.live import check_interval
     from zeromon.sources.discovery import file_sd_text, resolve_run_dir, run_endpoints_folder, run_entries
 
     if args.interval is not None:
         if args.write is None:  # printing once has nothing to repeat
             raise ZeromonError("zeromon targets: --interval goes with --write FILE (it sets how often FILE is "
                                "brought up to date)", hint="zeromon targets RUN_DIR --write FILE --interval 5")
-        check_interval(args.interval)
     if args.write is None:
         run_dir = resolve_run_dir(args.run_dir)
         problems: list[str] = []

@@ -336,6 +336,35 @@ class AgentStats:
     events_dropped: int
     hook_errors: int
     cpu_time_s: float  # CPU time of the agent's own background thread
+    # What the recording writer could not write (a full disk, a read-only or vanished folder): records
+    # and their bytes. None in recordings older than format 1.3.
+    records_lost: int | None = None
+    bytes_lost: int | None = None
+
+
+# RunEnd.how, besides "exception <type>" and "signal <name>".
+END_EXIT = "exit"  # the interpreter exited (the script returned, or called sys.exit)
+END_DETACH = "detach"  # zeromon_agent.detach(): the agent stopped, the training may have gone on
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnd:
+    """How a rank's recording ended: its last record. A recording without one was cut off (the process
+    was killed, or the file could not be written to its end)."""
+
+    rank: int
+    t_ns: int
+    how: str  # END_EXIT, END_DETACH, "signal SIGTERM", "exception RuntimeError"
+    last_step: int | None  # the last step summarized (from 0); None: no step ended
+    records_lost: int  # records the writer could not write (AgentStats.records_lost)
+    bytes_lost: int
+    detail: str | None = None  # the exception's message
+    write_error: str | None = None  # why the writer stopped writing (the first error), if it did
+
+    @property
+    def clean(self) -> bool:
+        """The program ended normally (or only the agent stopped): nothing to warn about."""
+        return self.how in (END_EXIT, END_DETACH)
 
 
 Record = (
@@ -348,4 +377,5 @@ Record = (
     | RunInfo
     | Notice
     | AgentStats
+    | RunEnd
 )

@@ -2,44 +2,29 @@
 
 from __future__ import annotations
 
-import re
+from zeromon.model.numbers import GPU_MEMORY, Size, where
 
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
-    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
-}
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+# Any size at all, from one byte to 2^60 (an EiB): what parse_size reads, bare numbers included.
+_ANY_SIZE = Size(1, 2**60, "a size")
 
 
 def parse_size(text: str) -> int:
-    """'24GiB' -> 25769803776, '80GB' -> 80e9, '1e9' -> 10**9. Raises ValueError naming the problem."""
-    match = _SIZE.match(text)
-    if not match:
-        raise ValueError(f"{text!r} is not a size (examples: 1073741824, 80GB, 24GiB)")
-    number, unit = float(match.group(1)), match.group(2).lower()
-    if unit not in _UNITS:
-        raise ValueError(f"unknown unit {match.group(2)!r} in {text!r} (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
-    return int(number * _UNITS[unit])
+    """'24GiB' -> 25769803776, '80GB' -> 80e9, '1e9' -> 10**9. Raises ValueError naming the problem
+    (finite, more than 0 bytes; see zeromon.model.numbers for sizes of a given kind)."""
+    try:
+        return _ANY_SIZE.parse(text)
+    except ValueError as exc:
+        raise ValueError(f"{text!r} {exc}") from None
 
 
 def parse_memory_size(text: str, flag: str) -> int:
-    """A device's or a rank's memory for ``flag`` (e.g. --gpu-memory 80GiB). Raises ValueError with one line.
-
-    A bare number under 1 MiB is taken for a forgotten unit ("80" is 80 bytes), and refused.
+    """A device's or a rank's memory for ``flag`` (e.g. --gpu-memory 80GiB), from 1 MiB to 1 PiB. Raises
+    ValueError with one line, ``--gpu-memory '80': has no unit and would be 80 bytes; did you mean 80GiB?``.
     """
-    if text.strip().startswith("-"):  # parse_size has no sign: say what is wrong, not "not a size"
-        raise ValueError(f"{flag}: {text!r} must be more than 0 bytes (e.g. {flag} 80GiB)")
-    value = parse_size(text)
-    if value <= 0:
-        raise ValueError(f"{flag}: {text!r} must be more than 0 bytes (e.g. {flag} 80GiB)")
-    if value < 2**20:
-        match = _SIZE.match(text)
-        if match is not None and match.group(2):
-            raise ValueError(f"{flag}: {text!r} is {value} bytes, too small for a device's memory (at least 1 MiB)")
-        raise ValueError(f"{flag}: {text!r} has no unit and would be {value} bytes; "
-                         f"did you mean {flag} {text.strip()}GiB?")
-    return value
+    try:
+        return GPU_MEMORY.parse(text)
+    except ValueError as exc:
+        raise ValueError(f"{where(flag, text)}: {exc}") from None
 
 
 def format_bytes(n: float | None) -> str:

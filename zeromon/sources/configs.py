@@ -20,6 +20,7 @@ from typing import Any
 
 from zeromon.analysis.lint import STATIC_SCHEMA, ConfigSchema
 from zeromon.analysis.lint_schema import STATIC_SCHEMA_VERSION
+from zeromon.analysis.lint_types import CHECKED_SECTIONS, STATIC_TYPES, UNCHECKED, FieldType
 from zeromon.errors import ZeromonError
 
 _JSON_HINT = ("DeepSpeed configs read by accelerate and the Hugging Face Trainer are strict JSON: no comments, "
@@ -81,11 +82,16 @@ def read_deepspeed_json(path: Path) -> tuple[dict[str, Any], tuple[str, ...]]:
         raise ZeromonError(f"{path}:{exc.lineno}:{exc.colno}: {exc.msg}", hint=_JSON_HINT) from None
     except RecursionError:
         raise ZeromonError(f"{path}: nested too deeply to be a DeepSpeed config") from None
+    except ValueError as exc:  # an integer of more than 4300 digits (sys.get_int_max_str_digits)
+        raise ZeromonError(f"{path}: {str(exc).split(';')[0]}: not a number a DeepSpeed config holds") from None
     if not isinstance(data, dict):
         raise ZeromonError(f"{path}: the top level is {_kind_of(data)}, expected a JSON object {{...}} of "
                            "DeepSpeed settings")
     repeated: list[str] = []
-    return _plain(data, "", repeated), tuple(repeated)
+    try:
+        return _plain(data, "", repeated), tuple(repeated)
+    except RecursionError:
+        raise ZeromonError(f"{path}: nested too deeply to be a DeepSpeed config") from None
 
 
 def _kind_of(value: Any) -> str:
@@ -108,6 +114,10 @@ def _read_yaml(path: Path) -> Any:
         raise ZeromonError(f"{path}{where}: {what}") from None
     except yaml.YAMLError as exc:
         raise ZeromonError(f"{path}: invalid YAML: {exc}") from None
+    except RecursionError:
+        raise ZeromonError(f"{path}: nested too deeply to be an accelerate config") from None
+    except ValueError as exc:  # an integer of more than 4300 digits (sys.get_int_max_str_digits)
+        raise ZeromonError(f"{path}: {str(exc).split(';')[0]}: not a number an accelerate config holds") from None
 
 
 def _is_json(path: Path) -> bool:
@@ -207,12 +217,20 @@ def _deepspeed_schema() -> ConfigSchema:
 
     sections: dict[str, frozenset[str]] = {}
     deprecated: dict[str, str] = {}
+    types: dict[str, FieldType] = {}
 
     def model_of(annotation: Any) -> type | None:
         for candidate in (annotation, *typing.get_args(annotation)):
             if isinstance(candidate, type) and issubclass(candidate, DeepSpeedConfigModel):
                 return candidate
         return None
+
+    def validated(model: Any) -> set[str]:
+        decorators = getattr(model, "__pydantic_decorators__", None)
+        found: set[str] = set()
+        for decorator in getattr(decorators, "field_validators", {}).values():
+            found.update(decorator.info.fields)
+        return found
 
     def walk(model: Any, section: str) -> None:
         keys = set()
@@ -224,6 +242,11 @@ def _deepspeed_schema() -> ConfigSchema:
             if extra.get("deprecated"):
                 new = str(extra.get("new_param") or "")  # a field name, or prose ("offload_param or ...")
                 deprecated[f"{section}.{name}"] = f"{section}.{new}" if new.isidentifier() else new or "nothing"
+            field_type = _field_type(info, DeepSpeedConfigModel) if section in CHECKED_SECTIONS else None
+            if name in validated(model):  # a validator of its own (fp16.loss_scale): what zeromon wrote down
+                field_type = STATIC_TYPES.get(f"{section}.{name}", field_type)
+            if field_type is not None and f"{section}.{name}" not in UNCHECKED:
+                types.update({f"{section}.{key}": field_type for key in (name, info.alias) if key})
             sub = model_of(info.annotation)
             if sub is not None:
                 walk(sub, f"{section}.{info.alias or name}")
@@ -240,7 +263,36 @@ def _deepspeed_schema() -> ConfigSchema:
     pin_default = bool(DeepSpeedZeroOffloadOptimizerConfig.model_fields["pin_memory"].default)
     return ConfigSchema(sections=sections, removed=removed, deprecated=deprecated,
                         overlap_comm_default=(overlap[0], overlap[1], overlap[2], overlap[3]),
-                        pin_memory_default=pin_default, origin=f"DeepSpeed {deepspeed.__version__} (installed)")
+                        pin_memory_default=pin_default, origin=f"DeepSpeed {deepspeed.__version__} (installed)",
+                        types=types)
+
+
+def _field_type(info: Any, config_model: type) -> FieldType | None:
+    """A pydantic field of DeepSpeed's config models as zeromon's lint checks it; None for what it leaves to
+    other rules (the stage, an int enum) or cannot say."""
+    import enum
+    import pathlib
+
+    annotation, optional = info.annotation, False
+    args = typing.get_args(annotation)
+    if type(None) in args:
+        optional = True
+        rest = [a for a in args if a is not type(None)]
+        annotation = rest[0] if len(rest) == 1 else annotation
+    def bound(name: str) -> float | None:
+        found = [getattr(meta, name) for meta in info.metadata if getattr(meta, name, None) is not None]
+        return found[0] if found else None
+
+    if annotation in (bool, int, float):
+        return FieldType(annotation.__name__, optional, ge=bound("ge"), gt=bound("gt"), le=bound("le"))
+    if annotation is pathlib.Path:
+        return FieldType("path", optional)
+    if isinstance(annotation, type) and issubclass(annotation, config_model):
+        return FieldType("section", optional)
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        values = [m.value for m in annotation]
+        return FieldType("enum", optional, choices=tuple(values)) if all(isinstance(v, str) for v in values) else None
+    return None
 
 
 def _top_level_keys(ds_config: Any) -> set[str]:

@@ -158,12 +158,14 @@ class LocalRun:
 
     run_dir: str
     start_ns: int  # its newest agent's start
-    alive: bool  # at least one of its agents' processes is still running (or runs on another host)
-    entries: tuple[EndpointEntry, ...]  # its agents in the user-level index
+    alive: bool  # at least one of its agents' processes is still running (or runs on another host): always,
+    # as local_runs skips the entries of agents whose process is gone
+    entries: tuple[EndpointEntry, ...]  # its agents in the user-level index whose process runs (or may)
 
 
 def local_runs(registry: str | Path | EntryFolder | None = None, problems: list[str] | None = None) -> list[LocalRun]:
-    """The runs that have agents in the user-level index, newest first (runs with a live process first).
+    """The runs that have live agents in the user-level index, newest first. Entries whose process is
+    gone from this host (a killed agent's, left behind) are skipped.
 
     ``registry``: the index folder (default ZEROMON_REGISTRY), or an EntryFolder of it to read again cheaply.
     """
@@ -171,12 +173,13 @@ def local_runs(registry: str | Path | EntryFolder | None = None, problems: list[
                                                                             else Path(registry))
     by_run: dict[str, list[EndpointEntry]] = {}
     for entry in folder.read(problems):
-        by_run.setdefault(entry.run_dir, []).append(entry)
-    runs = [LocalRun(run_dir=run_dir, start_ns=max(e.start_ns for e in entries),
-                     alive=any(pid_alive(e) is not False for e in entries), entries=tuple(entries))
+        # A killed agent leaves its user-level entry behind (a clean stop removes it): one whose process
+        # is gone from this host is skipped, so that a dead run is never the newest one followed.
+        if pid_alive(entry) is not False:
+            by_run.setdefault(entry.run_dir, []).append(entry)
+    runs = [LocalRun(run_dir=run_dir, start_ns=max(e.start_ns for e in entries), alive=True, entries=tuple(entries))
             for run_dir, entries in by_run.items()]
-    # A crashed agent leaves its user-level entry behind: a live run wins over a newer dead one.
-    return sorted(runs, key=lambda r: (r.alive, r.start_ns), reverse=True)
+    return sorted(runs, key=lambda r: r.start_ns, reverse=True)
 
 
 def newest_local_run(registry: str | Path | EntryFolder | None = None,

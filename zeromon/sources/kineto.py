@@ -31,6 +31,10 @@ from zeromon.analysis.trace_overlap import (
 from zeromon.errors import ZeromonError
 
 CHUNK_BYTES = 1 << 20
+# Times beyond this many microseconds (~285 years, where a float64 stops holding every integer) are no
+# event's: such an event is skipped, as one without a number for its time is, before its nanoseconds
+# overflow the analysis.
+MAX_TIME_US = 2**53
 TRACE_SUFFIXES = (".json", ".gz")  # what HTA picks up in a trace folder
 _HINT = ("write traces with torch.profiler: on_trace_ready=tensorboard_trace_handler(dir), "
          "or prof.export_chrome_trace(path)")
@@ -78,7 +82,8 @@ class _Collector:
                     continue
             dur = event.get("dur")
             cat = event.get("cat")
-            if dur is None or cat is None or cat == "Trace" or type(dur) not in (int, float):
+            if dur is None or cat is None or cat == "Trace" or type(dur) not in (int, float) \
+                    or not -MAX_TIME_US <= ts <= MAX_TIME_US or not -MAX_TIME_US <= dur <= MAX_TIME_US:
                 continue
             args = event.get("args")
             if type(args) is dict:
@@ -197,6 +202,9 @@ def read_trace(path: Path | str) -> RankTrace:
         raise _bad_json(path, reader.offset, exc) from exc
     except ijson.JSONError as exc:
         raise _bad_json(path, reader.offset, exc) from exc
+    except UnicodeDecodeError as exc:  # yajl passes on bytes that are not UTF-8 (or escapes of halves of a pair)
+        raise ZeromonError(f"{path}: not UTF-8 text in bytes {max(0, reader.offset - CHUNK_BYTES)}..{reader.offset}"
+                           f": {exc.reason}", hint=_HINT) from exc
 
     if collector.count == 0:
         raise ZeromonError(

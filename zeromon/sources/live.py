@@ -91,6 +91,25 @@ class _Slot:
     in_flight: bool = False  # a request is out: a slow agent is not asked twice
     entry: EndpointEntry | None = None  # its registration, when found through one: its host and pid
     ended: bool = False  # it stopped answering and its process is gone: the rank ended, it did not hang
+    died: str | None = None  # how it died, from its recording's end, once it ended (rank_ends.died_line)
+    died_read: bool = False  # its recording's end was looked at (once)
+
+
+def _died(slot: _Slot) -> str | None:
+    """How an ended rank died, from the end of its recording in its run folder (on this host)."""
+    from zeromon.analysis.rank_ends import died_line
+    from zeromon.model.codec import rank_file_name
+    from zeromon.model.run_end import read_file_end
+
+    entry = slot.entry
+    if entry is None:
+        return None
+    try:
+        file_end = read_file_end(Path(entry.run_dir) / rank_file_name(entry.rank))
+    except (OSError, ValueError, ZeromonError):
+        return None
+    steps = slot.view.steps if slot.view is not None else ()
+    return died_line(file_end, steps[-1].step if steps else None)
 
 
 class LiveSource:
@@ -234,16 +253,17 @@ class LiveSource:
                                                            error="not polled yet")
         now = time.monotonic()
         with self._lock:
-            slots = [(s, s.view, s.last_ok, s.error, s.rank, s.ended) for s in self._slots.values()]
+            slots = [(s, s.view, s.last_ok, s.error, s.rank, s.ended, s.died) for s in self._slots.values()]
             problems, error = self._problems, self._source_error
         ranks = []
-        for slot, view, last_ok, err, rank, ended in slots:
+        for slot, view, last_ok, err, rank, ended, died in slots:
             stale = None if last_ok is None else round(now - last_ok, 3)
             if view is None:
                 ranks.append(RankView(rank=rank, target=str(slot.target), alive=False, stale_s=stale, error=err,
-                                      ended=ended))
+                                      ended=ended, died=died))
             else:
-                ranks.append(dataclasses.replace(view, alive=err is None, stale_s=stale, error=err, ended=ended))
+                ranks.append(dataclasses.replace(view, alive=err is None, stale_s=stale, error=err, ended=ended,
+                                                 died=died))
         ranks.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else 0, r.target))
         if error is None and not ranks:
             error = "no agent found (looked at: " + "; ".join(self.looked_at) + ")"
@@ -409,8 +429,12 @@ class LiveSource:
         # A registered process that is gone ended (cleanly or not: the job's status tells); one that
         # lives, or runs on another host, only stopped answering. One kill(pid, 0) per failed poll.
         ended = slot.entry is not None and pid_alive(slot.entry) is False
+        died = slot.died
+        if ended and not slot.died_read:
+            died = _died(slot)  # once: a tail read of its recording
         with self._lock:
-            slot.error, slot.ended = error, ended
+            slot.error, slot.ended = (died or error), ended
+            slot.died, slot.died_read = died, slot.died_read or ended
 
     def _read_events(self, slot: _Slot, doc: dict[str, Any]) -> None:
         """Phase spans from the events since the last poll; the cursor moves on (skipping ahead when far behind)."""

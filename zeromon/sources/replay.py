@@ -38,6 +38,7 @@ from zeromon.analysis.bandwidth import event_bandwidth
 from zeromon.analysis.comm_advice import overlap_findings_of_summaries
 from zeromon.analysis.findings import Finding
 from zeromon.analysis.oom import OomForecast, forecast
+from zeromon.analysis.rank_ends import died_line
 from zeromon.errors import ZeromonError
 from zeromon.model.codec import Recording, check_one_run, rank_files, read_recording
 from zeromon.model.columns import ColumnTable
@@ -52,6 +53,7 @@ from zeromon.model.events import (
     StepSummary,
     Timing,
 )
+from zeromon.model.run_end import read_file_end
 from zeromon.sources.fleet import CollectiveTotal, FleetView, RankView
 
 # What the live agent keeps, so that a replayed rank shows what its endpoint would have served.
@@ -108,6 +110,7 @@ class _Track:
     totals: list[_Totals]
     busbw_t: dict[str, array[int]]
     busbw: dict[str, array[float]]
+    died: str | None = None  # how the rank died, from its recording's end (rank_ends.died_line)
     analysis: _Analysis | None = None
     # The last built pieces, reused while their indices stay the same.
     steps_at: tuple[int, tuple[StepSummary, ...]] = (0, ())
@@ -170,7 +173,17 @@ def _track(rec: Recording) -> _Track:
     return _Track(
         rank=rec.rank, target=rec.path.name, run_info=rec.run_info, stats=rec.stats,
         first_ns=min(times) if times else 0, last_ns=max(times) if times else -1, steps=steps, memory=memory,
-        last_walk=_last_walks(rec.memory), device=device, phases=phases, notices=notices, ooms=ooms, totals=totals, busbw_t=busbw_t, busbw=busbw)
+        last_walk=_last_walks(rec.memory), device=device, phases=phases, notices=notices, ooms=ooms, totals=totals,
+        busbw_t=busbw_t, busbw=busbw, died=_died(rec))
+
+
+def _died(rec: Recording) -> str | None:
+    """How the rank died, from the end of its file; None after a clean end (or an older recording)."""
+    try:
+        file_end = read_file_end(rec.path)
+    except (OSError, ValueError, ZeromonError):
+        return None
+    return died_line(file_end, max((s.step for s in rec.steps), default=None))
 
 
 def _last_walks(samples: Sequence[MemorySample]) -> array[int]:
@@ -461,6 +474,8 @@ class ReplaySource:
             error = "the recording ended"
         elif stale:
             error = f"its recording ends {(track.last_ns - self.start_ns) / 1e9:.1f} s into the run"
+        if error is not None and track.died is not None:
+            error = f"{track.died}; {error}"
         last = min(t, track.last_ns)  # a stale rank's last answer was its last record
         view = RankView(
             rank=track.rank, target=track.target, alive=not stale,
@@ -468,7 +483,7 @@ class ReplaySource:
             steps=track.steps_at[1], memory=track.memory_at[1], device=track.device_at[1], stats=stats,
             collectives=collectives, oom=analysis.oom if analysis else None,
             findings=analysis.findings if analysis else (), phases=track.phases_at[1],
-            notices=track.notices_at[1], t_ns=last, **_identity(info))
+            notices=track.notices_at[1], t_ns=last, died=track.died if stale else None, **_identity(info))
         track.view_at = None if stale else (key, view)
         return view
 

@@ -145,12 +145,13 @@ class RankRow:
     exposed_s: float | None
     busbw: float | None
     ended: bool = False  # its process has exited: its data is its last
+    died: bool = False  # it ended, and not cleanly (RankView.died says how): never taken for a finished run
     final: bool = False  # every rank has ended (the job or the replay finished): its data is the run's final state
 
     @property
     def answering(self) -> bool:
-        """Alive, or ended with the whole run: nothing to warn about."""
-        return self.alive or self.final
+        """Alive, or ended cleanly with the whole run: nothing to warn about."""
+        return self.alive or (self.final and not self.died)
 
     @property
     def exposed_share(self) -> float | None:
@@ -162,6 +163,8 @@ class RankRow:
     def state(self) -> str:
         if self.alive:
             return "alive"
+        if self.died:
+            return "died"
         if self.ended:
             return "ended"
         return "down" if self.stale_s is None else f"stale {short_duration(self.stale_s)}"
@@ -226,7 +229,7 @@ def rank_row(rank: RankView, final: bool = False) -> RankRow:
         capacity=capacity, headroom=headroom, risk=oom.risk if oom is not None else None,
         step_s=last.duration_s if last else None, overlap=last.overlap_ratio if last else None,
         exposed_s=last.exposed_comm_s if last else None, busbw=_busbw(rank), ended=rank.ended,
-        final=final and rank.ended)
+        died=rank.died is not None and not rank.alive, final=final and rank.ended)
 
 
 def run_ended(view: FleetView) -> bool:

@@ -17,6 +17,7 @@ from zeromon.analysis.planner import (
     plan,
 )
 from zeromon.errors import ZeromonError
+from zeromon.model.numbers import GPU_MEMORY, GPUS_PER_NODE, LAYER_SIZE, NODES, PARAMS, parse_flag, where
 from zeromon.model.units import format_bytes
 
 # PlanInputs field -> the flag that sets it, for error messages
@@ -74,7 +75,7 @@ def plan_inputs(request: PlanRequest) -> PlanInputs:
         raise ZeromonError(f"--momentum applies to --optimizer sgd only (this plan is for --optimizer "
                            f"{request.optimizer}, whose state is always counted)",
                            hint="add --optimizer sgd, or drop --momentum")
-    largest = _count_flag("--largest-layer-params", request.largest_layer_params)
+    largest = parse_flag("--largest-layer-params", PARAMS, request.largest_layer_params)
     params: int | None
     if request.model:
         from zeromon.sources.model_spec import count_model_params, load_model
@@ -82,12 +83,14 @@ def plan_inputs(request: PlanRequest) -> PlanInputs:
         params, model_largest = count_model_params(load_model(request.model))
         largest = model_largest if largest is None else largest
     else:
-        params = _count_flag("--params", request.params)
-    assert params is not None
+        params = parse_flag("--params", PARAMS, request.params)
+    gpus_per_node = parse_flag("--gpus-per-node", GPUS_PER_NODE, request.gpus_per_node)
+    nodes = parse_flag("--nodes", NODES, request.nodes)
+    assert params is not None and gpus_per_node is not None and nodes is not None
     try:
         inputs = PlanInputs(
-            params=params, gpus_per_node=_int_flag("--gpus-per-node", request.gpus_per_node),
-            nodes=_int_flag("--nodes", request.nodes), gpu_memory_bytes=_gpu_memory(request.gpu_memory),
+            params=params, gpus_per_node=gpus_per_node, nodes=nodes,
+            gpu_memory_bytes=parse_flag("--gpu-memory", GPU_MEMORY, request.gpu_memory),
             dtype=request.dtype, optimizer=request.optimizer, offload_optimizer=request.offload_optimizer,
             offload_params=request.offload_params, zero_init=request.zero_init, largest_layer_params=largest,
             activations=_activations(request.activations), convention=request.convention,
@@ -113,47 +116,21 @@ def recommendation_text(rec: Recommendation) -> str:
     return name + (f" with {', '.join(offload)}" if offload else ", no offload")
 
 
-def _count_flag(flag: str, text: str | None) -> int | None:
-    from zeromon.analysis.planner import parse_param_count
-
-    if text is None:
-        return None
-    try:
-        return parse_param_count(text)
-    except ValueError as exc:
-        raise ZeromonError(f"{flag}: {exc}", hint="a count > 0: 7e9, 7B, 1.3b, 350M, 7000000000") from None
-
-
-def _int_flag(flag: str, text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise ZeromonError(f"{flag}: {text!r} is not a whole number", hint=f"{flag} takes an integer >= 1") from None
-    if value < 1:
-        raise ZeromonError(f"{flag}: must be at least 1, got {value}", hint=f"{flag} takes an integer >= 1")
-    return value
-
-
-def _gpu_memory(text: str | None) -> int | None:
-    from zeromon.model.units import parse_memory_size
-
-    if text is None:
-        return None
-    try:
-        return parse_memory_size(text, "--gpu-memory")
-    except ValueError as exc:
-        message = str(exc) if str(exc).startswith("--gpu-memory") else f"--gpu-memory: {exc}"
-        raise ZeromonError(message, hint="a size with a unit: 80GiB, 40GB, 24GiB") from None
-
-
 def _activations(text: str | None) -> tuple[int, int, int, int, int] | None:
     if text is None:
         return None
-    parts = [p.strip() for p in text.split(",")]
-    hint = "five integers >= 1: seq_len,micro_batch,hidden,layers,heads, e.g. 4096,1,4096,32,32"
-    if len(parts) != 5 or not all(p.isdigit() and int(p) >= 1 for p in parts):
-        raise ZeromonError(f"--activations: {text!r} is not SEQ,BATCH,HIDDEN,LAYERS,HEADS", hint=hint)
-    seq, batch, hidden, layers, heads = (int(p) for p in parts)
+    parts = text.split(",")
+    hint = (f"five integers, each {LAYER_SIZE.accepts}: seq_len,micro_batch,hidden,layers,heads, "
+            "e.g. 4096,1,4096,32,32")
+    if len(parts) != 5:
+        raise ZeromonError(f"{where('--activations', text)}: is not SEQ,BATCH,HIDDEN,LAYERS,HEADS", hint=hint)
+    values = []
+    for name, part in zip(("SEQ", "BATCH", "HIDDEN", "LAYERS", "HEADS"), parts, strict=True):
+        try:
+            values.append(LAYER_SIZE.parse(part))
+        except ValueError as exc:
+            raise ZeromonError(f"{where('--activations', text)}: {name} {part.strip()!r} {exc}", hint=hint) from None
+    seq, batch, hidden, layers, heads = values
     return seq, batch, hidden, layers, heads
 
 

@@ -1,0 +1,191 @@
+"""A small data-parallel training on gloo with faults to inject, for tests/test_faults.py.
+
+    torchrun --nproc-per-node 2 tests/scenarios/fault_train.py [--attach] [--inject WHAT,...]
+        [--die RANK:STEP:HOW] [--vanish STEP] [--no-init] [--steps N]
+
+Each step: forward, backward, a synchronous all_reduce of every gradient, an async all_reduce of the
+loss waited on, the optimizer step. Rank 0 prints ``LOSSES [..]`` (the global loss of every step) at
+the end: the same numbers with or without zeromon, whatever zeromon meets.
+
+``--attach``: zeromon_agent.attach() explicitly (otherwise `zeromon run` starts the agent, or nothing
+does). ``--inject``: make zeromon's own code raise, by monkeypatching its internals before it starts:
+collective (the collective wrapper's argument extraction), wait (Work.wait's record), phase (every
+phase change), memory (the category walk), endpoint (every /metrics and snapshot: rank 0 scrapes
+itself and prints ``SCRAPE <status>``), writer (the recording's file raises ENOSPC from its 5th write).
+``--die RANK:STEP:HOW``: that rank, at that step, ends by ``kill`` (SIGKILL), ``term`` (SIGTERM),
+``exception`` (RuntimeError) or ``exit`` (sys.exit(0) early). ``--vanish STEP``: rank 0 removes the run
+folder then. ``--no-init``: no process group at all (each rank trains alone, no collective).
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def inject(what: set[str]) -> None:
+    from zeromon.model import codec
+    from zeromon_agent import collectives, memory, snapshot, state
+
+    def boom(*_args: Any, **_kwargs: Any) -> Any:
+        raise RuntimeError("injected by fault_train.py")
+
+    if "collective" in what:
+        op, _extract = collectives.DIST_SPECS["all_reduce"]
+        collectives.DIST_SPECS["all_reduce"] = (op, boom)
+    if "wait" in what:
+        push = state.HotState.push
+
+        def push_but_waits(self: Any, item: Any) -> None:
+            if item[0] == state.RAW_WAIT:
+                boom()
+            push(self, item)
+
+        state.HotState.push = push_but_waits  # type: ignore[method-assign]
+    if "phase" in what:
+        push_control = state.HotState.push_control
+
+        def push_control_but_phases(self: Any, item: Any) -> None:
+            if item[0] == state.RAW_PHASE:
+                boom()
+            push_control(self, item)
+
+        state.HotState.push_control = push_control_but_phases  # type: ignore[method-assign]
+    if "memory" in what:
+        memory.Categorizer.walk_still = boom  # type: ignore[method-assign]
+        memory.Categorizer.categorize = boom  # type: ignore[method-assign]
+    if "endpoint" in what:
+        snapshot.LiveData.view = boom  # type: ignore[method-assign]
+    if "writer" in what:
+        original_init = codec.RecordingWriter.__init__
+
+        def init(self: Any, *args: Any, **kwargs: Any) -> None:
+            original_init(self, *args, **kwargs)
+            self._file = _FullDisk(self._file)
+
+        codec.RecordingWriter.__init__ = init  # type: ignore[method-assign]
+
+
+class _FullDisk:
+    """A file that takes 4 writes, then fails as a full disk does."""
+
+    def __init__(self, handle: Any) -> None:
+        self.handle = handle
+        self.writes = 0
+
+    def write(self, data: bytes) -> int:
+        self.writes += 1
+        if self.writes > 4:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return int(self.handle.write(data))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.handle, name)
+
+
+def scrape(agent: Any) -> None:
+    endpoint = getattr(agent, "endpoint", None)
+    if endpoint is None:
+        print("SCRAPE none", flush=True)
+        return
+    try:
+        with urllib.request.urlopen(endpoint.url + "/metrics", timeout=5) as answer:
+            print(f"SCRAPE {answer.status}", flush=True)
+    except urllib.error.HTTPError as exc:
+        print(f"SCRAPE {exc.code}", flush=True)
+    except OSError as exc:
+        print(f"SCRAPE error {exc}", flush=True)
+
+
+def die(how: str) -> None:
+    sys.stdout.flush()
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif how == "term":
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # the signal ends the process before this does
+    elif how == "exception":
+        raise RuntimeError("injected failure in the training loop")
+    elif how == "exit":
+        sys.exit(0)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--sleep", type=float, default=0.0)
+    parser.add_argument("--attach", action="store_true")
+    parser.add_argument("--inject", default="")
+    parser.add_argument("--die", default="")
+    parser.add_argument("--vanish", type=int, default=-1)
+    parser.add_argument("--no-init", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    injected = {w for w in args.inject.split(",") if w}
+    if injected:
+        inject(injected)
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if not args.no_init:
+        dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    agent = None
+    if args.attach:
+        import zeromon_agent
+
+        agent = zeromon_agent.attach(model=model, optimizer=optimizer)
+        print(f"ATTACHED rank {rank} started={agent.started}", flush=True)
+    die_rank, die_step, die_how = (args.die.split(":") + ["", "", ""])[:3] if args.die else ("-1", "-1", "")
+    generator = torch.Generator().manual_seed(1000 + rank)
+    losses = []
+    for step in range(args.steps):
+        if rank == int(die_rank) and step == int(die_step):
+            die(die_how)
+        if rank == 0 and step == args.vanish:
+            shutil.rmtree(os.environ["ZEROMON_OUT"])
+            print(f"VANISHED at step {step}", flush=True)
+        x = torch.randn(8, 16, generator=generator)
+        y = x.sum(dim=1, keepdim=True)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        total = loss.detach().clone()
+        if not args.no_init:
+            for p in model.parameters():
+                assert p.grad is not None
+                dist.all_reduce(p.grad)
+                p.grad /= world
+            work = dist.all_reduce(total, async_op=True)
+            assert work is not None
+            work.wait()
+            del work  # a Work alive at destroy_process_group aborts gloo ("terminate called")
+            total /= world
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(round(float(total), 6))
+        if rank == 0 and step == 3 and "endpoint" in injected:
+            scrape(agent)
+        if args.sleep:
+            time.sleep(args.sleep)
+    if rank == 0:
+        print("LOSSES " + json.dumps(losses), flush=True)
+    if not args.no_init:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

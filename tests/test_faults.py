@@ -1,0 +1,264 @@
+"""zeromon must never be the reason a run dies, and must never hide that a rank died.
+
+Real 2-rank torchrun runs on gloo (tests/scenarios/fault_train.py) with faults injected into zeromon's
+own code, its recording's folder or file system, and the ranks themselves (real signals). The training's
+loss curve is the same in every run that zeromon watches as in a run without it. Each run is bounded
+in time and its process group killed if it overstays; mounts are undone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from zeromon.model.codec import read_recording
+from zeromon.model.run_end import read_file_end
+from zeromon.sources.discovery import local_runs
+
+from conftest import REPO, child_env, torchrun_args, zeromon
+
+SCENARIO = REPO / "tests" / "scenarios" / "fault_train.py"
+RUN_TIMEOUT_S = 90
+
+
+def launch(*cmd: str, env: dict[str, str] | None = None, timeout: float = RUN_TIMEOUT_S,
+           cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    """Run ``cmd`` in a process group of its own; the whole group is killed if it outlives ``timeout``."""
+    proc = subprocess.Popen(list(cmd), env=env or child_env(), cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def losses(stdout: str) -> list[float]:
+    line = next(line for line in stdout.splitlines() if line.startswith("LOSSES "))
+    return list(json.loads(line.removeprefix("LOSSES ")))
+
+
+def train(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return launch(*torchrun_args(2, SCENARIO, *args), env=env)
+
+
+def zeromon_run(out: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return launch(sys.executable, "-m", "zeromon", "run", "--out", str(out), "--",
+                  *torchrun_args(2, SCENARIO, *args), env=env)
+
+
+@pytest.fixture(scope="module")
+def baseline() -> list[float]:
+    """The loss curve without zeromon."""
+    result = train(env=child_env(ZEROMON_ENABLE="0"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    return losses(result.stdout)
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path, size: str) -> Iterator[Path]:
+    """A small tmpfs at ``path`` (root and mount(8) needed: skipped otherwise), unmounted after."""
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
+
+
+# --- zeromon's own code raising ----------------------------------------------------------------------
+
+@pytest.mark.parametrize(("injected", "places"), [
+    ("collective,memory,endpoint", ("collective:all_reduce", "boundary:forward_start", "boundary:forward_end",
+                                    "boundary:backward_end")),
+    ("wait,phase", ("Work.wait", "forward_pre", "optimizer_post")),
+])
+def test_errors_inside_zeromon_are_counted_said_once_and_leave_the_loss_curve_alone(
+        tmp_path: Path, baseline: list[float], injected: str, places: tuple[str, ...]) -> None:
+    out = tmp_path / "run"
+    result = train("--attach", "--inject", injected, env=child_env(ZEROMON_OUT=str(out)))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert losses(result.stdout) == baseline
+    for rank in (0, 1):
+        rec = read_recording(out / f"rank-{rank}.jsonl")
+        assert rec.stats is not None and rec.stats.hook_errors > 0
+        said = [n.message for n in rec.notices if n.source == "hooks"]
+        for place in places:  # one notice per place, however often it raised
+            assert sum(f"zeromon's {place} hook" in m for m in said) == 1, (place, said)
+        end = read_file_end(out / f"rank-{rank}.jsonl").end
+        assert end is not None and end.how == "exit"
+    if "endpoint" in injected:
+        assert "SCRAPE 500" in result.stdout  # the scrape fails; the rank goes on
+    summary = zeromon("summary", str(out))
+    assert summary.returncode == 0, summary.stderr
+    assert "hook errors" in summary.stdout and "died" not in summary.stdout
+
+
+def test_a_recording_that_cannot_be_written_is_counted_and_said_and_training_goes_on(
+        tmp_path: Path, baseline: list[float]) -> None:
+    """The recording's file fails with ENOSPC from its 5th write (a fake file: every disk fills differently)."""
+    out = tmp_path / "run"
+    result = train("--attach", "--inject", "writer", env=child_env(ZEROMON_OUT=str(out)))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert losses(result.stdout) == baseline
+    assert result.stderr.count("No space left on device; the recording stops here") == 2  # once per rank
+    for rank in (0, 1):
+        end = read_file_end(out / f"rank-{rank}.jsonl").end  # appended once the file was closed
+        assert end is not None and end.how == "exit" and end.records_lost > 0 and end.bytes_lost > 0
+        assert end.write_error is not None and "No space left on device" in end.write_error
+    summary = zeromon("summary", str(out))
+    assert summary.returncode == 3, summary.stderr
+    assert "rank 1: the recording is incomplete" in summary.stdout and "could not be written" in summary.stdout
+
+
+def test_a_full_disk_under_zeromon_run(tmp_path: Path, baseline: list[float]) -> None:
+    with tmpfs(tmp_path / "small", "40k") as disk:
+        out = disk / "run"
+        result = zeromon_run(out, "--steps", "12")
+        assert losses(result.stdout) == baseline
+        # torchrun says all went well; zeromon says the recording is incomplete, and exits 3
+        assert result.returncode == 3, result.stderr[-3000:]
+        assert "the recording is incomplete" in result.stderr and "No space left on device" in result.stderr
+        report = zeromon("report", str(out))
+        assert report.returncode == 3 and "the recording is incomplete" in report.stdout
+
+
+def test_attach_in_a_folder_that_cannot_be_made_records_nothing_and_says_so(
+        tmp_path: Path, baseline: list[float]) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder\n")
+    result = train("--attach", env=child_env(ZEROMON_OUT=str(blocker / "run")))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert losses(result.stdout) == baseline
+    assert result.stdout.count("started=True") == 2  # live only: the endpoint serves
+    assert result.stderr.count("cannot create") == 2 and "training and the live endpoint go on" in result.stderr
+
+
+def test_a_read_only_out_is_refused_before_the_command_starts(tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "ro", "64k") as disk:
+        remounted = subprocess.run(["mount", "-o", "remount,ro", str(disk)], capture_output=True, check=False)
+        if remounted.returncode != 0:
+            pytest.skip("cannot remount read-only here")
+        for out, said in ((disk, "cannot write in the run folder: Read-only file system"),
+                          (disk / "run", "cannot create the run folder: Read-only file system")):
+            result = zeromon("run", "--out", str(out), "--", sys.executable, "-c", "print('ran')")
+            assert result.returncode == 2 and said in result.stderr, result.stderr
+            assert "ran" not in result.stdout and "Traceback" not in result.stderr
+
+
+def test_the_run_folder_removed_mid_run(tmp_path: Path, baseline: list[float]) -> None:
+    out = tmp_path / "run"
+    result = zeromon_run(out, "--vanish", "4", "--sleep", "0.1")
+    assert losses(result.stdout) == baseline
+    assert result.returncode == 3, result.stderr[-3000:]
+    assert "was removed while the run was going" in result.stderr
+    assert "the file was removed while the run was writing it; the recording stops here" in result.stderr
+
+
+# --- ranks that die ------------------------------------------------------------------------------------
+
+def test_a_killed_rank_is_said_to_have_died_and_its_registry_entry_is_skipped(tmp_path: Path) -> None:
+    registry = tmp_path / "registry"
+    env = child_env(ZEROMON_REGISTRY=str(registry))
+    out = tmp_path / "run"
+    result = zeromon_run(out, "--die", "1:6:kill", "--sleep", "0.05", env=env)
+    assert result.returncode != 0
+    assert "rank 1 died at step" in result.stderr and "(no end record; its last 0.2 s may be lost)" in result.stderr
+    assert read_file_end(out / "rank-1.jsonl").end is None
+    end0 = read_file_end(out / "rank-0.jsonl").end  # torchrun stops it: SIGTERM, or its collective fails
+    assert end0 is not None and end0.how != "exit"
+    for command in ("summary", "report"):
+        said = zeromon(command, str(out), env=env)
+        assert said.returncode == 3, said.stderr
+        assert "rank 1 died at step" in said.stdout and "Traceback" not in said.stderr
+    # The killed rank's user-level entry stays behind; its process is gone, so no one follows it.
+    assert [p.name for p in registry.iterdir()]
+    assert local_runs(registry) == []
+    targets = zeromon("targets", env=env)
+    assert targets.returncode == 2 and "no local run found" in targets.stderr
+
+
+def test_an_exception_and_a_sigterm_are_how_ranks_ended(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = train("--attach", "--die", "0:4:exception", "--sleep", "0.05", env=child_env(ZEROMON_OUT=str(out)))
+    assert result.returncode != 0 and "injected failure in the training loop" in result.stderr  # the traceback stays
+    end0 = read_file_end(out / "rank-0.jsonl").end
+    assert end0 is not None and end0.how == "exception RuntimeError" and end0.last_step == 3
+    summary = zeromon("summary", str(out))
+    assert summary.returncode == 3
+    assert ("rank 0 died at step 4: an exception, RuntimeError: injected failure in the training loop"
+            in summary.stdout)
+    term = tmp_path / "term"
+    result = train("--attach", "--die", "1:3:term", env=child_env(ZEROMON_OUT=str(term)))
+    assert result.returncode != 0
+    end1 = read_file_end(term / "rank-1.jsonl").end
+    assert end1 is not None and end1.how == "signal SIGTERM"
+    summary = zeromon("summary", str(term))
+    assert summary.returncode == 3 and "rank 1 died at step 3: stopped by SIGTERM" in summary.stdout
+
+
+def test_the_launcher_killed(tmp_path: Path) -> None:
+    """SIGKILL to torchrun: zeromon run says how the job ended; the ranks' recordings end by themselves."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "zeromon", "run", "--out", str(out), "--",
+           *torchrun_args(2, SCENARIO, "--steps", "40", "--sleep", "0.1")]
+    proc = subprocess.Popen(cmd, env=child_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(out.glob("rank-*.jsonl"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        launcher = int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
+        os.kill(launcher, signal.SIGKILL)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + signal.SIGKILL
+        assert "still running (no end record yet)" in err or "died" in err  # orphaned ranks, or ranks gone with it
+        assert "Traceback" not in err.split("zeromon: run")[-1]
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the orphaned ranks too
+        proc.wait()
+
+
+def test_ranks_that_never_create_a_process_group(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = zeromon_run(out, "--no-init")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "LOSSES" in result.stdout
+    assert "no rank recorded" in result.stderr and "did the command create a torch.distributed process group" \
+        in result.stderr
+
+
+# --- bad input -----------------------------------------------------------------------------------------
+
+def test_a_command_not_found_leaves_no_run_folder(tmp_path: Path) -> None:
+    result = zeromon("run", "--", "/nonexistent/cmd", cwd=tmp_path)
+    assert result.returncode == 2 and "command not found: /nonexistent/cmd" in result.stderr
+    assert list(tmp_path.iterdir()) == []  # no zeromon-runs/<time> left behind
+    nested = tmp_path / "a" / "b"
+    result = zeromon("run", "--out", str(nested), "--", "/nonexistent/cmd")
+    assert result.returncode == 2 and not (tmp_path / "a").exists()
+
+
+def test_replay_of_a_file_says_it_is_a_file(tmp_path: Path) -> None:
+    file = tmp_path / "rank-0.jsonl"
+    file.write_text("{}\n")
+    result = zeromon("attach", "--replay", str(file))
+    assert result.returncode == 2
+    assert f"--replay {file}: is a file" in result.stderr and f"--replay {tmp_path}" in result.stderr
+
