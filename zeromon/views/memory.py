@@ -14,6 +14,7 @@ from operator import attrgetter
 
 from zeromon.analysis.findings import Severity
 from zeromon.analysis.oom import OomForecast
+from zeromon.model.columns import TableRecords
 from zeromon.model.events import MEMORY_CATEGORIES, MemorySample, OomEvent, step_number
 from zeromon.views.fleet import rank_row, run_ended, short_bytes
 from zeromon.views.rank_detail import memory_lines
@@ -32,11 +33,14 @@ def forecasts(data: RunData) -> dict[int, OomForecast]:
 
 def origin_ns(histories: Mapping[int, RankHistory]) -> int | None:
     """The run's first memory sample: time zero of every memory figure, so that the ranks line up."""
-    firsts = [min(h.memory, key=_BY_TIME).t_ns for h in histories.values() if h.memory]
+    firsts = [h.memory[0].t_ns if isinstance(h.memory, TableRecords) else min(h.memory, key=_BY_TIME).t_ns
+              for h in histories.values() if h.memory]
     return min(firsts) if firsts else None
 
 
 def _in_order(samples: Sequence[MemorySample]) -> Sequence[MemorySample]:
+    if isinstance(samples, TableRecords):  # a finished recording's, in time order: made once, here
+        return list(samples)
     # Recordings are written in time order: the check is one pass, a sort only when it fails.
     ordered = all(a.t_ns <= b.t_ns for a, b in pairwise(samples))
     return samples if ordered else sorted(samples, key=_BY_TIME)
