@@ -234,7 +234,7 @@ def test_live_names_what_is_wrong_with_a_path_argument(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     out = zeromon("live", "--once", str(tmp_path / "a"), str(tmp_path / "b"))
-    assert out.returncode == 2 and "give one RUN_DIR, not 2" in _first_error_line(out.stderr)
+    assert out.returncode == 2 and "RUN_DIR: give one run folder, not 2" in _first_error_line(out.stderr)
 
 
 def test_live_without_a_run_waits_for_one(tmp_path: Path) -> None:
@@ -254,3 +254,20 @@ def test_live_without_a_run_waits_for_one(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     assert proc.returncode == 0 and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["summary", "a\nb\x1b[2J"], "zeromon: error: a\\nb\\x1b[2J: no such run folder"),  # one line, no escape sequence
+    (["live", "--run=--"], "zeromon: error: --run '--': not a value ('--' ends the options)"),
+    (["live", "--token", "sécret"], "zeromon: error: --token: must be printable ASCII without spaces"),
+    (["attach", "--token", ""], "zeromon: error: --token: empty"),
+    (["dashboard", "--host", "\ue000"], "zeromon: error: --host '\\ue000': neither an IP address nor a host name"),
+    (["run", "--bind", "\ue000", "--", "true"], "zeromon: error: --bind '\\ue000': must be an IP address or host name"),
+])
+def test_what_the_property_tests_found_is_one_line_and_exit_2(argv: list[str], says: str,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Values test_cli_properties.py found to end in a traceback (a token an HTTP header cannot carry, a
+    host name socket cannot encode, argparse's '--' value) or in more than one line (a path's newline)."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.split("\n")[0].startswith(says) and "Traceback" not in err, err

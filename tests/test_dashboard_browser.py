@@ -653,7 +653,7 @@ def test_a_path_prefix_serves_the_page_under_it(br: Any, fsdp2_run: Path, logs: 
 def test_a_missing_run_folder_exits_2_with_a_message() -> None:
     result = zeromon("dashboard", "/no/such/dir", "--port", str(free_port()), timeout=120)
     assert result.returncode == 2
-    assert "/no/such/dir" in result.stderr and "no such folder" in result.stderr
+    assert "RUN_DIR /no/such/dir: no such run folder" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
 
 

@@ -311,7 +311,7 @@ def test_nothing_to_draw_says_why() -> None:
 def test_a_rank_without_walks_draws_its_level_alone() -> None:
     history = RankHistory(rank=0, memory=tuple(_sample(0, i, 40 * GIB, 41 * GIB, walk=False) for i in range(5)))
     series = memory_series(history, origin_ns({0: history}) or 0)
-    assert series.categories == () and series.walk_t_s == ()
+    assert series.categories == () and len(series.walk_t_s) == 0
     fig = stack_figure([series])
     assert not _traces(fig, "category") and _bytes(_traces(fig, "level", 0)[0]) == [40 * GIB] * 5
 

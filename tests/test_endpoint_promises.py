@@ -1,4 +1,4 @@
-"""Every status and body the README's "Live endpoint" section promises, one by one, from a real agent
+"""Every status and body docs/endpoint.md (the live endpoint) promises, one by one, from a real agent
 endpoint started in this process in front of a real Recorder, spoken to over real sockets."""
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from zeromon_agent.endpoint import AgentEndpoint
 from zeromon_agent.httpserver import HttpServer, Response, bind
@@ -201,3 +203,61 @@ def test_a_wildcard_bind_without_a_token_is_a_warning_notice(tmp_path: Path) -> 
     loopback.stop()
     recorder.stop()
     assert len([n for n in recorder.notices if "without ZEROMON_TOKEN" in n.message]) == 1
+
+
+# --- any request at all (hypothesis) ---------------------------------------------------------------------
+
+_methods = st.sampled_from(["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "BREW", "get", "", "G\x00T"])
+_paths = st.one_of(st.sampled_from(["/metrics", "/healthz", "/api/v1/snapshot", "/", "//", "*", "/metrics?x=1",
+                                    "/api/v1/snapshot?steps=", "/api/v1/snapshot?since=1e400&limit=nan",
+                                    "/api/v1/snapshot?steps=-1&steps=2", "/%ff%fe", "/../../etc/passwd",
+                                    "/api/v1/snapshot?" + "a=1&" * 300, "http://x/metrics"]),
+                   st.text(max_size=40).map(lambda t: "/" + t))
+_versions = st.sampled_from(["HTTP/1.1", "HTTP/1.0", "HTTP/2", "HTTP/9.9", "", "HTTP/1.1 extra", "http/1.1"])
+_headers = st.lists(st.tuples(st.sampled_from(["Host", "Accept", "Authorization", "Content-Length", "X",
+                                               "Transfer-Encoding", "Connection", ""]),
+                              st.one_of(st.sampled_from(["application/openmetrics-text", "Bearer x", "-1", "1e400",
+                                                         "chunked", "keep-alive", "99999999999999999999"]),
+                                        st.text(max_size=20))), max_size=5)
+
+
+@st.composite
+def raw_requests(draw: st.DrawFn) -> bytes:
+    if draw(st.integers(0, 9)) == 0:
+        return draw(st.binary(max_size=300))  # anything a socket can carry
+    line = f"{draw(_methods)} {draw(_paths)} {draw(_versions)}".rstrip()
+    head = "\r\n".join([line, *(f"{k}: {v}" for k, v in draw(_headers))]) + "\r\n\r\n"
+    return head.encode("utf-8", "surrogatepass") + draw(st.binary(max_size=40))  # a body nobody asked for
+
+
+def _answer(port: int, raw: bytes) -> bytes:
+    """What the endpoint sends back for ``raw`` once the client has said all it will (a half-close, so that
+    an incomplete head ends now rather than at the read timeout)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(raw)
+        sock.shutdown(socket.SHUT_WR)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(raw=raw_requests())
+def test_any_request_gets_a_status_line_and_a_json_error_or_its_answer_and_the_endpoint_stays_up(
+        endpoint: AgentEndpoint, raw: bytes) -> None:
+    port = endpoint.entry.port
+    data = _answer(port, raw)
+    if data:  # else closed unanswered: a connection that sent nothing whole
+        head, _, body = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        version, status_text = lines[0].split()[:2]
+        status = int(status_text)
+        assert version in ("HTTP/1.0", "HTTP/1.1") and 200 <= status < 600 and status != 500, (raw, lines[0])
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        assert int(headers["content-length"]) == len(body) or raw.startswith(b"HEAD "), (raw, headers, len(body))
+        if status >= 400 and body:
+            json_error(headers, body)
+    assert endpoint.server.errors == 0  # nothing reached an exception handler
+    assert request(port, "GET", "/healthz")[0] == 200

@@ -23,6 +23,9 @@ import pytest
 from zeromon.model.codec import read_recording
 from zeromon.model.run_end import read_file_end
 from zeromon.sources.discovery import local_runs
+from zeromon.views.overview import died_banners, incomplete_banners, rank_cells
+from zeromon.views.rank_detail import rank_title
+from zeromon.views.run_data import recording_data
 
 from conftest import REPO, child_env, torchrun_args, zeromon
 
@@ -103,6 +106,9 @@ def test_errors_inside_zeromon_are_counted_said_once_and_leave_the_loss_curve_al
         assert end is not None and end.how == "exit"
     if "endpoint" in injected:
         assert "SCRAPE 500" in result.stdout  # the scrape fails; the rank goes on
+        # and the endpoint's error is one of zeromon's, counted and said once like a hook's (rank 0 scraped)
+        said = [n.message for n in read_recording(out / "rank-0.jsonl").notices if n.source == "hooks"]
+        assert sum("zeromon's endpoint /metrics hook" in m for m in said) == 1, said
     summary = zeromon("summary", str(out))
     assert summary.returncode == 0, summary.stderr
     assert "hook errors" in summary.stdout and "died" not in summary.stdout
@@ -123,6 +129,12 @@ def test_a_recording_that_cannot_be_written_is_counted_and_said_and_training_goe
     summary = zeromon("summary", str(out))
     assert summary.returncode == 3, summary.stderr
     assert "rank 1: the recording is incomplete" in summary.stdout and "could not be written" in summary.stdout
+    # The views of the recording say it too: the final view's ranks and the dashboard's banners.
+    data = recording_data(out, workers=1)
+    said = {b.rank: b.text for b in incomplete_banners(data)}
+    assert sorted(said) == [0, 1] and all(t in summary.stdout for t in said.values()), said
+    rank1 = next(r for r in data.fleet.ranks if r.rank == 1)
+    assert "the recording is incomplete" in rank_title(rank1)  # the TUI's drill-down
 
 
 def test_a_full_disk_under_zeromon_run(tmp_path: Path, baseline: list[float]) -> None:
@@ -186,6 +198,16 @@ def test_a_killed_rank_is_said_to_have_died_and_its_registry_entry_is_skipped(tm
         said = zeromon(command, str(out), env=env)
         assert said.returncode == 3, said.stderr
         assert "rank 1 died at step" in said.stdout and "Traceback" not in said.stderr
+    # The text view of the recording, the TUI's rank title and the dashboard's banners and grid say it too.
+    live = zeromon("live", "--once", "--replay", str(out), env=env)
+    assert live.returncode == 3 and "rank 1 died at step" in live.stdout, live.stdout + live.stderr
+    assert any(line.split()[:2] == ["1", "died"] for line in live.stdout.splitlines())  # the rank's state column
+    data = recording_data(out, workers=1)
+    dead = next(r for r in data.fleet.ranks if r.rank == 1)
+    assert dead.died is not None and dead.died.startswith("rank 1 died at step")
+    assert rank_title(dead).endswith(dead.died.removeprefix("rank 1 "))
+    assert ("died", 1, dead.died) in [(b.kind, b.rank, b.text) for b in died_banners(data)]  # rank 0 too, often
+    assert f"state: {dead.died}" in next(c.hover for c in rank_cells(data) if c.rank == 1)
     # The killed rank's user-level entry stays behind; its process is gone, so no one follows it.
     assert [p.name for p in registry.iterdir()]
     assert local_runs(registry) == []
@@ -210,6 +232,22 @@ def test_an_exception_and_a_sigterm_are_how_ranks_ended(tmp_path: Path) -> None:
     assert end1 is not None and end1.how == "signal SIGTERM"
     summary = zeromon("summary", str(term))
     assert summary.returncode == 3 and "rank 1 died at step 3: stopped by SIGTERM" in summary.stdout
+
+
+def test_a_failure_status_is_how_a_rank_ended_and_a_clean_exit_is_clean(tmp_path: Path) -> None:
+    """sys.exit(1) in a rank is a failure: its end record says "exit 1", and summary says it died;
+    sys.exit(0) early is a clean end."""
+    out = tmp_path / "fail"
+    result = train("--attach", "--die", "1:3:fail", env=child_env(ZEROMON_OUT=str(out)))
+    assert result.returncode != 0
+    end1 = read_file_end(out / "rank-1.jsonl").end
+    assert end1 is not None and end1.how == "exit 1" and not end1.clean
+    summary = zeromon("summary", str(out))
+    assert summary.returncode == 3 and "rank 1 died at step 3: it exited with status 1" in summary.stdout
+    clean = tmp_path / "clean"
+    train("--attach", "--die", "1:3:exit", env=child_env(ZEROMON_OUT=str(clean)))
+    end1 = read_file_end(clean / "rank-1.jsonl").end
+    assert end1 is not None and end1.how == "exit" and end1.clean
 
 
 def test_the_launcher_killed(tmp_path: Path) -> None:
@@ -260,5 +298,5 @@ def test_replay_of_a_file_says_it_is_a_file(tmp_path: Path) -> None:
     file.write_text("{}\n")
     result = zeromon("attach", "--replay", str(file))
     assert result.returncode == 2
-    assert f"--replay {file}: is a file" in result.stderr and f"--replay {tmp_path}" in result.stderr
+    assert f"--replay {file}: a file, not a run folder" in result.stderr and f"--replay {tmp_path}" in result.stderr
 

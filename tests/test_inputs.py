@@ -28,6 +28,8 @@ from zeromon.cli import build_parser, main
 from zeromon.errors import ZeromonError
 from zeromon.model import numbers
 from zeromon.model.codec import read_recording
+from zeromon.sources.live import LiveSource
+from zeromon.sources.replay import ReplaySource
 from zeromon_agent.config import ENV, AgentConfig, load_config
 
 from conftest import REPO, child_env, torchrun_args, zeromon
@@ -287,8 +289,14 @@ def _deepspeed_models() -> dict[str, Any]:
     with contextlib.redirect_stdout(io.StringIO()):
         from deepspeed.runtime.precision_config import DeepSpeedBF16Config, DeepSpeedFP16Config
         from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
+        from zeromon.sources.configs import _value_only_models
+
+        value_only = _value_only_models()  # tensorboard, ..., timers.throughput
     logging.disable(logging.NOTSET)
-    return {"zero_optimization": DeepSpeedZeroConfig, "fp16": DeepSpeedFP16Config, "bf16": DeepSpeedBF16Config}
+    timers = value_only.pop("timers.throughput")  # built from the block under "timers": {"throughput": ...}
+    return {"zero_optimization": DeepSpeedZeroConfig, "fp16": DeepSpeedFP16Config, "bf16": DeepSpeedBF16Config,
+            **value_only, "timers": lambda **block: timers(**block.get("throughput", {}))}
 
 
 type_values = st.one_of(
@@ -368,3 +376,18 @@ def test_a_bad_setting_and_an_open_bind_are_notices_of_the_run(tmp_path: Path) -
     assert open_bind and open_bind[0].level == "warning"
     summary = zeromon("summary", str(tmp_path / "run"), timeout=60)
     assert "without ZEROMON_TOKEN" in summary.stdout and "ZEROMON_CPU_CAPACITY='24'" in summary.stdout
+
+
+@pytest.mark.parametrize(("make", "says"), [
+    (lambda: LiveSource(targets=["127.0.0.1:1"], interval_s=math.nan), "interval nan: is not finite: must be seconds"),
+    (lambda: LiveSource(targets=["127.0.0.1:1"], interval_s=1e-9), "interval 1e-09: must be seconds from 0.01"),
+    (lambda: LiveSource(targets=["127.0.0.1:1"], interval_s="1"), "interval '1': must be seconds from 0.01"),
+    (lambda: ReplaySource("/nonexistent", interval_s=math.inf), "replay interval inf: is not finite"),
+    (lambda: ReplaySource("/nonexistent", speed=1e9), "replay speed 1000000000.0: must be a speed factor from"),
+    (lambda: ReplaySource("/nonexistent", speed=True), "replay speed True: must be a speed factor from"),
+])
+def test_the_sources_check_their_interval_and_speed_with_the_flags_parsers(make: Callable[[], Any], says: str) -> None:
+    """What a flag refuses, a source given it in code refuses too, in the same words (not only > 0)."""
+    with pytest.raises(ZeromonError) as info:
+        make()
+    assert says in info.value.message and info.value.exit_code == 2

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import signal
 import socket
@@ -31,6 +32,7 @@ import pytest
 from zeromon.analysis.findings import Finding, Severity
 from zeromon.analysis.oom import OomForecast
 from zeromon.cli import main
+from zeromon.commands.live import format_fleet
 from zeromon.errors import ZeromonError
 from zeromon.model.events import AgentStats, MemorySample, PhaseSpan, RunInfo, StepSummary
 from zeromon.model.registry import EndpointEntry, read_entry, run_entry_path, user_entry_path, write_entry
@@ -637,6 +639,24 @@ class FakePrometheus:
         self.server.server_close()
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, 1e300, -1e300])
+def test_promql_fleet_reads_values_prometheus_can_hold_but_no_agent_writes(bad: float) -> None:
+    """NaN and +Inf are values Prometheus stores (a gauge set so, a rule dividing by zero), and 1e300 a
+    finite one: every series of a rank set to one of them gives a view, never an exception."""
+    prom = FakePrometheus()
+    try:
+        prom.add_rank(0, "run", 1000.0, step=3)
+        prom.series = [(labels, v if labels["__name__"] in ("up", "zeromon_run_info") else bad)
+                       for labels, v in prom.series]
+        view = PrometheusFleet(prom.url).poll("prometheus", ("prometheus",))
+        assert view.ranks or view.error  # NaN and inf start times name no run: said, not raised
+        assert all(r.start_ns is None for r in view.ranks)  # not a Unix time in seconds
+        text = format_fleet(view)  # and `zeromon live` prints it, as text and as JSON
+        assert "Traceback" not in text and json.dumps(view.to_dict(), default=str)
+    finally:
+        prom.stop()
+
+
 def test_promql_fleet_reads_the_newest_run_and_marks_dead_ranks_stale() -> None:
     prom = FakePrometheus()
     try:
@@ -681,7 +701,7 @@ def test_promql_fleet_reads_the_newest_run_and_marks_dead_ranks_stale() -> None:
 
         prom.add_rank(0, "run-d", 3000.0, step=1)  # a newer run takes over; run-b's ranks are not its ranks
         newer = fleet.poll("prometheus", ())
-        assert newer.source == "prometheus: run run-d" and [(r.rank, r.alive) for r in newer.ranks] == [(0, True)]
+        assert newer.source == "prometheus: run run-d · per-rank series" and [(r.rank, r.alive) for r in newer.ranks] == [(0, True)]
         fleet.close()
     finally:
         prom.stop()
@@ -692,7 +712,7 @@ def test_live_source_through_prometheus(capsys: pytest.CaptureFixture[str]) -> N
     try:
         prom.add_rank(0, "run-c", 3000.0, step=4)
         view = LiveSource(prometheus=prom.url).poll()
-        assert view.source == f"prometheus {prom.url}: run run-c" and view.alive == 1
+        assert view.source == f"prometheus {prom.url}: run run-c · per-rank series" and view.alive == 1
         assert main(["live", "--once", "--json", "--prometheus", prom.url]) == 0
         doc = json.loads(capsys.readouterr().out)
         assert doc["ranks"][0]["rank"] == 0 and doc["ranks"][0]["oom"]["risk"] == "warn"

@@ -380,7 +380,7 @@ def test_deepspeed_master_weights_and_offloaded_state() -> None:
     assert forecast(_rec(memory, offloaded)).pending_optimizer_bytes == 0
 
 
-def test_zero3_gather_bound_and_remedies_in_the_seeds_order() -> None:
+def test_zero3_gather_bound_and_remedies_cheapest_first() -> None:
     cats = {"sharded_params": 1 * GiB, "unsharded_params": 2 * GiB, "optimizer_state": 9 * GiB,
             "activations": 20 * GiB}
     memory = [_gpu(s, 60 * GiB, categories=cats) for s in range(4)]
@@ -396,7 +396,7 @@ def test_zero3_gather_bound_and_remedies_in_the_seeds_order() -> None:
     assert "stage3_max_live_parameters=6e+09" in gathers.evidence[0]
     order = ["stage3_param_persistence_threshold", "stage3_max_live_parameters", '"offload_param"']
     assert [next(i for i, r in enumerate(gathers.remedies) if key in r) for key in order] == [0, 1, 2]
-    # The peak's own remedies: the seeds' ZeRO-3 list, then activations, micro-batch, bf16 for fp16.
+    # The peak's own remedies: ZeRO-3's gather knobs, then activations, micro-batch, bf16 for fp16.
     full = [r.split(" ")[0] + " " + r.split(" ")[1] for r in _remedies_of(info, cats)]
     assert full == ["lower stage3_param_persistence_threshold", "lower stage3_max_live_parameters",
                     "parameter offload:", "optimizer offload:", "activation checkpointing",

@@ -251,8 +251,8 @@ def test_recommendation_when_tight_or_nothing_fits() -> None:
 
 
 def test_zero2_is_recommended_over_zero1_with_or_without_capacity() -> None:
-    # The README's example, the paper's Figure 1: ZeRO-1 (29.25 GiB) and ZeRO-2 (15.50 GiB) both fit 80 GiB.
-    # The seeds' default is ZeRO-2, as without --gpu-memory; the reason names ZeRO-1 and when to prefer it.
+    # docs/plan-and-lint.md's example, the paper's Figure 1: ZeRO-1 (29.25 GiB) and ZeRO-2 (15.50 GiB) both fit 80 GiB.
+    # ZeRO-2 is the default (the paper, §7: ZeRO-1's volume, never more memory), as without --gpu-memory; the reason names ZeRO-1 and when to prefer it.
     with_capacity = plan(PlanInputs(params=7.5e9, gpus_per_node=8, nodes=8, gpu_memory_bytes=80 * GIB))
     without = plan(PlanInputs(params=7.5e9, gpus_per_node=8, nodes=8))
     assert with_capacity.recommendation.stage == without.recommendation.stage == 2
@@ -268,7 +268,7 @@ def test_zero2_is_recommended_over_zero1_with_or_without_capacity() -> None:
 
 def test_the_recommendation_names_what_the_table_does_not_show() -> None:
     # 13B on 8 x 40 GiB with NVMe offload asked for: the table shows offload rows (ZeRO-2 optimizer=cpu
-    # 24.21 GiB), but ZeRO-3 without offload fits (16Ψ/8 = 24.21 GiB too), and the guide weighs every
+    # 24.21 GiB), but ZeRO-3 without offload fits (16Ψ/8 = 24.21 GiB too), and the ladder weighs every
     # stage without offload first. The reason quotes those plans as such and says they are not rows.
     result = plan(PlanInputs(params=13e9, gpus_per_node=8, gpu_memory_bytes=40 * GIB, offload_optimizer="nvme"))
     assert [sp.offload for sp in result.stages] == ["none", "optimizer=cpu", "optimizer=cpu", "optimizer=nvme"]
@@ -278,7 +278,7 @@ def test_the_recommendation_names_what_the_table_does_not_show() -> None:
     assert "(DDP needs 193.72 GiB; ZeRO-1 without offload needs 66.59 GiB; ZeRO-2 without offload needs " \
            "45.40 GiB)" in rec.reason
     assert rec.reason.endswith("ZeRO-1, ZeRO-2 and ZeRO-3 without offload are not in the table above, which shows "
-                               "the offload asked for (optimizer=nvme): the guide weighs every stage without "
+                               "the offload asked for (optimizer=nvme): the recommendation weighs every stage without "
                                "offload before any offload.")
     # The DDP figure is the table's own row.
     assert result.stages[0].offload == "none" and result.stages[0].gpu_bytes == 16 * 13_000_000_000
@@ -292,13 +292,13 @@ def test_the_recommendation_names_what_the_table_does_not_show() -> None:
     offload = plan(PlanInputs(params=13e9, gpus_per_node=1, gpu_memory_bytes=80 * GIB))
     assert offload.recommendation.reason.endswith(
         "ZeRO-2 (optimizer=cpu) is not in the table above, which shows the offload asked for (none).")
-    # Where the table shows everything quoted, nothing is added (the README's example).
+    # Where the table shows everything quoted, nothing is added (docs/plan-and-lint.md's example).
     shown = plan(PlanInputs(params=7.5e9, gpus_per_node=8, nodes=8, gpu_memory_bytes=80 * GIB))
     assert "not in the table" not in shown.recommendation.reason and "without offload" not in \
         shown.recommendation.reason.split(";")[0]
 
 
-def test_without_capacity_the_seeds_size_rule_applies() -> None:
+def test_without_capacity_the_30b_rule_of_thumb_applies() -> None:
     assert recommend(params=7e9, gpus_per_node=8)[:3] == (2, "none", "none")
     assert recommend(params=70e9, gpus_per_node=8)[:3] == (3, "none", "none")
     result = plan(PlanInputs(params=7e9, gpus_per_node=8))
@@ -448,7 +448,7 @@ def test_plan_nvme_offload_with_all_stages_shows_cpu_below_zero3() -> None:
     assert out.stdout.splitlines()[-2] == "recommendation: ZeRO-3, no offload"
     assert "ZeRO-2 without offload needs" in out.stdout
     assert out.stdout.rstrip().endswith("are not in the table above, which shows the offload asked for "
-                                        "(optimizer=nvme): the guide weighs every stage without offload before "
+                                        "(optimizer=nvme): the recommendation weighs every stage without offload before "
                                         "any offload.")
     doc = json.loads(zeromon("plan", "--params", "70B", "--gpus-per-node", "8", "--offload-optimizer", "nvme",
                              "--json").stdout)

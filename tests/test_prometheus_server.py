@@ -21,7 +21,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,8 @@ from conftest import EXAMPLES, REPO, child_env, free_port, torchrun_args
 GRAFANA = REPO / "dashboard" / "grafana"
 DASHBOARD = GRAFANA / "zeromon.json"
 ALERTS = GRAFANA / "zeromon-alerts.yml"
-GRAFANA_README = GRAFANA / "README.md"
+RULES = GRAFANA / "zeromon-rules.yml"  # the recording rules (test_prometheus_rules.py)
+GRAFANA_GUIDE = REPO / "docs" / "prometheus-grafana.md"
 
 # Loopback only: never through an http_proxy from the environment.
 _LOCAL_HTTP = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -155,11 +156,13 @@ def test_dashboard_is_a_grafana_dashboard_with_datasource_job_and_rank_variables
         assert len(refs) == len(set(refs)), panel["title"]
         for target in panel["targets"]:
             assert target["datasource"] == panel["datasource"], panel["title"]
-            # Every agent query is narrowed by the dashboard's variables.
+            # Every agent query is narrowed by the dashboard's variables (a recorded job-level or
+            # worst-ranks series by the job: it is about all of the job's ranks).
             for name in promql_metric_names(target["expr"]) - PROMETHEUS_OWN:
                 selectors = re.findall(re.escape(name) + r"(?![\w:])(\{[^}]*\})?", target["expr"])
-                assert all('job=~"$job"' in s and 'rank=~"$rank"' in s for s in selectors), \
-                    f"panel {panel['title']!r}: {name} without the job and rank variables"
+                needs = ('job=~"$job"',) if name in recorded_names() else ('job=~"$job"', 'rank=~"$rank"')
+                assert all(all(n in s for n in needs) for s in selectors), \
+                    f"panel {panel['title']!r}: {name} without the {' and '.join(needs)} variables"
 
 
 def test_dashboard_queries_name_only_the_agents_metrics() -> None:
@@ -167,8 +170,8 @@ def test_dashboard_queries_name_only_the_agents_metrics() -> None:
     for where, expr in dashboard_queries():
         names = promql_metric_names(expr)
         assert names, f"{where}: no metric in {expr!r}"
-        unknown = names - SERIES_NAMES - PROMETHEUS_OWN
-        assert not unknown, f"{where}: {sorted(unknown)} are not metrics the agent exports ({expr!r})"
+        unknown = names - SERIES_NAMES - PROMETHEUS_OWN - recorded_names()
+        assert not unknown, f"{where}: {sorted(unknown)} are neither metrics the agent exports nor recorded ({expr!r})"
         used |= names
     # What the issue asks the dashboard to show.
     for required in ("zeromon_memory_allocated_bytes", "zeromon_memory_reserved_bytes",
@@ -178,6 +181,16 @@ def test_dashboard_queries_name_only_the_agents_metrics() -> None:
                      "zeromon_collective_bytes_total", "zeromon_collective_blocked_seconds_total",
                      "zeromon_agent_events_dropped_total", "zeromon_agent_hook_errors_total"):
         assert required in used, f"no dashboard panel shows {required}"
+    # The fleet row: the recorded job-level series and worst-rank lists.
+    for required in ("job:zeromon_oom_risk:count", "job:zeromon_memory_headroom_ratio:min",
+                     "job:zeromon_step_exposed_comm_ratio:quantile", "job:zeromon_last_step_duration_seconds:skew",
+                     "job_rank:zeromon_memory_headroom_ratio:bottomk"):
+        assert required in used, f"no dashboard panel shows {required}"
+
+
+def recorded_names() -> set[str]:
+    """The series zeromon-rules.yml records."""
+    return {r["record"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -287,18 +300,19 @@ def test_alert_rules_fire_when_they_should_and_not_otherwise(tmp_path: Path) -> 
 
 
 @needs_promtool
-def test_the_readmes_prometheus_config_passes_promtool(tmp_path: Path) -> None:
-    blocks = re.findall(r"```yaml\n(.*?)```", GRAFANA_README.read_text(), flags=re.S)
-    configs = [b for b in blocks if "scrape_configs:" in b]
-    assert len(configs) == 1, "dashboard/grafana/README.md shows one prometheus.yml"
+def test_the_guides_prometheus_config_passes_promtool(tmp_path: Path) -> None:
+    blocks = re.findall(r"```yaml\n(.*?)```", GRAFANA_GUIDE.read_text(), flags=re.S)
+    configs = [b for b in blocks if "scrape_configs:" in b and "file_sd_configs:" in b]
+    assert len(configs) == 1, "docs/prometheus-grafana.md shows one prometheus.yml"
     config = yaml.safe_load(configs[0])
     job = config["scrape_configs"][0]
     assert job["honor_labels"] is True and job["file_sd_configs"], "scrapes the agents through file_sd"
     shutil.copy(ALERTS, tmp_path / ALERTS.name)
+    shutil.copy(RULES, tmp_path / RULES.name)
     (tmp_path / "prometheus.yml").write_text(configs[0])
     result = _promtool("check", "config", "prometheus.yml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 1 rule files found" in result.stdout
+    assert "SUCCESS: 2 rule files found" in result.stdout  # the alerts and the recording rules
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -308,16 +322,19 @@ def test_the_readmes_prometheus_config_passes_promtool(tmp_path: Path) -> None:
 class PrometheusServer:
     """A `prometheus` process on a free loopback port with its own storage, for one test."""
 
-    def __init__(self, folder: Path, targets_file: Path, token_file: Path | None = None) -> None:
+    def __init__(self, folder: Path, targets_file: Path, token_file: Path | None = None,
+                 rule_files: tuple[Path, ...] = (ALERTS, RULES)) -> None:
         self.folder = folder
         self.log = folder / "prometheus.log"
         scrape: dict[str, Any] = {"job_name": "zeromon", "honor_labels": True,
                                   "file_sd_configs": [{"files": [str(targets_file)], "refresh_interval": "1s"}]}
-        if token_file is not None:  # the agents' ZEROMON_TOKEN, as dashboard/grafana/README.md says
+        if token_file is not None:  # the agents' ZEROMON_TOKEN, as docs/prometheus-grafana.md says
             scrape["authorization"] = {"credentials_file": str(token_file)}
+        self.query_log = folder / "queries.log"  # every query Prometheus answers, one JSON line each
         config = {
-            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(ALERTS)],
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s",
+                       "query_log_file": str(self.query_log)},
+            "rule_files": [str(f) for f in rule_files],
             "scrape_configs": [scrape],
         }
         (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
@@ -364,21 +381,34 @@ class PrometheusServer:
         except urllib.error.HTTPError as err:
             return dict(json.load(err))
 
-    def query(self, expr: str) -> list[dict[str, Any]]:
+    def logged_queries(self) -> list[str]:
+        """The queries Prometheus has answered over HTTP (its query log, which also has the rules' own), oldest first."""
+        if not self.query_log.exists():
+            return []
+        entries = [json.loads(line) for line in self.query_log.read_text().splitlines() if line]
+        return [e["params"]["query"] for e in entries if "httpRequest" in e]
+
+    def query(self, expr: str, **params: str) -> list[dict[str, Any]]:
         """An instant query's result vector; fails the test with Prometheus's error message."""
-        body = self.api("query", query=expr)
+        body = self.api("query", query=expr, **params)
         assert body["status"] == "success", f"{expr!r}: {body.get('errorType')}: {body.get('error')}"
         return list(body["data"]["result"])
 
 
 @pytest.fixture
 def prometheus(tmp_path: Path) -> Iterator[Callable[..., PrometheusServer]]:
+    yield from prometheus_servers(tmp_path)
+
+
+def prometheus_servers(tmp_path: Path) -> Iterator[Callable[..., PrometheusServer]]:
+    """The `prometheus` fixture's body (other test files' fixtures yield from it): start(...) starts one."""
     servers: list[PrometheusServer] = []
 
-    def start(targets_file: Path, token_file: Path | None = None) -> PrometheusServer:
+    def start(targets_file: Path, token_file: Path | None = None,
+              rule_files: tuple[Path, ...] = (ALERTS, RULES)) -> PrometheusServer:
         folder = tmp_path / f"prometheus-{len(servers)}"
         folder.mkdir()
-        server = PrometheusServer(folder, targets_file, token_file)
+        server = PrometheusServer(folder, targets_file, token_file, rule_files)
         servers.append(server)
         server.start()
         return server
@@ -462,7 +492,7 @@ def test_prometheus_scrapes_a_real_2_rank_run_through_zeromon_targets(
     token_file = tmp_path / "zeromon-token"
     token_file.write_text(token + "\n")
     # ZEROMON_PORT=0: any free port, so that other runs on this machine do not matter. With a
-    # token, Prometheus scrapes with the credentials file that the README's config shows.
+    # token, Prometheus scrapes with the credentials file that docs/prometheus-grafana.md's config shows.
     env = child_env(ZEROMON_PORT="0", ZEROMON_REGISTRY=str(tmp_path / "registry"), ZEROMON_TOKEN=token)
     train = subprocess.Popen(
         [sys.executable, "-m", "zeromon", "run", "--out", str(run_dir), "--job", job, "--",
@@ -551,18 +581,22 @@ def test_prometheus_scrapes_a_real_2_rank_run_through_zeromon_targets(
             if promql_metric_names(expr) <= present | PROMETHEUS_OWN:
                 assert result, f"{where}: no data from {expr!r}"
 
-        # The alert rules are loaded and evaluate without error on these series.
-        rule_groups = yaml.safe_load(ALERTS.read_text())["groups"]
+        # The alert and recording rules are loaded and evaluate without error on these series.
+        rule_groups = [g for f in (ALERTS, RULES) for g in yaml.safe_load(f.read_text())["groups"]]
         loaded = server.api("rules")["data"]["groups"]
         assert sorted(g["name"] for g in loaded) == sorted(g["name"] for g in rule_groups)
         assert sum(len(g["rules"]) for g in loaded) == sum(len(g["rules"]) for g in rule_groups)
         _wait_for(lambda: all(r["health"] == "ok" for g in server.api("rules")["data"]["groups"]
                               for r in g["rules"]), 10, "every rule evaluated")
-        # The live source of the TUI and dashboard, through this Prometheus (a multi-node job's path).
+        _check_recorded_series(server, job, run_dir.name)
+        # The live source of the TUI and dashboard, through this Prometheus (a multi-node job's path),
+        # reads the job's numbers from the recorded series and both ranks (the worst 5 of 2).
         from zeromon.sources.live import LiveSource
 
         fleet = LiveSource(prometheus=server.url).poll()
         assert fleet.error is None, fleet.error
+        assert fleet.totals is not None and fleet.totals.ranks == 2, fleet.source
+        assert fleet.source.endswith("recorded rules: 2 ranks, the worst 2 shown"), fleet.source
         assert [(r.rank, r.alive) for r in fleet.ranks] == [(0, True), (1, True)], fleet.ranks
         for view in fleet.ranks:
             assert view.job == job and view.steps and view.memory is not None and view.collectives, view
@@ -571,6 +605,51 @@ def test_prometheus_scrapes_a_real_2_rank_run_through_zeromon_targets(
         writer_err = _stop(writer, signal.SIGINT, group=False) if writer is not None else ""
         _stop(train, signal.SIGTERM, group=True)
     assert writer.returncode == 0, writer_err  # Ctrl-C ends `zeromon targets --write` cleanly
+
+
+def _values(result: list[dict[str, Any]], leave_out: Mapping[str, str]) -> dict[tuple[tuple[str, str], ...], float]:
+    """A query's result by its label sets, without the metric name and the labels a rule adds."""
+    return {tuple(sorted((k, v) for k, v in s["metric"].items() if k != "__name__" and k not in leave_out)):
+            float(s["value"][1]) for s in result}
+
+
+def _check_recorded_series(server: PrometheusServer, job: str, run: str) -> None:
+    """Each recorded series holds its rule's expression over the per-rank series Prometheus scraped, at
+    the time the rule was evaluated (asked again at that time: the same samples, the same value)."""
+    rules = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+    assert server.query(f'job:zeromon_ranks:count{{job="{job}", zeromon_run="{run}"}}'), "rules evaluated"
+    for rule in rules:
+        static = rule.get("labels", {})
+        selector = ",".join(f'{k}="{v}"' for k, v in static.items())
+        for _attempt in range(5):  # a scrape written between the rule's evaluation and its timestamp
+            stamped = server.query(f"timestamp({rule['record']}{{{selector}}})")
+            if not stamped:
+                break  # nothing recorded: the expression must say nothing either (checked below)
+            at = stamped[0]["value"][1]
+            recorded = server.query(f"{rule['record']}{{{selector}}}", time=at)
+            computed = server.query(rule["expr"], time=at)
+            if _values(recorded, static) == _values(computed, static):
+                break
+        else:
+            raise AssertionError(f"{rule['record']}: recorded {_values(recorded, static)} "
+                                 f"!= computed {_values(computed, static)}")
+        if not stamped:
+            assert not server.query(rule["expr"]), f"{rule['record']}: recorded nothing where the expression has data"
+    # The job's numbers as a 2-rank CPU run has them.
+    def one(expr: str) -> float:
+        result = server.query(expr)
+        assert len(result) == 1, (expr, result)
+        return float(result[0]["value"][1])
+    assert one(f'job:zeromon_ranks:count{{job="{job}"}}') == 2
+    assert one(f'run:zeromon_targets_up:sum{{zeromon_run="{run}"}}') == one(f'run:zeromon_targets:count{{zeromon_run="{run}"}}') == 2
+    assert sum(float(s["value"][1]) for s in server.query(f'job:zeromon_oom_risk:count{{job="{job}"}}')) == 2
+    worst = server.query(f'job_rank:zeromon_last_step_duration_seconds:topk{{job="{job}"}}')
+    assert sorted(s["metric"]["rank"] for s in worst) == ["0", "1"] and all(s["metric"]["host"] for s in worst)
+    # The dashboard's fleet row has data.
+    fleet_row = [(where, expr) for where, expr in dashboard_queries() if promql_metric_names(expr) <= recorded_names()]
+    assert len(fleet_row) >= 9
+    for where, expr in fleet_row:
+        assert server.query(substitute(expr, job, ["0", "1"])), f"{where}: no data from {expr!r}"
 
 
 @needs_prometheus

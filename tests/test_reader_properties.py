@@ -29,6 +29,8 @@ from zeromon.analysis.recording_summary import (
     summarize_recording,
 )
 from zeromon.analysis.report import build_report, rank_report
+from zeromon.analysis.step_overlap import blocked_intervals
+from zeromon.cli import main
 from zeromon.errors import ZeromonError
 from zeromon.model import codec
 from zeromon.model.codec import KIND_OF, Recording, iter_records, make_header, read_recording, run_headers
@@ -416,3 +418,56 @@ def test_a_file_that_is_no_recording_is_one_error_line_and_exit_2(tmp_path: Path
         first, *rest = proc.stderr.splitlines()
         assert first.startswith("zeromon: error: ") and "rank-0.jsonl" in first
         assert all(line.startswith("hint: ") for line in rest)
+
+
+def test_huge_valid_durations_are_read_and_analysed_without_overflow(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A valid JSON number is not always a usable one: issue_s and blocked_s of 1e300 (a damaged value,
+    finite) made int(seconds * 1e9) overflow in the interval helpers; they are taken as a week at most."""
+    run = tmp_path / "run"
+    run.mkdir()
+    s = 10**9
+    records = [
+        PhaseSpan(rank=0, step=0, phase="forward", start_ns=0, end_ns=2 * s),
+        CollectiveEvent(seq=0, rank=0, step=0, phase="forward", op="all_reduce", api="all_reduce", bytes_in=8,
+                        bytes_out=8, dtype="float32", group_size=2, async_op=True, issue_ns=s // 2,
+                        complete_ns=s, blocked_s=1e300, timing="wait", meaning="grads", wait_ns=s, issue_s=1e300),
+        CollectiveEvent(seq=1, rank=0, step=-1, phase="other", op="all_reduce", api="all_reduce", bytes_in=8,
+                        bytes_out=8, dtype="float32", group_size=2, async_op=False, issue_ns=0,
+                        complete_ns=None, blocked_s=1.7e308, timing="sync", meaning="other", wait_ns=0,
+                        issue_s=1.7e308),
+        StepSummary(rank=0, step=0, start_ns=0, end_ns=2 * s, phase_s={"forward": 2.0}, collectives=1, comm_bytes=8,
+                    comm_bytes_by_op={"all_reduce": 8}, comm_union_s=1e300, blocked_s=1e300, peak_memory=None),
+    ]
+    (run / "rank-0.jsonl").write_text("\n".join([json.dumps(make_header(0)), *map(codec.encode_record, records)])
+                                      + "\n")
+    rec = read_recording(run / "rank-0.jsonl")
+    assert len(rec.collective_columns().seq) == 2
+    week_ns = int(7 * 86400 * 1e9)
+    assert max(end - start for start, end in blocked_intervals(rec.collective_columns())) == week_ns
+    for command in ("summary", "report"):
+        assert main([command, str(run)]) in (0, 3), command  # 3: no end record, said
+        out, err = capsys.readouterr()
+        assert "Traceback" not in err and "rank" in out, err
+
+
+def test_a_replay_says_which_lines_it_skipped_as_summary_does(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """The replay (TUI alerts, the dashboard's banner, `live --replay`'s note) names the skipped lines, in
+    the words of `zeromon summary`, instead of playing the rest as if nothing were missing."""
+    from zeromon.sources.replay import final_view
+
+    run = tmp_path / "run"
+    run.mkdir()
+    s = 10**9
+    good = [PhaseSpan(rank=0, step=0, phase="forward", start_ns=0, end_ns=s),
+            StepSummary(rank=0, step=0, start_ns=0, end_ns=2 * s, phase_s={"forward": 1.0}, collectives=0,
+                        comm_bytes=0, comm_bytes_by_op={}, comm_union_s=0.0, blocked_s=0.0, peak_memory=None)]
+    lines = [json.dumps(make_header(0)), codec.encode_record(good[0]), '["phase", 0, 1, "forw', '["step", "zero"]',
+             codec.encode_record(good[1])]
+    (run / "rank-0.jsonl").write_text("\n".join(lines) + "\n")
+    view = final_view(run)
+    assert view.error is not None and view.error.startswith("rank-0.jsonl: 2 corrupt lines skipped (lines 3, 4;")
+    assert view.ranks and view.ranks[0].last_step is not None  # the rest plays
+    assert main(["live", "--once", "--replay", str(run)]) in (0, 3)
+    assert f"note: {view.error}" in capsys.readouterr().out

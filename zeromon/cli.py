@@ -48,6 +48,25 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
     return parser, commands
 
 
+def _refuse_double_dash_values(argv: list[str]) -> None:
+    """``--run=--``: argparse (3.11+) drops a value of '--' and hands the command an empty list; no
+    zeromon option takes '--', so it is refused by name here (after a bare '--', words are a command's)."""
+    for arg in argv:
+        if arg == "--":
+            return
+        name, eq, value = arg.partition("=")
+        if eq and value == "--" and name.startswith("--"):
+            raise ZeromonError(f"{name} '--': not a value ('--' ends the options)", hint=f"give {name} a value")
+
+
+def _one_line(text: str) -> str:
+    """``text`` with control characters escaped: a message names what the user typed (a path with a
+    newline, a NEL, an escape sequence), and must stay one line that cannot rewrite the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, commands = build_parser()
@@ -57,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             names = ", ".join(commands)
             print(f"zeromon: error: a command is required ({names}); see `zeromon --help`", file=sys.stderr)
             return EXIT_USAGE
+        _refuse_double_dash_values(argv)
         args, unknown = parser.parse_known_args(argv)
         command = commands.get(args.command)
         if unknown:  # said by the subcommand, so that the hint points to its own --help
@@ -67,9 +87,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_USAGE
         return int(command.run(args))
     except ZeromonError as exc:
-        print(f"zeromon: error: {exc.message}", file=sys.stderr)
+        print(f"zeromon: error: {_one_line(exc.message)}", file=sys.stderr)
         if exc.hint:
-            print(f"hint: {exc.hint}", file=sys.stderr)
+            print(f"hint: {_one_line(exc.hint)}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 130

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from zeromon.model.codec import RecordingWriter, rank_file_name
 from zeromon.model.events import END_DETACH, END_EXIT
@@ -72,6 +72,31 @@ def default_job() -> str:
     return Path(sys.argv[0]).stem if sys.argv and sys.argv[0] else "python"
 
 
+# The key in the job's rendezvous store under which its ranks agree on one run id.
+RUN_ID_KEY = "zeromon/run_id"
+
+
+def shared_run_id() -> str | None:
+    """One id for every rank of this job, however many launchers (nodes) started them and wherever
+    each wrote its recording: the first rank to ask puts a random id in the process group's store
+    (the rendezvous store every rank already reached to join), the others read that one. compare_set
+    neither waits for another rank nor blocks on one: a single round trip to the store, once, at the
+    agent's start (~25 µs to a TCPStore on the same host, measured). None without a process group, or with a store
+    that does not answer: the recording then has no run id and readers compare job and world size."""
+    try:
+        import uuid
+
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return None
+        value = distributed_c10d._get_default_store().compare_set(RUN_ID_KEY, "", uuid.uuid4().hex)
+        return value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
+    except Exception:  # noqa: BLE001 - a private API or a store without compare_set: no run id, no harm
+        return None
+
+
 class Agent:
     def __init__(self, config: AgentConfig, state: HotState = STATE) -> None:
         self.config = config
@@ -106,6 +131,7 @@ class Agent:
         self._previous_sigterm: Any = None
         self._stop_lock = threading.RLock()  # RLock: SIGTERM may arrive while atexit is stopping
         self._ending: tuple[str, str | None] | None = None  # (RunEnd.how, detail) seen by the excepthook
+        self._exit_status = 0  # of the last sys.exit() in the main thread
         self.endpoint: Any = None  # zeromon_agent.endpoint.AgentEndpoint while it serves
 
     # --- lifecycle --------------------------------------------------------------------------------
@@ -152,7 +178,7 @@ class Agent:
             # log) and the live endpoint serves all the same.
             writer = RecordingWriter.open_or_lost(
                 self.run_dir / rank_file_name(self.rank), self.rank, job=self.job, world_size=self.world_size,
-                host=os.uname().nodename, pid=os.getpid(), created_unix_ns=time.time_ns(),
+                run_id=shared_run_id(), host=os.uname().nodename, pid=os.getpid(), created_unix_ns=time.time_ns(),
                 flush_interval_s=self.config.flush_interval_s, end_record=True)
         device = None
         if cuda_index is not None and self.config.device_interval_s > 0:
@@ -244,6 +270,8 @@ class Agent:
     def _at_exit(self) -> None:
         """atexit: the interpreter is ending, after an uncaught exception if the hook below saw one."""
         ending = self._ending
+        if ending is None and self._exit_status:
+            ending = (f"{END_EXIT} {self._exit_status}", None)
         self.stop(*(ending if ending is not None else (END_EXIT, None)))
 
     def _install_excepthook(self) -> None:
@@ -260,6 +288,26 @@ class Agent:
             previous(exc_type, exc, tb)
 
         sys.excepthook = excepthook
+        self._install_exit_note()
+
+    def _install_exit_note(self) -> None:
+        """Note the status of sys.exit() in the main thread ("exit 1"; argparse's errors and `sys.exit(main())`
+        end this way), for the end record: atexit cannot see it, and a rank that exits 1 has failed. The
+        call goes on as before; the last call noted wins (a SystemExit caught, then sys.exit(0), is clean).
+        ``raise SystemExit(n)`` itself is not seen: it reads as a clean exit."""
+        previous = sys.exit
+
+        def exit(status: object = None) -> NoReturn:  # noqa: A001 - sys.exit's own name
+            try:
+                if threading.current_thread() is threading.main_thread():
+                    code = status if isinstance(status, int) or status is None else 1  # a message: status 1
+                    self._exit_status = int(code or 0)
+            except Exception:  # noqa: BLE001 - never in the way of the exit
+                pass
+            previous(status)  # type: ignore[arg-type]  # sys.exit takes any object (printed unless an int)
+            raise SystemExit(status)  # not reached: for a previous sys.exit that returned
+
+        sys.exit = exit
 
     def _install_sigterm(self) -> None:
         if threading.current_thread() is not threading.main_thread():

@@ -68,6 +68,10 @@ def _address(text: str) -> str:
     value = text.strip()
     if not value or any(c.isspace() or c in "/[]" for c in value):
         raise ValueError("must be an IP address or host name such as 127.0.0.1 or 0.0.0.0")
+    try:  # what socket.bind does with a name: one it cannot encode fails there with a TypeError
+        value.encode("idna")
+    except UnicodeError:
+        raise ValueError("must be an IP address or host name such as 127.0.0.1 or 0.0.0.0") from None
     return value
 
 

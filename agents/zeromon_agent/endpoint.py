@@ -29,6 +29,7 @@ from zeromon.model import registry
 from zeromon_agent.httpserver import HttpServer, Request, Response, bind, json_response
 from zeromon_agent.metrics import MetricsRenderer
 from zeromon_agent.snapshot import Identity, LiveData, SnapshotError, build_snapshot
+from zeromon_agent.state import STATE
 
 log = logging.getLogger("zeromon.agent")
 
@@ -142,7 +143,8 @@ class AgentEndpoint:
         live = LiveData(recorder, identity)
         try:
             server = HttpServer(sock, EndpointApp(live, MetricsRenderer(live), token, agent_id),
-                                inline_paths=INLINE_PATHS)
+                                inline_paths=INLINE_PATHS,
+                                on_error=getattr(recorder, "state", STATE).hook_error)
         except BaseException:
             sock.close()
             raise

@@ -184,9 +184,7 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 response = self.owner.app(Request(self.command, url.path, query, self.headers))
         except Exception as exc:  # noqa: BLE001 - a bug here must answer 500, not kill the thread
-            self.owner.errors += 1
-            if self.owner.errors == 1:
-                log.warning("zeromon: endpoint error on %s (logged once): %r", url.path, exc)
+            self.owner.error(f"endpoint {url.path}", exc)
             response = json_response(500, {"error": f"internal error: {exc!r}"})
         self.send_response(response.status)
         self.send_header("Content-Type", response.content_type)
@@ -250,8 +248,12 @@ class HttpServer:
     def __init__(self, sock: socket.socket, app: Callable[[Request], Response], workers: int = WORKERS,
                  queue_size: int = QUEUE_SIZE, max_open: int = MAX_OPEN, read_timeout_s: float = READ_TIMEOUT_S,
                  write_timeout_s: float = WRITE_TIMEOUT_S, max_head_bytes: int = MAX_HEAD_BYTES,
-                 inline_paths: frozenset[str] = frozenset()) -> None:
+                 inline_paths: frozenset[str] = frozenset(),
+                 on_error: Callable[[str, BaseException], None] | None = None) -> None:
         self.sock = sock
+        # Told of every exception answered with 500 or closing a connection (where, exc): the agent
+        # counts them with its hooks' errors (HotState.hook_error) and says each place once.
+        self.on_error = on_error
         self.app = app
         self.workers = workers
         self.max_open = max_open
@@ -340,12 +342,24 @@ class HttpServer:
                 self._cpu_s[0] = time.thread_time() - cpu0
         except Exception as exc:  # noqa: BLE001 - never raise out of a daemon thread into the run
             log.warning("zeromon: the endpoint's I/O thread stopped: %r", exc)
+            self.error("endpoint I/O thread", exc)
         finally:
             for conn in list(conns.values()):
                 _close(conn.sock)
             selector.close()
             _close(self._wake_r)
             _close(self._wake_w)
+
+    def error(self, where: str, exc: BaseException) -> None:
+        """Count an exception the server caught; logged once, or handed to ``on_error``. Never raises."""
+        self.errors += 1
+        try:
+            if self.on_error is not None:
+                self.on_error(where, exc)
+            elif self.errors == 1:
+                log.warning("zeromon: %s error (logged once): %r", where, exc)
+        except Exception:  # noqa: BLE001 - the handler of errors must not be one
+            pass
 
     def _accept(self, selector: selectors.BaseSelector, conns: dict[int, _Conn]) -> None:
         for _ in range(_ACCEPTS_PER_WAKE):
@@ -373,9 +387,7 @@ class HttpServer:
             else:
                 self._read(selector, conns, conn)
         except Exception as exc:  # noqa: BLE001 - one bad connection must not stop the others
-            self.errors += 1
-            if self.errors == 1:
-                log.warning("zeromon: endpoint error (logged once): %r", exc)
+            self.error("endpoint connection", exc)
             self._drop(selector, conns, conn, None)
 
     def _read(self, selector: selectors.BaseSelector, conns: dict[int, _Conn], conn: _Conn) -> None:

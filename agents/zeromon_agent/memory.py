@@ -1,6 +1,6 @@
 """Memory: allocator totals, capacity, process RSS, and bytes per category from the model and optimizer.
 
-Categories use FSDPMemTracker's names (DESIGN.md). Each storage is counted once, by data pointer,
+Categories use torch's FSDPMemTracker names. Each storage is counted once, by data pointer,
 in the first category that claims it, walking the framework's own structures: FSDP2's FSDPParam
 (sharded data, unsharded parameter and gradient, sharded gradient) and parameter groups (all-gather
 outputs not yet copied out, reduce-scatter inputs kept for a later unit), FSDP1's FlatParameter

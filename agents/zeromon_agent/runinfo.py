@@ -9,7 +9,8 @@ from typing import Any
 
 from zeromon.model.events import RunInfo
 
-# DeepSpeed zero_optimization keys that change memory or overlap (DESIGN.md, seeds).
+# DeepSpeed zero_optimization keys that change memory or overlap (DeepSpeed's config reference,
+# https://www.deepspeed.ai/docs/config-json/).
 _DS_ZERO_KNOBS = (
     "stage", "overlap_comm", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size",
     "allgather_partitions", "allgather_bucket_size", "stage3_prefetch_bucket_size",

@@ -7,7 +7,7 @@ on a Recording of the live memory history, kept for FORECAST_TTL_S) and the find
 reused for VIEW_TTL_S, so a scrape storm costs one copy per half second. /metrics and
 /api/v1/snapshot both render from views, so they agree with each other.
 
-Snapshot JSON, schema ``zeromon.snapshot/1`` (README "Live endpoint" documents it for clients).
+Snapshot JSON, schema ``zeromon.snapshot/1`` (docs/snapshot.md documents it for clients).
 """
 
 from __future__ import annotations

@@ -156,6 +156,8 @@ def _status_text(data: RunData, paused: bool) -> str:
         parts.append(f"{len(data.traces)} rank{'s' if len(data.traces) != 1 else ''}")
     elif data.kind == "recording":
         parts.append(f"{len(data.histories)} ranks recorded" + ("" if data.finished else ", still being written"))
+    elif data.fleet.totals is not None:  # Prometheus's recording rules: the whole job, not the worst ranks shown
+        parts.append(f"{data.fleet.totals.ranks}/{data.fleet.totals.ranks_expected} ranks answering")
     else:
         parts.append(f"{alive}/{n} ranks answering")
     if data.kind == "replay" and data.position_s is not None and data.duration_s is not None:

@@ -50,6 +50,8 @@ JOBS: tuple[Job, ...] = (
     Job("bench_trace_import.py", (),
         "streamed Kineto trace import and HTA-exact overlap, against HolisticTraceAnalysis, up to 100 MB"),
     Job("bench_live_source.py", (), "the live source polling 64 simulated agents at 1 Hz: the client's own CPU"),
+    Job("bench_prometheus_fleet.py", (),
+        "one poll of a 1,024-rank job through a real Prometheus, with and without the recording rules"),
     Job("bench_scrape.py", (), "one rank's /metrics scraped 1000 times while a 2-rank FSDP2 run trains"),
     Job("bench_tui.py", (), "zeromon attach headless at 200x60 replaying 256 synthesized ZeRO-3 ranks: refresh time, RSS"),
     Job("bench_dashboard.py", (),

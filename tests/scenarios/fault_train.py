@@ -13,7 +13,7 @@ collective (the collective wrapper's argument extraction), wait (Work.wait's rec
 phase change), memory (the category walk), endpoint (every /metrics and snapshot: rank 0 scrapes
 itself and prints ``SCRAPE <status>``), writer (the recording's file raises ENOSPC from its 5th write).
 ``--die RANK:STEP:HOW``: that rank, at that step, ends by ``kill`` (SIGKILL), ``term`` (SIGTERM),
-``exception`` (RuntimeError) or ``exit`` (sys.exit(0) early). ``--vanish STEP``: rank 0 removes the run
+``exception`` (RuntimeError), ``exit`` (sys.exit(0) early) or ``fail`` (sys.exit(1)). ``--vanish STEP``: rank 0 removes the run
 folder then. ``--no-init``: no process group at all (each rank trains alone, no collective).
 """
 
@@ -120,6 +120,8 @@ def die(how: str) -> None:
         raise RuntimeError("injected failure in the training loop")
     elif how == "exit":
         sys.exit(0)
+    elif how == "fail":
+        sys.exit(1)
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Collective bandwidth as nccl-tests defines it (DESIGN.md), per collective and per op and size.
+"""Collective bandwidth as nccl-tests defines it (its doc/PERFORMANCE.md), per collective, op and size.
 
 algbw = S / t, with S the full array size (for all_gather the gathered output, for reduce_scatter
 the full input); busbw = algbw × factor: 2(n−1)/n for all_reduce, (n−1)/n for all_gather,

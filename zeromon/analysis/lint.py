@@ -41,7 +41,7 @@ from zeromon.analysis.lint_schema import (
     STATIC_SCHEMA,
     ConfigSchema,
 )
-from zeromon.analysis.lint_types import non_finite, refusal
+from zeromon.analysis.lint_types import cross_field_refusals, non_finite, refusal
 from zeromon.model.units import format_bytes
 
 
@@ -254,7 +254,8 @@ def _unknown_key(lint: _Lint, section: str, key: str, path: str) -> None:
 
 def _check_values(lint: _Lint) -> None:
     """ZL030: NaN and infinities anywhere; ZL031: the values DeepSpeed's config models refuse (their types
-    and bounds, read as pydantic reads them), and the blocks DeepSpeed reads as objects."""
+    and bounds, read as pydantic reads them), and the blocks DeepSpeed reads as objects; ZL032: the
+    combinations their validators refuse."""
     for path, number in non_finite_values(lint.config):
         add_non_finite(lint, path, number)
     for name, accepted in (("zero_optimization", "an object {...} (or true/false, the legacy form)"),
@@ -276,6 +277,15 @@ def _check_values(lint: _Lint) -> None:
         if reason is not None:
             lint.add("ZL031", "error", path, f"{path} is {_shown(value)}: {reason}; DeepSpeed's config class "
                      "refuses it and stops at start-up", f"set {key} to {field_type.describe()}")
+    for cross in cross_field_refusals(lint.config):
+        if not lint.is_auto(_value_at(lint.config, cross.path)):
+            lint.add("ZL032", "error", cross.path, cross.message, cross.fix)
+
+
+def _value_at(config: Mapping[str, Any], path: str) -> Any:
+    section, _, key = path.rpartition(".")
+    block = _block(config, section)
+    return block.get(key) if block is not None else None
 
 
 def non_finite_values(value: Any, path: str = "") -> Iterable[tuple[str, float]]:
@@ -444,8 +454,7 @@ def _check_precision(lint: _Lint) -> None:
     if lint.stage == 3:
         lint.add("ZL006", "warning", "fp16.enabled",
                  "fp16 with ZeRO-3: fp16's 5 exponent bits overflow and underflow where bf16's 8 do not; "
-                 "dynamic loss scaling skips steps and the partitioned fp16 weights lose precision (the seeds' "
-                 "'FP16 + ZeRO-3 precision issues')",
+                 "dynamic loss scaling skips steps and the partitioned fp16 weights lose precision",
                  "use bf16 (\"bf16\": {\"enabled\": true}, fp16 off) on GPUs that support it (NVIDIA Ampere/A100, "
                  "Hopper/H100 and newer; not V100 or T4); without bf16 keep dynamic loss scaling "
                  "(loss_scale 0, loss_scale_window 1000, initial_scale_power 16) and gradient clipping")
@@ -460,7 +469,7 @@ def _check_precision(lint: _Lint) -> None:
     if clip is None or (_number(clip) == 0):
         lint.add("ZL019", "info", "gradient_clipping",
                  "fp16 without gradient clipping: a spike that survives loss scaling goes straight into the "
-                 "weights (the seeds' fp16 troubleshooting enables clipping)",
+                 "weights (clipping bounds the update one step can make)",
                  "set \"gradient_clipping\": 1.0")
 
 
@@ -482,7 +491,8 @@ def _check_overlap(lint: _Lint) -> None:
             "buffers at stages 1-2)" if stage < 3 else "")
     lint.add("ZL008", "warning", "zero_optimization.overlap_comm",
              f"overlap_comm is {state}: gradient reduction waits for the backward pass instead of running "
-             "beside it, so the communication is exposed (seeds: 10-20% slower on NVLink/InfiniBand)",
+             "beside it, so the communication is exposed (DeepSpeed's config reference: overlap_comm "
+             "overlaps the reduction of the gradients with the backward computation)",
              f"set \"overlap_comm\": true{cost}")
 
 
@@ -590,7 +600,7 @@ def _check_buckets(lint: _Lint) -> None:
         if 0 < value < TINY_BUCKET_ELEMENTS:
             lint.add("ZL017", "warning", f"zero_optimization.{name}",
                      f"{name} is {_elements(value)} elements: many small collectives, each paying NCCL's latency "
-                     "instead of moving data at bandwidth", "start from DeepSpeed's default 5e8 and tune (seeds)")
+                     "instead of moving data at bandwidth", "start from DeepSpeed's default 5e8 and tune")
     memory = lint.options.gpu_memory_bytes
     if memory is None or stage >= 3:
         return
@@ -625,8 +635,9 @@ def _check_live_parameters(lint: _Lint) -> None:
             lint.add("ZL018", "warning", key,
                      f"{key.split('.')[-1]} {_elements(value)}{' (default)' if raw is None else ''}: up to "
                      f"{format_bytes(value * nbytes)} of {nbytes}-byte {what}, more than {share:.0%} of "
-                     f"{format_bytes(memory)} per GPU", "lower it (seeds' ZeRO-3 OOM steps: "
-                     "stage3_max_live_parameters 5e8, stage3_prefetch_bucket_size 1e8)")
+                     f"{format_bytes(memory)} per GPU", "lower it (e.g. stage3_max_live_parameters 5e8, "
+                     "stage3_prefetch_bucket_size 1e8): fewer parameters held at once, at the cost of more "
+                     "communication (DeepSpeed's config reference)")
 
 
 def _check_optimizer_params(lint: _Lint) -> None:

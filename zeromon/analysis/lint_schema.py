@@ -47,6 +47,7 @@ RULES: dict[str, str] = {
     "ZL029": "NVMe optimizer offload at ZeRO stage 1 or 2 (DeepSpeed offloads to CPU memory)",
     "ZL030": "number that is not finite (NaN, Infinity, or past a float's range such as 1e400)",
     "ZL031": "value of a type or range DeepSpeed's config classes refuse",
+    "ZL032": "combination of values DeepSpeed's config classes refuse (partial offload, grad norm, loss scale)",
 }
 
 # The keys accelerate reads from its `deepspeed_config` block (accelerate/commands/launch.py, deepspeed_args).

@@ -14,9 +14,15 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+# The blocks whose values alone zeromon checks (their keys are not in the known-key list, so a misspelt key
+# there is no finding): DeepSpeed 0.19.8's monitor, compile, hybrid-engine, comms-logger, throughput-timer and
+# tensor-parallel models. activation_checkpointing, flops_profiler, aio, data_efficiency, ... are read by
+# hand-written parsers, not pydantic models: nothing to mirror.
+VALUE_ONLY_SECTIONS = ("tensorboard", "wandb", "csv_monitor", "comet", "compile", "hybrid_engine", "comms_logger",
+                       "timers.throughput", "tensor_parallel")
 # Sections DeepSpeed builds a pydantic model from, as (key path of the block, key path of its fields).
 CHECKED_SECTIONS = ("zero_optimization", "zero_optimization.offload_param", "zero_optimization.offload_optimizer",
-                    "fp16", "bf16")
+                    "fp16", "bf16", *VALUE_ONLY_SECTIONS, "tensor_parallel.tp")
 
 
 # Fields whose model reads its input with a validator of its own (null is its default): left unchecked.
@@ -92,6 +98,32 @@ STATIC_TYPES: dict[str, FieldType] = {
         ("fp16_master_weights_and_grads", _B))},
     **{f"bf16.{k}": _B for k in ("enabled", "immediate_grad_update", "check_grad_overflow",
                                  "bf16_master_weights_and_grads", "bf16_optimizer_states")},
+    # Their text fields (output_path, project, ...) take any string and are left unchecked.
+    **{f"{m}.enabled": _B for m in ("tensorboard", "wandb", "csv_monitor", "comet")},
+    "comet.samples_log_interval": _I,
+    "comet.online": FieldType("bool", optional=True),
+    **{f"compile.{k}": _B for k in (
+        "deepcompile", "autoep_non_moe", "free_activation", "offload_activation", "offload_activation_pin_memory",
+        "offload_opt_states", "double_buffer", "symmetric_memory", "debug_log", "offload_parameters",
+        "sync_before_reduce", "sync_after_reduce", "sync_before_allgather", "sync_after_allgather",
+        "keep_int_input_tensors", "keep_all_input_tensors")},
+    "compile.free_activation_threshold": _I,
+    **{f"hybrid_engine.{k}": _B for k in ("enabled", "release_inference_cache", "pin_parameters",
+                                          "enable_cuda_graph")},
+    "hybrid_engine.max_out_tokens": FieldType("int", gt=0),
+    "hybrid_engine.inference_tp_size": _I,
+    "hybrid_engine.tp_gather_partition_size": _I,
+    **{f"comms_logger.{k}": _B for k in ("enabled", "prof_all", "verbose", "debug")},
+    **{f"timers.throughput.{k}": _B for k in ("enabled", "synchronized")},
+    # dtype, vocab_parallel_ce_backend and the Python objects (mpu, injection_policy_tuple, ...) left unchecked.
+    **{f"tensor_parallel.{k}": _B for k in ("tp_overlap_comm", "keep_module_on_host", "replace_with_kernel_inject",
+                                            "kernel_inject")},
+    "tensor_parallel.autotp_size": _I,
+    "tensor_parallel.vocab_parallel_lm_head": FieldType("bool", optional=True),
+    "tensor_parallel.tensor_parallel": FieldType("section"),
+    "tensor_parallel.tp": FieldType("section"),
+    "tensor_parallel.tp.tp_size": _I,
+    "tensor_parallel.tp.tp_grain_size": _I,
 }
 
 _TRUE_WORDS = {"1", "on", "t", "true", "y", "yes"}
@@ -170,3 +202,73 @@ def refusal(field: FieldType, value: object) -> str | None:
 def non_finite(value: object) -> bool:
     """NaN or an infinity (JSON's NaN, Infinity, or a number past a float's range such as 1e400)."""
     return isinstance(value, float) and not math.isfinite(value)
+
+
+@dataclass(frozen=True, slots=True)
+class CrossFieldRefusal:
+    """A combination of values one of DeepSpeed's config classes refuses in a validator of its own."""
+
+    path: str  # the key the finding names
+    message: str
+    fix: str
+
+
+def _number(value: object, kind: str, default: float) -> float | None:
+    """The value as DeepSpeed's model reads it for the cross-field rules (None: refused, ZL031 says so)."""
+    if value is None:
+        return default
+    number = _as_number(value, kind)
+    return None if number is None else float(number)
+
+
+def _flag(value: object, default: bool) -> bool | None:
+    if value is None:
+        return default
+    if refusal(FieldType("bool"), value) is not None:
+        return None
+    if isinstance(value, str):
+        return value.strip().lower() in _TRUE_WORDS
+    return bool(value)
+
+
+def cross_field_refusals(config: Mapping[str, object]) -> list[CrossFieldRefusal]:
+    """The combinations DeepSpeed's config classes refuse at start-up (DeepSpeed 0.19.8's validators):
+    DeepSpeedZeroConfig's offload_ratio_check (a partial optimizer offload, ``ratio`` < 1, needs ZeRO-3) and
+    compute_grad_norm_valid (``compute_grad_norm: false`` only at stages 1 and 2), and DeepSpeedFP16Config's
+    _validate_dynamic_loss_scale_params (with dynamic loss scaling, ``loss_scale_window`` and
+    ``min_loss_scale`` must be > 0: the window is a modulus, the floor a divisor's bound). Values of a wrong
+    type are left to ZL031; "auto" is left to ZL011."""
+    out: list[CrossFieldRefusal] = []
+    zero = config.get("zero_optimization")
+    if isinstance(zero, Mapping):
+        stage = _number(zero.get("stage"), "int", 0)
+        offload = zero.get("offload_optimizer")
+        ratio = _number(offload.get("ratio"), "float", 1.0) if isinstance(offload, Mapping) else 1.0
+        if stage is not None and stage != 3 and ratio is not None and ratio < 1.0:
+            out.append(CrossFieldRefusal(
+                "zero_optimization.offload_optimizer.ratio",
+                f"zero_optimization.offload_optimizer.ratio is {ratio:g} at ZeRO stage {stage:g}: a partial "
+                "optimizer offload is ZeRO-3's, and DeepSpeed's config class stops at start-up (\"Partial "
+                "offloading only supported for ZeRO Stage 3\")",
+                "set ratio to 1 (the whole optimizer state offloaded), or use stage 3"))
+        norm = _flag(zero.get("compute_grad_norm"), True)
+        if norm is False and stage is not None and stage not in (1, 2):
+            out.append(CrossFieldRefusal(
+                "zero_optimization.compute_grad_norm",
+                f"zero_optimization.compute_grad_norm is false at ZeRO stage {stage:g}: DeepSpeed supports "
+                "skipping the gradient norm only with ZeRO stage 1 or 2, and stops at start-up",
+                "remove compute_grad_norm (true is the default), or use stage 1 or 2"))
+    fp16 = config.get("fp16")
+    if isinstance(fp16, Mapping) and _flag(fp16.get("enabled"), False) and _number(
+            fp16.get("loss_scale"), "float", 0.0) == 0.0:
+        for key, what in (("loss_scale_window", "the window is a modulus: 0 divides by zero"),
+                          ("min_loss_scale", "the scale's floor collapses")):
+            value = _number(fp16.get(key), "int", 1.0)
+            if value is not None and value <= 0 and not isinstance(fp16.get(key), bool):
+                out.append(CrossFieldRefusal(
+                    f"fp16.{key}",
+                    f"fp16.{key} is {value:g} with dynamic loss scaling (loss_scale 0): it must be > 0 "
+                    f"({what}), and DeepSpeed's config class stops at start-up",
+                    f"set {key} to a positive integer (DeepSpeed's default is "
+                    f"{1000 if key == 'loss_scale_window' else 1}), or drop it"))
+    return out

@@ -2,7 +2,8 @@
 
 Shared by the OOM forecast's findings (``zeromon.analysis.oom``): each finding asks for the remedies of
 its subject (gathered parameters, optimizer state, activations, fragmentation) and gets them in the
-order of the seeds' troubleshooting, with this run's own knob values filled in.
+order that costs the least speed first (fewer gathered parameters, more sharding, offload, then the
+run's own activations and precision), with this run's own knob values filled in.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def number_knob(value: Any, default: float) -> tuple[float, bool]:
     return default, False
 
 
-# The seeds' stage selection guide: ZeRO-2 is the default choice; ZeRO-3 when that is still too big.
+# The next stage from 0 or 1 is ZeRO-2 (it never needs more memory than ZeRO-1 and moves the same volume:
+# the ZeRO paper, §7); ZeRO-3 when that is still too big.
 _NEXT_STAGE = {0: "2 (shards optimizer state and gradients)", 1: "2 (shards gradients too)",
                2: "3 (shards the parameters too)"}
 _BF16_SETTING = {"deepspeed": '"bf16": {"enabled": true}',
@@ -75,10 +77,10 @@ _BF16_SETTING = {"deepspeed": '"bf16": {"enabled": true}',
 
 
 def memory_remedies(run: MemoryContext, focus: set[str]) -> tuple[str, ...]:
-    """The remedies that apply to this framework and config, in the order of the seeds'
-    troubleshooting ("ZeRO-3 OOM despite using stage 3", then the stage selection guide): fewer
-    gathered parameters, more sharding, offload, activation checkpointing, a smaller micro-batch,
-    bf16; expandable segments first where fragmentation is the subject."""
+    """The remedies that apply to this framework and config, cheapest in speed first: fewer gathered
+    parameters (ZeRO-3's stage3_max_live_parameters and prefetch bucket), more sharding, offload,
+    activation checkpointing, a smaller micro-batch, bf16; expandable segments first where
+    fragmentation is the subject."""
     info = run.info
     framework = info.framework if info else "unknown"
     stage = info.zero_stage if info else None
@@ -149,7 +151,7 @@ def memory_remedies(run: MemoryContext, focus: set[str]) -> tuple[str, ...]:
                                                 'dtype=torch.bfloat16)')
         if dtype == "float16":
             out.append(f"bf16 instead of fp16 ({setting}): the same 2 bytes per value without loss scaling, "
-                       "the precision the seeds recommend with ZeRO-3")
+                       "and bf16's 8 exponent bits do not overflow or underflow where fp16's 5 do")
         elif dtype == "float32":
             halves = {"deepspeed": "parameters, gradients and activations (the fp32 master copy moves into the "
                                    "optimizer state)",

@@ -1,7 +1,7 @@
 """Communication/computation overlap and exposed communication, as Holistic Trace Analysis defines them.
 
 overlap ratio = |comm ∩ comp| / |comm|, over the unions of communication and computation intervals
-(DESIGN.md: a sweep over +1/-1 communication and +2/-2 computation markers, overlap where the sum
+(Holistic Trace Analysis's definition, computed as a sweep over +1/-1 communication and +2/-2 computation markers, overlap where the sum
 is 3, which is exactly the intersection of the two unions). Exposed communication = |comm| - overlap:
 the time the window would shrink if communication were free.
 """

@@ -4,8 +4,9 @@ stage and offload choice, and which stage to use.
 Pure: ``plan(PlanInputs(...)) -> PlanResult``; no printing, no I/O, no torch. Ψ (``P`` below) is the
 parameter count, N = gpus_per_node × nodes the data-parallel ranks, L the largest layer's parameters.
 
-**zero-paper** (default; DESIGN.md, Rajbhandari et al. 2020, §3 and Figure 1). Bytes per parameter:
-p for the parameters the model computes with, g for their gradients, K for the optimizer state:
+**zero-paper** (default; the ZeRO paper, Rajbhandari et al. 2020, arXiv:1910.02054, §3 and Figure 1).
+Bytes per parameter: p for the parameters the model computes with, g for their gradients, K for the
+optimizer state:
 
     dtype, optimizer      p  g  K
     bf16/fp16 + Adam      2  2  12  fp32 master copy 4 + Adam m 4 + v 4 (the paper's K = 12)
@@ -50,14 +51,15 @@ transformer layer for 16-bit activations, times layers, per GPU (every data-para
 own micro-batch, whatever the stage). Of the 34 sbh, 2 sbh are 1-byte dropout masks, and of the
 5 as²b, 1 is; with fp32 activations the 2-byte tensors double: s·b·h·(66 + 9·a·s/h).
 
-The recommendation follows the seeds' stage-selection guide: the first of DDP, ZeRO-2, ZeRO-3 that
-fits the GPU with ``headroom_fraction`` to spare (CUDA context, NCCL and bucket buffers, temporaries
+The recommendation takes the fastest plan that fits (each further stage and offload reduces peak
+memory at the cost of more communication, as Hugging Face's DeepSpeed guide puts it): the first of
+DDP, ZeRO-2, ZeRO-3 that fits the GPU with ``headroom_fraction`` to spare (CUDA context, NCCL and bucket buffers, temporaries
 and allocator fragmentation are not in the model); then ZeRO-2 + CPU optimizer offload, ZeRO-3 + CPU
 optimizer offload, ZeRO-3 + CPU optimizer and parameter offload, ZeRO-3 + NVMe. ZeRO-1 is not a rung:
-ZeRO-2 never needs more memory and, per step, moves the same volume (the paper, §7), which is why the
-seeds make it the default; the reason says when ZeRO-1 fits too, and when it is worth choosing
+ZeRO-2 never needs more memory and, per step, moves the same volume (the paper, §7), which is why it
+is the default over ZeRO-1; the reason says when ZeRO-1 fits too, and when it is worth choosing
 (gradient accumulation: DeepSpeed's ZeRO-1 reduces gradients once per optimizer step, ZeRO-2 after
-every micro-batch). Without the GPU's capacity, the seeds' size rule: ZeRO-2 up to 30B, ZeRO-3 above.
+every micro-batch). Without the GPU's capacity, a rule of thumb: ZeRO-2 up to 30B, ZeRO-3 above.
 The ladder covers every stage, without offload first, whatever stages and offload the table shows;
 the reason names each plan it quotes that the table has no row for.
 """
@@ -65,9 +67,9 @@ the reason names each plan it quotes that the table has no row for.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
+from zeromon.model.numbers import PARAMS
 from zeromon.model.units import format_bytes
 
 DTYPES = ("bf16", "fp16", "fp32")
@@ -83,8 +85,8 @@ DEEPSPEED_BUFFER_FACTOR = 1.5
 # Every rank builds the model in torch's default dtype before it is moved or partitioned.
 CONSTRUCTION_BYTES_PER_PARAM = 4
 # Beyond any model or GPU memory in sight; keeps the float arithmetic of DeepSpeed's formulas exact-ish.
-MAX_PARAMS = 10**18
-# The seeds' rule of thumb when the GPU's capacity is unknown: ZeRO-2 up to 30B parameters, ZeRO-3 above.
+MAX_PARAMS = PARAMS.maximum
+# The rule of thumb when the GPU's capacity is unknown: ZeRO-2 up to 30B parameters, ZeRO-3 above.
 LARGE_MODEL_PARAMS = 30e9
 
 
@@ -241,25 +243,10 @@ def _whole_count(name: str, value: object) -> int:
     return int(count)
 
 
-_COUNT_SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
-
-
 def parse_param_count(text: str) -> int:
-    """'7e9', '7B', '1.3b', '350M', '7_000_000_000' -> a whole parameter count >= 1 (B = billion, not bytes)."""
-    cleaned = text.strip().replace("_", "")
-    suffix = cleaned[-1:].lower() if cleaned[-1:].isalpha() else ""
-    number = cleaned[: len(cleaned) - len(suffix)].strip()
-    if suffix not in _COUNT_SUFFIXES or not number:
-        raise ValueError(f"{text!r} is not a parameter count (examples: 7e9, 7B, 1.3b, 350M)")
-    try:
-        value = Decimal(number) * _COUNT_SUFFIXES[suffix]
-    except InvalidOperation:
-        raise ValueError(f"{text!r} is not a parameter count (examples: 7e9, 7B, 1.3b, 350M)") from None
-    if not value.is_finite() or value < 1:
-        raise ValueError(f"{text!r} must be at least 1 parameter")
-    if value > MAX_PARAMS:
-        raise ValueError(f"{text!r} is more than {MAX_PARAMS:.0e} parameters")
-    return int(value.to_integral_value())
+    """'7e9', '7B', '1.3b', '350M', '7_000_000_000' -> a whole parameter count >= 1 (B = billion, not bytes):
+    the parser every flag, form and config reading a parameter count uses (zeromon.model.numbers.PARAMS)."""
+    return PARAMS.parse(text)
 
 
 def activation_bytes(shape: ActivationShape, dtype: str = "bf16") -> int:
@@ -408,9 +395,8 @@ def plan_stage(inputs: PlanInputs, stage: int, offload_optimizer: str | None = N
     return build(inputs, stage, opt_dev, param_dev, acts), tuple(notes)
 
 
-# The seeds' ladder (zero-deep-dive.md, "ZeRO Stage Selection Guide", "Start with ZeRO-2", and the
-# speed/memory table): no offload first, smallest stage first; then offload, fastest first. No ZeRO-1:
-# ZeRO-2 fits wherever it does (see the module docstring).
+# The ladder, fastest first: no offload first, smallest stage first; then offload, fastest first. No
+# ZeRO-1: ZeRO-2 fits wherever it does and moves the same volume (see the module docstring).
 _LADDER = ((0, "none", "none"), (2, "none", "none"), (3, "none", "none"),
            (2, "cpu", "none"), (3, "cpu", "none"), (3, "cpu", "cpu"), (3, "nvme", "nvme"))
 
@@ -473,21 +459,22 @@ def _not_in_table(quoted: list[StagePlan], table: tuple[StagePlan, ...], inputs:
     verb = "are" if len(missing) > 1 else "is"
     sentence = f"{', and '.join(parts)} {verb} not in the table above, which shows {shows}"
     if _offload_asked(inputs) and "none" in groups:
-        sentence += ": the guide weighs every stage without offload before any offload"
+        sentence += ": the recommendation weighs every stage without offload before any offload"
     return sentence[0].upper() + sentence[1:] + "."
 
 
 def _cost_note(stage: int, opt_dev: str, param_dev: str) -> str:
     if opt_dev == "nvme":
-        return "expect ~2-3x slower steps than without offload (seeds); needs a fast NVMe drive"
+        return ("expect slower steps than without offload: the optimizer state moves between NVMe, CPU and "
+                "GPU every step; needs a fast NVMe drive")
     if opt_dev == "cpu":
-        slower = "20-30%" if stage == 2 else "30-50%"
-        return f"expect ~{slower} slower steps than without offload (seeds); enable pin_memory"
+        return ("expect slower steps than without offload: the optimizer step runs on the CPU and its state "
+                "crosses PCIe every step; enable pin_memory")
     if stage == 0:
         return "no ZeRO needed: the least communication"
     if stage == 2:
-        return ("no offload needed; ZeRO-2, the seeds' default, moves the same volume per step as DDP's "
-                "all-reduce")
+        return ("no offload needed; ZeRO-2 moves the same volume per step as DDP's all-reduce (the ZeRO "
+                "paper, Rajbhandari et al. 2020, §7)")
     return "no offload needed; ZeRO-3 adds a parameter all-gather per forward and backward (~1.5x DDP's volume)"
 
 
@@ -497,7 +484,7 @@ def _recommend(inputs: PlanInputs, table: tuple[StagePlan, ...]) -> Recommendati
     if inputs.gpu_memory_bytes is None:
         stage = 3 if inputs.params > LARGE_MODEL_PARAMS else 2
         return Recommendation(stage, "none", "none",
-                              "no GPU memory given, so the seeds' rule of thumb: ZeRO-2 up to 30B parameters, "
+                              "no GPU memory given, so a rule of thumb: ZeRO-2 up to 30B parameters, "
                               "ZeRO-3 above; give the GPU memory to check the estimate against it")
     capacity = inputs.gpu_memory_bytes
     budget = int(capacity * (1 - inputs.headroom_fraction))
@@ -511,7 +498,7 @@ def _recommend(inputs: PlanInputs, table: tuple[StagePlan, ...]) -> Recommendati
         if sp.gpu_bytes <= budget:
             what = _short(sp, explicit) if sp.offload == "none" else _describe(
                 sp.stage, sp.offload_optimizer, sp.offload_params)
-            reason = (f"{what} is the first choice of the seeds' guide that fits: {format_bytes(sp.gpu_bytes)} "
+            reason = (f"{what} is the first choice that fits (fastest first): {format_bytes(sp.gpu_bytes)} "
                       f"of {format_bytes(capacity)} per GPU{scope}, leaving at least {pct}% headroom")
             if sp.cpu_bytes and sp.offload != "none":
                 reason += f", and {format_bytes(sp.cpu_bytes)} of host memory per node"

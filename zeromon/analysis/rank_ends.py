@@ -2,7 +2,7 @@
 (zeromon.model.run_end.FileEnd) and what the recordings hold.
 
 A rank ended cleanly when its end record says "exit" (or "detach": only the agent stopped). It died
-when the end record names a signal or an exception, or when there is none (format 1.3 on): the
+when the end record names a signal, an exception or a failure status ("exit 1"), or when there is none (format 1.3 on): the
 process was killed, and its last flush interval of records may be lost. A rank whose process still
 runs is running, not dead. Files whose header does not promise an end record (older than format 1.3,
 or written by other tools) say nothing here.
@@ -21,8 +21,8 @@ from zeromon.model.units import format_bytes
 # `zeromon run` when its command exited 0: a rank died, or its recording is incomplete.
 EXIT_RANK_DIED = 3
 
-CLEAN, SIGNAL, EXCEPTION, CUT_OFF, RUNNING, UNKNOWN, MISSING = (
-    "clean", "signal", "exception", "cut_off", "running", "unknown", "missing")
+CLEAN, SIGNAL, EXCEPTION, EXIT_STATUS, CUT_OFF, RUNNING, UNKNOWN, MISSING = (
+    "clean", "signal", "exception", "exit_status", "cut_off", "running", "unknown", "missing")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +40,7 @@ class RankEnd:
 
     @property
     def died(self) -> bool:
-        return self.state in (SIGNAL, EXCEPTION, CUT_OFF)
+        return self.state in (SIGNAL, EXCEPTION, EXIT_STATUS, CUT_OFF)
 
     @property
     def incomplete(self) -> bool:
@@ -58,20 +58,29 @@ class RankEnd:
         elif self.state == EXCEPTION:
             what = (self.how or "").removeprefix("exception ")
             out.append(f"rank {self.rank} died {at}: an exception, {what}" + (f": {_short(self.detail)}" if self.detail else ""))
+        elif self.state == EXIT_STATUS:  # sys.exit(1): the script said it failed
+            out.append(f"rank {self.rank} died {at}: it exited with status {(self.how or '').removeprefix('exit ')}")
         elif self.state == RUNNING:
             out.append(f"rank {self.rank} is still running (no end record yet)")
         elif self.state == MISSING:
-            out.append(f"rank {self.rank} has no recording (it never created a process group, or ended before "
-                       "the agent started)")
-        if self.incomplete:
-            why = f" ({self.write_error})" if self.write_error else ""
-            held = (f"; it holds steps up to {step_number(self.recorded_through)}"
-                    if self.recorded_through is not None else "; it holds no step")
-            of = f" of {step_number(self.last_step)}" if self.last_step is not None and self.recorded_through is not None \
-                and self.last_step > self.recorded_through else ""
-            out.append(f"rank {self.rank}: the recording is incomplete: {self.records_lost:,} records "
-                       f"({format_bytes(self.bytes_lost)}) could not be written{why}{held}{of}")
+            out.append(f"rank {self.rank} has no recording here (it ran on another node, whose folder holds it; "
+                       "or it never created a process group, or ended before the agent started)")
+        incomplete = self.incomplete_line()
+        if incomplete is not None:
+            out.append(incomplete)
         return out
+
+    def incomplete_line(self) -> str | None:
+        """'rank 1: the recording is incomplete: 1,234 records (2.1 MiB) could not be written (...)'."""
+        if not self.incomplete:
+            return None
+        why = f" ({self.write_error})" if self.write_error else ""
+        held = (f"; it holds steps up to {step_number(self.recorded_through)}"
+                if self.recorded_through is not None else "; it holds no step")
+        of = f" of {step_number(self.last_step)}" if self.last_step is not None and self.recorded_through is not None \
+            and self.last_step > self.recorded_through else ""
+        return (f"rank {self.rank}: the recording is incomplete: {self.records_lost:,} records "
+                f"({format_bytes(self.bytes_lost)}) could not be written{why}{held}{of}")
 
 
 def _short(text: str, limit: int = 160) -> str:
@@ -85,6 +94,8 @@ def _state(file_end: FileEnd) -> str:
     if end is not None:
         if end.how in (END_EXIT, END_DETACH):
             return CLEAN
+        if end.how.startswith(f"{END_EXIT} "):  # "exit 1": sys.exit with a failure status
+            return EXIT_STATUS
         return SIGNAL if end.how.startswith("signal") else EXCEPTION if end.how.startswith("exception") else CLEAN
     if not file_end.expected:
         return UNKNOWN
@@ -120,6 +131,12 @@ def end_lines(ends: Iterable[RankEnd]) -> list[str]:
 def exit_status(ends: Iterable[RankEnd]) -> int:
     """EXIT_RANK_DIED when a rank died or its recording is incomplete, else 0."""
     return EXIT_RANK_DIED if any(e.died or e.incomplete for e in ends) else 0
+
+
+def incomplete_line(file_end: FileEnd, recorded_through: int | None) -> str | None:
+    """The line that says what a rank's recording could not write, or None when it is whole."""
+    (end,) = rank_ends([file_end], {file_end.rank: recorded_through})
+    return end.incomplete_line()
 
 
 def died_line(file_end: FileEnd, recorded_through: int | None) -> str | None:

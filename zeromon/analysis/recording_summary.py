@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zeromon.analysis.rank_ends import RankEnd, end_lines, rank_ends
-from zeromon.model.codec import Recording, read_run
+from zeromon.model.codec import Recording, RunDirs, read_run, run_name
 from zeromon.model.run_end import read_file_ends
 from zeromon.model.units import format_bytes
 
@@ -98,12 +98,12 @@ def summarize_recording(rec: Recording) -> RankSummary:
     )
 
 
-def summarize_run(run_dir: Path) -> RunSummary:
+def summarize_run(run_dir: RunDirs) -> RunSummary:
     recordings = read_run(run_dir)
     world = max((r.run_info.world_size for r in recordings if r.run_info), default=len(recordings))
     through = {r.rank: max((s.step for s in r.steps), default=None) for r in recordings}
     ends = rank_ends(read_file_ends([r.path for r in recordings]), through, world)
-    return RunSummary(run_dir=str(run_dir), world_size=world,
+    return RunSummary(run_dir=run_name(run_dir), world_size=world,
                       ranks=tuple(summarize_recording(r) for r in recordings), ends=ends)
 
 

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from zeromon.analysis.intervals import Interval, clip, intersect, merge, subtract, total
 from zeromon.analysis.overlap import Overlap, overlap_of_merged
 from zeromon.model.codec import CollectiveColumns, Recording
-from zeromon.model.events import issue_interval
+from zeromon.model.events import issue_interval, span_ns
 
 COMPUTE_PHASES = frozenset({"forward", "backward", "optimizer"})  # the stream's computation on GPU
 AGENT_PHASE = "agent"
@@ -122,7 +122,7 @@ def warmup(columns: CollectiveColumns) -> WarmUp:
         count += 1
         moved += b_in if b_in > b_out else b_out
         if wait is not None and waited > 0:
-            blocked.append((wait, wait + int(waited * 1e9)))
+            blocked.append((wait, wait + span_ns(waited)))
         if issue_s and (interval := issue_interval(issue, issue_s, timing)) is not None:
             blocked.append(interval)
     return WarmUp(collectives=count, bytes=moved, blocked_s=total(merge(blocked)) / 1e9)
@@ -132,7 +132,7 @@ def blocked_intervals(columns: CollectiveColumns) -> list[Interval]:
     """Every interval in which the calling thread (on GPU: the stream) was blocked on a collective:
     its wait (CollectiveEvent.blocked_interval_ns) and, on the host, its issuing call
     (CollectiveEvent.issue_interval_ns), for every event at once."""
-    out = [(wait, wait + int(blocked * 1e9))
+    out = [(wait, wait + span_ns(blocked))
            for wait, blocked in zip(columns.wait_ns, columns.blocked_s, strict=True)
            if wait is not None and blocked > 0]
     for issue, issue_s, timing in zip(columns.issue_ns, columns.issue_s, columns.timing, strict=True):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 # The order is the order of `zeromon --help`.
 COMMAND_MODULES: tuple[str, ...] = (
+    "zeromon.commands.demo",
     "zeromon.commands.run",
     "zeromon.commands.summary",
     "zeromon.commands.lint",
@@ -17,4 +18,5 @@ COMMAND_MODULES: tuple[str, ...] = (
     "zeromon.commands.live",
     "zeromon.commands.attach",
     "zeromon.commands.dashboard",
+    "zeromon.commands.doctor",
 )

@@ -1,4 +1,4 @@
-"""`zeromon dashboard [RUN_DIR | TARGET ...] [--run DIR] [--prometheus URL] [--replay DIR] [--trace DIR]`:
+"""`zeromon dashboard [RUN_DIR ... | TARGET ...] [--prometheus URL] [--replay DIR ...] [--trace DIR]`:
 the Dash web dashboard."""
 
 from __future__ import annotations
@@ -9,14 +9,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from zeromon.commands.source_flags import (
+    REPLAY,
+    RUN,
+    add_source_arguments,
+    read_sources,
+    say_missing_ranks,
+    token_flag,
+)
 from zeromon.errors import ZeromonError
-from zeromon.model.numbers import BUS_BANDWIDTH, CAPACITY, PORT, REFRESH_SECONDS, REPLAY_SPEED, flag
+from zeromon.model.numbers import BUS_BANDWIDTH, CAPACITY, PORT, REFRESH_SECONDS, flag
 
 NAME = "dashboard"
 HELP = "the web dashboard of a run: OOM risk, exposed communication, memory, timelines, ranks, planner"
 
 _USAGE_HINT = ("zeromon dashboard   (the newest local run)   ·   zeromon dashboard runs/x   ·   "
-               "zeromon dashboard --replay runs/x   ·   zeromon dashboard --prometheus http://prom:9090   ·   "
+               "zeromon dashboard node0 node1   ·   zeromon dashboard --replay runs/x   ·   zeromon dashboard --prometheus http://prom:9090   ·   "
                "zeromon dashboard --trace traces/")
 DEFAULT_PORT = 8050
 # Recent collectives kept per rank from live agents, for the step timeline: a few steps of a large
@@ -32,19 +40,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "and collectives, overlap and bandwidth, step time per rank and step, and the ZeRO memory planner. "
         "Without arguments it follows the newest local run, as `zeromon attach` does. The page's URL keeps "
         "the page, ranks and step: paste it to a colleague.")
-    parser.add_argument("sources", nargs="*", metavar="RUN_DIR | TARGET",
-                        help="a run folder (its recording, read again while it grows), or host:port of agents")
-    parser.add_argument("--run", metavar="RUN_DIR", help="the live agents registered in this run folder")
-    parser.add_argument("--prometheus", metavar="URL", help="read every rank through a Prometheus server's HTTP API")
-    parser.add_argument("--replay", metavar="RUN_DIR", help="play a recorded run back")
-    parser.add_argument("--speed", metavar="X", type=flag("--speed", REPLAY_SPEED),
-                        help=f"replay speed, 1 = real time (default 1; {REPLAY_SPEED.accepts})")
+    add_source_arguments(parser)  # a RUN_DIR here is its recording, read again while the run writes it
     parser.add_argument("--trace", metavar="DIR", help="PyTorch profiler (Kineto) traces: the Trace page")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1; another one only with a token)")
     parser.add_argument("--port", type=flag("--port", PORT), default=DEFAULT_PORT,
                         help=f"port (default {DEFAULT_PORT}; 0: any free)")
-    parser.add_argument("--token", help="require this bearer token (default: ZEROMON_TOKEN); a browser opens "
+    parser.add_argument("--token", type=token_flag, help="require this bearer token (default: ZEROMON_TOKEN); a browser opens "
                         "the page once with ?token=...")
     parser.add_argument("--path-prefix", default="/", metavar="PATH",
                         help="serve under this path, behind a reverse proxy or JupyterHub's (e.g. /user/me/proxy/8050/)")
@@ -61,57 +63,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_feed(args: argparse.Namespace) -> tuple[Any, str]:
     """The feed the flags ask for and what it watches, in words; ZeromonError naming the flag."""
-    from zeromon.sources.discovery import parse_target
+    from zeromon.model.codec import run_name
     from zeromon.views import run_data
 
-    given = {flag: value for flag, value in (("RUN_DIR/TARGET", args.sources), ("--run", args.run),
-                                               ("--prometheus", args.prometheus), ("--replay", args.replay),
-                                               ("--trace", args.trace)) if value}
-    if len(given) > 1:
-        raise ZeromonError(f"give one source: {' and '.join(given)} were given", hint=_USAGE_HINT)
-    if args.speed is not None and args.replay is None:
-        raise ZeromonError("--speed applies to --replay only", hint=_USAGE_HINT)
+    # The same checks as attach, live, targets; a recording may be several folders (one per node).
+    sources = read_sources(args, NAME, others={"--trace": args.trace}, several=(RUN, REPLAY))
     recording_only = [flag for flag, value in (("--capacity", args.capacity), ("--peak-busbw", args.peak_busbw))
                       if value is not None]
-    folders = [s for s in args.sources if os.path.isdir(s)]
-    if recording_only and not folders:
+    if recording_only and sources.kind != RUN:
         raise ZeromonError(f"{recording_only[0]} applies to a recording (RUN_DIR)", hint=_USAGE_HINT)
     if args.trace is not None:
         if not os.path.exists(args.trace):
             raise ZeromonError(f"--trace {args.trace}: no such folder or file",
                                hint="a folder of PyTorch profiler traces (*.json, *.json.gz)")
         return run_data.StaticFeed(run_data.trace_data(args.trace)), f"traces in {args.trace}"
-    if args.replay is not None:
-        speed = 1.0 if args.speed is None else args.speed
-        if not os.path.isdir(args.replay):
-            raise ZeromonError(f"--replay {args.replay}: no such folder",
-                               hint="a run folder is the --out of `zeromon run`; it holds rank-*.jsonl")
-        return run_data.ReplayFeed(args.replay, speed=speed), f"replay of {args.replay}"
-    if folders:
-        if len(args.sources) > 1:
-            raise ZeromonError(f"RUN_DIR {folders[0]}: give one run folder, or host:port targets, not both",
-                               hint=_USAGE_HINT)
-        run_dir = Path(folders[0])
+    if sources.kind == REPLAY:
+        replay = run_data.ReplayFeed(sources.replay, speed=sources.speed)
+        say_missing_ranks(sources.replay)
+        return replay, f"replay of {run_name(sources.replay)}"
+    run_dirs = tuple(sources.run_dirs) if sources.kind == RUN else ()
+    if run_dirs and (len(run_dirs) > 1 or any(Path(run_dirs[0]).glob("rank-*.jsonl"))):
         peak = args.peak_busbw
-        feed = run_data.RecordingFeed(run_dir, peak_busbw=float(peak) if peak else None,
+        feed = run_data.RecordingFeed(run_dirs, peak_busbw=float(peak) if peak else None,
                                       capacity_bytes=args.capacity,
-                                      alive=run_data.run_processes_alive(run_dir))
-        return feed, f"recording {run_dir}"
-    for target in args.sources:
-        if ":" not in target:
-            raise ZeromonError(f"RUN_DIR {target}: no such folder (nor a host:port target)", hint=_USAGE_HINT)
-        parse_target(target, what="TARGET")
+                                      alive=run_data.run_processes_alive(run_dirs))
+        if len(run_dirs) > 1:  # one folder may be a run just starting: its ranks come as they start
+            say_missing_ranks(run_dirs)
+        return feed, f"recording {run_name(run_dirs)}"
+    # One folder without recordings yet, or targets, or Prometheus: live agents.
+    run_dir = Path(run_dirs[0]) if run_dirs else None
+    from zeromon.sources.discovery import run_entries
     from zeromon.sources.live import LiveSource
 
-    source = LiveSource(targets=args.sources or None, run_dir=args.run, prometheus=args.prometheus,
-                        token=os.environ.get("ZEROMON_TOKEN") or None, interval_s=args.interval,
-                        keep_collectives=LIVE_COLLECTIVES_KEPT)
     final = None
-    if args.run is not None:  # its recording holds the run's final state once every rank has ended
-        run_dir = Path(args.run)
+    if run_dir is not None:
+        # A run that has not written a recording yet (its ranks are starting): its registered agents,
+        # live, and its recording's final state once every rank has ended.
+        if not run_entries(run_dir):
+            raise ZeromonError(f"RUN_DIR {run_dir}: no rank-<r>.jsonl recordings and no agent endpoints in it",
+                               hint="a run folder is the --out of `zeromon run`; its ranks write there as they start")
+        if recording_only:
+            raise ZeromonError(f"{recording_only[0]} applies to a recording, and {run_dir} holds none yet",
+                               hint=_USAGE_HINT)
 
         def final() -> run_data.RunData:
+            assert run_dir is not None
             return run_data.recording_data(run_dir, workers=1)
+    source = LiveSource(targets=list(sources.targets) or None, run_dir=run_dir, prometheus=sources.prometheus,
+                        token=os.environ.get("ZEROMON_TOKEN") or None, interval_s=args.interval,
+                        keep_collectives=LIVE_COLLECTIVES_KEPT)
     return (run_data.LiveFeed(source, interval_s=args.interval, on_error=_say_source_error, final=final),
             source.source)
 
@@ -130,6 +130,26 @@ def _calm_the_collector() -> None:
     gc.set_threshold(first, second, 100)
 
 
+def _one_malloc_arena() -> None:
+    """One glibc malloc arena for the whole process (mallopt M_ARENA_MAX = 1). The server answers each
+    request on a thread of its own, and glibc gives threads arenas of their own (up to 8 per core):
+    what a page's drawing frees in one stays there, scattered over them. Measured with
+    tests/bench/bench_dashboard.py's 8 x 10,000-step recording: after its pages the process held
+    320 MB with an arena per thread, 270 MB with one. The price is a lock the GIL mostly takes
+    already. Nothing where there is no glibc."""
+    import ctypes
+    import ctypes.util
+
+    m_arena_max = -8  # glibc's malloc.h
+    try:
+        name = ctypes.util.find_library("c")
+        mallopt = getattr(ctypes.CDLL(name), "mallopt", None) if name else None
+        if mallopt is not None:
+            mallopt(m_arena_max, 1)
+    except OSError:
+        pass
+
+
 def _say_source_error(error: str | None) -> None:
     """The terminal hears what the page shows: a dead Prometheus, no agent found, and when it clears."""
     if error is None:
@@ -141,10 +161,10 @@ def _say_source_error(error: str | None) -> None:
 def run(args: argparse.Namespace) -> int:
     from zeromon.commands.run import _check_bind
 
+    _one_malloc_arena()  # before any thread starts
+
     _check_bind(args.host, "--host")
     token = args.token if args.token is not None else os.environ.get("ZEROMON_TOKEN") or None
-    if args.token is not None and not args.token.strip():
-        raise ZeromonError("--token: empty; give the secret, or leave --token out")
     from zeromon_dashboard.server import describe_bind_error, loopback, make_server
 
     local = loopback(args.host)

@@ -1,21 +1,33 @@
-"""`zeromon live [TARGET ... | RUN_DIR] [--prometheus URL] [--once] [--json]`: the live agents, as text."""
+"""`zeromon live [RUN_DIR | TARGET ...] [--prometheus URL] [--replay DIR] [--once] [--json]`: the live agents, as text."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from typing import TYPE_CHECKING
 
+from zeromon.analysis.rank_ends import EXIT_RANK_DIED
+from zeromon.commands.source_flags import (
+    NEWEST,
+    PROMETHEUS,
+    REPLAY,
+    RUN,
+    Sources,
+    add_source_arguments,
+    read_sources,
+    say_missing_ranks,
+    token_flag,
+)
 from zeromon.errors import ZeromonError
 from zeromon.model.events import step_number
 from zeromon.model.numbers import POLL_SECONDS, flag
 from zeromon.model.units import format_bytes
 
 if TYPE_CHECKING:
-    from zeromon.sources.fleet import FleetView, RankView
+    from zeromon.sources.fleet import FleetTotals, FleetView, RankView
+    from zeromon.sources.live import LiveSource
 
 NAME = "live"
 HELP = "show the live agents of a run, one line per rank (plain text or --json; Ctrl-C ends)"
@@ -25,72 +37,74 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Poll the agents' endpoints (or a Prometheus server) and print one line per rank: step, "
                           "step time, exposed communication, overlap, memory, headroom and OOM risk. Without "
                           "arguments it finds the newest local run by itself (the user-level index, "
-                          "ZEROMON_REGISTRY), and waits for one when there is none yet. Exit status with --once: "
-                          "0 when a rank answered, 1 when none did (or no run was found).")
-    parser.add_argument("where", nargs="*", metavar="TARGET|RUN_DIR",
-                        help="host:port of agents, or one run folder (its endpoints/ lists the ranks)")
-    parser.add_argument("--prometheus", metavar="URL", help="read through a Prometheus server's HTTP API instead")
+                          "ZEROMON_REGISTRY), and waits for one when there is none yet. A rank that died says how "
+                          "(\"rank 1 died at step 276 (no end record; ...)\"). Exit status with --once (and at the end "
+                          "of a --replay): 3 when a rank died, else 0 when a rank answered, 1 when none did (or no "
+                          "run was found).")
+    add_source_arguments(parser)
     parser.add_argument("--once", action="store_true", help="one poll, print, exit")
     parser.add_argument("--json", action="store_true", help="JSON: one object (--once) or one line per poll")
     parser.add_argument("--interval", metavar="S", type=flag("--interval", POLL_SECONDS), default=1.0,
                         help=f"seconds between polls (default 1; {POLL_SECONDS.accepts})")
-    parser.add_argument("--token", help="the agents' bearer token (default: ZEROMON_TOKEN)")
-
-
-_WHERE_HINT = "a run folder is the --out of `zeromon run`; a target is host:port, e.g. 127.0.0.1:9470"
-
-
-def _split_where(where: list[str]) -> tuple[list[str], str | None]:
-    """Targets and a run folder from the positional arguments (a folder that exists is a run folder)."""
-    from zeromon.sources.discovery import parse_target
-
-    folders, targets = [], []
-    for w in where:
-        if os.path.isdir(w):
-            folders.append(w)
-        elif os.path.exists(w):
-            raise ZeromonError(f"RUN_DIR {w}: a file, not a run folder; give the folder it is in "
-                               f"({os.path.dirname(os.path.abspath(w))})")
-        elif "://" not in w and ("/" in w.rstrip("/") or w.startswith((".", "~"))):  # a path: no host:port has "/"
-            raise ZeromonError(f"RUN_DIR {w}: no such run folder", hint=_WHERE_HINT)
-        elif ":" not in w:
-            raise ZeromonError(f"{w!r}: neither a run folder (none has that name) nor a host:port target",
-                               hint=_WHERE_HINT)
-        else:
-            targets.append(w)
-    if len(folders) > 1:
-        raise ZeromonError(f"zeromon live: give one RUN_DIR, not {len(folders)} ({' '.join(folders)})",
-                           hint="one `zeromon live RUN_DIR` per run")
-    if folders and targets:
-        raise ZeromonError("zeromon live: give host:port targets or one RUN_DIR, not both",
-                           hint="zeromon live runs/demo   or   zeromon live 127.0.0.1:9470 127.0.0.1:9471")
-    for target in targets:
-        parse_target(target, what="TARGET")
-    return targets, folders[0] if folders else None
+    parser.add_argument("--token", type=token_flag, help="the agents' bearer token (default: ZEROMON_TOKEN)")
 
 
 def run(args: argparse.Namespace) -> int:
     from zeromon.sources.discovery import newest_local_run, resolve_run_dir, run_endpoints_folder, run_entries
-    from zeromon.sources.live import LiveSource
     from zeromon.sources.promql import check_prometheus
 
-    targets, run_dir = _split_where(args.where)
+    sources = read_sources(args, NAME)  # the same checks as attach, targets, dashboard
     waiting = False  # no local run yet: the source looks for one every poll
-    if args.prometheus is not None:
-        if targets or run_dir:
-            raise ZeromonError("zeromon live: --prometheus reads every rank from Prometheus; give no TARGET or RUN_DIR")
-        check_prometheus(args.prometheus)
-    elif not targets and (run_dir is not None or newest_local_run() is not None):
+    if sources.kind == REPLAY:
+        if args.token:
+            raise ZeromonError("zeromon live: --replay plays a recording; it takes no --token")
+        return _replay(args, sources)
+    if sources.kind == PROMETHEUS:
+        assert sources.prometheus is not None
+        check_prometheus(sources.prometheus)
+    elif sources.kind == RUN or (sources.kind == NEWEST and newest_local_run() is not None):
         # Refused now when the run named has nothing to watch; without RUN_DIR the source then
         # follows the newest local run by itself (a run started later takes over).
-        folder = resolve_run_dir(run_dir, what="RUN_DIR")
+        folder = resolve_run_dir(sources.run_dir, what="RUN_DIR")
         if not run_entries(folder):
             raise ZeromonError(f"RUN_DIR {folder}: no agent endpoints registered in {run_endpoints_folder(folder)}",
                                hint="agents register there while the run is going (ZEROMON_ENDPOINT=1, the default)")
     else:
-        waiting = not targets
-    source = LiveSource(targets=targets or None, run_dir=run_dir, prometheus=args.prometheus, token=args.token,
-                        interval_s=args.interval)
+        waiting = sources.kind == NEWEST
+    from zeromon.sources.live import LiveSource
+
+    source = LiveSource(targets=list(sources.targets) or None, run_dir=sources.run_dir,
+                        prometheus=sources.prometheus, token=args.token, interval_s=args.interval)
+    return _follow(source, args, waiting)
+
+
+def _replay(args: argparse.Namespace, sources: Sources) -> int:
+    """A recording as the live view saw it: played back at --speed (--once: its final state at once)."""
+    from zeromon.sources.replay import ReplaySource, final_view
+
+    if args.once:
+        view = final_view(sources.replay)
+        say_missing_ranks(sources.replay)
+        _print(view, args.json, clear=False)
+        return once_status(view, live=False)
+    source = ReplaySource(sources.replay, speed=sources.speed)
+    say_missing_ranks(sources.replay)
+    clear = sys.stdout.isatty() and not args.json
+    try:
+        source.start()
+        while not source.finished:
+            _print(source.latest(), args.json, clear=clear)
+            time.sleep(args.interval)
+        view = final_view(sources.replay)
+        _print(view, args.json, clear=clear)
+        return once_status(view, live=False)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        source.stop()
+
+
+def _follow(source: LiveSource, args: argparse.Namespace, waiting: bool) -> int:
     try:
         view = source.poll()  # the first view at once, not an interval later
         clear = sys.stdout.isatty() and not args.json and not args.once
@@ -98,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
             source.start()  # before the first print, after which a Ctrl-C is expected
         _print(view, args.json, clear=clear, waiting=waiting)
         if args.once:
-            return 0 if view.alive else 1
+            return once_status(view)
         while True:
             time.sleep(args.interval)
             _print(source.latest(), args.json, clear=clear, waiting=waiting)
@@ -106,6 +120,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
     finally:
         source.stop()
+
+
+def once_status(view: FleetView, live: bool = True) -> int:
+    """--once's exit status: 3 when a rank died (its line says how, as `zeromon run` and `summary` exit),
+    else 0 when a rank answered (a replay: when it has ranks), 1 when none did."""
+    if any(r.died for r in view.ranks):
+        return EXIT_RANK_DIED
+    if view.totals is not None:  # Prometheus's rules count every rank; the view holds the worst few (or none yet)
+        return 0 if view.totals.ranks else 1
+    return 0 if (view.alive if live else view.ranks) else 1
 
 
 def _print(view: FleetView, as_json: bool, clear: bool, waiting: bool = False) -> None:
@@ -125,7 +149,10 @@ def format_fleet(view: FleetView, waiting: bool = False) -> str:
         return (f"zeromon live: waiting for a run · {stamp}\n"
                 f"no agent in {registry_dir()} (the user-level index of local agents, ZEROMON_REGISTRY) yet: "
                 "a run with the endpoint on (ZEROMON_ENDPOINT=1, the default) registers there as it starts")
-    lines = [f"zeromon live: {view.source} · {view.alive} of {len(view.ranks)} rank(s) answering · {stamp}"]
+    alive, ranks = (view.totals.ranks, view.totals.ranks_expected) if view.totals else (view.alive, len(view.ranks))
+    lines = [f"zeromon live: {view.source} · {alive} of {ranks} rank(s) answering · {stamp}"]
+    if view.totals is not None:
+        lines.append(totals_line(view.totals))
     if view.error:
         lines.append(f"note: {view.error}")
     header = (f"{'rank':>4}  {'state':<10} {'step':>6} {'step ms':>8} {'exposed ms':>10} {'exp %':>6} {'overlap':>7} "
@@ -134,7 +161,9 @@ def format_fleet(view: FleetView, waiting: bool = False) -> str:
     for r in view.ranks:
         lines.append(_rank_line(r))
     for r in view.ranks:
-        if r.error and not r.alive:
+        if r.died:  # "rank 1 died at step 276 (no end record; its last 0.2 s may be lost)"
+            lines.append(r.died)
+        elif r.error and not r.alive:
             lines.append(f"rank {r.rank if r.rank is not None else '?'} ({r.target}): {r.error}")
     for r in view.ranks:
         for f in r.findings:
@@ -144,9 +173,25 @@ def format_fleet(view: FleetView, waiting: bool = False) -> str:
     return "\n".join(lines)
 
 
+def totals_line(t: FleetTotals) -> str:
+    """The whole job in one line, from Prometheus's recording rules (the table below shows its worst ranks)."""
+    risks = ", ".join(f"{t.risk_ranks.get(level, 0)} {level}" for level in ("critical", "warn", "ok"))
+    headroom = format_bytes(t.headroom_min_bytes)
+    if t.headroom_min_ratio is not None:
+        headroom += f" ({t.headroom_min_ratio:.1%} of capacity)"
+    exposed = " ".join(f"{'p' + str(round(float(q) * 100)) if q != 'max' else 'max'} {t.exposed_share[q]:.0%}"
+                       for q in ("0.5", "0.9", "0.99", "max") if q in t.exposed_share) or "-"
+    median, slowest = t.step_s.get("0.5"), t.step_s.get("max")
+    step = (f"median {median * 1e3:.1f} ms, max {slowest * 1e3:.1f} ms" if median is not None and slowest is not None
+            else "-") + (f" (skew {t.step_skew:+.0%})" if t.step_skew is not None else "")
+    return (f"job: OOM risk: {risks} · least headroom {headroom} · "
+            f"exposed share {exposed} · step time {step}")
+
+
 def _rank_line(r: RankView) -> str:
     fmt = format_bytes
-    state = "alive" if r.alive else ("down" if r.stale_s is None else f"stale {r.stale_s:.0f}s")
+    state = "alive" if r.alive else "died" if r.died else "ended" if r.ended else (
+        "down" if r.stale_s is None else f"stale {r.stale_s:.0f}s")
     last = r.last_step
     step = str(step_number(last.step)) if last else "-"  # as the script logs it, as the TUI shows it
     step_ms = f"{last.duration_s * 1e3:.1f}" if last else "-"

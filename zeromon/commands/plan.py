@@ -11,9 +11,10 @@ HELP = "plan ZeRO memory per GPU and per node for each stage, and recommend one"
 DESCRIPTION = """\
 Estimate parameters, gradients, optimizer state and activations per GPU, host memory per node, and
 whether each ZeRO stage (0 = DDP) fits the GPU; recommend the first of DDP, ZeRO-2, ZeRO-3 that fits
-with 10% headroom, then the same with offload (the seeds' stage-selection guide: ZeRO-2 is the
-default over ZeRO-1, which never needs less memory). NVMe optimizer offload is ZeRO-3's: at stages
-1 and 2 DeepSpeed keeps the optimizer state in CPU memory, and so does the plan.
+with 10% headroom, then the same with offload (fastest first; ZeRO-2 is preferred to ZeRO-1, which
+never needs less memory and moves the same volume: the ZeRO paper, Rajbhandari et al. 2020, §7).
+NVMe optimizer offload is ZeRO-3's: at stages 1 and 2 DeepSpeed keeps the optimizer state in CPU
+memory, and so does the plan.
 
 conventions:
   zero-paper  the ZeRO paper (Rajbhandari et al. 2020): Ψ params, N GPUs, mixed-precision Adam with

@@ -1,4 +1,4 @@
-"""`zeromon report RUN_DIR | --trace DIR [--json] [--html FILE]`: the offline analysis."""
+"""`zeromon report RUN_DIR ... | --trace DIR [--json] [--html FILE]`: the offline analysis."""
 
 from __future__ import annotations
 
@@ -29,7 +29,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "machines, --html FILE for a self-contained page with figures. Exit status 3 (after "
                           "printing everything) when a rank of the recording died or its recording is incomplete; "
                           "2 for bad input.")
-    parser.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="a run folder written by `zeromon run`")
+    parser.add_argument("run_dir", nargs="*", metavar="RUN_DIR",
+                        help="a run folder written by `zeromon run`, or several folders of one run (each node's "
+                             "--out, or a quoted glob such as 'runs/job/node*'): read as one run")
     parser.add_argument("--trace", metavar="DIR", help="a folder (or file) of PyTorch profiler traces instead")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page with figures")
@@ -65,21 +67,25 @@ def _write_html(path: str, page: str) -> None:
 
 
 def _run_report(args: argparse.Namespace) -> int:
+    from zeromon.commands.source_flags import run_folder_words, say_missing_ranks
+
     peak, capacity = args.peak_busbw, args.capacity
     peak_busbw = float(peak) if peak else None
+    run = run_folder_words(args.run_dir, "RUN_DIR")
+    say_missing_ranks(run)  # the folders checked to be one run's; a node's folder left out, named
     if args.html:  # the page plots the recordings themselves: read (and analyse) them in this process
         from zeromon.analysis.report import build_report
         from zeromon.exporters.html_report import render_html
-        from zeromon.model.codec import read_run
+        from zeromon.model.codec import read_run, run_name
 
-        recordings = read_run(Path(args.run_dir))
-        report = build_report(recordings, str(args.run_dir), peak_busbw=peak_busbw, capacity_bytes=capacity)
+        recordings = read_run(run)
+        report = build_report(recordings, run_name(run), peak_busbw=peak_busbw, capacity_bytes=capacity)
         text = format_run_report(report)
         _write_html(args.html, render_html(report, recordings, text))
     else:
         from zeromon.sources.run_analysis import analyse_run
 
-        report = analyse_run(Path(args.run_dir), peak_busbw=peak_busbw, capacity_bytes=capacity)
+        report = analyse_run(run, peak_busbw=peak_busbw, capacity_bytes=capacity)
         text = format_run_report(report)
     ends = _rank_ends(report)
     if args.json:

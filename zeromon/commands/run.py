@@ -14,6 +14,7 @@ from pathlib import Path
 
 from zeromon.analysis.rank_ends import EXIT_RANK_DIED
 from zeromon.errors import ZeromonError
+from zeromon.model.numbers import where
 from zeromon.model.registry import ENDPOINTS_DIR, pid_alive, read_entries
 
 NAME = "run"
@@ -228,6 +229,8 @@ def _check_bind(address: str, flag: str) -> None:
         except socket.gaierror as exc:
             raise ZeromonError(f"{given}: neither an IP address nor a host name that resolves ({exc.strerror})",
                                hint=hint) from None
+        except (TypeError, UnicodeError, ValueError):  # "encoding of hostname failed": no host name has it
+            raise ZeromonError(f"{where(flag, address)}: neither an IP address nor a host name", hint=hint) from None
         except OSError as exc:
             what = "not an address of this machine" if exc.errno == errno.EADDRNOTAVAIL else "cannot listen there"
             raise ZeromonError(f"{given}: {what} ({exc.strerror})", hint=hint) from None

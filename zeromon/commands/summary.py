@@ -1,9 +1,8 @@
-"""`zeromon summary RUN_DIR`: what a recorded run holds, per rank."""
+"""`zeromon summary RUN_DIR ...`: what a recorded run holds, per rank."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 NAME = "summary"
 HELP = "summarize a recorded run folder"
@@ -16,14 +15,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "agent's notes; and how each rank ended. `zeromon report` gives the whole analysis. "
                           "Exit status 3 (after printing everything) when a rank died (a signal, an exception, "
                           "or no end record) or its recording is incomplete; 2 for bad input.")
-    parser.add_argument("run_dir", metavar="RUN_DIR",
-                        help="a run folder written by `zeromon run --out RUN_DIR` (its rank-<r>.jsonl files)")
+    parser.add_argument("run_dir", metavar="RUN_DIR", nargs="+",
+                        help="a run folder written by `zeromon run --out RUN_DIR` (its rank-<r>.jsonl files), or "
+                             "several folders of one run (each node's --out, or a quoted glob such as "
+                             "'runs/job/node*'): read as one run")
 
 
 def run(args: argparse.Namespace) -> int:
     from zeromon.analysis.rank_ends import exit_status
     from zeromon.analysis.recording_summary import format_summary, summarize_run
+    from zeromon.commands.source_flags import run_folder_words, say_missing_ranks
 
-    summary = summarize_run(Path(args.run_dir))
+    run = run_folder_words(args.run_dir, "RUN_DIR")
+    say_missing_ranks(run)  # the folders checked to be one run's; a node's folder left out, named
+    summary = summarize_run(run)
     print(format_summary(summary))
     return exit_status(summary.ends)  # 3: a rank died or its recording is incomplete (said above)

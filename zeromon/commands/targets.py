@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from zeromon.commands.source_flags import NEWEST, RUN, add_source_arguments, read_sources
 from zeromon.errors import ZeromonError
 from zeromon.model.numbers import POLL_SECONDS, flag
 
@@ -15,9 +16,7 @@ HELP = "print the Prometheus file_sd targets of a run's agents (--write FILE kee
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("run_dir", metavar="RUN_DIR", nargs="?",
-                        help="the run folder (default: the newest local run in the user-level index, "
-                             "ZEROMON_REGISTRY)")
+    add_source_arguments(parser)  # a RUN_DIR (or the newest local run); the other sources are refused
     parser.add_argument("--write", metavar="FILE",
                         help="write the list to FILE (atomically) and rewrite it whenever it changes, until "
                              "interrupted; point a file_sd_configs entry of Prometheus at FILE")
@@ -28,12 +27,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from zeromon.sources.discovery import file_sd_text, resolve_run_dir, run_endpoints_folder, run_entries
 
+    # Prometheus's targets are a run's agents: the other sources name no run (targets given are the
+    # list already; Prometheus and a replay scrape nothing).
+    sources = read_sources(args, NAME, takes=(RUN, NEWEST))
     if args.interval is not None:
         if args.write is None:  # printing once has nothing to repeat
             raise ZeromonError("zeromon targets: --interval goes with --write FILE (it sets how often FILE is "
                                "brought up to date)", hint="zeromon targets RUN_DIR --write FILE --interval 5")
     if args.write is None:
-        run_dir = resolve_run_dir(args.run_dir)
+        run_dir = resolve_run_dir(sources.run_dir)
         problems: list[str] = []
         entries = run_entries(run_dir, problems)
         for problem in problems:
@@ -44,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
                                     "(ZEROMON_ENDPOINT=1, the default)")
         sys.stdout.write(file_sd_text(entries))
         return 0
-    return _keep_writing(Path(args.write), args.run_dir, args.interval if args.interval is not None else 2.0)
+    return _keep_writing(Path(args.write), sources.run_dir, args.interval if args.interval is not None else 2.0)
 
 
 def _keep_writing(path: Path, run_dir_arg: str | None, interval_s: float) -> int:

@@ -689,11 +689,37 @@ def _rank_in_name(path: Path) -> int | None:
     return int(number) if number.isdigit() else None
 
 
-def run_headers(run_dir: str | Path) -> list[tuple[Path, dict[str, Any]]]:
-    """Each rank file of a run folder with its header, checked to be one run's (check_one_run):
-    an error naming the folder when it is not one or holds no rank file. Only the first line of
-    each file is read."""
-    run_dir = Path(run_dir)
+# A run: the folder its ranks recorded in (the --out of `zeromon run`), or its folders, one per node
+# where each node's launcher wrote its own ranks to a disk of its own.
+RunDirs = str | Path | Sequence[str | Path]
+
+
+def run_folders(run: RunDirs) -> list[Path]:
+    """The folders of a run, in the order given, each once (a folder named twice, by a glob and by
+    name, is read once)."""
+    if isinstance(run, (str, Path)):
+        return [Path(run)]
+    folders: dict[Path, Path] = {}
+    for folder in map(Path, run):
+        folders.setdefault(folder.resolve(), folder)
+    return list(folders.values())
+
+
+def run_name(run: RunDirs) -> str:
+    """The run in a report's words: its folder, or its folders joined by '+'."""
+    return " + ".join(map(str, run_folders(run)))
+
+
+def run_headers(run: RunDirs) -> list[tuple[Path, dict[str, Any]]]:
+    """Each rank file of a run's folder (or folders) with its header, checked to be one run's
+    (check_one_run): an error naming the folder when it is not one or holds no rank file. Only the
+    first line of each file is read."""
+    headers = [item for folder in run_folders(run) for item in _folder_headers(folder)]
+    check_one_run([(path, header, None) for path, header in headers], by_run_id=False)  # the readers compare it
+    return headers
+
+
+def _folder_headers(run_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
     if run_dir.is_file():
         raise ZeromonError(f"{run_dir}: is a file; a run is the folder of rank-<r>.jsonl files",
                            hint=f"pass the folder that holds it: {run_dir.parent}")
@@ -714,20 +740,56 @@ def run_headers(run_dir: str | Path) -> list[tuple[Path, dict[str, Any]]]:
         with _open_recording(path) as handle:
             first = read_first_line(path, handle)
         headers.append((path, read_header(path, first)))
-    check_one_run([(path, header, None) for path, header in headers])
     return headers
 
 
-def rank_files(run_dir: str | Path) -> list[Path]:
-    """The rank files of a run folder, checked to be one run's (run_headers)."""
-    return [path for path, _ in run_headers(run_dir)]
+def missing_ranks_note(headers: Sequence[tuple[Path, dict[str, Any]]]) -> str | None:
+    """What the run's headers say of ranks without a file, and where the others are: "rank 1 missing:
+    world size 2, 1 rank found in node0 (rank 0); is a node's folder missing?"; None when none is
+    missing or the headers give no world size (files of an older format or written by hand)."""
+    worlds: list[int] = [h["world_size"] for _, h in headers if type(h.get("world_size")) is int]
+    by_folder: dict[Path, list[int]] = {}
+    for path, header in headers:
+        if type(header.get("rank")) is int:
+            by_folder.setdefault(path.parent, []).append(header["rank"])
+    found = {rank for ranks in by_folder.values() for rank in ranks}
+    missing = sorted(set(range(max(worlds))) - found) if worlds else []
+    if not missing:
+        return None
+    where = " and ".join(f"{folder} ({_ranks_words(ranks)})" for folder, ranks in by_folder.items())
+    return (f"{_ranks_words(missing)} missing: world size {max(worlds)}, {len(found)} rank"
+            f"{'s' if len(found) != 1 else ''} found in {where}; is a node's folder missing?")
+
+
+def _ranks_words(ranks: Sequence[int]) -> str:
+    """'rank 3', 'ranks 0-3', 'ranks 0-1, 4, 6-7': runs of consecutive ranks as ranges."""
+    spans: list[list[int]] = []
+    for rank in sorted(ranks):
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    words = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    return f"rank {words}" if len(ranks) == 1 else f"ranks {words}"
+
+
+def rank_files(run: RunDirs) -> list[Path]:
+    """The rank files of a run's folder (or folders), checked to be one run's (run_headers)."""
+    return [path for path, _ in run_headers(run)]
 
 
 # What makes rank files one run's: each a value in the header (written by the agent at start) or in
 # the run's RunInfo. A value missing from a file (an older or hand-made one) is not compared.
-_IDENTITY = (("job", "job"), ("world_size", "world size"), ("framework", "framework"))
+# run_id: one value for every rank of a job, however many launchers (nodes) started them (the agent
+# agrees on it through the job's rendezvous store: zeromon_agent.agent.shared_run_id). Compared after
+# the others, over all files: "framework 'fsdp2' and 'none'" tells a user more than two random ids.
+_IDENTITY = (("job", "job"), ("world_size", "world size"), ("framework", "framework"), ("run_id", "run id"))
 _DIFFERENT_RUNS_HINT = ("a run folder holds the rank files of one run (the --out of one `zeromon run`): "
                         "move the other run's files to a folder of their own")
+_DIFFERENT_RUNS_HINT_FOLDERS = ("give the folders of one run: each node's --out of the same job (one "
+                                "`zeromon run` per node)")
+_RANK_TWICE_HINT_FOLDERS = ("each node's folder holds its own ranks: was a folder given twice under two names, "
+                            "or a rank file copied into another node's folder?")
 
 
 def _identity(header: dict[str, Any], info: RunInfo | None) -> dict[str, Any]:
@@ -740,16 +802,20 @@ def _identity(header: dict[str, Any], info: RunInfo | None) -> dict[str, Any]:
     return values
 
 
-def check_one_run(files: Sequence[tuple[Path, dict[str, Any], RunInfo | None]]) -> None:
+def check_one_run(files: Sequence[tuple[Path, dict[str, Any], RunInfo | None]], by_run_id: bool = True) -> None:
     """Refuse rank files that are not one run's, naming them: a header's rank that is not the one
-    in the file's name (a copied or renamed file), two files of one rank, or a job, world size or
-    framework that differs between files (two runs' files in one folder). Every analysis would
-    otherwise match one run's collectives against another's and report stragglers that are not.
+    in the file's name (a copied or renamed file), two files of one rank, or a job, world size,
+    framework or run id that differs between files (two runs' files in one folder, or folders of two
+    runs). Every analysis would otherwise match one run's collectives against another's and report
+    stragglers that are not.
 
-    ``files``: each file with its header and, where read, its RunInfo (None: the header alone)."""
+    ``files``: each file with its header and, where read, its RunInfo (None: the header alone); they may
+    be in several folders (one per node), which the hints then speak of. ``by_run_id`` False: the run
+    id is not compared (a check of the headers alone, before the RunInfo that may name a difference
+    in the user's words)."""
+    several = len({path.parent for path, _, _ in files}) > 1
     by_rank: dict[int, Path] = {}
-    first_seen: dict[str, tuple[Path, Any]] = {}
-    for path, header, info in files:
+    for path, header, _ in files:
         rank = header.get("rank")
         named = _rank_in_name(path)
         if named is not None and rank is not None and rank != named:
@@ -758,20 +824,26 @@ def check_one_run(files: Sequence[tuple[Path, dict[str, Any], RunInfo | None]]) 
         if isinstance(rank, int):
             if rank in by_rank:
                 raise ZeromonError(f"{by_rank[rank]} and {path} are both rank {rank}",
-                                   hint="keep one recording per rank in a run folder (several runs mixed?)")
+                                   hint=_RANK_TWICE_HINT_FOLDERS if several
+                                   else "keep one recording per rank in a run folder (several runs mixed?)")
             by_rank[rank] = path
-        for key, value in _identity(header, info).items():
+    identities = [(path, _identity(header, info)) for path, header, info in files]
+    for key, label in _IDENTITY if by_run_id else _IDENTITY[:-1]:  # a key over all files, then the next
+        first_seen: tuple[Path, Any] | None = None
+        for path, values in identities:
+            value = values[key]
             if value is None:
                 continue
-            seen = first_seen.setdefault(key, (path, value))
-            if seen[1] != value:
-                label = dict(_IDENTITY)[key]
-                raise ZeromonError(f"{seen[0]} and {path} are from different runs: {label} {seen[1]!r} and "
-                                   f"{value!r}", hint=_DIFFERENT_RUNS_HINT)
+            if first_seen is None:
+                first_seen = (path, value)
+            elif first_seen[1] != value:
+                raise ZeromonError(f"{first_seen[0]} and {path} are from different runs: {label} {first_seen[1]!r} "
+                                   f"and {value!r}", hint=_DIFFERENT_RUNS_HINT_FOLDERS if several else _DIFFERENT_RUNS_HINT)
 
 
-def read_run(run_dir: str | Path) -> list[Recording]:
-    """Read every rank file of a run folder, ordered by rank; an error when they are not one run's."""
-    recordings = [read_recording(f) for f in rank_files(run_dir)]
+def read_run(run: RunDirs) -> list[Recording]:
+    """Read every rank file of a run's folder (or folders), ordered by rank; an error when they are not
+    one run's."""
+    recordings = [read_recording(f) for f in rank_files(run)]
     check_one_run([(r.path, r.header, r.run_info) for r in recordings])
     return sorted(recordings, key=lambda r: r.rank)

@@ -50,7 +50,7 @@ class Timing(str, Enum):
     UNKNOWN = "unknown"
 
 
-# Memory categories, named as torch's FSDPMemTracker names them (DESIGN.md).
+# Memory categories, named as torch's FSDPMemTracker names them (torch.distributed._tools.fsdp2_mem_tracker).
 MEMORY_CATEGORIES: tuple[str, ...] = (
     "sharded_params",
     "unsharded_params",
@@ -113,7 +113,7 @@ class CollectiveEvent:
     def blocked_interval_ns(self) -> tuple[int, int] | None:
         if self.wait_ns is None or self.blocked_s <= 0:
             return None
-        return self.wait_ns, self.wait_ns + int(self.blocked_s * 1e9)
+        return self.wait_ns, self.wait_ns + span_ns(self.blocked_s)
 
     @property
     def thread_blocked_s(self) -> float:
@@ -136,6 +136,16 @@ class CollectiveEvent:
         return max(0.0, (self.complete_ns - self.issue_ns) / 1e9)
 
 
+# The longest span a recorded duration is taken for: a collective blocked for more than a week is a
+# damaged value, and 1e300 s would overflow int(seconds * 1e9) (OverflowError) in every analysis.
+MAX_SPAN_S = 7 * 86400.0
+
+
+def span_ns(seconds: float) -> int:
+    """Nanoseconds of a recorded duration (seconds >= 0), at most MAX_SPAN_S's."""
+    return int(seconds * 1e9) if seconds < MAX_SPAN_S else int(MAX_SPAN_S * 1e9)
+
+
 # Timings whose issue_ns is the GPU's clock, not the host call's.
 DEVICE_TIMINGS = frozenset({Timing.CUDA_EVENT.value, Timing.NCCL_HOOK.value})
 
@@ -144,7 +154,7 @@ def issue_interval(issue_ns: int, issue_s: float | None, timing: str) -> tuple[i
     """CollectiveEvent.issue_interval_ns from the three columns it reads."""
     if not issue_s or issue_s <= 0 or timing in DEVICE_TIMINGS:
         return None
-    return issue_ns, issue_ns + int(issue_s * 1e9)
+    return issue_ns, issue_ns + span_ns(issue_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,7 +364,7 @@ class RunEnd:
 
     rank: int
     t_ns: int
-    how: str  # END_EXIT, END_DETACH, "signal SIGTERM", "exception RuntimeError"
+    how: str  # END_EXIT, END_DETACH, "exit 1" (sys.exit's status), "signal SIGTERM", "exception RuntimeError"
     last_step: int | None  # the last step summarized (from 0); None: no step ended
     records_lost: int  # records the writer could not write (AgentStats.records_lost)
     bytes_lost: int

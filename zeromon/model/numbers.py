@@ -49,6 +49,10 @@ class Parser(Protocol[T]):
     def parse(self, text: str) -> T: ...
 
 
+class Checker(Protocol[T]):
+    def check(self, value: object) -> T: ...
+
+
 def where(name: str, text: object) -> str:
     """How a message names the input: ``--flag 'text'`` for a flag, ``VAR='text'`` for a variable."""
     joiner = "=" if name[:1].isupper() else " "
@@ -74,6 +78,15 @@ def flag(name: str, parser: Parser[T], hint: str | None = None) -> Callable[[str
 def parse_flag(name: str, parser: Parser[T], text: str | None, hint: str | None = None) -> T | None:
     """``flag(name, parser)(text)`` for a value that did not come through argparse (a form); None stays None."""
     return None if text is None else flag(name, parser, hint)(text)
+
+
+def checked(name: str, checker: Checker[T], value: object) -> T:
+    """``checker.check(value)`` for a value given in code (a source's interval, a replay's speed set by a
+    key), or ZeromonError in the same shape as a flag's: ``replay speed 0: must be a speed factor from ...``."""
+    try:
+        return checker.check(value)
+    except ValueError as exc:
+        raise ZeromonError(f"{where(name, value)}: {exc}") from None
 
 
 def _decimal(text: str, accepts: str) -> Decimal:
@@ -251,6 +264,9 @@ class ParamCount:
 POLL_SECONDS = Real(0.05, 86400.0, "seconds")  # a poller faster than 20 Hz only burns CPU; a day at most
 REFRESH_SECONDS = Real(0.25, 86400.0, "seconds")  # a dashboard refresh redraws every open browser
 REPLAY_SPEED = Real(0.001, 100000.0, "a speed factor")  # 1 = real time
+# How often a source's own thread polls or advances: the flags' ranges, and down to 10 ms for tests
+# and the replay's clock (a tick costs a view's rebuild: ~1 ms for 8 ranks).
+SOURCE_SECONDS = Real(0.01, 86400.0, "seconds")
 GPU_MEMORY = Size(MIB, PIB, "a device's memory")
 CAPACITY = Size(MIB, PIB, "a memory capacity")
 BUS_BANDWIDTH = Size(MIB, PIB, "a bus bandwidth", per_second=True)

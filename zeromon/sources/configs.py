@@ -20,7 +20,13 @@ from typing import Any
 
 from zeromon.analysis.lint import STATIC_SCHEMA, ConfigSchema
 from zeromon.analysis.lint_schema import STATIC_SCHEMA_VERSION
-from zeromon.analysis.lint_types import CHECKED_SECTIONS, STATIC_TYPES, UNCHECKED, FieldType
+from zeromon.analysis.lint_types import (
+    CHECKED_SECTIONS,
+    STATIC_TYPES,
+    UNCHECKED,
+    VALUE_ONLY_SECTIONS,
+    FieldType,
+)
 from zeromon.errors import ZeromonError
 
 _JSON_HINT = ("DeepSpeed configs read by accelerate and the Hugging Face Trainer are strict JSON: no comments, "
@@ -232,7 +238,7 @@ def _deepspeed_schema() -> ConfigSchema:
             found.update(decorator.info.fields)
         return found
 
-    def walk(model: Any, section: str) -> None:
+    def walk(model: Any, section: str, keys_known: bool = True) -> None:
         keys = set()
         for name, info in model.model_fields.items():
             keys.add(name)
@@ -249,12 +255,15 @@ def _deepspeed_schema() -> ConfigSchema:
                 types.update({f"{section}.{key}": field_type for key in (name, info.alias) if key})
             sub = model_of(info.annotation)
             if sub is not None:
-                walk(sub, f"{section}.{info.alias or name}")
-        sections[section] = frozenset(keys)
+                walk(sub, f"{section}.{info.alias or name}", keys_known)
+        if keys_known:
+            sections[section] = frozenset(keys)
 
     walk(DeepSpeedZeroConfig, "zero_optimization")
     walk(DeepSpeedFP16Config, "fp16")
     walk(DeepSpeedBF16Config, "bf16")
+    for section, model in _value_only_models().items():
+        walk(model, section, keys_known=False)
     sections[""] = frozenset(_top_level_keys(ds_config)) | STATIC_SCHEMA.sections[""]
     removed = {k: v for k, v in getattr(ds_config, "_REMOVED_TOP_LEVEL_CONFIG_KEYS", {}).items()}
     removed.update({f"zero_optimization.{k}": v
@@ -265,6 +274,23 @@ def _deepspeed_schema() -> ConfigSchema:
                         overlap_comm_default=(overlap[0], overlap[1], overlap[2], overlap[3]),
                         pin_memory_default=pin_default, origin=f"DeepSpeed {deepspeed.__version__} (installed)",
                         types=types)
+
+
+def _value_only_models() -> dict[str, type]:
+    """The pydantic models of DeepSpeed's VALUE_ONLY_SECTIONS, by the top-level key each is built from."""
+    from deepspeed.comm.config import CommsLoggerConfig
+    from deepspeed.compile.config import CompileConfig
+    from deepspeed.monitor.config import CometConfig, CSVConfig, TensorBoardConfig, WandbConfig
+    from deepspeed.runtime.config import HybridEngineConfig
+    from deepspeed.runtime.tensor_parallel.config import TPTrainingConfig
+    from deepspeed.utils.config import DeepSpeedThroughputTimerConfig
+
+    models: dict[str, type] = {"tensorboard": TensorBoardConfig, "wandb": WandbConfig, "csv_monitor": CSVConfig,
+                               "comet": CometConfig, "compile": CompileConfig, "hybrid_engine": HybridEngineConfig,
+                               "comms_logger": CommsLoggerConfig, "timers.throughput": DeepSpeedThroughputTimerConfig,
+                               "tensor_parallel": TPTrainingConfig}
+    assert tuple(models) == VALUE_ONLY_SECTIONS
+    return models
 
 
 def _field_type(info: Any, config_model: type) -> FieldType | None:

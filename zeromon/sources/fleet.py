@@ -74,6 +74,9 @@ class RankView:
     # How it died, when it ended and its recording says so: "rank 1 died at step 276 (no end record; ...)"
     # (zeromon.analysis.rank_ends); None while alive, after a clean end, or where not known.
     died: str | None = None
+    # What its recording could not write, when it ended and its end record says so: "rank 1: the recording
+    # is incomplete: 1,234 records (2.1 MiB) could not be written (...)"; None where whole or not known.
+    incomplete: str | None = None
 
     @property
     def last_step(self) -> StepSummary | None:
@@ -92,6 +95,41 @@ class RankView:
 
 
 @dataclass(frozen=True, slots=True)
+class FleetTotals:
+    """The whole job's numbers, read from Prometheus's recording rules (dashboard/grafana/zeromon-rules.yml)
+    when FleetView.ranks holds only the worst ranks those rules name. None: the rule had no value."""
+
+    ranks: int  # ranks whose agents Prometheus scrapes
+    answering: int | None  # the run's scrape targets up, of ...
+    targets: int | None  # ... all its targets (None: a scrape config without zeromon_run)
+    step_min: int | None  # the last step (0-based) of the furthest-behind rank
+    step_max: int | None
+    worst_risk: Severity | None
+    risk_ranks: Mapping[str, int]  # "ok", "warn", "critical" -> ranks at that level
+    headroom_min_bytes: int | None
+    headroom_min_ratio: float | None  # of its rank's capacity
+    exposed_share: Mapping[str, float]  # "0.5", "0.9", "0.99", "max" -> exposed communication / step time
+    overlap_min: float | None
+    step_s: Mapping[str, float]  # "min", "0.5", "max" -> last step's duration across ranks
+    step_skew: float | None  # max / median - 1
+    events_dropped: int | None
+    worst: Mapping[str, tuple[int, ...]]  # "oom_risk", "headroom", "exposed", "step_time" -> ranks, worst first
+
+    @property
+    def ranks_expected(self) -> int:
+        """The ranks with series and those whose target is down (Prometheus drops a down target's series)."""
+        down = self.targets - self.answering if self.targets is not None and self.answering is not None else 0
+        return self.ranks + max(0, down)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = _plain(self)
+        out["ranks_expected"] = self.ranks_expected
+        out["worst_risk"] = self.worst_risk.value if self.worst_risk is not None else None
+        out["worst"] = {k: list(v) for k, v in self.worst.items()}
+        return out
+
+
+@dataclass(frozen=True, slots=True)
 class FleetView:
     """Every rank of the watched run at one moment, ordered by rank."""
 
@@ -100,6 +138,8 @@ class FleetView:
     ranks: tuple[RankView, ...]
     looked_at: tuple[str, ...]  # where agents were looked for (for a "no agent found" message)
     error: str | None = None  # about the source as a whole: no agent found, Prometheus unreachable
+    # The job's numbers from Prometheus's recording rules; set only when ``ranks`` are its worst few.
+    totals: FleetTotals | None = None
 
     @property
     def alive(self) -> int:
@@ -107,7 +147,8 @@ class FleetView:
 
     def to_dict(self) -> dict[str, Any]:
         return {"t_ns": self.t_ns, "source": self.source, "looked_at": list(self.looked_at), "error": self.error,
-                "ranks": [r.to_dict() for r in self.ranks]}
+                "ranks": [r.to_dict() for r in self.ranks],
+                "totals": self.totals.to_dict() if self.totals is not None else None}
 
 
 def _plain(record: Any) -> dict[str, Any]:

@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from zeromon.errors import ZeromonError
+
 MAX_BODY_BYTES = 32 * 2**20  # an answer larger than this is refused, not read whole
 
 
@@ -34,6 +36,18 @@ def _json_loads() -> Callable[[bytes], Any]:
 
 
 json_loads = _json_loads()
+
+
+def check_token(token: str, name: str) -> str:
+    """A bearer token as an HTTP header carries it: printable ASCII, no spaces (RFC 6750's b64token is
+    stricter; the agents compare any such string). ZeromonError naming ``name``, never the secret: a
+    token the header cannot hold would fail in every poll with a UnicodeEncodeError."""
+    if not token.strip():
+        raise ZeromonError(f"{name}: empty; give the secret, or leave {name} out")
+    if not all("!" <= c <= "~" for c in token):
+        raise ZeromonError(f"{name}: must be printable ASCII without spaces (an HTTP header carries it)",
+                           hint="e.g. a token from `python -c 'import secrets; print(secrets.token_urlsafe())'`")
+    return token
 
 
 class FetchError(Exception):

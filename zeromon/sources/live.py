@@ -36,6 +36,7 @@ from zeromon.model.events import (
     PhaseSpan,
     StepSummary,
 )
+from zeromon.model.numbers import SOURCE_SECONDS, checked
 from zeromon.model.registry import EndpointEntry, pid_alive, registry_dir
 from zeromon.sources.discovery import (
     EntryFolder,
@@ -57,6 +58,7 @@ from zeromon.sources.fleet import (
 from zeromon.sources.http import (
     FetchError,
     HttpFetcher,
+    check_token,
     describe_os_error,
     http_request,
     http_status_error,
@@ -124,11 +126,11 @@ class LiveSource:
     def __init__(self, targets: list[str] | None = None, run_dir: str | Path | None = None,
                  prometheus: str | None = None, token: str | None = None, interval_s: float = 1.0,
                  timeout_s: float | None = None, events: bool = True, keep_collectives: int = 0) -> None:
-        if not interval_s > 0:
-            raise ZeromonError(f"interval {interval_s!r}: must be a number of seconds > 0")
-        self.interval_s = float(interval_s)
+        self.interval_s = checked("interval", SOURCE_SECONDS, interval_s)
         self.timeout_s = float(timeout_s) if timeout_s is not None else min(5.0, max(1.0, 2 * self.interval_s))
         self.token = token if token is not None else os.environ.get("ZEROMON_TOKEN") or None
+        if self.token:  # "" in code: no token, whatever ZEROMON_TOKEN says
+            check_token(self.token, "--token" if token is not None else "ZEROMON_TOKEN")
         self.events = events  # read phase spans from the event stream (?since=)
         # Recent collectives kept per rank (RankView.recent_collectives), for the dashboard's step
         # timeline; 0: none (the TUI), so that the ~3 µs of building each one is not spent for nothing.

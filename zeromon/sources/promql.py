@@ -2,7 +2,13 @@
 
 Prometheus scrapes every rank's ``/metrics`` (targets from `zeromon targets`); this module asks it
 for the newest run's series with two instant queries per poll and turns them into the same
-RankViews that the agents' snapshots give. Through Prometheus there is less: no event stream (no
+RankViews that the agents' snapshots give.
+
+Where Prometheus evaluates zeromon's recording rules (dashboard/grafana/zeromon-rules.yml), a poll
+reads the job's numbers from their few series instead (FleetView.totals) and the per-rank series of
+only the worst ranks they name: three queries, tens of job-level series and those ranks' ~50 each,
+where reading every rank costs ~50 series per rank (~50,000 for 1,024 ranks). Whether the rules'
+series are there is asked at the first poll and, while they are not, every RULES_RECHECK_S. Through Prometheus there is less: no event stream (no
 phase spans), no findings beyond the OOM risk level, and the steps are the last step's gauges as
 seen at each poll (a step history at the poll's resolution), not every step.
 
@@ -12,6 +18,7 @@ keeps each rank's last view, marked ``alive=False`` with the time since it was l
 
 from __future__ import annotations
 
+import math
 import re
 import time
 import urllib.parse
@@ -23,8 +30,8 @@ from typing import Any
 from zeromon.analysis.findings import Severity
 from zeromon.analysis.oom import OomForecast
 from zeromon.errors import ZeromonError
-from zeromon.model.events import AgentStats, DeviceSample, MemorySample, RunInfo, StepSummary
-from zeromon.sources.fleet import CollectiveTotal, FleetView, RankView
+from zeromon.model.events import AgentStats, DeviceSample, MemorySample, RunInfo, StepSummary, span_ns
+from zeromon.sources.fleet import CollectiveTotal, FleetTotals, FleetView, RankView
 from zeromon.sources.http import FetchError, describe_os_error, http_get, http_status_error, json_loads
 
 STEPS_KEPT = 64
@@ -35,6 +42,14 @@ RUNS_QUERY = "max by (zeromon_run, job) (zeromon_agent_start_time_seconds)"
 TARGETS_QUERY = 'up{zeromon_run!=""}'
 # Everything of one run in one query; histogram buckets are left out (the view needs sums and counts).
 SERIES_QUERY = '{{__name__=~"up|zeromon_.+",__name__!~".+_bucket|.+_created",{selector}}}'
+# The recording rules' series of one run: the job's numbers (job:), its worst ranks (job_rank:), its targets' health.
+RECORDED_QUERY = '{{__name__=~"job:zeromon_.+|job_rank:zeromon_.+|run:zeromon_.+",{selector}}}'
+RULES_RECHECK_S = 30.0  # without the rules' series, look for them again this often (one small query)
+# The per-rank lists of the rules, by what they rank: (the recorded name, worst first when descending).
+WORST_LISTS = {"oom_risk": ("job_rank:zeromon_oom_risk:topk", True),
+               "headroom": ("job_rank:zeromon_memory_headroom_ratio:bottomk", False),
+               "exposed": ("job_rank:zeromon_step_exposed_comm_ratio:topk", True),
+               "step_time": ("job_rank:zeromon_last_step_duration_seconds:topk", True)}
 _RISK = {0: Severity.OK, 1: Severity.WARN, 2: Severity.CRITICAL}
 _ZERO_STRATEGY = re.compile(r"^zero-?(\d)$", re.IGNORECASE)
 
@@ -81,9 +96,13 @@ class PromQL:
         out = []
         for item in data.get("result") or ():
             try:
-                out.append(Series(item["metric"], float(item["value"][1])))
+                value = float(item["value"][1])
             except (KeyError, IndexError, TypeError, ValueError):
                 continue
+            # Prometheus writes NaN and +Inf (a gauge set so, a division by zero in a rule): nothing
+            # zeromon reads is one, and int() of one would raise far from here.
+            if math.isfinite(value) and isinstance(item.get("metric"), Mapping):
+                out.append(Series(item["metric"], value))
         return out
 
     def active_targets(self) -> list[dict[str, Any]]:
@@ -166,6 +185,8 @@ class PrometheusFleet:
         self._seen: dict[int, float] = {}  # rank -> time.monotonic() last seen alive
         self._steps: dict[int, deque[StepSummary]] = {}
         self._watched: tuple[tuple[str, str], ...] = ()  # the labels of the run being watched
+        self._totals: FleetTotals | None = None  # from the recording rules, when the last poll used them
+        self._rules_looked: float | None = None  # time.monotonic() the rules' series were last found missing
 
     def close(self) -> None:
         self.client.close()
@@ -186,7 +207,12 @@ class PrometheusFleet:
             source = f"{source}: run {watched['zeromon_run']}"
         elif watched.get("job"):
             source = f"{source}: job {watched['job']}"
-        return FleetView(time.time_ns(), source, ranks, looked_at, error)
+        totals = self._totals
+        if totals is not None:
+            source = f"{source} · recorded rules: {totals.ranks} ranks, the worst {len(ranks)} shown"
+        elif self._watched:
+            source = f"{source} · per-rank series"
+        return FleetView(time.time_ns(), source, ranks, looked_at, error, totals)
 
     def _poll(self) -> str | None:
         if self.run is not None:
@@ -205,21 +231,61 @@ class PrometheusFleet:
             self._views.clear()
             self._seen.clear()
             self._steps.clear()
+        now = time.monotonic()
+        if self._rules_looked is None or now - self._rules_looked >= RULES_RECHECK_S:
+            totals = fleet_totals(self.client.query(RECORDED_QUERY.format(selector=_selector(run))))
+            if totals is not None:
+                self._poll_worst(run, totals)
+                return None
+            self._rules_looked = now
+        if self._totals is not None:  # the rules' series went away: every rank again, from scratch
+            self._totals = None
+            self._views.clear()
+        self._poll_every_rank(run)
+        return None
+
+    def _poll_worst(self, run: Mapping[str, str], totals: FleetTotals) -> None:
+        """The views of the ranks the rules name as worst, from their own series; the rest is in totals."""
+        if self._totals is None:  # until now every rank was read: keep only the worst
+            self._views.clear()
+        self._totals, self._rules_looked = totals, None
+        worst = sorted({r for ranks in totals.worst.values() for r in ranks})
         by_rank: dict[int, _Rank] = {}
-        up: dict[str, float] = {}
         instance_of: dict[int, str] = {}
-        for series in self.client.query(SERIES_QUERY.format(selector=_selector(run))):
-            name = series.labels.get("__name__", "")
+        if worst:  # `up` has no rank label: these ranks' targets answered (their series are fresh)
+            selector = f'{_selector(run)},rank=~"{"|".join(map(str, worst))}"'
+            by_rank = self._by_rank(self.client.query(SERIES_QUERY.format(selector=selector)), {}, instance_of)
+        now, now_ns = time.monotonic(), time.time_ns()
+        for rank in [r for r in self._views if r not in by_rank]:  # no longer among the worst: not shown
+            del self._views[rank]
+            self._steps.pop(rank, None)
+        for rank, data in by_rank.items():
+            self._views[rank] = self._rank_view(rank, data, instance_of.get(rank, ""), now_ns)
+            self._seen[rank] = now
+
+    @staticmethod
+    def _by_rank(series: list[Series], up: dict[str, float], instance_of: dict[int, str]) -> dict[int, _Rank]:
+        """The series by rank; ``up`` and ``instance_of`` filled on the way (up by instance, instance by rank)."""
+        by_rank: dict[int, _Rank] = {}
+        for item in series:
+            name = item.labels.get("__name__", "")
             if name == "up":
-                up[series.labels.get("instance", "")] = series.value
+                up[item.labels.get("instance", "")] = item.value
                 continue
             try:
-                rank = int(series.labels["rank"])
+                rank = int(item.labels["rank"])
             except (KeyError, ValueError):
                 continue
-            by_rank.setdefault(rank, _Rank()).add(name, series)
-            if "instance" in series.labels:
-                instance_of[rank] = series.labels["instance"]
+            by_rank.setdefault(rank, _Rank()).add(name, item)
+            if "instance" in item.labels:
+                instance_of[rank] = item.labels["instance"]
+        return by_rank
+
+    def _poll_every_rank(self, run: Mapping[str, str]) -> None:
+        """Every rank's series, as without the recording rules."""
+        up: dict[str, float] = {}
+        instance_of: dict[int, str] = {}
+        by_rank = self._by_rank(self.client.query(SERIES_QUERY.format(selector=_selector(run))), up, instance_of)
         now, now_ns = time.monotonic(), time.time_ns()
         for rank, data in by_rank.items():
             instance = instance_of.get(rank, "")
@@ -232,7 +298,6 @@ class PrometheusFleet:
                 reason = (f"Prometheus cannot scrape {view.target} (up == 0)" if view.target in down
                           else "no fresh series in Prometheus")
                 self._views[rank] = replace(view, alive=False, error=reason)
-        return None
 
     def _why_no_series(self) -> str:
         """Why Prometheus has no zeromon series: no zeromon target, targets all down (and why), or
@@ -286,7 +351,8 @@ class PrometheusFleet:
             host=base.get("host"), job=base.get("job"),
             local_rank=int(base["local_rank"]) if base.get("local_rank", "").isdigit() else None,
             world_size=run_info.world_size if run_info is not None else None, t_ns=now_ns,
-            start_ns=int(started * 1e9) if (started := d.get("zeromon_agent_start_time_seconds")) else None)
+            start_ns=int(started * 1e9) if (started := d.get("zeromon_agent_start_time_seconds")) and
+            0 < started < 2**32 else None)  # a Unix time in seconds: past 2106 it is a damaged value
 
     def _step_history(self, rank: int, d: _Rank, step: int | None, now_ns: int) -> tuple[StepSummary, ...]:
         """The last step from its gauges, appended to what earlier polls saw."""
@@ -304,11 +370,54 @@ class PrometheusFleet:
         # duration is the agent's; the end is when this poll saw the step (it ended at most a scrape and a
         # poll interval before), which keeps the steps' rate and durations right.
         history.append(StepSummary(
-            rank=rank, step=step, start_ns=now_ns - int(duration * 1e9), end_ns=now_ns, phase_s={}, collectives=None,
+            rank=rank, step=step, start_ns=now_ns - span_ns(max(0.0, duration)), end_ns=now_ns, phase_s={}, collectives=None,
             comm_bytes=None, comm_bytes_by_op={}, comm_union_s=comm, blocked_s=None, peak_memory=None, comp_s=None,
             overlap_s=ratio * comm if ratio is not None else None,
             exposed_comm_s=d.get("zeromon_step_exposed_comm_seconds")))
         return tuple(history)
+
+
+def fleet_totals(series: list[Series]) -> FleetTotals | None:
+    """The job's numbers from the recording rules' series of one run; None without them (the rules are
+    not loaded, or not evaluated yet)."""
+    one: dict[str, float] = {}
+    by_label: dict[str, dict[str, float]] = {}
+    lists: dict[str, list[tuple[float, int]]] = {}
+    for item in series:
+        name = item.labels.get("__name__", "")
+        if name.startswith("job_rank:"):
+            if item.labels.get("rank", "").isdigit():
+                lists.setdefault(name, []).append((item.value, int(item.labels["rank"])))
+        elif "risk" in item.labels or "quantile" in item.labels:
+            by_label.setdefault(name, {})[item.labels.get("risk") or item.labels["quantile"]] = item.value
+        else:
+            one[name] = item.value
+    ranks = one.get("job:zeromon_ranks:count")
+    if ranks is None:
+        return None
+
+    def whole(name: str) -> int | None:
+        value = one.get(name)
+        return int(value) if value is not None else None
+
+    risk = whole("job:zeromon_oom_risk:max")
+    step_s = {**by_label.get("job:zeromon_last_step_duration_seconds:quantile", {}),
+              **{k: v for k in ("min", "max") if (v := one.get(f"job:zeromon_last_step_duration_seconds:{k}"))
+                 is not None}}
+    exposed = {**by_label.get("job:zeromon_step_exposed_comm_ratio:quantile", {}),
+               **({"max": v} if (v := one.get("job:zeromon_step_exposed_comm_ratio:max")) is not None else {})}
+    worst = {what: tuple(r for _v, r in sorted(lists.get(name, ()), key=lambda vr: (-vr[0] if down else vr[0], vr[1])))
+             for what, (name, down) in WORST_LISTS.items()}
+    return FleetTotals(
+        ranks=int(ranks), answering=whole("run:zeromon_targets_up:sum"), targets=whole("run:zeromon_targets:count"),
+        step_min=whole("job:zeromon_step:min"), step_max=whole("job:zeromon_step:max"),
+        worst_risk=_RISK.get(risk, Severity.CRITICAL) if risk is not None else None,
+        risk_ranks={k: int(v) for k, v in by_label.get("job:zeromon_oom_risk:count", {}).items()},
+        headroom_min_bytes=whole("job:zeromon_memory_headroom_bytes:min"),
+        headroom_min_ratio=one.get("job:zeromon_memory_headroom_ratio:min"), exposed_share=exposed,
+        overlap_min=one.get("job:zeromon_step_overlap_ratio:min"), step_s=step_s,
+        step_skew=one.get("job:zeromon_last_step_duration_seconds:skew"),
+        events_dropped=whole("job:zeromon_agent_events_dropped_total:sum"), worst=worst)
 
 
 def _scrape_hint(error: str) -> str:

@@ -1,6 +1,6 @@
 """A recorded run played back as if it were live: the FleetViews that LiveSource gives, on a virtual clock.
 
-``ReplaySource(run_dir, speed=1.0, loop=False)`` reads the run folder's rank files once, one at a
+``ReplaySource(run_dir, speed=1.0, loop=False)`` reads the run folder's (or folders', one per node) rank files once, one at a
 time, and keeps per rank each kind of record sorted by the time the agent would have published it
 (a step at its end, a collective at its completion, a memory sample when taken), stored as columns
 (ColumnTable), with the collectives' running totals as prefix sums. A view at virtual time T is then a
@@ -38,9 +38,18 @@ from zeromon.analysis.bandwidth import event_bandwidth
 from zeromon.analysis.comm_advice import overlap_findings_of_summaries
 from zeromon.analysis.findings import Finding
 from zeromon.analysis.oom import OomForecast, forecast
-from zeromon.analysis.rank_ends import died_line
+from zeromon.analysis.rank_ends import died_line, incomplete_line
+from zeromon.analysis.recording_summary import corrupt_lines_note
 from zeromon.errors import ZeromonError
-from zeromon.model.codec import Recording, check_one_run, rank_files, read_recording
+from zeromon.model.codec import (
+    Recording,
+    RunDirs,
+    check_one_run,
+    rank_files,
+    read_recording,
+    run_folders,
+    run_name,
+)
 from zeromon.model.columns import ColumnTable
 from zeromon.model.events import (
     AgentStats,
@@ -53,6 +62,7 @@ from zeromon.model.events import (
     StepSummary,
     Timing,
 )
+from zeromon.model.numbers import REPLAY_SPEED, SOURCE_SECONDS, checked
 from zeromon.model.run_end import read_file_end
 from zeromon.sources.fleet import CollectiveTotal, FleetView, RankView
 
@@ -111,6 +121,8 @@ class _Track:
     busbw_t: dict[str, array[int]]
     busbw: dict[str, array[float]]
     died: str | None = None  # how the rank died, from its recording's end (rank_ends.died_line)
+    incomplete: str | None = None  # what its recording could not write (rank_ends.incomplete_line)
+    skipped: str | None = None  # the lines its reader skipped, as `summary` says it (corrupt_lines_note)
     analysis: _Analysis | None = None
     # The last built pieces, reused while their indices stay the same.
     steps_at: tuple[int, tuple[StepSummary, ...]] = (0, ())
@@ -163,6 +175,7 @@ def _track(rec: Recording) -> _Track:
     notices = ColumnTable(Notice, rec.notices, "t_ns")
     ooms = ColumnTable(OomEvent, rec.ooms, "t_ns")
     totals, busbw_t, busbw = _collective_totals(rec)
+    died, incomplete = _ended(rec)
     times = [t for table in (steps, memory, device, phases, notices, ooms) if table
              for t in (table.t_ns[0], table.t_ns[-1])]
     times += [t for totals_ in totals for t in (totals_.t_ns[0], totals_.t_ns[-1])]
@@ -174,16 +187,20 @@ def _track(rec: Recording) -> _Track:
         rank=rec.rank, target=rec.path.name, run_info=rec.run_info, stats=rec.stats,
         first_ns=min(times) if times else 0, last_ns=max(times) if times else -1, steps=steps, memory=memory,
         last_walk=_last_walks(rec.memory), device=device, phases=phases, notices=notices, ooms=ooms, totals=totals,
-        busbw_t=busbw_t, busbw=busbw, died=_died(rec))
+        busbw_t=busbw_t, busbw=busbw, died=died, incomplete=incomplete,
+        skipped=corrupt_lines_note(str(rec.path), rec.corrupt_lines, errors=rec.line_errors)
+        if rec.corrupt_lines else None)
 
 
-def _died(rec: Recording) -> str | None:
-    """How the rank died, from the end of its file; None after a clean end (or an older recording)."""
+def _ended(rec: Recording) -> tuple[str | None, str | None]:
+    """How the rank died and what its recording lost, from the end of its file; None after a clean,
+    whole end (or in an older recording)."""
     try:
         file_end = read_file_end(rec.path)
     except (OSError, ValueError, ZeromonError):
-        return None
-    return died_line(file_end, max((s.step for s in rec.steps), default=None))
+        return None, None
+    through = max((s.step for s in rec.steps), default=None)
+    return died_line(file_end, through), incomplete_line(file_end, through)
 
 
 def _last_walks(samples: Sequence[MemorySample]) -> array[int]:
@@ -202,14 +219,15 @@ def _with_last_walk(track: _Track, i: int) -> MemorySample:
     return sample.with_walk(track.memory.get(walk).categories) if walk >= 0 and walk != i else sample
 
 
-def load_tracks(run_dir: Path) -> list[_Track]:
-    """Every rank file of the run folder, indexed; one rank's records in memory at a time."""
-    if not run_dir.is_dir():
-        raise ZeromonError(f"replay {run_dir}: no such run folder",
-                           hint="a run folder is the --out of `zeromon run` (it holds rank-<r>.jsonl files)")
-    if not any(run_dir.glob("rank-*.jsonl")):
-        raise ZeromonError(f"replay {run_dir}: no rank-<r>.jsonl recordings in this folder",
-                           hint="record a run with `zeromon run --out DIR -- CMD ...`")
+def load_tracks(run_dir: RunDirs) -> list[_Track]:
+    """Every rank file of the run's folder (or folders), indexed; one rank's records in memory at a time."""
+    for folder in run_folders(run_dir):
+        if not folder.is_dir():
+            raise ZeromonError(f"replay {folder}: no such run folder",
+                               hint="a run folder is the --out of `zeromon run` (it holds rank-<r>.jsonl files)")
+        if not any(folder.glob("rank-*.jsonl")):
+            raise ZeromonError(f"replay {folder}: no rank-<r>.jsonl recordings in this folder",
+                               hint="record a run with `zeromon run --out DIR -- CMD ...`")
     tracks, identities = [], []
     for path in rank_files(run_dir):  # one run's files, from their headers
         recording = read_recording(path)
@@ -218,7 +236,7 @@ def load_tracks(run_dir: Path) -> list[_Track]:
     check_one_run(identities)  # and one framework
     tracks.sort(key=lambda t: t.rank)
     if all(t.last_ns < 0 for t in tracks):
-        raise ZeromonError(f"replay {run_dir}: the recordings hold no records to play back",
+        raise ZeromonError(f"replay {run_name(run_dir)}: the recordings hold no records to play back",
                            hint="the run ended before its first step; record it again")
     return tracks
 
@@ -239,19 +257,18 @@ def _analyse(track: _Track, key: tuple[int, int, int], wall: float) -> _Analysis
 
 
 class ReplaySource:
-    """A run folder played back as FleetViews, with LiveSource's interface: start(), stop(), latest().
+    """A run's folder (or folders, one per node) played back as FleetViews, with LiveSource's interface: start(), stop(), latest().
 
     ``speed``: virtual seconds per wall second (settable while playing); ``loop``: start over at the
     end. Bad arguments and unreadable recordings raise ZeromonError here; nothing later does.
     """
 
-    def __init__(self, run_dir: str | Path, speed: float = 1.0, loop: bool = False,
+    def __init__(self, run_dir: RunDirs, speed: float = 1.0, loop: bool = False,
                  interval_s: float = 0.25) -> None:
-        self.run_dir = Path(run_dir)
+        self.run_dir = run_dir
+        self.folders = run_folders(run_dir)
         self._speed = _checked_speed(speed)
-        if not interval_s > 0:
-            raise ZeromonError(f"replay interval {interval_s!r}: must be a number of seconds > 0")
-        self.interval_s = float(interval_s)
+        self.interval_s = checked("replay interval", SOURCE_SECONDS, interval_s)
         self.loop = loop
         self._tracks = load_tracks(self.run_dir)
         present = [t for t in self._tracks if t.last_ns >= 0]
@@ -273,11 +290,11 @@ class ReplaySource:
 
     @property
     def looked_at(self) -> tuple[str, ...]:
-        return (str(self.run_dir),)
+        return tuple(map(str, self.folders))
 
     @property
     def source(self) -> str:
-        return f"replay {self.run_dir}"
+        return f"replay {run_name(self.run_dir)}"
 
     @property
     def duration_ns(self) -> int:
@@ -391,6 +408,13 @@ class ReplaySource:
                     self._view = FleetView(self._view.t_ns, self.source, self._view.ranks, self.looked_at,
                                            error=f"internal error in the replay: {type(exc).__name__}: {exc}")
 
+    @property
+    def skipped(self) -> str | None:
+        """The recording's lines its reader skipped, said with the view (the TUI's alerts, the dashboard's
+        banner, `live`'s note), as `zeromon summary` says them: a replay must not hide them."""
+        notes = [t.skipped for t in self._tracks if t.skipped]
+        return "; ".join(notes) if notes else None
+
     def _refresh(self) -> None:
         with self._lock:
             self._advance()
@@ -411,7 +435,7 @@ class ReplaySource:
             self._built_at = position_ns
             self._analyse_due(t, budget_s, settled or budget_s == math.inf)
             ranks = tuple(self._rank_view(track, t, finished) for track in self._tracks)
-        return FleetView(t_ns=t, source=self.source, ranks=ranks, looked_at=self.looked_at)
+        return FleetView(t_ns=t, source=self.source, ranks=ranks, looked_at=self.looked_at, error=self.skipped)
 
     def _analyse_due(self, t: int, budget_s: float, at_once: bool) -> None:
         """Forecasts of the ranks whose data moved on, each at most every ANALYSIS_EVERY_S (without that
@@ -483,7 +507,8 @@ class ReplaySource:
             steps=track.steps_at[1], memory=track.memory_at[1], device=track.device_at[1], stats=stats,
             collectives=collectives, oom=analysis.oom if analysis else None,
             findings=analysis.findings if analysis else (), phases=track.phases_at[1],
-            notices=track.notices_at[1], t_ns=last, died=track.died if stale else None, **_identity(info))
+            notices=track.notices_at[1], t_ns=last, died=track.died if stale else None,
+            incomplete=track.incomplete if stale else None, **_identity(info))
         track.view_at = None if stale else (key, view)
         return view
 
@@ -526,17 +551,11 @@ def _identity(info: RunInfo | None) -> dict[str, Any]:
             "world_size": info.world_size}
 
 
-def _checked_speed(speed: float) -> float:
-    try:
-        value = float(speed)
-    except (TypeError, ValueError):
-        raise ZeromonError(f"replay speed {speed!r}: must be a number > 0 (1 = as recorded)") from None
-    if not value > 0 or math.isinf(value):
-        raise ZeromonError(f"replay speed {speed!r}: must be a number > 0 (1 = as recorded)")
-    return value
+def _checked_speed(speed: object) -> float:
+    return checked("replay speed", REPLAY_SPEED, speed)
 
 
-def final_view(run_dir: str | Path) -> FleetView:
+def final_view(run_dir: RunDirs) -> FleetView:
     """A recorded run's final state: every rank as its recording ends (the TUI's view of an ended run)."""
-    replay = ReplaySource(Path(run_dir))
+    replay = ReplaySource(run_dir)
     return replay.view_at(replay.duration_ns)

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Container, Vertical
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Input
 
@@ -249,12 +250,16 @@ class ZeromonApp(App[None]):
         if self.screen is not self._main:
             return  # help is open: the main screen is drawn when it closes
         main = self._main
+        try:
+            fleet_header = main.query_one(FleetHeader)
+        except NoMatches:  # the app is closing and a refresh came between: its widgets are already gone
+            return
         rows = rank_rows(view)
         shown = sort_rows([r for r in rows if self.rank_filter.matches(r)], self.sort)
         self.rows = shown
         uptime, exact = self._clock.observe(view)
         status, alerts, ended = self.notes(view)
-        main.query_one(FleetHeader).show(header(view, rows, uptime, exact), status, alerts, ended)
+        fleet_header.show(header(view, rows, uptime, exact), status, alerts, ended)
         no_agent = not view.ranks
         main.query_one(NoAgentPanel).display = no_agent
         main.query_one("#body").display = not no_agent

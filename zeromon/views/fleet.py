@@ -7,6 +7,7 @@ view always gives the same screen (snapshot tests, replays). The widgets only st
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from zeromon.analysis.findings import Finding, Severity
 from zeromon.analysis.live_stragglers import memory_imbalance_finding, straggler_finding
 from zeromon.model.events import step_number
-from zeromon.sources.fleet import FleetView, RankView
+from zeromon.sources.fleet import FleetTotals, FleetView, RankView
 
 TREND_STEPS = 60  # steps in the sparklines
 RATE_STEPS = 8  # steps over which steps/s is measured
@@ -385,10 +386,34 @@ def header(view: FleetView, rows: Sequence[RankRow], uptime_s: float | None, upt
         worst_overlap = low.overlap
     else:
         overlap_text, worst_overlap = "-", None
-    return Header(source=view.source, known=info is not None, job=job, framework=framework, strategy=strategy, world=world, dtypes=dtypes, step=step,
-                  steps_per_s=steps_per_s, uptime=uptime, answering=f"{view.alive}/{len(view.ranks)} ranks answering",
-                  worst_risk=worst_risk, worst_risk_text=risk_text, worst_overlap=worst_overlap,
-                  worst_overlap_text=overlap_text)
+    h = Header(source=view.source, known=info is not None, job=job, framework=framework, strategy=strategy, world=world, dtypes=dtypes, step=step,
+               steps_per_s=steps_per_s, uptime=uptime, answering=f"{view.alive}/{len(view.ranks)} ranks answering",
+               worst_risk=worst_risk, worst_risk_text=risk_text, worst_overlap=worst_overlap,
+               worst_overlap_text=overlap_text)
+    # The rows are the worst few of a job: its numbers come from Prometheus's rules.
+    return job_header(h, view.totals, len(view.ranks)) if view.totals is not None else h
+
+
+def job_header(h: Header, t: FleetTotals, shown: int) -> Header:
+    """The header of a view whose rows are the worst ranks of a job (Prometheus's recording rules): the
+    counts, steps, risk and overlap of the whole job. The mode is said here too: the TUI shows the
+    source line only until a rank says what runs."""
+    step = h.step
+    if t.step_min is not None and t.step_max is not None:
+        behind, ahead = step_number(t.step_min), step_number(t.step_max)
+        step = str(ahead) if behind == ahead else f"{behind}–{ahead}"
+    risk_text, worst_risk = h.worst_risk_text, h.worst_risk
+    if t.worst_risk is not None:
+        counts = ", ".join(f"{n} {RISK_WORDS[s]}" for s in (Severity.CRITICAL, Severity.WARN)
+                           if (n := t.risk_ranks.get(s.value, 0)))
+        risk_text = f"{risk_text} ({counts} of {t.ranks} ranks)" if counts else f"{t.worst_risk.value} ({t.ranks} ranks)"
+        worst_risk = t.worst_risk
+    overlap_text, worst_overlap = h.worst_overlap_text, h.worst_overlap
+    if t.overlap_min is not None and (worst_overlap is None or t.overlap_min < worst_overlap):
+        overlap_text, worst_overlap = f"{pct(t.overlap_min)} (least of {t.ranks} ranks)", t.overlap_min
+    return dataclasses.replace(
+        h, answering=f"{t.ranks}/{t.ranks_expected} ranks answering · worst {shown} (recorded rules)", step=step,
+        worst_risk=worst_risk, worst_risk_text=risk_text, worst_overlap=worst_overlap, worst_overlap_text=overlap_text)
 
 
 class RunClock:
@@ -472,7 +497,10 @@ class FindingItem:
 def fleet_findings(ranks: Sequence[RankView]) -> list[Finding]:
     """Every rank's findings, and those that need all ranks (straggler, memory imbalance)."""
     found = [f for r in ranks for f in r.findings]
-    steps = {r.rank: r.steps for r in ranks if r.rank is not None and r.alive and r.steps}
+    # While some rank answers, a rank that does not is left out (its steps are stale); once none does, the
+    # run has ended and every rank's last steps are its final state: the straggler stays found.
+    running = any(r.alive for r in ranks)
+    steps = {r.rank: r.steps for r in ranks if r.rank is not None and (r.alive or not running) and r.steps}
     straggler = straggler_finding(steps)
     peaks = {row.rank: row.peak for row in map(rank_row, ranks) if row.rank is not None and row.peak is not None}
     imbalance = memory_imbalance_finding(peaks)

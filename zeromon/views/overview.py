@@ -23,7 +23,7 @@ from zeromon.views.run_data import RunData
 
 @dataclass(frozen=True, slots=True)
 class Banner:
-    kind: str  # "oom" or "exposed"
+    kind: str  # "oom", "exposed", "died" or "incomplete"
     level: str  # "critical", "warn" or "ok"
     rank: int | None
     text: str
@@ -56,9 +56,24 @@ def _exposed_level(share: float | None) -> str:
     return "critical" if share >= EXPOSED_SHARE_CRITICAL else "warn" if share >= EXPOSED_SHARE_WARN else "ok"
 
 
+# The last RunData's shares: the Overview's banner and its grid both ask, on every live refresh (256
+# ranks x a few hundred steps held: ~12 ms a time, measured in tests/bench/bench_dashboard.py).
+_last_shares: tuple[RunData, dict[int, float]] | None = None
+
+
 def rank_exposed_shares(data: RunData) -> dict[int, float]:
     """Each rank's median exposed share of step time over the steps after the first (the report's
     window): from the report for a recording, else from the steps the history holds."""
+    global _last_shares
+    last = _last_shares  # one read: another thread may replace it meanwhile
+    if last is not None and last[0] is data:
+        return last[1]
+    shares = _exposed_shares(data)
+    _last_shares = (data, shares)
+    return shares
+
+
+def _exposed_shares(data: RunData) -> dict[int, float]:
     if data.report is not None:
         return {r.rank: r.median_exposed_share for r in data.report.ranks if r.median_exposed_share is not None}
     out: dict[int, float] = {}
@@ -108,6 +123,19 @@ def oom_banner(data: RunData, rows: Sequence[RankRow] | None = None) -> Banner |
     return Banner("oom", level, worst.rank, f"{head}: " + ", ".join(parts))
 
 
+def died_banners(data: RunData) -> list[Banner]:
+    """One critical banner per rank that died, in the sentence `zeromon run` and `summary` print ("rank 1
+    died at step 276 (no end record; its last 0.2 s may be lost)"): a dead rank must never read as a
+    finished run."""
+    return [Banner("died", "critical", r.rank, r.died) for r in data.fleet.ranks if r.died and not r.alive]
+
+
+def incomplete_banners(data: RunData) -> list[Banner]:
+    """One warning banner per rank whose recording could not be written whole (a full disk, a removed
+    folder), as `zeromon summary` says it: what the pages show of that rank stops where the file does."""
+    return [Banner("incomplete", "warn", r.rank, r.incomplete) for r in data.fleet.ranks if r.incomplete]
+
+
 def exposed_banner(data: RunData) -> Banner | None:
     """The rank whose exposed communication is the largest share of its step; None without steps."""
     shares = rank_exposed_shares(data)
@@ -154,8 +182,9 @@ def rank_cells(data: RunData, rows: Sequence[RankRow] | None = None) -> tuple[Ra
         used = row.peak if row.peak is not None else row.used
         used_share = used / row.capacity if used is not None and row.capacity else None
         exposed = shares.get(row.rank, row.exposed_share)
+        died = next((r.died for r in data.fleet.ranks if r.rank == row.rank and r.died and not r.alive), None)
         hover = "<br>".join([
-            f"rank {row.rank} ({row.host})", f"state: {row.state}",
+            f"rank {row.rank} ({row.host})", f"state: {died or row.state}",
             f"OOM risk: {row.risk.value if row.risk else '-'}",
             f"memory peak {short_bytes(used)} of {short_bytes(row.capacity)} ({pct(used_share)})",
             f"headroom {short_bytes(row.headroom)}",

@@ -15,7 +15,7 @@ import dataclasses
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,7 +23,8 @@ from typing import Any, Protocol
 from zeromon.analysis.findings import Finding
 from zeromon.analysis.report import RunReport
 from zeromon.analysis.trace_overlap import RankTraceOverlap
-from zeromon.model.codec import CollectiveColumns, Recording
+from zeromon.errors import ZeromonError
+from zeromon.model.codec import CollectiveColumns, Recording, RunDirs, run_folders, run_name
 from zeromon.model.columns import TableRecords
 from zeromon.model.events import CollectiveEvent, MemorySample, OomEvent, PhaseSpan, StepSummary
 from zeromon.sources.fleet import FleetView, RankView
@@ -120,53 +121,63 @@ def _sorted_findings(findings: Iterable[Finding]) -> tuple[Finding, ...]:
 
 # --- a recording ---------------------------------------------------------------------------------------
 
-def _files_state(run_dir: Path) -> tuple[tuple[str, int, int], ...]:
+def _files_state(run_dir: RunDirs) -> tuple[tuple[str, int, int], ...]:
     try:
-        return tuple(sorted((p.name, (st := p.stat()).st_size, st.st_mtime_ns) for p in run_dir.glob("rank-*.jsonl")))
+        return tuple(sorted((str(p), (st := p.stat()).st_size, st.st_mtime_ns)
+                            for folder in run_folders(run_dir) for p in folder.glob("rank-*.jsonl")))
     except OSError:
         return ()
 
 
-def recording_data(run_dir: Path, version: int = 1, peak_busbw: float | None = None,
+def recording_data(run_dir: RunDirs, version: int = 1, peak_busbw: float | None = None,
                    capacity_bytes: int | None = None, finished: bool = True, workers: int | None = None) -> RunData:
-    """A run folder read whole and analysed as `zeromon report` does (ZeromonError for a folder that
-    is not one run), with the TUI's view of its final state.
+    """A run's folder (or folders, one per node) read whole and analysed as `zeromon report` does
+    (ZeromonError for folders that are not one run), with the TUI's view of its final state.
 
-    The report is made in worker processes, the histories and the final view in one more (``workers``:
-    analyse_run's; 1: all in this process, which has threads running, where fork is not safe): the
-    process receives the analysis and the compact histories, and never holds the records read."""
-    from zeromon.sources.run_analysis import analyse_run
-
-    report = analyse_run(run_dir, peak_busbw=peak_busbw, capacity_bytes=capacity_bytes, workers=workers)
-    histories, fleet = _in_a_worker(_histories_and_view, run_dir) if workers != 1 else _histories_and_view(run_dir)
+    Read in a forked loader process (``workers``: analyse_run's, whose workers also store each rank's
+    history; 1: all in this process, which has threads running, where fork is not safe), which sends
+    the report, each rank's compact history and the final view back one piece at a time: this
+    process never holds the records read, the analyses' intermediates, or more than one piece in
+    transit (all at once, the 8 x 10,000-step benchmark's load peaked at ~410 MB here)."""
+    pieces = _load_pieces(run_dir, peak_busbw, capacity_bytes, 1) if workers == 1 else _loaded_in_a_child(
+        run_dir, peak_busbw, capacity_bytes, workers)
+    report: RunReport | None = None
+    histories: dict[int, RankHistory] = {}
+    fleet: FleetView | None = None
+    for kind, piece in pieces:
+        if kind == "report":
+            report = piece
+        elif kind == "rank":
+            histories[piece.rank] = piece
+        else:
+            fleet = piece
     _give_back_freed_memory()
+    assert report is not None and fleet is not None
     if finished:
         fleet = _all_ended(fleet)
-    return RunData(kind="recording", source=f"recording {run_dir}", version=version, fleet=fleet,
-                   histories=histories, report=report, findings=report.findings, finished=finished)
+    return RunData(kind="recording", source=f"recording {run_name(run_dir)}", version=version, fleet=fleet,
+                   histories=dict(sorted(histories.items())), report=report, findings=report.findings,
+                   finished=finished)
 
 
-def _histories_and_view(run_dir: Path) -> tuple[dict[int, RankHistory], FleetView]:
-    """Every rank's history, stored compactly, and the run's final view. One rank at a time, each
-    stored before the next is read: no more than one rank's records are objects at once."""
-    from zeromon.model.codec import check_one_run, rank_files, read_recording
+def _load_pieces(run_dir: RunDirs, peak_busbw: float | None, capacity_bytes: int | None,
+                 workers: int | None) -> Iterator[tuple[str, Any]]:
+    """The recording as pieces: ("report", RunReport), ("rank", RankHistory) for each rank, then
+    ("view", FleetView), the run's final view."""
     from zeromon.sources.replay import final_view
+    from zeromon.sources.run_analysis import analyse_and_keep
 
-    histories: dict[int, RankHistory] = {}
-    identities = []
-    for path in rank_files(run_dir):
-        rec = read_recording(path)
-        identities.append((rec.path, rec.header, rec.run_info))
-        histories[rec.rank] = compact_history(rec)
-        del rec
-    check_one_run(identities)
-    return dict(sorted(histories.items())), final_view(run_dir)
+    report, histories = analyse_and_keep(run_dir, compact_history, peak_busbw=peak_busbw,
+                                         capacity_bytes=capacity_bytes, workers=workers)
+    yield "report", report
+    while histories:
+        yield "rank", histories.pop(0)
+    yield "view", final_view(run_dir)
 
 
 def _give_back_freed_memory() -> None:
-    """Hand the C heap's free pages back to the system (glibc's malloc_trim): what a read or an
-    unpickling freed stays in this long-lived process otherwise (~50-70 MB after a large run's
-    read, measured in tests/bench/bench_dashboard.py). Nothing where there is no glibc."""
+    """Hand the C heap's free pages back to the system (glibc's malloc_trim): what unpickling the
+    pieces freed stays in this long-lived process otherwise. Nothing where there is no glibc."""
     import ctypes
     import ctypes.util
 
@@ -179,21 +190,62 @@ def _give_back_freed_memory() -> None:
         pass
 
 
-def _in_a_worker(fn: Callable[[Path], Any], run_dir: Path) -> Any:
-    """fn(run_dir) in a forked process: reading a run makes and frees millions of objects, and the
-    memory they leave scattered would stay with the dashboard's process for good; only the compact
-    result comes back. In this process where no fork can be had."""
+def _send_pieces(conn: Any, run_dir: RunDirs, peak_busbw: float | None, capacity_bytes: int | None,
+                 workers: int | None) -> None:
+    """The loader process: each piece sent as it is made; an error sent as the last piece."""
+    try:
+        for piece in _load_pieces(run_dir, peak_busbw, capacity_bytes, workers):
+            conn.send(piece)
+    except Exception as exc:  # ZeromonError and its hint pickle; anything else goes as its text
+        try:
+            conn.send(("error", exc))
+        except Exception:
+            conn.send(("error", ZeromonError(f"{run_name(run_dir)}: {type(exc).__name__}: {exc}")))
+    finally:
+        conn.close()
+
+
+def _loaded_in_a_child(run_dir: RunDirs, peak_busbw: float | None, capacity_bytes: int | None,
+                       workers: int | None) -> Iterator[tuple[str, Any]]:
+    """_load_pieces in a forked process, each piece received as it comes (in this process where no
+    fork can be had)."""
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
 
     from zeromon.model.codec import collector_paused
 
     try:
-        pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+        context = multiprocessing.get_context("fork")
+        receiver, sender = context.Pipe(duplex=False)
+        child = context.Process(target=_send_pieces, args=(sender, run_dir, peak_busbw, capacity_bytes, workers),
+                                name="zeromon-recording-loader")
+        child.start()
     except (OSError, ValueError, NotImplementedError):
-        return fn(run_dir)
-    with pool, collector_paused():
-        return pool.submit(fn, run_dir).result()
+        yield from _load_pieces(run_dir, peak_busbw, capacity_bytes, workers)
+        return
+    sender.close()  # the child's end: EOF here when the child is gone
+    try:
+        while True:
+            try:
+                with collector_paused():  # a piece is many objects, none of them garbage
+                    kind, piece = receiver.recv()
+            except EOFError:
+                child.join()
+                raise ZeromonError(f"{run_name(run_dir)}: the process reading the recording died (exit code "
+                                   f"{child.exitcode}: killed, or out of memory)",
+                                   hint="open fewer ranks at once: move some rank-<r>.jsonl to a folder of "
+                                        "their own") from None
+            if kind == "error":
+                raise piece
+            yield kind, piece
+            if kind == "view":
+                return
+    finally:
+        receiver.close()
+        if child.is_alive():
+            child.join(timeout=5)
+            if child.is_alive():
+                child.kill()
+                child.join()
 
 
 def compact_history(rec: Recording) -> RankHistory:
@@ -224,12 +276,12 @@ def history_of(rec: Recording, until_ns: int | None = None) -> RankHistory:
 
 
 class RecordingFeed:
-    """A run folder. Read at start; while its files grow (a run still training into it), read again
+    """A run's folder (or folders, one per node). Read at start; while its files grow (a run still training into it), read again
     at most every RECORDING_CHECK_S on a thread of its own, the old data shown meanwhile."""
 
-    def __init__(self, run_dir: str | Path, peak_busbw: float | None = None, capacity_bytes: int | None = None,
+    def __init__(self, run_dir: RunDirs, peak_busbw: float | None = None, capacity_bytes: int | None = None,
                  alive: Callable[[], bool] | None = None) -> None:
-        self.run_dir = Path(run_dir)
+        self.run_dir = run_dir
         self.peak_busbw, self.capacity_bytes = peak_busbw, capacity_bytes
         self._alive = alive  # is the run still being written? (its agents' processes)
         self._state = _files_state(self.run_dir)
@@ -273,7 +325,7 @@ class RecordingFeed:
                 data = self._read(self._data.version + 1, finished=not running)
             except Exception as exc:  # a half-written line is skipped by the reader; anything else is shown
                 with self._lock:
-                    self._data = dataclasses.replace(self._data, error=f"reading {self.run_dir} again: {exc}",
+                    self._data = dataclasses.replace(self._data, error=f"reading {run_name(self.run_dir)} again: {exc}",
                                                      version=self._data.version + 1)
                 continue
             with self._lock:
@@ -293,11 +345,11 @@ class ReplayFeed:
     """A recording played back (ReplaySource's clock and FleetViews); each rank's history is its
     recording up to the replay's position."""
 
-    def __init__(self, run_dir: str | Path, speed: float = 1.0) -> None:
+    def __init__(self, run_dir: RunDirs, speed: float = 1.0) -> None:
         from zeromon.model.codec import read_run
         from zeromon.sources.replay import ReplaySource
 
-        self.run_dir = Path(run_dir)
+        self.run_dir = run_dir
         self.replay = ReplaySource(self.run_dir, speed=speed)
         self._recordings = read_run(self.run_dir)
         for rec in self._recordings:  # ordered by time, for the cuts
@@ -330,7 +382,7 @@ class ReplayFeed:
                     base, memory=_upto(rec.memory, t, lambda m: m.t_ns),
                     steps=sorted(_upto(rec.steps, t, lambda s: s.end_ns), key=lambda s: s.step),
                     phases=_upto(rec.phases, t, lambda p: p.end_ns), complete=False)
-            data = RunData(kind="replay", source=f"replay of {self.run_dir} at {self.replay.speed:g}x",
+            data = RunData(kind="replay", source=f"replay of {run_name(self.run_dir)} at {self.replay.speed:g}x",
                            version=version, fleet=fleet, histories=histories,
                            findings=_sorted_findings(fleet_findings(fleet.ranks)), error=fleet.error,
                            finished=self.replay.finished, position_s=self.replay.position_ns / 1e9,
@@ -478,15 +530,16 @@ class StaticFeed:
         return self._data
 
 
-def run_processes_alive(run_dir: str | Path) -> Callable[[], bool]:
-    """Whether any agent registered in the run folder still has a live process (on this host)."""
+def run_processes_alive(run_dir: RunDirs) -> Callable[[], bool]:
+    """Whether any agent registered in the run's folder (or folders) still has a live process (on this
+    host: another node's processes are not seen, and count as ended)."""
     from zeromon.model.registry import pid_alive
     from zeromon.sources.discovery import EntryFolder, run_endpoints_folder
 
-    folder = EntryFolder(run_endpoints_folder(Path(run_dir)))
+    folders = [EntryFolder(run_endpoints_folder(folder)) for folder in run_folders(run_dir)]
 
     def alive() -> bool:
-        return any(pid_alive(entry) is True for entry in folder.read())
+        return any(pid_alive(entry) is True for folder in folders for entry in folder.read())
 
     return alive
 

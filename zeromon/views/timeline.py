@@ -22,6 +22,7 @@ from zeromon.analysis.step_overlap import (
     step_intervals,
 )
 from zeromon.model.codec import CollectiveColumns
+from zeromon.model.columns import TableRecords
 from zeromon.model.events import CollectiveEvent, PhaseSpan, StepSummary
 from zeromon.views.run_data import RankHistory, RunData
 
@@ -58,7 +59,23 @@ class StepTimeline:
 
 
 def _summary(history: RankHistory, step: int) -> StepSummary | None:
-    return next((s for s in history.steps if s.step == step), None)
+    steps = history.steps
+    if isinstance(steps, TableRecords):  # a recording's, stored by step: found by bisection, one record made
+        table = steps.table
+        i = table.upto(step) - 1
+        return table.get(i) if i >= 0 and table.t_ns[i] == step else None
+    return next((s for s in steps if s.step == step), None)
+
+
+def _step_range(history: RankHistory) -> tuple[int, int] | None:
+    """The history's first and last step index (a recording's from its stored keys: no record made;
+    10,000 StepSummaries made on every step change cost ~40 ms a rank)."""
+    steps = history.steps
+    if isinstance(steps, TableRecords):
+        keys = steps.table.t_ns
+        return (keys[0], keys[-1]) if len(keys) else None
+    indices = [s.step for s in steps]
+    return (min(indices), max(indices)) if indices else None
 
 
 def _held(history: RankHistory) -> str:
@@ -117,8 +134,8 @@ def step_timeline(histories: Mapping[int, RankHistory], ranks: Sequence[int], st
 
 def step_choices(histories: Mapping[int, RankHistory], ranks: Sequence[int]) -> tuple[int, int] | None:
     """The first and last recorded step index of the chosen ranks."""
-    steps = [s.step for r in ranks if (h := histories.get(r)) is not None for s in h.steps]
-    return (min(steps), max(steps)) if steps else None
+    ranges = [span for r in ranks if (h := histories.get(r)) is not None and (span := _step_range(h)) is not None]
+    return (min(lo for lo, _ in ranges), max(hi for _, hi in ranges)) if ranges else None
 
 
 def default_step(histories: Mapping[int, RankHistory], ranks: Sequence[int]) -> int | None:

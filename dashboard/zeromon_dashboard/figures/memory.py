@@ -9,14 +9,22 @@ from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 from tsdownsample import MinMaxLTTBDownsampler
 
 from zeromon.analysis.findings import Severity
 from zeromon.exporters.html_report import SMALL_CATEGORIES_SHARE
 from zeromon.views.fleet import short_bytes
 from zeromon.views.memory import AllocatorSeries, MemoryRow, MemorySeries, peak_spread
-from zeromon_dashboard.figures.style import LEVEL_COLOURS, base_layout, blank, empty, unit
+from zeromon_dashboard.figures.style import (
+    LEVEL_COLOURS,
+    axes_of,
+    axis_key,
+    empty,
+    figure_of,
+    layout_of,
+    rows_layout,
+    unit,
+)
 
 POINTS_PER_TRACE = 2000  # a longer series is decimated (MinMaxLTTB; its largest and smallest kept)
 # Drawn values in float32: 7 digits are more than a plot shows, and half the bytes sent (a page of
@@ -57,15 +65,14 @@ def decimated(x: np.ndarray, y: np.ndarray, n_out: int = POINTS_PER_TRACE) -> np
     return np.unique(np.concatenate([index.astype(np.int64), extremes]))
 
 
-def _arrays(x: Sequence[float], y: Sequence[float | None]) -> tuple[np.ndarray, np.ndarray]:
-    """x and y as float arrays, the points without a value left out."""
-    keep = [i for i, v in enumerate(y) if v is not None]
-    if len(keep) == len(y):
-        return np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
-    return np.asarray([x[i] for i in keep], dtype=np.float64), np.asarray([y[i] for i in keep], dtype=np.float64)
+def _arrays(x: Sequence[float] | np.ndarray, y: Sequence[float | None] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x and y as float arrays, the points without a value (None, NaN) left out."""
+    xs, ys = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    keep = ~np.isnan(ys)
+    return (xs, ys) if keep.all() else (xs[keep], ys[keep])
 
 
-def _line(x: Sequence[float], y: Sequence[float | None], size: float) -> tuple[np.ndarray, np.ndarray]:
+def _line(x: Sequence[float] | np.ndarray, y: Sequence[float | None] | np.ndarray, size: float) -> tuple[np.ndarray, np.ndarray]:
     """Arrays, not lists: plotly checks a list value by value (~0.1 s for 20 traces of 2000 points)
     and sends an array as one typed block, float32 (SENT) to halve it."""
     xs, ys = _arrays(x, y)
@@ -115,40 +122,45 @@ def _categories_title(s: MemorySeries, unit_name: str) -> str:
             f"{s.level_name}, so drawn apart)")
 
 
-def _add_categories(fig: go.Figure, s: MemorySeries, row: int, size: float, unit_name: str,
+def _add_categories(data: list[dict[str, Any]], s: MemorySeries, row: int, size: float, unit_name: str,
                     legend: set[str]) -> None:
     """The walks stacked, decimated on their sum so that every category keeps the same times (and
     the stack's highest point is drawn)."""
     x = np.asarray(s.walk_t_s, dtype=np.float64)
     columns = {name: np.asarray(values, dtype=np.float64) for name, values in s.categories}
     index = decimated(x, np.sum(list(columns.values()), axis=0))
+    xaxis, yaxis = axes_of(row)
     for name, values in columns.items():
         colour = CATEGORY_COLOURS.get(name, "#969696")
-        fig.add_trace(go.Scatter(
-            x=x[index].astype(SENT), y=(values[index] / size).astype(SENT), name=name.replace("_", " "), legendgroup=name,
-            showlegend=name not in legend, stackgroup=f"rank{s.rank}", mode="lines",
-            line={"shape": "hv", "width": 0.5, "color": colour}, fillcolor=colour,
-            hovertemplate=_hover(name.replace("_", " "), unit_name, s.rank),
-            meta={"kind": "category", "name": name, "rank": s.rank, "scale": size}), row=row, col=1)
+        data.append({
+            "type": "scatter", "x": x[index].astype(SENT), "y": (values[index] / size).astype(SENT),
+            "name": name.replace("_", " "), "legendgroup": name, "showlegend": name not in legend,
+            "stackgroup": f"rank{s.rank}", "mode": "lines", "line": {"shape": "hv", "width": 0.5, "color": colour},
+            "fillcolor": colour, "hovertemplate": _hover(name.replace("_", " "), unit_name, s.rank),
+            "meta": {"kind": "category", "name": name, "rank": s.rank, "scale": size}, "xaxis": xaxis, "yaxis": yaxis})
         legend.add(name)
 
 
-def _add_level_lines(fig: go.Figure, s: MemorySeries, row: int, size: float, unit_name: str, first: bool) -> None:
+def _add_level_lines(data: list[dict[str, Any]], s: MemorySeries, row: int, size: float, unit_name: str,
+                     first: bool) -> None:
     x, y = _line(s.t_s, s.level_bytes, size)
-    fig.add_trace(go.Scatter(x=x, y=y, name="level (allocated on GPU, RSS on CPU)", legendgroup="level",
-                             showlegend=first, mode="lines", line={"color": LINE_COLOURS["level"], "width": 1.5},
-                             hovertemplate=_hover(s.level_name, unit_name, s.rank),
-                             meta={"kind": "level", "rank": s.rank, "scale": size}), row=row, col=1)
-    ends = [s.t_s[0], s.t_s[-1]] if s.t_s else [s.walk_t_s[0], s.walk_t_s[-1]]
+    xaxis, yaxis = axes_of(row)
+    data.append({"type": "scatter", "x": x, "y": y, "name": "level (allocated on GPU, RSS on CPU)",
+                 "legendgroup": "level", "showlegend": first, "mode": "lines",
+                 "line": {"color": LINE_COLOURS["level"], "width": 1.5},
+                 "hovertemplate": _hover(s.level_name, unit_name, s.rank),
+                 "meta": {"kind": "level", "rank": s.rank, "scale": size}, "xaxis": xaxis, "yaxis": yaxis})
+    ends = [float(s.t_s[0]), float(s.t_s[-1])] if len(s.t_s) else [float(s.walk_t_s[0]), float(s.walk_t_s[-1])]
     flat = (("predicted", "predicted peak", s.predicted_peak_bytes, "dot"),
             ("capacity", "capacity", s.capacity_bytes if _draws_capacity(s) else None, "dash"))
     for kind, label, value, dash in flat:
         if value is None:
             continue
-        fig.add_trace(go.Scatter(x=ends, y=[value / size] * 2, name=label, legendgroup=kind, showlegend=first,
-                                 mode="lines", line={"color": LINE_COLOURS[kind], "dash": dash, "width": 1.5},
-                                 hovertemplate=f"{label}: {short_bytes(value)}<extra>rank {s.rank}</extra>",
-                                 meta={"kind": kind, "rank": s.rank, "scale": size}), row=row, col=1)
+        data.append({"type": "scatter", "x": ends, "y": [value / size] * 2, "name": label, "legendgroup": kind,
+                     "showlegend": first, "mode": "lines",
+                     "line": {"color": LINE_COLOURS[kind], "dash": dash, "width": 1.5},
+                     "hovertemplate": f"{label}: {short_bytes(value)}<extra>rank {s.rank}</extra>",
+                     "meta": {"kind": kind, "rank": s.rank, "scale": size}, "xaxis": xaxis, "yaxis": yaxis})
 
 
 def _level_unit(s: MemorySeries) -> tuple[str, int]:
@@ -166,9 +178,9 @@ def _rows_of(shown: Sequence[MemorySeries]) -> list[tuple[str, MemorySeries]]:
 def stack_figure(series: Sequence[MemorySeries], chosen: int | None = None) -> go.Figure:
     """One row per rank (the first MAX_RANK_ROWS; ``chosen``: how many were chosen, said when more):
     the categories stacked, the level, the predicted peak and the capacity, over seconds since the
-    run's first sample."""
+    run's first sample. Built as dicts (figure_of): the live Memory page redraws it every second."""
     title = "Memory over time by category"
-    shown = [s for s in series if s.t_s or s.walk_t_s][:MAX_RANK_ROWS]
+    shown = [s for s in series if len(s.t_s) or len(s.walk_t_s)][:MAX_RANK_ROWS]
     if not shown:
         return empty(title, "no memory sample yet on the chosen ranks")
     title += _how_many(len(shown), max(chosen or 0, len(series)), "no memory sample yet")
@@ -178,20 +190,19 @@ def stack_figure(series: Sequence[MemorySeries], chosen: int | None = None) -> g
               for (kind, s), u in zip(rows, units, strict=True)]
     heights = [ROW_PX if kind == "level" else ROW_PX * 0.6 for kind, _ in rows]
     height = 110 + sum(heights) + TITLE_PX * len(rows)
-    fig = make_subplots(figure=blank(), rows=len(rows), cols=1, shared_xaxes=True, vertical_spacing=TITLE_PX / height,
-                        row_heights=heights, subplot_titles=titles)
+    layout = rows_layout(heights, TITLE_PX / height, titles)
+    data: list[dict[str, Any]] = []
     legend: set[str] = set()
     for row, ((kind, s), (unit_name, size)) in enumerate(zip(rows, units, strict=True), start=1):
         if kind == "categories" or (s.categories and not _categories_apart(s)):
-            _add_categories(fig, s, row, size, unit_name, legend)
+            _add_categories(data, s, row, size, unit_name, legend)
         if kind == "level":
-            _add_level_lines(fig, s, row, size, unit_name, first=row == 1)
-        fig.update_yaxes(title_text=unit_name, rangemode="tozero", row=row, col=1)
-    fig.update_xaxes(title_text="seconds since the run's first sample", row=len(rows), col=1)
-    base_layout(fig, title, height=int(height), hovermode="closest")
-    fig.update_layout(margin={"t": 80})  # the first row's title under the figure's
-    fig.update_annotations(font={"size": 12}, x=0, xanchor="left")
-    return fig
+            _add_level_lines(data, s, row, size, unit_name, first=row == 1)
+        layout[axis_key(axes_of(row)[1])].update(title={"text": unit_name}, rangemode="tozero")
+    layout[axis_key(axes_of(len(rows))[0])].update(title={"text": "seconds since the run's first sample"})
+    # the first row's title under the figure's
+    layout.update(layout_of(title, height=int(height), hovermode="closest"), margin={"l": 60, "r": 20, "t": 80, "b": 50})
+    return figure_of(data, layout)
 
 
 # --- the allocator ----------------------------------------------------------------------------------------
@@ -207,35 +218,35 @@ def allocator_figure(series: Sequence[AllocatorSeries], chosen: int | None = Non
     if not drawn:
         return empty(title, "no allocator statistics: a CPU run records process RSS only")
     title += _how_many(len(drawn), max(chosen or 0, len(series)), "no allocator statistics")
-    frag_unit, frag_size = unit(max((v for s in drawn for v in s.fragmentation_bytes if v is not None), default=0))
-    fig = make_subplots(figure=blank(), rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.1,
-                        subplot_titles=[f"{_ALLOCATOR_ROWS[0]}, {frag_unit}", *_ALLOCATOR_ROWS[1:]])
+    frag_unit, frag_size = unit(max((float(np.nanmax(s.fragmentation_bytes)) for s in drawn
+                                     if (~np.isnan(s.fragmentation_bytes)).any()), default=0))
+    layout = rows_layout((1.0, 1.0, 1.0), 0.1, [f"{_ALLOCATOR_ROWS[0]}, {frag_unit}", *_ALLOCATOR_ROWS[1:]])
+    data: list[dict[str, Any]] = []
     for i, s in enumerate(drawn):
         colour = RANK_COLOURS[i % len(RANK_COLOURS)]
-        rows: tuple[tuple[Sequence[int | None], float, str, str], ...] = (
+        rows: tuple[tuple[np.ndarray, float, str, str], ...] = (
             (s.fragmentation_bytes, frag_size, "fragmentation", frag_unit),
             (s.alloc_retries, 1, "retries", ""), (s.num_ooms, 1, "OOMs", ""))
         for row, (values, size, what, unit_name) in enumerate(rows, start=1):
             x, y = _line(s.t_s, values, size)
-            fig.add_trace(go.Scatter(x=x, y=y, name=f"rank {s.rank}", legendgroup=f"rank{s.rank}",
-                                     showlegend=row == 1, mode="lines", line={"color": colour, "shape": "hv"},
-                                     hovertemplate=_hover(what, unit_name, s.rank),
-                                     meta={"kind": what, "rank": s.rank, "scale": size}), row=row, col=1)
+            xaxis, yaxis = axes_of(row)
+            data.append({"type": "scatter", "x": x, "y": y, "name": f"rank {s.rank}", "legendgroup": f"rank{s.rank}",
+                         "showlegend": row == 1, "mode": "lines", "line": {"color": colour, "shape": "hv"},
+                         "hovertemplate": _hover(what, unit_name, s.rank),
+                         "meta": {"kind": what, "rank": s.rank, "scale": size}, "xaxis": xaxis, "yaxis": yaxis})
         if s.oom_t_s:
-            fig.add_trace(go.Scatter(x=list(s.oom_t_s), y=list(range(1, len(s.oom_t_s) + 1)), mode="markers",
-                                     name=f"rank {s.rank}: OOM seen", legendgroup=f"rank{s.rank}",
-                                     marker={"symbol": "x", "size": 11, "color": LEVEL_COLOURS["critical"],
-                                             "line": {"color": colour, "width": 1}},
-                                     hovertext=list(s.oom_texts), hoverinfo="text",
-                                     meta={"kind": "oom", "rank": s.rank}), row=3, col=1)
-    fig.update_yaxes(rangemode="tozero")
-    fig.update_yaxes(title_text=frag_unit, row=1, col=1)
-    fig.update_yaxes(title_text="retries", row=2, col=1)
-    fig.update_yaxes(title_text="OOMs", row=3, col=1)
-    fig.update_xaxes(title_text="seconds since the run's first sample", row=3, col=1)
-    base_layout(fig, title, height=620, hovermode="closest")
-    fig.update_annotations(font={"size": 12}, x=0, xanchor="left")
-    return fig
+            xaxis, yaxis = axes_of(3)
+            data.append({"type": "scatter", "x": list(s.oom_t_s), "y": list(range(1, len(s.oom_t_s) + 1)),
+                         "mode": "markers", "name": f"rank {s.rank}: OOM seen", "legendgroup": f"rank{s.rank}",
+                         "marker": {"symbol": "x", "size": 11, "color": LEVEL_COLOURS["critical"],
+                                    "line": {"color": colour, "width": 1}},
+                         "hovertext": list(s.oom_texts), "hoverinfo": "text", "meta": {"kind": "oom", "rank": s.rank},
+                         "xaxis": xaxis, "yaxis": yaxis})
+    for row, axis_title in enumerate((frag_unit, "retries", "OOMs"), start=1):
+        layout[axis_key(axes_of(row)[1])].update(rangemode="tozero", title={"text": axis_title})
+    layout[axis_key(axes_of(3)[0])].update(title={"text": "seconds since the run's first sample"})
+    layout.update(layout_of(title, height=620, hovermode="closest"))
+    return figure_of(data, layout)
 
 
 # --- ranks compared ------------------------------------------------------------------------------------------
@@ -273,33 +284,33 @@ def imbalance_figure(rows: Sequence[MemoryRow]) -> go.Figure:
     far = bool(capacities) and max(capacities) > CAPACITY_FAR_ABOVE * top
     unit_name, size = unit(top if far or not capacities else max(top, *capacities))
     note = f"; capacity {short_bytes(max(capacities))}, far above, not drawn" if far else ""
-    fig = go.Figure()
+    data: list[dict[str, Any]] = []
     for level in ("critical", "warn", "ok", "none"):
         group = [r for r in with_peak if _RISK_LEVEL[r.risk] == level]
         if group:
-            fig.add_trace(go.Bar(
-                x=[r.rank for r in group], y=[(r.peak_bytes or 0) / size for r in group], name=_LEVEL_NAMES[level],
-                marker_color=LEVEL_COLOURS[level],
-                hovertext=[f"rank {r.rank}: peak {r.texts['peak']}, predicted {r.texts['predicted peak']}, "
-                           f"capacity {r.texts['capacity']}, headroom {r.texts['headroom']}" for r in group],
-                hoverinfo="text", meta={"kind": "peak", "level": level, "scale": size}))
+            data.append({
+                "type": "bar", "x": [r.rank for r in group], "y": [(r.peak_bytes or 0) / size for r in group],
+                "name": _LEVEL_NAMES[level], "marker": {"color": LEVEL_COLOURS[level]},
+                "hovertext": [f"rank {r.rank}: peak {r.texts['peak']}, predicted {r.texts['predicted peak']}, "
+                              f"capacity {r.texts['capacity']}, headroom {r.texts['headroom']}" for r in group],
+                "hoverinfo": "text", "meta": {"kind": "peak", "level": level, "scale": size}})
     x, y = _segments(with_peak, lambda r: r.predicted_peak_bytes, size)
-    fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name="predicted peak", hoverinfo="skip",
-                             line={"color": LINE_COLOURS["predicted"], "dash": "dot", "width": 2},
-                             meta={"kind": "predicted", "scale": size}))
+    data.append({"type": "scatter", "x": x, "y": y, "mode": "lines", "name": "predicted peak", "hoverinfo": "skip",
+                 "line": {"color": LINE_COLOURS["predicted"], "dash": "dot", "width": 2},
+                 "meta": {"kind": "predicted", "scale": size}})
     if capacities and not far:
         x, y = _segments(with_peak, lambda r: r.capacity_bytes, size)
-        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name="capacity", hoverinfo="skip",
-                                 line={"color": LINE_COLOURS["capacity"], "dash": "dash", "width": 2},
-                                 meta={"kind": "capacity", "scale": size}))
+        data.append({"type": "scatter", "x": x, "y": y, "mode": "lines", "name": "capacity", "hoverinfo": "skip",
+                     "line": {"color": LINE_COLOURS["capacity"], "dash": "dash", "width": 2},
+                     "meta": {"kind": "capacity", "scale": size}})
     spread = peak_spread(with_peak)
     if spread is not None and len(with_peak) > 1:
         ends = [min(r.rank for r in with_peak) - 0.5, max(r.rank for r in with_peak) + 0.5]
-        fig.add_trace(go.Scatter(x=ends, y=[spread.median_bytes / size] * 2, mode="lines", name="median peak",
-                                 line={"color": LINE_COLOURS["median"], "width": 1.5},
-                                 hovertemplate=f"median peak {short_bytes(spread.median_bytes)}<extra></extra>",
-                                 meta={"kind": "median", "scale": size}))
-    base_layout(fig, _imbalance_title(with_peak, unit_name, note), height=340, barmode="overlay", bargap=0.15,
-                xaxis={"title": "rank", "tickmode": "auto" if len(with_peak) > 32 else "linear"},
-                yaxis={"title": unit_name, "rangemode": "tozero"}, hovermode="closest")
-    return fig
+        data.append({"type": "scatter", "x": ends, "y": [spread.median_bytes / size] * 2, "mode": "lines",
+                     "name": "median peak", "line": {"color": LINE_COLOURS["median"], "width": 1.5},
+                     "hovertemplate": f"median peak {short_bytes(spread.median_bytes)}<extra></extra>",
+                     "meta": {"kind": "median", "scale": size}})
+    layout = layout_of(_imbalance_title(with_peak, unit_name, note), height=340, barmode="overlay", bargap=0.15,
+                       xaxis={"title": {"text": "rank"}, "tickmode": "auto" if len(with_peak) > 32 else "linear"},
+                       yaxis={"title": {"text": unit_name}, "rangemode": "tozero"}, hovermode="closest")
+    return figure_of(data, layout)

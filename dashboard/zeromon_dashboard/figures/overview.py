@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 from zeromon.analysis.comm_advice import EXPOSED_SHARE_CRITICAL
 from zeromon.analysis.findings import Severity
 from zeromon.views.overview import RankCell, grid_shape
-from zeromon_dashboard.figures.style import LEVEL_COLOURS, base_layout, empty
+from zeromon_dashboard.figures.style import LEVEL_COLOURS, empty, figure_of, layout_of
 
 _RISK_Z = {None: 0, Severity.OK: 1, Severity.INFO: 1, Severity.WARN: 2, Severity.CRITICAL: 3}
 # Discrete colours for z = 0 (no data), 1 ok, 2 warn, 3 critical: each a band of the 0-3 scale.
@@ -51,19 +51,18 @@ def rank_grid(cells: Sequence[RankCell], colour_by: str = "risk") -> go.Figure:
         z, text, hover = _matrix(cells, lambda c: _RISK_Z[c.risk] if c.used_share is not None or c.risk else 0)
         for c in cells:
             text[c.row][c.col] = _label(c, c.used_share, small)
-        heat = go.Heatmap(z=z, zmin=0, zmax=3, colorscale=_RISK_SCALE, showscale=False)
+        heat: dict[str, object] = {"z": z, "zmin": 0, "zmax": 3, "colorscale": _RISK_SCALE, "showscale": False}
     else:
         z, text, hover = _matrix(cells, lambda c: c.exposed_share)
         for c in cells:
             text[c.row][c.col] = _label(c, c.exposed_share, small)
-        heat = go.Heatmap(z=z, zmin=0, zmax=EXPOSED_SHARE_CRITICAL, colorscale=_EXPOSED_SCALE,
-                          colorbar={"title": {"text": "exposed"}, "tickformat": ".0%", "len": 0.9})
-    heat.update(text=text, texttemplate="%{text}", hovertext=hover, hoverinfo="text", xgap=2, ygap=2,
+        heat = {"z": z, "zmin": 0, "zmax": EXPOSED_SHARE_CRITICAL, "colorscale": _EXPOSED_SCALE,
+                "colorbar": {"title": {"text": "exposed"}, "tickformat": ".0%", "len": 0.9}}
+    heat.update(type="heatmap", text=text, texttemplate="%{text}", hovertext=hover, hoverinfo="text", xgap=2, ygap=2,
                 textfont={"size": 9 if small else 11})
-    fig = go.Figure(heat)
     cell_px = 26 if small else 56
-    base_layout(fig, title, height=max(160, 70 + rows * cell_px))
-    fig.update_layout(xaxis={"visible": False, "constrain": "domain"},
-                      yaxis={"visible": False, "autorange": "reversed", "scaleanchor": "x"},
-                      margin={"l": 10, "r": 10, "t": 40, "b": 10}, meta={"ranks": len(cells), "columns": cols})
-    return fig
+    layout = layout_of(title, height=max(160, 70 + rows * cell_px))
+    layout.update(xaxis={"visible": False, "constrain": "domain"},
+                  yaxis={"visible": False, "autorange": "reversed", "scaleanchor": "x"},
+                  margin={"l": 10, "r": 10, "t": 40, "b": 10}, meta={"ranks": len(cells), "columns": cols})
+    return figure_of([heat], layout)  # as dicts: the live Overview redraws both grids every second

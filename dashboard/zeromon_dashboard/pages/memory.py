@@ -21,6 +21,7 @@ from zeromon.views.memory import (
     memory_rows,
     memory_series,
     origin_ns,
+    sample_columns,
 )
 from zeromon.views.run_data import RunData
 from zeromon_dashboard.figures.memory import MAX_RANK_ROWS, allocator_figure, imbalance_figure, stack_figure
@@ -102,8 +103,12 @@ def _draw(state: PageState, data: RunData) -> tuple[Any, ...]:
     shown = [r for r in ranks if r in data.histories and data.histories[r].memory][:MAX_RANK_ROWS]
     origin = origin_ns(data.histories)
     chosen_forecasts = forecasts(data)
-    series = [memory_series(data.histories[r], origin, chosen_forecasts.get(r)) for r in shown] if origin is not None else []
-    allocator = [allocator_series(data.histories[r], origin) for r in shown] if origin is not None else []
+    series, allocator = [], []
+    for r in shown if origin is not None else ():
+        assert origin is not None
+        columns = sample_columns(data.histories[r])  # once for both figures
+        series.append(memory_series(data.histories[r], origin, chosen_forecasts.get(r), columns))
+        allocator.append(allocator_series(data.histories[r], origin, columns))
     rows = memory_rows(data)
     return (stack_figure(series, len(ranks)), table_records(rows), imbalance_figure(rows),
             allocator_figure(allocator, len(ranks)))

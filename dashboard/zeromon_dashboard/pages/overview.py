@@ -12,7 +12,14 @@ from dash import html
 from zeromon.analysis.findings import Finding
 from zeromon.analysis.report import finding_heading
 from zeromon.views.fleet import RunClock, header, no_agent_text, rank_rows
-from zeromon.views.overview import Banner, exposed_banner, oom_banner, rank_cells
+from zeromon.views.overview import (
+    Banner,
+    died_banners,
+    exposed_banner,
+    incomplete_banners,
+    oom_banner,
+    rank_cells,
+)
 from zeromon.views.run_data import RunData
 from zeromon_dashboard.figures.overview import rank_grid
 from zeromon_dashboard.figures.style import empty
@@ -32,8 +39,10 @@ def banners(data: RunData, interval_s: float = 1.0) -> list[Any]:
         return [html.Pre(no_agent_text(data.fleet, interval_s).replace("q quits.", ""), className="message",
                          id="no-agent")]
     rows = rank_rows(data.fleet)
-    shown: list[Banner | None] = [oom_banner(data, rows), exposed_banner(data)]
-    out = [html.Div(b.text, className=f"banner banner-{b.level}", id=f"banner-{b.kind}",
+    shown: list[Banner | None] = [*died_banners(data), *incomplete_banners(data), oom_banner(data, rows),
+                                  exposed_banner(data)]
+    out = [html.Div(b.text, className=f"banner banner-{b.level}",
+                    id=f"banner-{b.kind}" + (f"-{b.rank}" if b.kind in ("died", "incomplete") else ""),
                     **_data(level=b.level, rank=str(b.rank)))
            for b in shown if b is not None]
     if not out:

@@ -1,0 +1,269 @@
+"""`zeromon demo`: the real command, a real 2-rank gloo training, watched in a real tmux (the TUI), served
+(--dashboard, checked over HTTP) and printed (--no-tui). Each scenario must show its finding as the TUI
+words it within 60 s on this 2-core machine; `healthy` none; nothing may be left running after."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from test_tui_tmux import Tmux, tui_env, wait_for, zeromon_cli
+
+from zeromon.demo import SCENARIOS
+
+from conftest import REPO, child_env, free_port, zeromon
+
+STEPS = "20"  # enough for every finding (a straggler needs 8 steps of every rank; a trend 7): ~7 s of training
+# What the TUI's findings panel says for each scenario (the live analyses' titles).
+ON_SCREEN = {
+    "leak": re.compile(r"memory grows [\d.]+ MiB per step: capacity in ~\d+ steps"),
+    "exposed": re.compile(r"rank \d: \d+% of step time is exposed communication"),
+    "straggler": re.compile(r"rank 1 computes [\d.]+ ms longer per step than its peers"),
+    "healthy": re.compile(r"no findings: memory, overlap and balance look fine"),
+}
+WARNING_ON_SCREEN = re.compile(r"\b(crit|warn) ")
+# Wide enough for the TUI's side-by-side layout (150 columns on), where the findings panel is as tall as
+# the screen: the straggler scenario also raises poor overlap on rank 0 (its time waiting for rank 1),
+# newer, listed first; a narrower terminal shows the first finding and scrolls to the others.
+PANE_COLUMNS, PANE_ROWS = 160, 45
+
+
+def findings_text(screen: str) -> str:
+    """The findings panel's text as one line (its lines joined: a title wraps in a narrow panel)."""
+    lines = screen.splitlines()
+    top = next((i for i, line in enumerate(lines) if "─ findings (" in line or "─ findings ─" in line), None)
+    if top is None:
+        return ""
+    column = lines[top].index("─ findings") - 1
+    inside = []
+    for line in lines[top + 1:]:
+        part = line[column:]
+        if part.startswith("╰"):
+            break
+        inside.append(part.strip(" │▁▂▃▄▅▆▇█▊"))
+    return " ".join(" ".join(inside).split())
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _left_running(processes: list[psutil.Process]) -> list[str]:
+    left = []
+    for p in processes:
+        with contextlib.suppress(psutil.Error):
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(f"{p.pid} {' '.join(p.cmdline())[:120]}")
+    return left
+
+
+@pytest.mark.distributed
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (the CI installs it: .ci/run)")
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_demo_shows_its_finding_in_the_tui_within_60_s_and_q_leaves_nothing_running(scenario: str,
+                                                                                    tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    command = zeromon_cli("demo", "--scenario", scenario, "--steps", STEPS, "--out", str(out))
+    env = tui_env(ZEROMON_REGISTRY=str(tmp_path / "registry"), ZEROMON_PORT="0")
+    pane = Tmux(command, env, tmp_path / "status", width=PANE_COLUMNS, height=PANE_ROWS)
+    try:
+        started = time.monotonic()
+        pane_pid = int(pane.tmux("display-message", "-p", "-t", "t", "#{pane_pid}"))
+        seen: dict[psutil.Process, str] = {}  # and their command lines
+
+        def shown() -> str | None:
+            for p in _descendants(pane_pid):  # the job's processes, as they start
+                with contextlib.suppress(psutil.Error):
+                    seen.setdefault(p, " ".join(p.cmdline()))
+            screen = pane.screen()
+            found = ON_SCREEN[scenario].search(findings_text(screen))
+            if scenario == "healthy":  # "no findings" also shows before the first step: wait for the end
+                return screen if "job finished (exit 0)" in screen and found else None
+            return screen if found else None
+
+        screen = wait_for(shown, pane, 60, f"the {scenario} scenario's finding on the screen")
+        took_s = time.monotonic() - started
+        if scenario == "healthy":
+            assert not WARNING_ON_SCREEN.search(findings_text(screen)), screen
+        assert f"demo-{scenario}" in screen  # the job's name in the header
+        screen = wait_for(lambda: "job finished (exit 0)" in (s := pane.screen()) and s, pane, 60, "the end")
+        assert ON_SCREEN[scenario].search(findings_text(screen)), screen  # the ended run keeps showing it
+        pane.keys("q")
+        status = wait_for(lambda: (s := pane.exit_status()) is not None and (s,), pane, 60, "the demo to exit")
+        terminal = pane.tmux("capture-pane", "-p", "-J", "-S", "-200", "-t", "t")
+        assert status == (0,), terminal
+    finally:
+        pane.kill()
+    verdict = "no warning, as expected" if scenario == "healthy" else "zeromon found it: "
+    assert f"demo {scenario}: {verdict}" in terminal
+    assert f"zeromon report {out}" in terminal
+    assert sorted(p.name for p in out.glob("rank-*.jsonl")) == ["rank-0.jsonl", "rank-1.jsonl"]
+    # The training's launcher and its two ranks were seen, and none of the processes is left.
+    assert sum("demo/train.py" in cmdline for cmdline in seen.values()) == 1, seen
+    assert sum("multiprocessing" in cmdline for cmdline in seen.values()) >= 2, seen
+    assert not _left_running(list(seen))
+    print(f"{scenario}: finding on screen after {took_s:.1f} s")
+
+
+@pytest.mark.distributed
+def test_no_tui_prints_the_findings_and_exits_0_when_the_finding_appeared(tmp_path: Path) -> None:
+    result = zeromon("demo", "--no-tui", "--scenario", "straggler", "--steps", STEPS, "--out", str(tmp_path / "run"),
+                     timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert "zeromon demo: scenario straggler:" in result.stderr and "expect: a straggler" in result.stderr
+    lines = result.stdout.splitlines()
+    assert f"demo straggler: {STEPS} steps in " in lines[0]  # the training's own line (rank 0's)
+    lines = lines[next(i for i, line in enumerate(lines) if line.startswith(f"findings of {tmp_path / 'run'} (")):]
+    assert any(re.match(r"  \[(warn|critical)\] rank 1 arrives last at \d+% of collectives", line) for line in lines)
+    assert any(line.startswith("demo straggler: zeromon found it: rank 1 ") for line in lines)
+    assert lines[-1].startswith(f"the recording: {tmp_path / 'run'}")
+    # The ended run's view (the TUI's and the dashboard's once the ranks are gone) keeps the straggler.
+    from zeromon.sources.replay import final_view
+    from zeromon.views.fleet import fleet_findings
+
+    ended = final_view(tmp_path / "run")
+    assert not any(rank.alive for rank in ended.ranks)
+    assert [f.rank for f in fleet_findings(ended.ranks) if f.kind == "straggler"] == [1]
+
+
+@pytest.mark.distributed
+def test_no_tui_exits_1_when_the_run_is_too_short_for_its_finding(tmp_path: Path) -> None:
+    # 4 steps: a trend needs 2 warm-up steps and 5 more, so the leak cannot be forecast yet.
+    result = zeromon("demo", "--no-tui", "--scenario", "leak", "--steps", "4", "--out", str(tmp_path / "run"),
+                     timeout=300)
+    assert result.returncode == 1, result.stdout + result.stderr[-3000:]
+    assert "note: each rank's memory capacity is set to 1536MiB (ZEROMON_CPU_CAPACITY)" in result.stderr
+    assert "demo leak: the expected finding (an OOM forecast) did not appear" in result.stdout
+    assert "more --steps" in result.stdout
+
+
+def _overview(url: str) -> Any:
+    """The Overview page's content, as the browser asks for it (Dash's callback endpoint)."""
+    import requests
+
+    body = {"output": "page.children", "outputs": {"id": "page", "property": "children"},
+            "inputs": [{"id": "url", "property": "pathname", "value": "/"}],
+            "state": [{"id": "url", "property": "search", "value": ""}], "changedPropIds": ["url.pathname"]}
+    response = requests.post(url + "_dash-update-component", json=body, timeout=30)
+    assert response.status_code == 200, response.text[:2000]
+    return response.json()["response"]["page"]["children"]
+
+
+def _find(node: Any, element_id: str) -> dict[str, Any] | None:
+    if isinstance(node, list):
+        return next((found for child in node if (found := _find(child, element_id)) is not None), None)
+    if isinstance(node, dict):
+        props = node.get("props", {})
+        if props.get("id") == element_id:
+            return props  # type: ignore[no-any-return]
+        return _find(props.get("children"), element_id)
+    return None
+
+
+@pytest.mark.distributed
+def test_dashboard_serves_the_run_on_loopback_with_the_scenarios_banner_until_ctrl_c(tmp_path: Path) -> None:
+    port = free_port()
+    demo = subprocess.Popen([sys.executable, "-m", "zeromon", "demo", "--dashboard", "--scenario", "leak",
+                             "--steps", STEPS, "--port", str(port), "--out", str(tmp_path / "run")],
+                            env=child_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert demo.stdout is not None
+        lines: list[str] = []
+        for line in demo.stdout:
+            lines.append(line)
+            if line.startswith("zeromon dashboard: http://"):
+                break
+        url = f"http://127.0.0.1:{port}/"
+        assert lines and lines[-1].startswith(f"zeromon dashboard: {url} "), "".join(lines)
+        listening = {c.laddr for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN
+                     and c.laddr and c.laddr.port == port}
+        assert {a.ip for a in listening} == {"127.0.0.1"}
+
+        def banner() -> str | None:
+            props = _find(_overview(url), "banner-oom")
+            return str(props["children"]) if props and "CRITICAL" in str(props["children"]) else None
+
+        deadline = time.monotonic() + 90
+        text = None
+        while text is None and time.monotonic() < deadline:
+            text = banner()
+            time.sleep(0.5)
+        assert text is not None, "no critical OOM banner within 90 s"
+        assert text.startswith("OOM risk CRITICAL: rank ") and "of 1.5G" in text
+        for line in demo.stdout:  # the training ends; the dashboard stays on its final state
+            lines.append(line)
+            if "the dashboard shows its final state until Ctrl-C" in line:
+                break
+        final = _find(_overview(url), "banner-oom")
+        assert final is not None and "CRITICAL" in str(final["children"])
+        children = _descendants(demo.pid)
+        demo.send_signal(signal.SIGINT)
+        rest = demo.communicate(timeout=60)[0]
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    assert demo.returncode == 0, "".join(lines) + rest
+    assert "demo leak: zeromon found it: memory grows" in "".join(lines) + rest
+    assert not _left_running(children)
+
+
+@pytest.mark.distributed
+def test_ctrl_c_stops_the_training_at_a_step_end_with_every_rank_recorded_and_nothing_left(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    # Its own process group, which the test signals as a terminal's Ctrl-C does: every process in it.
+    demo = subprocess.Popen([sys.executable, "-m", "zeromon", "demo", "--no-tui", "--scenario", "healthy",
+                             "--steps", "1000", "--out", str(out)], env=child_env(), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while not (out / "rank-1.jsonl").exists() and time.monotonic() < deadline and demo.poll() is None:
+            time.sleep(0.2)
+        time.sleep(2.0)  # a few steps
+        children = _descendants(demo.pid)
+        os.killpg(demo.pid, signal.SIGINT)
+        stdout, stderr = demo.communicate(timeout=60)
+    finally:
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+            demo.wait()
+    assert demo.returncode == 0, stdout + stderr[-3000:]
+    match = re.search(r"demo healthy: (\d+) steps in [\d.]+ s \(stopped by Ctrl-C\)", stdout)
+    assert match and 0 < int(match.group(1)) < 1000, stdout
+    assert "Traceback" not in stderr and "died" not in stderr, stderr[-3000:]
+    assert "zeromon: run " in stderr and "(2 of 2 ranks recorded)" in stderr
+    assert len(children) >= 3 and not _left_running(children)
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["--scenario", "oom"], "zeromon: error: zeromon demo: argument --scenario: invalid choice: 'oom'"),
+    (["--steps", "0"], "zeromon: error: --steps '0': must be an integer from 1 to 100000"),
+    (["--port", "8051"], "zeromon: error: --port is the dashboard's: it applies with --dashboard only"),
+    (["--dashboard", "--no-tui"], "zeromon: error: zeromon demo: argument --no-tui: not allowed with argument --dashboard"),
+])
+def test_bad_flags_exit_2_before_anything_starts(args: list[str], said: str, tmp_path: Path) -> None:
+    result = zeromon("demo", *args, "--out", str(tmp_path / "run"), timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines()[0].startswith(said), result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "run").exists()
+
+
+def test_without_a_terminal_the_tui_mode_says_what_to_use_instead(tmp_path: Path) -> None:
+    result = zeromon("demo", "--out", str(tmp_path / "run"), timeout=60)  # stdin and stdout are pipes here
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "zeromon: error: zeromon demo draws its TUI in a terminal, and stdin or stdout is not one",
+        "hint: zeromon demo --no-tui trains and prints the findings; --dashboard serves them in a browser"]

@@ -1,0 +1,178 @@
+"""The training `zeromon demo` runs: a small FSDP2 model on CPU (gloo), with one problem built in.
+
+    zeromon run -- python zeromon/demo/train.py --scenario leak
+
+It is an ordinary training script: it does not import zeromon. Under `zeromon run` the agent hooks
+it from outside (no code change), as it would any user's job. It starts its ranks itself
+(torch.multiprocessing, with the environment torchrun would give them), so that Ctrl-C stops them
+cleanly at the end of a step: torchrun answers Ctrl-C by killing its workers, with tracebacks.
+
+A stack of Linear layers sharded with FSDP2 (``fully_shard``), trained with AdamW on random data. A
+forward "computes" by sleeping ``compute_s`` (the compute a GPU would do, without loading a shared
+CPU); the scenarios:
+
+- healthy:   two layers of 256 as one FSDP2 unit, 300 ms of compute a step: its two collectives
+             (an all-gather, a reduce-scatter; 2-8 ms each on gloo on a busy machine) are a sliver;
+- leak:      healthy, and every step keeps ``leak_mib`` MiB more alive (tensors kept in a list, as
+             a loop that keeps its outputs without ``.detach()`` leaks), against a small stated capacity;
+- exposed:   four layers of 768 gathered again in backward, 5 ms of compute: the all-gathers and
+             reduce-scatters of 2.3 MiB layers have nothing to hide behind (on gloo a collective
+             blocks the training thread);
+- straggler: healthy, and rank 1 computes 100 ms more every step: rank 0 waits for it at every
+             collective.
+
+Ends after ``--steps`` steps, ``--seconds`` seconds (rank 0's clock) or Ctrl-C, whichever is first: the
+ranks agree every STOP_CHECK_EVERY_STEPS steps through a one-number all-reduce, so both stop at the
+same step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    width: int
+    layers: int
+    batch: int
+    compute_s: float  # sleep per forward, every rank
+    late_rank: int | None = None  # this rank sleeps late_s more per forward
+    late_s: float = 0.0
+    leak_mib: float = 0.0  # MiB kept alive per step
+    per_layer: bool = False  # each layer its own FSDP2 unit (else one unit for the whole model)
+    reshard: bool = False  # FSDP2's reshard_after_forward: gather the parameters again in backward
+
+
+STOP_CHECK_EVERY_STEPS = 4  # Ctrl-C stops the ranks within this many steps (~1.3 s at 0.32 s a step)
+
+SHAPES = {
+    "healthy": Shape(width=256, layers=2, batch=16, compute_s=0.3),
+    "leak": Shape(width=256, layers=2, batch=16, compute_s=0.3, leak_mib=8.0),
+    "exposed": Shape(width=768, layers=4, batch=4, compute_s=0.005, per_layer=True, reshard=True),
+    "straggler": Shape(width=256, layers=2, batch=16, compute_s=0.3, late_rank=1, late_s=0.1),
+}
+
+
+class Stack(nn.Module):
+    def __init__(self, shape: Shape, rank: int) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(shape.width, shape.width) for _ in range(shape.layers))
+        self.sleep_s = shape.compute_s + (shape.late_s if rank == shape.late_rank else 0.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.sleep_s)
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scenario", choices=sorted(SHAPES), default="healthy")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--seconds", type=float, default=0.0, help="stop after this long (0: no limit)")
+    parser.add_argument("--ranks", type=int, default=2)
+    return parser.parse_args(argv)
+
+
+def build(shape: Shape, rank: int, world: int) -> nn.Module:
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    model = Stack(shape, rank)
+    if shape.per_layer:
+        for layer in model.layers:
+            fully_shard(layer, mesh=mesh, reshard_after_forward=shape.reshard)
+    fully_shard(model, mesh=mesh, reshard_after_forward=shape.reshard)
+    return model
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Start the ranks (as torchrun would set them up) and wait for them. Ctrl-C reaches every process of
+    the terminal: the ranks finish their step and stop together; this one waits for them."""
+    args = parse_args(argv)
+    with socket.socket() as probe:  # a free port for the rendezvous (the default 29500 may be taken)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    # A handler, not KeyboardInterrupt: Ctrl-C comes twice (from the terminal, and forwarded by `zeromon run`),
+    # and the second would land in the first one's handling.
+    said = threading.Event()
+
+    def interrupted(_sig: int, _frame: object) -> None:
+        if not said.is_set():
+            said.set()
+            print("demo: Ctrl-C: the ranks stop after this step", file=sys.stderr, flush=True)
+
+    signal.signal(signal.SIGINT, interrupted)
+    context = mp.start_processes(rank_main, args=(args, port), nprocs=args.ranks, join=False, start_method="spawn")
+    while not context.join():
+        pass
+    return 0
+
+
+def rank_main(local_rank: int, args: argparse.Namespace, port: int) -> None:
+    os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(args.ranks),
+                      LOCAL_WORLD_SIZE=str(args.ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    interrupted = threading.Event()
+    # A KeyboardInterrupt between two collectives would leave the peer blocked in the next one (gloo's
+    # timeout is 30 minutes): the ranks note Ctrl-C and agree to stop at the end of a step instead.
+    signal.signal(signal.SIGINT, lambda _sig, _frame: interrupted.set())
+    train(SHAPES[args.scenario], args, interrupted)
+
+
+def train(shape: Shape, args: argparse.Namespace, interrupted: threading.Event) -> None:
+    torch.set_num_threads(1)  # two ranks on a laptop's or a CI runner's few cores
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = build(shape, rank, world)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    kept: list[torch.Tensor] = []
+    leak_numel = int(shape.leak_mib * 2**20) // 4
+    started = time.monotonic()
+    step = 0
+    try:
+        while step < args.steps:
+            x = torch.randn(shape.batch, shape.width, generator=torch.Generator().manual_seed(step * world + rank))
+            model(x).square().mean().backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            if leak_numel:
+                kept.append(torch.ones(leak_numel))  # filled: its pages are resident
+            step += 1
+            if step % STOP_CHECK_EVERY_STEPS:
+                continue
+            timed_out = args.seconds > 0 and rank == 0 and time.monotonic() - started >= args.seconds
+            if _agree_to_stop(timed_out or interrupted.is_set()):
+                break
+        if rank == 0:
+            why = " (stopped by Ctrl-C)" if interrupted.is_set() else ""
+            print(f"demo {args.scenario}: {step} steps in {time.monotonic() - started:.1f} s{why}", flush=True)
+    finally:
+        dist.destroy_process_group()
+
+
+def _agree_to_stop(stop: bool) -> bool:
+    """Whether any rank wants to stop (Ctrl-C, or rank 0's clock), agreed by all: each rank's own answer
+    would stop them at different steps. A 4-byte all-reduce, 1-5 ms on gloo on a busy machine: every
+    STOP_CHECK_EVERY_STEPS steps, so that the healthy run's communication stays a sliver of its steps."""
+    flag = torch.tensor([1.0 if stop else 0.0])
+    dist.all_reduce(flag)
+    return bool(flag.item() > 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
