@@ -22,7 +22,7 @@ import json
 import operator
 import os
 import shlex
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,8 +70,46 @@ FIELDS_OF: dict[type, tuple[str, ...]] = {
 _GETTERS: dict[type, operator.attrgetter[Any]] = {cls: operator.attrgetter(*names) for cls, names in FIELDS_OF.items()}
 
 
-def rank_file_name(rank: int) -> str:
-    return f"rank-{rank}.jsonl"
+def rank_file_name(rank: int, suffix: str = ".jsonl") -> str:
+    """A rank's file name: rank-<r>.jsonl (format 1.x), or with suffix ".zmr" the compact form (2.0)."""
+    return f"rank-{rank}{suffix}"
+
+
+# The suffixes of rank files, the compact form first: a folder's rank files are the names that match
+# these, and which format a file holds is read from its first bytes (is_compact), not from its name.
+RANK_FILE_SUFFIXES = (".zmr", ".jsonl")
+COMPACT_MAGIC = b"\x89ZMR\r\n\x1a\n"  # PNG's trick: a text-mode transfer or a 7-bit channel breaks it visibly
+
+
+def rank_file_paths(folder: Path) -> list[Path]:
+    """The rank-<r>.zmr and rank-<r>.jsonl files of a folder, sorted by name."""
+    return sorted(path for suffix in RANK_FILE_SUFFIXES for path in folder.glob(f"rank-*{suffix}"))
+
+
+def rank_file_path(folder: str | Path, rank: int) -> Path:
+    """Where a rank's file is in a folder: its .zmr if there is one, else its .jsonl."""
+    compact = Path(folder) / rank_file_name(rank, ".zmr")
+    return compact if compact.exists() else Path(folder) / rank_file_name(rank)
+
+
+def is_compact(path: Path) -> bool:
+    """Whether a file holds the compact form (format 2.0), by its first bytes. False for a file that
+    cannot be read: the JSON-lines reader says why."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(len(COMPACT_MAGIC)) == COMPACT_MAGIC
+    except OSError:
+        return False
+
+
+def read_file_header(path: Path) -> dict[str, Any]:
+    """The header of a rank file of either form, checked (read_header)."""
+    if is_compact(path):
+        from zeromon.model.segments import read_compact_header
+
+        return read_compact_header(path)
+    with _open_recording(path) as handle:
+        return read_header(path, read_first_line(path, handle))
 
 
 def encode_record(record: Record) -> str:
@@ -123,12 +161,12 @@ class RecordingWriter:
         self.error: str | None = None  # the first write error, said once by the agent
         self._created = False
         self._pending = (0, 0)  # (records, bytes) written to the buffer since the last good flush
+        self._init_buffer()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file: IO[bytes] | None = open(self.path, "wb")  # noqa: SIM115
         self._created = True
-        header = json.dumps(make_header(rank, **header_extra), separators=(",", ":"))
         try:
-            self._file.write(header.encode() + b"\n")
+            self._file.write(self._header_bytes(make_header(rank, **header_extra)))
             self._file.flush()  # a reader of the running rank's file finds a recording, not an empty file
         except OSError as exc:
             self._fail(exc)
@@ -144,7 +182,18 @@ class RecordingWriter:
             writer.path, writer._file, writer._created, writer._pending = Path(path), None, False, (0, 0)
             writer.records_written = writer.records_lost = writer.bytes_lost = 0
             writer.error = f"cannot create {path}: {exc.strerror or exc}"
+            writer._init_buffer()
             return writer
+
+    def _init_buffer(self) -> None:
+        """What a writer that buffers its records (the compact form's) keeps between flushes."""
+
+    def _header_bytes(self, header: dict[str, Any]) -> bytes:
+        return json.dumps(header, separators=(",", ":")).encode() + b"\n"
+
+    def _end_bytes(self, end: Record) -> bytes:
+        """The end record, appended after a failure: on a line of its own, after a part-written one."""
+        return b"\n" + encode_record(end).encode("utf-8", "surrogatepass") + b"\n"
 
     @property
     def failed(self) -> bool:
@@ -220,7 +269,7 @@ class RecordingWriter:
             self.write(end)  # counted: there is no file to end
             return
         try:
-            line = b"\n" + encode_record(end).encode("utf-8", "surrogatepass") + b"\n"  # after a part-written line
+            line = self._end_bytes(end)
         except (TypeError, ValueError):
             self.records_lost += 1
             return
@@ -463,7 +512,7 @@ def read_first_line(path: Path, handle: IO[str]) -> str:
     return first
 
 
-def read_header(path: Path, first_line: str) -> dict[str, Any]:
+def read_header(path: Path, first_line: str, major: str = _MAJOR) -> dict[str, Any]:
     try:
         header = json.loads(first_line)
     except (json.JSONDecodeError, RecursionError) as exc:
@@ -473,10 +522,10 @@ def read_header(path: Path, first_line: str) -> dict[str, Any]:
     if not isinstance(header, dict) or header.get("format") != FORMAT_NAME:
         raise ZeromonError(f"{path}:1: not a zeromon recording (no '{FORMAT_NAME}' header)", hint=_NOT_A_RECORDING)
     version = str(header.get("version", ""))
-    if version.split(".")[0] != _MAJOR:
+    if version.split(".")[0] != major:
         raise ZeromonError(
             f"{path}: recording format version {_plain(version) or '(none)'} is not supported; "
-            f"this zeromon reads version {_MAJOR}.x",
+            f"this zeromon reads version {major}.x in a {'compact' if major != _MAJOR else 'JSON-lines'} file",
             hint="read it with the zeromon version that wrote it, or upgrade zeromon",
         )
     schemas = header.get("schemas")
@@ -529,53 +578,83 @@ def _iter_fields(path: Path, skipped: _Skipped, unknown_kinds: dict[str, int] | 
                  checked_by_caller: type | None = None) -> Iterator[tuple[type, list[Any], int]]:
     """(record type, field values, line number) for every line after the header of one rank file that
     holds a record of a known kind whose values fit its schema; the records of ``checked_by_caller``
-    are not checked here (read_recording checks the collectives a column at a time)."""
-    with _open_recording(path) as handle:
+    are not checked here (read_recording checks the collectives a column at a time). A compact (2.0)
+    file gives its records' numbers (1, 2, ...) for line numbers."""
+    if is_compact(path):
+        from zeromon.model.segments import iter_compact_fields
+
+        return iter_compact_fields(path, skipped, unknown_kinds, checked_by_caller)
+    handle = _open_recording(path)
+    try:
         header = read_header(path, read_first_line(path, handle))
-        layouts = {kind: _layout(kind, names, checked_by_caller) for kind, names in header["schemas"].items()}
-        fast_loads = _fast_loads()
+    except BaseException:
+        handle.close()
+        raise
+    return parse_rows(_numbered_lines(handle, skipped), layouts_of(header, checked_by_caller), skipped, unknown_kinds)
+
+
+def layouts_of(header: dict[str, Any], checked_by_caller: type | None = None) -> dict[str, _Layout | None]:
+    return {kind: _layout(kind, names, checked_by_caller) for kind, names in header["schemas"].items()}
+
+
+def _numbered_lines(handle: IO[str], skipped: _Skipped) -> Iterator[tuple[int, str]]:
+    """(line number, line) after the header; a line longer than MAX_LINE_CHARS is skipped unread."""
+    with handle:
         readline = handle.readline
-        # Per line: ~0.3 µs in orjson and as little as possible besides (a million lines per file).
         for lineno, line in enumerate(iter(functools.partial(readline, MAX_LINE_CHARS), ""), start=2):
             if len(line) == MAX_LINE_CHARS and line[-1] != "\n":
                 while (rest := readline(MAX_LINE_CHARS)) and rest[-1] != "\n":  # read past it, a piece at a time
                     pass
                 skipped.add(lineno, _TOO_LONG)
                 continue
-            by_json = False
+            yield lineno, line
+
+
+def parse_rows(lines: Iterable[tuple[int, str]], layouts: dict[str, _Layout | None], skipped: _Skipped,
+               unknown_kinds: dict[str, int] | None) -> Iterator[tuple[type, list[Any], int]]:
+    """(record type, field values, number) of each numbered JSON row of a known kind whose values fit
+    its schema (``layouts``: the kinds of the file's header); the others are skipped and counted."""
+    fast_loads = _fast_loads()
+    # Per line: ~0.3 µs in orjson and as little as possible besides (a million lines per file).
+    for lineno, line in lines:
+        by_json = False
+        try:
             try:
-                try:
-                    row = fast_loads(line)
-                except ValueError:  # NaN, lone surrogates: what only json reads
-                    row = json.loads(line)
-                    by_json = True
-                layout = layouts.get(row[0])  # a JSON string's first letter, an object's KeyError: ...
-            except (ValueError, IndexError, KeyError, TypeError, RecursionError):  # RecursionError: [[[[...
-                if line.strip():
-                    skipped.add(lineno)
+                row = fast_loads(line)
+            except ValueError:  # NaN, lone surrogates: what only json reads
+                row = json.loads(line)
+                by_json = True
+            layout = layouts.get(row[0])  # a JSON string's first letter, an object's KeyError: ...
+        except (ValueError, IndexError, KeyError, TypeError, RecursionError):  # RecursionError: [[[[...
+            if line.strip():
+                skipped.add(lineno)
+            continue
+        if layout is None:
+            if type(row) is not list:  # ... corrupt, not an unknown kind
+                skipped.add(lineno)
                 continue
-            if layout is None:
-                if type(row) is not list:  # ... corrupt, not an unknown kind
-                    skipped.add(lineno)
-                    continue
-                if unknown_kinds is not None:
-                    name = str(row[0])[:64]
-                    if name in unknown_kinds or len(unknown_kinds) < UNKNOWN_KINDS_KEPT:
-                        unknown_kinds[name] = unknown_kinds.get(name, 0) + 1
+            if unknown_kinds is not None:
+                count_unknown(unknown_kinds, row[0])
+            continue
+        indices = layout.indices
+        if indices is None:
+            values = row[1:layout.width]
+            if len(values) < layout.required:
+                skipped.add(lineno, f"{row[0]} has {len(values)} fields, not at least {layout.required}")
                 continue
-            indices = layout.indices
-            if indices is None:
-                values = row[1:layout.width]
-                if len(values) < layout.required:
-                    skipped.add(lineno, f"{row[0]} has {len(values)} fields, not at least {layout.required}")
-                    continue
-            else:
-                values = [row[i] if i is not None and i < len(row) else None for i in indices]
-            if by_json and (problem := layout.schema.fix_non_finite(values)) is not None \
-                    or layout.checked and (problem := layout.schema.problem(values)) is not None:
-                skipped.add(lineno, problem)
-                continue
-            yield layout.cls, values, lineno
+        else:
+            values = [row[i] if i is not None and i < len(row) else None for i in indices]
+        if by_json and (problem := layout.schema.fix_non_finite(values)) is not None \
+                or layout.checked and (problem := layout.schema.problem(values)) is not None:
+            skipped.add(lineno, problem)
+            continue
+        yield layout.cls, values, lineno
+
+
+def count_unknown(unknown_kinds: dict[str, int], kind: Any) -> None:
+    name = str(kind)[:64]
+    if name in unknown_kinds or len(unknown_kinds) < UNKNOWN_KINDS_KEPT:
+        unknown_kinds[name] = unknown_kinds.get(name, 0) + 1
 
 
 def iter_records(path: str | Path, corrupt_lines: list[int] | None = None,
@@ -603,9 +682,7 @@ def read_recording(path: str | Path) -> Recording:
     an integer), are skipped and named in ``corrupt_lines`` and ``line_errors``. Raises ZeromonError
     for a file that is not a recording."""
     path = Path(path)
-    with _open_recording(path) as handle:
-        header = read_header(path, read_first_line(path, handle))
-    rec = Recording(path=path, header=header)
+    rec = Recording(path=path, header=read_file_header(path))
     skipped = _Skipped(rec.corrupt_lines, rec.line_errors)
     sinks: dict[type, Callable[[Any], None]] = {
         PhaseSpan: rec.phases.append,
@@ -684,8 +761,8 @@ def read_recording(path: str | Path) -> Recording:
 
 
 def _rank_in_name(path: Path) -> int | None:
-    """r of a file named rank-<r>.jsonl; None for another name the folder's glob matched."""
-    number = path.name.removeprefix("rank-").removesuffix(".jsonl")
+    """r of a file named rank-<r>.zmr or rank-<r>.jsonl; None for another name the folder's glob matched."""
+    number = path.name.removeprefix("rank-").removesuffix(path.suffix)
     return int(number) if number.isdigit() else None
 
 
@@ -725,7 +802,7 @@ def _folder_headers(run_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
                            hint=f"pass the folder that holds it: {run_dir.parent}")
     if not run_dir.is_dir():
         raise ZeromonError(f"{run_dir}: no such run folder")
-    files = sorted(run_dir.glob("rank-*.jsonl"))
+    files = rank_file_paths(run_dir)
     if not files:
         traces = [*run_dir.glob("*.json"), *run_dir.glob("*.json.gz")]  # PyTorch profiler traces, likely
         raise ZeromonError(
@@ -735,12 +812,7 @@ def _folder_headers(run_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
             hint=f"for PyTorch profiler traces: zeromon report --trace {shlex.quote(str(run_dir))}" if traces
             else "record a run with `zeromon run --out DIR -- CMD ...`",
         )
-    headers = []
-    for path in files:
-        with _open_recording(path) as handle:
-            first = read_first_line(path, handle)
-        headers.append((path, read_header(path, first)))
-    return headers
+    return [(path, read_file_header(path)) for path in files]
 
 
 def missing_ranks_note(headers: Sequence[tuple[Path, dict[str, Any]]]) -> str | None:
