@@ -29,6 +29,10 @@ def child_env(**extra: str) -> dict[str, str]:
     # The agents' endpoints: any free port, and registered where this test session alone looks, never
     # in the user's ~/.cache/zeromon/agents.
     env.update(ZEROMON_PORT="0", ZEROMON_REGISTRY=TEST_REGISTRY)
+    # The tests written for format 1.x open, cut and damage rank-<r>.jsonl lines: their runs keep that
+    # form. The agent's default, the compact rank-<r>.zmr, is what child_env(ZEROMON_FORMAT="") or
+    # ZEROMON_FORMAT="compact" gives (tests/test_compact_format.py).
+    env.update(ZEROMON_FORMAT="jsonl")
     env.update(extra)
     return env
 

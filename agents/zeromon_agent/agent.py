@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from zeromon.model.codec import RecordingWriter, rank_file_name
+from zeromon.model.segments import CompactWriter
 from zeromon.model.events import END_DETACH, END_EXIT
 from zeromon_agent import collectives, ddp
 from zeromon_agent.activations import SavedTensorMeter
@@ -176,8 +177,11 @@ class Agent:
             # Never raises: a folder that cannot be written (read-only, full, a path under a file) gives
             # a writer that counts what it could not write; the recorder says so once (a Notice, the
             # log) and the live endpoint serves all the same.
-            writer = RecordingWriter.open_or_lost(
-                self.run_dir / rank_file_name(self.rank), self.rank, job=self.job, world_size=self.world_size,
+            compact = self.config.record_format == "compact"
+            writer_type = CompactWriter if compact else RecordingWriter
+            writer = writer_type.open_or_lost(
+                self.run_dir / rank_file_name(self.rank, ".zmr" if compact else ".jsonl"), self.rank, job=self.job,
+                world_size=self.world_size,
                 run_id=shared_run_id(), host=os.uname().nodename, pid=os.getpid(), created_unix_ns=time.time_ns(),
                 flush_interval_s=self.config.flush_interval_s, end_record=True)
         device = None

@@ -64,6 +64,18 @@ def _check_memory_every(value: object) -> int:
         raise ValueError(f"must be 'auto' (0) or {MEMORY_EVERY.accepts}") from None
 
 
+# The recording's form: "compact" (rank-<r>.zmr, format 2.0, ~15 bytes a collective) or "jsonl"
+# (rank-<r>.jsonl, format 1.3, ~200 bytes a collective, for tools that read the lines as they are written).
+RECORD_FORMATS = ("compact", "jsonl")
+
+
+def _record_format(text: str) -> str:
+    value = text.strip().lower()
+    if value not in RECORD_FORMATS:
+        raise ValueError("must be compact or jsonl")
+    return value
+
+
 def _address(text: str) -> str:
     value = text.strip()
     if not value or any(c.isspace() or c in "/[]" for c in value):
@@ -95,7 +107,8 @@ def _check_number(spec: Count | Real | Size) -> Callable[[object], Any]:
 class AgentConfig:
     enabled: bool = True
     out_dir: str | None = None  # None: ./zeromon-runs/<launch time>-<launcher pid>
-    record: bool = True  # write rank-<r>.jsonl
+    record: bool = True  # write the rank's recording: rank-<r>.zmr (record_format "compact") or rank-<r>.jsonl
+    record_format: str = "compact"
     job: str | None = None
     buffer_events: int = 65536  # raw ring-buffer capacity; beyond it the oldest are dropped and counted
     flush_interval_s: float = 0.2
@@ -147,6 +160,7 @@ ENV: dict[str, Setting] = {
     "enabled": _switch("ZEROMON_ENABLE"),
     "out_dir": _folder("ZEROMON_OUT"),
     "record": _switch("ZEROMON_RECORD"),
+    "record_format": _text("ZEROMON_FORMAT", "compact or jsonl", _record_format),
     "job": _text("ZEROMON_JOB", "a name"),
     "buffer_events": _number("ZEROMON_BUFFER_EVENTS", BUFFER_EVENTS),
     "flush_interval_s": _number("ZEROMON_FLUSH_INTERVAL", FLUSH_SECONDS),

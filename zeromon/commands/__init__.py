@@ -14,6 +14,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "zeromon.commands.lint",
     "zeromon.commands.plan",
     "zeromon.commands.report",
+    "zeromon.commands.export",
     "zeromon.commands.targets",
     "zeromon.commands.live",
     "zeromon.commands.attach",

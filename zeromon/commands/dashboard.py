@@ -63,7 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_feed(args: argparse.Namespace) -> tuple[Any, str]:
     """The feed the flags ask for and what it watches, in words; ZeromonError naming the flag."""
-    from zeromon.model.codec import run_name
+    from zeromon.model.codec import rank_file_paths, run_name
     from zeromon.views import run_data
 
     # The same checks as attach, live, targets; a recording may be several folders (one per node).
@@ -82,7 +82,7 @@ def build_feed(args: argparse.Namespace) -> tuple[Any, str]:
         say_missing_ranks(sources.replay)
         return replay, f"replay of {run_name(sources.replay)}"
     run_dirs = tuple(sources.run_dirs) if sources.kind == RUN else ()
-    if run_dirs and (len(run_dirs) > 1 or any(Path(run_dirs[0]).glob("rank-*.jsonl"))):
+    if run_dirs and (len(run_dirs) > 1 or rank_file_paths(Path(run_dirs[0]))):
         peak = args.peak_busbw
         feed = run_data.RecordingFeed(run_dirs, peak_busbw=float(peak) if peak else None,
                                       capacity_bytes=args.capacity,

@@ -192,10 +192,11 @@ def _start_dashboard(out: Path, port: int) -> subprocess.Popen[bytes]:
 def _dashboard_once_ranks_start(out: Path, port: int, started: list[subprocess.Popen[bytes]],
                                 stop: threading.Event) -> None:
     """Starts the dashboard as soon as a rank has registered its endpoint or written its recording."""
+    from zeromon.model.codec import rank_file_paths
     from zeromon.sources.discovery import run_entries
 
     while not stop.wait(RANKS_LOOKED_FOR_S):
-        if run_entries(out) or any(out.glob("rank-*.jsonl")):
+        if run_entries(out) or rank_file_paths(out):
             started.append(_start_dashboard(out, port))
             return
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from zeromon.analysis.rank_ends import EXIT_RANK_DIED
 from zeromon.errors import ZeromonError
+from zeromon.model.codec import rank_file_paths
 from zeromon.model.numbers import where
 from zeromon.model.registry import ENDPOINTS_DIR, pid_alive, read_entries
 
@@ -247,7 +248,7 @@ def _local_ranks(cmd: list[str]) -> int | None:
 
 
 # The files a run writes into its folder (zeromon_agent and --tui); see _set_aside_previous_run.
-_RUN_FILES = ("rank-*.jsonl", "oom-snapshot-rank-*.pickle", "launcher.log", ENDPOINTS_DIR)
+_RUN_FILES = ("rank-*.zmr", "rank-*.jsonl", "oom-snapshot-rank-*.pickle", "launcher.log", ENDPOINTS_DIR)
 
 
 def _set_aside_previous_run(out: Path) -> None:
@@ -321,7 +322,7 @@ def _watch(child: subprocess.Popen[bytes], out: Path) -> None:
 def _print_run_summary(out: Path, quiet: bool = False, quiet_when_empty: bool = False) -> bool:
     """The run's summary on stderr (with --quiet, only how ranks died); whether a rank died or its
     recording is incomplete."""
-    files = sorted(out.glob("rank-*.jsonl"))
+    files = rank_file_paths(out)
     if not files:
         if quiet_when_empty:  # the job failed, and that was said
             return False

@@ -1,8 +1,9 @@
 """How a rank's recording ended, from the end of its file: the agent's last record, a RunEnd (format
 1.3), or none when the process was killed or the file could not be written to its end.
 
-Only the tail of the file is read (TAIL_BYTES): the end record is the last line written, and the
-summary and the report need it without reading a million collectives twice.
+Only the tail of the file is read (TAIL_BYTES; of a compact file, its last segment, found by walking
+the segments' frames): the end record is the last line written, and the summary and the report need
+it without reading a million collectives twice.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from zeromon.errors import ZeromonError
-from zeromon.model.codec import KIND_OF, MAX_LINE_CHARS, read_header
+from zeromon.model.codec import KIND_OF, MAX_LINE_CHARS, is_compact, read_header
 from zeromon.model.events import RunEnd
 from zeromon.model.schema import record_check
 
@@ -80,6 +81,11 @@ def _process_running(host: Any, pid: Any) -> bool | None:
 def read_file_end(path: str | Path) -> FileEnd:
     """The end of one rank file. Raises OSError when it cannot be read, ZeromonError for a bad header."""
     path = Path(path)
+    if is_compact(path):
+        from zeromon.model.segments import compact_tail_rows
+
+        header, lines = compact_tail_rows(path)
+        return _file_end(header, lines)
     with open(path, "rb") as handle:
         first = handle.readline(MAX_LINE_CHARS).decode("utf-8", "replace")
         header = read_header(path, first)
@@ -87,6 +93,10 @@ def read_file_end(path: str | Path) -> FileEnd:
         start = max(handle.tell(), size - TAIL_BYTES)
         handle.seek(start)
         lines = [line for line in handle.read().split(b"\n") if line.strip()]
+    return _file_end(header, lines)
+
+
+def _file_end(header: dict[str, Any], lines: list[bytes]) -> FileEnd:
     names = header.get("schemas", {}).get(_KIND)
     end = _end_of(lines, names) if isinstance(names, list) else None
     flush = header.get("flush_interval_s")

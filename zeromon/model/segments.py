@@ -436,15 +436,17 @@ def compact_tail_rows(path: Path) -> tuple[dict[str, Any], list[bytes]]:
     return header, []
 
 
-def export_lines(path: Path) -> Iterator[bytes]:
+def export_lines(path: Path, corrupt: list[int] | None = None,
+                 errors: dict[int, str] | None = None) -> Iterator[bytes]:
     """Format 1.3's lines of a rank file of either form, each with its newline: the header the JSON-lines
-    writer writes, then a line per record that reads back (what was skipped as corrupt is left out)."""
+    writer writes, then a line per record that reads back; what was skipped as corrupt is left out, its
+    numbers put in ``corrupt`` and what was wrong in ``errors`` (iter_records)."""
     from zeromon.model.codec import FORMAT_VERSION, iter_records, read_file_header
 
     header = dict(read_file_header(path))
     header["version"] = FORMAT_VERSION
     header.pop("columns", None)
     yield json.dumps(header, separators=(",", ":")).encode() + b"\n"
-    for record in iter_records(path):
+    for record in iter_records(path, corrupt, line_errors=errors):
         yield encode_record(record).encode("utf-8", "surrogatepass") + b"\n"
 

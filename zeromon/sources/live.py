@@ -100,14 +100,14 @@ class _Slot:
 def _died(slot: _Slot) -> str | None:
     """How an ended rank died, from the end of its recording in its run folder (on this host)."""
     from zeromon.analysis.rank_ends import died_line
-    from zeromon.model.codec import rank_file_name
+    from zeromon.model.codec import rank_file_path
     from zeromon.model.run_end import read_file_end
 
     entry = slot.entry
     if entry is None:
         return None
     try:
-        file_end = read_file_end(Path(entry.run_dir) / rank_file_name(entry.rank))
+        file_end = read_file_end(rank_file_path(entry.run_dir, entry.rank))
     except (OSError, ValueError, ZeromonError):
         return None
     steps = slot.view.steps if slot.view is not None else ()

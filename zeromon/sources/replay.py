@@ -45,6 +45,7 @@ from zeromon.model.codec import (
     Recording,
     RunDirs,
     check_one_run,
+    rank_file_paths,
     rank_files,
     read_recording,
     run_folders,
@@ -225,7 +226,7 @@ def load_tracks(run_dir: RunDirs) -> list[_Track]:
         if not folder.is_dir():
             raise ZeromonError(f"replay {folder}: no such run folder",
                                hint="a run folder is the --out of `zeromon run` (it holds rank-<r>.jsonl files)")
-        if not any(folder.glob("rank-*.jsonl")):
+        if not rank_file_paths(folder):
             raise ZeromonError(f"replay {folder}: no rank-<r>.jsonl recordings in this folder",
                                hint="record a run with `zeromon run --out DIR -- CMD ...`")
     tracks, identities = [], []

@@ -24,7 +24,7 @@ from zeromon.analysis.findings import Finding
 from zeromon.analysis.report import RunReport
 from zeromon.analysis.trace_overlap import RankTraceOverlap
 from zeromon.errors import ZeromonError
-from zeromon.model.codec import CollectiveColumns, Recording, RunDirs, run_folders, run_name
+from zeromon.model.codec import CollectiveColumns, Recording, RunDirs, rank_file_paths, run_folders, run_name
 from zeromon.model.columns import TableRecords
 from zeromon.model.events import CollectiveEvent, MemorySample, OomEvent, PhaseSpan, StepSummary
 from zeromon.sources.fleet import FleetView, RankView
@@ -124,7 +124,7 @@ def _sorted_findings(findings: Iterable[Finding]) -> tuple[Finding, ...]:
 def _files_state(run_dir: RunDirs) -> tuple[tuple[str, int, int], ...]:
     try:
         return tuple(sorted((str(p), (st := p.stat()).st_size, st.st_mtime_ns)
-                            for folder in run_folders(run_dir) for p in folder.glob("rank-*.jsonl")))
+                            for folder in run_folders(run_dir) for p in rank_file_paths(folder)))
     except OSError:
         return ()
 

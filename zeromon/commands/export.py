@@ -1,0 +1,68 @@
+"""`zeromon export RUN_DIR [--out DIR | -]`: a run's recording as format 1.3 JSON lines, for grep and jq."""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "export"
+HELP = "write a recorded run as JSON lines (format 1.3)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("A recorded run's rank files (the compact rank-<r>.zmr that the agent writes, or "
+                          "rank-<r>.jsonl) as format 1.3 JSON lines: the exact lines the JSON-lines writer "
+                          "(ZEROMON_FORMAT=jsonl) would have written, a header line then a JSON array per record. "
+                          "Records skipped as corrupt are left out and said on stderr. 2 for bad input.")
+    parser.add_argument("run_dir", metavar="RUN_DIR", nargs="+",
+                        help="a run folder written by `zeromon run --out RUN_DIR`, or several folders of one run "
+                             "(each node's --out, or a quoted glob such as 'runs/job/node*')")
+    parser.add_argument("--out", metavar="DIR", default="-",
+                        help="write rank-<r>.jsonl files into this folder (made if missing; not the run's own "
+                             "folder, and no rank file there is overwritten); '-', the default: every rank's "
+                             "lines to stdout, rank by rank")
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+    from pathlib import Path
+
+    from zeromon.analysis.recording_summary import corrupt_lines_note
+    from zeromon.commands.source_flags import run_folder_words
+    from zeromon.errors import ZeromonError
+    from zeromon.model.codec import rank_file_name, rank_files, run_folders
+    from zeromon.model.segments import export_lines
+
+    run = run_folder_words(args.run_dir, "RUN_DIR")
+    files = rank_files(run)  # one run's files, checked; an error naming the folder otherwise
+    out = None if args.out == "-" else Path(args.out)
+    targets: list[Path | None] = [None] * len(files)
+    if out is not None:
+        if out.exists() and not out.is_dir():
+            raise ZeromonError(f"--out {out}: a file, not a folder")
+        if out.exists() and any(out.resolve() == folder.resolve() for folder in run_folders(run)):
+            raise ZeromonError(f"--out {out}: the run's own folder; its rank files would be read twice",
+                               hint="give another folder, e.g. --out exported")
+        targets = [out / rank_file_name(int(path.name.removeprefix("rank-").removesuffix(path.suffix)))
+                   for path in files]
+        existing = [str(target) for target in targets if target.exists()]
+        if existing:
+            raise ZeromonError(f"--out {out}: {existing[0]} exists (nothing is overwritten)",
+                               hint="give an empty or new folder")
+    for path, target in zip(files, targets, strict=True):
+        corrupt: list[int] = []
+        errors: dict[int, str] = {}
+        try:
+            if target is None:
+                sys.stdout.buffer.writelines(export_lines(path, corrupt, errors))
+                sys.stdout.buffer.flush()
+            else:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with open(target, "wb") as handle:
+                    handle.writelines(export_lines(path, corrupt, errors))
+        except OSError as exc:
+            if isinstance(exc, BrokenPipeError):
+                raise
+            raise ZeromonError(f"{exc.filename or target or 'stdout'}: cannot write: {exc.strerror or exc}") from None
+        if corrupt:
+            print(f"zeromon: warning: {corrupt_lines_note(str(path), corrupt, errors=errors)}", file=sys.stderr)
+    return 0
