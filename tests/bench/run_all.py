@@ -47,6 +47,8 @@ JOBS: tuple[Job, ...] = (
         "1M gloo all_reduce inside one step that never ends (eval loop, non-torch optimizer)"),
     Job("bench_analysis.py", (),
         "zeromon report's analysis of a 2-rank recording with 1M collectives and 10k memory samples"),
+    Job("bench_recording_size.py", (),
+        "bytes per collective (format 1.3 JSON lines vs compact 2.0) of real 2-rank FSDP2 recordings; writer CPU"),
     Job("bench_trace_import.py", (),
         "streamed Kineto trace import and HTA-exact overlap, against HolisticTraceAnalysis, up to 100 MB"),
     Job("bench_live_source.py", (), "the live source polling 64 simulated agents at 1 Hz: the client's own CPU"),

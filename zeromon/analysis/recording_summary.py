@@ -114,14 +114,16 @@ def counted(n: int, thing: str) -> str:
 
 def corrupt_lines_note(file: str, lines: Sequence[int], shown: int = 5, errors: Mapping[int, str] | None = None) -> str:
     """'rank-1.jsonl: 2 corrupt lines skipped (lines 57, 80; line 57: collective.meaning is 7, not a
-    string)', with at most ``shown`` line numbers and the first of ``errors`` (line: what was wrong)."""
+    string)', with at most ``shown`` line numbers and the first of ``errors`` (line: what was wrong); of a
+    compact file (.zmr), record numbers: 'rank-1.zmr: 5 corrupt records skipped (records 6, ...)'."""
     numbers = ", ".join(map(str, lines[:shown]))
     if len(lines) > shown:
         numbers += f" and {len(lines) - shown} more"
-    where = f"line {numbers}" if len(lines) == 1 else f"lines {numbers}"
+    word = "record" if Path(file).suffix == ".zmr" else "line"  # a compact file's records are numbered from 1
+    where = f"{word} {numbers}" if len(lines) == 1 else f"{word}s {numbers}"
     first = next(iter(errors.items()), None) if errors else None
-    why = f"; line {first[0]}: {first[1]}" if first is not None else ""
-    return f"{Path(file).name}: {counted(len(lines), 'corrupt line')} skipped ({where}{why})"
+    why = f"; {word} {first[0]}: {first[1]}" if first is not None else ""
+    return f"{Path(file).name}: {counted(len(lines), 'corrupt ' + word)} skipped ({where}{why})"
 
 
 def format_summary(summary: RunSummary) -> str:

@@ -249,7 +249,9 @@ def iter_frames(buf: Any, pos: int, verify: bool = True) -> Iterator[Frame]:
         if following is None and marker == MARKER and end > size:
             return  # a partial last segment
         why = "its CRC does not match" if marker == MARKER and end <= size else "no segment frame there"
-        yield Frame(pos, kind, count if marker == MARKER else 0, None, why)
+        # Its record count is believed where its marker is whole, or its length leads to the next good frame.
+        trusted = marker == MARKER or following == end
+        yield Frame(pos, kind, count if trusted and count <= SEGMENT_RECORDS else 0, None, why)
         if following is None:
             return
         pos = following
@@ -345,11 +347,13 @@ def iter_compact_fields(path: Path, skipped: _Skipped, unknown_kinds: dict[str, 
                         raise ValueError(frame.why)
                     segment = _segment_records(_inflate(frame.payload), kinds, frame.count)
                 except (ValueError, zlib.error, struct.error, KeyError, IndexError, TypeError, RecursionError) as exc:
-                    damaged = max(1, frame.count if frame.count <= SEGMENT_RECORDS else 1)
-                    for i in range(damaged):
-                        skipped.add(number + 1 + i, f"the segment at byte {frame.offset:,} is damaged ({exc}): its "
-                                    f"{damaged:,} record{'s' if damaged != 1 else ''} skipped" if i == 0 else None)
-                    number += damaged
+                    damaged = frame.count if 0 < frame.count <= SEGMENT_RECORDS else 0
+                    what = (f"its {damaged:,} record{'s' if damaged != 1 else ''} skipped" if damaged
+                            else "its records skipped (how many is not known)")
+                    for i in range(max(1, damaged)):
+                        skipped.add(number + 1 + i, f"the segment at byte {frame.offset:,} is damaged ({exc}): "
+                                    f"{what}" if i == 0 else None)
+                    number += max(1, damaged)
                     continue
                 yield from _yield_segment(segment, kinds, layouts, skipped, unknown_kinds, number)
                 number += len(segment[0])

@@ -1,0 +1,296 @@
+"""The compact recording format (2.0, rank-<r>.zmr): what it reads back is what format 1.3's JSON lines
+give, whatever the records; a reader of a file being written stops at its partial last segment; a
+damaged segment is skipped and counted, naming its byte offset; `zeromon export` gives the JSON-lines
+writer's bytes; and the agent writes it by default, which `summary` and `report` read."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import tempfile
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from test_reader_properties import INT64, KINDS, PROPERTIES, _checked, _valid_value, _wrong_value
+
+from zeromon.cli import main
+from zeromon.model.codec import (
+    COMPACT_MAGIC,
+    Recording,
+    RecordingWriter,
+    iter_records,
+    read_recording,
+    read_run,
+    run_headers,
+)
+from zeromon.model.columnar import SPECS
+from zeromon.model.events import CollectiveEvent, PhaseSpan, Record, RunEnd, StepSummary
+from zeromon.model.run_end import read_file_end
+from zeromon.model.schema import FieldType, field_types
+from zeromon.model.segments import FRAME, CompactWriter, export_lines
+from zeromon_agent.config import load_config
+
+from conftest import EXAMPLES, child_env, torchrun_args, zeromon
+
+HEADER = {"job": "j", "world_size": 2, "end_record": True, "flush_interval_s": 0.2}
+_KEPT = ("collectives", "phases", "memory", "device", "ooms", "steps", "notices", "run_info", "stats",
+         "unknown_kinds")
+
+
+def _column_value(t: type) -> st.SearchStrategy[Any]:
+    """Values the columns take (seconds in whole nanoseconds), near the 64-bit edges too, and NaN."""
+    return {int: st.integers(*INT64) | st.integers(0, 2**62) | st.sampled_from([-(2**63), 2**63 - 1, 0]),
+            float: st.integers(-10**15, 10**15).map(lambda k: k / 1e9) | st.just(float("nan")),
+            bool: st.booleans(), str: st.text(max_size=8) | st.sampled_from(["forward", "all_gather"]),
+            type(None): st.none()}[t]
+
+
+def _columnar_value(f: FieldType) -> st.SearchStrategy[Any]:
+    assert f.accepts is not None
+    return st.one_of(*(_column_value(t) for t in sorted(f.accepts, key=str)))
+
+
+@st.composite
+def records(draw: st.DrawFn) -> Record:
+    """Any record of any kind: a collective or phase mostly of values the columns take; sometimes a value
+    of a type its schema refuses (the readers skip the record, in both forms alike)."""
+    cls, kind = draw(st.sampled_from(KINDS + [(CollectiveEvent, "collective"), (PhaseSpan, "phase")] * 3))
+    fields = field_types(cls, kind)
+    columnar = cls in SPECS and draw(st.integers(0, 3)) > 0
+    values = [draw(_columnar_value(f) if columnar else _valid_value(f)) for f in fields]
+    if draw(st.integers(0, 11)) == 0:
+        i = draw(st.sampled_from(_checked(cls)))
+        values[i] = draw(_wrong_value(fields[i]))
+    return cls(*values)  # type: ignore[no-any-return]
+
+
+def _write(writer: RecordingWriter, recs: Sequence[Record], flush_after: set[int]) -> RecordingWriter:
+    for i, rec in enumerate(recs):
+        writer.write(rec)
+        if i in flush_after:
+            writer.flush()
+    writer.close()
+    return writer
+
+
+def _kept(rec: Recording) -> dict[str, Any]:
+    return {name: getattr(rec, name) for name in _KEPT}
+
+
+@PROPERTIES
+@given(recs=st.lists(records(), max_size=30), flush_after=st.sets(st.integers(0, 30)))
+def test_any_records_read_back_from_the_compact_form_as_from_json_lines(recs: list[Record], flush_after: set[int]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        lines, compact = Path(tmp) / "rank-0.jsonl", Path(tmp) / "rank-0.zmr"
+        one = _write(RecordingWriter(lines, 0, **HEADER), recs, flush_after)
+        two = _write(CompactWriter(compact, 0, **HEADER), recs, flush_after)
+        assert (two.records_lost, two.error) == (one.records_lost, one.error)
+        skipped: tuple[list[int], list[int]] = ([], [])
+        why: tuple[dict[int, str], dict[int, str]] = ({}, {})
+        streamed = [list(iter_records(path, skipped[i], line_errors=why[i])) for i, path in enumerate((lines, compact))]
+        assert streamed[1] == streamed[0]
+        # A JSON line's number is its record's number + 1 (the header is line 1); the reasons are the same.
+        assert [n + 1 for n in skipped[1]] == skipped[0]
+        assert {n + 1: text for n, text in why[1].items()} == why[0]
+        read = read_recording(lines), read_recording(compact)
+        assert _kept(read[1]) == _kept(read[0])
+        assert [n + 1 for n in read[1].corrupt_lines] == read[0].corrupt_lines
+        exported = b"".join(export_lines(compact))
+        assert exported == b"".join(export_lines(lines))
+        if streamed[0] == recs:  # every record read back as written: export gives the JSON-lines writer's bytes
+            assert exported == lines.read_bytes()
+
+
+def _collective(seq: int) -> CollectiveEvent:
+    t = 1_795_450_674_144_893_355 + seq * 3_000_000
+    return CollectiveEvent(seq=seq, rank=0, step=seq // 4, phase="forward", op="all_gather", api="all_gather_single",
+                           bytes_in=99968, bytes_out=199936, dtype="float32", group_size=2, async_op=False,
+                           issue_ns=t, complete_ns=t + 378_525, blocked_s=0.000378525, timing="sync",
+                           meaning="param_all_gather", wait_ns=t, issue_s=0.000378525)
+
+
+def _step(step: int) -> StepSummary:
+    return StepSummary(rank=0, step=step, start_ns=1_795_450_674_000_000_000 + step, end_ns=1_795_450_675_000_000_000,
+                       phase_s={"forward": 0.5}, collectives=4, comm_bytes=1024, comm_bytes_by_op={"all_gather": 1024},
+                       comm_union_s=0.1, blocked_s=0.1, peak_memory=1, comp_s=0.5, overlap_s=0.0, exposed_comm_s=0.1)
+
+
+def _segments(path: Path) -> list[tuple[int, int]]:
+    """(offset, end) of each records segment of a file, by their frames."""
+    data = path.read_bytes()
+    pos = len(COMPACT_MAGIC)
+    spans = []
+    while pos < len(data):
+        _, kind, _, length, _, _ = FRAME.unpack_from(data, pos)
+        if kind == 1:
+            spans.append((pos, pos + FRAME.size + length))
+        pos += FRAME.size + length
+    return spans
+
+
+def _three_segments(path: Path, rank: int = 0) -> list[Record]:
+    """A file of three segments of 4 collectives and a step each, closed with a RunEnd."""
+    writer = CompactWriter(path, rank, **HEADER)
+    written: list[Record] = []
+    for group in range(3):
+        for rec in (*map(_collective, range(group * 4, group * 4 + 4)), _step(group)):
+            writer.write(rec)
+            written.append(rec)
+        writer.flush()
+    end = RunEnd(rank=0, t_ns=1, how="exit", last_step=2, records_lost=0, bytes_lost=0)
+    writer.close(end)
+    return [*written, end]
+
+
+def test_a_file_being_written_reads_to_its_last_whole_segment(tmp_path: Path) -> None:
+    path = tmp_path / "rank-0.zmr"
+    writer = CompactWriter(path, 0, **HEADER)
+    first = [*map(_collective, range(5)), _step(0)]
+    for rec in first:
+        writer.write(rec)
+    assert list(iter_records(path)) == []  # not flushed yet: nothing to read, nothing wrong
+    writer.flush()
+    assert list(iter_records(path)) == first  # read while the writer holds the file open
+    assert read_file_end(path).end is None and read_file_end(path).expected
+    for rec in map(_collective, range(5, 9)):
+        writer.write(rec)
+    writer.flush()
+    whole = path.read_bytes()
+    start, end = _segments(path)[-1]
+    cut = tmp_path / "cut" / "rank-0.zmr"
+    cut.parent.mkdir()
+    for size in [*range(start, end, 13), end - 1]:  # the second segment part-written, at any byte
+        cut.write_bytes(whole[:size])
+        skipped: list[int] = []
+        assert list(iter_records(cut, skipped)) == first and skipped == []
+        assert read_recording(cut).corrupt_lines == []
+    writer.close(RunEnd(rank=0, t_ns=2, how="exit", last_step=0, records_lost=0, bytes_lost=0))
+    assert read_file_end(path).end == RunEnd(rank=0, t_ns=2, how="exit", last_step=0, records_lost=0, bytes_lost=0)
+
+
+def _damaged(path: Path, how: str) -> int:
+    """Damage the middle segment of a _three_segments file; its offset."""
+    data = bytearray(path.read_bytes())
+    start, end = _segments(path)[1]
+    if how == "payload":
+        data[start + FRAME.size + 5] ^= 0xFF
+    elif how == "frame":
+        data[start:start + 2] = b"XX"
+    else:  # not zlib, under a good CRC: damage done before the frame was made
+        garbage = bytes(end - start - FRAME.size)
+        head = bytes(data[start:start + 12])
+        data[start + FRAME.size:end] = garbage
+        data[start + 12:start + 16] = struct.pack("<I", zlib.crc32(garbage, zlib.crc32(head)))
+    path.write_bytes(bytes(data))
+    return start
+
+
+@pytest.mark.parametrize(("how", "why"), [("payload", "its CRC does not match"),
+                                          ("frame", "no segment frame there"),
+                                          ("zlib", "Error -3 while decompressing")])
+def test_a_damaged_segment_is_skipped_and_counted_naming_its_offset(tmp_path: Path, how: str, why: str,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "rank-0.zmr"
+    written = _three_segments(path)
+    offset = _damaged(path, how)
+    rec = read_recording(path)
+    assert rec.collectives == written[:4] + written[10:14]
+    assert rec.steps == [written[4], written[14]] and read_file_end(path).end == written[-1]
+    assert rec.corrupt_lines == [6, 7, 8, 9, 10]  # the middle segment's 5 records
+    message = rec.line_errors[6]
+    assert message.startswith(f"the segment at byte {offset:,} is damaged (") and why in message
+    assert message.endswith("its 5 records skipped")
+    assert main(["summary", str(tmp_path)]) == 0
+    assert (f"rank-0.zmr: 5 corrupt records skipped (records 6, 7, 8, 9, 10; record 6: the segment at byte "
+            f"{offset:,} is damaged") in capsys.readouterr().out
+
+
+def test_json_lines_and_compact_rank_files_read_as_one_run(tmp_path: Path) -> None:
+    RecordingWriter(tmp_path / "rank-0.jsonl", 0, **HEADER).close()
+    _three_segments(tmp_path / "rank-1.zmr", rank=1)
+    assert [p.name for p, _ in run_headers(tmp_path)] == ["rank-0.jsonl", "rank-1.zmr"]
+    assert [h["version"] for _, h in run_headers(tmp_path)] == ["1.3", "2.0"]
+    run = read_run(tmp_path)
+    assert [len(r.collectives) for r in run] == [0, 12]
+    (tmp_path / "rank-1.jsonl").write_bytes(b"".join(export_lines(tmp_path / "rank-1.zmr")))
+    assert main(["summary", str(tmp_path)]) == 2  # rank 1 twice: refused, naming both files
+
+
+def test_the_compact_writer_never_raises_and_counts_what_it_lost(tmp_path: Path) -> None:
+    (tmp_path / "a-file").touch()
+    blocked = CompactWriter.open_or_lost(tmp_path / "a-file" / "rank-0.zmr", 0)  # a path under a file
+    assert blocked.error is not None and "cannot create" in blocked.error
+    blocked.write(_collective(0))
+    blocked.close(RunEnd(rank=0, t_ns=1, how="exit", last_step=None, records_lost=1, bytes_lost=0))
+    assert blocked.records_lost == 2 and blocked.bytes_lost > 0
+    path = tmp_path / "rank-0.zmr"
+    writer = CompactWriter(path, 0, **HEADER)
+    for seq in range(3):
+        writer.write(_collective(seq))
+    writer.flush()
+    assert writer._file is not None
+    writer._file.close()  # the file closed under the writer: its next flush fails
+    writer.write(_collective(3))
+    writer.flush()
+    writer.write(_collective(4))
+    assert writer.error is not None and (writer.records_written, writer.records_lost) == (3, 2)
+    end = RunEnd(rank=0, t_ns=1, how="exit", last_step=0, records_lost=2, bytes_lost=writer.bytes_lost)
+    writer.close(end)  # appended after the failure, as a segment of its own
+    assert read_recording(path).collectives == list(map(_collective, range(3)))
+    assert read_file_end(path).end == end
+
+
+def test_a_bad_zeromon_format_is_a_notice_and_the_default() -> None:
+    notices: list[str] = []
+    assert load_config({"ZEROMON_FORMAT": "parquet"}, notices=notices).record_format == "compact"
+    assert notices == ["ZEROMON_FORMAT='parquet': must be compact or jsonl (zeromon uses the default, compact, "
+                       "instead)"]
+    assert load_config({"ZEROMON_FORMAT": " JSONL "}).record_format == "jsonl"
+
+
+def test_export_refuses_bad_input_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    _three_segments(tmp_path / "run" / "rank-0.zmr")
+    for args, said in (([str(tmp_path / "missing")], "no such run folder"),
+                       ([str(tmp_path / "run"), "--out", str(tmp_path / "run")], "the run's own folder"),
+                       ([str(tmp_path / "run" / "rank-0.zmr")], "is a file")):
+        assert main(["export", *args]) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.startswith("zeromon: error: ") and "Traceback" not in err
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "rank-0.jsonl").write_text("kept\n")
+    assert main(["export", str(tmp_path / "run"), "--out", str(tmp_path / "out")]) == 2
+    assert "exists (nothing is overwritten)" in capsys.readouterr().err
+    assert (tmp_path / "out" / "rank-0.jsonl").read_text() == "kept\n"
+
+
+def test_the_agent_writes_the_compact_form_that_summary_report_and_export_read(tmp_path: Path) -> None:
+    """A real 2-rank FSDP2 run on gloo under `zeromon run`, with the agent's default form."""
+    out = tmp_path / "run"
+    done = zeromon("run", "--out", str(out), "--", *torchrun_args(2, EXAMPLES / "fsdp2_train.py", "--steps", "3"),
+                   env=child_env(ZEROMON_FORMAT=""))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name for p in out.glob("rank-*")) == ["rank-0.zmr", "rank-1.zmr"]
+    assert all(p.read_bytes().startswith(COMPACT_MAGIC) for p in out.glob("rank-*"))
+    summary = zeromon("summary", str(out))
+    assert summary.returncode == 0, summary.stderr
+    assert "(2 of 2 ranks recorded)" in summary.stdout and "fsdp2" in summary.stdout
+    report = zeromon("report", str(out), "--json")
+    assert report.returncode == 0, report.stderr
+    assert [r["steps"] for r in json.loads(report.stdout)["ranks"]] == [3, 3]
+    exported = tmp_path / "exported"
+    assert zeromon("export", str(out), "--out", str(exported)).returncode == 0
+    for rank in (0, 1):
+        compact, lines = read_recording(out / f"rank-{rank}.zmr"), read_recording(exported / f"rank-{rank}.jsonl")
+        assert _kept(lines) == _kept(compact) and len(compact.collectives) > 0 and compact.corrupt_lines == []
+        assert lines.header["version"] == "1.3" and read_file_end(out / f"rank-{rank}.zmr").end is not None
+        # ~15-50 bytes a collective (tests/bench/RESULTS.md): far under the JSON lines' size
+        assert (out / f"rank-{rank}.zmr").stat().st_size * 3 < (exported / f"rank-{rank}.jsonl").stat().st_size
+    grep = subprocess.run(["grep", "-c", '^\\["collective"'], input=zeromon("export", str(out)).stdout,
+                          capture_output=True, text=True, check=False)
+    assert int(grep.stdout) == sum(len(read_recording(p).collectives) for p in out.glob("rank-*.zmr"))
