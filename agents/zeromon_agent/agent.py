@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from zeromon.model.codec import RecordingWriter, rank_file_name
-from zeromon.model.segments import CompactWriter
 from zeromon.model.events import END_DETACH, END_EXIT
+from zeromon.model.segments import CompactWriter
 from zeromon_agent import collectives, ddp
 from zeromon_agent.activations import SavedTensorMeter
 from zeromon_agent.config import AgentConfig

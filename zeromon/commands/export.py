@@ -29,11 +29,12 @@ def run(args: argparse.Namespace) -> int:
     from zeromon.analysis.recording_summary import corrupt_lines_note
     from zeromon.commands.source_flags import run_folder_words
     from zeromon.errors import ZeromonError
-    from zeromon.model.codec import rank_file_name, rank_files, run_folders
+    from zeromon.model.codec import rank_file_name, run_folders, run_headers
     from zeromon.model.segments import export_lines
 
     run = run_folder_words(args.run_dir, "RUN_DIR")
-    files = rank_files(run)  # one run's files, checked; an error naming the folder otherwise
+    headers = run_headers(run)  # one run's files, checked; an error naming the folder otherwise
+    files = [path for path, _ in headers]
     out = None if args.out == "-" else Path(args.out)
     targets: list[Path | None] = [None] * len(files)
     if out is not None:
@@ -42,12 +43,13 @@ def run(args: argparse.Namespace) -> int:
         if out.exists() and any(out.resolve() == folder.resolve() for folder in run_folders(run)):
             raise ZeromonError(f"--out {out}: the run's own folder; its rank files would be read twice",
                                hint="give another folder, e.g. --out exported")
-        targets = [out / rank_file_name(int(path.name.removeprefix("rank-").removesuffix(path.suffix)))
-                   for path in files]
-        existing = [str(target) for target in targets if target.exists()]
+        named = [out / (rank_file_name(header["rank"]) if type(header.get("rank")) is int else f"{path.stem}.jsonl")
+                 for path, header in headers]
+        existing = [str(target) for target in named if target.exists()]
         if existing:
             raise ZeromonError(f"--out {out}: {existing[0]} exists (nothing is overwritten)",
                                hint="give an empty or new folder")
+        targets = list(named)
     for path, target in zip(files, targets, strict=True):
         corrupt: list[int] = []
         errors: dict[int, str] = {}

@@ -203,7 +203,7 @@ def spec_of(raw: Any) -> tuple[tuple[str, str, Any], ...] | None:
     later 2.x writer's encoding, read as a kind this reader does not know)."""
     if not isinstance(raw, list):
         return None
-    spec = []
+    spec: list[tuple[str, str, Any]] = []
     for entry in raw:
         if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str) and entry[1] in _FITS):
             return None

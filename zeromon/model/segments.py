@@ -27,7 +27,7 @@ import mmap
 import os
 import struct
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +78,27 @@ def _frame(kind: int, payload: bytes, count: int) -> bytes:
 _COLUMNS = {KIND_OF[cls]: [list(entry) for entry in spec] for cls, spec in columnar.SPECS.items()}
 
 
+def _dictionary() -> str:
+    """zlib's preset dictionary of every records segment, written into the header ("dictionary"): the
+    strings a segment repeats (its meta's keys and tables, the JSON rows' kinds, the memory categories),
+    so that a segment of one short flush need not spell them out once more. On the example's 8-layer
+    FSDP2 run (11 collectives, 16 phases a step) it took the file from 73 to NN bytes per collective."""
+    from zeromon.model.events import COLLECTIVE_OPS, MEMORY_CATEGORIES, Phase, Timing, ZeroMeaning
+
+    phases = [p.value for p in Phase]
+    tables = {"collective": {"phase": phases, "op": list(COLLECTIVE_OPS), "dtype": ["float32", "bfloat16", "float16"],
+                             "timing": [t.value for t in Timing], "meaning": [m.value for m in ZeroMeaning]},
+              "phase": {"phase": phases, "timing": ["host", "cuda_event"]}}
+    rows = "".join(f'["{kind}",0,' for kind in KIND_OF.values() if kind not in _COLUMNS)
+    categories = "".join(f'"{name}":' for name in MEMORY_CATEGORIES)
+    meta = json.dumps({"n": {"collective": 1, "phase": 1}, "tables": tables}, separators=(",", ":"))
+    return categories + rows + meta
+
+
+DICTIONARY = _dictionary()
+_ZDICT = DICTIONARY.encode()
+
+
 class CompactWriter(RecordingWriter):
     """Writes one rank's recording in the compact form; RecordingWriter's API and promises (nothing
     raises after the constructor, losses counted). Records are kept until ``flush()``, which appends
@@ -92,12 +113,14 @@ class CompactWriter(RecordingWriter):
         self._order = bytearray()
         self._rows: list[bytes] = []
         # per columnar kind: (its order code, the check that a record fits, its rows)
-        self._columns = {cls: (code, columnar.fits(spec), []) for code, (cls, spec) in
+        self._columns: dict[type, tuple[int, Callable[[tuple[Any, ...]], bool], list[tuple[Any, ...]]]] = {
+            cls: (code, columnar.fits(spec), []) for code, (cls, spec) in
                          enumerate(columnar.SPECS.items(), start=1)}
 
     def _header_bytes(self, header: dict[str, Any]) -> bytes:
         header["version"] = COMPACT_VERSION
         header["columns"] = _COLUMNS
+        header["dictionary"] = DICTIONARY
         return COMPACT_MAGIC + _frame(KIND_HEADER, zlib.compress(json.dumps(header).encode(), self.level), 0)
 
     def _end_bytes(self, end: Record) -> bytes:
@@ -148,7 +171,8 @@ class CompactWriter(RecordingWriter):
         meta = json.dumps({"n": counts, "tables": tables}, separators=(",", ":")).encode()
         cols = b"".join(encoded)
         payload = b"".join((SECTIONS.pack(len(meta), len(cols)), meta, order, cols, b"\n".join(rows)))
-        return _frame(KIND_RECORDS, zlib.compress(payload, self.level), len(order))
+        deflater = zlib.compressobj(self.level, zdict=_ZDICT)
+        return _frame(KIND_RECORDS, deflater.compress(payload) + deflater.flush(), len(order))
 
     def _write_segment(self) -> None:
         order, rows = self._order, self._rows
@@ -277,8 +301,8 @@ def _mapped(path: Path) -> Iterator[Any]:
         yield buf
 
 
-def _inflate(payload: bytes) -> bytes:
-    inflater = zlib.decompressobj()
+def _inflate(payload: bytes, zdict: bytes = b"") -> bytes:
+    inflater = zlib.decompressobj(zdict=zdict) if zdict else zlib.decompressobj()
     data = inflater.decompress(payload, MAX_PAYLOAD_BYTES)
     if inflater.unconsumed_tail:
         raise ValueError(f"it inflates past {MAX_PAYLOAD_BYTES:,} bytes")
@@ -320,6 +344,12 @@ class _Kind:
     layout: Any  # codec._Layout: the schema its records are checked against
 
 
+def _zdict(header: dict[str, Any]) -> bytes:
+    """The records segments' preset zlib dictionary, as the header gives it."""
+    dictionary = header.get("dictionary")
+    return dictionary.encode("utf-8", "surrogatepass") if isinstance(dictionary, str) else b""
+
+
 def _kinds(header: dict[str, Any], checked_by_caller: type | None) -> list[_Kind]:
     raw = header.get("columns")
     kinds = []
@@ -345,7 +375,7 @@ def iter_compact_fields(path: Path, skipped: _Skipped, unknown_kinds: dict[str, 
                 try:
                     if frame.payload is None:
                         raise ValueError(frame.why)
-                    segment = _segment_records(_inflate(frame.payload), kinds, frame.count)
+                    segment = _segment_records(_inflate(frame.payload, _zdict(header)), kinds, frame.count)
                 except (ValueError, zlib.error, struct.error, KeyError, IndexError, TypeError, RecursionError) as exc:
                     damaged = frame.count if 0 < frame.count <= SEGMENT_RECORDS else 0
                     what = (f"its {damaged:,} record{'s' if damaged != 1 else ''} skipped" if damaged
@@ -434,7 +464,7 @@ def compact_tail_rows(path: Path) -> tuple[dict[str, Any], list[bytes]]:
                 continue
             payload = bytes(buf[frame.offset + FRAME.size:frame.offset + FRAME.size + FRAME.unpack_from(buf, frame.offset)[3]])
             try:
-                return header, _segment_records(_inflate(payload), _kinds(header, None), frame.count)[2]
+                return header, _segment_records(_inflate(payload, _zdict(header)), _kinds(header, None), frame.count)[2]
             except (ValueError, zlib.error, struct.error, KeyError, IndexError, TypeError, RecursionError):
                 continue
     return header, []
@@ -450,6 +480,7 @@ def export_lines(path: Path, corrupt: list[int] | None = None,
     header = dict(read_file_header(path))
     header["version"] = FORMAT_VERSION
     header.pop("columns", None)
+    header.pop("dictionary", None)
     yield json.dumps(header, separators=(",", ":")).encode() + b"\n"
     for record in iter_records(path, corrupt, line_errors=errors):
         yield encode_record(record).encode("utf-8", "surrogatepass") + b"\n"
