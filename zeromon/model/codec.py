@@ -118,6 +118,7 @@ class RecordingWriter:
     def __init__(self, path: str | Path, rank: int, **header_extra: Any) -> None:
         self.path = Path(path)
         self.records_written = 0
+        self.bytes_written = 0  # the file's size, header included, as written (ZEROMON_MAX_DISK counts it)
         self.records_lost = 0
         self.bytes_lost = 0
         self.error: str | None = None  # the first write error, said once by the agent
@@ -129,6 +130,7 @@ class RecordingWriter:
         header = json.dumps(make_header(rank, **header_extra), separators=(",", ":"))
         try:
             self._file.write(header.encode() + b"\n")
+            self.bytes_written = len(header) + 1
             self._file.flush()  # a reader of the running rank's file finds a recording, not an empty file
         except OSError as exc:
             self._fail(exc)
@@ -142,7 +144,7 @@ class RecordingWriter:
         except OSError as exc:
             writer = cls.__new__(cls)
             writer.path, writer._file, writer._created, writer._pending = Path(path), None, False, (0, 0)
-            writer.records_written = writer.records_lost = writer.bytes_lost = 0
+            writer.records_written = writer.bytes_written = writer.records_lost = writer.bytes_lost = 0
             writer.error = f"cannot create {path}: {exc.strerror or exc}"
             return writer
 
@@ -162,6 +164,7 @@ class RecordingWriter:
             self._fail(exc)
             return
         self.records_written += 1
+        self.bytes_written += len(line) + 1
         self._pending = (self._pending[0] + 1, self._pending[1] + len(line) + 1)
 
     def write(self, record: Record) -> None:
@@ -193,6 +196,7 @@ class RecordingWriter:
             self.error = f"cannot write {self.path}: {reason}"
         records, nbytes = self._pending
         self.records_written -= records
+        self.bytes_written -= nbytes
         self.records_lost += records
         self.bytes_lost += nbytes
         self._pending = (0, 0)
