@@ -8,12 +8,23 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 TEST_REGISTRY = tempfile.mkdtemp(prefix="zeromon-test-registry-")
 EXAMPLES = REPO / "examples"
+
+
+def refuses_field(exc: Any, key: str) -> bool:
+    """Whether a pydantic ValidationError refuses the field ``key`` itself: an error located at it, or at an
+    item of it (("passes", 1)). A model validator's (loc ()) weighs several fields; an error inside a nested
+    block (("tp", "tp_size")) is that block's field's, not the block's."""
+    locations = [tuple(error["loc"]) for error in exc.errors()]
+    while any(loc and isinstance(loc[-1], int) for loc in locations):
+        locations = [loc[:-1] if loc and isinstance(loc[-1], int) else loc for loc in locations]
+    return any(loc and loc[-1] == key for loc in locations)
 
 
 def free_port() -> int:

@@ -14,8 +14,10 @@ Runs are shared by module-scoped fixtures and kept short: the CI has 2 cores.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -42,7 +44,8 @@ from dashboard_browser import (
     wait_until,
 )
 
-from zeromon.views.overview import exposed_banner, oom_banner
+from zeromon.analysis.comm_advice import EXPOSED_SHARE_WARN
+from zeromon.views.overview import exposed_banner, oom_banner, rank_exposed_shares
 from zeromon.views.run_data import RunData, recording_data
 
 from conftest import REPO, child_env, free_port, torchrun_args, zeromon
@@ -458,32 +461,58 @@ def test_oom_banner_warns_on_a_leaking_run_and_names_the_rank(br: Any, leak_run:
     assert_no_traceback(server)
 
 
+def _true_exposed_shares(run: Path) -> dict[int, float]:
+    """Each rank's median exposed share of its step by the script's own stopwatch (truth-<rank>.json of
+    tests/scenarios/overlap_truth.py), over the steps after the first as the report takes them; the
+    step is the forward plus the time the thread was blocked on the collective."""
+    shares = {}
+    for path in sorted(run.glob("truth-*.json")):
+        steps = [t for t in json.loads(path.read_text()) if t["step"] >= 1]
+        shares[int(path.stem.split("-")[1])] = statistics.median(
+            t["exposed_s"] / (t["forward_s"] + t["exposed_s"]) for t in steps)
+    return shares
+
+
 @pytest.fixture(scope="module")
 def healthy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tests/scenarios/overlap_truth.py --mode hidden: each step's all-reduce hidden behind a longer
-    forward (as tests/test_overlap_ground_truth.py runs it)."""
-    out = tmp_path_factory.mktemp("hidden")
-    # A 2 MB all-reduce (not the mode's 16 MB) behind ~100 ms of forward: on 2 cores shared by two
-    # computing ranks, gloo's threads can take a 16 MB all-reduce past the forward's end (really exposed).
-    result = subprocess.run(torchrun_args(2, SCENARIOS / "overlap_truth.py", "--mode", "hidden", "--steps", "5",
-                                          "--numel", "500000", "--truth-dir", str(out)),
-                            env=child_env(ZEROMON_OUT=str(out), ZEROMON_ASYNC_SAMPLE_EVERY="1"),
-                            capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert result.returncode == 0, result.stderr[-3000:]
+    forward (as tests/test_overlap_ground_truth.py runs it). On 2 loaded cores gloo's threads can take
+    even a small all-reduce past the forward's end, so that it is really exposed (a CI run: 11% of the
+    step by the script's own stopwatch); up to three runs are made for one the truth calls hidden."""
+    for attempt in range(3):
+        out = tmp_path_factory.mktemp(f"hidden{attempt}")
+        # A 2 MB all-reduce (not the mode's 16 MB) behind ~100 ms of forward.
+        result = subprocess.run(torchrun_args(2, SCENARIOS / "overlap_truth.py", "--mode", "hidden", "--steps", "5",
+                                              "--numel", "500000", "--truth-dir", str(out)),
+                                env=child_env(ZEROMON_OUT=str(out), ZEROMON_ASYNC_SAMPLE_EVERY="1"),
+                                capture_output=True, text=True, timeout=300, cwd=REPO)
+        assert result.returncode == 0, result.stderr[-3000:]
+        if max(_true_exposed_shares(out).values()) < EXPOSED_SHARE_WARN / 2:
+            break
     return out
 
 
 @needs_browser
 @pytest.mark.distributed
 def test_both_banners_ok_on_a_run_that_hides_its_communication(br: Any, healthy_run: Path, logs: Path) -> None:
+    truth = _true_exposed_shares(healthy_run)
+    measured = rank_exposed_shares(recording_data(healthy_run))
+    # What the dashboard shows is the truth, rank by rank (within 5 points of the step: the two clocks
+    # are read a GIL hand-over apart).
+    assert measured.keys() == truth.keys() and all(abs(measured[r] - truth[r]) <= 0.05 for r in truth), (measured, truth)
     with Dashboard(str(healthy_run), logs=logs) as server:
         open_page(br, server.page(), graphs=("overview-grid-exposed",), elements=("banner-oom", "banner-exposed"))
         screenshot(br, "overview-healthy")
         assert_clean_console(br, "overview of the healthy run")
         assert banner(br, "oom")["level"] == "ok", banner(br, "oom")
-        assert banner(br, "exposed")["level"] == "ok", banner(br, "exposed")
+        worst = max(measured, key=lambda r: (measured[r], -r))
+        shown = banner(br, "exposed")
+        assert shown["rank"] == str(worst) and f"{measured[worst]:.0%}" in shown["text"], (shown, measured)
         kinds = [e.get_attribute("data-kind") for e in br.find_elements("#findings-list details.finding")]
-        assert "poor_overlap" not in kinds and "memory_growth" not in kinds, kinds
+        if max(truth.values()) < EXPOSED_SHARE_WARN / 2:  # the run hid its communication (the usual case)
+            assert shown["level"] == "ok", (shown, truth)
+            assert "poor_overlap" not in kinds, kinds
+        assert "memory_growth" not in kinds, kinds
     assert_no_traceback(server)
 
 

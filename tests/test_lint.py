@@ -125,6 +125,15 @@ CASES: list[tuple[str, dict[str, Any], set[tuple[str, str, str]]]] = [
     ("dynamic_scale_bounds.json", {}, {("ZL032", "error", "fp16.loss_scale_window"),
                                        ("ZL032", "error", "fp16.min_loss_scale")}),
     ("static_scale_bounds.json", {}, {("ZL019", "info", "fp16.loss_scale")}),
+    # DeepSpeed's other model sections (tests/test_lint_sections.py has the messages): their choices, text and
+    # lists, their misspelt keys (refused), and a misspelt key under timers (which DeepSpeed reads key by key).
+    ("section_choices.json", {}, {("ZL031", "error", k) for k in (
+        "tensor_parallel.vocab_parallel_ce_backend", "tensor_parallel.dtype", "compile.passes", "comet.mode",
+        "comms_logger.prof_ops", "wandb.project", "hybrid_engine")}),
+    ("section_typos.json", {}, {("ZL012", "error", "tensorboard.enabeld"),
+                                ("ZL012", "error", "tensor_parallel.tp.tp_sise"),
+                                ("ZL012", "error", "compile.project")}),
+    ("timers_typo.json", {}, {("ZL012", "warning", "timers.throughputt")}),
 ]
 
 

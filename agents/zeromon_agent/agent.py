@@ -192,7 +192,7 @@ class Agent:
         self.recorder = Recorder(self.state, self.rank, writer, self.config.flush_interval_s,
                                  recent_events=self.config.recent_events, device=device,
                                  device_interval_s=self.config.device_interval_s,
-                                 cuda_timer=self.state.cuda_timing)
+                                 cuda_timer=self.state.cuda_timing, max_disk=self.config.max_disk)
         if cuda_index is None:
             self.recorder.notice("info", "device", "no CUDA device: NVML device metrics and allocator stats "
                                  f"are unavailable; memory is process RSS and per-category bytes; {capacity_note}")

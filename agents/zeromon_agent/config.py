@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from zeromon.errors import ZeromonError
-from zeromon.model.numbers import CAPACITY, PORT, Count, Real, Size
+from zeromon.model.numbers import CAPACITY, GIB, PORT, RECORDING_SIZE, Count, Real, Size
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -112,6 +112,7 @@ class AgentConfig:
     job: str | None = None
     buffer_events: int = 65536  # raw ring-buffer capacity; beyond it the oldest are dropped and counted
     flush_interval_s: float = 0.2
+    max_disk: int = GIB  # a rank's recording: detail is thinned as it fills (zeromon_agent.detail)
     async_sample_every: int = 16  # 1 in N async collectives gets an exact completion callback; 0: none
     memory_every: int = 0  # category walk every N steps; 0 = auto (<= ~1% of step time)
     activations: bool = True
@@ -164,6 +165,7 @@ ENV: dict[str, Setting] = {
     "job": _text("ZEROMON_JOB", "a name"),
     "buffer_events": _number("ZEROMON_BUFFER_EVENTS", BUFFER_EVENTS),
     "flush_interval_s": _number("ZEROMON_FLUSH_INTERVAL", FLUSH_SECONDS),
+    "max_disk": _number("ZEROMON_MAX_DISK", RECORDING_SIZE),
     "async_sample_every": _number("ZEROMON_ASYNC_SAMPLE_EVERY", ASYNC_SAMPLE_EVERY),
     "memory_every": Setting("ZEROMON_MEMORY_EVERY", _memory_every, _check_memory_every,
                             f"'auto' or {MEMORY_EVERY.accepts}"),

@@ -34,6 +34,7 @@ from zeromon.model.events import (
     Timing,
     ZeroMeaning,
 )
+from zeromon_agent.detail import DetailKeeper
 from zeromon_agent.live_totals import LiveTotals
 from zeromon_agent.state import (
     RAW_AGENT,
@@ -142,7 +143,7 @@ def _fold(acc: _StepAcc) -> None:
 class Recorder:
     def __init__(self, state: HotState, rank: int, writer: RecordingWriter | None, flush_interval_s: float,
                  recent_events: int = 4096, device: Any = None, device_interval_s: float = 1.0,
-                 cuda_timer: Any = None) -> None:
+                 cuda_timer: Any = None, max_disk: int | None = None) -> None:
         self.state = state
         self.rank = rank
         self.writer = writer
@@ -183,6 +184,10 @@ class Recorder:
         self._drain_lock = threading.Lock()
         self._loss_said = False
         self._hook_places_said: set[str] = set()
+        # ZEROMON_MAX_DISK: which steps' collectives and phase spans go to the file.
+        self.keeper = DetailKeeper(self._write, max_disk if writer is not None else None,
+                                   lambda: writer.bytes_written if writer is not None else None,
+                                   lambda message: self._recording_notice("info", message))
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -200,11 +205,14 @@ class Recorder:
         with self._drain_lock:
             try:
                 self._drain(final=True)
+                kept = self.keeper.close()
+                if kept is not None:
+                    self._recording_notice("info", kept)
             finally:  # the end record is written whatever the drain met
                 self._say_hook_errors()
-                self._write(self.stats())
                 writer = self.writer
                 if writer is not None:
+                    writer.write(self.stats())  # past ZEROMON_MAX_DISK too: the room for the end holds it
                     end = RunEnd(rank=self.rank, t_ns=time.time_ns(), how=how,
                                  last_step=self._emitted_through if self._emitted_through >= 0 else None,
                                  records_lost=writer.records_lost, bytes_lost=writer.bytes_lost,
@@ -226,6 +234,7 @@ class Recorder:
                     if self.writer is not None:
                         self.writer.flush()
                         self._check_writer()
+                        self.keeper.check_size()
                     self._say_hook_errors()
             except Exception as exc:  # noqa: BLE001 - the recorder must never take training down
                 self.state.hook_error("recorder", exc)
@@ -243,6 +252,14 @@ class Recorder:
         record = Notice(rank=self.rank, t_ns=time.time_ns(), level="error", source="recording", message=message)
         with self.lock:
             self.notices.append(record)
+
+    def _recording_notice(self, level: str, message: str) -> None:
+        """A Notice about the recording itself, from the recorder's thread (the drain lock held)."""
+        record = Notice(rank=self.rank, t_ns=time.time_ns(), level=level, source="recording", message=message)
+        with self.lock:
+            self.notices.append(record)
+        if self.writer is not None:  # past ZEROMON_MAX_DISK too: it says so
+            self.writer.write(record)
 
     def _say_hook_errors(self) -> None:
         """A Notice for each place whose hook raised, once per place (HotState.hook_error counts every
@@ -265,11 +282,18 @@ class Recorder:
         return perf_ns + self.clock_offset_ns
 
     def _write(self, record: Record) -> None:
-        if self.writer is not None:
+        if self.writer is None:
+            return
+        if self.keeper.admit():  # past ZEROMON_MAX_DISK: counted, not written
             self.writer.write(record)
 
-    def _publish(self, record: Record) -> None:
-        self._write(record)
+    def _publish(self, record: Record, detail_of: int | None = None) -> None:
+        """Write ``record`` (``detail_of``: a step's detail, which ZEROMON_MAX_DISK may thin) and number it for
+        live clients."""
+        if detail_of is None:
+            self._write(record)
+        else:
+            self.keeper.detail(record, detail_of)
         with self.lock:
             self.cursor += 1
             self.recent.append((self.cursor, record))
@@ -575,7 +599,7 @@ class Recorder:
         """_publish, and the running totals behind the live metrics, in one hold of the lock."""
         duration = event.duration_s if event.timing != Timing.UNKNOWN.value else None
         bandwidth = event_bandwidth(event) if duration else None
-        self._write(event)
+        self.keeper.detail(event, event.step)
         with self.lock:
             self.cursor += 1
             self.recent.append((self.cursor, event))
@@ -649,8 +673,9 @@ class Recorder:
                 self._finish_span(span, self.unix(span.start.perf), self.unix(span.end.perf), "host")
 
     def _finish_span(self, span: _Span, start_ns: int, end_ns: int, timing: str) -> None:
-        self._publish(PhaseSpan(rank=self.rank, step=span.step, phase=span.phase, start_ns=start_ns,
-                                end_ns=end_ns, timing=timing))
+        record = PhaseSpan(rank=self.rank, step=span.step, phase=span.phase, start_ns=start_ns, end_ns=end_ns,
+                           timing=timing)
+        self._publish(record, detail_of=span.step)
         if span.step > self._emitted_through:
             acc = self._step_acc(span.step)
             acc.phase_s[span.phase] = acc.phase_s.get(span.phase, 0.0) + (end_ns - start_ns) / 1e9
@@ -711,6 +736,7 @@ class Recorder:
                 overlap_s=round(overlap.overlap_s, 9) if overlap is not None else None,
                 exposed_comm_s=round(overlap.exposed_comm_s, 9) if overlap is not None else None,
             )
+            self.keeper.step_done(summary)
             self._write(summary)
             duration = summary.duration_s
             with self.lock:
@@ -722,7 +748,7 @@ class Recorder:
     def _on_memory(self, item: tuple[Any, ...]) -> None:
         _, phase, step, t, fields = item
         sample = MemorySample(rank=self.rank, step=step, phase=phase, t_ns=self.unix(t), **fields)
-        self._publish(sample)
+        self._publish(sample, detail_of=step)
         with self.lock:
             self.latest_memory = sample
             self.memory_history.append(sample)

@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Sequence
 
 from zeromon.analysis.findings import Finding, Severity
-from zeromon.analysis.step_overlap import StepOverlap
+from zeromon.analysis.step_overlap import StepOverlap, summary_overlap
 from zeromon.model.events import RunInfo, StepSummary
 
 # Exposed communication worth a finding: a share of step time, with the overlap ratio below a bar.
@@ -90,15 +90,7 @@ def overlap_findings_of_summaries(rank: int, steps: Sequence[StepSummary],
                                   info: RunInfo | None) -> tuple[Finding, ...]:
     """The same finding from the overlap the agent computed per step (StepSummary's comp_s,
     overlap_s, exposed_comm_s): what live clients have, with no collective events."""
-    overlaps = []
-    for s in steps:
-        if s.comp_s is None or s.overlap_s is None or s.exposed_comm_s is None or s.blocked_s is None:
-            continue
-        step_s = s.duration_s
-        busy = s.comm_union_s + s.comp_s - s.overlap_s
-        overlaps.append(StepOverlap(rank=rank, step=s.step, step_s=step_s, comm_s=s.comm_union_s, comp_s=s.comp_s,
-                                    overlap_s=s.overlap_s, exposed_comm_s=s.exposed_comm_s,
-                                    idle_s=max(0.0, step_s - busy), blocked_s=s.blocked_s))
+    overlaps = [o for s in steps if (o := summary_overlap(rank, s)) is not None]
     return overlap_findings(rank, overlaps, info) if overlaps else ()
 
 

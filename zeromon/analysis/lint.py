@@ -10,10 +10,12 @@ does something other than asked (exit code 1 from ``zeromon lint``); ``warning``
 that costs speed, memory or a usable checkpoint; ``info``, worth knowing, nothing wrong by itself.
 
 Facts the rules rest on (DeepSpeed 0.19.8 unless said otherwise):
-- ``zero_optimization``, its ``offload_*`` blocks, ``fp16`` and ``bf16`` are pydantic models with
-  ``extra="forbid"``: an unknown key there stops ``deepspeed.initialize``. Unknown top-level keys are
-  silently ignored. A value ``"auto"`` inside those models is dropped and the default used
-  (``DeepSpeedConfigModel.__init__``); at the top level it reaches the batch arithmetic and fails.
+- ``zero_optimization``, its ``offload_*`` blocks, ``fp16``, ``bf16`` and the other model sections
+  (``lint_types.OTHER_MODEL_SECTIONS``: the monitors, compile, hybrid_engine, comms_logger,
+  timers.throughput, tensor_parallel and its tp block) are pydantic models with ``extra="forbid"``: an
+  unknown key there stops ``deepspeed.initialize``. Unknown top-level keys, and keys under ``timers`` other
+  than ``throughput``, are silently ignored. A value ``"auto"`` inside those models is dropped and the
+  default used (``DeepSpeedConfigModel.__init__``); at the top level it reaches the batch arithmetic and fails.
 - ``overlap_comm`` defaults to true for stage 3 and false for stages 1 and 2.
 - ``train_batch_size == train_micro_batch_size_per_gpu * gradient_accumulation_steps * world_size``
   is asserted at start-up, with world_size the data-parallel size.
@@ -41,7 +43,7 @@ from zeromon.analysis.lint_schema import (
     STATIC_SCHEMA,
     ConfigSchema,
 )
-from zeromon.analysis.lint_types import cross_field_refusals, non_finite, refusal
+from zeromon.analysis.lint_types import OTHER_MODEL_SECTIONS, cross_field_refusals, non_finite, refusal
 from zeromon.model.units import format_bytes
 
 
@@ -232,8 +234,9 @@ def _unknown_key(lint: _Lint, section: str, key: str, path: str) -> None:
     elsewhere = sorted(f"{s}.{key}" if s else key for s, keys in schema.sections.items()
                        if s != section and key in keys)
     nearest = _nearest(key, known)
-    if elsewhere:
-        hint = f"{key} belongs in {' or '.join(elsewhere)}"
+    if elsewhere:  # "enabled" is in a dozen sections: name three
+        more = f" or {len(elsewhere) - 3} other sections" if len(elsewhere) > 3 else ""
+        hint = f"{key} belongs in {' or '.join(elsewhere[:3])}{more}"
         fix = f"move it to {elsewhere[0]}"
     elif nearest:
         hint = f"did you mean {section + '.' if section else ''}{nearest}?"
@@ -248,8 +251,9 @@ def _unknown_key(lint: _Lint, section: str, key: str, path: str) -> None:
         lint.add("ZL012", "error", path, f"unknown key {path}: {hint}; DeepSpeed validates {section} strictly "
                  "and stops at start-up (\"Extra inputs are not permitted\")", fix)
     else:
+        where = f"keys in {section} (it reads {', '.join(sorted(known))})" if section else "top-level keys"
         lint.add("ZL012", "warning", path, f"unknown key {path}: {hint}; DeepSpeed silently ignores unknown "
-                 "top-level keys, so this setting has no effect", fix)
+                 f"{where}, so this setting has no effect", fix)
 
 
 def _check_values(lint: _Lint) -> None:
@@ -258,10 +262,12 @@ def _check_values(lint: _Lint) -> None:
     combinations their validators refuse."""
     for path, number in non_finite_values(lint.config):
         add_non_finite(lint, path, number)
-    for name, accepted in (("zero_optimization", "an object {...} (or true/false, the legacy form)"),
-                           ("fp16", "an object {...}"), ("bf16", "an object {...}")):
-        block = lint.config.get(name)
-        if name in lint.config and not isinstance(block, Mapping) and not (
+    for name in ("zero_optimization", "fp16", "bf16", *OTHER_MODEL_SECTIONS):
+        accepted = "an object {...}" + (" (or true/false, the legacy form)" if name == "zero_optimization" else "")
+        outer, _, key = name.rpartition(".")
+        holder = _block(lint.config, outer)
+        block = holder.get(key) if holder is not None else None
+        if holder is not None and key in holder and not isinstance(block, Mapping) and not (
                 name == "zero_optimization" and isinstance(block, bool)) and not (name == "bf16" and block is None):
             lint.add("ZL031", "error", name, f"{name} is {_shown(block)}; DeepSpeed reads it as {accepted} and "
                      "stops at start-up", f"write {name} as {accepted}")
@@ -275,8 +281,9 @@ def _check_values(lint: _Lint) -> None:
             continue  # ZL011's
         reason = refusal(field_type, value)
         if reason is not None:
+            fix = f"remove {key}" if field_type.kind == "object" else f"set {key} to {field_type.describe()}"
             lint.add("ZL031", "error", path, f"{path} is {_shown(value)}: {reason}; DeepSpeed's config class "
-                     "refuses it and stops at start-up", f"set {key} to {field_type.describe()}")
+                     "refuses it and stops at start-up", fix)
     for cross in cross_field_refusals(lint.config):
         if not lint.is_auto(_value_at(lint.config, cross.path)):
             lint.add("ZL032", "error", cross.path, cross.message, cross.fix)
@@ -527,7 +534,8 @@ def _check_offload(lint: _Lint) -> None:
 def _check_auto(lint: _Lint) -> None:
     if lint.options.hf:
         return
-    lenient = ("zero_optimization", "fp16", "bf16", "bfloat16")
+    # DeepSpeedConfigModel drops "auto" (in nested models too); a hand-read value keeps it
+    lenient = ("zero_optimization", "fp16", "bf16", "bfloat16", *OTHER_MODEL_SECTIONS)
 
     def walk(block: Mapping[str, Any], prefix: str) -> None:
         for key, value in block.items():
@@ -537,7 +545,7 @@ def _check_auto(lint: _Lint) -> None:
             elif lint.is_auto(value):
                 why = ("only the Hugging Face Trainer and accelerate replace \"auto\"; deepspeed.initialize does "
                        "not")
-                if path.split(".")[0] in lenient:
+                if any(path.startswith(f"{section}.") for section in lenient):
                     lint.add("ZL011", "warning", path, f"{path} is \"auto\": {why}, and DeepSpeed drops it here and "
                              "silently uses its own default", "give a value, or run zeromon lint --hf if the "
                              "Trainer or accelerate reads this file")

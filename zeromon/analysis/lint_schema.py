@@ -27,7 +27,8 @@ RULES: dict[str, str] = {
     "ZL009": "offload without pin_memory",
     "ZL010": "nvme offload without nvme_path",
     "ZL011": "\"auto\" outside the Hugging Face / accelerate integration",
-    "ZL012": "unknown key",
+    "ZL012": "unknown key (refused in the sections DeepSpeed reads through a pydantic model, ignored at the top "
+             "level and under timers)",
     "ZL013": "key removed from DeepSpeed",
     "ZL014": "deprecated key",
     "ZL015": "ZeRO-3 where ZeRO-2 fits",
@@ -46,7 +47,7 @@ RULES: dict[str, str] = {
     "ZL028": "batch size value that is not a positive integer",
     "ZL029": "NVMe optimizer offload at ZeRO stage 1 or 2 (DeepSpeed offloads to CPU memory)",
     "ZL030": "number that is not finite (NaN, Infinity, or past a float's range such as 1e400)",
-    "ZL031": "value of a type or range DeepSpeed's config classes refuse",
+    "ZL031": "value of a type, range or choice DeepSpeed's config classes refuse",
     "ZL032": "combination of values DeepSpeed's config classes refuse (partial offload, grad norm, loss scale)",
 }
 
@@ -99,11 +100,14 @@ class ConfigSchema:
     types: Mapping[str, FieldType] = field(default_factory=lambda: STATIC_TYPES)  # key path -> its value type
 
     def strict(self, section: str) -> bool:
-        """Sections that are pydantic models with extra="forbid": an unknown key there is fatal."""
-        return section != ""
+        """Sections that are pydantic models with extra="forbid": an unknown key there is fatal. DeepSpeed
+        reads the top level and ``timers`` key by key, and ignores the keys it does not look up."""
+        return section not in ("", "timers")
 
 
 _OFFLOAD_COMMON = {"device", "nvme_path", "buffer_count", "pin_memory"}
+_MONITOR_FILES = frozenset({"enabled", "output_path", "job_name"})
+_TP_BLOCK = frozenset({"mpu", "tp_grain_size", "tp_group", "tp_size"})
 _SEE_8489 = "See https://github.com/deepspeedai/DeepSpeed/issues/8489."
 # The DeepSpeed release STATIC_SCHEMA was written from: with this version installed, reading its
 # config classes (which costs importing DeepSpeed and torch) gives the same facts.
@@ -150,6 +154,28 @@ STATIC_SCHEMA = ConfigSchema(
                            "hysteresis", "initial_scale_power", "loss_scale", "loss_scale_window", "min_loss_scale"}),
         "bf16": frozenset({"bf16_master_weights_and_grads", "bf16_optimizer_states", "check_grad_overflow",
                            "enabled", "immediate_grad_update"}),
+        "tensorboard": _MONITOR_FILES,
+        "csv_monitor": _MONITOR_FILES,
+        "wandb": frozenset({"enabled", "group", "project", "team"}),
+        "comet": frozenset({"api_key", "enabled", "experiment_key", "experiment_name", "mode", "online", "project",
+                            "samples_log_interval", "workspace"}),
+        "compile": frozenset({
+            "autoep_non_moe", "debug_log", "deepcompile", "double_buffer", "free_activation",
+            "free_activation_threshold", "keep_all_input_tensors", "keep_int_input_tensors", "offload_activation",
+            "offload_activation_pin_memory", "offload_opt_states", "offload_parameters", "passes",
+            "symmetric_memory", "sync_after_allgather", "sync_after_reduce", "sync_before_allgather",
+            "sync_before_reduce"}),
+        "hybrid_engine": frozenset({"enable_cuda_graph", "enabled", "inference_tp_size", "max_out_tokens",
+                                    "pin_parameters", "release_inference_cache", "tp_gather_partition_size"}),
+        "comms_logger": frozenset({"debug", "enabled", "prof_all", "prof_ops", "verbose"}),
+        "timers": frozenset({"throughput"}),
+        "timers.throughput": frozenset({"enabled", "synchronized"}),
+        "tensor_parallel": frozenset({
+            "autotp_size", "dtype", "injection_policy_tuple", "keep_module_on_host", "kernel_inject",
+            "partition_config", "preset_model", "replace_with_kernel_inject", "tensor_parallel", "tp",
+            "tp_overlap_comm", "vocab_parallel_ce_backend", "vocab_parallel_lm_head"}),
+        "tensor_parallel.tp": _TP_BLOCK,
+        "tensor_parallel.tensor_parallel": _TP_BLOCK,
     },
     # DeepSpeed's own words (deepspeed/runtime/config.py, _REMOVED_TOP_LEVEL_CONFIG_KEYS and
     # _REMOVED_ZERO_CONFIG_KEYS), so that a lint without importing DeepSpeed says what it would.

@@ -14,15 +14,15 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-# The blocks whose values alone zeromon checks (their keys are not in the known-key list, so a misspelt key
-# there is no finding): DeepSpeed 0.19.8's monitor, compile, hybrid-engine, comms-logger, throughput-timer and
-# tensor-parallel models. activation_checkpointing, flops_profiler, aio, data_efficiency, ... are read by
-# hand-written parsers, not pydantic models: nothing to mirror.
-VALUE_ONLY_SECTIONS = ("tensorboard", "wandb", "csv_monitor", "comet", "compile", "hybrid_engine", "comms_logger",
-                       "timers.throughput", "tensor_parallel")
+# DeepSpeed 0.19.8's other pydantic config models, by the key path of the block each is built from: the
+# monitors, compile, hybrid engine, comms logger, throughput timer and tensor parallelism. Like
+# zero_optimization they forbid extra keys. activation_checkpointing, flops_profiler, aio, data_efficiency, ...
+# are read by hand-written parsers, not pydantic models: nothing to mirror.
+OTHER_MODEL_SECTIONS = ("tensorboard", "wandb", "csv_monitor", "comet", "compile", "hybrid_engine", "comms_logger",
+                        "timers.throughput", "tensor_parallel")
 # Sections DeepSpeed builds a pydantic model from, as (key path of the block, key path of its fields).
 CHECKED_SECTIONS = ("zero_optimization", "zero_optimization.offload_param", "zero_optimization.offload_optimizer",
-                    "fp16", "bf16", *VALUE_ONLY_SECTIONS, "tensor_parallel.tp")
+                    "fp16", "bf16", *OTHER_MODEL_SECTIONS, "tensor_parallel.tp", "tensor_parallel.tensor_parallel")
 
 
 # Fields whose model reads its input with a validator of its own (null is its default): left unchecked.
@@ -32,20 +32,25 @@ UNCHECKED = frozenset({"zero_optimization.leaf_module"})
 @dataclass(frozen=True, slots=True)
 class FieldType:
     """One field: ``kind`` bool | int | float | finite (a float that is not a bool, NaN or infinite, as
-    fp16.loss_scale's own validator wants) | enum | path | section; bounds as pydantic's ge/gt/le."""
+    fp16.loss_scale's own validator wants) | choice (one of ``choices``: a str Enum or a Literal) | str | list
+    (any items, or with ``choices`` a list of them) | path | section | object (a Python object of
+    ``python_type``, such as a torch.dtype, which no JSON value is); bounds as pydantic's ge/gt/le."""
 
     kind: str
     optional: bool = False  # null accepted
     ge: float | None = None
     gt: float | None = None
     le: float | None = None
-    choices: tuple[str, ...] = ()  # enum values
+    choices: tuple[str, ...] = ()  # the values of a choice, or of a list's items
     no_bool: bool = False  # a validator of its own refuses bools, and text int() cannot read (fp16's scale knobs)
+    python_type: str = ""  # an object's class, as DeepSpeed's model names it
 
     def describe(self) -> str:
+        one_of = " or ".join(repr(c) for c in self.choices)
         what = {"bool": "true or false", "int": "an integer", "float": "a number", "finite": "a finite number",
-                "path": "a path (a string)",
-                "section": "an object {...}", "enum": " or ".join(repr(c) for c in self.choices)}[self.kind]
+                "path": "a path (a string)", "str": "a string", "section": "an object {...}", "choice": one_of,
+                "list": f"a list of {one_of}" if self.choices else "a list [...]",
+                "object": f"a Python {self.python_type} object, which a JSON value cannot be"}[self.kind]
         bounds = [f">= {self.ge:g}" if self.ge is not None else "", f"> {self.gt:g}" if self.gt is not None else "",
                   f"<= {self.le:g}" if self.le is not None else ""]
         text = " ".join([what, " and ".join(b for b in bounds if b)]).strip()
@@ -54,10 +59,11 @@ class FieldType:
 
 _B, _I, _F = FieldType("bool"), FieldType("int"), FieldType("float")
 _I_GE0 = FieldType("int", ge=0)
-_DEVICE = FieldType("enum", choices=("none", "cpu", "nvme"))
+_DEVICE = FieldType("choice", choices=("none", "cpu", "nvme"))
 _PATH = FieldType("path", optional=True)
 _SHARE = FieldType("float", ge=0.0, le=1.0)
 _I_STRICT = FieldType("int", no_bool=True)
+_S, _S_OR_NULL = FieldType("str"), FieldType("str", optional=True)
 
 # key path -> its type, for the fields whose values zeromon checks (DeepSpeed 0.19.8). `stage` is ZL021's.
 STATIC_TYPES: dict[str, FieldType] = {
@@ -98,32 +104,43 @@ STATIC_TYPES: dict[str, FieldType] = {
         ("fp16_master_weights_and_grads", _B))},
     **{f"bf16.{k}": _B for k in ("enabled", "immediate_grad_update", "check_grad_overflow",
                                  "bf16_master_weights_and_grads", "bf16_optimizer_states")},
-    # Their text fields (output_path, project, ...) take any string and are left unchecked.
     **{f"{m}.enabled": _B for m in ("tensorboard", "wandb", "csv_monitor", "comet")},
+    **{f"{m}.{k}": _S for m in ("tensorboard", "csv_monitor") for k in ("output_path", "job_name")},
+    "wandb.project": _S,
+    **{f"wandb.{k}": _S_OR_NULL for k in ("group", "team")},
     "comet.samples_log_interval": _I,
     "comet.online": FieldType("bool", optional=True),
+    # comet.mode is any string to DeepSpeed's model ("get", "create", "get_or_create" are Comet's).
+    **{f"comet.{k}": _S_OR_NULL for k in ("project", "workspace", "api_key", "experiment_name", "experiment_key",
+                                          "mode")},
     **{f"compile.{k}": _B for k in (
         "deepcompile", "autoep_non_moe", "free_activation", "offload_activation", "offload_activation_pin_memory",
         "offload_opt_states", "double_buffer", "symmetric_memory", "debug_log", "offload_parameters",
         "sync_before_reduce", "sync_after_reduce", "sync_before_allgather", "sync_after_allgather",
         "keep_int_input_tensors", "keep_all_input_tensors")},
     "compile.free_activation_threshold": _I,
+    "compile.passes": FieldType("list", optional=True, choices=("z1", "z3", "autosp", "autotp")),
     **{f"hybrid_engine.{k}": _B for k in ("enabled", "release_inference_cache", "pin_parameters",
                                           "enable_cuda_graph")},
     "hybrid_engine.max_out_tokens": FieldType("int", gt=0),
     "hybrid_engine.inference_tp_size": _I,
     "hybrid_engine.tp_gather_partition_size": _I,
     **{f"comms_logger.{k}": _B for k in ("enabled", "prof_all", "verbose", "debug")},
+    "comms_logger.prof_ops": FieldType("list"),  # a bare list: its items are not checked
     **{f"timers.throughput.{k}": _B for k in ("enabled", "synchronized")},
-    # dtype, vocab_parallel_ce_backend and the Python objects (mpu, injection_policy_tuple, ...) left unchecked.
+    # dtype is a torch.dtype (set from Python, by tp_model_init); tp.mpu and tp.tp_group, any object, unchecked.
+    "tensor_parallel.dtype": FieldType("object", python_type="torch.dtype"),
     **{f"tensor_parallel.{k}": _B for k in ("tp_overlap_comm", "keep_module_on_host", "replace_with_kernel_inject",
                                             "kernel_inject")},
     "tensor_parallel.autotp_size": _I,
     "tensor_parallel.vocab_parallel_lm_head": FieldType("bool", optional=True),
-    "tensor_parallel.tensor_parallel": FieldType("section"),
-    "tensor_parallel.tp": FieldType("section"),
-    "tensor_parallel.tp.tp_size": _I,
-    "tensor_parallel.tp.tp_grain_size": _I,
+    "tensor_parallel.vocab_parallel_ce_backend": FieldType("choice", choices=("torch", "liger")),
+    "tensor_parallel.injection_policy_tuple": FieldType("list", optional=True),  # a tuple, which a list becomes
+    "tensor_parallel.partition_config": FieldType("section", optional=True),  # Dict[str, Any]
+    "tensor_parallel.preset_model": _S_OR_NULL,
+    # The tp block under its alias and its field name (populate_by_name: DeepSpeed reads both).
+    **{f"tensor_parallel.{tp}": FieldType("section") for tp in ("tp", "tensor_parallel")},
+    **{f"tensor_parallel.{tp}.{k}": _I for tp in ("tp", "tensor_parallel") for k in ("tp_size", "tp_grain_size")},
 }
 
 _TRUE_WORDS = {"1", "on", "t", "true", "y", "yes"}
@@ -172,10 +189,18 @@ def refusal(field: FieldType, value: object) -> str | None:
         if isinstance(value, str) and value.strip().lower() in _TRUE_WORDS | _FALSE_WORDS:
             return None
         return "must be true or false"
-    if field.kind == "enum":
+    if field.kind == "choice":  # exact: "Torch" is not "torch"
         return None if isinstance(value, str) and value in field.choices else f"must be {field.describe()}"
-    if field.kind == "path":
-        return None if isinstance(value, str) else "must be a path (a string)"
+    if field.kind in ("path", "str"):
+        return None if isinstance(value, str) else f"must be {field.describe()}"  # 5 is no string to pydantic
+    if field.kind == "list":
+        if not isinstance(value, list | tuple):
+            return f"must be {field.describe()}"
+        wrong = next((i for i, item in enumerate(value) if field.choices and not (
+            isinstance(item, str) and item in field.choices)), None)
+        return None if wrong is None else f"item {wrong} must be {' or '.join(map(repr, field.choices))}"
+    if field.kind == "object":
+        return f"must be {field.describe()}"
     if field.kind == "finite":  # float(v) in a validator of its own
         try:
             real = float(value) if not isinstance(value, bool) else math.nan  # type: ignore[arg-type]

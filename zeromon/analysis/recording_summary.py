@@ -6,7 +6,7 @@ Pure: recordings in, dataclasses out; ``format_summary`` renders the text the CL
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,8 +64,10 @@ def summarize_recording(rec: Recording) -> RankSummary:
     durations = [s.duration_s for s in steady]
     per_step: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     columns = rec.collective_columns()  # no event objects: a recording holds up to a million
+    counts: Counter[int] = Counter()
     for step, meaning, b_in, b_out in zip(columns.step, columns.meaning, columns.bytes_in, columns.bytes_out,
                                           strict=True):
+        counts[step] += 1
         if step >= 0:
             per_step[step][meaning] += b_in if b_in > b_out else b_out
     later = [s for s in sorted(per_step) if s >= 1] or sorted(per_step)
@@ -82,7 +84,8 @@ def summarize_recording(rec: Recording) -> RankSummary:
         strategy=strategy_label(rec),
         steps=len(rec.steps),
         median_step_s=statistics.median(durations) if durations else None,
-        collectives=len(columns),
+        # A bounded recording's steps whose detail was dropped (all or part): their summaries count them.
+        collectives=len(columns) + sum(max(0, (s.collectives or 0) - counts[s.step]) for s in rec.steps),
         bytes_per_step_by_meaning=by_meaning,
         median_blocked_s=statistics.median(waits) if (waits := [s.blocked_s for s in steady
                                                                  if s.blocked_s is not None]) else None,

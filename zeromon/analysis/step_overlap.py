@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from zeromon.analysis.intervals import Interval, clip, intersect, merge, subtract, total
 from zeromon.analysis.overlap import Overlap, overlap_of_merged
 from zeromon.model.codec import CollectiveColumns, Recording
-from zeromon.model.events import issue_interval, span_ns
+from zeromon.model.events import StepSummary, issue_interval, span_ns
 
 COMPUTE_PHASES = frozenset({"forward", "backward", "optimizer"})  # the stream's computation on GPU
 AGENT_PHASE = "agent"
@@ -68,8 +68,23 @@ class StepOverlap:
         return self.exposed_comm_s / self.step_s if self.step_s > 0 else None
 
 
+def summary_overlap(rank: int, s: StepSummary) -> StepOverlap | None:
+    """The overlap the agent computed for a step (StepSummary's comp_s, overlap_s, exposed_comm_s), by the
+    same definition: what live clients have, and a bounded recording's steps whose detail was not kept.
+    None where the summary has none (too many collectives to keep their intervals, format < 1.1)."""
+    if s.comp_s is None or s.overlap_s is None or s.exposed_comm_s is None or s.blocked_s is None:
+        return None
+    step_s = s.duration_s
+    busy = s.comm_union_s + s.comp_s - s.overlap_s
+    return StepOverlap(rank=rank, step=s.step, step_s=step_s, comm_s=s.comm_union_s, comp_s=s.comp_s,
+                       overlap_s=s.overlap_s, exposed_comm_s=s.exposed_comm_s, idle_s=max(0.0, step_s - busy),
+                       blocked_s=s.blocked_s)
+
+
 def step_overlaps(rec: Recording) -> tuple[StepOverlap, ...]:
-    """One StepOverlap per summarized step of one rank's recording, in step order."""
+    """One StepOverlap per summarized step of one rank's recording, in step order: from the recorded
+    collectives and phases, or, for a step whose detail a bounded recording did not keep (its summary
+    counts collectives, none is recorded), from the overlap the agent computed for it."""
     stream_compute: dict[int, list[Interval]] = defaultdict(list)
     agent: dict[int, list[Interval]] = defaultdict(list)
     for span in rec.phases:
@@ -87,8 +102,14 @@ def step_overlaps(rec: Recording) -> tuple[StepOverlap, ...]:
     comm_u = merge([(issue, complete) for issue, complete in zip(columns.issue_ns, columns.complete_ns, strict=True)
                     if complete is not None and complete > issue])
     blocked_u = merge(blocked_intervals(columns))
+    detailed = set(columns.step)
     out = []
     for summary in sorted(rec.steps, key=lambda s: s.step):
+        if summary.step not in detailed and summary.collectives:
+            kept = summary_overlap(rec.rank, summary)
+            if kept is not None:
+                out.append(kept)
+                continue
         window = summary.start_ns, summary.end_ns
         result, blocked_s, agent_s = _overlap(_within(comm_u, window), _within(blocked_u, window),
                                               agent.get(summary.step, ()), window,

@@ -156,6 +156,7 @@ class RecordingWriter:
     def __init__(self, path: str | Path, rank: int, **header_extra: Any) -> None:
         self.path = Path(path)
         self.records_written = 0
+        self.bytes_written = 0  # the file's size, header included, as written (ZEROMON_MAX_DISK counts it)
         self.records_lost = 0
         self.bytes_lost = 0
         self.error: str | None = None  # the first write error, said once by the agent
@@ -166,7 +167,9 @@ class RecordingWriter:
         self._file: IO[bytes] | None = open(self.path, "wb")  # noqa: SIM115
         self._created = True
         try:
-            self._file.write(self._header_bytes(make_header(rank, **header_extra)))
+            header = self._header_bytes(make_header(rank, **header_extra))
+            self._file.write(header)
+            self.bytes_written = len(header)
             self._file.flush()  # a reader of the running rank's file finds a recording, not an empty file
         except OSError as exc:
             self._fail(exc)
@@ -180,7 +183,7 @@ class RecordingWriter:
         except OSError as exc:
             writer = cls.__new__(cls)
             writer.path, writer._file, writer._created, writer._pending = Path(path), None, False, (0, 0)
-            writer.records_written = writer.records_lost = writer.bytes_lost = 0
+            writer.records_written = writer.bytes_written = writer.records_lost = writer.bytes_lost = 0
             writer.error = f"cannot create {path}: {exc.strerror or exc}"
             writer._init_buffer()
             return writer
@@ -211,6 +214,7 @@ class RecordingWriter:
             self._fail(exc)
             return
         self.records_written += 1
+        self.bytes_written += len(line) + 1
         self._pending = (self._pending[0] + 1, self._pending[1] + len(line) + 1)
 
     def write(self, record: Record) -> None:
@@ -242,6 +246,7 @@ class RecordingWriter:
             self.error = f"cannot write {self.path}: {reason}"
         records, nbytes = self._pending
         self.records_written -= records
+        self.bytes_written -= nbytes
         self.records_lost += records
         self.bytes_lost += nbytes
         self._pending = (0, 0)

@@ -269,6 +269,8 @@ REPLAY_SPEED = Real(0.001, 100000.0, "a speed factor")  # 1 = real time
 SOURCE_SECONDS = Real(0.01, 86400.0, "seconds")
 GPU_MEMORY = Size(MIB, PIB, "a device's memory")
 CAPACITY = Size(MIB, PIB, "a memory capacity")
+# ZEROMON_MAX_DISK: a rank's recording (down to 64 KiB, which tests use to fill one quickly).
+RECORDING_SIZE = Size(64 * KIB, PIB, "a recording's size per rank")
 BUS_BANDWIDTH = Size(MIB, PIB, "a bus bandwidth", per_second=True)
 GPUS_PER_NODE = Count(1, 4096)
 NODES = Count(1, 1_000_000)

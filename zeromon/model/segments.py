@@ -186,6 +186,7 @@ class CompactWriter(RecordingWriter):
             self.records_lost += len(order)
             return
         self.records_written += len(order)
+        self.bytes_written += len(segment)
         self._pending = (self._pending[0] + len(order), self._pending[1] + len(segment))
         try:
             self._file.write(segment)

@@ -22,9 +22,9 @@ from zeromon.analysis.lint import STATIC_SCHEMA, ConfigSchema
 from zeromon.analysis.lint_schema import STATIC_SCHEMA_VERSION
 from zeromon.analysis.lint_types import (
     CHECKED_SECTIONS,
+    OTHER_MODEL_SECTIONS,
     STATIC_TYPES,
     UNCHECKED,
-    VALUE_ONLY_SECTIONS,
     FieldType,
 )
 from zeromon.errors import ZeromonError
@@ -220,6 +220,7 @@ def _deepspeed_schema() -> ConfigSchema:
     from deepspeed.runtime.precision_config import DeepSpeedBF16Config, DeepSpeedFP16Config
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
     from deepspeed.runtime.zero.offload_config import DeepSpeedZeroOffloadOptimizerConfig
+    from deepspeed.utils.config import TIMERS_THROUGHPUT
 
     sections: dict[str, frozenset[str]] = {}
     deprecated: dict[str, str] = {}
@@ -238,7 +239,7 @@ def _deepspeed_schema() -> ConfigSchema:
             found.update(decorator.info.fields)
         return found
 
-    def walk(model: Any, section: str, keys_known: bool = True) -> None:
+    def walk(model: Any, section: str) -> None:
         keys = set()
         for name, info in model.model_fields.items():
             keys.add(name)
@@ -254,17 +255,18 @@ def _deepspeed_schema() -> ConfigSchema:
             if field_type is not None and f"{section}.{name}" not in UNCHECKED:
                 types.update({f"{section}.{key}": field_type for key in (name, info.alias) if key})
             sub = model_of(info.annotation)
-            if sub is not None:
-                walk(sub, f"{section}.{info.alias or name}", keys_known)
-        if keys_known:
-            sections[section] = frozenset(keys)
+            for key in dict.fromkeys((info.alias, name) if sub is not None else ()):
+                if key:
+                    walk(sub, f"{section}.{key}")
+        sections[section] = frozenset(keys)
 
     walk(DeepSpeedZeroConfig, "zero_optimization")
     walk(DeepSpeedFP16Config, "fp16")
     walk(DeepSpeedBF16Config, "bf16")
-    for section, model in _value_only_models().items():
-        walk(model, section, keys_known=False)
+    for section, model in _other_section_models().items():
+        walk(model, section)
     sections[""] = frozenset(_top_level_keys(ds_config)) | STATIC_SCHEMA.sections[""]
+    sections["timers"] = frozenset({TIMERS_THROUGHPUT})  # get_timers_config reads this key alone
     removed = {k: v for k, v in getattr(ds_config, "_REMOVED_TOP_LEVEL_CONFIG_KEYS", {}).items()}
     removed.update({f"zero_optimization.{k}": v
                     for k, v in getattr(ds_config, "_REMOVED_ZERO_CONFIG_KEYS", {}).items()})
@@ -276,8 +278,8 @@ def _deepspeed_schema() -> ConfigSchema:
                         types=types)
 
 
-def _value_only_models() -> dict[str, type]:
-    """The pydantic models of DeepSpeed's VALUE_ONLY_SECTIONS, by the top-level key each is built from."""
+def _other_section_models() -> dict[str, type]:
+    """The pydantic models of DeepSpeed's OTHER_MODEL_SECTIONS, by the key path of the block each is built from."""
     from deepspeed.comm.config import CommsLoggerConfig
     from deepspeed.compile.config import CompileConfig
     from deepspeed.monitor.config import CometConfig, CSVConfig, TensorBoardConfig, WandbConfig
@@ -289,36 +291,68 @@ def _value_only_models() -> dict[str, type]:
                                "comet": CometConfig, "compile": CompileConfig, "hybrid_engine": HybridEngineConfig,
                                "comms_logger": CommsLoggerConfig, "timers.throughput": DeepSpeedThroughputTimerConfig,
                                "tensor_parallel": TPTrainingConfig}
-    assert tuple(models) == VALUE_ONLY_SECTIONS
+    assert tuple(models) == OTHER_MODEL_SECTIONS
     return models
 
 
 def _field_type(info: Any, config_model: type) -> FieldType | None:
     """A pydantic field of DeepSpeed's config models as zeromon's lint checks it; None for what it leaves to
-    other rules (the stage, an int enum) or cannot say."""
-    import enum
-    import pathlib
-
+    other rules (the stage, an int enum) or cannot say (a field of any object)."""
     annotation, optional = info.annotation, False
     args = typing.get_args(annotation)
     if type(None) in args:
         optional = True
         rest = [a for a in args if a is not type(None)]
         annotation = rest[0] if len(rest) == 1 else annotation
+
     def bound(name: str) -> float | None:
         found = [getattr(meta, name) for meta in info.metadata if getattr(meta, name, None) is not None]
         return found[0] if found else None
 
     if annotation in (bool, int, float):
         return FieldType(annotation.__name__, optional, ge=bound("ge"), gt=bound("gt"), le=bound("le"))
+    choices = _choices(annotation)
+    if choices is not None:
+        return FieldType("choice", optional, choices=choices) if choices else None
+    origin, args = typing.get_origin(annotation) or annotation, typing.get_args(annotation)
+    if origin in (list, tuple) and not args:  # a bare list or tuple: any items
+        return FieldType("list", optional)
+    item_choices = _choices(args[0]) if origin is list and len(args) == 1 else None
+    if item_choices:  # List[Literal[...]]
+        return FieldType("list", optional, choices=item_choices)
+    if origin is dict and args in ((), (str, Any)):  # JSON's keys are strings: any object
+        return FieldType("section", optional)
+    return _class_field_type(annotation, optional, config_model)
+
+
+def _choices(annotation: Any) -> tuple[str, ...] | None:
+    """The values of a Literal or an Enum, () when they are not all strings; None for other annotations."""
+    import enum
+
+    if typing.get_origin(annotation) is typing.Literal:
+        values = typing.get_args(annotation)
+    elif isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        values = tuple(m.value for m in annotation)
+    else:
+        return None
+    return values if all(isinstance(v, str) for v in values) else ()
+
+
+def _class_field_type(annotation: Any, optional: bool, config_model: type) -> FieldType | None:
+    import pathlib
+
+    if not isinstance(annotation, type) or annotation is object:
+        return None
+    if annotation is str:
+        return FieldType("str", optional)
     if annotation is pathlib.Path:
         return FieldType("path", optional)
-    if isinstance(annotation, type) and issubclass(annotation, config_model):
+    if issubclass(annotation, config_model):
         return FieldType("section", optional)
-    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
-        values = [m.value for m in annotation]
-        return FieldType("enum", optional, choices=tuple(values)) if all(isinstance(v, str) for v in values) else None
-    return None
+    if issubclass(annotation, str | int | float | list | dict | tuple | pathlib.PurePath):
+        return None  # a type pydantic reads some JSON value as, that zeromon does not mirror
+    # arbitrary_types_allowed: an isinstance check, which no value read from JSON passes
+    return FieldType("object", optional, python_type=f"{annotation.__module__}.{annotation.__qualname__}")
 
 
 def _top_level_keys(ds_config: Any) -> set[str]:
