@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -105,14 +106,17 @@ def test_thinned_steps_are_every_nth_the_outliers_and_the_last() -> None:
     assert keeper.steps_kept + keeper.steps_thinned == len(durations) - keeper.thinned_from
 
 
-def test_a_real_run_stays_under_max_disk_and_reports_every_step(tmp_path: Path) -> None:
+# The compact form holds ~10x the steps' detail in a budget: a smaller one thins it as soon.
+@pytest.mark.parametrize(("form", "max_disk"), [("jsonl", 2**20), ("compact", 160 * 2**10)])
+def test_a_real_run_stays_under_max_disk_and_reports_every_step(tmp_path: Path, form: str, max_disk: int) -> None:
     steps = 1000
     out = tmp_path / "run"
     run = zeromon("run", "--out", str(out), "--", *torchrun_args(2, SCENARIO, "--steps", str(steps)),
-                  env=child_env(ZEROMON_MAX_DISK="1MiB"), timeout=240)
+                  env=child_env(ZEROMON_MAX_DISK=str(max_disk), ZEROMON_FORMAT=form), timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]
     files = sorted(out.glob("rank-*"))
-    assert len(files) == 2 and all(f.stat().st_size <= 2**20 for f in files), [f.stat().st_size for f in files]
+    assert [f.suffix for f in files] == [".zmr" if form == "compact" else ".jsonl"] * 2
+    assert all(f.stat().st_size <= max_disk for f in files), [f.stat().st_size for f in files]
     for rec in read_run(out):
         assert [s.step for s in rec.steps] == list(range(steps))
         said = [n.message for n in rec.notices if isinstance(n, Notice) and n.source == "recording"]
