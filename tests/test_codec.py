@@ -224,5 +224,5 @@ def test_a_rank_file_given_as_the_run_folder_names_its_folder(tmp_path: Path) ->
     path = _write_rank(tmp_path, 0)
     with pytest.raises(ZeromonError) as info:
         read_run(path)
-    assert info.value.message == f"{path}: is a file; a run is the folder of rank-<r>.jsonl files"
+    assert info.value.message == f"{path}: is a file; a run is the folder of rank-<r>.zmr (or .jsonl) files"
     assert info.value.hint == f"pass the folder that holds it: {tmp_path}"

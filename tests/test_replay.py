@@ -7,6 +7,7 @@ the replay is then checked against what read_recording says the files hold.
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 import time
 from collections import Counter
@@ -203,12 +204,12 @@ def test_loop_starts_over_and_seek_goes_back(run_dir: Path) -> None:
 def test_bad_run_folders_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["attach", "--replay", str(tmp_path)]) == 2  # before the screen is taken
     err = capsys.readouterr().err
-    assert f"zeromon: error: replay {tmp_path}: no rank-<r>.jsonl recordings in this folder" in err
+    assert f"zeromon: error: replay {tmp_path}: no rank-<r>.zmr (or .jsonl) recordings in this folder" in err
     assert "hint: record a run with `zeromon run --out DIR -- CMD ...`" in err
 
     with pytest.raises(ZeromonError, match=f"replay {tmp_path / 'nope'}: no such run folder"):
         ReplaySource(tmp_path / "nope")
-    with pytest.raises(ZeromonError, match="no rank-<r>.jsonl recordings"):
+    with pytest.raises(ZeromonError, match=re.escape("no rank-<r>.zmr (or .jsonl) recordings")):
         ReplaySource(tmp_path)
     (tmp_path / "rank-0.jsonl").write_text("hello\n")
     with pytest.raises(ZeromonError, match="rank-0.jsonl:1: not a zeromon recording"):

@@ -170,7 +170,7 @@ def test_imbalance_does_not_depend_on_the_order_collectives_were_written(tmp_pat
 @pytest.mark.parametrize(("header", "message", "hint"), [
     ('{"format": "zeromon-recording", "version": "9.0", "rank": 1, "schemas": {}}',
      "rank-1.jsonl: recording format version 9.0 is not supported", "read it with the zeromon version"),
-    ("{not json", "rank-1.jsonl:1: not a zeromon recording", "recordings are the rank-<r>.jsonl files"),
+    ("{not json", "rank-1.jsonl:1: not a zeromon recording", "recordings are the rank-<r>.zmr (or .jsonl) files"),
 ], ids=["unknown-version", "not-json"])
 def test_a_bad_rank_file_is_one_clear_error(tmp_path: Path, header: str, message: str, hint: str) -> None:
     write_recording(tmp_path, events=2_000, samples=20)

@@ -117,7 +117,7 @@ def test_a_rank_file_is_not_a_run_folder(fsdp2_run: Path) -> None:
         result = zeromon(command, str(fsdp2_run / "rank-0.jsonl"))
         assert result.returncode == 2
         assert result.stderr.splitlines() == [
-            f"zeromon: error: {fsdp2_run}/rank-0.jsonl: is a file; a run is the folder of rank-<r>.jsonl files",
+            f"zeromon: error: {fsdp2_run}/rank-0.jsonl: is a file; a run is the folder of rank-<r>.zmr (or .jsonl) files",
             f"hint: pass the folder that holds it: {fsdp2_run}"]
 
 
@@ -172,7 +172,7 @@ def test_a_folder_of_profiler_traces_given_as_a_run_points_to_trace(tmp_path: Pa
         result = zeromon(command, str(traces))
         assert result.returncode == 2 and result.stdout == ""
         assert result.stderr.splitlines() == [
-            f"zeromon: error: {traces}: no rank-<r>.jsonl recordings in this folder; it holds 1 .json/.json.gz "
+            f"zeromon: error: {traces}: no rank-<r>.zmr (or .jsonl) recordings in this folder; it holds 1 .json/.json.gz "
             "file, profiler traces?",
             f"hint: for PyTorch profiler traces: zeromon report --trace {traces}"]
     # A folder with neither: the hint is to record a run.

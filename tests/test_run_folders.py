@@ -199,9 +199,9 @@ def test_a_rank_in_two_folders_and_a_folder_without_recordings_are_refused(nodes
     assert error == f"{nodes / 'node1' / 'rank-1.jsonl'} and node1-copy/rank-1.jsonl are both rank 1"
     (tmp_path / "empty").mkdir()
     for args in (("report", str(nodes / "node0"), "empty"), ("summary", str(nodes / "node0"), "empty")):
-        assert _refusal(*args, cwd=tmp_path) == "empty: no rank-<r>.jsonl recordings in this folder"
+        assert _refusal(*args, cwd=tmp_path) == "empty: no rank-<r>.zmr (or .jsonl) recordings in this folder"
     assert _refusal("live", "--once", "--replay", str(nodes / "node0"), "empty", cwd=tmp_path) == \
-        "replay empty: no rank-<r>.jsonl recordings in this folder"
+        "replay empty: no rank-<r>.zmr (or .jsonl) recordings in this folder"
     assert _refusal("report", "nodes-*", cwd=tmp_path) == "RUN_DIR nodes-*: it matches nothing"
 
 

@@ -190,7 +190,7 @@ def test_the_dashboard_reads_a_run_folder_as_a_recording_or_before_it_has_one_as
 
     empty = run_dirs / "b"
     assert main(["dashboard", "b"]) == 2
-    assert "RUN_DIR b: no rank-<r>.jsonl recordings and no agent endpoints in it" in capsys.readouterr().err
+    assert "RUN_DIR b: no rank-<r>.zmr (or .jsonl) recordings and no agent endpoints in it" in capsys.readouterr().err
     write_entry(run_entry_path(empty, 0), EndpointEntry(
         run_dir=str(empty.resolve()), run_id="b", job="t", host=socket.gethostname(), address="127.0.0.1", port=1,
         url="http://127.0.0.1:1", rank=0, local_rank=0, world_size=1, pid=os.getpid(), start_ns=1,

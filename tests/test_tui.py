@@ -689,7 +689,7 @@ def test_a_job_that_fails_says_so_and_keeps_the_last_data_polled() -> None:
     job = JobStatus(pid=4242, log="/runs/x/launcher.log")
 
     def no_recording() -> FleetView:
-        raise ZeromonError("replay /runs/x: no rank-<r>.jsonl recordings in this folder")
+        raise ZeromonError("replay /runs/x: no rank-<r>.zmr (or .jsonl) recordings in this folder")
 
     async def body(app: ZeromonApp, pilot: Any) -> None:
         nonlocal job

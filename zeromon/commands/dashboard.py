@@ -100,7 +100,7 @@ def build_feed(args: argparse.Namespace) -> tuple[Any, str]:
         # A run that has not written a recording yet (its ranks are starting): its registered agents,
         # live, and its recording's final state once every rank has ended.
         if not run_entries(run_dir):
-            raise ZeromonError(f"RUN_DIR {run_dir}: no rank-<r>.jsonl recordings and no agent endpoints in it",
+            raise ZeromonError(f"RUN_DIR {run_dir}: no rank-<r>.zmr (or .jsonl) recordings and no agent endpoints in it",
                                hint="a run folder is the --out of `zeromon run`; its ranks write there as they start")
         if recording_only:
             raise ZeromonError(f"{recording_only[0]} applies to a recording, and {run_dir} holds none yet",

@@ -24,7 +24,7 @@ HELP = "analyse a recorded run (or PyTorch profiler traces): overlap, OOM risk, 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("The whole offline analysis of a zeromon recording (a folder of rank-<r>.jsonl) or of "
+    parser.description = ("The whole offline analysis of a zeromon recording (a folder of rank-<r>.zmr or .jsonl files) or of "
                           "PyTorch profiler (Kineto) traces: per-rank table and findings to stdout, --json for "
                           "machines, --html FILE for a self-contained page with figures. Exit status 3 (after "
                           "printing everything) when a rank of the recording died or its recording is incomplete; "

@@ -25,7 +25,7 @@ LOG_TAIL_LINES = 15  # of a failed job's output, shown after the TUI closes (the
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Run CMD with zeromon's agent in every Python process it starts; each rank that "
-                          "creates a process group records to DIR/rank-<r>.jsonl. Example: zeromon run --out "
+                          "creates a process group records to DIR/rank-<r>.zmr (ZEROMON_FORMAT=jsonl: .jsonl). Example: zeromon run --out "
                           "runs/x -- torchrun --nproc-per-node 2 examples/fsdp2_train.py")
     parser.add_argument("--out", metavar="DIR", help="run folder (default: zeromon-runs/<time>)")
     parser.add_argument("--job", metavar="NAME", help="job name recorded with the run (default: the script name)")

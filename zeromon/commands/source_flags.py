@@ -34,7 +34,7 @@ from zeromon.model.numbers import REPLAY_SPEED, flag
 TARGETS, RUN, PROMETHEUS, REPLAY, NEWEST = "TARGET", "RUN_DIR", "--prometheus", "--replay", "newest"
 ALL_KINDS = frozenset({TARGETS, RUN, PROMETHEUS, REPLAY, NEWEST})
 
-RUN_DIR_HINT = "a run folder is the --out of `zeromon run` (it holds rank-*.jsonl and endpoints/)"
+RUN_DIR_HINT = "a run folder is the --out of `zeromon run` (it holds rank-<r>.zmr or .jsonl files and endpoints/)"
 _WHERE_HINT = f"{RUN_DIR_HINT}; a target is host:port, e.g. 127.0.0.1:9470"
 # What each kind is, in the words of a refusal ("it takes a RUN_DIR, host:port TARGETs or ...").
 _KIND_WORDS = {TARGETS: "host:port TARGETs", RUN: "a RUN_DIR", PROMETHEUS: "--prometheus URL",
@@ -68,7 +68,7 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", metavar="RUN_DIR", help="the run in this folder (the same as giving RUN_DIR)")
     parser.add_argument("--prometheus", metavar="URL", help="read every rank through a Prometheus server's HTTP API")
     parser.add_argument("--replay", metavar="RUN_DIR", nargs="+",
-                        help="play a recorded run back (its rank-*.jsonl), from its folder or from several "
+                        help="play a recorded run back (its rank files), from its folder or from several "
                              "folders of one run (one per node; a quoted glob too)")
     parser.add_argument("--speed", metavar="X", type=flag("--speed", REPLAY_SPEED),
                         help=f"replay speed, 1 = real time (default 1; {REPLAY_SPEED.accepts})")
@@ -203,9 +203,9 @@ def _run_folder(path: str, name: str) -> str:
 
 def _replay_folders(paths: list[str], several: bool) -> tuple[str, ...]:
     for path in paths:
-        if os.path.isfile(path):  # a recording is a folder of rank-*.jsonl, played together
+        if os.path.isfile(path):  # a recording is a folder of rank files, played together
             raise ZeromonError(f"--replay {path}: a file, not a run folder; a replay plays a run folder (its "
-                               "rank-*.jsonl together)",
+                               "rank files together)",
                                hint=f"give the folder that holds it: --replay {os.path.dirname(os.path.abspath(path))}")
     folders = tuple(_run_folder(folder, "--replay") for folder in run_folder_words(paths, "--replay"))
     if len(folders) > 1 and not several:

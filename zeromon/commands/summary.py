@@ -16,7 +16,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "Exit status 3 (after printing everything) when a rank died (a signal, an exception, "
                           "or no end record) or its recording is incomplete; 2 for bad input.")
     parser.add_argument("run_dir", metavar="RUN_DIR", nargs="+",
-                        help="a run folder written by `zeromon run --out RUN_DIR` (its rank-<r>.jsonl files), or "
+                        help="a run folder written by `zeromon run --out RUN_DIR` (its rank-<r>.zmr or .jsonl files), or "
                              "several folders of one run (each node's --out, or a quoted glob such as "
                              "'runs/job/node*'): read as one run")
 

@@ -496,7 +496,7 @@ def _layout(kind: str, names: list[str], unchecked: type | None = None) -> _Layo
 MAX_LINE_CHARS = 4 * 2**20
 LINE_ERRORS_KEPT = 100  # lines whose reason Recording.line_errors keeps (corrupt_lines has them all)
 UNKNOWN_KINDS_KEPT = 32  # names of unknown record kinds counted in Recording.unknown_kinds
-_NOT_A_RECORDING = "recordings are the rank-<r>.jsonl files that `zeromon run` writes"
+_NOT_A_RECORDING = "recordings are the rank-<r>.zmr (or .jsonl) files that `zeromon run` writes"
 
 
 def _open_recording(path: Path) -> IO[str]:
@@ -803,7 +803,7 @@ def run_headers(run: RunDirs) -> list[tuple[Path, dict[str, Any]]]:
 
 def _folder_headers(run_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
     if run_dir.is_file():
-        raise ZeromonError(f"{run_dir}: is a file; a run is the folder of rank-<r>.jsonl files",
+        raise ZeromonError(f"{run_dir}: is a file; a run is the folder of rank-<r>.zmr (or .jsonl) files",
                            hint=f"pass the folder that holds it: {run_dir.parent}")
     if not run_dir.is_dir():
         raise ZeromonError(f"{run_dir}: no such run folder")
@@ -811,7 +811,7 @@ def _folder_headers(run_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
     if not files:
         traces = [*run_dir.glob("*.json"), *run_dir.glob("*.json.gz")]  # PyTorch profiler traces, likely
         raise ZeromonError(
-            f"{run_dir}: no rank-<r>.jsonl recordings in this folder"
+            f"{run_dir}: no rank-<r>.zmr (or .jsonl) recordings in this folder"
             + (f"; it holds {len(traces)} .json/.json.gz file{'s' if len(traces) != 1 else ''}, profiler "
                "traces?" if traces else ""),
             hint=f"for PyTorch profiler traces: zeromon report --trace {shlex.quote(str(run_dir))}" if traces

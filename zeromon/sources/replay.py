@@ -225,9 +225,9 @@ def load_tracks(run_dir: RunDirs) -> list[_Track]:
     for folder in run_folders(run_dir):
         if not folder.is_dir():
             raise ZeromonError(f"replay {folder}: no such run folder",
-                               hint="a run folder is the --out of `zeromon run` (it holds rank-<r>.jsonl files)")
+                               hint="a run folder is the --out of `zeromon run` (it holds rank-<r>.zmr or .jsonl files)")
         if not rank_file_paths(folder):
-            raise ZeromonError(f"replay {folder}: no rank-<r>.jsonl recordings in this folder",
+            raise ZeromonError(f"replay {folder}: no rank-<r>.zmr (or .jsonl) recordings in this folder",
                                hint="record a run with `zeromon run --out DIR -- CMD ...`")
     tracks, identities = [], []
     for path in rank_files(run_dir):  # one run's files, from their headers

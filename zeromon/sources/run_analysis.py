@@ -70,7 +70,7 @@ def _analyse_in_processes(files: list[Path], capacity_bytes: int | None, workers
         except BrokenProcessPool:
             raise ZeromonError(f"{files[0].parent}: a worker process analysing the rank files died (killed, or "
                                "out of memory)",
-                               hint="analyse fewer ranks at once: move some rank-<r>.jsonl to a folder of their "
+                               hint="analyse fewer ranks at once: move some rank files to a folder of their "
                                     "own") from None
 
 

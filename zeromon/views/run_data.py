@@ -232,7 +232,7 @@ def _loaded_in_a_child(run_dir: RunDirs, peak_busbw: float | None, capacity_byte
                 child.join()
                 raise ZeromonError(f"{run_name(run_dir)}: the process reading the recording died (exit code "
                                    f"{child.exitcode}: killed, or out of memory)",
-                                   hint="open fewer ranks at once: move some rank-<r>.jsonl to a folder of "
+                                   hint="open fewer ranks at once: move some rank files to a folder of "
                                         "their own") from None
             if kind == "error":
                 raise piece
