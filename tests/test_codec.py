@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -124,7 +125,7 @@ def test_not_a_recording(tmp_path: Path) -> None:
         read_recording(path)
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(ZeromonError, match="no rank-<r>.jsonl"):
+    with pytest.raises(ZeromonError, match=re.escape("no rank-<r>.zmr (or .jsonl)")):
         read_run(empty)
     with pytest.raises(ZeromonError, match="no such run folder"):
         read_run(tmp_path / "missing")

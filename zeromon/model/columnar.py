@@ -6,9 +6,10 @@ squeezes them: each column holds 64-bit integers, delta-coded (a time minus the 
 minus another field of the row: ``complete_ns - issue_ns``), and written byte plane by byte plane
 (all first bytes, then all second bytes, ...: the "shuffle" of Blosc and HDF5), so that the high
 bytes, zero in every row, become long runs. Strings are codes into the segment's own table,
-seconds are exact nanosecond integers. Measured on a real 80-layer FSDP2 recording (242 collectives
-per step, segments of one 0.2 s flush each, zlib level 6), all records counted: 14.0 bytes per
-collective as columns, 15.6 without the shuffle, 33.2 as zlib'd JSON rows (tests/bench/RESULTS.md).
+seconds are exact nanosecond integers. Measured on a real 80-layer FSDP2 recording (240 collectives
+per step, segments of one 0.2 s flush each, zlib level 6), all records counted: 13 bytes per collective
+as columns, 35 as zlib'd JSON rows (tests/bench/RESULTS.md, bench_recording_size); a first cut of the
+columns without the shuffle took 1.6 bytes more.
 
 A record whose values a column cannot hold exactly (a float that is not whole nanoseconds, an
 integer past 64 bits, a value of another type) is written as its JSON row instead: what is read
@@ -33,7 +34,8 @@ from zeromon.model.events import CollectiveEvent, PhaseSpan
 SECONDS_LIMIT = 1e9
 _WIDTH = 8  # bytes per value in memory: array('q')
 # A column is written in the fewest bytes per value that hold it (a width byte, then that many planes):
-# zlib then reads ~2.5 bytes a value instead of 8, a third of its time, for the same output.
+# zlib reads fewer zero planes (the rewritten 80-layer recording: 13.0 -> 12.3 bytes per collective, the
+# flush 5.5 -> 4.8 µs a record).
 _SIGNED = {1: "b", 2: "h", 4: "i", 8: "q"}
 _LIMITS = [(1, 2**7), (2, 2**15), (4, 2**31), (8, 2**63)]
 _LITTLE = sys.byteorder == "little"
