@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from zeromon.errors import ZeromonError
 from zeromon.model import columnar
@@ -100,6 +100,14 @@ DICTIONARY = _dictionary()
 _ZDICT = DICTIONARY.encode()
 
 
+class _Buffered(NamedTuple):
+    """A columnar kind's records since the last flush."""
+
+    code: int  # its byte in a segment's order
+    fits: Callable[[tuple[Any, ...]], bool]  # whether a record's values go into the columns exactly
+    rows: list[tuple[Any, ...]]
+
+
 class CompactWriter(RecordingWriter):
     """Writes one rank's recording in the compact form; RecordingWriter's API and promises (nothing
     raises after the constructor, losses counted). Records are kept until ``flush()``, which appends
@@ -113,9 +121,8 @@ class CompactWriter(RecordingWriter):
         self.level = getattr(self, "level", ZLIB_LEVEL)
         self._order = bytearray()
         self._rows: list[bytes] = []
-        # per columnar kind: (its order code, the check that a record fits, its rows)
-        self._columns: dict[type, tuple[int, Callable[[tuple[Any, ...]], bool], list[tuple[Any, ...]]]] = {
-            cls: (code, columnar.fits(spec), []) for code, (cls, spec) in
+        self._columns: dict[type, _Buffered] = {
+            cls: _Buffered(code, columnar.fits(spec), []) for code, (cls, spec) in
                          enumerate(columnar.SPECS.items(), start=1)}
 
     def _header_bytes(self, header: dict[str, Any]) -> bytes:
@@ -132,9 +139,9 @@ class CompactWriter(RecordingWriter):
         column = self._columns.get(cls)
         if column is not None and self._file is not None:
             values = _GETTERS[cls](record)
-            if column[1](values):
-                column[2].append(values)
-                self._order.append(column[0])
+            if column.fits(values):
+                column.rows.append(values)
+                self._order.append(column.code)
                 self._full()
                 return
         try:
@@ -177,7 +184,7 @@ class CompactWriter(RecordingWriter):
 
     def _write_segment(self) -> None:
         order, rows = self._order, self._rows
-        columns = {cls: kept for cls, (_, _, kept) in self._columns.items()}
+        columns = {cls: buffered.rows for cls, buffered in self._columns.items()}
         self._init_buffer()
         if not order or self._file is None:
             return
