@@ -31,7 +31,7 @@ import statistics
 from collections.abc import Callable
 
 from zeromon.model.events import Record, StepSummary
-from zeromon.model.numbers import MIB, format_size
+from zeromon.model.numbers import KIB, MIB, format_size
 
 # (share of the budget from which a level applies, keep every Nth step (None: none), least steps between
 # two outliers kept)
@@ -157,7 +157,7 @@ class DetailKeeper:
             if size is None or size < self.max_bytes - END_ROOM:
                 return True
             self.full = True
-            self._notice(f"the recording holds {size / MIB:.2f} MiB, all of ZEROMON_MAX_DISK="
+            self._notice(f"the recording holds {_size(size)}, all of ZEROMON_MAX_DISK="
                          f"{format_size(self.max_bytes)} but the room for its end, at step "
                          f"{self._decided_through}: nothing more is written but how the rank ends (every "
                          "step's summary until here; raise ZEROMON_MAX_DISK to keep more)")
@@ -194,7 +194,7 @@ class DetailKeeper:
                 outliers += f", at most 1 in {gap}"
             kept = (f"per-collective detail is kept for every {every}th step, {outliers}, and the last "
                     f"{LAST_STEPS} steps")
-        return (f"the recording holds {size / MIB:.1f} MiB, {size / (self.max_bytes or 1):.0%} of {budget}: "
+        return (f"the recording holds {_size(size)}, {size / (self.max_bytes or 1):.0%} of {budget}: "
                 f"from step {first} on, {kept}; every step's summary is kept")
 
     def close(self) -> str | None:
@@ -212,3 +212,8 @@ class DetailKeeper:
                 f"{self.steps_kept:,} steps and dropped for {self.steps_thinned:,} "
                 f"({self.records_dropped:,} records; the last {LAST_STEPS} steps' written at the end); "
                 "every step's summary is kept")
+
+
+def _size(n: int) -> str:
+    """A file's size in words: '812 KiB', '3.4 MiB'."""
+    return f"{n / KIB:.0f} KiB" if n < MIB else f"{n / MIB:.1f} MiB"
