@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from zeromon.analysis.intervals import Interval, clip, intersect, merge, subtract, total
 from zeromon.analysis.overlap import Overlap, overlap_of_merged
 from zeromon.model.codec import CollectiveColumns, Recording
-from zeromon.model.events import issue_interval, span_ns
+from zeromon.model.events import StepSummary, issue_interval, span_ns
 
 COMPUTE_PHASES = frozenset({"forward", "backward", "optimizer"})  # the stream's computation on GPU
 AGENT_PHASE = "agent"
@@ -68,8 +68,10 @@ class StepOverlap:
         return self.exposed_comm_s / self.step_s if self.step_s > 0 else None
 
 
-def step_overlaps(rec: Recording) -> tuple[StepOverlap, ...]:
-    """One StepOverlap per summarized step of one rank's recording, in step order."""
+def step_overlaps(rec: Recording, summaries: Sequence[StepSummary] | None = None) -> tuple[StepOverlap, ...]:
+    """One StepOverlap per summarized step of one rank's recording (or per one of ``summaries``), in
+    step order, from the collectives and phase spans in each step's window (see
+    zeromon.analysis.step_table for steps whose detail was not kept)."""
     stream_compute: dict[int, list[Interval]] = defaultdict(list)
     agent: dict[int, list[Interval]] = defaultdict(list)
     for span in rec.phases:
@@ -88,7 +90,7 @@ def step_overlaps(rec: Recording) -> tuple[StepOverlap, ...]:
                     if complete is not None and complete > issue])
     blocked_u = merge(blocked_intervals(columns))
     out = []
-    for summary in sorted(rec.steps, key=lambda s: s.step):
+    for summary in sorted(rec.steps if summaries is None else summaries, key=lambda s: s.step):
         window = summary.start_ns, summary.end_ns
         result, blocked_s, agent_s = _overlap(_within(comm_u, window), _within(blocked_u, window),
                                               agent.get(summary.step, ()), window,
@@ -99,6 +101,24 @@ def step_overlaps(rec: Recording) -> tuple[StepOverlap, ...]:
             idle_s=result.idle_s, blocked_s=blocked_s, agent_s=agent_s,
         ))
     return tuple(out)
+
+
+def has_overlap(s: StepSummary) -> bool:
+    """Whether the summary carries the overlap the agent computed (format 1.1 on)."""
+    return not (s.comp_s is None or s.overlap_s is None or s.exposed_comm_s is None or s.blocked_s is None)
+
+
+def overlap_of_summary(s: StepSummary) -> StepOverlap | None:
+    """One step's overlap as the agent computed it as the step ended; None where the summary lacks it.
+    The one-step reference of zeromon.analysis.step_table.summary_columns."""
+    comp, overlap, exposed, blocked = s.comp_s, s.overlap_s, s.exposed_comm_s, s.blocked_s
+    if comp is None or overlap is None or exposed is None or blocked is None:
+        return None
+    step_s = s.duration_s
+    busy = s.comm_union_s + comp - overlap
+    return StepOverlap(rank=s.rank, step=s.step, step_s=step_s, comm_s=s.comm_union_s, comp_s=comp,
+                       overlap_s=overlap, exposed_comm_s=exposed, idle_s=max(0.0, step_s - busy),
+                       blocked_s=blocked, agent_s=s.phase_s.get("agent", 0.0))
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,9 +105,10 @@ def _run_report(args: argparse.Namespace) -> int:
 
 
 def _rank_ends(report: RunReport) -> tuple[RankEnd, ...]:
+    from zeromon.analysis.report import last_step
     from zeromon.model.run_end import read_file_ends
 
-    through = {r.rank: max((s.step for s in r.steps), default=None) for r in report.ranks}
+    through = {r.rank: last_step(r) for r in report.ranks}
     return rank_ends(read_file_ends([Path(r.file) for r in report.ranks]), through, report.world_size)
 
 
