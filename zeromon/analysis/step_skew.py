@@ -19,7 +19,7 @@ RankSteps = tuple[Sequence[int], Sequence[float], Sequence[int] | None]
 
 
 @dataclass(frozen=True, slots=True)
-class StepTimes:
+class AcrossRanks:
     """Over the steps from ``first_step`` on."""
 
     skews: list[float]  # (slowest - fastest) / median step time, of each step every rank summarized
@@ -29,7 +29,7 @@ class StepTimes:
     last_step: int | None
 
 
-def step_times_across_ranks(ranks: Sequence[int], arrays: Sequence[RankSteps], first_step: int) -> StepTimes:
+def step_times_across_ranks(ranks: Sequence[int], arrays: Sequence[RankSteps], first_step: int) -> AcrossRanks:
     """The step times of ``ranks`` (in that order), each rank's (steps, seconds, detail)."""
     import numpy as np
 
@@ -65,10 +65,10 @@ def step_times_across_ranks(ranks: Sequence[int], arrays: Sequence[RankSteps], f
             firsts, counts = np.unique(slow, return_index=True)[1], np.bincount(slow, minlength=len(ranks))
             for i in sorted(firsts.tolist()):
                 slowest[ranks[int(slow[i])]] = int(counts[slow[i]])
-    return StepTimes(skews=skews, slowest=slowest, median_step_s=median_step, detail_step_s=detail_s, last_step=last)
+    return AcrossRanks(skews=skews, slowest=slowest, median_step_s=median_step, detail_step_s=detail_s, last_step=last)
 
 
-def step_times_python(ranks: Sequence[int], arrays: Sequence[RankSteps], first_step: int) -> StepTimes:
+def step_times_python(ranks: Sequence[int], arrays: Sequence[RankSteps], first_step: int) -> AcrossRanks:
     """step_times_across_ranks, one value at a time."""
     durations: dict[int, dict[int, float]] = defaultdict(dict)
     own_steps: dict[int, list[float]] = defaultdict(list)
@@ -89,7 +89,7 @@ def step_times_python(ranks: Sequence[int], arrays: Sequence[RankSteps], first_s
             if median > 0:
                 skews.append((max(values) - min(values)) / median)
             slowest[max(per_rank, key=lambda r: per_rank[r])] += 1
-    return StepTimes(skews=skews, slowest=dict(slowest),
+    return AcrossRanks(skews=skews, slowest=dict(slowest),
                      median_step_s={r: statistics.median(own_steps[r]) for r in ranks if own_steps[r]},
                      detail_step_s={r: sum(own_detail[r]) for r in ranks if own_steps[r]},
                      last_step=max(durations, default=None))

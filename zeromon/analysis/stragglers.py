@@ -177,8 +177,8 @@ def combine_imbalance(parts: Sequence[RankArrivals]) -> Imbalance:
     peaks = {p.rank: p.peak_memory for p in parts if p.peak_memory is not None}
     spread = (max(peaks.values()) - min(peaks.values())) / max(peaks.values()) if len(peaks) > 1 else None
 
-    window = _Window(first_step=first_step, last_step=max([times.last_step, *(step for step, _, _ in runs)],
-                                                          default=first_step),
+    last_steps = [*([] if times.last_step is None else [times.last_step]), *(step for step, _, _ in runs)]
+    window = _Window(first_step=first_step, last_step=max(last_steps, default=first_step),
                      steps=steady_steps, step_s=times.detail_step_s)
     skews, median_step, slowest = times.skews, times.median_step_s, times.slowest
     findings = _findings(arrivals_out, window, peaks, spread, skews, median_step, dict(slowest))
