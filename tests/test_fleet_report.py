@@ -72,9 +72,9 @@ def test_a_generated_fleet_reads_as_one_run_and_its_report_names_the_stragglers_
     stragglers = text[text.index("\nstragglers ("):].splitlines()[2:4]
     assert {int(line.split()[1].rstrip(":")) for line in stragglers} == set(roles.stragglers)
     assert "arrives last" in text and f"rank {roles.stragglers[0]} arrives last" in text
-    # The poor-overlap finding of (nearly) every rank, once, with the ranks counted.
+    # The poor-overlap findings of (nearly) every rank, once per severity, with the ranks counted.
     assert "poor_overlap (as rank 0:" in text and "more: poor_overlap" in text
-    assert text.count("of step time is exposed communication") == 1
+    assert 1 <= text.count("of step time is exposed communication") <= 2
 
     every = zeromon("report", "--all-ranks", str(fleet_run))
     assert _table_ranks(every.stdout) == list(range(RANKS))

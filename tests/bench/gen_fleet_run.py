@@ -5,8 +5,9 @@ are replayed as every rank's steps, with the variation a fleet has:
 
 - every step has a StepSummary; collectives, phase spans and memory samples ("kept detail") only in
   the last ``DETAIL_LAST_STEPS`` steps and every ``DETAIL_EVERY``-th step (a bounded recording);
-- two straggler ranks: the first late (its forward slower by ``STRAGGLER_DELAYS_S[0]``) in three of
-  four steps, the second in the fourth, and every peer blocked that long in its first collective;
+- two straggler ranks: the first late (its forward slower by ``STRAGGLER_DELAY_SHARES[0]`` of a step)
+  in three of four steps, the second in the fourth, and every peer blocked that long in its first
+  collective;
 - one rank whose memory grows every step, to ``GROWING_RANK_END_SHARE`` of its capacity at the end;
 - per-rank memory offsets, a per-rank clock offset and per-step jitter of the step boundaries.
 
@@ -49,7 +50,9 @@ from zeromon.model.events import RunEnd
 
 DETAIL_LAST_STEPS = 50
 DETAIL_EVERY = 500
-STRAGGLER_DELAYS_S = (0.015, 0.020)  # how late each straggler's forward makes it, in its late steps
+# How late each straggler's forward makes it in its late steps, as shares of the source's median step
+# time (a loaded machine records slower steps: the stragglers stay as late in proportion).
+STRAGGLER_DELAY_SHARES = (0.2, 0.3)
 GROWING_RANK_END_SHARE = 0.93  # the growing rank's memory at the last step, of its capacity
 STEP_JITTER_S = 0.002  # the step boundaries' jitter (every rank), and each rank's own on top:
 RANK_JITTER_S = 0.0005
@@ -136,6 +139,7 @@ class _Plan:
     run_id: str
     seed: int
     step_s: float  # the replayed steps' period: the longest template step, a straggler's delay and jitter
+    delays_s: tuple[float, float]  # the stragglers' (STRAGGLER_DELAY_SHARES of the median template step)
 
 
 _TEMPLATE: _Template | None = None  # set in the parent before the workers fork
@@ -177,7 +181,7 @@ def _write_rank(rank: int, plan: _Plan) -> int:
         step_start = start0 + step * period_ns + clock_ns
         offset = step_start - s.start_ns
         late = roles.stragglers[0] if step % 4 else roles.stragglers[1]
-        delay = int(STRAGGLER_DELAYS_S[0 if step % 4 else 1] * 1e9)
+        delay = int(plan.delays_s[0 if step % 4 else 1] * 1e9)
         jitter = int((step_rng.uniform(0, STEP_JITTER_S) + rng.uniform(0, RANK_JITTER_S)) * 1e9)
         first_issue = min((c.issue_ns for c in t.collectives), default=s.start_ns)
         cut = s.start_ns if rank == late else first_issue  # the straggler's forward, the peers' first wait
@@ -226,9 +230,11 @@ def generate(source: Path, out: Path, ranks: int, steps: int, workers: int | Non
     """Write ``ranks`` rank files of ``steps`` steps into ``out`` from ``source``'s rank 0; the records written."""
     global _TEMPLATE
     _TEMPLATE = template = _template(source)
-    longest = max(t.summary.end_ns - t.summary.start_ns for t in template.steps) / 1e9
-    plan = _Plan(ranks=ranks, steps=steps, out=out, run_id=uuid.uuid4().hex, seed=seed,
-                 step_s=longest + max(STRAGGLER_DELAYS_S) + STEP_JITTER_S + RANK_JITTER_S + 2 * CLOCK_OFFSET_S)
+    durations = sorted(t.summary.end_ns - t.summary.start_ns for t in template.steps)
+    delays = (STRAGGLER_DELAY_SHARES[0] * durations[len(durations) // 2] / 1e9,
+              STRAGGLER_DELAY_SHARES[1] * durations[len(durations) // 2] / 1e9)
+    plan = _Plan(ranks=ranks, steps=steps, out=out, run_id=uuid.uuid4().hex, seed=seed, delays_s=delays,
+                 step_s=durations[-1] / 1e9 + max(delays) + STEP_JITTER_S + RANK_JITTER_S + 2 * CLOCK_OFFSET_S)
     out.mkdir(parents=True, exist_ok=True)
     workers = min(ranks, workers or len(os.sched_getaffinity(0)))
     jobs = [(rank, plan) for rank in range(ranks)]

@@ -13,6 +13,7 @@ that makes a rank late once, which is warm-up, not a straggler.
 
 from __future__ import annotations
 
+import operator
 import statistics
 from array import array
 from collections import defaultdict
@@ -24,6 +25,7 @@ from typing import Any
 from zeromon.analysis.findings import Finding, Severity
 from zeromon.analysis.step_skew import step_times_across_ranks
 from zeromon.model.codec import Recording
+from zeromon.model.events import StepSummary
 from zeromon.model.units import format_bytes
 
 # A rank is a straggler when, over the steps after the first, the wait it causes its peers is at
@@ -138,10 +140,19 @@ def rank_arrivals(rec: Recording) -> RankArrivals:
         rank=rec.rank, keys=tuple(by_key), counts=tuple(map(len, by_key.values())),
         issue_ns=_packed("q", list(map(columns.issue_ns.__getitem__, order))),
         blocked_s=_packed("d", list(map(columns.blocked_s.__getitem__, order))),
-        step_s=StepTimes(array("q", [s.step for s in rec.steps]), array("d", [s.duration_s for s in rec.steps]),
-                         array("b", [s.step in detail for s in rec.steps])),
+        step_s=_step_times(rec.steps, detail),
         peak_memory=max(present) if present else None,
     )
+
+
+_STEP_TIMES = operator.attrgetter("step", "start_ns", "end_ns")
+
+
+def _step_times(summaries: Sequence[StepSummary], detail: set[int]) -> StepTimes:
+    """The summaries' steps and durations (StepSummary.duration_s's arithmetic, without its call)."""
+    rows = list(map(_STEP_TIMES, summaries))
+    return StepTimes(array("q", [step for step, _, _ in rows]), array("d", [(end - start) / 1e9 for _, start, end in rows]),
+                     array("b", [step in detail for step, _, _ in rows]))
 
 
 def _packed(typecode: str, values: list[Any]) -> Sequence[Any]:
