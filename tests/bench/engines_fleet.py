@@ -76,8 +76,8 @@ def per_rank_duckdb(c: dict[str, np.ndarray]) -> list[float]:
                      CASE WHEN end_ns > start_ns THEN exposed_s / ((end_ns - start_ns) / 1e9) END AS share,
                      CASE WHEN comm_s > 0 THEN overlap_s / comm_s END AS ratio,
                      greatest(0.0, (end_ns - start_ns) / 1e9 - (comm_s + comp_s - overlap_s)) AS idle
-              FROM frame) WHERE step >= 1""").fetchone()
-    return list(row or ())
+              FROM frame) WHERE step >= 1""").fetchall()
+    return list(row[0]) if row else []
 
 
 def fleet_matrix() -> np.ndarray:
@@ -109,7 +109,7 @@ def fleet_duckdb(m: np.ndarray) -> object:
     long = {"rank": np.repeat(np.arange(RANKS), STEPS), "step": np.tile(np.arange(STEPS), RANKS),  # noqa: F841
             "step_s": m.ravel()}
     skew = duckdb.sql("""SELECT median((hi - lo) / med) FROM (SELECT max(step_s) AS hi, min(step_s) AS lo,
-                         median(step_s) AS med, arg_max(rank, step_s) AS slowest FROM long GROUP BY step)""").fetchone()
+                         median(step_s) AS med, arg_max(rank, step_s) AS slowest FROM long GROUP BY step)""").fetchall()
     per_rank = duckdb.sql("SELECT rank, median(step_s) FROM long GROUP BY rank").fetchnumpy()
     return skew, per_rank
 

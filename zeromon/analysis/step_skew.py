@@ -1,8 +1,9 @@
 """Step times across ranks: how much they differ per step, who is slowest, each rank's median.
 
 At 1,024 ranks x 10,000 steps these are 10 million durations: a dict per step of a dict per rank
-took ~25 s and ~1.5 GB in the process that combines the ranks; as one ranks x steps matrix, numpy
-takes ~1 s and 80 MB (the engine chosen and measured: zeromon.analysis.step_table's docstring).
+(``step_times_python``) took 9.6 s and 843 MB more peak RSS in the process that combines the ranks;
+as one ranks x steps matrix, numpy takes 1.7 s and 258 MB (measured here; the engine chosen and
+measured against DuckDB and Polars: zeromon.analysis.step_table's docstring).
 ``step_times_python`` is the per-value reference the matrix must equal (tests/test_fleet_report.py),
 and the path for ranks whose recordings repeat a step number (the matrix needs one value a step).
 """
@@ -51,11 +52,15 @@ def step_times_across_ranks(ranks: Sequence[int], arrays: Sequence[RankSteps], f
     slowest: dict[int, int] = {}
     if len(ranks) > 1 and all(len(s) for s in present):
         common = present[0]
-        for s in present[1:]:
+        same = all(np.array_equal(s, common) for s in present[1:])  # every rank summarized the same steps
+        for s in () if same else present[1:]:
             common = common[np.isin(common, s)]  # in the first rank's order, as the reference's dict
         if len(common):
             matrix = np.empty((len(ranks), len(common)))
-            for i, (s, sec) in enumerate(zip(steps, seconds, strict=True)):
+            for i, (s, sec, keep) in enumerate(zip(steps, seconds, later, strict=True)):
+                if same:
+                    matrix[i] = sec[keep]
+                    continue
                 order = np.argsort(s)
                 matrix[i] = sec[order[np.searchsorted(s[order], common)]]
             median = np.median(matrix, axis=0)

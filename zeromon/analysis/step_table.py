@@ -1,8 +1,8 @@
 """One rank's steps as columns: what `zeromon report` keeps of each step, for ten thousand steps.
 
 A rank of 10,000 steps made 10,000 StepOverlap objects, sent them pickled from the worker that read
-the rank (~1 MB, 0.1 s to load again) and kept them in the report: at 1,024 ranks ~5 GB and 100 s of
-one core in the process that combines the ranks. A StepTable holds the same numbers as nine numpy
+the rank (1.05 MB, ~0.1 s to load again) and kept them in the report: the report of 1,024 ranks x
+10,000 steps peaked at 6.2 GB over its processes and took 488 s (tests/bench/RESULTS.md). A StepTable holds the same numbers as nine numpy
 arrays (720 kB, loaded as one block each) and is still a sequence of StepOverlap for the clients that
 walk the steps (made one at a time, when looked at).
 
@@ -11,13 +11,15 @@ some steps only) take the overlap the agent computed as the step ended (StepSumm
 comp_s, overlap_s, exposed_comm_s, blocked_s); ``overlap_of_summary`` is the one-step reference of
 that arithmetic (zeromon.analysis.step_overlap), ``summary_columns`` the same for all steps at once.
 
-The engine, measured (tests/bench/engines_fleet.py, this 2-core machine): numpy, already a
-dependency, against DuckDB 2.0 and Polars 2.1 on the report's hot operations. Per rank (10,000
-summaries: derived columns and five medians) numpy takes 1.9 ms, Polars 6.5 ms, DuckDB 19 ms; across
-1,024 ranks x 10,000 steps (per step median, slowest, fastest; per rank median) numpy 1.4 s, Polars
-1.6 s, DuckDB 1.7 s; importing them costs 0, 0.18 and 0.25 s in every worker. A query engine earns
-its keep on joins and larger-than-memory scans, neither of which the report has: the steps of one
-rank fit a few arrays, and the ranks line up step by step into one matrix.
+The engine, measured (tests/bench/engines_fleet.py on this shared 2-core machine, load ~2): numpy,
+already a dependency, against DuckDB 2.0.0 and Polars 2.1.0 on the report's hot operations. Per rank
+(10,000 steps: the derived columns and five medians) numpy 0.70 ms, Polars 0.90 ms, DuckDB 5.3 ms;
+across 1,024 ranks x 10,000 steps (per step the median, slowest and fastest; per rank the median)
+numpy 260 ms, Polars 220 ms, DuckDB 356 ms; importing them 0, 99-294 and 62-162 ms, in each worker.
+The cost that matters is the same for all three: making columns of a rank's StepSummary objects
+(~10 ms of the ~20 ms a rank's analysis takes). Polars' 40 ms across ranks does not pay for a new
+dependency (181 MB installed; DuckDB 68 MB), nor for matching the reference's choice among equal
+maxima (the first rank) in a group-by.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import overload
 
 import numpy as np
@@ -128,6 +131,7 @@ def _ratio(top: np.ndarray, bottom: np.ndarray) -> np.ndarray:
 _INTEGERS = operator.attrgetter("step", "start_ns", "end_ns")
 _SECONDS = operator.attrgetter("comm_union_s", "comp_s", "overlap_s", "exposed_comm_s", "blocked_s")
 _PHASES = operator.attrgetter("phase_s")
+_STEP = operator.attrgetter("step")
 
 
 def summary_columns(summaries: Sequence[StepSummary]) -> tuple[np.ndarray, np.ndarray]:
@@ -135,9 +139,10 @@ def summary_columns(summaries: Sequence[StepSummary]) -> tuple[np.ndarray, np.nd
     must all have the overlap (has_overlap). Two passes of attrgetter over the objects: ~3 ms for
     10,000, where a getattr per field and step took 50."""
     n = len(summaries)
-    integers = np.array(list(map(_INTEGERS, summaries)), dtype=np.int64).reshape(n, 3).T
-    comm, comp, overlap, exposed, blocked = np.array(list(map(_SECONDS, summaries)),
-                                                     dtype=np.float64).reshape(n, 5).T
+    # fromiter over the fields one after another: np.array of a list of tuples costs 3x as much.
+    integers = np.fromiter(chain.from_iterable(map(_INTEGERS, summaries)), np.int64, 3 * n).reshape(n, 3).T
+    comm, comp, overlap, exposed, blocked = np.fromiter(chain.from_iterable(map(_SECONDS, summaries)), np.float64,
+                                                        5 * n).reshape(n, 5).T
     step_s = (integers[2] - integers[1]) / 1e9
     idle = np.maximum(0.0, step_s - (comm + comp - overlap))
     agent = np.array([phases.get("agent", 0.0) for phases in map(_PHASES, summaries)], dtype=np.float64)
@@ -148,15 +153,18 @@ def step_table(rec: Recording) -> StepTable:
     """The rank's steps as step_overlaps gives them, each step summarized: from its collectives and
     phase spans where the recording kept them, from its summary's overlap where it kept none (both
     absent: the summary alone), in one pass of numpy over those."""
-    summaries = sorted(rec.steps, key=lambda s: s.step)
+    summaries = sorted(rec.steps, key=_STEP)
+    n = len(summaries)
+    steps = np.fromiter(map(_STEP, summaries), np.int64, n)
     detail = set(rec.collective_columns().step)
     detail.update(p.step for p in rec.phases)
-    alone = [i for i, s in enumerate(summaries) if s.step not in detail and has_overlap(s)]
-    if not alone:
+    alone = ~np.isin(steps, np.fromiter(detail, np.int64, len(detail))) & np.fromiter(map(has_overlap, summaries),
+                                                                                      bool, n)
+    if not alone.any():
         return StepTable.of(rec.rank, step_overlaps(rec))
-    values = np.empty((len(VALUE_COLUMNS), len(summaries)))
-    values[:, alone] = summary_columns([summaries[i] for i in alone])[1]
-    kept = sorted(set(range(len(summaries))) - set(alone))
+    values = np.empty((len(VALUE_COLUMNS), n))
+    values[:, alone] = summary_columns([summaries[i] for i in np.flatnonzero(alone).tolist()])[1]
+    kept = np.flatnonzero(~alone).tolist()
     if kept:
         values[:, kept] = StepTable.of(rec.rank, step_overlaps(rec, [summaries[i] for i in kept])).values
-    return StepTable(rec.rank, np.fromiter((s.step for s in summaries), np.int64, len(summaries)), values)
+    return StepTable(rec.rank, steps, values)
