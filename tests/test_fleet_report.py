@@ -15,7 +15,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import REPO, zeromon
 from zeromon.analysis.step_overlap import StepOverlap, overlap_of_summary, step_overlaps
 from zeromon.analysis.step_skew import step_times_across_ranks, step_times_python
 from zeromon.analysis.step_table import StepTable, step_table, summary_columns
@@ -23,6 +22,8 @@ from zeromon.analysis.stragglers import _step_arrays, rank_arrivals
 from zeromon.commands.progress import Progress
 from zeromon.model.codec import read_run
 from zeromon.model.events import StepSummary
+
+from conftest import REPO, zeromon
 
 sys.path.insert(0, str(REPO / "tests" / "bench"))
 import gen_fleet_run  # noqa: E402

@@ -10,6 +10,11 @@ plain lines on stderr); wall time from start to exit, peak RSS the largest sum o
 process and its workers, sampled every 50 ms from outside. A run past 600 s or 8 GB is stopped and said.
 
     python tests/bench/bench_fleet_report.py [--sizes 64,256,1024] [--steps 10000] [--repeat 3] [--json out.json]
+
+Before the columnar report (commit da28aa1: a StepOverlap object per step sent back from every worker,
+10 million of them kept in one process), measured once each on the same generated runs, the machine
+loaded (load average 4-6): 64 ranks 41.1 s and 439 MB (8.2 s at a lower load), 256 ranks 147.6 s and
+1,501 MB (71.1 s at a lower load), 1,024 ranks 488.2 s and 6,168 MB.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ from zeromon.model import (
     RunInfo,
     StepSummary,
 )
-from zeromon.model.codec import read_recording, rank_file_name
+from zeromon.model.codec import rank_file_name, read_recording
 from zeromon.model.events import RunEnd
 
 DETAIL_LAST_STEPS = 50

@@ -18,8 +18,8 @@ from zeromon.model.units import format_bytes
 if TYPE_CHECKING:
     from zeromon.analysis.findings import Finding
     from zeromon.analysis.report import RankReport, RunReport
-    from zeromon.views.report_summary import RankSummary
     from zeromon.analysis.trace_overlap import RankTraceOverlap
+    from zeromon.views.report_summary import RankSummary
 
 NAME = "report"
 HELP = "analyse a recorded run (or PyTorch profiler traces): overlap, OOM risk, bandwidth, stragglers"
