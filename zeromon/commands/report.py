@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from zeromon.analysis.findings import Finding
     from zeromon.analysis.report import RankReport, RunReport
     from zeromon.analysis.trace_overlap import RankTraceOverlap
-    from zeromon.views.report_summary import RankSummary
+    from zeromon.views.report_summary import RanksShown
 
 NAME = "report"
 HELP = "analyse a recorded run (or PyTorch profiler traces): overlap, OOM risk, bandwidth, stragglers"
@@ -194,7 +194,7 @@ def _rank_line(r: RankReport) -> str:
             f"{format_bytes(r.capacity):>11} {_risk(r):<8} {busbw}")
 
 
-def _rest_line(summary: RankSummary) -> str:
+def _rest_line(summary: RanksShown) -> str:
     """'… and 1,008 more ranks within 0.4% of the median step time (122.8 ms) and 1.2 points of the
     median exposed share (55%); OOM risk ok'."""
     spread = summary.spread
@@ -209,7 +209,7 @@ def _rest_line(summary: RankSummary) -> str:
             + (f"; OOM risk {risks}" if risks else ""))
 
 
-def _straggler_lines(summary: RankSummary) -> list[str]:
+def _straggler_lines(summary: RanksShown) -> list[str]:
     if not summary.stragglers:
         return ["", "stragglers: no rank made its peers wait (over the steps after the first)"]
     lines = ["", "stragglers (the ranks whose late arrival at collectives made their peers wait, most first; over "

@@ -32,7 +32,7 @@ class Spread:
 
 
 @dataclass(frozen=True, slots=True)
-class RankSummary:
+class RanksShown:
     shown: tuple[RankReport, ...]  # worst first
     rest: int  # ranks not shown
     spread: Spread
@@ -61,7 +61,7 @@ def _distance(value: float | None, median: float | None, relative: bool) -> floa
     return abs(value - median) / median if median > 0 else 0.0
 
 
-def summarise_ranks(report: RunReport, shown: int = RANKS_SHOWN) -> RankSummary:
+def summarise_ranks(report: RunReport, shown: int = RANKS_SHOWN) -> RanksShown:
     ranks = report.ranks
     median_step = _median([r.median_step_s for r in ranks])
     median_share = _median([r.median_exposed_share for r in ranks])
@@ -83,7 +83,7 @@ def summarise_ranks(report: RunReport, shown: int = RANKS_SHOWN) -> RankSummary:
         exposed_within=max((_distance(r.median_exposed_share, median_share, False) for r in tail), default=None))
     waiting = sorted((a for a in report.imbalance.ranks if a.steady_caused_wait_s > 0),
                      key=lambda a: (-a.steady_caused_wait_s, a.rank))
-    return RankSummary(shown=head, rest=len(tail), spread=spread, stragglers=tuple(waiting[:shown]),
+    return RanksShown(shown=head, rest=len(tail), spread=spread, stragglers=tuple(waiting[:shown]),
                        stragglers_rest=max(0, len(waiting) - shown))
 
 
