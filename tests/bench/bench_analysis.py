@@ -79,22 +79,6 @@ def write_recording(folder: Path, events: int, samples: int) -> None:
         writer.close()
 
 
-def _tree_rss_kb(pid: int) -> int:
-    """VmRSS of a process and all its descendants (shared pages counted in each: an upper bound)."""
-    total, pending = 0, [pid]
-    while pending:
-        current = pending.pop()
-        try:
-            with open(f"/proc/{current}/status") as f:
-                total += next((int(line.split()[1]) for line in f if line.startswith("VmRSS")), 0)
-            for task in os.listdir(f"/proc/{current}/task"):
-                with open(f"/proc/{current}/task/{task}/children") as f:
-                    pending.extend(int(child) for child in f.read().split())
-        except (OSError, ValueError):  # it exited meanwhile
-            continue
-    return total
-
-
 def child(folder: str) -> None:
     """What `zeromon report RUN_DIR --json` runs: every rank read and analysed in a worker process
     (one per CPU), the ranks combined in this one."""
@@ -114,11 +98,14 @@ def child(folder: str) -> None:
 def measure(folder: Path) -> dict[str, float]:
     """One run of child() in a fresh process; the RSS of it and its workers together sampled from
     here every 10 ms (from outside: no thread of ours in the process that forks the workers)."""
+    sys.path.insert(0, str(Path(__file__).parent))  # benchlib, also when a test imports this module
+    import benchlib
+
     proc = subprocess.Popen([sys.executable, __file__, "--child", str(folder)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     peak_kb = 0
     while proc.poll() is None:
-        peak_kb = max(peak_kb, _tree_rss_kb(proc.pid))
+        peak_kb = max(peak_kb, benchlib.tree_rss_kb(proc.pid))
         time.sleep(0.01)
     out, err = proc.communicate()
     if proc.returncode != 0:
@@ -157,7 +144,6 @@ def main() -> None:
         print(f"median total {median['total_s']:.2f} s (target < 5 s), peak RSS {median['peak_rss_mb']:.0f} MB "
               f"(target < 1024 MB): {'MET' if met else 'NOT MET'}")
         if args.json:
-            sys.path.insert(0, str(Path(__file__).parent))
             import benchlib
 
             note = f"{args.events:,} events, {args.samples:,} memory samples, 2 ranks; read and analysed " \

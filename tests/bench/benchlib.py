@@ -184,4 +184,62 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, poll_s: float = 
     return predicate()
 
 
+def tree_rss_kb(pid: int) -> int:
+    """VmRSS of a process and all its descendants (shared pages counted in each: an upper bound)."""
+    total, pending = 0, [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            with open(f"/proc/{current}/status") as f:
+                total += next((int(line.split()[1]) for line in f if line.startswith("VmRSS")), 0)
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as f:
+                    pending.extend(int(child) for child in f.read().split())
+        except (OSError, ValueError):  # it exited meanwhile
+            continue
+    return total
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TreeRun:
+    """A command run by run_watched: its wall time, the peak RSS of its process tree, how it ended."""
+
+    wall_s: float
+    peak_rss_mb: float
+    returncode: int | None  # None: stopped at a limit
+    stopped: str | None  # which limit ("time", "memory"), or None
+    stdout: str
+    stderr: str
+
+
+def run_watched(command: Sequence[str], limit_s: float, limit_rss_mb: float, env: dict[str, str] | None = None,
+                poll_s: float = 0.05) -> TreeRun:
+    """Run a command, sampling the RSS of it and its descendants every ``poll_s`` (from outside); stop
+    it (the whole process group) past ``limit_s`` seconds or ``limit_rss_mb`` MB."""
+    import signal
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        started = time.perf_counter()
+        proc = subprocess.Popen(list(command), stdout=out, stderr=err, text=True, env=env, start_new_session=True)
+        peak_kb, stopped = 0, None
+        while proc.poll() is None:
+            peak_kb = max(peak_kb, tree_rss_kb(proc.pid))
+            if peak_kb / 1024 > limit_rss_mb:
+                stopped = "memory"
+            elif time.perf_counter() - started > limit_s:
+                stopped = "time"
+            if stopped:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                break
+            time.sleep(poll_s)
+        wall_s = time.perf_counter() - started
+        out.seek(0)
+        err.seek(0)
+        return TreeRun(wall_s=wall_s, peak_rss_mb=peak_kb / 1024, returncode=None if stopped else proc.returncode,
+                       stopped=stopped, stdout=out.read(), stderr=err.read())
+
+
 MB = 1024 * 1024

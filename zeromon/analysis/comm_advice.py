@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Sequence
 
 from zeromon.analysis.findings import Finding, Severity
-from zeromon.analysis.step_overlap import StepOverlap, summary_overlap
+from zeromon.analysis.step_overlap import StepOverlap, overlap_of_summary
 from zeromon.model.events import RunInfo, StepSummary
 
 # Exposed communication worth a finding: a share of step time, with the overlap ratio below a bar.
@@ -67,13 +67,22 @@ def overlap_findings(rank: int, steps: Sequence[StepOverlap], info: RunInfo | No
     shares = [s.exposed_share for s in steady if s.exposed_share is not None]
     if not shares:
         return ()
-    share = statistics.median(shares)
     ratios = [r for s in steady if (r := s.overlap_ratio) is not None]
-    ratio = statistics.median(ratios) if ratios else None
+    return overlap_findings_of_medians(rank, statistics.median(shares),
+                                       statistics.median(ratios) if ratios else None,
+                                       statistics.median(s.exposed_comm_s for s in steady),
+                                       statistics.median(s.step_s for s in steady), info)
+
+
+def overlap_findings_of_medians(rank: int, share: float | None, ratio: float | None, exposed_s: float | None,
+                                step_s: float | None, info: RunInfo | None) -> tuple[Finding, ...]:
+    """overlap_findings from the medians over the steps after the first (a report's RankReport has them):
+    of the exposed share, the overlap ratio, the exposed seconds and the step time."""
+    if share is None or exposed_s is None or step_s is None:
+        return ()
     if share < EXPOSED_SHARE_WARN or (ratio is not None and ratio >= OVERLAP_RATIO_POOR):
         return ()
-    exposed_ms = statistics.median(s.exposed_comm_s for s in steady) * 1e3
-    step_ms = statistics.median(s.step_s for s in steady) * 1e3
+    exposed_ms, step_ms = exposed_s * 1e3, step_s * 1e3
     evidence = [f"median exposed communication {exposed_ms:.1f} ms of a {step_ms:.1f} ms step ({share:.0%})"]
     if ratio is not None:
         evidence.append(f"median overlap ratio {ratio:.0%} (overlapped / all communication time)")
@@ -90,7 +99,7 @@ def overlap_findings_of_summaries(rank: int, steps: Sequence[StepSummary],
                                   info: RunInfo | None) -> tuple[Finding, ...]:
     """The same finding from the overlap the agent computed per step (StepSummary's comp_s,
     overlap_s, exposed_comm_s): what live clients have, with no collective events."""
-    overlaps = [o for s in steps if (o := summary_overlap(rank, s)) is not None]
+    overlaps = [o for s in steps if (o := overlap_of_summary(s)) is not None]
     return overlap_findings(rank, overlaps, info) if overlaps else ()
 
 

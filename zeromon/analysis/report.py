@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,11 +15,12 @@ from zeromon.analysis.bandwidth import (
     merge_samples,
     table_of_samples,
 )
-from zeromon.analysis.comm_advice import overlap_findings, with_waiting_for_peers
+from zeromon.analysis.comm_advice import overlap_findings_of_medians, with_waiting_for_peers
 from zeromon.analysis.findings import Finding
 from zeromon.analysis.oom import OomForecast, forecast
 from zeromon.analysis.recording_summary import strategy_label
-from zeromon.analysis.step_overlap import StepOverlap, WarmUp, step_overlaps, warmup
+from zeromon.analysis.step_overlap import StepOverlap, WarmUp, warmup
+from zeromon.analysis.step_table import StepTable, step_table
 from zeromon.analysis.stragglers import Imbalance, RankArrivals, combine_imbalance, rank_arrivals
 from zeromon.model.codec import Recording, collector_paused
 from zeromon.model.events import RunInfo
@@ -31,7 +31,7 @@ class RankReport:
     rank: int
     framework: str
     strategy: str
-    steps: tuple[StepOverlap, ...]
+    steps: Sequence[StepOverlap]  # a StepTable (zeromon.analysis.step_table) from rank_report
     median_step_s: float | None
     median_exposed_comm_s: float | None
     median_exposed_share: float | None
@@ -102,11 +102,6 @@ def finding_heading(finding: Finding) -> str:
     return f"{finding.title} (rank {finding.rank})"
 
 
-def _median(values: Sequence[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return statistics.median(present) if present else None
-
-
 def _pct(ratio: float | None) -> float | None:
     return None if ratio is None else round(100.0 * ratio, 3)
 
@@ -124,7 +119,7 @@ def _rank_dict(r: RankReport) -> dict[str, Any]:
         "peak_memory_bytes": r.peak_memory,
         "capacity_bytes": r.capacity,
         "busbw_bytes_per_s": r.busbw_by_op,
-        "temporal_breakdown": _temporal_breakdown(r.steps),
+        "temporal_breakdown": _temporal_breakdown(r),
         "oom": {"risk": r.oom.risk.value, "headroom_bytes": r.oom.headroom_bytes,
                 "predicted_peak_bytes": r.oom.predicted_peak_bytes,
                 "growth_bytes_per_step": r.oom.growth_bytes_per_step,
@@ -137,19 +132,21 @@ def _rank_dict(r: RankReport) -> dict[str, Any]:
     }
 
 
-def _steady(steps: Sequence[StepOverlap]) -> list[StepOverlap]:
-    """The steps after the first (all of them when there is one): what the medians and findings judge."""
-    return [s for s in steps if s.step >= 1] or list(steps)
+def _table(r: RankReport) -> StepTable:
+    return r.steps if isinstance(r.steps, StepTable) else StepTable.of(r.rank, r.steps)
 
 
-def _temporal_breakdown(steps: Sequence[StepOverlap]) -> dict[str, float]:
+def last_step(r: RankReport) -> int | None:
+    """The rank's last summarized step (from 0); None: no step ended."""
+    return _table(r).last_step
+
+
+def _temporal_breakdown(r: RankReport) -> dict[str, float]:
     """HTA's temporal breakdown over the steps after the first: idle (neither), compute, and
     non-compute (communication not hidden behind compute), in seconds and as shares of the time."""
-    steady = _steady(steps)
-    total = sum(s.step_s for s in steady)
-    idle = sum(s.idle_s for s in steady)
-    compute = sum(s.comp_s for s in steady)
-    non_compute = sum(s.exposed_comm_s for s in steady)
+    steps = _table(r)
+    total, idle, compute, non_compute = (steps.steady_sum(name) for name in ("step_s", "idle_s", "comp_s",
+                                                                              "exposed_comm_s"))
     share = (lambda x: round(100.0 * x / total, 3)) if total > 0 else (lambda x: 0.0)
     return {"idle_time_s": idle, "compute_time_s": compute, "non_compute_time_s": non_compute,
             "idle_time_pctg": share(idle), "compute_time_pctg": share(compute),
@@ -168,8 +165,7 @@ def rank_report(rec: Recording, capacity_bytes: int | None = None,
     """One rank's report; ``samples``: its bandwidth_samples, when the caller has them already."""
     if samples is None:
         samples = bandwidth_samples(rec.collective_columns())
-    steps = step_overlaps(rec)
-    steady = _steady(steps)
+    steps = step_table(rec)
     levels = [level for m in rec.memory
               if (level := m.allocated if m.allocated is not None else m.rss) is not None]
     capacity = capacity_bytes or next((m.capacity for m in reversed(rec.memory) if m.capacity), None)
@@ -178,11 +174,11 @@ def rank_report(rec: Recording, capacity_bytes: int | None = None,
         framework=rec.run_info.framework if rec.run_info else "-",
         strategy=strategy_label(rec),
         steps=steps,
-        median_step_s=_median([s.step_s for s in steady]),
-        median_exposed_comm_s=_median([s.exposed_comm_s for s in steady]),
-        median_exposed_share=_median([s.exposed_share for s in steady]),
-        median_overlap_ratio=_median([s.overlap_ratio for s in steady]),
-        median_blocked_s=_median([s.blocked_s for s in steady]),
+        median_step_s=steps.steady_median("step_s"),
+        median_exposed_comm_s=steps.steady_median("exposed_comm_s"),
+        median_exposed_share=steps.steady_median("exposed_share"),
+        median_overlap_ratio=steps.steady_median("overlap_ratio"),
+        median_blocked_s=steps.steady_median("blocked_s"),
         peak_memory=max(levels) if levels else None,
         capacity=capacity,
         busbw_by_op=busbw_by_op_of_samples(samples),
@@ -212,7 +208,9 @@ def analyze_rank(rec: Recording, capacity_bytes: int | None = None) -> RankAnaly
         samples = bandwidth_samples(rec.collective_columns())
         report = rank_report(rec, capacity_bytes, samples)
         arrivals = rank_arrivals(rec)
-    findings = report.oom.findings + overlap_findings(rec.rank, report.steps, rec.run_info)
+    findings = report.oom.findings + overlap_findings_of_medians(
+        rec.rank, report.median_exposed_share, report.median_overlap_ratio, report.median_exposed_comm_s,
+        report.median_step_s, rec.run_info)
     return RankAnalysis(report=report, samples=samples, arrivals=arrivals, run_info=rec.run_info, findings=findings)
 
 
@@ -226,7 +224,7 @@ def combine_report(ranks: Sequence[RankAnalysis], run_dir: str, peak_busbw: floa
     # step, is warm-up, not a reason to look at a peer).
     waited = {a.rank: a.steady_waited_s for a in imbalance.ranks}
     late = [f.rank for f in imbalance.findings if f.kind == "straggler" and f.rank is not None]
-    findings = [with_waiting_for_peers(f, sum(s.exposed_comm_s for s in _steady(r.report.steps)),
+    findings = [with_waiting_for_peers(f, _table(r.report).steady_sum("exposed_comm_s"),
                                        waited[r.report.rank], late)
                 for r in ranks for f in r.findings]
     findings.extend(imbalance.findings)

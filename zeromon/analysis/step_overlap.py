@@ -68,23 +68,10 @@ class StepOverlap:
         return self.exposed_comm_s / self.step_s if self.step_s > 0 else None
 
 
-def summary_overlap(rank: int, s: StepSummary) -> StepOverlap | None:
-    """The overlap the agent computed for a step (StepSummary's comp_s, overlap_s, exposed_comm_s), by the
-    same definition: what live clients have, and a bounded recording's steps whose detail was not kept.
-    None where the summary has none (too many collectives to keep their intervals, format < 1.1)."""
-    if s.comp_s is None or s.overlap_s is None or s.exposed_comm_s is None or s.blocked_s is None:
-        return None
-    step_s = s.duration_s
-    busy = s.comm_union_s + s.comp_s - s.overlap_s
-    return StepOverlap(rank=rank, step=s.step, step_s=step_s, comm_s=s.comm_union_s, comp_s=s.comp_s,
-                       overlap_s=s.overlap_s, exposed_comm_s=s.exposed_comm_s, idle_s=max(0.0, step_s - busy),
-                       blocked_s=s.blocked_s)
-
-
-def step_overlaps(rec: Recording) -> tuple[StepOverlap, ...]:
-    """One StepOverlap per summarized step of one rank's recording, in step order: from the recorded
-    collectives and phases, or, for a step whose detail a bounded recording did not keep (its summary
-    counts collectives, none is recorded), from the overlap the agent computed for it."""
+def step_overlaps(rec: Recording, summaries: Sequence[StepSummary] | None = None) -> tuple[StepOverlap, ...]:
+    """One StepOverlap per summarized step of one rank's recording (or per one of ``summaries``), in
+    step order, from the collectives and phase spans in each step's window (see
+    zeromon.analysis.step_table for steps whose detail was not kept)."""
     stream_compute: dict[int, list[Interval]] = defaultdict(list)
     agent: dict[int, list[Interval]] = defaultdict(list)
     for span in rec.phases:
@@ -102,14 +89,8 @@ def step_overlaps(rec: Recording) -> tuple[StepOverlap, ...]:
     comm_u = merge([(issue, complete) for issue, complete in zip(columns.issue_ns, columns.complete_ns, strict=True)
                     if complete is not None and complete > issue])
     blocked_u = merge(blocked_intervals(columns))
-    detailed = set(columns.step)
     out = []
-    for summary in sorted(rec.steps, key=lambda s: s.step):
-        if summary.step not in detailed and summary.collectives:
-            kept = summary_overlap(rec.rank, summary)
-            if kept is not None:
-                out.append(kept)
-                continue
+    for summary in sorted(rec.steps if summaries is None else summaries, key=lambda s: s.step):
         window = summary.start_ns, summary.end_ns
         result, blocked_s, agent_s = _overlap(_within(comm_u, window), _within(blocked_u, window),
                                               agent.get(summary.step, ()), window,
@@ -120,6 +101,24 @@ def step_overlaps(rec: Recording) -> tuple[StepOverlap, ...]:
             idle_s=result.idle_s, blocked_s=blocked_s, agent_s=agent_s,
         ))
     return tuple(out)
+
+
+def has_overlap(s: StepSummary) -> bool:
+    """Whether the summary carries the overlap the agent computed (format 1.1 on)."""
+    return not (s.comp_s is None or s.overlap_s is None or s.exposed_comm_s is None or s.blocked_s is None)
+
+
+def overlap_of_summary(s: StepSummary) -> StepOverlap | None:
+    """One step's overlap as the agent computed it as the step ended; None where the summary lacks it.
+    The one-step reference of zeromon.analysis.step_table.summary_columns."""
+    comp, overlap, exposed, blocked = s.comp_s, s.overlap_s, s.exposed_comm_s, s.blocked_s
+    if comp is None or overlap is None or exposed is None or blocked is None:
+        return None
+    step_s = s.duration_s
+    busy = s.comm_union_s + comp - overlap
+    return StepOverlap(rank=s.rank, step=s.step, step_s=step_s, comm_s=s.comm_union_s, comp_s=comp,
+                       overlap_s=overlap, exposed_comm_s=exposed, idle_s=max(0.0, step_s - busy),
+                       blocked_s=blocked, agent_s=s.phase_s.get("agent", 0.0))
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ that makes a rank late once, which is warm-up, not a straggler.
 
 from __future__ import annotations
 
+import operator
 import statistics
 from array import array
 from collections import defaultdict
@@ -22,7 +23,9 @@ from itertools import pairwise
 from typing import Any
 
 from zeromon.analysis.findings import Finding, Severity
+from zeromon.analysis.step_skew import step_times_across_ranks
 from zeromon.model.codec import Recording
+from zeromon.model.events import StepSummary
 from zeromon.model.units import format_bytes
 
 # A rank is a straggler when, over the steps after the first, the wait it causes its peers is at
@@ -80,8 +83,39 @@ class RankArrivals:
     # the k-th of that op in that step, the collective peers match it with.
     issue_ns: Sequence[int]  # an array('q') (8 bytes a value, sent and received as one block) ...
     blocked_s: Sequence[float]  # ... and an array('d'); lists where the values do not fit one
-    step_s: tuple[tuple[int, float], ...]  # (step, duration_s) of each step summary, as recorded
+    step_s: Sequence[tuple[int, float]]  # (step, duration_s) of each step summary, as recorded (a StepTimes)
     peak_memory: int | None  # the highest level (allocator on GPU, RSS on CPU)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class StepTimes(Sequence[tuple[int, float]]):
+    """(step, duration_s) of each step summary as two arrays: 10,000 steps pickle as 160 kB, not as
+    10,000 tuples (~1 GB in the process that combines 1,024 ranks). ``detail``: 1 where the recording
+    kept the step's collectives or phase spans (a bounded recording keeps some steps' only)."""
+
+    steps: array
+    seconds: array
+    detail: array
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return list(zip(self.steps[index], self.seconds[index], strict=True))
+        return self.steps[index], self.seconds[index]
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, Sequence) else NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _step_arrays(part: RankArrivals) -> tuple[Sequence[int], Sequence[float], Sequence[int] | None]:
+    """A rank's step numbers, durations and, where known, which steps kept their detail."""
+    if isinstance(part.step_s, StepTimes):
+        return part.step_s.steps, part.step_s.seconds, part.step_s.detail
+    return [s for s, _ in part.step_s], [d for _, d in part.step_s], None
 
 
 def rank_arrivals(rec: Recording) -> RankArrivals:
@@ -100,13 +134,25 @@ def rank_arrivals(rec: Recording) -> RankArrivals:
     order = [i for indices in by_key.values() for i in indices]
     levels = [m.allocated if m.allocated is not None else m.rss for m in rec.memory]
     present = [v for v in levels if v is not None]
+    detail = set(columns.step)
+    detail.update(p.step for p in rec.phases)
     return RankArrivals(
         rank=rec.rank, keys=tuple(by_key), counts=tuple(map(len, by_key.values())),
         issue_ns=_packed("q", list(map(columns.issue_ns.__getitem__, order))),
         blocked_s=_packed("d", list(map(columns.blocked_s.__getitem__, order))),
-        step_s=tuple((s.step, s.duration_s) for s in rec.steps),
+        step_s=_step_times(rec.steps, detail),
         peak_memory=max(present) if present else None,
     )
+
+
+_STEP_TIMES = operator.attrgetter("step", "start_ns", "end_ns")
+
+
+def _step_times(summaries: Sequence[StepSummary], detail: set[int]) -> StepTimes:
+    """The summaries' steps and durations (StepSummary.duration_s's arithmetic, without its call)."""
+    rows = list(map(_STEP_TIMES, summaries))
+    return StepTimes(array("q", [step for step, _, _ in rows]), array("d", [(end - start) / 1e9 for _, start, end in rows]),
+                     array("b", [step in detail for step, _, _ in rows]))
 
 
 def _packed(typecode: str, values: list[Any]) -> Sequence[Any]:
@@ -128,7 +174,8 @@ def combine_imbalance(parts: Sequence[RankArrivals]) -> Imbalance:
     tables = list(keyed.values())
     runs = _matched_runs(tables)
     # The steps after the first, as the per-rank table; all of them when there is only one.
-    first_step = 1 if any(step >= 1 for step, _, _ in runs) or any(s >= 1 for p in parts for s, _ in p.step_s) else 0
+    arrays = [_step_arrays(p) for p in parts]
+    first_step = 1 if any(step >= 1 for step, _, _ in runs) or any(max(a[0], default=-1) >= 1 for a in arrays) else 0
     matched = sum(n for _, _, n in runs)
     steady_matched = sum(n for step, _, n in runs if step >= first_step)
     # One rank alone arrives last at nothing and waits for no one.
@@ -137,30 +184,14 @@ def combine_imbalance(parts: Sequence[RankArrivals]) -> Imbalance:
     steady_steps = len({step for step, _, _ in runs if step >= first_step})
     arrivals_out = tuple(RankArrival(rank=r, matched=matched, steady_matched=steady_matched,
                                      **tallies.get(r, alone)) for r in ranks)
-
-    durations: dict[int, dict[int, float]] = defaultdict(dict)
-    own_steps: dict[int, list[float]] = defaultdict(list)
-    for part in parts:
-        for step, duration in part.step_s:
-            if step >= first_step:
-                durations[step][part.rank] = duration
-                own_steps[part.rank].append(duration)
-    skews = []
-    slowest: dict[int, int] = defaultdict(int)
-    for per_rank in durations.values():
-        if len(per_rank) == len(parts) > 1:
-            values = list(per_rank.values())
-            median = statistics.median(values)
-            if median > 0:
-                skews.append((max(values) - min(values)) / median)
-            slowest[max(per_rank, key=lambda r: per_rank[r])] += 1
-    median_step = {r: statistics.median(own_steps[r]) for r in ranks if own_steps[r]}
+    times = step_times_across_ranks(ranks, arrays, first_step)
     peaks = {p.rank: p.peak_memory for p in parts if p.peak_memory is not None}
     spread = (max(peaks.values()) - min(peaks.values())) / max(peaks.values()) if len(peaks) > 1 else None
 
-    window = _Window(first_step=first_step, last_step=max([*durations, *(step for step, _, _ in runs)],
-                                                          default=first_step),
-                     steps=steady_steps, step_s={r: sum(v) for r, v in own_steps.items()})
+    last_steps = [*([] if times.last_step is None else [times.last_step]), *(step for step, _, _ in runs)]
+    window = _Window(first_step=first_step, last_step=max(last_steps, default=first_step),
+                     steps=steady_steps, step_s=times.detail_step_s)
+    skews, median_step, slowest = times.skews, times.median_step_s, times.slowest
     findings = _findings(arrivals_out, window, peaks, spread, skews, median_step, dict(slowest))
     return Imbalance(ranks=arrivals_out, step_skew_median=statistics.median(skews) if skews else None,
                      slowest_rank_counts=dict(slowest), median_step_s=median_step, steady_steps=steady_steps,

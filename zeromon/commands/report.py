@@ -16,8 +16,10 @@ from zeromon.model.numbers import BUS_BANDWIDTH, CAPACITY, flag
 from zeromon.model.units import format_bytes
 
 if TYPE_CHECKING:
+    from zeromon.analysis.findings import Finding
     from zeromon.analysis.report import RankReport, RunReport
     from zeromon.analysis.trace_overlap import RankTraceOverlap
+    from zeromon.views.report_summary import RanksShown
 
 NAME = "report"
 HELP = "analyse a recorded run (or PyTorch profiler traces): overlap, OOM risk, bandwidth, stragglers"
@@ -33,7 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a run folder written by `zeromon run`, or several folders of one run (each node's "
                              "--out, or a quoted glob such as 'runs/job/node*'): read as one run")
     parser.add_argument("--trace", metavar="DIR", help="a folder (or file) of PyTorch profiler traces instead")
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text (every rank)")
+    parser.add_argument("--all-ranks", action="store_true",
+                        help="a line for every rank and every finding; past 16 ranks the text shows the worst ranks "
+                             "first, summarises the rest and groups the findings across ranks")
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page with figures")
     # "200GB", "200GB/s", "25GiB/s": bytes per second; a bare "200" is surely a missing unit.
     parser.add_argument("--peak-busbw", metavar="RATE", type=flag("--peak-busbw", BUS_BANDWIDTH),
@@ -80,13 +85,15 @@ def _run_report(args: argparse.Namespace) -> int:
 
         recordings = read_run(run)
         report = build_report(recordings, run_name(run), peak_busbw=peak_busbw, capacity_bytes=capacity)
-        text = format_run_report(report)
+        text = format_run_report(report, args.all_ranks)
         _write_html(args.html, render_html(report, recordings, text))
     else:
+        from zeromon.commands.progress import Progress
         from zeromon.sources.run_analysis import analyse_run
 
-        report = analyse_run(run, peak_busbw=peak_busbw, capacity_bytes=capacity)
-        text = format_run_report(report)
+        with Progress("ranks read and analysed") as progress:
+            report = analyse_run(run, peak_busbw=peak_busbw, capacity_bytes=capacity, progress=progress)
+        text = format_run_report(report, args.all_ranks)
     ends = _rank_ends(report)
     if args.json:
         document = report.to_dict()
@@ -105,9 +112,10 @@ def _run_report(args: argparse.Namespace) -> int:
 
 
 def _rank_ends(report: RunReport) -> tuple[RankEnd, ...]:
+    from zeromon.analysis.report import last_step
     from zeromon.model.run_end import read_file_ends
 
-    through = {r.rank: max((s.step for s in r.steps), default=None) for r in report.ranks}
+    through = {r.rank: last_step(r) for r in report.ranks}
     return rank_ends(read_file_ends([Path(r.file) for r in report.ranks]), through, report.world_size)
 
 
@@ -128,29 +136,33 @@ def _span(values: Iterable[Any], show: Callable[[Any], str] = str) -> str:
 
 def _risk(r: RankReport) -> str:
     """The OOM risk; '-' where there was nothing to forecast (no memory samples, no OOM recorded)."""
-    from zeromon.analysis.findings import Severity
+    from zeromon.views.report_summary import risk_of
 
-    return "-" if r.peak_memory is None and r.oom.risk is Severity.OK else r.oom.risk.value
+    risk = risk_of(r)
+    return "-" if risk is None else risk.value
 
 
 # The bandwidth rows printed: those that move the most bytes (--json has them all).
 BANDWIDTH_ROWS_SHOWN = 16
 
 
-def format_run_report(report: RunReport) -> str:
-    from zeromon.analysis.bandwidth import bucket_label, format_rate, format_share
+def format_run_report(report: RunReport, all_ranks: bool = False) -> str:
+    """The report's text: a line per rank and per finding up to RANKS_SHOWN ranks (or ``all_ranks``);
+    past that the worst ranks first and the rest summarised (zeromon.views.report_summary)."""
     from zeromon.analysis.recording_summary import corrupt_lines_note
-    from zeromon.analysis.report import finding_heading
+    from zeromon.views.report_summary import RANKS_SHOWN, summarise_ranks
 
+    summarised = not all_ranks and len(report.ranks) > RANKS_SHOWN
+    summary = summarise_ranks(report) if summarised else None
     lines = [f"zeromon report: {report.run_dir} ({len(report.ranks)} of {report.world_size} ranks)", ""]
+    if summary is not None:
+        lines.append(f"the {len(summary.shown)} ranks furthest from the median rank (OOM risk first; --all-ranks "
+                     "for every rank):")
     lines.append(f"{'rank':>4}  {'framework':<9} {'strategy':<13} {'steps':>5} {'step ms':>8} {'exposed ms/step':>15} "
                  f"{'exposed':>7} {'overlap':>7} {'peak mem':>11} {'capacity':>11} {'risk':<8} busbw")
-    for r in report.ranks:
-        busbw = ", ".join(f"{op} {format_rate(bw)}" for op, bw in sorted(r.busbw_by_op.items())) or "-"
-        lines.append(f"{r.rank:>4}  {r.framework:<9} {r.strategy:<13} {len(r.steps):>5} {_ms(r.median_step_s):>8} "
-                     f"{_ms(r.median_exposed_comm_s):>15} {_pct(r.median_exposed_share):>7} "
-                     f"{_pct(r.median_overlap_ratio):>7} {format_bytes(r.peak_memory):>11} "
-                     f"{format_bytes(r.capacity):>11} {_risk(r):<8} {busbw}")
+    lines.extend(_rank_line(r) for r in (summary.shown if summary is not None else report.ranks))
+    if summary is not None and summary.rest:
+        lines.append(_rest_line(summary))
     lines.append("(medians per step over the steps after the first; exposed = the step time communication "
                  "cost: the training thread's time blocked in collectives and waits (on GPU, communication not "
                  "hidden behind the stream's compute), and its share of the step)")
@@ -161,22 +173,96 @@ def format_run_report(report: RunReport) -> str:
                      f"{_span((w.blocked_s * 1e3 for w in warm), lambda v: f'{v:.1f}')} ms blocked per rank")
     lines.extend(corrupt_lines_note(r.file, r.corrupt_lines, errors=r.line_errors)
                  for r in report.ranks if r.corrupt_lines)
-    if report.bandwidth:
-        heaviest = sorted(report.bandwidth, key=lambda b: -b.total_bytes)[:BANDWIDTH_ROWS_SHOWN]
-        shown = [b for b in report.bandwidth if b in heaviest]  # in the table's order: op, then size
-        lines += ["", "bandwidth (nccl-tests busbw, median per op and message size):"]
-        for b in shown:
-            share = f"  {format_share(b.peak_share)} of peak" if b.peak_share is not None else ""
-            lines.append(f"  {b.op:<15} {bucket_label(b.size_bucket_bytes):<14} n={b.group_size:<4} "
-                         f"{b.count:>6} calls  {format_rate(b.median_busbw):>11}{share}")
-        if len(shown) < len(report.bandwidth):
-            lines.append(f"  ({len(report.bandwidth) - len(shown)} rows that move fewer bytes: --json has them)")
-    lines += ["", f"findings ({len(report.findings)}):" if report.findings else "findings: none"]
-    for f in report.findings:
-        lines.append(f"  [{f.severity.value}] {finding_heading(f)}")
-        lines.extend(f"      evidence: {e}" for e in f.evidence)
-        lines.extend(f"      remedy: {r}" for r in f.remedies)
+    lines.extend(_bandwidth_lines(report))
+    if summary is not None:
+        lines.extend(_straggler_lines(summary))
+        lines.extend(_grouped_finding_lines(report))
+    else:
+        lines += ["", f"findings ({len(report.findings)}):" if report.findings else "findings: none"]
+        for f in report.findings:
+            lines.extend(_finding_lines(f))
     return "\n".join(lines)
+
+
+def _rank_line(r: RankReport) -> str:
+    from zeromon.analysis.bandwidth import format_rate
+
+    busbw = ", ".join(f"{op} {format_rate(bw)}" for op, bw in sorted(r.busbw_by_op.items())) or "-"
+    return (f"{r.rank:>4}  {r.framework:<9} {r.strategy:<13} {len(r.steps):>5} {_ms(r.median_step_s):>8} "
+            f"{_ms(r.median_exposed_comm_s):>15} {_pct(r.median_exposed_share):>7} "
+            f"{_pct(r.median_overlap_ratio):>7} {format_bytes(r.peak_memory):>11} "
+            f"{format_bytes(r.capacity):>11} {_risk(r):<8} {busbw}")
+
+
+def _rest_line(summary: RanksShown) -> str:
+    """'… and 1,008 more ranks within 0.4% of the median step time (122.8 ms) and 1.2 points of the
+    median exposed share (55%); OOM risk ok'."""
+    spread = summary.spread
+    within = []
+    if spread.step_within is not None and spread.median_step_s is not None:
+        within.append(f"{100 * spread.step_within:.1f}% of the median step time ({_ms(spread.median_step_s)} ms)")
+    if spread.exposed_within is not None and spread.median_exposed_share is not None:
+        within.append(f"{100 * spread.exposed_within:.1f} points of the median exposed share "
+                      f"({_pct(spread.median_exposed_share)})")
+    risks = ", ".join(f"{n:,} {name}" if len(spread.risks) > 1 else name for name, n in spread.risks.items())
+    return (f"… and {summary.rest:,} more ranks" + (f" within {' and '.join(within)}" if within else "")
+            + (f"; OOM risk {risks}" if risks else ""))
+
+
+def _straggler_lines(summary: RanksShown) -> list[str]:
+    if not summary.stragglers:
+        return ["", "stragglers: no rank made its peers wait (over the steps after the first)"]
+    lines = ["", "stragglers (the ranks whose late arrival at collectives made their peers wait, most first; over "
+                 "the steps after the first):"]
+    for a in summary.stragglers:
+        last = f"{a.steady_last_arrivals / a.steady_matched:.0%}" if a.steady_matched else "-"
+        lines.append(f"  rank {a.rank:>5}: peers waited {a.steady_caused_wait_s:.3f} s for it; last at {last} of "
+                     f"collectives; waited for the most in {a.steps_most_waited_for} steps")
+    if summary.stragglers_rest:
+        lines.append(f"  … and {summary.stragglers_rest:,} more ranks made their peers wait less")
+    return lines
+
+
+def _grouped_finding_lines(report: RunReport) -> list[str]:
+    from zeromon.views.report_summary import group_findings, ranks_words
+
+    groups = group_findings(report.findings)
+    if not groups:
+        return ["", "findings: none"]
+    lines = ["", f"findings ({len(report.findings):,} in {len(groups)} groups of one kind and severity; --json has each):"]
+    for group in groups:
+        if len(group.ranks) <= 1:
+            lines.extend(_finding_lines(group.first))
+            continue
+        lines.extend(_finding_lines(group.first, prefix=f"{ranks_words(group.ranks)}: {group.first.kind} (as "))
+    return lines
+
+
+def _finding_lines(f: Finding, prefix: str = "") -> list[str]:
+    from zeromon.analysis.report import finding_heading
+
+    heading = finding_heading(f)
+    lines = [f"  [{f.severity.value}] {prefix}{heading}{')' if prefix else ''}"]
+    lines.extend(f"      evidence: {e}" for e in f.evidence)
+    lines.extend(f"      remedy: {r}" for r in f.remedies)
+    return lines
+
+
+def _bandwidth_lines(report: RunReport) -> list[str]:
+    from zeromon.analysis.bandwidth import bucket_label, format_rate, format_share
+
+    if not report.bandwidth:
+        return []
+    heaviest = sorted(report.bandwidth, key=lambda b: -b.total_bytes)[:BANDWIDTH_ROWS_SHOWN]
+    shown = [b for b in report.bandwidth if b in heaviest]  # in the table's order: op, then size
+    lines = ["", "bandwidth (nccl-tests busbw, median per op and message size):"]
+    for b in shown:
+        share = f"  {format_share(b.peak_share)} of peak" if b.peak_share is not None else ""
+        lines.append(f"  {b.op:<15} {bucket_label(b.size_bucket_bytes):<14} n={b.group_size:<4} "
+                     f"{b.count:>6} calls  {format_rate(b.median_busbw):>11}{share}")
+    if len(shown) < len(report.bandwidth):
+        lines.append(f"  ({len(report.bandwidth) - len(shown)} rows that move fewer bytes: --json has them)")
+    return lines
 
 
 def _trace_report(args: argparse.Namespace) -> int:

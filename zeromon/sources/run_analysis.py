@@ -15,19 +15,22 @@ from zeromon.model.codec import Recording, RunDirs
 # What a caller keeps of each rank's recording beside its analysis (a module-level function: it
 # goes to the worker processes by name).
 Keep = Callable[[Recording], Any]
+# Told (ranks done, ranks in all) as each rank's analysis comes back: a command's progress bar.
+OnProgress = Callable[[int, int], None]
 
 
 def analyse_run(run_dir: RunDirs, peak_busbw: float | None = None, capacity_bytes: int | None = None,
-                workers: int | None = None) -> RunReport:
+                workers: int | None = None, progress: OnProgress | None = None) -> RunReport:
     """build_report(read_run(run_dir)), faster: each rank file is read and analysed in a worker
     process, ``workers`` at once (default: one per CPU, at most one per rank; 1: all in this
     process), and only the ranks' analyses come back, to be combined here. A rank of half a million
     collectives takes ~2.5 s of one core to read and analyse, and sends back ~20 MB."""
-    return analyse_and_keep(run_dir, None, peak_busbw, capacity_bytes, workers)[0]
+    return analyse_and_keep(run_dir, None, peak_busbw, capacity_bytes, workers, progress)[0]
 
 
 def analyse_and_keep(run_dir: RunDirs, keep: Keep | None, peak_busbw: float | None = None,
-                     capacity_bytes: int | None = None, workers: int | None = None) -> tuple[RunReport, list[Any]]:
+                     capacity_bytes: int | None = None, workers: int | None = None,
+                     progress: OnProgress | None = None) -> tuple[RunReport, list[Any]]:
     """analyse_run's report, and ``keep(recording)`` of each rank (by rank), made by the worker that
     read the recording: one read of each file serves both (the dashboard keeps each rank's history)."""
     from zeromon.analysis.report import combine_report
@@ -36,19 +39,29 @@ def analyse_and_keep(run_dir: RunDirs, keep: Keep | None, peak_busbw: float | No
     headers = run_headers(run_dir)  # the files' headers checked here; their RunInfo once analysed
     files = [path for path, _ in headers]
     workers = min(len(files), workers or _usable_cpus())
+    tell = progress or (lambda done, total: None)
     if workers <= 1:
-        done = [_analyse_file(path, capacity_bytes, keep) for path in files]
+        done = _analyse_here(files, capacity_bytes, keep, tell)
     else:
-        done = _analyse_in_processes(files, capacity_bytes, workers, keep)
+        done = _analyse_in_processes(files, capacity_bytes, workers, keep, tell)
     check_one_run([(path, header, rank.run_info) for (path, header), (rank, _) in zip(headers, done, strict=True)])
     done.sort(key=lambda pair: pair[0].report.rank)  # as read_run orders the recordings
     return combine_report([rank for rank, _ in done], run_name(run_dir), peak_busbw), [kept for _, kept in done]
 
 
+def _analyse_here(files: list[Path], capacity_bytes: int | None, keep: Keep | None,
+                  tell: OnProgress) -> list[tuple[RankAnalysis, Any]]:
+    done = []
+    for path in files:
+        done.append(_analyse_file(path, capacity_bytes, keep))
+        tell(len(done), len(files))
+    return done
+
+
 def _analyse_in_processes(files: list[Path], capacity_bytes: int | None, workers: int,
-                          keep: Keep | None) -> list[tuple[RankAnalysis, Any]]:
+                          keep: Keep | None, tell: OnProgress) -> list[tuple[RankAnalysis, Any]]:
     import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
     from zeromon.model.codec import collector_paused
@@ -59,13 +72,16 @@ def _analyse_in_processes(files: list[Path], capacity_bytes: int | None, workers
     try:
         pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
     except (OSError, ValueError, NotImplementedError):  # no fork or no semaphores (some sandboxes)
-        return [_analyse_file(path, capacity_bytes, keep) for path in files]
+        return _analyse_here(files, capacity_bytes, keep, tell)
     with pool:
         futures = [pool.submit(_analyse_file, path, capacity_bytes, keep) for path in files]
         try:
             # The collector paused while the pool's thread unpickles the analyses (~2M objects a rank).
             # A worker's ZeromonError (a bad file) comes back pickled, message and hint, and is raised here.
             with collector_paused():
+                for done, future in enumerate(as_completed(futures), 1):
+                    future.result()  # a worker's error raised as it comes
+                    tell(done, len(futures))
                 return [future.result() for future in futures]
         except BrokenProcessPool:
             raise ZeromonError(f"{files[0].parent}: a worker process analysing the rank files died (killed, or "

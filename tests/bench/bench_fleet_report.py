@@ -1,0 +1,102 @@
+"""`zeromon report` at fleet scale: 64, 256 and 1,024 ranks x 10,000 steps of a generated run.
+
+Target (issue 13): 1,024 ranks x 10,000 steps (a summary every step, the detail of 70 steps a rank)
+in under 60 s and 2 GB on this 2-core machine.
+
+The run is made by gen_fleet_run.py from a real 2-rank FSDP2 recording (recorded once here, ~25 s,
+or given with --source), in a folder under /tmp removed at the end. Each size is reported ``--repeat``
+times as a user runs it (`python -m zeromon report RUN_DIR`, text to a pipe: no progress bar, its
+plain lines on stderr); wall time from start to exit, peak RSS the largest sum of the RSS of the
+process and its workers, sampled every 50 ms from outside. A run past 600 s or 8 GB is stopped and said.
+
+    python tests/bench/bench_fleet_report.py [--sizes 64,256,1024] [--steps 10000] [--repeat 3] [--json out.json]
+
+Before the columnar report (commit da28aa1: a StepOverlap object per step sent back from every worker,
+10 million of them kept in one process), measured once each on the same generated runs, the machine
+loaded (load average 4-6): 64 ranks 41.1 s and 439 MB (8.2 s at a lower load), 256 ranks 147.6 s and
+1,501 MB (71.1 s at a lower load), 1,024 ranks 488.2 s and 6,168 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import benchlib
+import gen_fleet_run
+
+LIMIT_S = 600.0
+LIMIT_RSS_MB = 8192.0
+TARGET_S = 60.0
+TARGET_RSS_MB = 2048.0
+TARGET_RANKS = 1024
+
+
+def measure(folder: Path, repeat: int) -> tuple[list[benchlib.TreeRun], str]:
+    runs = []
+    for _ in range(repeat):
+        run = benchlib.run_watched([sys.executable, "-m", "zeromon", "report", str(folder)], LIMIT_S, LIMIT_RSS_MB)
+        state = f"stopped at the {run.stopped} limit" if run.stopped else f"exit {run.returncode}"
+        print(f"  report: {run.wall_s:.1f} s, peak RSS {run.peak_rss_mb:,.0f} MB ({state})", flush=True)
+        runs.append(run)
+        if run.stopped or run.returncode not in (0, 3):
+            print(run.stderr[-2000:])
+            break
+    return runs, runs[-1].stdout
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="64,256,1024", help="rank counts, comma-separated")
+    parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--source", type=Path, help="a 2-rank run folder (default: record one)")
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args()
+    sizes = [int(n) for n in args.sizes.split(",")]
+    rows: list[benchlib.Row] = []
+    work = Path(tempfile.mkdtemp(prefix="zeromon-fleet-", dir="/tmp"))
+    try:
+        source = args.source or gen_fleet_run.record_source(work / "source")
+        for ranks in sizes:
+            folder = work / f"run-{ranks}"
+            started = time.perf_counter()
+            records = gen_fleet_run.generate(source, folder, ranks, args.steps)
+            made_s = time.perf_counter() - started
+            size_mb = sum(f.stat().st_size for f in folder.glob("rank-*.jsonl")) / benchlib.MB
+            print(f"{ranks} ranks x {args.steps:,} steps: {records:,} records, {size_mb:,.0f} MB written in "
+                  f"{made_s:.1f} s ({benchlib.load_note()})", flush=True)
+            runs, text = measure(folder, args.repeat)
+            done = [r for r in runs if not r.stopped]
+            wall = benchlib.median([r.wall_s for r in done]) if done else LIMIT_S
+            rss = benchlib.median([r.peak_rss_mb for r in done]) if done else max(r.peak_rss_mb for r in runs)
+            stopped = next((r.stopped for r in runs if r.stopped), None)
+            target = ranks == TARGET_RANKS
+            note = (f"median of {len(done)} of {len(runs)} runs; {records:,} records, {size_mb:,.0f} MB of "
+                    f"recording; {benchlib.load_note()}" + (f"; stopped at the {stopped} limit" if stopped else ""))
+            what = f"{ranks:,} ranks x {args.steps:,} steps"
+            rows += [
+                benchlib.Row("fleet report (zeromon report)", f"{what}: wall time", "s", None, wall,
+                             f"< {TARGET_S:.0f} s" if target else "", (wall < TARGET_S and not stopped) if target else None,
+                             note),
+                benchlib.Row("fleet report (zeromon report)", f"{what}: peak RSS, all processes", "MB", None, rss,
+                             f"< {TARGET_RSS_MB:.0f} MB" if target else "",
+                             (rss < TARGET_RSS_MB and not stopped) if target else None, note),
+                benchlib.Row("fleet report (gen_fleet_run)", f"{what}: generate", "s", None, made_s, "", None,
+                             f"{size_mb:,.0f} MB written"),
+            ]
+            if ranks == sizes[-1]:
+                print("\n".join(text.splitlines()[:24]))
+            shutil.rmtree(folder)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    benchlib.print_rows("zeromon report at fleet scale", rows)
+    benchlib.write_rows(args.json, rows)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""`zeromon report` at fleet scale: a run generated from a real 2-rank recording (tests/bench/gen_fleet_run.py)
+reads as one run and its summarised text names the stragglers and the growing-memory rank first; the
+columnar paths (StepTable, the step-time matrix) give the numbers the per-object code gives."""
+
+from __future__ import annotations
+
+import io
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zeromon.analysis.step_overlap import StepOverlap, overlap_of_summary, step_overlaps
+from zeromon.analysis.step_skew import step_times_across_ranks, step_times_python
+from zeromon.analysis.step_table import StepTable, step_table, summary_columns
+from zeromon.analysis.stragglers import _step_arrays, rank_arrivals
+from zeromon.commands.progress import Progress
+from zeromon.model.codec import read_run
+from zeromon.model.events import StepSummary
+
+from conftest import REPO, zeromon
+
+sys.path.insert(0, str(REPO / "tests" / "bench"))
+import gen_fleet_run  # noqa: E402
+
+RANKS, STEPS = 24, 200  # past the 16 ranks a report shows one by one
+
+
+@pytest.fixture(scope="module")
+def fleet_run(fsdp2_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("fleet") / "run"
+    gen_fleet_run.generate(fsdp2_run, out, RANKS, STEPS, workers=1)
+    return out
+
+
+def _table_ranks(text: str) -> list[int]:
+    """The ranks of the per-rank table's lines, in order."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("rank  framework"))
+    ranks = []
+    for line in lines[start + 1:]:
+        head = line.split()
+        if not head or not head[0].isdigit():
+            break
+        ranks.append(int(head[0]))
+    return ranks
+
+
+def test_a_generated_fleet_reads_as_one_run_and_its_report_names_the_stragglers_and_growing_rank_first(
+        fleet_run: Path) -> None:
+    roles = gen_fleet_run.fleet_roles(RANKS)
+    recordings = read_run(fleet_run)  # refuses files of different runs
+    assert [r.rank for r in recordings] == list(range(RANKS))
+    assert {r.run_info.world_size for r in recordings if r.run_info} == {RANKS}
+    assert {r.header["run_id"] for r in recordings} == {recordings[0].header["run_id"]}
+    assert all(len(r.steps) == STEPS for r in recordings)
+    kept = {c.step for c in recordings[0].collectives}
+    assert kept == {s for s in range(STEPS) if gen_fleet_run.is_detail_step(s, STEPS)}
+
+    result = zeromon("report", str(fleet_run))
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = result.stdout
+    assert f"({RANKS} of {RANKS} ranks)" in text
+    shown = _table_ranks(text)
+    assert len(shown) == 16 and shown[0] == roles.growing_memory
+    assert f"… and {RANKS - 16} more ranks within" in text
+    assert set(shown[1:3]) == set(roles.stragglers)  # furthest from the median exposed share after the risk
+    stragglers = text[text.index("\nstragglers ("):].splitlines()[2:4]
+    assert {int(line.split()[1].rstrip(":")) for line in stragglers} == set(roles.stragglers)
+    assert "arrives last" in text and f"rank {roles.stragglers[0]} arrives last" in text
+    # The poor-overlap findings of (nearly) every rank, once per severity, with the ranks counted.
+    assert "poor_overlap (as rank 0:" in text and "more: poor_overlap" in text
+    assert 1 <= text.count("of step time is exposed communication") <= 2
+
+    every = zeromon("report", "--all-ranks", str(fleet_run))
+    assert _table_ranks(every.stdout) == list(range(RANKS))
+    assert every.stdout.count("of step time is exposed communication") >= RANKS - 2
+    document = json.loads(zeromon("report", "--json", str(fleet_run)).stdout)
+    assert [r["rank"] for r in document["ranks"]] == list(range(RANKS))
+    assert all(len(r["per_step"]) == STEPS for r in document["ranks"])
+
+
+def test_a_step_without_detail_takes_the_overlap_its_summary_carries(fleet_run: Path) -> None:
+    rec = read_run(fleet_run)[3]
+    table = step_table(rec)
+    by_step = {s.step: s for s in rec.steps}
+    alone = [s for s in range(STEPS) if not gen_fleet_run.is_detail_step(s, STEPS)]
+    assert alone and all(table[s] == overlap_of_summary(by_step[s]) for s in alone)
+    assert table[alone[0]].exposed_comm_s > 0.01  # the peers' wait, not an empty window's zero
+    detail = [s for s in range(STEPS) if gen_fleet_run.is_detail_step(s, STEPS)]
+    from_events = {o.step: o for o in step_overlaps(rec, [by_step[s] for s in detail])}
+    assert all(table[s] == from_events[s] for s in detail)
+
+
+def test_the_columns_give_the_per_object_numbers_on_a_real_recording(fsdp2_run: Path) -> None:
+    recordings = read_run(fsdp2_run)
+    for rec in recordings:
+        objects = step_overlaps(rec)
+        table = step_table(rec)
+        assert list(table) == list(objects) and table == objects
+        steady = [s for s in objects if s.step >= 1]
+        for name in ("step_s", "exposed_comm_s", "blocked_s"):
+            assert table.steady_median(name) == statistics.median(getattr(s, name) for s in steady)
+        assert table.steady_median("exposed_share") == statistics.median(s.exposed_share for s in steady)
+        assert table.steady_sum("exposed_comm_s") == sum(s.exposed_comm_s for s in steady)
+    parts = [rank_arrivals(rec) for rec in recordings]
+    arrays = [_step_arrays(p) for p in parts]
+    ranks = [p.rank for p in parts]
+    assert step_times_across_ranks(ranks, arrays, 1) == step_times_python(ranks, arrays, 1)
+
+
+_seconds = st.floats(min_value=0.0, max_value=5.0, allow_nan=False)
+
+
+@st.composite
+def _summaries(draw: st.DrawFn) -> list[StepSummary]:
+    out, t = [], 1_000_000_000
+    for step in range(draw(st.integers(1, 30))):
+        length = draw(st.integers(0, 10**9))
+        comm, comp, overlap = draw(_seconds), draw(_seconds), draw(_seconds)
+        agent = draw(st.one_of(st.none(), _seconds))
+        out.append(StepSummary(rank=0, step=step, start_ns=t, end_ns=t + length,
+                               phase_s={} if agent is None else {"agent": agent}, collectives=0, comm_bytes=0,
+                               comm_bytes_by_op={}, comm_union_s=comm, blocked_s=draw(_seconds), peak_memory=None,
+                               comp_s=comp, overlap_s=overlap, exposed_comm_s=draw(_seconds)))
+        t += length
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(_summaries())
+def test_the_summary_columns_are_the_per_summary_arithmetic(summaries: list[StepSummary]) -> None:
+    steps, values = summary_columns(summaries)
+    table = StepTable(0, steps, values)
+    reference = [overlap_of_summary(s) for s in summaries]
+    assert list(table) == reference
+    steady = [o for o in reference if o is not None and o.step >= 1] or [o for o in reference if o is not None]
+    shares = [o.exposed_share for o in steady if o.exposed_share is not None]
+    ratios = [o.overlap_ratio for o in steady if o.overlap_ratio is not None]
+    assert table.steady_median("exposed_share") == (statistics.median(shares) if shares else None)
+    assert table.steady_median("overlap_ratio") == (statistics.median(ratios) if ratios else None)
+    assert table.steady_median("idle_s") == statistics.median(o.idle_s for o in steady)
+    assert table.steady_sum("step_s") == sum(o.step_s for o in steady)
+
+
+@st.composite
+def _fleet_steps(draw: st.DrawFn) -> tuple[list[int], list[tuple[list[int], list[float], list[int] | None]]]:
+    n = draw(st.integers(1, 6))
+    durations = st.sampled_from([0.0, 0.1, 0.1, 0.2, 0.25, 1.0])  # ties, zeros: the order of maxima matters
+    arrays = []
+    for _ in range(n):
+        steps = draw(st.lists(st.integers(0, 12), min_size=0, max_size=12, unique=draw(st.booleans())))
+        seconds = [draw(durations) for _ in steps]
+        detail = draw(st.one_of(st.none(), st.lists(st.integers(0, 1), min_size=len(steps), max_size=len(steps))))
+        arrays.append((steps, seconds, detail))
+    return list(range(n)), arrays
+
+
+@settings(max_examples=300, deadline=None)
+@given(_fleet_steps(), st.integers(0, 1))
+def test_the_step_time_matrix_is_the_per_value_reference(
+        fleet: tuple[list[int], list[tuple[list[int], list[float], list[int] | None]]], first_step: int) -> None:
+    ranks, arrays = fleet
+    fast, slow = step_times_across_ranks(ranks, arrays, first_step), step_times_python(ranks, arrays, first_step)
+    assert fast == slow
+    assert list(fast.slowest) == list(slow.slowest)  # the JSON's order too
+
+
+def test_progress_says_nothing_for_quick_work_and_a_line_a_while_without_a_terminal() -> None:
+    quiet = io.StringIO()
+    with Progress("ranks read and analysed", stream=quiet) as progress:
+        progress(1, 2)
+    assert quiet.getvalue() == ""
+    log = io.StringIO()
+    with Progress("ranks read and analysed", stream=log, show_after_s=0.0, line_every_s=3600.0) as progress:
+        for done in range(1, 5):
+            progress(done, 4)
+    assert log.getvalue().splitlines() == [line for line in log.getvalue().splitlines() if line.startswith("zeromon: ")]
+    assert [line.split(" (")[0] for line in log.getvalue().splitlines()] == [
+        "zeromon: 1 of 4 ranks read and analysed", "zeromon: 4 of 4 ranks read and analysed"]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_draws_a_bar_on_a_terminal() -> None:
+    screen = _Terminal()
+    with Progress("ranks read and analysed", stream=screen, show_after_s=0.0) as progress:
+        progress(3, 8)
+    assert "ranks read and analysed" in screen.getvalue() and "3/8" in screen.getvalue()
+
+
+def test_a_step_table_is_the_sequence_it_stands_for() -> None:
+    rows = [StepOverlap(rank=2, step=i, step_s=0.1 * i, comm_s=0.05, comp_s=0.04, overlap_s=0.01,
+                        exposed_comm_s=0.04, idle_s=0.0, blocked_s=0.04, agent_s=0.001) for i in range(5)]
+    table = StepTable.of(2, rows)
+    assert table[-1] == rows[-1] and table[1:3] == rows[1:3] and len(table) == 5 and table.last_step == 4
+    assert np.array_equal(table.column("step_s"), [0.1 * i for i in range(5)])
+    with pytest.raises(IndexError):
+        table[5]

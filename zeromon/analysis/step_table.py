@@ -1,0 +1,170 @@
+"""One rank's steps as columns: what `zeromon report` keeps of each step, for ten thousand steps.
+
+A rank of 10,000 steps made 10,000 StepOverlap objects, sent them pickled from the worker that read
+the rank (1.05 MB, ~0.1 s to load again) and kept them in the report: the report of 1,024 ranks x
+10,000 steps peaked at 6.2 GB over its processes and took 488 s (tests/bench/RESULTS.md). A StepTable holds the same numbers as nine numpy
+arrays (720 kB, loaded as one block each) and is still a sequence of StepOverlap for the clients that
+walk the steps (made one at a time, when looked at).
+
+Steps that have a summary but no detail (a bounded recording keeps collectives and phase spans for
+some steps only) take the overlap the agent computed as the step ended (StepSummary's comm_union_s,
+comp_s, overlap_s, exposed_comm_s, blocked_s); ``overlap_of_summary`` is the one-step reference of
+that arithmetic (zeromon.analysis.step_overlap), ``summary_columns`` the same for all steps at once.
+
+The engine, measured (tests/bench/engines_fleet.py on this shared 2-core machine, load ~2): numpy,
+already a dependency, against DuckDB 2.0.0 and Polars 2.1.0 on the report's hot operations. Per rank
+(10,000 steps: the derived columns and five medians) numpy 0.70 ms, Polars 0.90 ms, DuckDB 5.3 ms;
+across 1,024 ranks x 10,000 steps (per step the median, slowest and fastest; per rank the median)
+numpy 260 ms, Polars 220 ms, DuckDB 356 ms; importing them 0, 99-294 and 62-162 ms, in each worker.
+The cost that matters is the same for all three: making columns of a rank's StepSummary objects
+(~10 ms of the ~20 ms a rank's analysis takes). Polars' 40 ms across ranks does not pay for a new
+dependency (181 MB installed; DuckDB 68 MB), nor for matching the reference's choice among equal
+maxima (the first rank) in a group-by.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import chain
+from typing import overload
+
+import numpy as np
+
+from zeromon.analysis.step_overlap import StepOverlap, has_overlap, step_overlaps
+from zeromon.model.codec import Recording
+from zeromon.model.events import StepSummary
+
+# StepOverlap's float fields, in its order: the rows of StepTable.values.
+VALUE_COLUMNS = ("step_s", "comm_s", "comp_s", "overlap_s", "exposed_comm_s", "idle_s", "blocked_s", "agent_s")
+_ROW = {name: i for i, name in enumerate(VALUE_COLUMNS)}
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class StepTable(Sequence[StepOverlap]):
+    """A rank's StepOverlaps in step order: ``step`` (int64) and ``values`` (float64, one row per
+    VALUE_COLUMNS name, one column per step)."""
+
+    rank: int
+    step: np.ndarray
+    values: np.ndarray
+
+    @classmethod
+    def of(cls, rank: int, overlaps: Sequence[StepOverlap]) -> StepTable:
+        values = np.array([[getattr(s, name) for name in VALUE_COLUMNS] for s in overlaps], dtype=np.float64)
+        return cls(rank=rank, step=np.array([s.step for s in overlaps], dtype=np.int64),
+                   values=values.T.reshape(len(VALUE_COLUMNS), len(overlaps)))
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    @overload
+    def __getitem__(self, index: int) -> StepOverlap: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[StepOverlap]: ...
+
+    def __getitem__(self, index: int | slice) -> StepOverlap | list[StepOverlap]:
+        if isinstance(index, slice):
+            return [self._row(i) for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self._row(index)
+
+    def _row(self, i: int) -> StepOverlap:
+        return StepOverlap(self.rank, int(self.step[i]), *self.values[:, i].tolist())
+
+    def __iter__(self) -> Iterator[StepOverlap]:
+        rows = self.values.T.tolist()
+        return (StepOverlap(self.rank, step, *row) for step, row in zip(self.step.tolist(), rows, strict=True))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (StepTable, list, tuple)):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # compares as the list it stands for
+
+    def column(self, name: str) -> np.ndarray:
+        return self.values[_ROW[name]]
+
+    @property
+    def last_step(self) -> int | None:
+        return int(self.step.max()) if len(self.step) else None
+
+    def steady(self) -> np.ndarray:
+        """The mask of the steps after the first (all of them when there is none): what the medians judge."""
+        mask = self.step >= 1
+        return mask if mask.any() else np.ones(len(self.step), dtype=bool)
+
+    def steady_sum(self, name: str) -> float:
+        """Python's sum of the column over the steady steps, in step order (numpy's pairwise sum rounds
+        differently, and the report's numbers stay those of the per-object code)."""
+        return float(sum(self.column(name)[self.steady()].tolist()))
+
+    def steady_median(self, name: str) -> float | None:
+        """The median over the steady steps, of "exposed_share" and "overlap_ratio" too (StepOverlap's
+        properties: None, left out, where the step time or the communication is 0)."""
+        mask = self.steady()
+        if name == "exposed_share":
+            values = _ratio(self.column("exposed_comm_s"), self.column("step_s"))[mask]
+        elif name == "overlap_ratio":
+            values = _ratio(self.column("overlap_s"), self.column("comm_s"))[mask]
+        else:
+            values = self.column(name)[mask]
+        values = values[~np.isnan(values)]
+        return float(np.median(values)) if len(values) else None
+
+
+def _ratio(top: np.ndarray, bottom: np.ndarray) -> np.ndarray:
+    """top / bottom where bottom > 0, NaN elsewhere (StepOverlap's None)."""
+    out = np.full(len(top), np.nan)
+    with np.errstate(over="ignore"):  # a share of a nanosecond step: inf, as Python's division gives
+        np.divide(top, bottom, out=out, where=bottom > 0)
+    return out
+
+
+# The summary fields summary_columns reads, integers (exact in int64, not in float64) and seconds.
+_INTEGERS = operator.attrgetter("step", "start_ns", "end_ns")
+_SECONDS = operator.attrgetter("comm_union_s", "comp_s", "overlap_s", "exposed_comm_s", "blocked_s")
+_PHASES = operator.attrgetter("phase_s")
+_STEP = operator.attrgetter("step")
+
+
+def summary_columns(summaries: Sequence[StepSummary]) -> tuple[np.ndarray, np.ndarray]:
+    """overlap_of_summary of every summary at once, as (steps, values) of a StepTable; the summaries
+    must all have the overlap (has_overlap). Two passes of attrgetter over the objects: ~3 ms for
+    10,000, where a getattr per field and step took 50."""
+    n = len(summaries)
+    # fromiter over the fields one after another: np.array of a list of tuples costs 3x as much.
+    integers = np.fromiter(chain.from_iterable(map(_INTEGERS, summaries)), np.int64, 3 * n).reshape(n, 3).T
+    comm, comp, overlap, exposed, blocked = np.fromiter(chain.from_iterable(map(_SECONDS, summaries)), np.float64,
+                                                        5 * n).reshape(n, 5).T
+    step_s = (integers[2] - integers[1]) / 1e9
+    idle = np.maximum(0.0, step_s - (comm + comp - overlap))
+    agent = np.array([phases.get("agent", 0.0) for phases in map(_PHASES, summaries)], dtype=np.float64)
+    return integers[0].copy(), np.stack([step_s, comm, comp, overlap, exposed, idle, blocked, agent])
+
+
+def step_table(rec: Recording) -> StepTable:
+    """The rank's steps as step_overlaps gives them, each step summarized: from its collectives and
+    phase spans where the recording kept them, from its summary's overlap where it kept none (both
+    absent: the summary alone), in one pass of numpy over those."""
+    summaries = sorted(rec.steps, key=_STEP)
+    n = len(summaries)
+    steps = np.fromiter(map(_STEP, summaries), np.int64, n)
+    detail = set(rec.collective_columns().step)
+    detail.update(p.step for p in rec.phases)
+    alone = ~np.isin(steps, np.fromiter(detail, np.int64, len(detail))) & np.fromiter(map(has_overlap, summaries),
+                                                                                      bool, n)
+    if not alone.any():
+        return StepTable.of(rec.rank, step_overlaps(rec))
+    values = np.empty((len(VALUE_COLUMNS), n))
+    values[:, alone] = summary_columns([summaries[i] for i in np.flatnonzero(alone).tolist()])[1]
+    kept = np.flatnonzero(~alone).tolist()
+    if kept:
+        values[:, kept] = StepTable.of(rec.rank, step_overlaps(rec, [summaries[i] for i in kept])).values
+    return StepTable(rec.rank, steps, values)
