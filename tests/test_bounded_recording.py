@@ -7,6 +7,7 @@ writer that counts); the whole is checked on a real 2-rank gloo run under `zerom
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,8 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zeromon.model.codec import read_run
-from zeromon.model.events import Notice, Record, StepSummary
+from zeromon.analysis.oom import forecast
+from zeromon.model.codec import Recording, read_run
+from zeromon.model.events import MemorySample, Notice, Record, StepSummary
 from zeromon_agent.detail import END_ROOM, LAST_STEPS, LEVELS, DetailKeeper
 
 from conftest import REPO, child_env, torchrun_args, zeromon
@@ -132,3 +134,20 @@ def test_a_real_run_stays_under_max_disk_and_reports_every_step(tmp_path: Path, 
     assert len(ranks) == 2 and all(r["exposed_comm_s"] and r["exposed_comm_s"] > 0 for r in ranks), ranks
     summary = zeromon("summary", str(out), timeout=120)
     assert summary.returncode == 0 and "bounded recording" in summary.stdout + summary.stderr
+
+
+def test_memory_growth_is_found_from_the_summaries_where_samples_were_thinned(tmp_path: Path) -> None:
+    """A bounded recording keeps memory samples in a few steps only; every step's summary keeps its peak,
+    and the OOM forecast's trend reads them (a steady 8 MiB a step here, samples in 3 steps of 60)."""
+    def sample(step: int, rss: int) -> MemorySample:
+        return MemorySample(rank=0, step=step, phase="optimizer", t_ns=step * 10**9, device="cpu", allocated=None,
+                            reserved=None, active=None, peak_allocated=None, peak_reserved=None, inactive_split=None,
+                            num_alloc_retries=None, num_ooms=None, capacity=64 * 2**30, free=None, rss=rss)
+
+    level = [2**30 + 8 * 2**20 * step for step in range(60)]
+    steps = [dataclasses.replace(_summary(step, 100.0, level[step]), peak_memory=level[step]) for step in range(60)]
+    rec = Recording(path=tmp_path / "rank-0.jsonl", header={}, steps=steps,
+                    memory=[sample(step, level[step]) for step in (0, 30, 59)])
+    result = forecast(rec)
+    assert result.growth_bytes_per_step == pytest.approx(8 * 2**20)
+    assert "memory_growth" in [f.kind for f in result.findings]

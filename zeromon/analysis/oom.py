@@ -152,7 +152,13 @@ def forecast(recording: Recording, capacity_bytes: int | None = None) -> OomFore
     done = {s.step for s in recording.steps} | {s for s in peaks if s < last_step}
     # The trend from the samples taken every step: the peaks inside the forward and the backward are
     # sampled in the steps that walk the categories only, and would make a sawtooth of the series.
-    trend = _trend(_step_peaks([p for p in points if p[0].phase not in PEAK_PHASES], on_gpu), done, on_gpu)
+    every_step = _step_peaks([p for p in points if p[0].phase not in PEAK_PHASES], on_gpu)
+    # A bounded recording keeps memory samples in some steps only; every step's summary has its peak,
+    # taken by the agent from the same samples.
+    for summary in recording.steps:
+        if summary.peak_memory is not None and summary.step >= 0:
+            every_step.setdefault(summary.step, summary.peak_memory)
+    trend = _trend(every_step, done, on_gpu)
     step_s = statistics.median(s.duration_s for s in recording.steps) if recording.steps else None
 
     # Until a step has ended the optimizer has not stepped: its state is still to come.
