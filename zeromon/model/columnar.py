@@ -95,9 +95,14 @@ def _planes(values: Sequence[int]) -> bytes:
     of that width, whose bytes are those planes interleaved: ~6x cheaper than one of 8-byte values cut
     into planes, and a flush encodes every column of every record (bench_recorder_cpu)."""
     low, high = (min(values), max(values)) if values else (0, 0)
-    for width, limit in _LIMITS:
-        if -limit <= low and high < limit:
-            break
+    if -(2**7) <= low and high < 2**7:  # _LIMITS, unrolled
+        width = 1
+    elif -(2**15) <= low and high < 2**15:
+        width = 2
+    elif -(2**31) <= low and high < 2**31:
+        width = 4
+    elif -(2**63) <= low and high < 2**63:
+        width = 8
     else:
         raise OverflowError("a column's value does not fit in 64 bits")
     packed = array(_SIGNED[width], values)
