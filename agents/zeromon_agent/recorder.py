@@ -312,6 +312,9 @@ class Recorder:
             if index & _YIELD_EVERY_MASK == 0 and index:
                 # Hand the GIL back: a waiting training thread would otherwise wait until the
                 # interpreter's switch interval (5 ms) forces it, stretching whatever it was timing.
+                # What was published so far goes to live clients first: a long pass holds the lock
+                # (and the GIL) for 64 records' worth of live totals at a time, not for all of them.
+                self._release()
                 sleep(0)
             kind = item[0]
             if kind == RAW_COLLECTIVE:
