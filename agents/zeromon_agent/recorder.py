@@ -2,7 +2,9 @@
 
 Everything that costs (dtype names, group sizes, ZeRO meaning, clock conversion, JSON, file I/O,
 NVML) happens here, off the training thread. The thread holds the GIL only in short bursts every
-``flush_interval_s``; its own CPU time is measured and reported.
+``flush_interval_s``; its own CPU time is measured and reported: 36-38 µs per recorded collective at
+240 collectives a step, 66-69 µs at the FSDP2 example's 11, every record counted (bench_recorder_cpu).
+Live clients get what a drain pass published in one hold of the lock (_release), not one per record.
 """
 
 from __future__ import annotations
