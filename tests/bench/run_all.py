@@ -39,6 +39,9 @@ JOBS: tuple[Job, ...] = (
         "added cost per collective call: no-op vs wrapped no-op, and gloo all_reduce original vs patched"),
     Job("bench_fsdp2_overhead.py", (),
         "2-rank FSDP2 TinyGPT, agent attached and switched on/off every step"),
+    Job("bench_recorder_cpu.py", (),
+        "2-rank FSDP2 example (default and 80 blocks) under `zeromon run`: the agent's background CPU per "
+        "recorded collective, and the process's CPU per collective with the agent off vs on"),
     Job("bench_agent_memory.py", (),
         "1M gloo all_reduce recorded, 100 per step: the recorder keeps up"),
     Job("bench_agent_memory.py", ("--driver", "noop"),

@@ -89,14 +89,33 @@ def fits(spec: Sequence[Sequence[Any]]) -> Callable[[tuple[Any, ...]], bool]:
 
 
 def _planes(values: Sequence[int]) -> bytes:
-    """Integers as a width byte and their low ``width`` bytes, byte plane by byte plane (little-endian)."""
-    packed = array("q", values)  # OverflowError past 64 bits
+    """Integers as a width byte and their low ``width`` bytes, byte plane by byte plane (little-endian).
+
+    The width from the list's own min and max (an array's would box every value again), then an array
+    of that width, whose bytes are those planes interleaved: ~6x cheaper than one of 8-byte values cut
+    into planes, and a flush encodes every column of every record (bench_recorder_cpu)."""
+    low, high = (min(values), max(values)) if values else (0, 0)
+    if -(2**7) <= low and high < 2**7:  # _LIMITS, unrolled
+        width = 1
+    elif -(2**15) <= low and high < 2**15:
+        width = 2
+    elif -(2**31) <= low and high < 2**31:
+        width = 4
+    elif -(2**63) <= low and high < 2**63:
+        width = 8
+    else:
+        raise OverflowError("a column's value does not fit in 64 bits")
+    packed = array(_SIGNED[width], values)
+    if packed.itemsize != width:  # a platform whose C int is not 4 bytes: 8-byte values, cut
+        packed, step = array("q", values), _WIDTH
+    else:
+        step = width
     if not _LITTLE:
         packed.byteswap()
-    low, high = (min(packed), max(packed)) if packed else (0, 0)
-    width = next(w for w, limit in _LIMITS if -limit <= low and high < limit)
     data = packed.tobytes()
-    return bytes((width,)) + b"".join(data[i::_WIDTH] for i in range(width))
+    if step == 1:
+        return b"\x01" + data
+    return bytes((width,)) + b"".join([data[i::step] for i in range(width)])
 
 
 def _unplanes(data: bytes | memoryview, pos: int, n: int) -> tuple[list[int], int]:
@@ -122,12 +141,23 @@ def _unplanes(data: bytes | memoryview, pos: int, n: int) -> tuple[list[int], in
 
 
 def _as_ns(how: str, column: Sequence[Any]) -> Sequence[int]:
-    """A column's values as integers (None as 0): seconds as nanoseconds; ints and bools as they are."""
+    """A column's values as integers (None as 0): seconds as nanoseconds; ints and bools as they are.
+    Loops in C (map) where no value is None: a flush encodes every record's every column."""
+    nulls = how.endswith("?") and None in column
     if how.startswith("ns"):
-        return [0 if v is None else round(v * 1e9) for v in column]
-    if how.endswith("?"):
+        if nulls:
+            return [0 if v is None else round(v * 1e9) for v in column]
+        return list(map(round, map(operator.mul, column, itertools.repeat(1e9))))
+    if nulls:
         return [0 if v is None else v for v in column]
     return column
+
+
+def _codes(column: Sequence[Any]) -> tuple[list[int], list[Any]]:
+    """A string column as codes into its table (the values in order of first appearance)."""
+    table = list(dict.fromkeys(column))
+    code = {value: i for i, value in enumerate(table)}
+    return list(map(code.__getitem__, column)), table
 
 
 def encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]]) -> tuple[bytes, dict[str, list[Any]]]:
@@ -138,15 +168,14 @@ def encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]]) -> tu
     ints: dict[str, Sequence[int]] = {}
     tables: dict[str, list[Any]] = {}
     out: list[bytes] = []
+    no_nulls = b"\x01" + bytes(n)  # _planes of n zeros
     for (name, how, base), column in zip(spec, columns, strict=True):
         if how == "str":
-            table: dict[Any, int] = {}
-            codes = [table.setdefault(v, len(table)) for v in column]
-            tables[name] = list(table)
+            codes, tables[name] = _codes(column)
             out.append(_planes(codes))
             continue
         if how.endswith("?"):
-            out.append(_planes([v is None for v in column]))
+            out.append(_planes([v is None for v in column]) if None in column else no_nulls)
         values = ints[name] = _as_ns(how, column)
         coded: Sequence[int]
         if base == "prev":

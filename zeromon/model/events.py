@@ -7,10 +7,12 @@ ranks on different machines line up; sizes are bytes; durations in seconds carry
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, TypeVar
+
+_R = TypeVar("_R")
 
 
 class Phase(str, Enum):
@@ -389,3 +391,24 @@ Record = (
     | AgentStats
     | RunEnd
 )
+
+
+def record_maker(cls: type[_R]) -> Callable[[tuple[Any, ...]], _R]:
+    """A constructor of ``cls`` (a frozen dataclass with slots and no ``__post_init__``) from all its
+    field values in field order, for the agent's recorder: ``cls(*values)`` sets each field through
+    ``object.__setattr__`` (1.3 µs for a CollectiveEvent), this sets the slots directly (0.7 µs). The
+    record is the same: equal, same fields, same encoding (tests/test_record_maker.py)."""
+    if not (dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
+            and "__slots__" in cls.__dict__) or hasattr(cls, "__post_init__"):
+        raise TypeError(f"{cls.__name__}: record_maker takes a frozen dataclass with slots and no __post_init__")
+    names = [f.name for f in dataclasses.fields(cls)]
+    setters = {f"set_{i}": getattr(cls, name).__set__ for i, name in enumerate(names)}
+    body = "".join(f"    set_{i}(record, values[{i}])\n" for i in range(len(names)))
+    source = (f"def make(values, new=new, cls=cls, {', '.join(f'{k}={k}' for k in setters)}):\n"
+              f"    if len(values) != {len(names)}:\n"
+              f"        raise TypeError('{cls.__name__} takes {len(names)} values')\n"
+              f"    record = new(cls)\n{body}    return record\n")
+    namespace: dict[str, Any] = {"new": object.__new__, "cls": cls, **setters}
+    exec(source, namespace)  # noqa: S102 - generated from the dataclass's own field names
+    make: Callable[[tuple[Any, ...]], _R] = namespace["make"]
+    return make

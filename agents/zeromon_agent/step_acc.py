@@ -1,0 +1,120 @@
+"""What the recorder keeps of a step until its summary: the phase boundaries and spans, the collectives'
+intervals and totals; and the summary made of it when the step ends (the recorder's thread only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from zeromon.analysis.intervals import merge, total, union_length
+from zeromon.analysis.step_overlap import overlap_in_step
+from zeromon.model.events import StepSummary, ZeroMeaning
+
+_SCALAR_BYTES = 64  # all-reduces this small are flags and norms, not gradients
+# A step keeps at most this many collective intervals; beyond it they are folded into a running
+# union (exact when intervals arrive in issue order, as synchronous ones do). Bounds the memory
+# of a step that never ends (an evaluation loop with collectives and no optimizer step).
+MAX_STEP_INTERVALS = 4096
+
+
+@dataclass(slots=True)
+class Mark:
+    """A phase boundary: the host's time and, on GPU, an event recorded on the stream there."""
+
+    perf: int
+    event: Any = None  # a pending CUDA event; None once resolved or given up, or on CPU
+    unix: int | None = None  # when the GPU reached it
+
+    @property
+    def pending(self) -> bool:
+        return self.event is not None
+
+
+@dataclass(slots=True)
+class Span:
+    phase: str
+    step: int
+    start: Mark
+    end: Mark
+
+
+@dataclass(slots=True)
+class StepAcc:
+    collectives: int = 0
+    comm_bytes: int = 0
+    by_op: dict[str, int] = field(default_factory=dict)
+    intervals: list[tuple[int, int]] = field(default_factory=list)
+    folded_union_ns: int = 0  # union length of intervals folded away (see MAX_STEP_INTERVALS)
+    blocked: list[tuple[int, int]] = field(default_factory=list)
+    compute: list[tuple[int, int]] = field(default_factory=list)  # the stream's compute phases (GPU)
+    agent: list[tuple[int, int]] = field(default_factory=list)  # zeromon's own time on the training thread
+    on_stream: bool = False  # a phase of the step is on the GPU's clock: the stream's definition applies
+    overlap_known: bool = True  # False once intervals were folded or blocked ones not kept
+    blocked_s: float = 0.0
+    peak_memory: int | None = None
+    phase_s: dict[str, float] = field(default_factory=dict)
+    start_ns: int | None = None
+    start: Mark | None = None  # zeromon_agent.step()'s entry, which opens the step
+    end: Mark | None = None  # set when the step ended
+    ended_at_perf: int = 0
+
+
+_PARAM_ALL_GATHER, _GRAD_REDUCE_SCATTER, _GRAD_ALL_REDUCE, _PARAM_BROADCAST, _MEANING_UNKNOWN = (
+    ZeroMeaning.PARAM_ALL_GATHER.value, ZeroMeaning.GRAD_REDUCE_SCATTER.value, ZeroMeaning.GRAD_ALL_REDUCE.value,
+    ZeroMeaning.PARAM_BROADCAST.value, ZeroMeaning.UNKNOWN.value)
+
+
+def meaning_of(op: str, phase: str, nbytes: int) -> str:
+    """The ZeRO/FSDP role of a collective, from its op and the phase it was issued in."""
+    if op == "all_gather" and phase in ("forward", "backward", "optimizer", "setup"):
+        return _PARAM_ALL_GATHER
+    if op == "reduce_scatter" and phase in ("backward", "optimizer") and nbytes > _SCALAR_BYTES:
+        return _GRAD_REDUCE_SCATTER
+    if op == "all_reduce" and phase in ("backward", "optimizer") and nbytes > _SCALAR_BYTES:
+        return _GRAD_ALL_REDUCE
+    if op == "broadcast" and phase == "setup":
+        return _PARAM_BROADCAST
+    return _MEANING_UNKNOWN
+
+
+def seconds(ns: int) -> float:
+    """round(ns / 1e9, 9) without round() (~0.3 µs with digits, twice a collective): for a whole number of
+    nanoseconds they are the same double. Where a double's spacing is under 1e-9 (below ~4e6 s), ns / 1e9
+    is the double nearest to ns·1e-9, which rounding to 9 decimals gives back; where it is over, the
+    9-decimal rounding is nearer to ns / 1e9 than half the spacing. tests/test_recorder_fast_path.py."""
+    return ns / 1e9
+
+
+def add_blocked(acc: StepAcc, interval: tuple[int, int]) -> None:
+    acc.blocked_s += (interval[1] - interval[0]) / 1e9
+    if acc.overlap_known:
+        acc.blocked.append(interval)
+        if len(acc.blocked) > MAX_STEP_INTERVALS:
+            acc.blocked = []
+            acc.overlap_known = False
+
+
+def fold(acc: StepAcc) -> None:
+    """Keep a step's interval list short: all but the last merged interval become a number."""
+    merged = merge(acc.intervals)
+    acc.folded_union_ns += total(merged[:-1])
+    acc.intervals = merged[-1:]
+
+
+def summarize(acc: StepAcc, rank: int, step: int, start_ns: int, end_ns: int) -> StepSummary:
+    """The summary of a step that ended, its window [start_ns, end_ns) already on the Unix clock."""
+    overlap = None
+    if acc.overlap_known:
+        overlap = overlap_in_step(acc.intervals, acc.blocked, (start_ns, end_ns), agent=acc.agent,
+                                  stream_compute=acc.compute if acc.on_stream else None)
+    return StepSummary(
+        rank=rank, step=step, start_ns=start_ns, end_ns=end_ns,
+        phase_s={k: round(v, 9) for k, v in acc.phase_s.items()}, collectives=acc.collectives,
+        comm_bytes=acc.comm_bytes, comm_bytes_by_op=dict(acc.by_op),
+        comm_union_s=round((acc.folded_union_ns + union_length(acc.intervals)) / 1e9, 9),
+        blocked_s=round(acc.blocked_s, 9),
+        peak_memory=acc.peak_memory,
+        comp_s=round(overlap.comp_s, 9) if overlap is not None else None,
+        overlap_s=round(overlap.overlap_s, 9) if overlap is not None else None,
+        exposed_comm_s=round(overlap.exposed_comm_s, 9) if overlap is not None else None,
+    )

@@ -1,0 +1,142 @@
+"""The recorder's cheaper paths give what the plain ones gave: a record built by record_maker is the
+dataclass's own; seconds is round(ns / 1e9, 9); a column's planes are the 8-byte values cut into
+planes; and the collectives a real Recorder writes, publishes and counts are the events the keyword
+constructor, round() and the one-lock-per-record publishing made before."""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import sys
+import tempfile
+from array import array
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from test_reader_properties import INT64, PROPERTIES
+
+from zeromon.analysis.bandwidth import event_bandwidth
+from zeromon.model.codec import encode_record, iter_records
+from zeromon.model.columnar import _LIMITS, _planes
+from zeromon.model.events import CollectiveEvent, PhaseSpan, StepSummary, record_maker
+from zeromon.model.segments import CompactWriter
+from zeromon_agent.live_totals import LiveTotals
+from zeromon_agent.recorder import Recorder
+from zeromon_agent.state import RAW_COLLECTIVE, RAW_STEP_END, RAW_STEP_START, HotState
+from zeromon_agent.step_acc import meaning_of, seconds
+
+_any_value = (st.none() | st.booleans() | st.integers(*INT64) | st.floats(allow_nan=False) | st.text(max_size=8)
+              | st.sampled_from(["forward", "all_gather", "sync"]))
+
+
+@PROPERTIES
+@given(cls=st.sampled_from([CollectiveEvent, PhaseSpan, StepSummary]), data=st.data())
+def test_a_record_made_by_record_maker_is_the_one_its_constructor_makes(cls: type, data: st.DataObject) -> None:
+    values = tuple(data.draw(_any_value) for _ in dataclasses.fields(cls))
+    made, plain = record_maker(cls)(values), cls(*values)
+    assert type(made) is cls
+    assert made == plain and hash(made) == hash(plain) and repr(made) == repr(plain)
+    assert dataclasses.astuple(made) == values
+    assert encode_record(made) == encode_record(plain)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.rank = 1  # type: ignore[misc]
+
+
+def test_record_maker_takes_only_frozen_slotted_dataclasses_without_post_init_and_all_their_values() -> None:
+    @dataclasses.dataclass(slots=True)
+    class Mutable:
+        a: int
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Checked:
+        a: int
+
+        def __post_init__(self) -> None:
+            assert self.a >= 0
+
+    for cls in (Mutable, Checked):
+        with pytest.raises(TypeError, match="record_maker takes"):
+            record_maker(cls)
+    with pytest.raises(TypeError, match="PhaseSpan takes 6 values"):
+        record_maker(PhaseSpan)((0, 1, "forward"))
+
+
+@PROPERTIES
+@given(ns=st.integers(*INT64) | st.integers(-10**16, 10**16) | st.integers(-10**10, 10**10)
+       | st.sampled_from([2**22 * 10**9 + d for d in (-1, 0, 1)] + [0, 1, -1]))
+def test_seconds_is_ns_rounded_to_nine_decimals(ns: int) -> None:
+    assert seconds(ns) == round(ns / 1e9, 9)
+
+
+def _planes_cut_from_eight_bytes(values: Sequence[int]) -> bytes:
+    """The planes as the compact writer first wrote them: 8-byte values, the low ``width`` planes kept."""
+    packed = array("q", values)
+    if sys.byteorder != "little":
+        packed.byteswap()
+    low, high = (min(packed), max(packed)) if packed else (0, 0)
+    width = next(w for w, limit in _LIMITS if -limit <= low and high < limit)
+    data = packed.tobytes()
+    return bytes((width,)) + b"".join(data[i::8] for i in range(width))
+
+
+@PROPERTIES
+@given(values=st.lists(st.integers(*INT64) | st.integers(-200, 200) | st.integers(-(2**31), 2**31), max_size=40))
+def test_a_column_s_planes_are_the_eight_byte_values_cut_into_planes(values: list[int]) -> None:
+    assert _planes(values) == _planes_cut_from_eight_bytes(values)
+
+
+def test_a_column_past_64_bits_is_refused_as_before() -> None:
+    with pytest.raises(OverflowError):
+        _planes([0, 2**63])
+
+
+_OPS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast")
+_PHASES = ("forward", "backward", "optimizer", "setup")
+_raw_collective = st.tuples(st.sampled_from(_OPS), st.sampled_from(_PHASES), st.integers(0, 2**40),
+                            st.integers(0, 2**33), st.integers(0, 2**20), st.integers(0, 2**20),
+                            st.sampled_from([None, "float32", "torch.bfloat16"]), st.integers(0, 2))
+
+
+def _plain_event(rank: int, offset: int, seq: int, raw: tuple[Any, ...]) -> CollectiveEvent:
+    """A synchronous collective as _finalize built it before record_maker and _seconds."""
+    op, phase, t0, length, b_in, b_out, dtype, step = raw
+    t1 = t0 + length
+    return CollectiveEvent(
+        seq=seq, rank=rank, step=step, phase=phase, op=op, api=f"{op}_x", bytes_in=b_in, bytes_out=b_out,
+        dtype="" if dtype is None else str(dtype).replace("torch.", ""), group_size=-1, async_op=False,
+        issue_ns=t0 + offset, complete_ns=t1 + offset, blocked_s=round((t1 - t0) / 1e9, 9), timing="sync",
+        meaning=meaning_of(op, phase, max(b_in, b_out)), wait_ns=t0 + offset, issue_s=round((t1 - t0) / 1e9, 9))
+
+
+@PROPERTIES
+@given(raws=st.lists(_raw_collective, min_size=1, max_size=40))
+def test_the_collectives_a_recorder_writes_and_publishes_are_the_plain_path_s(raws: list[tuple[Any, ...]]) -> None:
+    raws = sorted(raws, key=operator.itemgetter(7))  # issued step by step
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "rank-3.zmr"
+        state = HotState()
+        recorder = Recorder(state, 3, CompactWriter(path, 3), 0.2)
+        recorder._group_sizes[None] = -1  # no process group in this process: its size is unknown
+        for seq, (op, phase, t0, length, b_in, b_out, dtype, step) in enumerate(raws, start=1):
+            state.raw.append((RAW_COLLECTIVE, seq, f"{op}_x", op, t0, t0 + length, b_in, b_out, dtype, None, False,
+                              None, phase, step, None, False))
+        for step in range(3):
+            state.control.append((RAW_STEP_START, step, step, None, "forward"))
+            state.control.append((RAW_STEP_END, step, 2**41, None, True))
+        recorder.stop()
+        expected = [_plain_event(3, recorder.clock_offset_ns, seq, raw) for seq, raw in enumerate(raws, start=1)]
+        assert [r for r in iter_records(path) if isinstance(r, CollectiveEvent)] == expected
+        published = [(cursor, r) for cursor, r in recorder.recent if isinstance(r, CollectiveEvent)]
+        assert [r for _, r in published] == expected
+        assert [cursor for cursor, _ in recorder.recent] == list(range(1, recorder.cursor + 1))
+        totals = LiveTotals()
+        for event in expected:
+            duration = event.duration_s
+            bandwidth = event_bandwidth(event) if duration else None
+            totals.count_collective(event, duration, bandwidth[1] if bandwidth is not None else None)
+        assert recorder.totals.collectives == totals.collectives
+        assert {op: list(v) for op, v in recorder.totals.busbw.items()} == {op: list(v) for op, v in totals.busbw.items()}
