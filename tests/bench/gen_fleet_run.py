@@ -45,7 +45,7 @@ from zeromon.model import (
     RunInfo,
     StepSummary,
 )
-from zeromon.model.codec import rank_file_name, read_recording
+from zeromon.model.codec import rank_file_name, read_recording, run_headers
 from zeromon.model.events import RunEnd
 
 DETAIL_LAST_STEPS = 50
@@ -114,7 +114,9 @@ class _Template:
 
 
 def _template(source: Path) -> _Template:
-    rec = read_recording(source / rank_file_name(0))
+    # rank 0's file in either form (the agent writes rank-0.zmr by default, tests rank-0.jsonl)
+    rec = read_recording(next((path for path, header in run_headers(source) if header.get("rank") == 0),
+                              source / rank_file_name(0)))
     if rec.run_info is None or len(rec.steps) < 3:
         raise ValueError(f"{source}: rank 0 needs a RunInfo and at least 3 steps to be a template")
     by_step: dict[int, dict[str, list[Any]]] = defaultdict(lambda: defaultdict(list))
