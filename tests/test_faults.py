@@ -8,6 +8,7 @@ in time and its process group killed if it overstays; mounts are undone.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -213,6 +214,34 @@ def test_a_killed_rank_is_said_to_have_died_and_its_registry_entry_is_skipped(tm
     assert local_runs(registry) == []
     targets = zeromon("targets", env=env)
     assert targets.returncode == 2 and "no local run found" in targets.stderr
+
+
+@pytest.mark.parametrize("form", ["compact", "jsonl"])
+def test_a_killed_rank_loses_at_most_one_flush_interval(tmp_path: Path, form: str) -> None:
+    """SIGKILL leaves no chance to flush: what the file holds is what the writer had flushed by then.
+
+    The rank issues collectives every step (~0.05 s apart) up to the moment it kills itself; its
+    recording must hold the collectives issued up to one flush interval before the kill (plus one
+    step's gap between collectives and the time a flush takes on a loaded machine)."""
+    flush_s = 0.2
+    out = tmp_path / "run"
+    env = child_env(ZEROMON_FORMAT=form, ZEROMON_FLUSH_INTERVAL=str(flush_s))
+    result = zeromon_run(out, "--die", "1:30:kill", "--steps", "40", "--sleep", "0.05", env=env)
+    assert result.returncode != 0
+    dying_ns = int(next(line.split()[1] for line in result.stdout.splitlines() if line.startswith("DYING ")))
+    suffix = ".zmr" if form == "compact" else ".jsonl"
+    rec = read_recording(out / f"rank-1{suffix}")
+    assert rec.collectives, "the killed rank's recording holds none of its collectives"
+    last_issue_ns = max(c.issue_ns for c in rec.collectives)
+    lost_s = (dying_ns - last_issue_ns) / 1e9
+    step_gap_s, flush_cost_s = 0.05, 0.1
+    assert 0 <= lost_s <= flush_s + step_gap_s + flush_cost_s, f"the last {lost_s:.3f} s before the kill were lost"
+    # Every step before the lost interval is whole: 5 collectives a step (4 gradients, the loss). A step
+    # is before it when a collective of the next step was issued before it.
+    cutoff_ns = dying_ns - int((flush_s + flush_cost_s) * 1e9)
+    whole_steps = {c.step - 1 for c in rec.collectives if c.issue_ns < cutoff_ns}
+    by_step = collections.Counter(c.step for c in rec.collectives)
+    assert all(by_step[step] == 5 for step in whole_steps if step >= 0), by_step
 
 
 def test_an_exception_and_a_sigterm_are_how_ranks_ended(tmp_path: Path) -> None:

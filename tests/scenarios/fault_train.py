@@ -110,6 +110,8 @@ def scrape(agent: Any) -> None:
 
 
 def die(how: str) -> None:
+    if how == "kill":  # when, on the recording's clock (unix ns), for the test of what a crash may lose
+        print(f"DYING {time.time_ns()}", flush=True)
     sys.stdout.flush()
     if how == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
