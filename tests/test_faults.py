@@ -66,6 +66,10 @@ def zeromon_run(out: Path, *args: str, env: dict[str, str] | None = None) -> sub
 def baseline() -> list[float]:
     """The loss curve without zeromon."""
     result = train(env=child_env(ZEROMON_ENABLE="0"))
+    if "Signal 6 (SIGABRT)" in result.stderr:
+        # Seen once on a machine loaded by two benchmarks: gloo aborted a rank at teardown with no agent
+        # in the run at all. The baseline is only the loss curve: one more try, then it must pass.
+        result = train(env=child_env(ZEROMON_ENABLE="0"))
     assert result.returncode == 0, result.stderr[-2000:]
     return losses(result.stdout)
 
