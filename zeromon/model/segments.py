@@ -26,7 +26,7 @@ import json
 import os
 import struct
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -381,21 +381,27 @@ def iter_compact_fields(path: Path, skipped: _Skipped, unknown_kinds: dict[str, 
         number = 0
         for frame in iter_frames(buf, start):
             if frame.payload is None or frame.kind == KIND_RECORDS:
-                try:
-                    if frame.payload is None:
-                        raise ValueError(frame.why)
-                    segment = _segment_records(_inflate(frame.payload, _zdict(header)), kinds, frame.count)
-                except (ValueError, zlib.error, struct.error, KeyError, IndexError, TypeError, RecursionError) as exc:
-                    damaged = frame.count if 0 < frame.count <= SEGMENT_RECORDS else 0
-                    what = (f"its {damaged:,} record{'s' if damaged != 1 else ''} skipped" if damaged
-                            else "its records skipped (how many is not known)")
-                    for i in range(max(1, damaged)):
-                        skipped.add(number + 1 + i, f"the segment at byte {frame.offset:,} is damaged ({exc}): "
-                                    f"{what}" if i == 0 else None)
-                    number += max(1, damaged)
-                    continue
-                yield from _yield_segment(segment, kinds, layouts, skipped, unknown_kinds, number)
-                number += len(segment[0])
+                number = yield from frame_fields(frame, _zdict(header), kinds, layouts, skipped, unknown_kinds, number)
+
+
+def frame_fields(frame: Frame, zdict: bytes, kinds: list[_Kind], layouts: dict[str, Any], skipped: _Skipped,
+                 unknown_kinds: dict[str, int] | None, number: int) -> Generator[tuple[type, list[Any], int], None, int]:
+    """iter_compact_fields of one records frame (damaged or not) whose records are numbered from
+    ``number + 1``; returns the number of its last."""
+    try:
+        if frame.payload is None:
+            raise ValueError(frame.why)
+        segment = _segment_records(_inflate(frame.payload, zdict), kinds, frame.count)
+    except (ValueError, zlib.error, struct.error, KeyError, IndexError, TypeError, RecursionError) as exc:
+        damaged = frame.count if 0 < frame.count <= SEGMENT_RECORDS else 0
+        what = (f"its {damaged:,} record{'s' if damaged != 1 else ''} skipped" if damaged
+                else "its records skipped (how many is not known)")
+        for i in range(max(1, damaged)):
+            skipped.add(number + 1 + i, f"the segment at byte {frame.offset:,} is damaged ({exc}): "
+                        f"{what}" if i == 0 else None)
+        return number + max(1, damaged)
+    yield from _yield_segment(segment, kinds, layouts, skipped, unknown_kinds, number)
+    return number + len(segment[0])
 
 
 def _segment_records(payload: bytes, kinds: list[_Kind], count: int) -> tuple[bytes, list[Any], list[bytes]]:
