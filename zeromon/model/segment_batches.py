@@ -22,8 +22,11 @@ from typing import Any
 
 from zeromon.model.codec import MAX_LINE_CHARS, _Skipped, layouts_of
 from zeromon.model.segments import (
+    FRAME,
     KIND_RECORDS,
+    MARKER,
     SECTIONS,
+    Frame,
     _header_of,
     _inflate,
     _kinds,
@@ -65,11 +68,14 @@ def iter_compact_batched(path: Path, skipped: _Skipped, unknown_kinds: dict[str,
         kinds = _kinds(header, checked_by_caller)
         zdict = _zdict(header)
         batch = _Batch(loads, layouts, len(kinds), skipped, unknown_kinds)
-        number = 0
-        for frame in iter_frames(buf, start):
-            if frame.payload is not None and frame.kind != KIND_RECORDS:
+        pos, number = start, 0
+        # The good frames, as iter_frames gives them but checked with less; from the first that is not
+        # whole or whose CRC fails (a crash's cut, a damaged file), iter_frames's walk finds the next.
+        while (frame := _good_frame(buf, pos)) is not None:
+            pos = frame.offset + FRAME.size + len(frame.payload or b"")
+            if frame.kind != KIND_RECORDS:
                 continue
-            rows = _rows_only(frame.payload, frame.count, zdict) if frame.payload is not None else None
+            rows = _rows_only(frame.payload or b"", frame.count, zdict)
             if rows is not None:
                 batch.add(number, frame.count, rows)
                 number += frame.count
@@ -79,6 +85,22 @@ def iter_compact_batched(path: Path, skipped: _Skipped, unknown_kinds: dict[str,
             yield from batch.take()
             number = yield from frame_fields(frame, zdict, kinds, layouts, skipped, unknown_kinds, number)
         yield from batch.take()
+        for frame in iter_frames(buf, pos):
+            if frame.payload is None or frame.kind == KIND_RECORDS:
+                number = yield from frame_fields(frame, zdict, kinds, layouts, skipped, unknown_kinds, number)
+
+
+def _good_frame(buf: bytes, pos: int) -> Frame | None:
+    """The frame at ``pos`` if it is whole and its CRC good (what iter_frames gives for it), else None:
+    ~1 µs a frame less than iter_frames's walk, for ~6,000 frames a rank."""
+    if len(buf) - pos < FRAME.size:
+        return None
+    marker, kind, _, length, count, crc = FRAME.unpack_from(buf, pos)
+    end = pos + FRAME.size + length
+    payload = buf[pos + FRAME.size:end]
+    if marker != MARKER or end > len(buf) or zlib.crc32(payload, zlib.crc32(buf[pos:pos + 12])) != crc:
+        return None
+    return Frame(pos, kind, count, payload)
 
 
 def _rows_only(payload: bytes, count: int, zdict: bytes) -> bytes | None:

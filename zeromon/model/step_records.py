@@ -24,11 +24,12 @@ class StepRecords(Sequence[StepSummary]):
     """Step summaries as rows of their field values (a list each, every field present, in StepSummary's
     order); compares equal to a list of the same summaries."""
 
-    __slots__ = ("_records", "rows")
+    __slots__ = ("_columns", "_records", "rows")
 
     def __init__(self, rows: list[list[Any]]) -> None:
         self.rows = rows
         self._records: list[StepSummary] | None = None
+        self._columns: list[tuple[Any, ...]] | None = None
 
     @classmethod
     def of(cls, values: list[list[Any]]) -> StepRecords:
@@ -39,9 +40,12 @@ class StepRecords(Sequence[StepSummary]):
                 row.extend(_DEFAULTS[len(_DEFAULTS) - (width - len(row)):])
         return cls(values)
 
-    def column(self, name: str) -> list[Any]:
-        """Field ``name`` of every summary, in order: one C loop, no object made."""
-        return list(map(operator.itemgetter(_INDEX[name]), self.rows))
+    def column(self, name: str) -> Sequence[Any]:
+        """Field ``name`` of every summary, in order, no object made: the rows are transposed once (one C
+        loop, ~2 ms for 10,000) for the ~17 columns an analysis asks for."""
+        if self._columns is None:
+            self._columns = list(zip(*self.rows, strict=True)) if self.rows else [() for _ in _FIELDS]
+        return self._columns[_INDEX[name]]
 
     def _list(self) -> list[StepSummary]:
         if self._records is None:
@@ -77,7 +81,7 @@ class StepRecords(Sequence[StepSummary]):
         return f"StepRecords({len(self)} summaries)"
 
 
-def step_column(steps: Sequence[StepSummary], name: str) -> list[Any]:
+def step_column(steps: Sequence[StepSummary], name: str) -> Sequence[Any]:
     """Field ``name`` of each summary, in order, of a StepRecords without making its objects."""
     if isinstance(steps, StepRecords):
         return steps.column(name)
