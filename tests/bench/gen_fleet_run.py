@@ -160,6 +160,7 @@ class _Plan:
 
 
 _TEMPLATE: _Template | None = None  # set in the parent before the workers fork
+_FLEET_JITTER: tuple[float, ...] = ()  # each step's jitter, the same for every rank: made once, not per rank
 
 
 def _shift(value: int | None, offset: int, cut: int, delay: int) -> int | None:
@@ -173,6 +174,7 @@ def _write_rank(rank: int, plan: _Plan) -> int:
     """Write one rank's file; its number of records."""
     assert _TEMPLATE is not None
     template, roles = _TEMPLATE, fleet_roles(plan.ranks)
+    first_issues = [min((c.issue_ns for c in t.collectives), default=t.summary.start_ns) for t in template.steps]
     rng = random.Random(plan.seed * 1_000_003 + rank)
     period_ns = int(plan.step_s * 1e9)
     start0 = template.steps[0].summary.start_ns
@@ -196,13 +198,12 @@ def _write_rank(rank: int, plan: _Plan) -> int:
     for step in range(plan.steps):
         t = template.steps[step % len(template.steps)]
         s = t.summary
-        step_rng = random.Random(plan.seed * 7_919 + step)  # the same for every rank: the fleet's jitter
         step_start = start0 + step * period_ns + clock_ns
         offset = step_start - s.start_ns
         late = roles.stragglers[0] if step % 4 else roles.stragglers[1]
         delay = int(plan.delays_s[0 if step % 4 else 1] * 1e9)
-        jitter = int((step_rng.uniform(0, STEP_JITTER_S) + rng.uniform(0, RANK_JITTER_S)) * 1e9)
-        first_issue = min((c.issue_ns for c in t.collectives), default=s.start_ns)
+        jitter = int((_FLEET_JITTER[step] + rng.uniform(0, RANK_JITTER_S)) * 1e9)
+        first_issue = first_issues[step % len(template.steps)]
         cut = s.start_ns if rank == late else first_issue  # the straggler's forward, the peers' first wait
         end_ns = s.end_ns + offset + delay + jitter
         level_add = memory_offset + int(growth * step)
@@ -257,8 +258,9 @@ def generate(source: Path, out: Path, ranks: int, steps: int, workers: int | Non
              form: str = "zmr") -> int:
     """Write ``ranks`` rank files of ``steps`` steps into ``out`` from ``source``'s rank 0, in ``form``
     (a FORMATS key); the records written."""
-    global _TEMPLATE
+    global _TEMPLATE, _FLEET_JITTER
     _TEMPLATE = template = _template(source)
+    _FLEET_JITTER = tuple(random.Random(seed * 7_919 + step).uniform(0, STEP_JITTER_S) for step in range(steps))
     durations = sorted(t.summary.end_ns - t.summary.start_ns for t in template.steps)
     delays = (STRAGGLER_DELAY_SHARES[0] * durations[len(durations) // 2] / 1e9,
               STRAGGLER_DELAY_SHARES[1] * durations[len(durations) // 2] / 1e9)
