@@ -68,39 +68,33 @@ def iter_compact_batched(path: Path, skipped: _Skipped, unknown_kinds: dict[str,
         kinds = _kinds(header, checked_by_caller)
         zdict = _zdict(header)
         batch = _Batch(loads, layouts, len(kinds), skipped, unknown_kinds)
-        pos, number = start, 0
-        # The good frames, as iter_frames gives them but checked with less; from the first that is not
-        # whole or whose CRC fails (a crash's cut, a damaged file), iter_frames's walk finds the next.
-        while (frame := _good_frame(buf, pos)) is not None:
-            pos = frame.offset + FRAME.size + len(frame.payload or b"")
-            if frame.kind != KIND_RECORDS:
+        pos, number, size = start, 0, len(buf)
+        # The good frames, as iter_frames gives them, walked here (~1.5 µs a frame less, ~6,000 frames a
+        # rank); from the first that is not whole or whose CRC fails (a crash's cut, a damaged file),
+        # iter_frames's walk finds the next.
+        while size - pos >= FRAME.size:
+            marker, kind, _, length, count, crc = FRAME.unpack_from(buf, pos)
+            end = pos + FRAME.size + length
+            payload = buf[pos + FRAME.size:end]
+            if marker != MARKER or end > size or zlib.crc32(payload, zlib.crc32(buf[pos:pos + 12])) != crc:
+                break
+            offset, pos = pos, end
+            if kind != KIND_RECORDS:
                 continue
-            rows = _rows_only(frame.payload or b"", frame.count, zdict)
+            rows = _rows_only(payload, count, zdict)
             if rows is not None:
-                batch.add(number, frame.count, rows)
-                number += frame.count
+                batch.add(number, count, rows)
+                number += count
                 if batch.rows >= BATCH_ROWS:
                     yield from batch.take()
                 continue
             yield from batch.take()
+            frame = Frame(offset, kind, count, payload)
             number = yield from frame_fields(frame, zdict, kinds, layouts, skipped, unknown_kinds, number)
         yield from batch.take()
         for frame in iter_frames(buf, pos):
             if frame.payload is None or frame.kind == KIND_RECORDS:
                 number = yield from frame_fields(frame, zdict, kinds, layouts, skipped, unknown_kinds, number)
-
-
-def _good_frame(buf: bytes, pos: int) -> Frame | None:
-    """The frame at ``pos`` if it is whole and its CRC good (what iter_frames gives for it), else None:
-    ~1 µs a frame less than iter_frames's walk, for ~6,000 frames a rank."""
-    if len(buf) - pos < FRAME.size:
-        return None
-    marker, kind, _, length, count, crc = FRAME.unpack_from(buf, pos)
-    end = pos + FRAME.size + length
-    payload = buf[pos + FRAME.size:end]
-    if marker != MARKER or end > len(buf) or zlib.crc32(payload, zlib.crc32(buf[pos:pos + 12])) != crc:
-        return None
-    return Frame(pos, kind, count, payload)
 
 
 def _rows_only(payload: bytes, count: int, zdict: bytes) -> bytes | None:
