@@ -22,6 +22,7 @@ by its marker and CRC. Stdlib only: the agent imports this module into every tra
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import struct
@@ -339,8 +340,16 @@ def _header_of(path: Path, buf: Any) -> tuple[dict[str, Any], int]:
 
 
 def read_compact_header(path: Path) -> dict[str, Any]:
-    with _mapped(path) as buf:
-        return _header_of(path, buf)[0]
+    """The checked header, reading the header's segment only: `zeromon report` reads a header of every
+    rank file, twice, before the files (1,024 ranks of 10,000 steps: 2.7 GB read whole, ~0.7 s)."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(len(COMPACT_MAGIC) + FRAME.size)
+            if len(head) == len(COMPACT_MAGIC) + FRAME.size:  # its length, at most the file's: a damaged one
+                head += handle.read(min(FRAME.unpack_from(head, len(COMPACT_MAGIC))[3], os.fstat(handle.fileno()).st_size))
+    except OSError as exc:
+        raise ZeromonError(f"{path}: cannot open recording: {exc.strerror}") from None
+    return _header_of(path, head)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -471,7 +480,7 @@ def compact_tail_rows(path: Path) -> tuple[dict[str, Any], list[bytes]]:
     are walked by their lengths, without reading the segments before."""
     with _mapped(path) as buf:
         header, start = _header_of(path, buf)
-        frames = [frame for frame in iter_frames(buf, start, verify=False) if frame.kind == KIND_RECORDS]
+        frames = [frame for frame in _walk_lengths(buf, start) if frame.kind == KIND_RECORDS]
         for frame in reversed(frames[-4:]):
             if _check(buf, frame.offset) is None:
                 continue
@@ -481,6 +490,24 @@ def compact_tail_rows(path: Path) -> tuple[dict[str, Any], list[bytes]]:
             except (ValueError, zlib.error, struct.error, KeyError, IndexError, TypeError, RecursionError):
                 continue
     return header, []
+
+
+def _walk_lengths(buf: bytes, pos: int) -> Iterator[Frame]:
+    """iter_frames(verify=False), the whole frames with a marker kept as (offset, kind, count) only until
+    the last few: a rank of 10,000 steps has ~6,000 frames, and a Frame each cost the report ~2 ms a rank."""
+    last: collections.deque[tuple[int, int, int]] = collections.deque(maxlen=8)
+    size = len(buf)
+    while size - pos >= FRAME.size:
+        marker, kind, _, length, count, _ = FRAME.unpack_from(buf, pos)
+        end = pos + FRAME.size + length
+        if marker != MARKER or end > size:
+            break
+        if kind == KIND_RECORDS:
+            last.append((pos, kind, count))
+        pos = end
+    yield from (Frame(offset, kind, count, None) for offset, kind, count in last)
+    if size - pos >= FRAME.size and FRAME.unpack_from(buf, pos)[0] != MARKER:  # not a partial last one
+        yield from iter_frames(buf, pos, verify=False)
 
 
 def export_lines(path: Path, corrupt: list[int] | None = None,
