@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from test_compact_format import HEADER, _write, records
+from test_compact_format import _KEPT, HEADER, _write, records
 from test_reader_properties import PROPERTIES
 
 from zeromon.analysis.report import analyze_rank
+from zeromon.errors import ZeromonError
 from zeromon.model import segment_batches
 from zeromon.model.codec import COMPACT_MAGIC, _Skipped, read_recording
 from zeromon.model.events import CollectiveEvent, Record, StepSummary
@@ -63,6 +65,18 @@ def test_the_batched_walk_gives_what_the_per_segment_walk_gives(recs: list[Recor
             for checked_by_caller in (None, CollectiveEvent):
                 assert _walk(iter_compact_batched, path, checked_by_caller) == \
                     _walk(iter_compact_fields, path, checked_by_caller)
+            # The summaries put straight into read_recording's rows: the same recording.
+            try:
+                objects = read_recording(path)
+            except ZeromonError as exc:  # the header's segment cut short
+                objects_error = str(exc)
+                with pytest.raises(ZeromonError) as raised:
+                    read_recording(path, steps_as_rows=True)
+                assert str(raised.value) == objects_error
+                return
+            rows = read_recording(path, steps_as_rows=True)
+            kept = (*_KEPT, "corrupt_lines", "line_errors")
+            assert {name: getattr(rows, name) for name in kept} == {name: getattr(objects, name) for name in kept}
 
 
 def test_without_orjson_the_batched_walk_is_the_per_segment_walk(tmp_path: Path) -> None:

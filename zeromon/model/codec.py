@@ -581,15 +581,17 @@ _TOO_LONG = f"longer than {MAX_LINE_CHARS:,} characters, not read"
 
 
 def _iter_fields(path: Path, skipped: _Skipped, unknown_kinds: dict[str, int] | None,
-                 checked_by_caller: type | None = None) -> Iterator[tuple[type, list[Any], int]]:
+                 checked_by_caller: type | None = None,
+                 summaries: list[list[Any]] | None = None) -> Iterator[tuple[type, list[Any], int]]:
     """(record type, field values, line number) for every line after the header of one rank file that
     holds a record of a known kind whose values fit its schema; the records of ``checked_by_caller``
     are not checked here (read_recording checks the collectives a column at a time). A compact (2.0)
-    file gives its records' numbers (1, 2, ...) for line numbers."""
+    file gives its records' numbers (1, 2, ...) for line numbers, and may put step summaries' values
+    into ``summaries`` (in order) instead of giving them."""
     if is_compact(path):
         from zeromon.model.segment_batches import iter_compact_batched
 
-        return iter_compact_batched(path, skipped, unknown_kinds, checked_by_caller)
+        return iter_compact_batched(path, skipped, unknown_kinds, checked_by_caller, summaries)
     handle = _open_recording(path)
     try:
         header = read_header(path, read_first_line(path, handle))
@@ -742,7 +744,8 @@ def read_recording(path: str | Path, steps_as_rows: bool = False) -> Recording:
         rows.clear()
 
     with collector_paused():
-        for cls, values, lineno in _iter_fields(path, skipped, rec.unknown_kinds, checked_by_caller=CollectiveEvent):
+        fields = _iter_fields(path, skipped, rec.unknown_kinds, CollectiveEvent, steps if steps_as_rows else None)
+        for cls, values, lineno in fields:
             if cls is CollectiveEvent:
                 if len(values) < width:  # the optional wait_ns, absent: its default is None
                     values.extend([None] * (width - len(values)))
