@@ -166,8 +166,9 @@ def step_table(rec: Recording) -> StepTable:
     steps = integers[0]
     detail = set(rec.collective_columns().step)
     detail.update(p.step for p in rec.phases)
+    # has_overlap, a column at a time (a column without None, as recorded since format 1.1, in one C scan)
     overlap = np.logical_and.reduce([np.fromiter(map(operator.is_not, column, repeat(None)), bool, n)
-                                     for column in raw[1:]])[order]  # has_overlap, a column at a time
+                                     if None in column else np.ones(n, dtype=bool) for column in raw[1:]])[order]
     alone = ~np.isin(steps, np.fromiter(detail, np.int64, len(detail))) & overlap
     if not alone.any():
         return StepTable.of(rec.rank, step_overlaps(rec))
