@@ -17,7 +17,11 @@ process and its workers, sampled every 50 ms from outside. A run past 600 s or 8
 Before the columnar report (commit da28aa1: a StepOverlap object per step sent back from every worker,
 10 million of them kept in one process), measured once each on the same generated runs, the machine
 loaded (load average 4-6): 64 ranks 41.1 s and 439 MB (8.2 s at a lower load), 256 ranks 147.6 s and
-1,501 MB (71.1 s at a lower load), 1,024 ranks 488.2 s and 6,168 MB.
+1,501 MB (71.1 s at a lower load), 1,024 ranks 488.2 s and 6,168 MB. Before the report read the compact
+form a batch of segments at a time (commit 18b72b2: the generator wrote JSON lines, 3,181 MB at 1,024 ranks;
+medians of 3, 2026-11-23 16:43 UTC, load average 2.9-4.2): 64 ranks 9.7 s and 189 MB, 256 ranks 33.5 s and
+388 MB, 1,024 ranks 76.4 s (64.6-91.2 s) and 1,314 MB. The same code read the generated compact form
+~2x slower than those JSON lines (64 ranks: 10.5 s of CPU against 4.7 s, measured once here).
 """
 
 from __future__ import annotations
