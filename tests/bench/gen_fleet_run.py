@@ -5,9 +5,10 @@ rank-<r>.jsonl (format 1.x, RecordingWriter). The agent appends one segment per 
 (0.2 s by default: agents/zeromon_agent/config.py, recorder.py's loop) holding what its drain passes
 buffered since the last, and writes none when nothing came. The generator does the same on the run's
 own clock: a step's records (its kept detail, then its summary) go into the segment of the 0.2 s window
-its end falls in, a window with no step end writes nothing. With the FSDP2 template's ~0.12 s steps
-that is ~1.7 step summaries a segment, ~6,000 segments a rank of 10,000 steps; a detail step's segment
-holds its ~11 collectives, 16 phase spans and 4 memory samples besides. An AgentStats goes in every 10 s
+its end falls in, a window with no step end writes nothing. With the FSDP2 template's steps of
+0.07-0.12 s (their period: the longest, a straggler's delay and jitter) that is 2-3 step summaries a
+segment, 3,000-6,000 segments a rank of 10,000 steps; a detail step's segment holds its ~11
+collectives, ~16 phase spans and 3-4 memory samples besides. An AgentStats goes in every 10 s
 of the run's clock, as the agent writes one.
 
 A real 2-rank FSDP2 run on gloo is recorded once (or one is given), and its rank 0's steady steps
