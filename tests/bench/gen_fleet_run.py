@@ -1,5 +1,16 @@
 """A fleet-sized run made from a real one: N ranks x S steps, written through zeromon's own writer.
 
+Written in the agent's default form: rank-<r>.zmr (format 2.0, CompactWriter), or with ``--format jsonl``
+rank-<r>.jsonl (format 1.x, RecordingWriter). The agent appends one segment per ``flush_interval_s``
+(0.2 s by default: agents/zeromon_agent/config.py, recorder.py's loop) holding what its drain passes
+buffered since the last, and writes none when nothing came. The generator does the same on the run's
+own clock: a step's records (its kept detail, then its summary) go into the segment of the 0.2 s window
+its end falls in, a window with no step end writes nothing. With the FSDP2 template's steps of
+0.07-0.12 s (their period: the longest, a straggler's delay and jitter) that is 2-3 step summaries a
+segment, 3,000-6,000 segments a rank of 10,000 steps; a detail step's segment holds its ~11
+collectives, ~16 phase spans and 3-4 memory samples besides. An AgentStats goes in every 10 s
+of the run's clock, as the agent writes one.
+
 A real 2-rank FSDP2 run on gloo is recorded once (or one is given), and its rank 0's steady steps
 are replayed as every rank's steps, with the variation a fleet has:
 
@@ -14,7 +25,7 @@ are replayed as every rank's steps, with the variation a fleet has:
 One run id, the world size N in every header and RunInfo, hosts of 8 ranks each: `zeromon report`
 reads it as one run. Ranks are written in parallel, one process per CPU.
 
-    python tests/bench/gen_fleet_run.py OUT --ranks 1024 --steps 10000 [--source RUN_DIR]
+    python tests/bench/gen_fleet_run.py OUT --ranks 1024 --steps 10000 [--source RUN_DIR] [--format jsonl]
 
 Importable: tests call ``record_source`` and ``generate``; ``fleet_roles(n)`` names the special ranks.
 """
@@ -47,6 +58,7 @@ from zeromon.model import (
 )
 from zeromon.model.codec import rank_file_name, read_recording, run_headers
 from zeromon.model.events import RunEnd
+from zeromon.model.segments import CompactWriter
 
 DETAIL_LAST_STEPS = 50
 DETAIL_EVERY = 500
@@ -58,6 +70,9 @@ STEP_JITTER_S = 0.002  # the step boundaries' jitter (every rank), and each rank
 RANK_JITTER_S = 0.0005
 CLOCK_OFFSET_S = 0.00002  # each rank's clock, within +- this of the others'
 MEMORY_SPREAD_BYTES = 4 * 2**20  # each rank's memory within + this of the source's
+FLUSH_INTERVAL_NS = 200_000_000  # the agent's default flush_interval_s: one compact segment per window
+STATS_INTERVAL_NS = 10_000_000_000  # the agent writes its AgentStats every 10 s
+FORMATS = {"zmr": (CompactWriter, ".zmr"), "jsonl": (RecordingWriter, ".jsonl")}
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,9 +157,11 @@ class _Plan:
     seed: int
     step_s: float  # the replayed steps' period: the longest template step, a straggler's delay and jitter
     delays_s: tuple[float, float]  # the stragglers' (STRAGGLER_DELAY_SHARES of the median template step)
+    form: str = "zmr"  # a FORMATS key
 
 
 _TEMPLATE: _Template | None = None  # set in the parent before the workers fork
+_FLEET_JITTER: tuple[float, ...] = ()  # each step's jitter, the same for every rank: made once, not per rank
 
 
 def _shift(value: int | None, offset: int, cut: int, delay: int) -> int | None:
@@ -158,6 +175,7 @@ def _write_rank(rank: int, plan: _Plan) -> int:
     """Write one rank's file; its number of records."""
     assert _TEMPLATE is not None
     template, roles = _TEMPLATE, fleet_roles(plan.ranks)
+    first_issues = [min((c.issue_ns for c in t.collectives), default=t.summary.start_ns) for t in template.steps]
     rng = random.Random(plan.seed * 1_000_003 + rank)
     period_ns = int(plan.step_s * 1e9)
     start0 = template.steps[0].summary.start_ns
@@ -169,23 +187,24 @@ def _write_rank(rank: int, plan: _Plan) -> int:
         if rank == roles.growing_memory else 0.0
     header = dict(template.header, world_size=plan.ranks, run_id=plan.run_id, host=f"node{rank // 8}",
                   pid=10_000 + rank)
-    writer = RecordingWriter(plan.out / rank_file_name(rank), rank, **header)
+    writer_type, suffix = FORMATS[plan.form]
+    writer = writer_type(plan.out / rank_file_name(rank, suffix), rank, **header)
     writer.write(dataclasses.replace(template.run_info, rank=rank, local_rank=rank % 8, world_size=plan.ranks,
                                      host=f"node{rank // 8}", pid=10_000 + rank))
     for notice in template.notices:
         writer.write(dataclasses.replace(notice, rank=rank, t_ns=notice.t_ns + clock_ns))
     written = 1 + len(template.notices)
     end_prev = start0 + clock_ns
+    window, stats_due = 0, end_prev + STATS_INTERVAL_NS
     for step in range(plan.steps):
         t = template.steps[step % len(template.steps)]
         s = t.summary
-        step_rng = random.Random(plan.seed * 7_919 + step)  # the same for every rank: the fleet's jitter
         step_start = start0 + step * period_ns + clock_ns
         offset = step_start - s.start_ns
         late = roles.stragglers[0] if step % 4 else roles.stragglers[1]
         delay = int(plan.delays_s[0 if step % 4 else 1] * 1e9)
-        jitter = int((step_rng.uniform(0, STEP_JITTER_S) + rng.uniform(0, RANK_JITTER_S)) * 1e9)
-        first_issue = min((c.issue_ns for c in t.collectives), default=s.start_ns)
+        jitter = int((_FLEET_JITTER[step] + rng.uniform(0, RANK_JITTER_S)) * 1e9)
+        first_issue = first_issues[step % len(template.steps)]
         cut = s.start_ns if rank == late else first_issue  # the straggler's forward, the peers' first wait
         end_ns = s.end_ns + offset + delay + jitter
         level_add = memory_offset + int(growth * step)
@@ -193,6 +212,14 @@ def _write_rank(rank: int, plan: _Plan) -> int:
         phase_s["forward"] = phase_s.get("forward", 0.0) + (delay / 1e9 if rank == late else 0.0)
         phase_s["other"] = phase_s.get("other", 0.0) + jitter / 1e9
         waited = 0.0 if rank == late else delay / 1e9
+        # The agent's flush: what was buffered goes out as one segment when the step ends in a new window.
+        if (end_ns - start0 - clock_ns) // FLUSH_INTERVAL_NS != window:
+            writer.flush()
+            window = (end_ns - start0 - clock_ns) // FLUSH_INTERVAL_NS
+        if end_ns >= stats_due:
+            writer.write(AgentStats(rank, end_ns, written, 0, 0, 0.01, 0, 0))
+            written += 1
+            stats_due += STATS_INTERVAL_NS
         if is_detail_step(step, plan.steps):
             for c in t.collectives:
                 first = c.issue_ns == first_issue and rank != late
@@ -228,14 +255,17 @@ def _write_rank_star(args: tuple[int, _Plan]) -> int:
     return _write_rank(*args)
 
 
-def generate(source: Path, out: Path, ranks: int, steps: int, workers: int | None = None, seed: int = 0) -> int:
-    """Write ``ranks`` rank files of ``steps`` steps into ``out`` from ``source``'s rank 0; the records written."""
-    global _TEMPLATE
+def generate(source: Path, out: Path, ranks: int, steps: int, workers: int | None = None, seed: int = 0,
+             form: str = "zmr") -> int:
+    """Write ``ranks`` rank files of ``steps`` steps into ``out`` from ``source``'s rank 0, in ``form``
+    (a FORMATS key); the records written."""
+    global _TEMPLATE, _FLEET_JITTER
     _TEMPLATE = template = _template(source)
+    _FLEET_JITTER = tuple(random.Random(seed * 7_919 + step).uniform(0, STEP_JITTER_S) for step in range(steps))
     durations = sorted(t.summary.end_ns - t.summary.start_ns for t in template.steps)
     delays = (STRAGGLER_DELAY_SHARES[0] * durations[len(durations) // 2] / 1e9,
               STRAGGLER_DELAY_SHARES[1] * durations[len(durations) // 2] / 1e9)
-    plan = _Plan(ranks=ranks, steps=steps, out=out, run_id=uuid.uuid4().hex, seed=seed, delays_s=delays,
+    plan = _Plan(ranks=ranks, steps=steps, out=out, run_id=uuid.uuid4().hex, seed=seed, delays_s=delays, form=form,
                  step_s=durations[-1] / 1e9 + max(delays) + STEP_JITTER_S + RANK_JITTER_S + 2 * CLOCK_OFFSET_S)
     out.mkdir(parents=True, exist_ok=True)
     workers = min(ranks, workers or len(os.sched_getaffinity(0)))
@@ -246,18 +276,25 @@ def generate(source: Path, out: Path, ranks: int, steps: int, workers: int | Non
         return sum(pool.imap_unordered(_write_rank_star, jobs, chunksize=max(1, ranks // (8 * workers))))
 
 
+def run_bytes(folder: Path) -> int:
+    """The size of a run folder's rank files, of either form."""
+    return sum(f.stat().st_size for suffix in (".zmr", ".jsonl") for f in folder.glob(f"rank-*{suffix}"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=Path, help="the folder to write rank-<r>.jsonl into")
+    parser.add_argument("out", type=Path, help="the folder to write rank-<r>.zmr (or .jsonl) into")
     parser.add_argument("--ranks", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--source", type=Path, help="a 2-rank run folder to replicate (default: record one)")
     parser.add_argument("--workers", type=int)
+    parser.add_argument("--format", choices=sorted(FORMATS), default="zmr",
+                        help="zmr: the compact form the agent writes by default (format 2.0); jsonl: format 1.x")
     args = parser.parse_args()
     source = args.source or record_source(args.out.with_name(args.out.name + "-source"))
     started = time.perf_counter()
-    records = generate(source, args.out, args.ranks, args.steps, args.workers)
-    size = sum(f.stat().st_size for f in args.out.glob("rank-*.jsonl"))
+    records = generate(source, args.out, args.ranks, args.steps, args.workers, form=args.format)
+    size = run_bytes(args.out)
     print(f"{args.out}: {args.ranks} ranks x {args.steps} steps, {records:,} records, {size / 2**20:,.0f} MB "
           f"in {time.perf_counter() - started:.1f} s; roles {fleet_roles(args.ranks)}")
 

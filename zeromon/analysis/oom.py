@@ -39,9 +39,11 @@ RSS), not on model state.
 
 from __future__ import annotations
 
+import operator
 import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from itertools import repeat
 
 from zeromon.analysis.findings import Finding, Severity, worst
 from zeromon.analysis.memory_remedies import (
@@ -54,6 +56,7 @@ from zeromon.analysis.memory_remedies import (
 )
 from zeromon.model.codec import Recording
 from zeromon.model.events import PEAK_PHASES, MemorySample, step_number
+from zeromon.model.step_records import step_column
 from zeromon.model.units import format_bytes
 
 WARN_PEAK_SHARE = 0.85
@@ -149,17 +152,21 @@ def forecast(recording: Recording, capacity_bytes: int | None = None) -> OomFore
     peak = max([level for _, level in points] + list(peaks.values()))
     peak_step = max(peaks, key=lambda s: peaks[s]) if peaks else None
     last_step = max(peaks) if peaks else -1
-    done = {s.step for s in recording.steps} | {s for s in peaks if s < last_step}
+    # The summaries a field at a time (step_column: of a StepRecords, no object made).
+    summary_steps = step_column(recording.steps, "step")
+    done = set(summary_steps) | {s for s in peaks if s < last_step}
     # The trend from the samples taken every step: the peaks inside the forward and the backward are
     # sampled in the steps that walk the categories only, and would make a sawtooth of the series.
     every_step = _step_peaks([p for p in points if p[0].phase not in PEAK_PHASES], on_gpu)
     # A bounded recording keeps memory samples in some steps only; every step's summary has its peak,
     # taken by the agent from the same samples.
-    for summary in recording.steps:
-        if summary.peak_memory is not None and summary.step >= 0:
-            every_step.setdefault(summary.step, summary.peak_memory)
+    for step, summary_peak in zip(summary_steps, step_column(recording.steps, "peak_memory"), strict=True):
+        if summary_peak is not None and step >= 0:
+            every_step.setdefault(step, summary_peak)
     trend = _trend(every_step, done, on_gpu)
-    step_s = statistics.median(s.duration_s for s in recording.steps) if recording.steps else None
+    # StepSummary.duration_s of each
+    durations = map(operator.sub, step_column(recording.steps, "end_ns"), step_column(recording.steps, "start_ns"))
+    step_s = statistics.median(map(operator.truediv, durations, repeat(1e9))) if recording.steps else None
 
     # Until a step has ended the optimizer has not stepped: its state is still to come.
     stepped = bool(recording.steps) or last_step >= 1

@@ -27,14 +27,15 @@ from __future__ import annotations
 import operator
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import chain
+from itertools import repeat
 from typing import overload
 
 import numpy as np
 
-from zeromon.analysis.step_overlap import StepOverlap, has_overlap, step_overlaps
+from zeromon.analysis.step_overlap import StepOverlap, step_overlaps
 from zeromon.model.codec import Recording
 from zeromon.model.events import StepSummary
+from zeromon.model.step_records import step_column
 
 # StepOverlap's float fields, in its order: the rows of StepTable.values.
 VALUE_COLUMNS = ("step_s", "comm_s", "comp_s", "overlap_s", "exposed_comm_s", "idle_s", "blocked_s", "agent_s")
@@ -128,43 +129,55 @@ def _ratio(top: np.ndarray, bottom: np.ndarray) -> np.ndarray:
 
 
 # The summary fields summary_columns reads, integers (exact in int64, not in float64) and seconds.
-_INTEGERS = operator.attrgetter("step", "start_ns", "end_ns")
-_SECONDS = operator.attrgetter("comm_union_s", "comp_s", "overlap_s", "exposed_comm_s", "blocked_s")
-_PHASES = operator.attrgetter("phase_s")
-_STEP = operator.attrgetter("step")
+_INTEGERS = ("step", "start_ns", "end_ns")
+_SECONDS = ("comm_union_s", "comp_s", "overlap_s", "exposed_comm_s", "blocked_s")
+_AGENT = operator.methodcaller("get", "agent", 0.0)  # of a summary's phase_s: StepOverlap.agent_s
 
 
 def summary_columns(summaries: Sequence[StepSummary]) -> tuple[np.ndarray, np.ndarray]:
     """overlap_of_summary of every summary at once, as (steps, values) of a StepTable; the summaries
-    must all have the overlap (has_overlap). Two passes of attrgetter over the objects: ~3 ms for
-    10,000, where a getattr per field and step took 50."""
-    n = len(summaries)
-    # fromiter over the fields one after another: np.array of a list of tuples costs 3x as much.
-    integers = np.fromiter(chain.from_iterable(map(_INTEGERS, summaries)), np.int64, 3 * n).reshape(n, 3).T
-    comm, comp, overlap, exposed, blocked = np.fromiter(chain.from_iterable(map(_SECONDS, summaries)), np.float64,
-                                                        5 * n).reshape(n, 5).T
+    must all have the overlap (has_overlap). A list of each field (step_column: of a StepRecords, no
+    object made), then numpy: ~3 ms for 10,000, where a getattr per field and step took 50."""
+    integers = np.array([step_column(summaries, name) for name in _INTEGERS], dtype=np.int64).reshape(3, -1)
+    seconds = np.array([step_column(summaries, name) for name in _SECONDS], dtype=np.float64).reshape(5, -1)
+    agent = np.fromiter(map(_AGENT, step_column(summaries, "phase_s")), np.float64, len(summaries))
+    return _summary_values(integers, seconds, agent)
+
+
+def _summary_values(integers: np.ndarray, seconds: np.ndarray, agent: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """summary_columns of the columns: integers (step, start_ns, end_ns), seconds (_SECONDS), agent seconds."""
+    comm, comp, overlap, exposed, blocked = seconds
     step_s = (integers[2] - integers[1]) / 1e9
     idle = np.maximum(0.0, step_s - (comm + comp - overlap))
-    agent = np.array([phases.get("agent", 0.0) for phases in map(_PHASES, summaries)], dtype=np.float64)
     return integers[0].copy(), np.stack([step_s, comm, comp, overlap, exposed, idle, blocked, agent])
 
 
 def step_table(rec: Recording) -> StepTable:
     """The rank's steps as step_overlaps gives them, each step summarized: from its collectives and
     phase spans where the recording kept them, from its summary's overlap where it kept none (both
-    absent: the summary alone), in one pass of numpy over those."""
-    summaries = sorted(rec.steps, key=_STEP)
+    absent: the summary alone), in one pass of numpy over those. The summaries are read a field at a
+    time (step_column): a StepRecords' 10,000 rows make no object, but for the steps with detail."""
+    summaries = rec.steps
     n = len(summaries)
-    steps = np.fromiter(map(_STEP, summaries), np.int64, n)
+    order = np.argsort(np.array(step_column(summaries, "step"), dtype=np.int64).reshape(n), kind="stable")
+    integers = np.array([step_column(summaries, name) for name in _INTEGERS], dtype=np.int64).reshape(3, n)[:, order]
+    raw = [step_column(summaries, name) for name in _SECONDS]
+    seconds = np.array(raw, dtype=np.float64).reshape(5, n)[:, order]  # None: NaN, where has_overlap is False
+    steps = integers[0]
     detail = set(rec.collective_columns().step)
     detail.update(p.step for p in rec.phases)
-    alone = ~np.isin(steps, np.fromiter(detail, np.int64, len(detail))) & np.fromiter(map(has_overlap, summaries),
-                                                                                      bool, n)
+    # has_overlap, a column at a time (a column without None, as recorded since format 1.1, in one C scan)
+    overlap = np.logical_and.reduce([np.fromiter(map(operator.is_not, column, repeat(None)), bool, n)
+                                     if None in column else np.ones(n, dtype=bool) for column in raw[1:]])[order]
+    alone = ~np.isin(steps, np.fromiter(detail, np.int64, len(detail))) & overlap
     if not alone.any():
         return StepTable.of(rec.rank, step_overlaps(rec))
     values = np.empty((len(VALUE_COLUMNS), n))
-    values[:, alone] = summary_columns([summaries[i] for i in np.flatnonzero(alone).tolist()])[1]
+    phases = step_column(summaries, "phase_s")
+    agent = np.fromiter(map(_AGENT, map(phases.__getitem__, order[alone].tolist())), np.float64, int(alone.sum()))
+    values[:, alone] = _summary_values(integers[:, alone], seconds[:, alone], agent)[1]
     kept = np.flatnonzero(~alone).tolist()
     if kept:
-        values[:, kept] = StepTable.of(rec.rank, step_overlaps(rec, [summaries[i] for i in kept])).values
-    return StepTable(rec.rank, steps, values)
+        by_step = [summaries[i] for i in order[kept].tolist()]
+        values[:, kept] = StepTable.of(rec.rank, step_overlaps(rec, by_step)).values
+    return StepTable(rec.rank, steps.copy(), values)

@@ -19,13 +19,14 @@ from array import array
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import pairwise
+from itertools import pairwise, repeat
 from typing import Any
 
 from zeromon.analysis.findings import Finding, Severity
 from zeromon.analysis.step_skew import step_times_across_ranks
 from zeromon.model.codec import Recording
 from zeromon.model.events import StepSummary
+from zeromon.model.step_records import step_column
 from zeromon.model.units import format_bytes
 
 # A rank is a straggler when, over the steps after the first, the wait it causes its peers is at
@@ -145,14 +146,13 @@ def rank_arrivals(rec: Recording) -> RankArrivals:
     )
 
 
-_STEP_TIMES = operator.attrgetter("step", "start_ns", "end_ns")
-
-
 def _step_times(summaries: Sequence[StepSummary], detail: set[int]) -> StepTimes:
-    """The summaries' steps and durations (StepSummary.duration_s's arithmetic, without its call)."""
-    rows = list(map(_STEP_TIMES, summaries))
-    return StepTimes(array("q", [step for step, _, _ in rows]), array("d", [(end - start) / 1e9 for _, start, end in rows]),
-                     array("b", [step in detail for step, _, _ in rows]))
+    """The summaries' steps and durations (StepSummary.duration_s's arithmetic, without its call), a
+    field at a time (step_column: of a StepRecords, no object made)."""
+    steps = step_column(summaries, "step")
+    nanoseconds = map(operator.sub, step_column(summaries, "end_ns"), step_column(summaries, "start_ns"))
+    return StepTimes(array("q", steps), array("d", map(operator.truediv, nanoseconds, repeat(1e9))),
+                     array("b", map(detail.__contains__, steps)))
 
 
 def _packed(typecode: str, values: list[Any]) -> Sequence[Any]:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from zeromon.analysis.findings import Finding
     from zeromon.analysis.report import RankReport, RunReport
     from zeromon.analysis.trace_overlap import RankTraceOverlap
+    from zeromon.model.run_end import FileEnd
     from zeromon.views.report_summary import RanksShown
 
 NAME = "report"
@@ -87,14 +88,19 @@ def _run_report(args: argparse.Namespace) -> int:
         report = build_report(recordings, run_name(run), peak_busbw=peak_busbw, capacity_bytes=capacity)
         text = format_run_report(report, args.all_ranks)
         _write_html(args.html, render_html(report, recordings, text))
+        file_ends = None
     else:
         from zeromon.commands.progress import Progress
-        from zeromon.sources.run_analysis import analyse_run
+        from zeromon.model.run_end import recording_end
+        from zeromon.sources.run_analysis import analyse_and_keep
 
         with Progress("ranks read and analysed") as progress:
-            report = analyse_run(run, peak_busbw=peak_busbw, capacity_bytes=capacity, progress=progress)
+            # Each rank's end read by the worker that read the rank.
+            report, kept = analyse_and_keep(run, recording_end, peak_busbw=peak_busbw, capacity_bytes=capacity,
+                                            progress=progress)
+        file_ends = [end for end in kept if end is not None]
         text = format_run_report(report, args.all_ranks)
-    ends = _rank_ends(report)
+    ends = _rank_ends(report, file_ends)
     if args.json:
         document = report.to_dict()
         document["ends"] = [dataclasses.asdict(e) | {"died": e.died, "incomplete": e.incomplete} for e in ends]
@@ -111,12 +117,15 @@ def _run_report(args: argparse.Namespace) -> int:
     return exit_status(ends)  # 3: a rank died or its recording is incomplete (said above)
 
 
-def _rank_ends(report: RunReport) -> tuple[RankEnd, ...]:
+def _rank_ends(report: RunReport, file_ends: list[FileEnd] | None = None) -> tuple[RankEnd, ...]:
+    """How the ranks ended, from their files' ends (read here where not given, in rank order)."""
     from zeromon.analysis.report import last_step
     from zeromon.model.run_end import read_file_ends
 
     through = {r.rank: last_step(r) for r in report.ranks}
-    return rank_ends(read_file_ends([Path(r.file) for r in report.ranks]), through, report.world_size)
+    if file_ends is None:
+        file_ends = read_file_ends([Path(r.file) for r in report.ranks])
+    return rank_ends(file_ends, through, report.world_size)
 
 
 def _ms(seconds: float | None) -> str:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from zeromon.errors import ZeromonError
-from zeromon.model.codec import KIND_OF, MAX_LINE_CHARS, is_compact, read_header
+from zeromon.model.codec import KIND_OF, MAX_LINE_CHARS, Recording, is_compact, read_header
 from zeromon.model.events import RunEnd
 from zeromon.model.schema import record_check
 
@@ -104,6 +104,17 @@ def _file_end(header: dict[str, Any], lines: list[bytes]) -> FileEnd:
                    host=header.get("host"), pid=header.get("pid"),
                    running=_process_running(header.get("host"), header.get("pid")) if end is None else False,
                    flush_interval_s=float(flush) if isinstance(flush, (int, float)) else None)
+
+
+def recording_end(recording: Recording) -> FileEnd | None:
+    """read_file_end of a read recording's file; None where it cannot be read (read_file_ends leaves it out).
+    What `zeromon report` keeps of each rank beside its analysis (zeromon.sources.run_analysis): each
+    worker reads the end of the file it read, where the report's process read all 1,024 of them after
+    the analyses, one after another (~2 s)."""
+    try:
+        return read_file_end(recording.path)
+    except (OSError, ValueError, ZeromonError):
+        return None
 
 
 def read_file_ends(paths: list[Path]) -> list[FileEnd]:

@@ -22,11 +22,12 @@ by its marker and CRC. Stdlib only: the agent imports this module into every tra
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import struct
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -339,8 +340,16 @@ def _header_of(path: Path, buf: Any) -> tuple[dict[str, Any], int]:
 
 
 def read_compact_header(path: Path) -> dict[str, Any]:
-    with _mapped(path) as buf:
-        return _header_of(path, buf)[0]
+    """The checked header, reading the header's segment only: `zeromon report` reads a header of every
+    rank file, twice, before the files (1,024 ranks of 10,000 steps: 2.7 GB read whole, ~0.7 s)."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(len(COMPACT_MAGIC) + FRAME.size)
+            if len(head) == len(COMPACT_MAGIC) + FRAME.size:  # its length, at most the file's: a damaged one
+                head += handle.read(min(FRAME.unpack_from(head, len(COMPACT_MAGIC))[3], os.fstat(handle.fileno()).st_size))
+    except OSError as exc:
+        raise ZeromonError(f"{path}: cannot open recording: {exc.strerror}") from None
+    return _header_of(path, head)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,21 +390,27 @@ def iter_compact_fields(path: Path, skipped: _Skipped, unknown_kinds: dict[str, 
         number = 0
         for frame in iter_frames(buf, start):
             if frame.payload is None or frame.kind == KIND_RECORDS:
-                try:
-                    if frame.payload is None:
-                        raise ValueError(frame.why)
-                    segment = _segment_records(_inflate(frame.payload, _zdict(header)), kinds, frame.count)
-                except (ValueError, zlib.error, struct.error, KeyError, IndexError, TypeError, RecursionError) as exc:
-                    damaged = frame.count if 0 < frame.count <= SEGMENT_RECORDS else 0
-                    what = (f"its {damaged:,} record{'s' if damaged != 1 else ''} skipped" if damaged
-                            else "its records skipped (how many is not known)")
-                    for i in range(max(1, damaged)):
-                        skipped.add(number + 1 + i, f"the segment at byte {frame.offset:,} is damaged ({exc}): "
-                                    f"{what}" if i == 0 else None)
-                    number += max(1, damaged)
-                    continue
-                yield from _yield_segment(segment, kinds, layouts, skipped, unknown_kinds, number)
-                number += len(segment[0])
+                number = yield from frame_fields(frame, _zdict(header), kinds, layouts, skipped, unknown_kinds, number)
+
+
+def frame_fields(frame: Frame, zdict: bytes, kinds: list[_Kind], layouts: dict[str, Any], skipped: _Skipped,
+                 unknown_kinds: dict[str, int] | None, number: int) -> Generator[tuple[type, list[Any], int], None, int]:
+    """iter_compact_fields of one records frame (damaged or not) whose records are numbered from
+    ``number + 1``; returns the number of its last."""
+    try:
+        if frame.payload is None:
+            raise ValueError(frame.why)
+        segment = _segment_records(_inflate(frame.payload, zdict), kinds, frame.count)
+    except (ValueError, zlib.error, struct.error, KeyError, IndexError, TypeError, RecursionError) as exc:
+        damaged = frame.count if 0 < frame.count <= SEGMENT_RECORDS else 0
+        what = (f"its {damaged:,} record{'s' if damaged != 1 else ''} skipped" if damaged
+                else "its records skipped (how many is not known)")
+        for i in range(max(1, damaged)):
+            skipped.add(number + 1 + i, f"the segment at byte {frame.offset:,} is damaged ({exc}): "
+                        f"{what}" if i == 0 else None)
+        return number + max(1, damaged)
+    yield from _yield_segment(segment, kinds, layouts, skipped, unknown_kinds, number)
+    return number + len(segment[0])
 
 
 def _segment_records(payload: bytes, kinds: list[_Kind], count: int) -> tuple[bytes, list[Any], list[bytes]]:
@@ -465,7 +480,7 @@ def compact_tail_rows(path: Path) -> tuple[dict[str, Any], list[bytes]]:
     are walked by their lengths, without reading the segments before."""
     with _mapped(path) as buf:
         header, start = _header_of(path, buf)
-        frames = [frame for frame in iter_frames(buf, start, verify=False) if frame.kind == KIND_RECORDS]
+        frames = [frame for frame in _walk_lengths(buf, start) if frame.kind == KIND_RECORDS]
         for frame in reversed(frames[-4:]):
             if _check(buf, frame.offset) is None:
                 continue
@@ -475,6 +490,24 @@ def compact_tail_rows(path: Path) -> tuple[dict[str, Any], list[bytes]]:
             except (ValueError, zlib.error, struct.error, KeyError, IndexError, TypeError, RecursionError):
                 continue
     return header, []
+
+
+def _walk_lengths(buf: bytes, pos: int) -> Iterator[Frame]:
+    """iter_frames(verify=False), the whole frames with a marker kept as (offset, kind, count) only until
+    the last few: a rank of 10,000 steps has ~6,000 frames, and a Frame each cost the report ~2 ms a rank."""
+    last: collections.deque[tuple[int, int, int]] = collections.deque(maxlen=8)
+    size = len(buf)
+    while size - pos >= FRAME.size:
+        marker, kind, _, length, count, _ = FRAME.unpack_from(buf, pos)
+        end = pos + FRAME.size + length
+        if marker != MARKER or end > size:
+            break
+        if kind == KIND_RECORDS:
+            last.append((pos, kind, count))
+        pos = end
+    yield from (Frame(offset, kind, count, None) for offset, kind, count in last)
+    if size - pos >= FRAME.size and FRAME.unpack_from(buf, pos)[0] != MARKER:  # not a partial last one
+        yield from iter_frames(buf, pos, verify=False)
 
 
 def export_lines(path: Path, corrupt: list[int] | None = None,

@@ -102,7 +102,8 @@ def _analyse_file(path: Path, capacity_bytes: int | None, keep: Keep | None) -> 
     from zeromon.model.codec import read_recording
 
     try:
-        recording = read_recording(path)
+        # The summaries as rows (a StepRecords): the analyses read them a field at a time; ``keep`` gets them so too.
+        recording = read_recording(path, steps_as_rows=True)
     except OSError as exc:
         raise ZeromonError(f"{path}: cannot read recording: {exc.strerror}") from None
     return analyze_rank(recording, capacity_bytes), keep(recording) if keep is not None else None

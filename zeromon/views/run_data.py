@@ -354,7 +354,7 @@ class ReplayFeed:
         self._recordings = read_run(self.run_dir)
         for rec in self._recordings:  # ordered by time, for the cuts
             rec.memory.sort(key=lambda m: m.t_ns)
-            rec.steps.sort(key=lambda s: s.end_ns)
+            rec.steps = sorted(rec.steps, key=lambda s: s.end_ns)
             rec.phases.sort(key=lambda p: p.end_ns)
         self._lock = threading.Lock()
         self._last: tuple[int, RunData] | None = None
