@@ -21,7 +21,7 @@ from test_reader_properties import INT64, PROPERTIES
 
 from zeromon.analysis.bandwidth import event_bandwidth
 from zeromon.model.codec import encode_record, iter_records
-from zeromon.model.columnar import _LIMITS, _planes
+from zeromon.model.columnar import _LIMITS, SPECS, _as_ns, _codes, _planes, encode
 from zeromon.model.events import CollectiveEvent, PhaseSpan, StepSummary, record_maker
 from zeromon.model.segments import CompactWriter
 from zeromon_agent.live_totals import LiveTotals
@@ -140,3 +140,55 @@ def test_the_collectives_a_recorder_writes_and_publishes_are_the_plain_path_s(ra
             totals.count_collective(event, duration, bandwidth[1] if bandwidth is not None else None)
         assert recorder.totals.collectives == totals.collectives
         assert {op: list(v) for op, v in recorder.totals.busbw.items()} == {op: list(v) for op, v in totals.busbw.items()}
+
+
+def _plain_encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]]) -> tuple[bytes, dict[str, list[Any]]]:
+    """columnar.encode as it was before its per-column fast paths: every column through _planes."""
+    n = len(rows)
+    columns = list(zip(*rows, strict=True))
+    ints: dict[str, Sequence[int]] = {}
+    tables: dict[str, list[Any]] = {}
+    out: list[bytes] = []
+    for (name, how, base), column in zip(spec, columns, strict=True):
+        if how == "str":
+            codes, tables[name] = _codes(column)
+            out.append(_planes(codes))
+            continue
+        if how.endswith("?"):
+            out.append(_planes([v is None for v in column]))
+        values = ints[name] = _as_ns(how, column)
+        if base == "prev":
+            coded: Sequence[int] = [values[0], *map(operator.sub, values[1:], values[:-1])] if n else []
+        elif base is None:
+            coded = values
+        elif len(base) == 1:
+            coded = list(map(operator.sub, values, ints[base[0]]))
+        else:
+            coded = list(map(operator.sub, values, map(operator.sub, ints[base[0]], ints[base[1]])))
+        out.append(_planes(coded))
+    return b"".join(out), tables
+
+
+_column_values = {
+    "int": st.integers(-(2**40), 2**40) | st.integers(0, 3), "int?": st.none() | st.integers(-(2**40), 2**40),
+    "ns": st.integers(0, 10**15).map(lambda ns: ns / 1e9), "ns?": st.none() | st.integers(0, 10**12).map(lambda ns: ns / 1e9),
+    "bool": st.booleans(), "str": st.none() | st.sampled_from(_OPS) | st.integers(0, 300).map(str)}
+
+
+@PROPERTIES
+@given(cls=st.sampled_from(sorted(SPECS, key=lambda cls: cls.__name__)), data=st.data(), n=st.integers(1, 40))
+def test_a_segment_s_columns_are_the_general_path_s_bytes(cls: type, data: st.DataObject, n: int) -> None:
+    spec = SPECS[cls]
+    few = data.draw(st.booleans())  # a handful of distinct values per column, as a real segment has
+    rows = []
+    for _ in range(n):
+        row = tuple(data.draw(st.sampled_from([None, "forward"]) if few and how == "str" else _column_values[how])
+                    for _, how, _ in spec)
+        rows.append(row)
+    assert encode(spec, rows) == _plain_encode(spec, rows)
+
+
+def test_a_string_column_of_more_than_128_values_has_two_byte_codes_as_before() -> None:
+    spec = SPECS[PhaseSpan]
+    rows = [(0, i, f"phase-{i}", i, i + 1, "host") for i in range(300)]
+    assert encode(spec, rows) == _plain_encode(spec, rows)
