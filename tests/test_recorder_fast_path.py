@@ -192,3 +192,43 @@ def test_a_string_column_of_more_than_128_values_has_two_byte_codes_as_before() 
     spec = SPECS[PhaseSpan]
     rows = [(0, i, f"phase-{i}", i, i + 1, "host") for i in range(300)]
     assert encode(spec, rows) == _plain_encode(spec, rows)
+
+
+def _record_all(raws: list[tuple[Any, ...]], fast: bool, offset: int, path: Path) -> tuple[list[Any], Recorder]:
+    """A Recorder fed synchronous collectives in steps 0-2 (and a late one of a summarized step), with
+    its synchronous fast path (_finalize_sync) on or off; the records it wrote, but those stamped with
+    the wall clock."""
+    state = HotState()
+    recorder = Recorder(state, 3, CompactWriter(path, 3), 0.2)
+    recorder.clock_offset_ns = offset
+    recorder._group_sizes[None] = 2  # a group of two: busbw has a bus factor
+    if not fast:
+        recorder._finalize_sync = lambda item: False  # type: ignore[method-assign]
+    for step in range(3):
+        state.control.append((RAW_STEP_START, step, step * 2**38, None, "forward"))
+        state.control.append((RAW_STEP_END, step, (step + 1) * 2**38, None, True))
+    for seq, (op, phase, t0, length, b_in, b_out, dtype, step) in enumerate(raws, start=1):
+        state.raw.append((RAW_COLLECTIVE, seq, f"{op}_x", op, step * 2**38 + t0 % 2**37, step * 2**38 + t0 % 2**37 + length,
+                          b_in, b_out, dtype, None, False, None, phase, step, None, False))
+    recorder._drain(final=False)  # the steps are summarized: the next one's collective is late
+    state.raw.append((RAW_COLLECTIVE, len(raws) + 1, "all_reduce_x", "all_reduce", 5, 9, 4, 4, None, None, False, None,
+                      "backward", 0, None, False))
+    recorder.stop()
+    wall_clock = ("AgentStats", "RunEnd", "Notice")
+    return [r for r in iter_records(path) if type(r).__name__ not in wall_clock], recorder
+
+
+@PROPERTIES
+@given(raws=st.lists(_raw_collective, min_size=1, max_size=40))
+def test_the_synchronous_fast_path_records_summarizes_and_counts_what_the_general_path_does(
+        raws: list[tuple[Any, ...]]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        fast, fast_recorder = _record_all(raws, True, 10**18, Path(tmp) / "fast.zmr")
+        plain, plain_recorder = _record_all(raws, False, 10**18, Path(tmp) / "plain.zmr")
+    assert [encode_record(r) for r in fast] == [encode_record(r) for r in plain]
+    assert any(isinstance(r, StepSummary) and r.collectives for r in fast)
+    assert [r for _, r in fast_recorder.recent] == [r for _, r in plain_recorder.recent]
+    assert fast_recorder.totals.collectives == plain_recorder.totals.collectives
+    assert {op: list(v) for op, v in fast_recorder.totals.busbw.items()} == \
+        {op: list(v) for op, v in plain_recorder.totals.busbw.items()}
+    assert fast_recorder.events_finalized == plain_recorder.events_finalized == len(raws) + 1

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from zeromon.analysis.bandwidth import event_bandwidth
+from zeromon.analysis.bandwidth import bus_factor, event_bandwidth
 from zeromon.analysis.step_overlap import AGENT_PHASE, COMPUTE_PHASES, DEVICE_CLOCK
 from zeromon.model.codec import RecordingWriter
 from zeromon.model.events import (
@@ -34,6 +34,7 @@ from zeromon.model.events import (
     StepSummary,
     Timing,
     record_maker,
+    span_ns,
 )
 from zeromon_agent.detail import DetailKeeper
 from zeromon_agent.live_totals import LiveTotals
@@ -74,6 +75,7 @@ _YIELD_EVERY_MASK = 63  # the drain gives the GIL away every 64 records (~0.3 ms
 # A CUDA event (a phase boundary) the GPU has not reached this long after it was recorded is given
 # up on: its spans fall back to host times. Bounds the wait of a step summary on a stalled GPU.
 _MARK_GRACE_NS = 10_000_000_000
+_MAX_SHAPES = 4096  # collective call shapes whose derived fields are kept (an FSDP step repeats a few dozen)
 # Built once per record, so built with the slots set directly (record_maker: 1.3 -> 0.7 µs a collective).
 _new_collective = record_maker(CollectiveEvent)
 _new_span = record_maker(PhaseSpan)
@@ -131,6 +133,8 @@ class Recorder:
         self._spans: collections.deque[Span] = collections.deque()  # closed, waiting for their marks
         self._group_sizes: dict[Any, int] = {}
         self._dtype_names: dict[Any, str] = {}
+        self._shapes: dict[tuple[Any, ...], tuple[str, int, str, int, float | None, int]] = {}  # _shape
+        self._write_values = getattr(writer, "write_values", None)  # the compact writer's
         self._last_device_ns = 0
         self._last_stats_ns = 0
         self._stop = threading.Event()
@@ -355,6 +359,8 @@ class Recorder:
         if not async_op or (work is None and not str(item[2]).startswith("funcol.")):
             if cuda is not None and isinstance(cuda, tuple) and cuda[1] is not None:
                 self._inflight[seq] = _Inflight(raw=item)  # resolved when its CUDA events complete
+                return
+            if not async_op and cuda is None and item[13] > self._emitted_through and self._finalize_sync(item):
                 return
             t0, t1 = item[4], item[5]
             self._finalize(item, t1, t1 - t0, _SYNC, wait_perf=t0)
@@ -581,6 +587,65 @@ class Recorder:
             for interval, into in ((blocked, last), (issued, step)):
                 if interval is not None and into > emitted:
                     add_blocked(self._step_acc(into), interval)
+
+    def _finalize_sync(self, item: tuple[Any, ...]) -> bool:
+        """_finalize of a synchronous host collective of a step not yet summarized (every collective on
+        gloo): the same event, record, live counts and step accounting, with what depends only on the
+        call's shape (dtype name, group size, meaning, bus factor) looked up once per shape, and the
+        record's values handed to the writer as they are. ~2x cheaper than _finalize's general path
+        (tests/test_recorder_fast_path.py checks they agree). False: not taken (an unhashable group)."""
+        (_, seq, api, op, t0, t1, b_in, b_out, dtype, group, _, _, phase, step, _, _) = item
+        try:
+            shape = self._shapes.get((op, phase, b_in, b_out, dtype, group))
+        except TypeError:
+            return False
+        if shape is None:
+            shape = self._shape(op, phase, b_in, b_out, dtype, group)
+        dtype_name, group_size, meaning, nbytes, factor, size = shape
+        offset = self.clock_offset_ns
+        issue_ns, complete_ns, length = t0 + offset, t1 + offset, t1 - t0
+        blocked_s = length / 1e9  # seconds(): round(ns / 1e9, 9)
+        values = (seq, self.rank, step, phase, op, api, b_in, b_out, dtype_name, group_size, False, issue_ns,
+                  complete_ns, blocked_s, _SYNC, meaning, issue_ns, blocked_s)
+        event = _new_collective(values)
+        self.events_finalized += 1
+        keeper, writer = self.keeper, self.writer
+        if keeper.level:  # thinned: the keeper holds it until its step decides
+            keeper.detail(event, step)
+        elif writer is not None and keeper.admit() and not (self._write_values is not None
+                                                            and self._write_values(CollectiveEvent, values)):
+            writer.write(event)
+        # Live: event.duration_s, and event_bandwidth's busbw ((size / seconds) * factor, in its order).
+        duration = max(0.0, blocked_s)
+        busbw = size / blocked_s * factor if duration and factor is not None and size > 0 else None
+        self._unreleased.append(event)
+        self._unreleased_collectives.append((event, duration, busbw))
+        acc = self._steps.get(step)
+        if acc is None:
+            acc = self._steps[step] = StepAcc()
+        acc.collectives += 1
+        acc.comm_bytes += nbytes
+        acc.by_op[op] = acc.by_op.get(op, 0) + nbytes
+        acc.intervals.append((issue_ns, complete_ns if complete_ns > issue_ns else issue_ns))
+        if len(acc.intervals) > MAX_STEP_INTERVALS:
+            fold(acc)
+            acc.overlap_known = False
+        if blocked_s > 0:  # event.blocked_interval_ns
+            add_blocked(acc, (issue_ns, issue_ns + span_ns(blocked_s)))
+        return True
+
+    def _shape(self, op: str, phase: str, b_in: int, b_out: int, dtype: Any,
+               group: Any) -> tuple[str, int, str, int, float | None, int]:
+        """What a collective's record takes from its call's shape: (dtype name, group size, meaning,
+        bytes, bus factor, nccl-tests' array size), kept for the next call of that shape."""
+        nbytes = max(b_in, b_out)
+        group_size = self._group_size(group)
+        size = b_out if op == "all_gather" else b_in if op == "reduce_scatter" else nbytes  # array_bytes
+        shape = (self._dtype(dtype), group_size, meaning_of(op, phase, nbytes), nbytes, bus_factor(op, group_size),
+                 size)
+        if len(self._shapes) < _MAX_SHAPES and group in self._group_sizes:
+            self._shapes[(op, phase, b_in, b_out, dtype, group)] = shape
+        return shape
 
     def _publish_collective(self, event: CollectiveEvent) -> None:
         """_publish, and the running totals behind the live metrics (counted by _release)."""
