@@ -609,12 +609,7 @@ class Recorder:
                   complete_ns, blocked_s, _SYNC, meaning, issue_ns, blocked_s)
         event = _new_collective(values)
         self.events_finalized += 1
-        keeper, writer = self.keeper, self.writer
-        if keeper.level:  # thinned: the keeper holds it until its step decides
-            keeper.detail(event, step)
-        elif writer is not None and keeper.admit() and not (self._write_values is not None
-                                                            and self._write_values(CollectiveEvent, values)):
-            writer.write(event)
+        self._write_detail(CollectiveEvent, values, event, step)
         # Live: event.duration_s, and event_bandwidth's busbw ((size / seconds) * factor, in its order).
         duration = max(0.0, blocked_s)
         busbw = size / blocked_s * factor if duration and factor is not None and size > 0 else None
@@ -633,6 +628,16 @@ class Recorder:
         if blocked_s > 0:  # event.blocked_interval_ns
             add_blocked(acc, (issue_ns, issue_ns + span_ns(blocked_s)))
         return True
+
+    def _write_detail(self, cls: type, values: tuple[Any, ...], record: Record, step: int) -> None:
+        """keeper.detail(record, step) (a step's detail, which ZEROMON_MAX_DISK may thin), with the
+        record's values handed to the compact writer as they are while nothing is thinned."""
+        keeper, writer = self.keeper, self.writer
+        if keeper.level:  # thinned: the keeper holds it until its step decides
+            keeper.detail(record, step)
+        elif writer is not None and keeper.admit() and not (self._write_values is not None
+                                                            and self._write_values(cls, values)):
+            writer.write(record)
 
     def _shape(self, op: str, phase: str, b_in: int, b_out: int, dtype: Any,
                group: Any) -> tuple[str, int, str, int, float | None, int]:
@@ -714,17 +719,20 @@ class Recorder:
                 timer.release(mark.event)
                 mark.event, mark.unix = None, unix
             self._marks = waiting
-        spans = self._spans
-        while spans and not (spans[0].start.pending or spans[0].end.pending):
+        spans, offset, finish = self._spans, self.clock_offset_ns, self._finish_span
+        while spans and spans[0].start.event is None and spans[0].end.event is None:  # neither pending
             span = spans.popleft()
-            if span.start.unix is not None and span.end.unix is not None:
-                self._finish_span(span, span.start.unix, span.end.unix, "cuda_event")
+            start, end = span.start, span.end
+            if start.unix is not None and end.unix is not None:
+                finish(span, start.unix, end.unix, "cuda_event")
             else:
-                self._finish_span(span, self.unix(span.start.perf), self.unix(span.end.perf), "host")
+                finish(span, start.perf + offset, end.perf + offset, "host")
 
     def _finish_span(self, span: Span, start_ns: int, end_ns: int, timing: str) -> None:
-        record = _new_span((self.rank, span.step, span.phase, start_ns, end_ns, timing))
-        self._publish(record, detail_of=span.step)
+        values = (self.rank, span.step, span.phase, start_ns, end_ns, timing)
+        record = _new_span(values)
+        self._write_detail(PhaseSpan, values, record, span.step)
+        self._unreleased.append(record)
         if span.step > self._emitted_through:
             acc = self._step_acc(span.step)
             acc.phase_s[span.phase] = acc.phase_s.get(span.phase, 0.0) + (end_ns - start_ns) / 1e9
