@@ -5,6 +5,7 @@ constructor, round() and the one-lock-per-record publishing made before."""
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import operator
 import sys
@@ -24,7 +25,7 @@ from zeromon.model.codec import encode_record, iter_records
 from zeromon.model.columnar import _LIMITS, SPECS, _as_ns, _codes, _planes, encode
 from zeromon.model.events import CollectiveEvent, PhaseSpan, StepSummary, record_maker
 from zeromon.model.segments import CompactWriter
-from zeromon_agent.live_totals import LiveTotals
+from zeromon_agent.live_totals import BUSBW_WINDOW, DURATION_BUCKETS, CollectiveTotals, LiveTotals
 from zeromon_agent.recorder import Recorder
 from zeromon_agent.state import RAW_COLLECTIVE, RAW_STEP_END, RAW_STEP_START, HotState
 from zeromon_agent.step_acc import meaning_of, seconds
@@ -232,3 +233,33 @@ def test_the_synchronous_fast_path_records_summarizes_and_counts_what_the_genera
     assert {op: list(v) for op, v in fast_recorder.totals.busbw.items()} == \
         {op: list(v) for op, v in plain_recorder.totals.busbw.items()}
     assert fast_recorder.events_finalized == plain_recorder.events_finalized == len(raws) + 1
+
+
+@PROPERTIES
+@given(raws=st.lists(_raw_collective, max_size=60), cuts=st.lists(st.integers(0, 60), max_size=5),
+       durations=st.lists(st.none() | st.floats(0, 1e3), min_size=60, max_size=60))
+def test_collectives_counted_in_bulk_when_read_are_the_ones_counted_one_by_one(
+        raws: list[tuple[Any, ...]], cuts: list[int], durations: list[float | None]) -> None:
+    events = [_plain_event(0, 0, seq, raw) for seq, raw in enumerate(raws, start=1)]
+    counted = [(event, duration, None if duration is None else duration * 7.0) for event, duration
+               in zip(events, durations, strict=False)]
+    in_bulk = LiveTotals()
+    bounds = [0, *sorted(cuts), len(counted)]
+    for start, stop in zip(bounds, bounds[1:], strict=False):
+        in_bulk.count_collectives(counted[start:stop])
+    # What the totals counted one record at a time before (LiveTotals.count_collective at 73de7b7).
+    expected: dict[tuple[str, str], CollectiveTotals] = {}
+    windows: dict[str, list[float]] = {}
+    for event, duration, busbw in counted:
+        totals = expected.setdefault((event.op, event.meaning), CollectiveTotals())
+        totals.calls += 1
+        totals.bytes += max(event.bytes_in, event.bytes_out)
+        totals.blocked_s += event.thread_blocked_s
+        if duration is not None:
+            totals.timed_calls += 1
+            totals.seconds += duration
+            totals.buckets[bisect.bisect_left(DURATION_BUCKETS, duration)] += 1
+        if busbw is not None:
+            windows.setdefault(event.op, []).append(busbw)
+    assert in_bulk.collectives == expected
+    assert {op: list(v) for op, v in in_bulk.busbw.items()} == {op: v[-BUSBW_WINDOW:] for op, v in windows.items()}

@@ -267,9 +267,7 @@ class Recorder:
             cursor = self.cursor
             self.recent.extend(zip(range(cursor + 1, cursor + 1 + len(records)), records, strict=True))
             self.cursor = cursor + len(records)
-            count_collective = self.totals.count_collective
-            for event, duration, busbw in collectives:
-                count_collective(event, duration, busbw)
+            self.totals.count_collectives(collectives)  # counted when read (a scrape), or in bulk
             for summary in steps:
                 self.recent_steps.append(summary)
                 self.totals.count_step(summary.duration_s)
