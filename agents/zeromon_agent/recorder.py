@@ -311,7 +311,7 @@ class Recorder:
                 items.append(popleft())
             except IndexError:
                 break
-        sleep = time.sleep
+        sleep, emitted, finalize_sync = time.sleep, self._emitted_through, self._finalize_sync
         for index, item in enumerate(items):
             if index & _YIELD_EVERY_MASK == 0 and index:
                 # Hand the GIL back: a waiting training thread would otherwise wait until the
@@ -322,7 +322,10 @@ class Recorder:
                 sleep(0)
             kind = item[0]
             if kind == RAW_COLLECTIVE:
-                self._on_collective(item)
+                # Synchronous, on the host, of a step not yet summarized (every collective on gloo): the
+                # fast path. _emitted_through moves only at the pass's end (_emit_steps).
+                if item[10] or item[14] is not None or item[13] <= emitted or not finalize_sync(item):
+                    self._on_collective(item)
             elif kind == RAW_WAIT:
                 self._on_wait(item)
             elif kind == RAW_DONE:
@@ -357,8 +360,6 @@ class Recorder:
         if not async_op or (work is None and not str(item[2]).startswith("funcol.")):
             if cuda is not None and isinstance(cuda, tuple) and cuda[1] is not None:
                 self._inflight[seq] = _Inflight(raw=item)  # resolved when its CUDA events complete
-                return
-            if not async_op and cuda is None and item[13] > self._emitted_through and self._finalize_sync(item):
                 return
             t0, t1 = item[4], item[5]
             self._finalize(item, t1, t1 - t0, _SYNC, wait_perf=t0)
