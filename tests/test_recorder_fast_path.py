@@ -23,11 +23,11 @@ from test_reader_properties import INT64, PROPERTIES
 from zeromon.analysis.bandwidth import event_bandwidth
 from zeromon.model.codec import encode_record, iter_records
 from zeromon.model.columnar import _LIMITS, SPECS, _as_ns, _codes, _planes, encode
-from zeromon.model.events import CollectiveEvent, PhaseSpan, StepSummary, record_maker
+from zeromon.model.events import CollectiveEvent, MemorySample, PhaseSpan, StepSummary, record_maker
 from zeromon.model.segments import CompactWriter
 from zeromon_agent.live_totals import BUSBW_WINDOW, DURATION_BUCKETS, CollectiveTotals, LiveTotals
 from zeromon_agent.recorder import Recorder
-from zeromon_agent.state import RAW_COLLECTIVE, RAW_STEP_END, RAW_STEP_START, HotState
+from zeromon_agent.state import RAW_COLLECTIVE, RAW_MEMORY, RAW_STEP_END, RAW_STEP_START, HotState
 from zeromon_agent.step_acc import meaning_of, seconds
 
 _any_value = (st.none() | st.booleans() | st.integers(*INT64) | st.floats(allow_nan=False) | st.text(max_size=8)
@@ -263,3 +263,28 @@ def test_collectives_counted_in_bulk_when_read_are_the_ones_counted_one_by_one(
             windows.setdefault(event.op, []).append(busbw)
     assert in_bulk.collectives == expected
     assert {op: list(v) for op, v in in_bulk.busbw.items()} == {op: v[-BUSBW_WINDOW:] for op, v in windows.items()}
+
+
+_memory_value = st.none() | st.integers(0, 2**50)
+
+
+@PROPERTIES
+@given(values=st.lists(_memory_value, min_size=11, max_size=11), walked=st.booleans(),
+       categories=st.dictionaries(st.sampled_from(["parameters", "activations", "other"]), st.integers(0, 2**40)))
+def test_a_memory_sample_made_with_its_slots_set_is_the_constructor_s(values: list[int | None], walked: bool,
+                                                                      categories: dict[str, int]) -> None:
+    names = ("allocated", "reserved", "active", "peak_allocated", "peak_reserved", "inactive_split",
+             "num_alloc_retries", "num_ooms", "capacity", "free", "rss")
+    fields: dict[str, Any] = {"device": "cpu", **dict(zip(names, values, strict=True))}
+    if walked:
+        fields["categories"] = categories
+    state = HotState()
+    recorder = Recorder(state, 2, None, 0.2)
+    state.control.append((RAW_MEMORY, "forward", 4, 1000, fields))
+    state.control.append((RAW_MEMORY, "backward", 4, 2000, {**fields, "unknown_field": 1}))  # refused, as before
+    with pytest.raises(TypeError):
+        recorder._drain(final=True)
+    made = [r for _, r in recorder.recent] or recorder._unreleased
+    assert made == [MemorySample(rank=2, step=4, phase="forward", t_ns=1000 + recorder.clock_offset_ns, **fields)]
+    assert encode_record(made[0]) == encode_record(MemorySample(rank=2, step=4, phase="forward",
+                                                               t_ns=1000 + recorder.clock_offset_ns, **fields))
