@@ -5,6 +5,7 @@ constructor, round() and the one-lock-per-record publishing made before."""
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import operator
 import sys
@@ -21,12 +22,12 @@ from test_reader_properties import INT64, PROPERTIES
 
 from zeromon.analysis.bandwidth import event_bandwidth
 from zeromon.model.codec import encode_record, iter_records
-from zeromon.model.columnar import _LIMITS, _planes
-from zeromon.model.events import CollectiveEvent, PhaseSpan, StepSummary, record_maker
+from zeromon.model.columnar import _LIMITS, SPECS, _as_ns, _codes, _planes, encode
+from zeromon.model.events import CollectiveEvent, MemorySample, PhaseSpan, StepSummary, record_maker
 from zeromon.model.segments import CompactWriter
-from zeromon_agent.live_totals import LiveTotals
+from zeromon_agent.live_totals import BUSBW_WINDOW, DURATION_BUCKETS, CollectiveTotals, LiveTotals
 from zeromon_agent.recorder import Recorder
-from zeromon_agent.state import RAW_COLLECTIVE, RAW_STEP_END, RAW_STEP_START, HotState
+from zeromon_agent.state import RAW_COLLECTIVE, RAW_MEMORY, RAW_STEP_END, RAW_STEP_START, HotState
 from zeromon_agent.step_acc import meaning_of, seconds
 
 _any_value = (st.none() | st.booleans() | st.integers(*INT64) | st.floats(allow_nan=False) | st.text(max_size=8)
@@ -140,3 +141,150 @@ def test_the_collectives_a_recorder_writes_and_publishes_are_the_plain_path_s(ra
             totals.count_collective(event, duration, bandwidth[1] if bandwidth is not None else None)
         assert recorder.totals.collectives == totals.collectives
         assert {op: list(v) for op, v in recorder.totals.busbw.items()} == {op: list(v) for op, v in totals.busbw.items()}
+
+
+def _plain_encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]]) -> tuple[bytes, dict[str, list[Any]]]:
+    """columnar.encode as it was before its per-column fast paths: every column through _planes."""
+    n = len(rows)
+    columns = list(zip(*rows, strict=True))
+    ints: dict[str, Sequence[int]] = {}
+    tables: dict[str, list[Any]] = {}
+    out: list[bytes] = []
+    for (name, how, base), column in zip(spec, columns, strict=True):
+        if how == "str":
+            codes, tables[name] = _codes(column)
+            out.append(_planes(codes))
+            continue
+        if how.endswith("?"):
+            out.append(_planes([v is None for v in column]))
+        values = ints[name] = _as_ns(how, column)
+        if base == "prev":
+            coded: Sequence[int] = [values[0], *map(operator.sub, values[1:], values[:-1])] if n else []
+        elif base is None:
+            coded = values
+        elif len(base) == 1:
+            coded = list(map(operator.sub, values, ints[base[0]]))
+        else:
+            coded = list(map(operator.sub, values, map(operator.sub, ints[base[0]], ints[base[1]])))
+        out.append(_planes(coded))
+    return b"".join(out), tables
+
+
+_column_values = {
+    "int": st.integers(-(2**40), 2**40) | st.integers(0, 3), "int?": st.none() | st.integers(-(2**40), 2**40),
+    "ns": st.integers(0, 10**15).map(lambda ns: ns / 1e9), "ns?": st.none() | st.integers(0, 10**12).map(lambda ns: ns / 1e9),
+    "bool": st.booleans(), "str": st.none() | st.sampled_from(_OPS) | st.integers(0, 300).map(str)}
+
+
+@PROPERTIES
+@given(cls=st.sampled_from(sorted(SPECS, key=lambda cls: cls.__name__)), data=st.data(), n=st.integers(1, 40))
+def test_a_segment_s_columns_are_the_general_path_s_bytes(cls: type, data: st.DataObject, n: int) -> None:
+    spec = SPECS[cls]
+    few = data.draw(st.booleans())  # a handful of distinct values per column, as a real segment has
+    rows = []
+    for _ in range(n):
+        row = tuple(data.draw(st.sampled_from([None, "forward"]) if few and how == "str" else _column_values[how])
+                    for _, how, _ in spec)
+        rows.append(row)
+    assert encode(spec, rows) == _plain_encode(spec, rows)
+
+
+def test_a_string_column_of_more_than_128_values_has_two_byte_codes_as_before() -> None:
+    spec = SPECS[PhaseSpan]
+    rows = [(0, i, f"phase-{i}", i, i + 1, "host") for i in range(300)]
+    assert encode(spec, rows) == _plain_encode(spec, rows)
+
+
+def _record_all(raws: list[tuple[Any, ...]], fast: bool, offset: int, path: Path) -> tuple[list[Any], Recorder]:
+    """A Recorder fed synchronous collectives in steps 0-2 (and a late one of a summarized step), with
+    its synchronous fast path (_finalize_sync) on or off; the records it wrote, but those stamped with
+    the wall clock."""
+    state = HotState()
+    recorder = Recorder(state, 3, CompactWriter(path, 3), 0.2)
+    recorder.clock_offset_ns = offset
+    recorder._group_sizes[None] = 2  # a group of two: busbw has a bus factor
+    if not fast:
+        recorder._finalize_sync = lambda item: False  # type: ignore[method-assign]
+    for step in range(3):
+        state.control.append((RAW_STEP_START, step, step * 2**38, None, "forward"))
+        state.control.append((RAW_STEP_END, step, (step + 1) * 2**38, None, True))
+    for seq, (op, phase, t0, length, b_in, b_out, dtype, step) in enumerate(raws, start=1):
+        state.raw.append((RAW_COLLECTIVE, seq, f"{op}_x", op, step * 2**38 + t0 % 2**37, step * 2**38 + t0 % 2**37 + length,
+                          b_in, b_out, dtype, None, False, None, phase, step, None, False))
+    recorder._drain(final=False)  # the steps are summarized: the next one's collective is late
+    state.raw.append((RAW_COLLECTIVE, len(raws) + 1, "all_reduce_x", "all_reduce", 5, 9, 4, 4, None, None, False, None,
+                      "backward", 0, None, False))
+    recorder.stop()
+    wall_clock = ("AgentStats", "RunEnd", "Notice")
+    return [r for r in iter_records(path) if type(r).__name__ not in wall_clock], recorder
+
+
+@PROPERTIES
+@given(raws=st.lists(_raw_collective, min_size=1, max_size=40))
+def test_the_synchronous_fast_path_records_summarizes_and_counts_what_the_general_path_does(
+        raws: list[tuple[Any, ...]]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        fast, fast_recorder = _record_all(raws, True, 10**18, Path(tmp) / "fast.zmr")
+        plain, plain_recorder = _record_all(raws, False, 10**18, Path(tmp) / "plain.zmr")
+    assert [encode_record(r) for r in fast] == [encode_record(r) for r in plain]
+    assert any(isinstance(r, StepSummary) and r.collectives for r in fast)
+    assert [r for _, r in fast_recorder.recent] == [r for _, r in plain_recorder.recent]
+    assert fast_recorder.totals.collectives == plain_recorder.totals.collectives
+    assert {op: list(v) for op, v in fast_recorder.totals.busbw.items()} == \
+        {op: list(v) for op, v in plain_recorder.totals.busbw.items()}
+    assert fast_recorder.events_finalized == plain_recorder.events_finalized == len(raws) + 1
+
+
+@PROPERTIES
+@given(raws=st.lists(_raw_collective, max_size=60), cuts=st.lists(st.integers(0, 60), max_size=5),
+       durations=st.lists(st.none() | st.floats(0, 1e3), min_size=60, max_size=60))
+def test_collectives_counted_in_bulk_when_read_are_the_ones_counted_one_by_one(
+        raws: list[tuple[Any, ...]], cuts: list[int], durations: list[float | None]) -> None:
+    events = [_plain_event(0, 0, seq, raw) for seq, raw in enumerate(raws, start=1)]
+    counted = [(event, duration, None if duration is None else duration * 7.0) for event, duration
+               in zip(events, durations, strict=False)]
+    in_bulk = LiveTotals()
+    bounds = [0, *sorted(cuts), len(counted)]
+    for start, stop in zip(bounds, bounds[1:], strict=False):
+        in_bulk.count_collectives(counted[start:stop])
+    # What the totals counted one record at a time before (LiveTotals.count_collective at 73de7b7).
+    expected: dict[tuple[str, str], CollectiveTotals] = {}
+    windows: dict[str, list[float]] = {}
+    for event, duration, busbw in counted:
+        totals = expected.setdefault((event.op, event.meaning), CollectiveTotals())
+        totals.calls += 1
+        totals.bytes += max(event.bytes_in, event.bytes_out)
+        totals.blocked_s += event.thread_blocked_s
+        if duration is not None:
+            totals.timed_calls += 1
+            totals.seconds += duration
+            totals.buckets[bisect.bisect_left(DURATION_BUCKETS, duration)] += 1
+        if busbw is not None:
+            windows.setdefault(event.op, []).append(busbw)
+    assert in_bulk.collectives == expected
+    assert {op: list(v) for op, v in in_bulk.busbw.items()} == {op: v[-BUSBW_WINDOW:] for op, v in windows.items()}
+
+
+_memory_value = st.none() | st.integers(0, 2**50)
+
+
+@PROPERTIES
+@given(values=st.lists(_memory_value, min_size=11, max_size=11), walked=st.booleans(),
+       categories=st.dictionaries(st.sampled_from(["parameters", "activations", "other"]), st.integers(0, 2**40)))
+def test_a_memory_sample_made_with_its_slots_set_is_the_constructor_s(values: list[int | None], walked: bool,
+                                                                      categories: dict[str, int]) -> None:
+    names = ("allocated", "reserved", "active", "peak_allocated", "peak_reserved", "inactive_split",
+             "num_alloc_retries", "num_ooms", "capacity", "free", "rss")
+    fields: dict[str, Any] = {"device": "cpu", **dict(zip(names, values, strict=True))}
+    if walked:
+        fields["categories"] = categories
+    state = HotState()
+    recorder = Recorder(state, 2, None, 0.2)
+    state.control.append((RAW_MEMORY, "forward", 4, 1000, fields))
+    state.control.append((RAW_MEMORY, "backward", 4, 2000, {**fields, "unknown_field": 1}))  # refused, as before
+    with pytest.raises(TypeError):
+        recorder._drain(final=True)
+    made = [r for _, r in recorder.recent] or recorder._unreleased
+    assert made == [MemorySample(rank=2, step=4, phase="forward", t_ns=1000 + recorder.clock_offset_ns, **fields)]
+    assert encode_record(made[0]) == encode_record(MemorySample(rank=2, step=4, phase="forward",
+                                                               t_ns=1000 + recorder.clock_offset_ns, **fields))

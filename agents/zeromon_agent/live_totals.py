@@ -38,30 +38,67 @@ class StepTotals:
     buckets: list[int] = field(default_factory=lambda: [0] * (len(STEP_BUCKETS) + 1))  # not cumulative
 
 
+# Collectives handed over but not yet counted: counted when the totals are read (a scrape) or when
+# this many wait (~1 MB with their events), in one loop rather than a method call each as they come.
+_UNCOUNTED_MAX = 4096
+
+
 class LiveTotals:
+    """The totals; the collectives among them are counted lazily (``count_collectives``): a rank nobody
+    scrapes counts them once per _UNCOUNTED_MAX, in bulk. Every read of ``collectives`` or ``busbw``
+    counts what waits first, so a reader sees every collective handed over (under the recorder's lock)."""
+
     def __init__(self) -> None:
-        self.collectives: dict[tuple[str, str], CollectiveTotals] = {}  # by (op, meaning)
-        self.busbw: dict[str, collections.deque[float]] = {}  # recent samples (bytes/s) by op
+        self._collectives: dict[tuple[str, str], CollectiveTotals] = {}  # by (op, meaning)
+        self._busbw: dict[str, collections.deque[float]] = {}  # recent samples (bytes/s) by op
+        self._uncounted: list[tuple[CollectiveEvent, float | None, float | None]] = []
         self.steps = StepTotals()
         self.ooms = 0
 
+    @property
+    def collectives(self) -> dict[tuple[str, str], CollectiveTotals]:
+        self._count_uncounted()
+        return self._collectives
+
+    @property
+    def busbw(self) -> dict[str, collections.deque[float]]:
+        self._count_uncounted()
+        return self._busbw
+
+    def count_collectives(self, batch: list[tuple[CollectiveEvent, float | None, float | None]]) -> None:
+        """Collectives with (duration_s, busbw) each, counted by the next read at the latest."""
+        uncounted = self._uncounted
+        uncounted.extend(batch)
+        if len(uncounted) >= _UNCOUNTED_MAX:
+            self._count_uncounted()
+
     def count_collective(self, event: CollectiveEvent, duration_s: float | None, busbw: float | None) -> None:
-        key = (event.op, event.meaning)
-        totals = self.collectives.get(key)
-        if totals is None:
-            totals = self.collectives[key] = CollectiveTotals()
-        totals.calls += 1
-        totals.bytes += max(event.bytes_in, event.bytes_out)
-        totals.blocked_s += event.thread_blocked_s
-        if duration_s is not None:
-            totals.timed_calls += 1
-            totals.seconds += duration_s
-            totals.buckets[bisect.bisect_left(DURATION_BUCKETS, duration_s)] += 1
-        if busbw is not None:
-            window = self.busbw.get(event.op)
-            if window is None:
-                window = self.busbw[event.op] = collections.deque(maxlen=BUSBW_WINDOW)
-            window.append(busbw)
+        self._uncounted.append((event, duration_s, busbw))
+        self._count_uncounted()
+
+    def _count_uncounted(self) -> None:
+        uncounted = self._uncounted
+        if not uncounted:
+            return
+        self._uncounted = []
+        collectives, windows, bisect_left = self._collectives, self._busbw, bisect.bisect_left
+        for event, duration_s, busbw in uncounted:
+            key = (event.op, event.meaning)
+            totals = collectives.get(key)
+            if totals is None:
+                totals = collectives[key] = CollectiveTotals()
+            totals.calls += 1
+            totals.bytes += max(event.bytes_in, event.bytes_out)
+            totals.blocked_s += event.thread_blocked_s
+            if duration_s is not None:
+                totals.timed_calls += 1
+                totals.seconds += duration_s
+                totals.buckets[bisect_left(DURATION_BUCKETS, duration_s)] += 1
+            if busbw is not None:
+                window = windows.get(event.op)
+                if window is None:
+                    window = windows[event.op] = collections.deque(maxlen=BUSBW_WINDOW)
+                window.append(busbw)
 
     def count_step(self, duration_s: float) -> None:
         self.steps.count += 1

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zeromon.analysis.intervals import merge, total, union_length
-from zeromon.analysis.step_overlap import overlap_in_step
+from zeromon.analysis.step_overlap import host_overlap_ns, overlap_in_step
 from zeromon.model.events import StepSummary, ZeroMeaning
 
 _SCALAR_BYTES = 64  # all-reduces this small are flags and norms, not gradients
@@ -103,10 +103,15 @@ def fold(acc: StepAcc) -> None:
 
 def summarize(acc: StepAcc, rank: int, step: int, start_ns: int, end_ns: int) -> StepSummary:
     """The summary of a step that ended, its window [start_ns, end_ns) already on the Unix clock."""
-    overlap = None
-    if acc.overlap_known:
+    comp_s = overlap_s = exposed_s = None
+    if acc.overlap_known and end_ns > start_ns and not (acc.on_stream and acc.compute):
+        comp_ns, overlap_ns, exposed_ns = host_overlap_ns(acc.intervals, acc.blocked, (start_ns, end_ns), acc.agent)
+        comp_s, overlap_s, exposed_s = round(comp_ns / 1e9, 9), round(overlap_ns / 1e9, 9), round(exposed_ns / 1e9, 9)
+    elif acc.overlap_known:
         overlap = overlap_in_step(acc.intervals, acc.blocked, (start_ns, end_ns), agent=acc.agent,
                                   stream_compute=acc.compute if acc.on_stream else None)
+        comp_s, overlap_s, exposed_s = (round(overlap.comp_s, 9), round(overlap.overlap_s, 9),
+                                        round(overlap.exposed_comm_s, 9))
     return StepSummary(
         rank=rank, step=step, start_ns=start_ns, end_ns=end_ns,
         phase_s={k: round(v, 9) for k, v in acc.phase_s.items()}, collectives=acc.collectives,
@@ -114,7 +119,5 @@ def summarize(acc: StepAcc, rank: int, step: int, start_ns: int, end_ns: int) ->
         comm_union_s=round((acc.folded_union_ns + union_length(acc.intervals)) / 1e9, 9),
         blocked_s=round(acc.blocked_s, 9),
         peak_memory=acc.peak_memory,
-        comp_s=round(overlap.comp_s, 9) if overlap is not None else None,
-        overlap_s=round(overlap.overlap_s, 9) if overlap is not None else None,
-        exposed_comm_s=round(overlap.exposed_comm_s, 9) if overlap is not None else None,
+        comp_s=comp_s, overlap_s=overlap_s, exposed_comm_s=exposed_s,
     )

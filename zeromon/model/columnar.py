@@ -162,33 +162,51 @@ def _codes(column: Sequence[Any]) -> tuple[list[int], list[Any]]:
 
 def encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]]) -> tuple[bytes, dict[str, list[Any]]]:
     """(the columns' bytes, the string columns' tables) of rows that fit the spec; OverflowError where
-    a column's coded values pass 64 bits."""
+    a column's coded values pass 64 bits.
+
+    Its cost is per column more than per row (a segment of one 0.2 s flush holds tens of records, and the
+    agent writes five a second): the common columns skip _planes' general path: a string column of one
+    value is a run of zero codes, one of at most 128 values its codes as bytes, a bool column its bools
+    as bytes, a column with no null the same null column each time (tests/test_recorder_fast_path.py:
+    the bytes are those of the general path)."""
     n = len(rows)
     columns = list(zip(*rows, strict=True))
     ints: dict[str, Sequence[int]] = {}
     tables: dict[str, list[Any]] = {}
     out: list[bytes] = []
-    no_nulls = b"\x01" + bytes(n)  # _planes of n zeros
+    zeros = b"\x01" + bytes(n)  # _planes of n zeros
     for (name, how, base), column in zip(spec, columns, strict=True):
         if how == "str":
-            codes, tables[name] = _codes(column)
-            out.append(_planes(codes))
+            table = tables[name] = list(dict.fromkeys(column))
+            if len(table) == 1:
+                out.append(zeros)
+            elif len(table) <= 2**7:  # codes of one byte: _planes' width 1
+                code = {value: i for i, value in enumerate(table)}
+                out.append(b"\x01" + bytes(map(code.__getitem__, column)))
+            else:
+                out.append(_planes(_codes(column)[0]))
+            continue
+        if how == "bool":
+            out.append(b"\x01" + bytes(column) if base is None else _planes(_coded(column, base, ints, n)))
+            ints[name] = column
             continue
         if how.endswith("?"):
-            out.append(_planes([v is None for v in column]) if None in column else no_nulls)
+            out.append(_planes([v is None for v in column]) if None in column else zeros)
         values = ints[name] = _as_ns(how, column)
-        coded: Sequence[int]
-        if base == "prev":
-            coded = [values[0], *map(operator.sub, values[1:], values[:-1])] if n else []
-        elif base is None:
-            coded = values
-        elif len(base) == 1:
-            coded = list(map(operator.sub, values, ints[base[0]]))
-        else:
-            differences = map(operator.sub, ints[base[0]], ints[base[1]])
-            coded = list(map(operator.sub, values, differences))
-        out.append(_planes(coded))
+        out.append(_planes(_coded(values, base, ints, n)))
     return b"".join(out), tables
+
+
+def _coded(values: Sequence[int], base: Any, ints: dict[str, Sequence[int]], n: int) -> Sequence[int]:
+    """A column's integers less their base (the spec's: None, "prev", [a] or [a, b])."""
+    if base == "prev":
+        return [values[0], *map(operator.sub, values[1:], values[:-1])] if n else []
+    if base is None:
+        return values
+    if len(base) == 1:
+        return list(map(operator.sub, values, ints[base[0]]))
+    differences = map(operator.sub, ints[base[0]], ints[base[1]])
+    return list(map(operator.sub, values, differences))
 
 
 @dataclass(frozen=True, slots=True)

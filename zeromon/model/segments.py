@@ -166,6 +166,20 @@ class CompactWriter(RecordingWriter):
         self._order.append(0)
         self._full()
 
+    def write_values(self, cls: type, values: tuple[Any, ...]) -> bool:
+        """write(cls(*values)) for a columnar kind whose values, in its fields' order, the caller has
+        already (the recorder's collectives: no attribute getter, ~0.4 µs a collective); False, nothing
+        written, where they do not go into the columns: the caller writes the record."""
+        code, fits, rows, _ = self._columns[cls]
+        if self._file is None or not fits(values):
+            return False
+        rows.append(values)
+        order = self._order
+        order.append(code)
+        if len(order) >= SEGMENT_RECORDS:
+            self._write_segment()
+        return True
+
     def _full(self) -> None:
         if len(self._order) >= SEGMENT_RECORDS:
             self._write_segment()
