@@ -1,0 +1,374 @@
+"""The recorder's collectives: a raw issue tuple (and its wait, completion callback or CUDA events)
+in, a CollectiveEvent out, counted in its step and handed to the recording and the live views.
+
+A mixin of Recorder (recorder.py), which owns the thread, the drain and the steps; split off by what it
+does, not by cost: method look-ups through the class are the same as on Recorder itself. A
+synchronous host collective (every one on gloo) takes _finalize_sync, ~2x cheaper than _finalize's
+general path; tests/test_recorder_fast_path.py checks that they agree.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from zeromon.analysis.bandwidth import bus_factor, event_bandwidth
+from zeromon.model.codec import RecordingWriter
+from zeromon.model.events import CollectiveEvent, Record, Timing, record_maker, span_ns
+from zeromon_agent.step_acc import MAX_STEP_INTERVALS, StepAcc, add_blocked, fold, meaning_of, seconds
+
+if TYPE_CHECKING:
+    from zeromon_agent.detail import DetailKeeper
+    from zeromon_agent.state import HotState
+
+# An async collective nobody waits on is polled for completion after this long.
+_POLL_AFTER_NS = 200_000_000
+# A sampled completion callback that has not fired this long after the wait is given up on.
+CALLBACK_GRACE_NS = 2_000_000_000
+_MAX_SHAPES = 4096  # collective call shapes whose derived fields are kept (an FSDP step repeats a few dozen)
+# Built once per record, so built with the slots set directly (record_maker: 1.3 -> 0.7 µs a collective).
+_new_collective = record_maker(CollectiveEvent)
+_SYNC, _UNKNOWN = Timing.SYNC.value, Timing.UNKNOWN.value  # an enum's .value is a property: ~0.1 µs a look
+
+
+@dataclass(slots=True)
+class Inflight:
+    raw: tuple[Any, ...]
+    wait: tuple[Any, ...] | None = None
+    done_ns: int | None = None  # perf ns from a sampled completion callback
+    done_by: int | None = None  # perf ns of a phase change at which it was found complete
+
+
+class CollectiveRecords:
+    """Recorder's collective half. The attributes are Recorder's (set in its __init__)."""
+
+    state: HotState
+    rank: int
+    writer: RecordingWriter | None
+    cuda_timer: Any
+    clock_offset_ns: int
+    keeper: DetailKeeper
+    events_finalized: int
+    _unreleased: list[Record]
+    _unreleased_collectives: list[tuple[CollectiveEvent, float | None, float | None]]
+    _inflight: dict[int, Inflight]
+    _orphan_waits: dict[int, tuple[Any, ...]]
+    _orphan_done: dict[int, int]
+    _orphan_seen: dict[int, int]
+    _steps: dict[int, StepAcc]
+    _emitted_through: int
+    _group_sizes: dict[Any, int]
+    _dtype_names: dict[Any, str]
+    _shapes: dict[tuple[Any, ...], tuple[str, int, str, int, float | None, int]]
+    _write_values: Any
+
+    def _step_acc(self, step: int) -> StepAcc:
+        acc = self._steps.get(step)
+        if acc is None:
+            acc = self._steps[step] = StepAcc()
+        return acc
+
+    def _on_collective(self, item: tuple[Any, ...]) -> None:
+        seq, async_op, work, cuda = item[1], item[10], item[11], item[14]
+        if not async_op or (work is None and not str(item[2]).startswith("funcol.")):
+            if cuda is not None and isinstance(cuda, tuple) and cuda[1] is not None:
+                self._inflight[seq] = Inflight(raw=item)  # resolved when its CUDA events complete
+                return
+            t0, t1 = item[4], item[5]
+            self._finalize(item, t1, t1 - t0, _SYNC, wait_perf=t0)
+            return
+        entry = Inflight(raw=item)
+        wait = self._orphan_waits.pop(seq, None)
+        done = self._orphan_done.pop(seq, None)
+        entry.wait, entry.done_ns = wait, done
+        entry.done_by = self._orphan_seen.pop(seq, None)
+        self._inflight[seq] = entry
+        self._try_finalize_async(seq, entry)
+
+    def _on_wait(self, item: tuple[Any, ...]) -> None:
+        seq = item[1]
+        entry = self._inflight.get(seq)
+        if entry is None:
+            if len(self._orphan_waits) < 65536:
+                self._orphan_waits[seq] = item  # the issue record is still in the queue behind it
+            return
+        entry.wait = item
+        self._try_finalize_async(seq, entry)
+
+    def _on_done(self, item: tuple[Any, ...]) -> None:
+        seq = item[1]
+        entry = self._inflight.get(seq)
+        if entry is None:
+            if len(self._orphan_done) < 65536:
+                self._orphan_done[seq] = item[2]
+            return
+        entry.done_ns = item[2]
+        self._try_finalize_async(seq, entry)
+
+    def _on_seen_done(self, item: tuple[Any, ...]) -> None:
+        seq = item[1]
+        entry = self._inflight.get(seq)
+        if entry is None:
+            if len(self._orphan_seen) < 65536:
+                self._orphan_seen[seq] = item[2]
+            return
+        entry.done_by = item[2]
+
+    def _try_finalize_async(self, seq: int, entry: Inflight, now: int | None = None) -> bool:
+        item, wait = entry.raw, entry.wait
+        sampled = item[15]
+        if wait is None:
+            return False
+        _, _, w0, w1, done_before, cuda_end, cuda_wait, wait_step = wait
+        cuda = item[14]
+        if cuda is not None and self.cuda_timer is not None and cuda_end is not None:
+            resolved = self.cuda_timer.resolve(cuda[0], cuda_end)
+            if resolved is None and not (now is not None and now - w1 > CALLBACK_GRACE_NS):
+                return False
+            del self._inflight[seq]
+            if resolved is not None:
+                # The stream waited from the event before the wait to the one after it.
+                waited = self.cuda_timer.resolve_one(cuda_wait)
+                stream_wait = None if waited is None else (waited, max(0, resolved[1] - waited) / 1e9)
+                self._finalize(item, None, w1 - w0, Timing.CUDA_EVENT.value, unix_span=resolved,
+                               extra_event=cuda_end, wait_perf=w0, wait_step=wait_step, stream_wait=stream_wait,
+                               wait_event=cuda_wait)
+            else:  # at exit, or a GPU that never got there: the host's wait times stand in
+                self._finalize(item, w1, w1 - w0, Timing.WAIT.value, extra_event=cuda_end, wait_perf=w0, wait_step=wait_step,
+                               wait_event=cuda_wait)
+            return True
+        if cuda_wait is not None and self.cuda_timer is not None:
+            self.cuda_timer.release(cuda_wait)  # its end event was not to be had (the pool ran dry)
+        if sampled and entry.done_ns is None and (now is None or now - w1 < CALLBACK_GRACE_NS):
+            return False  # the exact completion time is on its way
+        del self._inflight[seq]
+        blocked = w1 - w0
+        if entry.done_ns is not None:
+            self._finalize(item, entry.done_ns, blocked, Timing.CALLBACK.value, wait_perf=w0, wait_step=wait_step)
+        elif done_before:  # done by the wait's start, or by an earlier phase change where it was seen done
+            done_by = w0 if entry.done_by is None else min(w0, entry.done_by)
+            self._finalize(item, done_by, blocked, Timing.BOUND.value, wait_perf=w0, wait_step=wait_step)
+        else:
+            self._finalize(item, w1, blocked, Timing.WAIT.value, wait_perf=w0, wait_step=wait_step)
+        return True
+
+    def _check_inflight(self, final: bool) -> None:
+        if not self._inflight:
+            return
+        now = time.perf_counter_ns()
+        for seq, entry in list(self._inflight.items()):
+            item = entry.raw
+            if entry.wait is not None:
+                if self._try_finalize_async(seq, entry, now=now if not final else now + CALLBACK_GRACE_NS):
+                    continue
+            cuda = item[14]
+            if cuda is not None and isinstance(cuda, tuple) and cuda[1] is not None and self.cuda_timer is not None:
+                resolved = self.cuda_timer.resolve(cuda[0], cuda[1])
+                if resolved is not None:
+                    del self._inflight[seq]
+                    # A synchronous collective on CUDA: the stream waits for it from start to end.
+                    self._finalize(item, None, item[5] - item[4], Timing.CUDA_EVENT.value,
+                                   unix_span=resolved, wait_perf=item[4],
+                                   stream_wait=(resolved[0], (resolved[1] - resolved[0]) / 1e9))
+                elif final:
+                    del self._inflight[seq]
+                    self._finalize(item, item[5], item[5] - item[4], Timing.SYNC.value, wait_perf=item[4])
+                continue
+            if entry.wait is not None:
+                continue
+            work = item[11]
+            age = now - item[4]
+            if work is not None and (age > _POLL_AFTER_NS or final):
+                try:
+                    completed = bool(work.is_completed())
+                except Exception:  # noqa: BLE001
+                    completed = True
+                if completed or final:
+                    del self._inflight[seq]
+                    if self.state.pending.get(id(work)) == seq:
+                        self.state.pending.pop(id(work), None)
+                    if entry.done_ns is not None:
+                        self._finalize(item, entry.done_ns, 0, Timing.CALLBACK.value)
+                    elif entry.done_by is not None:
+                        self._finalize(item, min(now, entry.done_by), 0, Timing.BOUND.value)
+                    else:
+                        self._finalize(item, now if completed else None, 0,
+                                       Timing.POLL.value if completed else Timing.UNKNOWN.value)
+            elif work is None and (age > _POLL_AFTER_NS * 10 or final):
+                # A functional collective whose result was never waited on through wait_tensor.
+                del self._inflight[seq]
+                self._finalize(item, None, 0, Timing.UNKNOWN.value)
+
+    def _group_size(self, group: Any) -> int:
+        try:
+            return self._group_sizes[group]
+        except (KeyError, TypeError):
+            pass
+        size = -1
+        try:
+            import torch.distributed as dist
+
+            if isinstance(group, tuple) and group and group[0] == "funcol":
+                import torch.distributed._functional_collectives as funcol
+                from torch.distributed.distributed_c10d import _resolve_process_group
+
+                size = _resolve_process_group(funcol._resolve_group_name(group[1])).size()
+            else:
+                size = dist.get_world_size(group) if group is not None else dist.get_world_size()
+        except Exception:  # noqa: BLE001
+            size = -1
+        try:
+            if len(self._group_sizes) < 1024:
+                self._group_sizes[group] = size
+        except TypeError:
+            pass
+        return size
+
+    def _dtype(self, dtype: Any) -> str:
+        name = self._dtype_names.get(dtype)
+        if name is None:
+            name = "" if dtype is None else str(dtype).replace("torch.", "")
+            self._dtype_names[dtype] = name
+        return name
+
+    def _finalize(self, item: tuple[Any, ...], complete_perf: int | None, blocked_ns: int, timing: str,
+                  unix_span: tuple[int, int] | None = None, extra_event: Any = None,
+                  wait_perf: int | None = None, stream_wait: tuple[int, float] | None = None,
+                  wait_event: Any = None, wait_step: int | None = None) -> None:
+        """``stream_wait`` (GPU): when the CUDA stream began waiting for the collective and how long;
+        it replaces the host's wait, since on GPU it is the stream that cannot compute meanwhile.
+        ``wait_step``: the step the thread was in when it waited, if not the one it issued in."""
+        (_, seq, api, op, t0, t1, b_in, b_out, dtype, group, async_op, _work, phase, step, cuda,
+         _sampled) = item
+        if self.cuda_timer is not None and (cuda is not None or extra_event is not None or wait_event is not None):
+            # Every CUDA event of this collective goes back to the pool, whichever path finished it.
+            self.cuda_timer.release(*(cuda or ()), extra_event, wait_event)
+            self.cuda_timer.awaiting.discard(seq)  # finalized without a wait (polled, or at exit)
+        complete_ns: int | None
+        offset = self.clock_offset_ns  # self.unix(), inline
+        wait_ns = wait_perf + offset if wait_perf is not None else None
+        if stream_wait is not None:
+            wait_ns, stream_blocked_s = stream_wait
+            blocked_s = round(stream_blocked_s, 9)
+        else:
+            blocked_s = seconds(blocked_ns)
+        if unix_span is not None:
+            issue_ns, complete_ns = unix_span
+        else:
+            issue_ns = t0 + offset
+            complete_ns = complete_perf + offset if complete_perf is not None else None
+        nbytes = max(b_in, b_out)
+        dtype_name = self._dtype_names.get(dtype)
+        event = _new_collective((
+            seq, self.rank, step, phase, op, api, b_in, b_out,
+            dtype_name if dtype_name is not None else self._dtype(dtype), self._group_size(group), bool(async_op),
+            issue_ns, complete_ns, blocked_s, timing, meaning_of(op, phase, nbytes), wait_ns, seconds(t1 - t0)))
+        self.events_finalized += 1
+        self._publish_collective(event)
+        # Counted in the step it was issued in; its time in every step it spans (waited on in a later
+        # step, or issued in the warm-up and waited on in the first step).
+        emitted = self._emitted_through
+        last = max(step, wait_step if wait_step is not None else step)
+        if step > emitted:
+            acc = self._step_acc(step)
+            acc.collectives += 1
+            acc.comm_bytes += nbytes
+            acc.by_op[op] = acc.by_op.get(op, 0) + nbytes
+            if last == step:  # the usual case, in one step: _account's work without its look-ups (~1 µs)
+                if complete_ns is not None:
+                    acc.intervals.append((issue_ns, max(issue_ns, complete_ns)))
+                    if len(acc.intervals) > MAX_STEP_INTERVALS:
+                        fold(acc)
+                        acc.overlap_known = False
+                blocked = event.blocked_interval_ns
+                if blocked is not None:
+                    add_blocked(acc, blocked)
+                if async_op and (issued := event.issue_interval_ns) is not None:
+                    add_blocked(acc, issued)
+                return
+        if last > emitted:
+            if complete_ns is not None:
+                for s in range(max(step, emitted + 1), last + 1):
+                    acc = self._step_acc(s)
+                    acc.intervals.append((issue_ns, max(issue_ns, complete_ns)))
+                    if len(acc.intervals) > MAX_STEP_INTERVALS:
+                        fold(acc)
+                        acc.overlap_known = False
+            blocked = event.blocked_interval_ns
+            issued = event.issue_interval_ns if async_op else None  # a synchronous call's is its wait
+            for interval, into in ((blocked, last), (issued, step)):
+                if interval is not None and into > emitted:
+                    add_blocked(self._step_acc(into), interval)
+
+    def _finalize_sync(self, item: tuple[Any, ...]) -> bool:
+        """_finalize of a synchronous host collective of a step not yet summarized (every collective on
+        gloo): the same event, record, live counts and step accounting, with what depends only on the
+        call's shape (dtype name, group size, meaning, bus factor) looked up once per shape, and the
+        record's values handed to the writer as they are. ~2x cheaper than _finalize's general path
+        (tests/test_recorder_fast_path.py checks they agree). False: not taken (an unhashable group)."""
+        (_, seq, api, op, t0, t1, b_in, b_out, dtype, group, _, _, phase, step, _, _) = item
+        try:
+            shape = self._shapes.get((op, phase, b_in, b_out, dtype, group))
+        except TypeError:
+            return False
+        if shape is None:
+            shape = self._shape(op, phase, b_in, b_out, dtype, group)
+        dtype_name, group_size, meaning, nbytes, factor, size = shape
+        offset = self.clock_offset_ns
+        issue_ns, complete_ns, length = t0 + offset, t1 + offset, t1 - t0
+        blocked_s = length / 1e9  # seconds(): round(ns / 1e9, 9)
+        values = (seq, self.rank, step, phase, op, api, b_in, b_out, dtype_name, group_size, False, issue_ns,
+                  complete_ns, blocked_s, _SYNC, meaning, issue_ns, blocked_s)
+        event = _new_collective(values)
+        self.events_finalized += 1
+        self._write_detail(CollectiveEvent, values, event, step)
+        # Live: event.duration_s, and event_bandwidth's busbw ((size / seconds) * factor, in its order).
+        duration = max(0.0, blocked_s)
+        busbw = size / blocked_s * factor if duration and factor is not None and size > 0 else None
+        self._unreleased.append(event)
+        self._unreleased_collectives.append((event, duration, busbw))
+        acc = self._steps.get(step)
+        if acc is None:
+            acc = self._steps[step] = StepAcc()
+        acc.collectives += 1
+        acc.comm_bytes += nbytes
+        acc.by_op[op] = acc.by_op.get(op, 0) + nbytes
+        acc.intervals.append((issue_ns, complete_ns if complete_ns > issue_ns else issue_ns))
+        if len(acc.intervals) > MAX_STEP_INTERVALS:
+            fold(acc)
+            acc.overlap_known = False
+        if blocked_s > 0:  # event.blocked_interval_ns
+            add_blocked(acc, (issue_ns, issue_ns + span_ns(blocked_s)))
+        return True
+
+    def _write_detail(self, cls: type, values: tuple[Any, ...], record: Record, step: int) -> None:
+        """keeper.detail(record, step) (a step's detail, which ZEROMON_MAX_DISK may thin), with the
+        record's values handed to the compact writer as they are while nothing is thinned."""
+        keeper, writer = self.keeper, self.writer
+        if keeper.level:  # thinned: the keeper holds it until its step decides
+            keeper.detail(record, step)
+        elif writer is not None and keeper.admit() and not (self._write_values is not None
+                                                            and self._write_values(cls, values)):
+            writer.write(record)
+
+    def _shape(self, op: str, phase: str, b_in: int, b_out: int, dtype: Any,
+               group: Any) -> tuple[str, int, str, int, float | None, int]:
+        """What a collective's record takes from its call's shape: (dtype name, group size, meaning,
+        bytes, bus factor, nccl-tests' array size), kept for the next call of that shape."""
+        nbytes = max(b_in, b_out)
+        group_size = self._group_size(group)
+        size = b_out if op == "all_gather" else b_in if op == "reduce_scatter" else nbytes  # array_bytes
+        shape = (self._dtype(dtype), group_size, meaning_of(op, phase, nbytes), nbytes, bus_factor(op, group_size),
+                 size)
+        if len(self._shapes) < _MAX_SHAPES and group in self._group_sizes:
+            self._shapes[(op, phase, b_in, b_out, dtype, group)] = shape
+        return shape
+
+    def _publish_collective(self, event: CollectiveEvent) -> None:
+        """_publish, and the running totals behind the live metrics (counted by _release)."""
+        duration = event.duration_s if event.timing != _UNKNOWN else None
+        bandwidth = event_bandwidth(event) if duration else None
+        self.keeper.detail(event, event.step)
+        self._unreleased.append(event)
+        self._unreleased_collectives.append((event, duration, bandwidth[1] if bandwidth is not None else None))
