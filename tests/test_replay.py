@@ -139,7 +139,9 @@ def test_pause_stops_the_clock_and_speed_scales_it(run_dir: Path) -> None:
             source.paused = False
             # each read is bracketed by wall-clock reads, so a busy machine widens the bounds, not the error
             before0, pos0, after0 = time.monotonic(), source.position_ns, time.monotonic()
-            time.sleep(0.2)
+            # A third of the run at this speed, at most 0.2 s: the recorded run is ~0.75 s long on this
+            # machine, which 0.2 s at 4x would overrun (seen once in CI).
+            time.sleep(min(0.2, source.duration_ns / 1e9 / speed / 3))
             before1, pos1, after1 = time.monotonic(), source.position_ns, time.monotonic()
             source.paused = True
             assert pos1 < source.duration_ns  # not stopped by the end of the run
