@@ -27,6 +27,7 @@ from zeromon.sources.discovery import local_runs
 from zeromon.views.overview import died_banners, incomplete_banners, rank_cells
 from zeromon.views.rank_detail import rank_title
 from zeromon.views.run_data import recording_data
+from zeromon_agent.config import AgentConfig
 
 from conftest import REPO, child_env, torchrun_args, zeromon
 
@@ -195,7 +196,7 @@ def test_a_killed_rank_is_said_to_have_died_and_its_registry_entry_is_skipped(tm
     out = tmp_path / "run"
     result = zeromon_run(out, "--die", "1:6:kill", "--sleep", "0.05", env=env)
     assert result.returncode != 0
-    assert "rank 1 died at step" in result.stderr and "(no end record; its last 0.2 s may be lost)" in result.stderr
+    assert "rank 1 died at step" in result.stderr and f"(no end record; its last {AgentConfig().flush_interval_s:g} s may be lost)" in result.stderr
     assert read_file_end(out / "rank-1.jsonl").end is None
     end0 = read_file_end(out / "rank-0.jsonl").end  # torchrun stops it: SIGTERM, or its collective fails
     assert end0 is not None and end0.how != "exit"

@@ -26,8 +26,17 @@ from zeromon.model.columnar import _LIMITS, SPECS, _as_ns, _codes, _planes, enco
 from zeromon.model.events import CollectiveEvent, MemorySample, PhaseSpan, StepSummary, record_maker
 from zeromon.model.segments import CompactWriter
 from zeromon_agent.live_totals import BUSBW_WINDOW, DURATION_BUCKETS, CollectiveTotals, LiveTotals
+from zeromon_agent.live_totals import counted as live_counted
 from zeromon_agent.recorder import Recorder
-from zeromon_agent.state import RAW_COLLECTIVE, RAW_MEMORY, RAW_STEP_END, RAW_STEP_START, HotState
+from zeromon_agent.state import (
+    RAW_AGENT,
+    RAW_COLLECTIVE,
+    RAW_MEMORY,
+    RAW_PHASE,
+    RAW_STEP_END,
+    RAW_STEP_START,
+    HotState,
+)
 from zeromon_agent.step_acc import meaning_of, seconds
 
 _any_value = (st.none() | st.booleans() | st.integers(*INT64) | st.floats(allow_nan=False) | st.text(max_size=8)
@@ -131,9 +140,9 @@ def test_the_collectives_a_recorder_writes_and_publishes_are_the_plain_path_s(ra
         recorder.stop()
         expected = [_plain_event(3, recorder.clock_offset_ns, seq, raw) for seq, raw in enumerate(raws, start=1)]
         assert [r for r in iter_records(path) if isinstance(r, CollectiveEvent)] == expected
-        published = [(cursor, r) for cursor, r in recorder.recent if isinstance(r, CollectiveEvent)]
+        published = [(cursor, r) for cursor, r in recorder.recent_records() if isinstance(r, CollectiveEvent)]
         assert [r for _, r in published] == expected
-        assert [cursor for cursor, _ in recorder.recent] == list(range(1, recorder.cursor + 1))
+        assert [cursor for cursor, _ in recorder.recent_records()] == list(range(1, recorder.cursor + 1))
         totals = LiveTotals()
         for event in expected:
             duration = event.duration_s
@@ -195,15 +204,22 @@ def test_a_string_column_of_more_than_128_values_has_two_byte_codes_as_before() 
     assert encode(spec, rows) == _plain_encode(spec, rows)
 
 
-def _record_all(raws: list[tuple[Any, ...]], fast: bool, offset: int, path: Path) -> tuple[list[Any], Recorder]:
-    """A Recorder fed synchronous collectives in steps 0-2 (and a late one of a summarized step), with
-    its synchronous fast path (_finalize_sync) on or off; the records it wrote, but those stamped with
-    the wall clock."""
+def _record_all(raws: list[tuple[Any, ...]], path: str, offset: int, tmp: Path) -> tuple[list[Any], Recorder]:
+    """A Recorder fed synchronous collectives in steps 0-2 (and a late one of a summarized step), by
+    ``path``: "batch" (_finalize_sync_batch, a column at a time), "sync" (_finalize_sync, one at a time)
+    or "plain" (_finalize); the records it wrote, but those stamped with the wall clock."""
+    path_ = tmp / f"{path}.zmr"
     state = HotState()
-    recorder = Recorder(state, 3, CompactWriter(path, 3), 0.2)
+    recorder = Recorder(state, 3, CompactWriter(path_, 3), 0.2)
     recorder.clock_offset_ns = offset
     recorder._group_sizes[None] = 2  # a group of two: busbw has a bus factor
-    if not fast:
+    if path == "batch":  # the path is taken, not left for the item-by-item one
+        batch = recorder._finalize_sync_batch
+        taken: list[bool] = []
+        recorder._finalize_sync_batch = lambda items: taken.append(batch(items)) or taken[-1]  # type: ignore[method-assign]
+    else:
+        recorder._finalize_sync_batch = lambda items: False  # type: ignore[method-assign]
+    if path == "plain":
         recorder._finalize_sync = lambda item: False  # type: ignore[method-assign]
     for step in range(3):
         state.control.append((RAW_STEP_START, step, step * 2**38, None, "forward"))
@@ -212,11 +228,12 @@ def _record_all(raws: list[tuple[Any, ...]], fast: bool, offset: int, path: Path
         state.raw.append((RAW_COLLECTIVE, seq, f"{op}_x", op, step * 2**38 + t0 % 2**37, step * 2**38 + t0 % 2**37 + length,
                           b_in, b_out, dtype, None, False, None, phase, step, None, False))
     recorder._drain(final=False)  # the steps are summarized: the next one's collective is late
+    assert path != "batch" or (taken and all(taken))
     state.raw.append((RAW_COLLECTIVE, len(raws) + 1, "all_reduce_x", "all_reduce", 5, 9, 4, 4, None, None, False, None,
                       "backward", 0, None, False))
     recorder.stop()
     wall_clock = ("AgentStats", "RunEnd", "Notice")
-    return [r for r in iter_records(path) if type(r).__name__ not in wall_clock], recorder
+    return [r for r in iter_records(path_) if type(r).__name__ not in wall_clock], recorder
 
 
 @PROPERTIES
@@ -224,16 +241,30 @@ def _record_all(raws: list[tuple[Any, ...]], fast: bool, offset: int, path: Path
 def test_the_synchronous_fast_path_records_summarizes_and_counts_what_the_general_path_does(
         raws: list[tuple[Any, ...]]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        fast, fast_recorder = _record_all(raws, True, 10**18, Path(tmp) / "fast.zmr")
-        plain, plain_recorder = _record_all(raws, False, 10**18, Path(tmp) / "plain.zmr")
-    assert [encode_record(r) for r in fast] == [encode_record(r) for r in plain]
-    assert any(isinstance(r, StepSummary) and r.collectives for r in fast)
-    assert [r for _, r in fast_recorder.recent] == [r for _, r in plain_recorder.recent]
-    assert fast_recorder.totals.collectives == plain_recorder.totals.collectives
-    assert {op: list(v) for op, v in fast_recorder.totals.busbw.items()} == \
-        {op: list(v) for op, v in plain_recorder.totals.busbw.items()}
-    assert fast_recorder.events_finalized == plain_recorder.events_finalized == len(raws) + 1
+        plain, plain_recorder = _record_all(raws, "plain", 10**18, Path(tmp))
+        for path in ("sync", "batch"):
+            fast, fast_recorder = _record_all(raws, path, 10**18, Path(tmp))
+            assert [encode_record(r) for r in fast] == [encode_record(r) for r in plain], path
+            assert any(isinstance(r, StepSummary) and r.collectives for r in fast)
+            assert [r for _, r in fast_recorder.recent_records()] == [r for _, r in plain_recorder.recent_records()]
+            assert fast_recorder.totals.collectives == plain_recorder.totals.collectives
+            assert {op: list(v) for op, v in fast_recorder.totals.busbw.items()} == \
+                {op: list(v) for op, v in plain_recorder.totals.busbw.items()}
+            assert fast_recorder.events_finalized == plain_recorder.events_finalized == len(raws) + 1
 
+
+
+def test_a_step_of_more_collectives_than_it_keeps_intervals_of_is_folded_as_one_by_one() -> None:
+    """Past MAX_STEP_INTERVALS a step's intervals are folded as they come: the batch path gives the same
+    summary as the plain one (overlapping calls out of issue order included) in batches of 256."""
+    raws = [("all_gather" if i % 3 else "reduce_scatter", "backward", (i * 7919) % 50_000 * 1000, 1 + i % 5 * 900,
+             2**20, 2**18, "float32", 0) for i in range(4200)]
+    with tempfile.TemporaryDirectory() as tmp:
+        plain, _ = _record_all(raws, "plain", 10**18, Path(tmp))
+        batch, _ = _record_all(raws, "batch", 10**18, Path(tmp))
+    summaries = [r for r in batch if isinstance(r, StepSummary)]
+    assert summaries and summaries[0].collectives == 4200
+    assert [encode_record(r) for r in batch] == [encode_record(r) for r in plain]
 
 @PROPERTIES
 @given(raws=st.lists(_raw_collective, max_size=60), cuts=st.lists(st.integers(0, 60), max_size=5),
@@ -246,7 +277,7 @@ def test_collectives_counted_in_bulk_when_read_are_the_ones_counted_one_by_one(
     in_bulk = LiveTotals()
     bounds = [0, *sorted(cuts), len(counted)]
     for start, stop in zip(bounds, bounds[1:], strict=False):
-        in_bulk.count_collectives(counted[start:stop])
+        in_bulk.count_collectives([live_counted(*entry) for entry in counted[start:stop]])
     # What the totals counted one record at a time before (LiveTotals.count_collective at 73de7b7).
     expected: dict[tuple[str, str], CollectiveTotals] = {}
     windows: dict[str, list[float]] = {}
@@ -284,7 +315,58 @@ def test_a_memory_sample_made_with_its_slots_set_is_the_constructor_s(values: li
     state.control.append((RAW_MEMORY, "backward", 4, 2000, {**fields, "unknown_field": 1}))  # refused, as before
     with pytest.raises(TypeError):
         recorder._drain(final=True)
-    made = [r for _, r in recorder.recent] or recorder._unreleased
+    made = [r for _, r in recorder.recent_records()] or recorder._unreleased
     assert made == [MemorySample(rank=2, step=4, phase="forward", t_ns=1000 + recorder.clock_offset_ns, **fields)]
     assert encode_record(made[0]) == encode_record(MemorySample(rank=2, step=4, phase="forward",
                                                                t_ns=1000 + recorder.clock_offset_ns, **fields))
+
+
+_phase_change = st.tuples(st.sampled_from(["forward", "backward", "optimizer", "agent-work", "step-end"]),
+                          st.integers(0, 5000))
+
+
+def _record_phases(changes: list[tuple[str, int]], cuts: set[int], batch: bool, tmp: Path) -> tuple[list[Any], Recorder]:
+    """A Recorder (no GPU) fed phase changes, zeromon's own spans and step ends, drained at ``cuts``: its
+    host spans finished a column at a time (``batch``) or one at a time (_finish_span, as before)."""
+    state = HotState()
+    path = tmp / f"phases-{batch}.zmr"
+    recorder = Recorder(state, 1, CompactWriter(path, 1), 0.2)
+    recorder.clock_offset_ns = 10**18
+    if not batch:
+        def one_at_a_time(spans: list[Any]) -> None:
+            for span in spans:
+                recorder._finish_span(span, span.start.perf + 10**18, span.end.perf + 10**18, "host")
+        recorder._finish_host_spans = one_at_a_time  # type: ignore[method-assign]
+    t, step, phase = 1000, 0, "forward"
+    state.control.append((RAW_STEP_START, 0, t, None, "forward"))
+    for index, (change, gap) in enumerate(changes):
+        t += gap
+        if change == "step-end":
+            state.control.append((RAW_STEP_END, step, t, None, False))
+            step += 1
+        elif change == "agent-work":
+            state.control.append((RAW_AGENT, step, t, t + gap // 2 + 1, phase))
+            t += gap // 2 + 1
+        else:
+            phase = change
+            state.control.append((RAW_PHASE, change, t, step, None))
+        if index in cuts:
+            recorder._drain(final=False)
+    recorder.stop()
+    wall_clock = ("AgentStats", "RunEnd", "Notice")
+    return [r for r in iter_records(path) if type(r).__name__ not in wall_clock], recorder
+
+
+@PROPERTIES
+@given(changes=st.lists(_phase_change, min_size=1, max_size=60), cuts=st.sets(st.integers(0, 60), max_size=4))
+def test_host_phase_spans_finished_a_column_at_a_time_are_the_ones_finished_one_by_one(
+        changes: list[tuple[str, int]], cuts: set[int]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        batch, batch_recorder = _record_phases(changes, cuts, True, Path(tmp))
+        plain, plain_recorder = _record_phases(changes, cuts, False, Path(tmp))
+    assert [encode_record(r) for r in batch] == [encode_record(r) for r in plain]
+    assert [r for _, r in batch_recorder.recent_records()] == [r for _, r in plain_recorder.recent_records()]
+    if any(change == "step-end" for change, _ in changes):
+        assert any(isinstance(r, StepSummary) for r in batch)
+    if sum(change in ("forward", "backward", "optimizer", "agent-work") for change, _ in changes) > 1:
+        assert any(isinstance(r, PhaseSpan) for r in batch)

@@ -9,13 +9,18 @@ general path; tests/test_recorder_fast_path.py checks that they agree.
 
 from __future__ import annotations
 
+import collections
+import functools
+import itertools
+import operator
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from zeromon.analysis.bandwidth import bus_factor, event_bandwidth
 from zeromon.model.codec import RecordingWriter
-from zeromon.model.events import CollectiveEvent, Record, Timing, record_maker, span_ns
+from zeromon.model.events import MAX_SPAN_S, CollectiveEvent, Record, Timing, record_maker, span_ns
+from zeromon_agent.live_totals import Counted, counted
 from zeromon_agent.step_acc import MAX_STEP_INTERVALS, StepAcc, add_blocked, fold, meaning_of, seconds
 
 if TYPE_CHECKING:
@@ -30,6 +35,20 @@ _MAX_SHAPES = 4096  # collective call shapes whose derived fields are kept (an F
 # Built once per record, so built with the slots set directly (record_maker: 1.3 -> 0.7 µs a collective).
 _new_collective = record_maker(CollectiveEvent)
 _SYNC, _UNKNOWN = Timing.SYNC.value, Timing.UNKNOWN.value  # an enum's .value is a property: ~0.1 µs a look
+# A batch's calls last less than this (MAX_SPAN_S, in ns: span_ns caps nothing) and are whole nanoseconds
+# that ns / 1e9 and back gives again (below 2**50), so their records go into the columns as they are.
+_BATCH_MAX_NS = int(MAX_SPAN_S * 1e9)
+_add, _sub, _mul, _truediv = operator.add, operator.sub, operator.mul, operator.truediv
+_repeat = itertools.repeat
+
+
+def materialize(entry: Any) -> Record:
+    """A record the recorder published: as it is, or made now from (its maker, its values) where the
+    batch path left it unmade (a live client reads a few; the recorder publishes every one)."""
+    if type(entry) is tuple:
+        make, values = entry
+        return make(values)
+    return entry
 
 
 @dataclass(slots=True)
@@ -50,8 +69,8 @@ class CollectiveRecords:
     clock_offset_ns: int
     keeper: DetailKeeper
     events_finalized: int
-    _unreleased: list[Record]
-    _unreleased_collectives: list[tuple[CollectiveEvent, float | None, float | None]]
+    _unreleased: list[Any]  # records, or (maker, values) pairs: materialize
+    _unreleased_collectives: list[Counted]
     _inflight: dict[int, Inflight]
     _orphan_waits: dict[int, tuple[Any, ...]]
     _orphan_done: dict[int, int]
@@ -327,7 +346,7 @@ class CollectiveRecords:
         duration = max(0.0, blocked_s)
         busbw = size / blocked_s * factor if duration and factor is not None and size > 0 else None
         self._unreleased.append(event)
-        self._unreleased_collectives.append((event, duration, busbw))
+        self._unreleased_collectives.append((op, meaning, nbytes, blocked_s, duration, busbw))
         acc = self._steps.get(step)
         if acc is None:
             acc = self._steps[step] = StepAcc()
@@ -341,6 +360,93 @@ class CollectiveRecords:
         if blocked_s > 0:  # event.blocked_interval_ns
             add_blocked(acc, (issue_ns, issue_ns + span_ns(blocked_s)))
         return True
+
+    def _finalize_sync_batch(self, items: list[tuple[Any, ...]]) -> bool:
+        """_finalize_sync of each of ``items`` (synchronous host collectives of steps not yet summarized, in
+        the order they were issued), a column at a time: the same records, live counts and step accounting
+        (tests/test_recorder_fast_path.py), with the loops in C (zip, map) rather than one Python call and
+        one record object a collective. The records handed to live clients are made when one reads them
+        (``materialize``). False, nothing done: a batch this path does not take (an unhashable group, a
+        value of an unexpected type, a call longer than a week); the caller goes item by item."""
+        n = len(items)
+        (_, seqs, apis, ops, t0s, t1s, b_ins, b_outs, dtypes, groups, _, _, phases, steps, _, _) = zip(*items, strict=True)
+        # What the columns take as they are (CompactWriter's fit check, once for the batch): the types the
+        # hooks give, and calls no longer than span_ns takes whole.
+        if {*map(type, steps), *map(type, b_ins), *map(type, b_outs), *map(type, t0s), *map(type, t1s)} != {int} \
+                or set(map(type, phases)) != {str}:
+            return False
+        lengths = list(map(_sub, t1s, t0s))
+        if min(lengths) < 0 or max(lengths) >= _BATCH_MAX_NS:
+            return False
+        keys = list(zip(ops, phases, b_ins, b_outs, dtypes, groups, strict=True))
+        try:
+            shapes = list(map(self._shapes.get, keys))
+        except TypeError:
+            return False
+        if None in shapes:
+            shapes = [shape if shape is not None else self._shape(*key) for shape, key in zip(shapes, keys, strict=True)]
+        dtype_names, group_sizes, meanings, nbytes, factors, sizes = zip(*shapes, strict=True)
+        offset = self.clock_offset_ns
+        issue = list(map(_add, t0s, _repeat(offset, n)))
+        complete = list(map(_add, t1s, _repeat(offset, n)))
+        blocked = list(map(_truediv, lengths, _repeat(1e9, n)))  # seconds(): ns / 1e9
+        values = list(zip(seqs, _repeat(self.rank, n), steps, phases, ops, apis, b_ins, b_outs, dtype_names,
+                          group_sizes, _repeat(False, n), issue, complete, blocked, _repeat(_SYNC, n), meanings,
+                          issue, blocked, strict=True))
+        self.events_finalized += n
+        keeper, writer = self.keeper, self.writer
+        if keeper.level:  # thinned: the keeper holds each until its step decides
+            for row, step in zip(values, steps, strict=True):
+                keeper.detail(_new_collective(row), step)
+        elif writer is not None and keeper.admit(n):
+            write_rows = getattr(writer, "write_rows", None)
+            if write_rows is None or not write_rows(CollectiveEvent, values):
+                for row in values:
+                    writer.write(_new_collective(row))
+        # Live: (op, meaning, bytes, time blocked, duration, busbw) for the totals; the records, unmade.
+        busbw = [size / seconds_ * factor if seconds_ > 0 and factor is not None and size > 0 else None
+                 for size, seconds_, factor in zip(sizes, blocked, factors, strict=True)]
+        self._unreleased.extend(zip(_repeat(_new_collective, n), values, strict=True))
+        self._unreleased_collectives.extend(zip(ops, meanings, nbytes, blocked, blocked, busbw, strict=True))
+        # The steps: one run of each step's collectives at a time (a pass holds one or two steps).
+        start = 0
+        for step, run in itertools.groupby(steps):
+            end = start + len(list(run))
+            self._account_sync_run(step, ops[start:end], nbytes[start:end], issue[start:end],
+                                   complete[start:end], blocked[start:end])
+            start = end
+        return True
+
+    def _account_sync_run(self, step: int, ops: tuple[str, ...], nbytes: tuple[int, ...], issue: list[int],
+                          complete: list[int], blocked: list[float]) -> None:
+        """_finalize_sync's step accounting of a run of one step's synchronous collectives, in issue order."""
+        acc = self._steps.get(step)
+        if acc is None:
+            acc = self._steps[step] = StepAcc()
+        k = len(ops)
+        acc.collectives += k
+        acc.comm_bytes += sum(nbytes)
+        by_op = acc.by_op
+        for (op, size), count in collections.Counter(zip(ops, nbytes, strict=True)).items():  # first-seen order, as one by one
+            by_op[op] = by_op.get(op, 0) + size * count
+        ends = list(map(_add, issue, map(int, map(_mul, blocked, _repeat(1e9, k)))))  # span_ns(blocked_s)
+        if len(acc.intervals) + k > MAX_STEP_INTERVALS:  # folded as it goes: one at a time, as _finalize_sync
+            for issue_ns, complete_ns, blocked_s, end_ns in zip(issue, complete, blocked, ends, strict=True):
+                acc.intervals.append((issue_ns, complete_ns))
+                if len(acc.intervals) > MAX_STEP_INTERVALS:
+                    fold(acc)
+                    acc.overlap_known = False
+                if blocked_s > 0:
+                    add_blocked(acc, (issue_ns, end_ns))
+            return
+        acc.intervals.extend(zip(issue, complete, strict=True))  # complete >= issue: the clock is monotonic
+        # add_blocked of each with blocked_s > 0, in order (a zero adds 0.0 to the sum: the same double)
+        acc.blocked_s = functools.reduce(_add, map(_truediv, map(_sub, ends, issue), _repeat(1e9, k)), acc.blocked_s)
+        if acc.overlap_known:
+            acc.blocked.extend(itertools.compress(zip(issue, ends, strict=True), blocked))
+            if len(acc.blocked) > MAX_STEP_INTERVALS:
+                acc.blocked = []
+                acc.overlap_known = False
 
     def _write_detail(self, cls: type, values: tuple[Any, ...], record: Record, step: int) -> None:
         """keeper.detail(record, step) (a step's detail, which ZEROMON_MAX_DISK may thin), with the
@@ -371,4 +477,4 @@ class CollectiveRecords:
         bandwidth = event_bandwidth(event) if duration else None
         self.keeper.detail(event, event.step)
         self._unreleased.append(event)
-        self._unreleased_collectives.append((event, duration, bandwidth[1] if bandwidth is not None else None))
+        self._unreleased_collectives.append(counted(event, duration, bandwidth[1] if bandwidth is not None else None))

@@ -150,8 +150,9 @@ class DetailKeeper:
             self._peak = max(self._peak or 0, summary.peak_memory)
         return out
 
-    def admit(self) -> bool:
-        """Whether one more record may be written (False past the budget, and counted)."""
+    def admit(self, count: int = 1) -> bool:
+        """Whether ``count`` more records may be written (False past the budget, and counted). The file grows
+        a segment at a time, so the answer holds for each of them as for the first."""
         if self.max_bytes is None:
             return True
         if not self.full:
@@ -163,7 +164,7 @@ class DetailKeeper:
                          f"{format_size(self.max_bytes)} but the room for its end, at step "
                          f"{self._decided_through}: nothing more is written but how the rank ends (every "
                          "step's summary until here; raise ZEROMON_MAX_DISK to keep more)")
-        self.records_dropped += 1
+        self.records_dropped += count
         return False
 
     def check_size(self) -> None:

@@ -39,8 +39,17 @@ class StepTotals:
 
 
 # Collectives handed over but not yet counted: counted when the totals are read (a scrape) or when
-# this many wait (~1 MB with their events), in one loop rather than a method call each as they come.
+# this many wait (~1 MB), in one loop rather than a method call each as they come.
 _UNCOUNTED_MAX = 4096
+
+# What the totals take of a collective: (op, meaning, bytes, time blocked, duration or None, busbw or None).
+Counted = tuple[str, str, int, float, "float | None", "float | None"]
+
+
+def counted(event: CollectiveEvent, duration_s: float | None, busbw: float | None) -> Counted:
+    """What the totals take of ``event``, measured ``duration_s`` long at ``busbw`` bytes/s (None: not)."""
+    return (event.op, event.meaning, max(event.bytes_in, event.bytes_out), event.thread_blocked_s, duration_s,
+            busbw)
 
 
 class LiveTotals:
@@ -51,7 +60,7 @@ class LiveTotals:
     def __init__(self) -> None:
         self._collectives: dict[tuple[str, str], CollectiveTotals] = {}  # by (op, meaning)
         self._busbw: dict[str, collections.deque[float]] = {}  # recent samples (bytes/s) by op
-        self._uncounted: list[tuple[CollectiveEvent, float | None, float | None]] = []
+        self._uncounted: list[Counted] = []
         self.steps = StepTotals()
         self.ooms = 0
 
@@ -65,15 +74,15 @@ class LiveTotals:
         self._count_uncounted()
         return self._busbw
 
-    def count_collectives(self, batch: list[tuple[CollectiveEvent, float | None, float | None]]) -> None:
-        """Collectives with (duration_s, busbw) each, counted by the next read at the latest."""
+    def count_collectives(self, batch: list[Counted]) -> None:
+        """Collectives (``counted``'s tuples), counted by the next read at the latest."""
         uncounted = self._uncounted
         uncounted.extend(batch)
         if len(uncounted) >= _UNCOUNTED_MAX:
             self._count_uncounted()
 
     def count_collective(self, event: CollectiveEvent, duration_s: float | None, busbw: float | None) -> None:
-        self._uncounted.append((event, duration_s, busbw))
+        self._uncounted.append(counted(event, duration_s, busbw))
         self._count_uncounted()
 
     def _count_uncounted(self) -> None:
@@ -82,22 +91,21 @@ class LiveTotals:
             return
         self._uncounted = []
         collectives, windows, bisect_left = self._collectives, self._busbw, bisect.bisect_left
-        for event, duration_s, busbw in uncounted:
-            key = (event.op, event.meaning)
-            totals = collectives.get(key)
+        for op, meaning, nbytes, blocked_s, duration_s, busbw in uncounted:
+            totals = collectives.get((op, meaning))
             if totals is None:
-                totals = collectives[key] = CollectiveTotals()
+                totals = collectives[(op, meaning)] = CollectiveTotals()
             totals.calls += 1
-            totals.bytes += max(event.bytes_in, event.bytes_out)
-            totals.blocked_s += event.thread_blocked_s
+            totals.bytes += nbytes
+            totals.blocked_s += blocked_s
             if duration_s is not None:
                 totals.timed_calls += 1
                 totals.seconds += duration_s
                 totals.buckets[bisect_left(DURATION_BUCKETS, duration_s)] += 1
             if busbw is not None:
-                window = windows.get(event.op)
+                window = windows.get(op)
                 if window is None:
-                    window = windows[event.op] = collections.deque(maxlen=BUSBW_WINDOW)
+                    window = windows[op] = collections.deque(maxlen=BUSBW_WINDOW)
                 window.append(busbw)
 
     def count_step(self, duration_s: float) -> None:

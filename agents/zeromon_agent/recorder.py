@@ -13,17 +13,18 @@ record; the totals count it when read.
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
+import operator
 import threading
 import time
 from typing import Any
 
-from zeromon.analysis.step_overlap import AGENT_PHASE, COMPUTE_PHASES, DEVICE_CLOCK
+from zeromon.analysis.step_overlap import AGENT_PHASE, COMPUTE_PHASES, DEVICE_CLOCK, HOST_CLOCK
 from zeromon.model.codec import FIELDS_OF, RecordingWriter
 from zeromon.model.events import (
     PEAK_PHASES,
     AgentStats,
-    CollectiveEvent,
     DeviceSample,
     MemorySample,
     Notice,
@@ -35,9 +36,9 @@ from zeromon.model.events import (
     StepSummary,
     record_maker,
 )
-from zeromon_agent.collective_records import CollectiveRecords, Inflight
+from zeromon_agent.collective_records import CollectiveRecords, Inflight, materialize
 from zeromon_agent.detail import DetailKeeper
-from zeromon_agent.live_totals import LiveTotals
+from zeromon_agent.live_totals import Counted, LiveTotals
 from zeromon_agent.state import (
     RAW_AGENT,
     RAW_COLLECTIVE,
@@ -63,6 +64,9 @@ log = logging.getLogger("zeromon.agent")
 # A step's summary waits this long for its in-flight async collectives.
 _STEP_GRACE_NS = 2_000_000_000
 _YIELD_EVERY_MASK = 63  # the drain gives the GIL away every 64 records (~0.3 ms of work)
+_BATCH = 256  # synchronous collectives finalized a column at a time, between two gives of the GIL
+_KIND, _ASYNC, _STEP, _CUDA = (operator.itemgetter(i) for i in (0, 10, 13, 14))  # of a raw collective
+_SPAN_FIELDS = operator.attrgetter("phase", "step", "start.perf", "end.perf")
 # A CUDA event (a phase boundary) the GPU has not reached this long after it was recorded is given
 # up on: its spans fall back to host times. Bounds the wait of a step summary on a stalled GPU.
 _MARK_GRACE_NS = 10_000_000_000
@@ -87,7 +91,8 @@ class Recorder(CollectiveRecords):
         # perf_counter_ns -> Unix ns. One pair: the two clocks drift by parts per million at most.
         self.clock_offset_ns = time.time_ns() - time.perf_counter_ns()
         self.lock = threading.Lock()  # guards the live views below for other threads (endpoint)
-        self.recent: collections.deque[tuple[int, Record]] = collections.deque(maxlen=recent_events)
+        # (cursor, record) of what was published, the record unmade where a batch left it so: recent_records
+        self.recent: collections.deque[tuple[int, Any]] = collections.deque(maxlen=recent_events)
         self.recent_steps: collections.deque[StepSummary] = collections.deque(maxlen=512)
         self.latest_memory: MemorySample | None = None
         self.latest_device: DeviceSample | None = None
@@ -99,8 +104,8 @@ class Recorder(CollectiveRecords):
         self.totals = LiveTotals()
         self.events_finalized = 0
         # Published by the drain, not yet handed to live clients (_release, at the end of each pass).
-        self._unreleased: list[Record] = []
-        self._unreleased_collectives: list[tuple[CollectiveEvent, float | None, float | None]] = []
+        self._unreleased: list[Any] = []  # records, or (maker, values) pairs (materialize)
+        self._unreleased_collectives: list[Counted] = []
         self._unreleased_steps: list[StepSummary] = []
         self._unreleased_memory: list[MemorySample] = []
         self.cpu_time_s = 0.0
@@ -247,7 +252,7 @@ class Recorder(CollectiveRecords):
             [], [], [], []
         with self.lock:
             cursor = self.cursor
-            self.recent.extend(zip(range(cursor + 1, cursor + 1 + len(records)), records, strict=True))
+            self.recent.extend(zip(range(cursor + 1, cursor + 1 + len(records)), records, strict=True))  # unmade too
             self.cursor = cursor + len(records)
             self.totals.count_collectives(collectives)  # counted when read (a scrape), or in bulk
             for summary in steps:
@@ -256,6 +261,14 @@ class Recorder(CollectiveRecords):
             if memory:
                 self.latest_memory = memory[-1]
                 self.memory_history.extend(memory)
+
+    def recent_records(self, entries: Any = None) -> list[tuple[int, Record]]:
+        """(cursor, record) of the records published last (``entries``: a copy of ``recent`` taken under the
+        lock; else taken here), each made now where a batch left it unmade."""
+        if entries is None:
+            with self.lock:
+                entries = tuple(self.recent)
+        return [(cursor, materialize(entry)) for cursor, entry in entries]
 
     def stats(self) -> AgentStats:
         writer = self.writer
@@ -288,11 +301,36 @@ class Recorder(CollectiveRecords):
         items = [control.popleft() for _ in range(len(control))]
         raw = self.state.raw
         popleft = raw.popleft
+        collectives = []
         for _ in range(len(raw)):
             try:
-                items.append(popleft())
+                collectives.append(popleft())
             except IndexError:
                 break
+        self._dispatch(items)
+        if collectives and self._all_sync(collectives):  # every collective on gloo: a column at a time
+            for start in range(0, len(collectives), _BATCH):
+                if start:
+                    self._release()  # as _dispatch does every 64 records
+                    time.sleep(0)
+                batch = collectives[start:start + _BATCH]
+                if not self._finalize_sync_batch(batch):
+                    self._dispatch(batch)
+        else:
+            self._dispatch(collectives)
+        self._check_inflight(final)
+        self._resolve_spans(final)
+        self._emit_steps(final)
+        self._release()
+
+    def _all_sync(self, items: list[tuple[Any, ...]]) -> bool:
+        """Whether ``items`` are all synchronous host collectives of steps not yet summarized (the queue's
+        whole content on gloo): _finalize_sync_batch's, the checks made in C."""
+        return (set(map(_KIND, items)) == {RAW_COLLECTIVE} and not any(map(_ASYNC, items))
+                and set(map(_CUDA, items)) == {None} and min(map(_STEP, items)) > self._emitted_through)
+
+    def _dispatch(self, items: list[tuple[Any, ...]]) -> None:
+        """Each raw record in turn, by its kind."""
         sleep, emitted, finalize_sync = time.sleep, self._emitted_through, self._finalize_sync
         for index, item in enumerate(items):
             if index & _YIELD_EVERY_MASK == 0 and index:
@@ -326,10 +364,6 @@ class Recorder(CollectiveRecords):
                 self._on_memory(item)
             elif kind == RAW_OOM:
                 self._on_oom(item)
-        self._check_inflight(final)
-        self._resolve_spans(final)
-        self._emit_steps(final)
-        self._release()
 
     def _mark(self, t: int, event: Any) -> Mark:
         mark = Mark(perf=t, event=event if self.cuda_timer is not None else None)
@@ -391,13 +425,48 @@ class Recorder(CollectiveRecords):
                 mark.event, mark.unix = None, unix
             self._marks = waiting
         spans, offset, finish = self._spans, self.clock_offset_ns, self._finish_span
+        if self.cuda_timer is None and spans:  # no GPU: every closed phase is on the host's clock, now
+            self._finish_host_spans(list(spans))
+            spans.clear()
+            return
         while spans and spans[0].start.event is None and spans[0].end.event is None:  # neither pending
             span = spans.popleft()
             start, end = span.start, span.end
             if start.unix is not None and end.unix is not None:
                 finish(span, start.unix, end.unix, "cuda_event")
             else:
-                finish(span, start.perf + offset, end.perf + offset, "host")
+                finish(span, start.perf + offset, end.perf + offset, HOST_CLOCK)
+
+    def _finish_host_spans(self, spans: list[Span]) -> None:
+        """_finish_span of each of ``spans`` (closed, in order) on the host's clock, a column at a time: the
+        same records and step accounting (tests/test_recorder_fast_path.py), the records handed to live
+        clients unmade (``materialize``), as _finalize_sync_batch does for collectives."""
+        k, offset, rank, emitted = len(spans), self.clock_offset_ns, self.rank, self._emitted_through
+        phases, steps, starts_perf, ends_perf = zip(*map(_SPAN_FIELDS, spans), strict=True)
+        starts = list(map(operator.add, starts_perf, itertools.repeat(offset, k)))
+        ends = list(map(operator.add, ends_perf, itertools.repeat(offset, k)))
+        values = list(zip(itertools.repeat(rank, k), steps, phases, starts, ends, itertools.repeat(HOST_CLOCK, k),
+                          strict=True))
+        keeper, writer = self.keeper, self.writer
+        write_rows = getattr(writer, "write_rows", None)
+        columns_take = set(map(type, steps)) == {int} and set(map(type, phases)) == {str} \
+            and {*map(type, starts), *map(type, ends)} == {int}  # CompactWriter's fit check, for all
+        if keeper.level or not columns_take or write_rows is None:
+            for row, step in zip(values, steps, strict=True):
+                self._write_detail(PhaseSpan, row, _new_span(row), step)
+        elif keeper.admit(k) and not write_rows(PhaseSpan, values) and writer is not None:
+            for row in values:
+                writer.write(_new_span(row))  # the file is gone: counted as lost
+        self._unreleased.extend(zip(itertools.repeat(_new_span, k), values, strict=True))
+        get_acc = self._step_acc
+        for phase, step, start_ns, end_ns in zip(phases, steps, starts, ends, strict=True):
+            if step > emitted:
+                acc = get_acc(step)
+                acc.phase_s[phase] = acc.phase_s.get(phase, 0.0) + (end_ns - start_ns) / 1e9
+                if phase == AGENT_PHASE:
+                    acc.agent.append((start_ns, end_ns))
+                if acc.start_ns is None or start_ns < acc.start_ns:
+                    acc.start_ns = start_ns
 
     def _finish_span(self, span: Span, start_ns: int, end_ns: int, timing: str) -> None:
         values = (self.rank, span.step, span.phase, start_ns, end_ns, timing)

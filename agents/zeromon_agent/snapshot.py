@@ -36,6 +36,7 @@ from zeromon.model.events import (
     RunInfo,
     StepSummary,
 )
+from zeromon_agent.collective_records import materialize
 
 SCHEMA = "zeromon.snapshot/1"
 VIEW_TTL_S = 0.5
@@ -91,7 +92,7 @@ class View:
     oom: OomForecast | None
     findings: tuple[Finding, ...]
     notices: tuple[Notice, ...]
-    recent: tuple[tuple[int, Record], ...]  # (cursor, record), oldest first
+    recent: tuple[tuple[int, Any], ...]  # (cursor, record), oldest first; a record may be unmade: materialize
 
 
 class LiveData:
@@ -147,7 +148,7 @@ class LiveData:
         )
 
     def _oom(self, now: float, history: list[MemorySample], steps: tuple[StepSummary, ...],
-             run_info: RunInfo | None, recent: tuple[tuple[int, Record], ...]) -> OomForecast | None:
+             run_info: RunInfo | None, recent: tuple[tuple[int, Any], ...]) -> OomForecast | None:
         """The OOM forecast of the live memory history, recomputed at most every FORECAST_TTL_S."""
         cached = self._forecast
         if cached is not None and now - cached[0] < FORECAST_TTL_S and (cached[1] is not None or not history):
@@ -222,12 +223,12 @@ def build_snapshot(identity: Identity, view: View, query: Mapping[str, list[str]
     return snapshot
 
 
-def events_since(recent: tuple[tuple[int, Record], ...], since: int,
+def events_since(recent: tuple[tuple[int, Any], ...], since: int,
                  limit: int) -> tuple[list[dict[str, Any]], bool]:
     """The oldest ``limit`` records with cursor > since, and whether some after ``since`` are gone."""
     start = bisect.bisect_right(recent, since, key=lambda item: item[0])
     # Lost: the first kept record is not the one right after `since` (the deque has moved past it).
     lost = bool(recent) and recent[0][0] > since + 1
     events = [{"cursor": cursor, "kind": KIND_OF[type(record)], **record_dict(record)}
-              for cursor, record in recent[start:start + limit]]
+              for cursor, record in ((cursor, materialize(entry)) for cursor, entry in recent[start:start + limit])]
     return events, lost

@@ -44,6 +44,7 @@ from zeromon.model.events import StepSummary, issue_interval, span_ns
 COMPUTE_PHASES = frozenset({"forward", "backward", "optimizer"})  # the stream's computation on GPU
 AGENT_PHASE = "agent"
 DEVICE_CLOCK = "cuda_event"  # PhaseSpan.timing of a span on the GPU's clock
+HOST_CLOCK = "host"  # PhaseSpan.timing of a span on the host's clock (the training thread's)
 
 
 @dataclass(frozen=True, slots=True)

@@ -161,7 +161,7 @@ def format_fleet(view: FleetView, waiting: bool = False) -> str:
     for r in view.ranks:
         lines.append(_rank_line(r))
     for r in view.ranks:
-        if r.died:  # "rank 1 died at step 276 (no end record; its last 0.2 s may be lost)"
+        if r.died:  # "rank 1 died at step 276 (no end record; its last 1 s may be lost)"
             lines.append(r.died)
         elif r.error and not r.alive:
             lines.append(f"rank {r.rank if r.rank is not None else '?'} ({r.target}): {r.error}")

@@ -180,6 +180,19 @@ class CompactWriter(RecordingWriter):
             self._write_segment()
         return True
 
+    def write_rows(self, cls: type, rows: list[tuple[Any, ...]]) -> bool:
+        """write_values of each of ``rows``, values its caller made of the types the columns take (the
+        recorder's batch of synchronous collectives: the fit check made once for the batch, not per row).
+        False, nothing written, where the file is gone: the caller writes the records (counted lost)."""
+        if self._file is None:
+            return False
+        code, _, buffered, _ = self._columns[cls]
+        buffered.extend(rows)
+        self._order.extend(bytes((code,)) * len(rows))
+        if len(self._order) >= SEGMENT_RECORDS:
+            self._write_segment()
+        return True
+
     def _full(self) -> None:
         if len(self._order) >= SEGMENT_RECORDS:
             self._write_segment()

@@ -125,7 +125,7 @@ def oom_banner(data: RunData, rows: Sequence[RankRow] | None = None) -> Banner |
 
 def died_banners(data: RunData) -> list[Banner]:
     """One critical banner per rank that died, in the sentence `zeromon run` and `summary` print ("rank 1
-    died at step 276 (no end record; its last 0.2 s may be lost)"): a dead rank must never read as a
+    died at step 276 (no end record; its last 1 s may be lost)"): a dead rank must never read as a
     finished run."""
     return [Banner("died", "critical", r.rank, r.died) for r in data.fleet.ranks if r.died and not r.alive]
 

@@ -133,7 +133,7 @@ def phase_timeline(rank: RankView, n: int = TIMELINE_STEPS, width: int = TIMELIN
 def rank_title(rank: RankView) -> str:
     who = f"rank {rank.rank}" if rank.rank is not None else rank.target
     # A rank that died says how, in the words `zeromon run` and `summary` use ("rank 1 died at step 276
-    # (no end record; its last 0.2 s may be lost)"), not "ended" as a clean finish would.
+    # (no end record; its last 1 s may be lost)"), not "ended" as a clean finish would.
     state = ("alive" if rank.alive else rank.died.removeprefix(f"{who} ") if rank.died
              else "ended: its process has exited" if rank.ended
              else "never answered" if rank.stale_s is None else f"stale for {duration(rank.stale_s)}")
