@@ -113,8 +113,11 @@ def test_thinned_steps_are_every_nth_the_outliers_and_the_last() -> None:
 def test_a_real_run_stays_under_max_disk_and_reports_every_step(tmp_path: Path, form: str, max_disk: int) -> None:
     steps = 1000
     out = tmp_path / "run"
+    # Passes of 0.2 s: a budget this small holds a few seconds of this fast run's detail, and a 1 s pass (the
+    # default) of JSON lines writes past 20% of it before the first step is judged (it thins from there on).
     run = zeromon("run", "--out", str(out), "--", *torchrun_args(2, SCENARIO, "--steps", str(steps)),
-                  env=child_env(ZEROMON_MAX_DISK=str(max_disk), ZEROMON_FORMAT=form), timeout=240)
+                  env=child_env(ZEROMON_MAX_DISK=str(max_disk), ZEROMON_FORMAT=form, ZEROMON_FLUSH_INTERVAL="0.2"),
+                  timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]
     files = sorted(out.glob("rank-*"))
     assert [f.suffix for f in files] == [".zmr" if form == "compact" else ".jsonl"] * 2

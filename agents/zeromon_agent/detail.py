@@ -100,7 +100,14 @@ class DetailKeeper:
         self._held_count += 1
 
     def step_done(self, summary: StepSummary) -> None:
-        """Before ``summary`` is written: the step's held detail is written or dropped."""
+        """Before ``summary`` is written: the step's held detail is written or dropped; then the level the
+        file's size calls for, for the steps after it (a JSON-lines file grows record by record: between
+        two flushes, a second apart, a run of short steps may write much of the budget)."""
+        self._decide(summary)
+        if self.max_bytes is not None and not self.full:
+            self.check_size()
+
+    def _decide(self, summary: StepSummary) -> None:
         step = summary.step
         keep = self._stands_out(summary, judged=self.thinned)
         self._decided_through = max(self._decided_through, step)
@@ -168,7 +175,7 @@ class DetailKeeper:
         return False
 
     def check_size(self) -> None:
-        """After a flush: move to the level the file's size calls for (levels only rise)."""
+        """After a flush and each step's decision: move to the level the file's size calls for (levels only rise)."""
         if self.max_bytes is None:
             return
         size = self._size()
