@@ -10,16 +10,18 @@ general path; tests/test_recorder_fast_path.py checks that they agree.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import itertools
 import operator
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from zeromon.analysis.bandwidth import bus_factor, event_bandwidth
 from zeromon.model.codec import RecordingWriter
-from zeromon.model.events import MAX_SPAN_S, CollectiveEvent, Record, Timing, record_maker, span_ns
+from zeromon.model.events import MAX_SPAN_S, CollectiveEvent, PhaseSpan, Record, Timing, record_maker, span_ns
 from zeromon_agent.live_totals import Counted, counted
 from zeromon_agent.step_acc import MAX_STEP_INTERVALS, StepAcc, add_blocked, fold, meaning_of, seconds
 
@@ -42,12 +44,19 @@ _add, _sub, _mul, _truediv = operator.add, operator.sub, operator.mul, operator.
 _repeat = itertools.repeat
 
 
+# The kinds a batch publishes unmade, by their number of fields (which tells them apart): a record's values
+# alone, a tuple the collector untracks, rather than a record or a (maker, values) pair, one a collective.
+_MAKERS: dict[int, Callable[[tuple[Any, ...]], Record]] = {
+    len(dataclasses.fields(cls)): record_maker(cls) for cls in (CollectiveEvent, PhaseSpan)}
+if len(_MAKERS) != 2:
+    raise TypeError("CollectiveEvent and PhaseSpan must differ in their number of fields (materialize)")
+
+
 def materialize(entry: Any) -> Record:
-    """A record the recorder published: as it is, or made now from (its maker, its values) where the
-    batch path left it unmade (a live client reads a few; the recorder publishes every one)."""
+    """A record the recorder published: as it is, or made now from its values where a batch left it unmade
+    (a live client reads a few; the recorder publishes every one)."""
     if type(entry) is tuple:
-        make, values = entry
-        return make(values)
+        return _MAKERS[len(entry)](entry)
     return entry
 
 
@@ -69,7 +78,7 @@ class CollectiveRecords:
     clock_offset_ns: int
     keeper: DetailKeeper
     events_finalized: int
-    _unreleased: list[Any]  # records, or (maker, values) pairs: materialize
+    _unreleased: list[Any]  # records, or the values of one left unmade: materialize
     _unreleased_collectives: list[Counted]
     _inflight: dict[int, Inflight]
     _orphan_waits: dict[int, tuple[Any, ...]]
@@ -406,7 +415,7 @@ class CollectiveRecords:
         # Live: (op, meaning, bytes, time blocked, duration, busbw) for the totals; the records, unmade.
         busbw = [size / seconds_ * factor if seconds_ > 0 and factor is not None and size > 0 else None
                  for size, seconds_, factor in zip(sizes, blocked, factors, strict=True)]
-        self._unreleased.extend(zip(_repeat(_new_collective, n), values, strict=True))
+        self._unreleased.extend(values)  # unmade: materialize
         self._unreleased_collectives.extend(zip(ops, meanings, nbytes, blocked, blocked, busbw, strict=True))
         # The steps: one run of each step's collectives at a time (a pass holds one or two steps).
         start = 0

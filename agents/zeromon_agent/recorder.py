@@ -104,7 +104,7 @@ class Recorder(CollectiveRecords):
         self.totals = LiveTotals()
         self.events_finalized = 0
         # Published by the drain, not yet handed to live clients (_release, at the end of each pass).
-        self._unreleased: list[Any] = []  # records, or (maker, values) pairs (materialize)
+        self._unreleased: list[Any] = []  # records, or the values of one left unmade (materialize)
         self._unreleased_collectives: list[Counted] = []
         self._unreleased_steps: list[StepSummary] = []
         self._unreleased_memory: list[MemorySample] = []
@@ -457,7 +457,7 @@ class Recorder(CollectiveRecords):
         elif keeper.admit(k) and not write_rows(PhaseSpan, values) and writer is not None:
             for row in values:
                 writer.write(_new_span(row))  # the file is gone: counted as lost
-        self._unreleased.extend(zip(itertools.repeat(_new_span, k), values, strict=True))
+        self._unreleased.extend(values)  # unmade: materialize
         get_acc = self._step_acc
         for phase, step, start_ns, end_ns in zip(phases, steps, starts, ends, strict=True):
             if step > emitted:
