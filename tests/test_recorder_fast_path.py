@@ -322,7 +322,7 @@ def test_a_memory_sample_made_with_its_slots_set_is_the_constructor_s(values: li
 
 
 _phase_change = st.tuples(st.sampled_from(["forward", "backward", "optimizer", "agent-work", "step-end"]),
-                          st.integers(0, 5000))
+                          st.integers(0, 5000))  # a gap of 0: a span of no length, not written
 
 
 def _record_phases(changes: list[tuple[str, int]], cuts: set[int], batch: bool, tmp: Path) -> tuple[list[Any], Recorder]:
@@ -368,5 +368,5 @@ def test_host_phase_spans_finished_a_column_at_a_time_are_the_ones_finished_one_
     assert [r for _, r in batch_recorder.recent_records()] == [r for _, r in plain_recorder.recent_records()]
     if any(change == "step-end" for change, _ in changes):
         assert any(isinstance(r, StepSummary) for r in batch)
-    if sum(change in ("forward", "backward", "optimizer", "agent-work") for change, _ in changes) > 1:
+    if any(change != "step-end" and gap > 0 for change, gap in changes):  # a phase of some length closed
         assert any(isinstance(r, PhaseSpan) for r in batch)

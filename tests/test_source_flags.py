@@ -200,3 +200,17 @@ def test_the_dashboard_reads_a_run_folder_as_a_recording_or_before_it_has_one_as
         assert isinstance(feed, LiveFeed) and what == "run b", what
     assert main(["dashboard", "b", "--capacity", "80GiB"]) == 2
     assert "--capacity applies to a recording, and b holds none yet" in capsys.readouterr().err
+    # Its rank has opened its recording, which holds no record yet (the agent writes at its first pass):
+    # still its agents, live; once it holds one, the recording.
+    from zeromon.model.events import Notice
+    from zeromon.model.segments import CompactWriter
+    from zeromon.views.run_data import RecordingFeed
+
+    writer = CompactWriter(empty / "rank-0.zmr", 0, job="t", world_size=1)
+    feed, what = build_feed(_PARSER.parse_args(["dashboard", "b"]))
+    assert isinstance(feed, LiveFeed) and what == "run b", what
+    writer.write(Notice(rank=0, t_ns=1, level="info", source="test", message="first"))
+    writer.flush()
+    feed, what = build_feed(_PARSER.parse_args(["dashboard", "b"]))
+    assert isinstance(feed, RecordingFeed) and what == "recording b", what
+    writer.close()

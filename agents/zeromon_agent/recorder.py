@@ -64,6 +64,9 @@ log = logging.getLogger("zeromon.agent")
 # A step's summary waits this long for its in-flight async collectives.
 _STEP_GRACE_NS = 2_000_000_000
 _YIELD_EVERY_MASK = 63  # the drain gives the GIL away every 64 records (~0.3 ms of work)
+# The first pass comes this soon: the run's info and first records reach the file (and live views) as
+# the training starts, not a whole flush interval later.
+_FIRST_PASS_S = 0.2
 _BATCH = 256  # synchronous collectives finalized a column at a time, between two gives of the GIL
 _KIND, _ASYNC, _STEP, _CUDA = (operator.itemgetter(i) for i in (0, 10, 13, 14))  # of a raw collective
 _SPAN_FIELDS = operator.attrgetter("phase", "step", "start.perf", "end.perf")
@@ -167,7 +170,9 @@ class Recorder(CollectiveRecords):
 
     def _run(self) -> None:
         cpu0 = time.thread_time()
-        while not self._stop.wait(self.flush_interval_s):
+        wait = min(self.flush_interval_s, _FIRST_PASS_S)
+        while not self._stop.wait(wait):
+            wait = self.flush_interval_s
             try:
                 with self._drain_lock:
                     self._drain(final=False)

@@ -82,7 +82,7 @@ def build_feed(args: argparse.Namespace) -> tuple[Any, str]:
         say_missing_ranks(sources.replay)
         return replay, f"replay of {run_name(sources.replay)}"
     run_dirs = tuple(sources.run_dirs) if sources.kind == RUN else ()
-    if run_dirs and (len(run_dirs) > 1 or rank_file_paths(Path(run_dirs[0]))):
+    if run_dirs and (len(run_dirs) > 1 or (rank_file_paths(Path(run_dirs[0])) and not _starting(Path(run_dirs[0])))):
         peak = args.peak_busbw
         feed = run_data.RecordingFeed(run_dirs, peak_busbw=float(peak) if peak else None,
                                       capacity_bytes=args.capacity,
@@ -114,6 +114,24 @@ def build_feed(args: argparse.Namespace) -> tuple[Any, str]:
                         keep_collectives=LIVE_COLLECTIVES_KEPT)
     return (run_data.LiveFeed(source, interval_s=args.interval, on_error=_say_source_error, final=final),
             source.source)
+
+
+def _starting(run_dir: Path) -> bool:
+    """A run whose ranks have started (their endpoints registered, their processes alive) but whose files
+    hold no record yet (the agent writes at its first pass): watched live until it has."""
+    from zeromon.model.codec import iter_records, rank_file_paths
+    from zeromon.sources.discovery import run_entries
+    from zeromon.views.run_data import run_processes_alive
+
+    if not run_entries(run_dir) or not run_processes_alive(run_dir)():
+        return False
+    for path in rank_file_paths(run_dir):
+        try:
+            if next(iter(iter_records(path)), None) is not None:
+                return False
+        except (ZeromonError, OSError, ValueError):
+            return False  # the recording's reader says what is wrong
+    return True
 
 
 def _calm_the_collector() -> None:
