@@ -1,4 +1,5 @@
-"""The columns of the compact recording format (2.0): a segment's collectives and phases, a column per field.
+"""The columns of the compact recording format (2.1): a segment's collectives, phases and memory samples,
+a column per field.
 
 A 70B-class FSDP job issues ~240 collectives per step per rank; as JSON lines each costs 154-199
 bytes. As columns their values are mostly the same or a small step from the one before, and zlib

@@ -1,10 +1,11 @@
-"""The compact recording format (2.0): rank-<r>.zmr, a file of self-contained compressed segments.
+"""The compact recording format (2.x): rank-<r>.zmr, a file of self-contained compressed segments.
 
 Layout: the 8 bytes COMPACT_MAGIC, then segments. Each segment is a 16-byte frame (FRAME: the
 marker ``ZS``, its kind (0: the header, 1: records), its compression (1: zlib), the payload's length,
 its record count, a CRC-32 of the frame's first 12 bytes and the payload) and the zlib-compressed
 payload. The first segment holds the header (the JSON object of format 1.x's first line, version
-"2.0", plus ``columns``: how the collectives and phases are laid out). A records segment's payload:
+COMPACT_VERSION, plus ``columns``: how the collectives, phases and (from 2.1) memory samples are laid
+out, which a reader follows: a 2.0 file's memory samples are JSON rows). A records segment's payload:
 
     SECTIONS (meta length, columns length) | meta JSON | order | columns | rows
 
