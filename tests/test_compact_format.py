@@ -5,6 +5,7 @@ writer's bytes; and the agent writes it by default, which `summary` and `report`
 
 from __future__ import annotations
 
+import collections
 import json
 import struct
 import subprocess
@@ -25,30 +26,59 @@ from zeromon.model.codec import (
     Recording,
     RecordingWriter,
     iter_records,
+    read_file_header,
     read_recording,
     read_run,
     run_headers,
 )
 from zeromon.model.columnar import SPECS
-from zeromon.model.events import CollectiveEvent, PhaseSpan, Record, RunEnd, StepSummary
+from zeromon.model.events import (
+    MEMORY_CATEGORIES,
+    CollectiveEvent,
+    MemorySample,
+    PhaseSpan,
+    Record,
+    RunEnd,
+    StepSummary,
+)
 from zeromon.model.run_end import read_file_end
 from zeromon.model.schema import FieldType, field_types
-from zeromon.model.segments import FRAME, CompactWriter, export_lines
+from zeromon.model.segments import (
+    COMPACT_VERSION,
+    FRAME,
+    KIND_RECORDS,
+    SECTIONS,
+    CompactWriter,
+    _frame,
+    _header_of,
+    _inflate,
+    _zdict,
+    export_lines,
+    iter_frames,
+)
 from zeromon_agent.config import load_config
 
 from conftest import EXAMPLES, child_env, torchrun_args, zeromon
 
 HEADER = {"job": "j", "world_size": 2, "end_record": True, "flush_interval_s": 0.2}
+FORMAT_2_0 = Path(__file__).parent / "data" / "compact-2.0"
 _KEPT = ("collectives", "phases", "memory", "device", "ooms", "steps", "notices", "run_info", "stats",
          "unknown_kinds")
 
 
+_int_value = st.integers(*INT64) | st.integers(0, 2**62) | st.sampled_from([-(2**63), 2**63 - 1, 0])
+# A memory sample's categories: MEMORY_CATEGORIES' names in any order (the agent's is its walk's), or now and
+# then a name, or a value, that the columns do not take.
+_categories = st.dictionaries(st.sampled_from(MEMORY_CATEGORIES), _int_value | st.integers(0, 2**34), max_size=11) \
+    | st.dictionaries(st.sampled_from(MEMORY_CATEGORIES) | st.text(max_size=8),
+                      _int_value | st.booleans() | st.none() | st.just(0.5), max_size=3)
+
+
 def _column_value(t: type) -> st.SearchStrategy[Any]:
     """Values the columns take (seconds in whole nanoseconds), near the 64-bit edges too, and NaN."""
-    return {int: st.integers(*INT64) | st.integers(0, 2**62) | st.sampled_from([-(2**63), 2**63 - 1, 0]),
-            float: st.integers(-10**15, 10**15).map(lambda k: k / 1e9) | st.just(float("nan")),
+    return {int: _int_value, float: st.integers(-10**15, 10**15).map(lambda k: k / 1e9) | st.just(float("nan")),
             bool: st.booleans(), str: st.text(max_size=8) | st.sampled_from(["forward", "all_gather"]),
-            type(None): st.none()}[t]
+            type(None): st.none(), dict: _categories}[t]
 
 
 def _columnar_value(f: FieldType) -> st.SearchStrategy[Any]:
@@ -58,9 +88,10 @@ def _columnar_value(f: FieldType) -> st.SearchStrategy[Any]:
 
 @st.composite
 def records(draw: st.DrawFn) -> Record:
-    """Any record of any kind: a collective or phase mostly of values the columns take; sometimes a value
-    of a type its schema refuses (the readers skip the record, in both forms alike)."""
-    cls, kind = draw(st.sampled_from(KINDS + [(CollectiveEvent, "collective"), (PhaseSpan, "phase")] * 3))
+    """Any record of any kind: a collective, phase or memory sample mostly of values the columns take;
+    sometimes a value of a type its schema refuses (the readers skip the record, in both forms alike)."""
+    cls, kind = draw(st.sampled_from(KINDS + [(CollectiveEvent, "collective"), (PhaseSpan, "phase"),
+                                              (MemorySample, "memory")] * 3))
     fields = field_types(cls, kind)
     columnar = cls in SPECS and draw(st.integers(0, 3)) > 0
     values = [draw(_columnar_value(f) if columnar else _valid_value(f)) for f in fields]
@@ -105,6 +136,111 @@ def test_any_records_read_back_from_the_compact_form_as_from_json_lines(recs: li
         assert exported == b"".join(export_lines(lines))
         if streamed[0] == recs:  # every record read back as written: export gives the JSON-lines writer's bytes
             assert exported == lines.read_bytes()
+
+
+def _columnar_counts(path: Path) -> collections.Counter[str]:
+    """The records a file holds as columns, by kind: its records segments' meta ("n")."""
+    data = path.read_bytes()
+    header, start = _header_of(path, data)
+    counts: collections.Counter[str] = collections.Counter()
+    for frame in iter_frames(data, start):
+        if frame.kind == KIND_RECORDS and frame.payload is not None:
+            payload = _inflate(frame.payload, _zdict(header))
+            meta_length, _ = SECTIONS.unpack_from(payload)
+            counts.update(json.loads(payload[SECTIONS.size:SECTIONS.size + meta_length])["n"])
+    return counts
+
+
+_MEMORY_PHASES = ("forward", "backward", "optimizer", "forward_peak", "backward_peak")
+_bytes = st.integers(0, 2**40) | st.sampled_from([0, 2**63 - 1])  # any two differ by less than 2**63
+
+
+@st.composite
+def memory_samples(draw: st.DrawFn) -> MemorySample:
+    """Memory samples as the agent takes them, on CPU (no allocator: nulls) or a GPU, with or without the
+    categories walked: MEMORY_CATEGORIES' names in any order, as a walk finds them."""
+    gpu = draw(st.booleans())
+    allocator = [draw(st.none() | _bytes) if gpu else None for _ in range(8)]
+    return MemorySample(draw(st.integers(0, 4096)), draw(st.integers(-1, 10**6)),
+                        draw(st.sampled_from(_MEMORY_PHASES) | st.text(max_size=6)), draw(st.integers(0, 2**62)),
+                        draw(st.sampled_from(["cuda:0", "cuda:7"]) if gpu else st.just("cpu")), *allocator,
+                        draw(st.none() | _bytes), draw(st.none() | _bytes) if gpu else None, draw(st.none() | _bytes),
+                        draw(st.dictionaries(st.sampled_from(MEMORY_CATEGORIES), _bytes, max_size=11)))
+
+
+@PROPERTIES
+@given(samples=st.lists(memory_samples(), min_size=1, max_size=30), flush_after=st.sets(st.integers(0, 30)))
+def test_memory_samples_are_written_as_columns_and_read_back_as_written(samples: list[MemorySample],
+                                                                       flush_after: set[int]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        lines, compact = Path(tmp) / "rank-0.jsonl", Path(tmp) / "rank-0.zmr"
+        _write(RecordingWriter(lines, 0, **HEADER), samples, flush_after)
+        _write(CompactWriter(compact, 0, **HEADER), samples, flush_after)
+        assert _columnar_counts(compact)["memory"] == len(samples)
+        read = list(iter_records(compact))
+        assert read == samples and read_recording(compact).memory == samples
+        assert [list(r.categories) for r in read] == [list(s.categories) for s in samples]  # in the walk's order
+        assert b"".join(export_lines(compact)) == lines.read_bytes()
+
+
+def _memory(step: int, categories: dict[str, int]) -> MemorySample:
+    return MemorySample(0, step, "forward", 1_795_469_875_420_896_450 + step, "cpu", None, None, None, None, None,
+                        None, None, None, 12_638_251_008, None, 352_342_016, categories)
+
+
+def test_a_memory_sample_the_columns_cannot_hold_exactly_is_written_as_its_json_row(tmp_path: Path) -> None:
+    fitting = [_memory(0, {"sharded_params": 439424, "activations": 7664196}), _memory(1, {})]
+    odd = [_memory(2, {"parameters": 5}),  # a name outside MEMORY_CATEGORIES
+           _memory(3, collections.OrderedDict(activations=2))]  # a dict of another type
+    # An integer past 64 bits: the segment's memory samples all rows (the readers skip this one as corrupt).
+    past_64_bits = [_memory(4, {"activations": 2**64}), _memory(5, {"activations": 1})]
+    samples = [fitting[0], *odd, fitting[1], *past_64_bits]
+    lines, compact = tmp_path / "rank-0.jsonl", tmp_path / "rank-0.zmr"
+    _write(RecordingWriter(lines, 0, **HEADER), samples, {3})
+    _write(CompactWriter(compact, 0, **HEADER), samples, {3})
+    assert _columnar_counts(compact)["memory"] == 2
+    assert read_recording(compact).memory == read_recording(lines).memory == [fitting[0], *odd, fitting[1],
+                                                                              past_64_bits[1]]
+    assert read_recording(compact).corrupt_lines == [5]
+    assert b"".join(export_lines(compact)) == b"".join(export_lines(lines))
+
+
+def test_a_damaged_table_of_category_orders_is_a_damaged_segment(tmp_path: Path) -> None:
+    """A records segment whose meta names a category outside the header's names (written under a good CRC:
+    the damage of a writer, not of the disk) is skipped and counted like any damaged segment."""
+    path = tmp_path / "rank-0.zmr"
+    _write(CompactWriter(path, 0, **HEADER), [_memory(0, {"activations": 1}), _memory(1, {})], set())
+    data = path.read_bytes()
+    header, start = _header_of(path, data)
+    frame = next(frame for frame in iter_frames(data, start) if frame.kind == KIND_RECORDS)
+    assert frame.payload is not None
+    payload = _inflate(frame.payload, _zdict(header))
+    meta_length, columns_length = SECTIONS.unpack_from(payload)
+    meta = json.loads(payload[SECTIONS.size:SECTIONS.size + meta_length])
+    assert meta["tables"]["memory"]["categories"] == [[MEMORY_CATEGORIES.index("activations")], []]
+    meta["tables"]["memory"]["categories"] = [[len(MEMORY_CATEGORIES)], []]
+    raw = json.dumps(meta, separators=(",", ":")).encode()
+    rest = payload[SECTIONS.size + meta_length:]
+    deflater = zlib.compressobj(6, zdict=_zdict(header))
+    damaged = deflater.compress(SECTIONS.pack(len(raw), columns_length) + raw + rest) + deflater.flush()
+    path.write_bytes(data[:frame.offset] + _frame(KIND_RECORDS, damaged, frame.count))
+    rec = read_recording(path)
+    assert rec.memory == [] and rec.corrupt_lines == [1, 2]
+    assert rec.line_errors[1] == (f"the segment at byte {frame.offset:,} is damaged (the table of key orders of the "
+                                  "column categories is damaged): its 2 records skipped")
+
+
+def test_a_format_2_0_file_reads_back_as_the_json_lines_of_its_records() -> None:
+    """Written by the 2.0 writer (tests/data/compact-2.0/README.md): memory samples as JSON rows, and a
+    header whose columns are the collectives' and phases' only."""
+    compact, lines = FORMAT_2_0 / "rank-0.zmr", FORMAT_2_0 / "rank-0.jsonl"
+    header = read_file_header(compact)
+    assert header["version"] == "2.0" and list(header["columns"]) == ["collective", "phase"]
+    assert list(iter_records(compact)) == list(iter_records(lines))
+    read = read_recording(compact)
+    assert _kept(read) == _kept(read_recording(lines)) and read.corrupt_lines == []
+    assert len(read.memory) == 11 and any(sample.categories for sample in read.memory)
+    assert b"".join(export_lines(compact)) == lines.read_bytes()
 
 
 def _collective(seq: int) -> CollectiveEvent:
@@ -215,7 +351,7 @@ def test_json_lines_and_compact_rank_files_read_as_one_run(tmp_path: Path) -> No
     RecordingWriter(tmp_path / "rank-0.jsonl", 0, **HEADER).close()
     _three_segments(tmp_path / "rank-1.zmr", rank=1)
     assert [p.name for p, _ in run_headers(tmp_path)] == ["rank-0.jsonl", "rank-1.zmr"]
-    assert [h["version"] for _, h in run_headers(tmp_path)] == ["1.3", "2.0"]
+    assert [h["version"] for _, h in run_headers(tmp_path)] == ["1.3", COMPACT_VERSION]
     run = read_run(tmp_path)
     assert [len(r.collectives) for r in run] == [0, 12]
     (tmp_path / "rank-1.jsonl").write_bytes(b"".join(export_lines(tmp_path / "rank-1.zmr")))
@@ -288,6 +424,9 @@ def test_the_agent_writes_the_compact_form_that_summary_report_and_export_read(t
     for rank in (0, 1):
         compact, lines = read_recording(out / f"rank-{rank}.zmr"), read_recording(exported / f"rank-{rank}.jsonl")
         assert _kept(lines) == _kept(compact) and len(compact.collectives) > 0 and compact.corrupt_lines == []
+        # The agent's memory samples, its categories in the order of its walk, all go into the columns.
+        assert any(sample.categories for sample in compact.memory)
+        assert _columnar_counts(out / f"rank-{rank}.zmr")["memory"] == len(compact.memory)
         assert lines.header["version"] == "1.3" and read_file_end(out / f"rank-{rank}.zmr").end is not None
         # ~15-50 bytes a collective (tests/bench/RESULTS.md): far under the JSON lines' size
         assert (out / f"rank-{rank}.zmr").stat().st_size * 3 < (exported / f"rank-{rank}.jsonl").stat().st_size

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import operator
 import sys
 import tempfile
@@ -22,8 +23,25 @@ from test_reader_properties import INT64, PROPERTIES
 
 from zeromon.analysis.bandwidth import event_bandwidth
 from zeromon.model.codec import encode_record, iter_records
-from zeromon.model.columnar import _LIMITS, SPECS, _as_ns, _codes, _planes, encode
-from zeromon.model.events import CollectiveEvent, MemorySample, PhaseSpan, StepSummary, record_maker
+from zeromon.model.columnar import (
+    _LIMITS,
+    SPECS,
+    _as_ns,
+    _codes,
+    _planes,
+    _planes_of,
+    _repeated,
+    decode,
+    encode,
+)
+from zeromon.model.events import (
+    MEMORY_CATEGORIES,
+    CollectiveEvent,
+    MemorySample,
+    PhaseSpan,
+    StepSummary,
+    record_maker,
+)
 from zeromon.model.segments import CompactWriter
 from zeromon_agent.live_totals import BUSBW_WINDOW, DURATION_BUCKETS, CollectiveTotals, LiveTotals
 from zeromon_agent.live_totals import counted as live_counted
@@ -99,9 +117,24 @@ def test_a_column_s_planes_are_the_eight_byte_values_cut_into_planes(values: lis
     assert _planes(values) == _planes_cut_from_eight_bytes(values)
 
 
-def test_a_column_past_64_bits_is_refused_as_before() -> None:
+_column = st.lists(st.integers(*INT64) | st.integers(-200, 200) | st.integers(-(2**31), 2**31), max_size=12)
+
+
+@PROPERTIES
+@given(columns=st.lists(_column, max_size=6), value=st.integers(*INT64), n=st.integers(1, 12))
+def test_columns_made_bytes_together_are_each_column_s_planes(columns: list[list[int]], value: int, n: int) -> None:
+    assert _planes_of(columns) == [_planes(column) for column in columns]
+    assert _repeated(value, n) == _planes([value] + [0] * (n - 1))
+
+
+@pytest.mark.parametrize("column", [[0, 2**63], [-(2**63) - 1]])
+def test_a_column_past_64_bits_is_refused_as_before(column: list[int]) -> None:
     with pytest.raises(OverflowError):
-        _planes([0, 2**63])
+        _planes(column)
+    with pytest.raises(OverflowError):
+        _planes_of([[1], column])
+    with pytest.raises(OverflowError):
+        _repeated(column[-1], 2)
 
 
 _OPS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast")
@@ -164,6 +197,14 @@ def _plain_encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]]
             codes, tables[name] = _codes(column)
             out.append(_planes(codes))
             continue
+        if how == "map":  # the key orders as codes, then every value less the previous one of its key
+            codes, orders = _codes([tuple(mapping) for mapping in column])
+            tables[name] = [[base.index(key) for key in order] for order in orders]
+            out.append(_planes(codes))
+            entries = [(key, value) for mapping in column for key, value in mapping.items()]
+            out.append(_planes([value - next((v for k, v in reversed(entries[:i]) if k == key), 0)
+                                for i, (key, value) in enumerate(entries)]))
+            continue
         if how.endswith("?"):
             out.append(_planes([v is None for v in column]))
         values = ints[name] = _as_ns(how, column)
@@ -182,20 +223,38 @@ def _plain_encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]]
 _column_values = {
     "int": st.integers(-(2**40), 2**40) | st.integers(0, 3), "int?": st.none() | st.integers(-(2**40), 2**40),
     "ns": st.integers(0, 10**15).map(lambda ns: ns / 1e9), "ns?": st.none() | st.integers(0, 10**12).map(lambda ns: ns / 1e9),
-    "bool": st.booleans(), "str": st.none() | st.sampled_from(_OPS) | st.integers(0, 300).map(str)}
+    "bool": st.booleans(), "str": st.none() | st.sampled_from(_OPS) | st.integers(0, 300).map(str),
+    "map": st.dictionaries(st.sampled_from(MEMORY_CATEGORIES), st.integers(-(2**40), 2**40), max_size=11)}
+# A handful of distinct values per column, as a real segment has: a nullable field null in every row (an
+# allocator's on CPU), a map empty or of one key order.
+_few_values = {"str": st.sampled_from([None, "forward"]), "int?": st.none(),
+               "map": st.sampled_from([(), ("sharded_params", "activations")]).flatmap(
+                   lambda keys: st.fixed_dictionaries({key: st.integers(0, 2**30) for key in keys}))}
 
 
 @PROPERTIES
 @given(cls=st.sampled_from(sorted(SPECS, key=lambda cls: cls.__name__)), data=st.data(), n=st.integers(1, 40))
 def test_a_segment_s_columns_are_the_general_path_s_bytes(cls: type, data: st.DataObject, n: int) -> None:
     spec = SPECS[cls]
-    few = data.draw(st.booleans())  # a handful of distinct values per column, as a real segment has
+    few = data.draw(st.booleans())
     rows = []
     for _ in range(n):
-        row = tuple(data.draw(st.sampled_from([None, "forward"]) if few and how == "str" else _column_values[how])
+        row = tuple(data.draw(_few_values[how] if few and how in _few_values else _column_values[how])
                     for _, how, _ in spec)
         rows.append(row)
     assert encode(spec, rows) == _plain_encode(spec, rows)
+
+
+def test_a_map_column_of_more_than_128_key_orders_has_two_byte_codes_and_reads_back() -> None:
+    spec = SPECS[MemorySample]
+    orders = [order for size in (2, 3) for order in itertools.permutations(MEMORY_CATEGORIES[:6], size)]
+    rows = [(0, i, "forward", i, "cpu", *[None] * 11, dict.fromkeys(order, i)) for i, order in enumerate(orders)]
+    assert len(orders) > 2**7
+    data, tables = encode(spec, rows)
+    assert (data, tables) == _plain_encode(spec, rows)
+    decoded, end = decode(spec, data, 0, len(rows), tables)
+    assert end == len(data)
+    assert [list(mapping.items()) for mapping in decoded.columns["categories"]] == [list(row[-1].items()) for row in rows]
 
 
 def test_a_string_column_of_more_than_128_values_has_two_byte_codes_as_before() -> None:

@@ -533,13 +533,16 @@ class Recorder(CollectiveRecords):
         _, phase, step, t, fields = item
         head = (self.rank, step, phase, t + self.clock_offset_ns)
         keys = fields.keys()
-        if keys == _MEMORY_FIELDS:  # the agent's usual fields, no categories walked: the slots set directly
-            sample = _new_memory((*head, *map(fields.__getitem__, _MEMORY_ORDER[:-1]), {}))
-        elif keys == _MEMORY_FIELDS_WALKED:
-            sample = _new_memory((*head, *map(fields.__getitem__, _MEMORY_ORDER)))
+        if keys == _MEMORY_FIELDS or keys == _MEMORY_FIELDS_WALKED:
+            # The agent's usual fields (with or without the categories walked): the slots set directly, and
+            # the values handed to the compact writer as they are (no attribute getter: ~0.4 µs a sample).
+            values = (*head, *map(fields.__getitem__, _MEMORY_ORDER[:-1]), fields.get("categories", {}))
+            sample = _new_memory(values)
+            self._write_detail(MemorySample, values, sample, step)
         else:  # anything else: the constructor says what is wrong
             sample = MemorySample(rank=self.rank, step=step, phase=phase, t_ns=head[3], **fields)
-        self._publish(sample, detail_of=step)
+            self.keeper.detail(sample, step)
+        self._unreleased.append(sample)
         self._unreleased_memory.append(sample)
         # The step's peak from the samples taken every step: those of the highest moments inside a
         # forward or backward come in walk steps only, and would make a sawtooth of the series.

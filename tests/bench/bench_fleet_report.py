@@ -41,7 +41,7 @@ LIMIT_RSS_MB = 8192.0
 TARGET_S = 60.0
 TARGET_RSS_MB = 2048.0
 TARGET_RANKS = 1024
-FORMS = {"zmr": "compact, format 2.0", "jsonl": "JSON lines, format 1.x"}
+FORMS = {"zmr": "compact, format 2.x", "jsonl": "JSON lines, format 1.x"}
 
 
 def measure(folder: Path, repeat: int) -> tuple[list[benchlib.TreeRun], str]:

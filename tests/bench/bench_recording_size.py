@@ -1,4 +1,4 @@
-"""Bytes per collective on disk, and the writer's CPU per record: format 1.3 JSON lines vs the compact 2.0.
+"""Bytes per collective on disk, and the writer's CPU per record: format 1.3 JSON lines vs the compact 2.x.
 
     python tests/bench/bench_recording_size.py [--steps 12] [--rounds 5] [--json out.json]
 
@@ -8,7 +8,8 @@ per step per rank) and the example's default. "All records counted": the file's 
 memory samples, steps, notices, the end record) over its collectives.
 
 Then the JSON-lines recording of the 80-layer run is written again, record by record, in the layouts
-that were weighed (segments cut where the agent would flush: every 0.2 s of the records' own times):
+that were weighed (segments cut where the agent would flush: every ``FLUSH_S`` of the records' own times,
+the agent's default flush interval):
 zlib'd JSON rows, and the columns at zlib levels 1, 6 and 9; with the writer's CPU per record (the
 agent's recorder thread, not training's), as the median of ``--rounds`` interleaved rounds.
 """
@@ -33,9 +34,10 @@ sys.path[:0] = [str(benchlib.REPO_ROOT), str(benchlib.REPO_ROOT / "agents")]
 from zeromon.model.codec import RecordingWriter, encode_record, iter_records  # noqa: E402
 from zeromon.model.events import CollectiveEvent, Record  # noqa: E402
 from zeromon.model.segments import FRAME, CompactWriter  # noqa: E402
+from zeromon_agent.config import AgentConfig  # noqa: E402
 
 TARGET_BYTES = 50.0  # the issue: "at most 50 bytes per collective including everything"
-FLUSH_S = 0.2  # the agent's default flush interval: one segment each
+FLUSH_S = AgentConfig().flush_interval_s  # the agent's default flush interval (ZEROMON_FLUSH_INTERVAL): a segment each
 SHAPES = {"80 layers (240 collectives/step)": ("--layers", "80", "--hidden", "32", "--heads", "2", "--seq", "16",
                                                 "--batch", "2"),
           "the example's default": ()}
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             targeted = bool(shape)
             rows.append(benchlib.Row("recording size", f"{label}: bytes per collective, all records counted",
                                      "bytes", per["jsonl"], per["compact"],
-                                     f"2.0 <= {TARGET_BYTES:g} bytes" if targeted else "-",
+                                     f"compact <= {TARGET_BYTES:g} bytes" if targeted else "-",
                                      per["compact"] <= TARGET_BYTES if targeted else None,
                                      f"written by the agent, rank 0 of 2, {args.steps} steps, {n:,} collectives; "
                                      f"baseline: format 1.3 JSON lines"
@@ -158,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                                          f"median of {args.rounds} interleaved rounds; write + flush per segment, on "
                                          f"the recorder thread; {benchlib.load_note()}"))
         extra["cpu_ns_per_record"] = {name: benchlib.median(v) for name, v in cpu.items()}
-    benchlib.print_rows("recording size: format 1.3 JSON lines vs compact 2.0", rows)
+    benchlib.print_rows("recording size: format 1.3 JSON lines vs compact 2.x", rows)
     benchlib.write_rows(args.json, rows, {"machine": benchlib.machine(), **extra})
     return 0
 

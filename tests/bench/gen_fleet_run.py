@@ -1,6 +1,6 @@
 """A fleet-sized run made from a real one: N ranks x S steps, written through zeromon's own writer.
 
-Written in the agent's default form: rank-<r>.zmr (format 2.0, CompactWriter), or with ``--format jsonl``
+Written in the agent's default form: rank-<r>.zmr (format 2.x, CompactWriter), or with ``--format jsonl``
 rank-<r>.jsonl (format 1.x, RecordingWriter). The agent appends one segment per ``flush_interval_s``
 (0.2 s by default: agents/zeromon_agent/config.py, recorder.py's loop) holding what its drain passes
 buffered since the last, and writes none when nothing came. The generator does the same on the run's
@@ -289,7 +289,7 @@ def main() -> None:
     parser.add_argument("--source", type=Path, help="a 2-rank run folder to replicate (default: record one)")
     parser.add_argument("--workers", type=int)
     parser.add_argument("--format", choices=sorted(FORMATS), default="zmr",
-                        help="zmr: the compact form the agent writes by default (format 2.0); jsonl: format 1.x")
+                        help="zmr: the compact form the agent writes by default (format 2.x); jsonl: format 1.x")
     args = parser.parse_args()
     source = args.source or record_source(args.out.with_name(args.out.name + "-source"))
     started = time.perf_counter()

@@ -71,7 +71,7 @@ _GETTERS: dict[type, operator.attrgetter[Any]] = {cls: operator.attrgetter(*name
 
 
 def rank_file_name(rank: int, suffix: str = ".jsonl") -> str:
-    """A rank's file name: rank-<r>.jsonl (format 1.x), or with suffix ".zmr" the compact form (2.0)."""
+    """A rank's file name: rank-<r>.jsonl (format 1.x), or with suffix ".zmr" the compact form (2.x)."""
     return f"rank-{rank}{suffix}"
 
 
@@ -93,7 +93,7 @@ def rank_file_path(folder: str | Path, rank: int) -> Path:
 
 
 def is_compact(path: Path) -> bool:
-    """Whether a file holds the compact form (format 2.0), by its first bytes. False for a file that
+    """Whether a file holds the compact form (format 2.x), by its first bytes. False for a file that
     cannot be read: the JSON-lines reader says why."""
     try:
         with open(path, "rb") as handle:
@@ -585,7 +585,7 @@ def _iter_fields(path: Path, skipped: _Skipped, unknown_kinds: dict[str, int] | 
                  summaries: list[list[Any]] | None = None) -> Iterator[tuple[type, list[Any], int]]:
     """(record type, field values, line number) for every line after the header of one rank file that
     holds a record of a known kind whose values fit its schema; the records of ``checked_by_caller``
-    are not checked here (read_recording checks the collectives a column at a time). A compact (2.0)
+    are not checked here (read_recording checks the collectives a column at a time). A compact (2.x)
     file gives its records' numbers (1, 2, ...) for line numbers, and may put step summaries' values
     into ``summaries`` (in order) instead of giving them."""
     if is_compact(path):

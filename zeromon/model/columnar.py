@@ -1,4 +1,5 @@
-"""The columns of the compact recording format (2.0): a segment's collectives and phases, a column per field.
+"""The columns of the compact recording format (2.1): a segment's collectives, phases and memory samples,
+a column per field.
 
 A 70B-class FSDP job issues ~240 collectives per step per rank; as JSON lines each costs 154-199
 bytes. As columns their values are mostly the same or a small step from the one before, and zlib
@@ -26,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from zeromon.model.events import CollectiveEvent, PhaseSpan
+from zeromon.model.events import MEMORY_CATEGORIES, CollectiveEvent, MemorySample, PhaseSpan
 
 # Values a column holds: 64-bit integers; seconds below a billion (~31 years), whole nanoseconds. A
 # column whose values or deltas pass 64 bits raises OverflowError in encode: its writer writes those
@@ -41,10 +42,13 @@ _LIMITS = [(1, 2**7), (2, 2**15), (4, 2**31), (8, 2**63)]
 _LITTLE = sys.byteorder == "little"
 
 # (field, how, base). how: "int", "str" (a code into the segment's table; None is a table entry),
-# "bool", "ns" (seconds as whole nanoseconds), "int?" / "ns?" (nullable: a null column beside).
-# base: None (the value), "prev" (minus the previous row's), [a] (minus the row's field a, as
-# integers), [a, b] (minus a - b); a base that is null counts as 0. Written into the header
-# ("columns"), so a reader decodes the columns a writer says it wrote.
+# "bool", "ns" (seconds as whole nanoseconds), "int?" / "ns?" (nullable: a null column beside), "map"
+# (a dict of names to integers, below). base: None (the value), "prev" (minus the previous row's), [a]
+# (minus the row's numeric field a, as integers), [a, b] (minus a - b); a base that is null counts as 0.
+# A "map"'s base is the names its dicts may hold: a column of codes into the segment's table of key
+# orders (each a list of indices into the names: a dict's keys read back in the order they were written),
+# then one column of every row's values in its keys' order, each minus the previous value of that key.
+# Written into the header ("columns"), so a reader decodes the columns a writer says it wrote.
 SPECS: dict[type, tuple[tuple[str, str, Any], ...]] = {
     CollectiveEvent: (
         ("seq", "int", "prev"), ("rank", "int", "prev"), ("step", "int", "prev"), ("phase", "str", None),
@@ -59,29 +63,55 @@ SPECS: dict[type, tuple[tuple[str, str, Any], ...]] = {
         ("rank", "int", "prev"), ("step", "int", "prev"), ("phase", "str", None), ("start_ns", "int", "prev"),
         ("end_ns", "int", ["start_ns"]), ("timing", "str", None),
     ),
+    MemorySample: (
+        ("rank", "int", "prev"), ("step", "int", "prev"), ("phase", "str", None), ("t_ns", "int", "prev"),
+        ("device", "str", None), ("allocated", "int?", "prev"), ("reserved", "int?", "prev"),
+        ("active", "int?", ["allocated"]), ("peak_allocated", "int?", "prev"), ("peak_reserved", "int?", "prev"),
+        ("inactive_split", "int?", "prev"), ("num_alloc_retries", "int?", "prev"), ("num_ooms", "int?", "prev"),
+        ("capacity", "int?", "prev"), ("free", "int?", "prev"), ("rss", "int?", "prev"),
+        ("categories", "map", list(MEMORY_CATEGORIES)),
+    ),
 }
 
 
 # The Python types each kind of column takes (None: a null, or a string table's entry).
 _TYPES: dict[str, tuple[type, ...]] = {
     "int": (int,), "int?": (int, type(None)), "ns": (float,), "ns?": (float, type(None)), "bool": (bool,),
-    "str": (str, type(None)),
+    "str": (str, type(None)), "map": (dict,),
 }
+_INTS = frozenset({int})  # what a "map"'s values may be (not bool: JSON writes it true)
+_SIGNATURES_KEPT = 256  # type signatures a fit check remembers as good: a few per kind in a real recording
 
 
 def fits(spec: Sequence[Sequence[Any]]) -> Callable[[tuple[Any, ...]], bool]:
     """A check that a record's values (in the spec's order) go into the columns exactly: their types, one
-    tuple look-up for all (~0.4 µs a collective, a tenth of what its JSON line costs to make), and each
-    float whole nanoseconds. An integer past 64 bits passes here and fails in encode (OverflowError)."""
-    signatures = frozenset(itertools.product(*(_TYPES[how] for _, how, _ in spec)))
+    look-up of the tuple of their types among those already found good (~0.4 µs a collective, a tenth of
+    what its JSON line costs to make; a new tuple is checked field by field), each float whole
+    nanoseconds, and each "map" a dict of the spec's names to integers (~0.3 µs for a memory sample's five
+    categories, nothing for an empty one). An integer past 64 bits passes here and fails in encode
+    (OverflowError).
+
+    Good signatures are remembered as they come, not made up front: a memory sample's eleven nullable
+    fields have 8,192 of them, 4 ms and ~1.6 MB to build in every training process."""
+    accepted = tuple(frozenset(_TYPES[how]) for _, how, _ in spec)
+    good: set[tuple[type, ...]] = set()
     seconds = [i for i, (_, how, _) in enumerate(spec) if how.startswith("ns")]
+    maps = [(i, frozenset(base)) for i, (_, how, base) in enumerate(spec) if how == "map"]
 
     def check(values: tuple[Any, ...]) -> bool:
-        if tuple(map(type, values)) not in signatures:
-            return False
+        signature = tuple(map(type, values))
+        if signature not in good:
+            if len(signature) != len(accepted) or not all(map(operator.contains, accepted, signature)):
+                return False
+            if len(good) < _SIGNATURES_KEPT:
+                good.add(signature)
         for i in seconds:
             value = values[i]
             if value is not None and not (-SECONDS_LIMIT < value < SECONDS_LIMIT and round(value * 1e9) / 1e9 == value):
+                return False
+        for i, names in maps:
+            mapping = values[i]
+            if mapping and not (mapping.keys() <= names and _INTS.issuperset(map(type, mapping.values()))):
                 return False
         return True
 
@@ -167,16 +197,29 @@ def encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]]) -> tu
     Its cost is per column more than per row (a segment of one 0.2 s flush holds tens of records, and the
     agent writes five a second): the common columns skip _planes' general path: a string column of one
     value is a run of zero codes, one of at most 128 values its codes as bytes, a bool column its bools
-    as bytes, a column with no null the same null column each time (tests/test_recorder_fast_path.py:
-    the bytes are those of the general path)."""
+    as bytes, a column with no null the same null column each time, a nullable one null in every row (an
+    allocator's field on CPU) all ones and zeros, a map that no row fills a run of zero codes; and the
+    integer columns are made bytes together (_planes_of). tests/test_recorder_fast_path.py: the bytes
+    are those of the general path."""
     n = len(rows)
     columns = list(zip(*rows, strict=True))
     ints: dict[str, Sequence[int]] = {}
     tables: dict[str, list[Any]] = {}
     out: list[bytes] = []
+    coded: list[Sequence[int]] = []  # the integer columns' values less their bases, made bytes at the end ...
+    slots: list[int] = []  # ... into these places of ``out``
     zeros = b"\x01" + bytes(n)  # _planes of n zeros
+    all_null = b"\x01" + b"\x01" * n + zeros  # a nullable column null in every row, and its values (0)
+    no_values = [0] * n
     for (name, how, base), column in zip(spec, columns, strict=True):
-        if how == "str":
+        if how == "int?" or how == "ns?":
+            nulls = column.count(None)
+            if nulls == n and (base == "prev" or base is None):  # a field no row has (an allocator's on CPU)
+                out.append(all_null)
+                ints[name] = no_values
+                continue
+            out.append(_planes([v is None for v in column]) if nulls else zeros)
+        elif how == "str":
             table = tables[name] = list(dict.fromkeys(column))
             if len(table) == 1:
                 out.append(zeros)
@@ -186,21 +229,95 @@ def encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]]) -> tu
             else:
                 out.append(_planes(_codes(column)[0]))
             continue
-        if how == "bool":
-            out.append(b"\x01" + bytes(column) if base is None else _planes(_coded(column, base, ints, n)))
+        elif how == "map":
+            if any(column):
+                codes, tables[name], deltas = _map_columns(column, base)
+                out.append(zeros if len(tables[name]) == 1 else codes)
+                slots.append(len(out))
+                out.append(b"")
+                coded.append(deltas)
+            else:  # no row holds a key (no memory category walked this flush): zero codes, no values
+                tables[name] = [[]]
+                out.append(zeros + b"\x01")
+            continue
+        elif how == "bool" and base is None:
+            out.append(b"\x01" + bytes(column))
             ints[name] = column
             continue
-        if how.endswith("?"):
-            out.append(_planes([v is None for v in column]) if None in column else zeros)
-        values = ints[name] = _as_ns(how, column)
-        out.append(_planes(_coded(values, base, ints, n)))
+        values: Sequence[int] = column if how == "int" or how == "bool" else _as_ns(how, column)
+        ints[name] = values
+        if base == "prev" and values.count(values[0]) == n:  # the same in every row: a rank, a capacity
+            out.append(_repeated(values[0], n))
+            continue
+        slots.append(len(out))
+        out.append(b"")
+        coded.append(_coded(values, base, ints))
+    for slot, data in zip(slots, _planes_of(coded), strict=True):
+        out[slot] = data
     return b"".join(out), tables
 
 
-def _coded(values: Sequence[int], base: Any, ints: dict[str, Sequence[int]], n: int) -> Sequence[int]:
-    """A column's integers less their base (the spec's: None, "prev", [a] or [a, b])."""
+def _repeated(value: int, n: int) -> bytes:
+    """_planes of [value, 0, 0, ...] (n values): a column of n rows that all hold ``value``, each minus the
+    previous row's."""
+    if -(2**7) <= value < 2**7:  # _LIMITS, unrolled
+        width = 1
+    elif -(2**15) <= value < 2**15:
+        width = 2
+    elif -(2**31) <= value < 2**31:
+        width = 4
+    else:
+        width = 8
+    raw = value.to_bytes(_WIDTH, "little", signed=True)  # OverflowError past 64 bits
+    pad = bytes(n - 1)
+    return bytes((width,)) + b"".join([raw[i:i + 1] + pad for i in range(width)])
+
+
+def _map_columns(column: Sequence[dict[str, int]], names: Sequence[str]) -> tuple[bytes, list[list[int]], list[int]]:
+    """A "map" column as (its codes' bytes, its table of key orders, its values coded): each row's keys, in
+    its dict's order, as a code into the table (each order a list of indices into ``names``), and every
+    row's values in that order, each minus the previous value of the same key (0 before its first: a
+    memory category's bytes seldom change from one walk to the next)."""
+    orders = list(map(tuple, column))
+    code = {order: i for i, order in enumerate(dict.fromkeys(orders))}
+    table = [[names.index(key) for key in order] for order in code]
+    codes = (b"\x01" + bytes(map(code.__getitem__, orders)) if len(code) <= 2**7
+             else _planes(list(map(code.__getitem__, orders))))
+    last = dict.fromkeys(names, 0)
+    values: list[int] = []
+    for mapping in column:
+        if mapping:  # a row's values less their keys' last, a loop in C
+            values.extend(map(operator.sub, mapping.values(), map(last.__getitem__, mapping)))
+            last.update(mapping)
+    return codes, table, values
+
+
+def _planes_of(columns: Sequence[Sequence[int]]) -> list[bytes]:
+    """_planes of each column, the columns made bytes together: one array of 8-byte values, each column's
+    planes sliced from it (a flush of the example's memory samples, 8 rows: the encode 20 -> 16 µs)."""
+    packed = array("q", itertools.chain.from_iterable(columns))  # OverflowError past 64 bits
+    if not _LITTLE:
+        packed.byteswap()
+    data = packed.tobytes()
+    out = []
+    end = 0
+    for values in columns:
+        start, end = end, end + _WIDTH * len(values)
+        low, high = (min(values), max(values)) if values else (0, 0)
+        if -(2**7) <= low and high < 2**7:  # _LIMITS, unrolled
+            out.append(b"\x01" + data[start:end:_WIDTH])
+        elif -(2**15) <= low and high < 2**15:
+            out.append(b"\x02" + data[start:end:_WIDTH] + data[start + 1:end:_WIDTH])
+        else:
+            width = 4 if -(2**31) <= low and high < 2**31 else 8
+            out.append(bytes((width,)) + b"".join([data[start + i:end:_WIDTH] for i in range(width)]))
+    return out
+
+
+def _coded(values: Sequence[int], base: Any, ints: dict[str, Sequence[int]]) -> Sequence[int]:
+    """A column's integers (at least one) less their base (the spec's: None, "prev", [a] or [a, b])."""
     if base == "prev":
-        return [values[0], *map(operator.sub, values[1:], values[:-1])] if n else []
+        return [values[0], *map(operator.sub, values[1:], values)]  # map stops at the shorter
     if base is None:
         return values
     if len(base) == 1:
@@ -238,6 +355,12 @@ def decode(spec: Sequence[Sequence[Any]], data: bytes | memoryview, pos: int, n:
                 raise ValueError(f"no string table for the column {name}")
             columns[name] = [table[code] for code in take()]  # IndexError: a damaged code
             continue
+        if how == "map":
+            table = _key_orders(tables.get(name), name, len(base))
+            orders = [table[code] for code in take()]  # IndexError: a damaged code
+            deltas, pos = _unplanes(data, pos, sum(map(len, orders)))
+            columns[name] = _mappings(orders, base, deltas)
+            continue
         nulls = take() if how.endswith("?") else None
         coded = take()
         if base == "prev":
@@ -262,18 +385,47 @@ def decode(spec: Sequence[Sequence[Any]], data: bytes | memoryview, pos: int, n:
     return Decoded(n, columns), pos
 
 
+def _mappings(orders: list[list[int]], names: Sequence[str], deltas: list[int]) -> list[dict[str, int]]:
+    """A "map" column's dicts: each row's keys in its order, each value its key's last plus its delta."""
+    last = [0] * len(names)
+    following = iter(deltas)
+    mappings = []
+    for order in orders:
+        mapping = {}
+        for i in order:
+            last[i] += next(following)
+            mapping[names[i]] = last[i]
+        mappings.append(mapping)
+    return mappings
+
+
+def _key_orders(table: Any, name: str, width: int) -> list[list[int]]:
+    """A "map" column's table of key orders, checked: lists of distinct indices into its ``width`` names."""
+    if not (isinstance(table, list) and all(
+            isinstance(order, list) and all(type(i) is int and 0 <= i < width for i in order)
+            and len(set(order)) == len(order) for order in table)):
+        raise ValueError(f"the table of key orders of the column {name} is damaged")
+    return table
+
+
 def spec_of(raw: Any) -> tuple[tuple[str, str, Any], ...] | None:
     """A header's spec of a kind's columns, when this reader knows every part of it (else None: a
     later 2.x writer's encoding, read as a kind this reader does not know)."""
     if not isinstance(raw, list):
         return None
     spec: list[tuple[str, str, Any]] = []
+    numeric: set[str] = set()  # the fields a base may name: those held as integers
     for entry in raw:
         if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str) and entry[1] in _TYPES):
             return None
-        base = entry[2]
-        if not (base is None or base == "prev" or isinstance(base, list) and 1 <= len(base) <= 2
-                and all(b in {e[0] for e in spec} for b in base)):
+        name, how, base = entry
+        if how == "map":
+            if not (isinstance(base, list) and all(isinstance(key, str) for key in base) and len(set(base)) == len(base)):
+                return None
+        elif not (base is None or base == "prev" or isinstance(base, list) and 1 <= len(base) <= 2
+                  and all(b in numeric for b in base)):
             return None
-        spec.append((entry[0], entry[1], base))
+        if how not in ("str", "map"):
+            numeric.add(name)
+        spec.append((name, how, base))
     return tuple(spec)

@@ -1,4 +1,4 @@
-"""The compact form (2.0) read a batch of segments at a time: what `zeromon report` reads of a long run.
+"""The compact form (2.x) read a batch of segments at a time: what `zeromon report` reads of a long run.
 
 The agent writes a segment per 0.2 s flush, so a rank of 10,000 steps of ~0.1 s has ~6,000 segments,
 nearly all of them a step summary or two as JSON rows and nothing else. segments.iter_compact_fields

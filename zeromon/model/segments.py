@@ -1,10 +1,11 @@
-"""The compact recording format (2.0): rank-<r>.zmr, a file of self-contained compressed segments.
+"""The compact recording format (2.x): rank-<r>.zmr, a file of self-contained compressed segments.
 
 Layout: the 8 bytes COMPACT_MAGIC, then segments. Each segment is a 16-byte frame (FRAME: the
 marker ``ZS``, its kind (0: the header, 1: records), its compression (1: zlib), the payload's length,
 its record count, a CRC-32 of the frame's first 12 bytes and the payload) and the zlib-compressed
 payload. The first segment holds the header (the JSON object of format 1.x's first line, version
-"2.0", plus ``columns``: how the collectives and phases are laid out). A records segment's payload:
+COMPACT_VERSION, plus ``columns``: how the collectives, phases and (from 2.1) memory samples are laid
+out, which a reader follows: a 2.0 file's memory samples are JSON rows). A records segment's payload:
 
     SECTIONS (meta length, columns length) | meta JSON | order | columns | rows
 
@@ -52,7 +53,7 @@ from zeromon.model.codec import (
 )
 from zeromon.model.events import Record
 
-COMPACT_VERSION = "2.0"
+COMPACT_VERSION = "2.1"  # 2.1: memory samples as columns (2.0 files read as they are)
 FRAME = struct.Struct("<2sBBIII")  # marker, kind, compression, payload length, record count, CRC-32
 MARKER = b"ZS"
 KIND_HEADER, KIND_RECORDS = 0, 1
@@ -81,20 +82,23 @@ _COLUMNS = {KIND_OF[cls]: [list(entry) for entry in spec] for cls, spec in colum
 
 def _dictionary() -> str:
     """zlib's preset dictionary of every records segment, written into the header ("dictionary"): the
-    strings a segment repeats (its meta's keys and tables, the JSON rows' kinds, the memory categories),
-    so that a segment of one short flush need not spell them out once more. Measured on recordings written
-    again with segments of 0.2 s: the 80-layer FSDP2 run from 15.0 to 13.0 bytes per collective, the
-    example's default shape (11 collectives and 16 phase spans a step) from 47.0 to 43.9."""
-    from zeromon.model.events import COLLECTIVE_OPS, MEMORY_CATEGORIES, Phase, Timing, ZeroMeaning
+    strings a segment repeats (its meta's keys and tables, the JSON rows' kinds), so that a segment of one
+    short flush need not spell them out once more. Measured on recordings written again with segments of
+    0.2 s: the 80-layer FSDP2 run from 15.0 to 13.0 bytes per collective, the example's default shape (11
+    collectives and 16 phase spans a step) from 47.0 to 43.9 (format 2.0). The memory samples' tables
+    (2.1) took the default shape from 54.3 to 53.4, where the memory categories' names, which their JSON
+    rows spelled and their columns do not, no longer help (53.6 with them)."""
+    from zeromon.model.events import COLLECTIVE_OPS, PEAK_PHASES, Phase, Timing, ZeroMeaning
 
     phases = [p.value for p in Phase]
+    memory_phases = [Phase.FORWARD.value, Phase.BACKWARD.value, Phase.OPTIMIZER.value, *sorted(PEAK_PHASES)]
     tables = {"collective": {"phase": phases, "op": list(COLLECTIVE_OPS), "dtype": ["float32", "bfloat16", "float16"],
                              "timing": [t.value for t in Timing], "meaning": [m.value for m in ZeroMeaning]},
-              "phase": {"phase": phases, "timing": ["host", "cuda_event"]}}
+              "phase": {"phase": phases, "timing": ["host", "cuda_event"]},
+              "memory": {"phase": memory_phases, "device": ["cpu", "cuda:0"], "categories": [[]]}}
     rows = "".join(f'["{kind}",0,' for kind in KIND_OF.values() if kind not in _COLUMNS)
-    categories = "".join(f'"{name}":' for name in MEMORY_CATEGORIES)
-    meta = json.dumps({"n": {"collective": 1, "phase": 1}, "tables": tables}, separators=(",", ":"))
-    return categories + rows + meta
+    meta = json.dumps({"n": dict.fromkeys(_COLUMNS, 1), "tables": tables}, separators=(",", ":"))
+    return rows + meta
 
 
 DICTIONARY = _dictionary()
