@@ -2,12 +2,12 @@
 
 Written in the agent's default form: rank-<r>.zmr (format 2.x, CompactWriter), or with ``--format jsonl``
 rank-<r>.jsonl (format 1.x, RecordingWriter). The agent appends one segment per ``flush_interval_s``
-(0.2 s by default: agents/zeromon_agent/config.py, recorder.py's loop) holding what its drain passes
+(1 s by default: agents/zeromon_agent/config.py, recorder.py's loop) holding what its drain passes
 buffered since the last, and writes none when nothing came. The generator does the same on the run's
-own clock: a step's records (its kept detail, then its summary) go into the segment of the 0.2 s window
+own clock: a step's records (its kept detail, then its summary) go into the segment of the window
 its end falls in, a window with no step end writes nothing. With the FSDP2 template's steps of
-0.07-0.12 s (their period: the longest, a straggler's delay and jitter) that is 2-3 step summaries a
-segment, 3,000-6,000 segments a rank of 10,000 steps; a detail step's segment holds its ~11
+0.07-0.12 s (their period: the longest, a straggler's delay and jitter) that is 8-14 step summaries a
+segment, 700-1,200 segments a rank of 10,000 steps; a detail step's segment holds its ~11
 collectives, ~16 phase spans and 3-4 memory samples besides. An AgentStats goes in every 10 s
 of the run's clock, as the agent writes one.
 
@@ -59,6 +59,7 @@ from zeromon.model import (
 from zeromon.model.codec import rank_file_name, read_recording, run_headers
 from zeromon.model.events import RunEnd
 from zeromon.model.segments import CompactWriter
+from zeromon_agent.config import AgentConfig
 
 DETAIL_LAST_STEPS = 50
 DETAIL_EVERY = 500
@@ -70,7 +71,8 @@ STEP_JITTER_S = 0.002  # the step boundaries' jitter (every rank), and each rank
 RANK_JITTER_S = 0.0005
 CLOCK_OFFSET_S = 0.00002  # each rank's clock, within +- this of the others'
 MEMORY_SPREAD_BYTES = 4 * 2**20  # each rank's memory within + this of the source's
-FLUSH_INTERVAL_NS = 200_000_000  # the agent's default flush_interval_s: one compact segment per window
+# The agent's default flush_interval_s (ZEROMON_FLUSH_INTERVAL): one compact segment per window.
+FLUSH_INTERVAL_NS = round(AgentConfig().flush_interval_s * 1e9)
 STATS_INTERVAL_NS = 10_000_000_000  # the agent writes its AgentStats every 10 s
 FORMATS = {"zmr": (CompactWriter, ".zmr"), "jsonl": (RecordingWriter, ".jsonl")}
 
