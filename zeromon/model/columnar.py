@@ -194,8 +194,8 @@ def encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]]) -> tu
     """(the columns' bytes, the string columns' tables) of rows that fit the spec; OverflowError where
     a column's coded values pass 64 bits.
 
-    Its cost is per column more than per row (a segment of one 0.2 s flush holds tens of records, and the
-    agent writes five a second): the common columns skip _planes' general path: a string column of one
+    Its cost is per column as well as per row (a segment of one 1 s flush holds tens to hundreds of records
+    of each kind): the common columns skip _planes' general path: a string column of one
     value is a run of zero codes, one of at most 128 values its codes as bytes, a bool column its bools
     as bytes, a column with no null the same null column each time, a nullable one null in every row (an
     allocator's field on CPU) all ones and zeros, a map that no row fills a run of zero codes; and the

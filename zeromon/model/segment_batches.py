@@ -1,7 +1,8 @@
 """The compact form (2.x) read a batch of segments at a time: what `zeromon report` reads of a long run.
 
-The agent writes a segment per 0.2 s flush, so a rank of 10,000 steps of ~0.1 s has ~6,000 segments,
-nearly all of them a step summary or two as JSON rows and nothing else. segments.iter_compact_fields
+The agent writes a segment per flush (1 s by default; 0.2 s before), so a rank of 10,000 steps of ~0.1 s
+has ~1,000 segments (~6,000 at 0.2 s), nearly all of them a few step summaries as JSON rows and nothing
+else. segments.iter_compact_fields
 reads each segment on its own (a Frame, its meta parsed, each row parsed and checked alone): ~115 ms a
 rank of the generated fleet run, where its JSON-lines file takes ~45 ms. Here the rows of consecutive
 row-only segments are parsed by one orjson call and each kind's values checked a column at a time (the
