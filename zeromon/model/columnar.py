@@ -19,6 +19,7 @@ back is what the JSON-lines writer would have given, whatever the values.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 import sys
@@ -257,9 +258,11 @@ def encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]]) -> tu
     return b"".join(out), tables
 
 
+@functools.lru_cache(maxsize=256)
 def _repeated(value: int, n: int) -> bytes:
     """_planes of [value, 0, 0, ...] (n values): a column of n rows that all hold ``value``, each minus the
-    previous row's."""
+    previous row's. Remembered: a rank, a capacity, a device's zero retries come back flush after flush
+    (~0.15 µs a look-up where making them costs 0.6-1 µs)."""
     if -(2**7) <= value < 2**7:  # _LIMITS, unrolled
         width = 1
     elif -(2**15) <= value < 2**15:

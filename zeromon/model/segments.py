@@ -86,8 +86,9 @@ def _dictionary() -> str:
     short flush need not spell them out once more. Measured on recordings written again with segments of
     0.2 s: the 80-layer FSDP2 run from 15.0 to 13.0 bytes per collective, the example's default shape (11
     collectives and 16 phase spans a step) from 47.0 to 43.9 (format 2.0). The memory samples' tables
-    (2.1) took the default shape from 54.3 to 53.4, where the memory categories' names, which their JSON
-    rows spelled and their columns do not, no longer help (53.6 with them)."""
+    (2.1): the default shape's 12 steps from 54.0 to 53.2, 60 steps from 30.7 to 30.3, the 80-layer run
+    from 12.9 to 12.6; the memory categories' names, which their JSON rows spelled and their columns do
+    not, no longer help (53.4, 30.3, 12.6 with them)."""
     from zeromon.model.events import COLLECTIVE_OPS, PEAK_PHASES, Phase, Timing, ZeroMeaning
 
     phases = [p.value for p in Phase]
