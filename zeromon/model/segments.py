@@ -115,15 +115,15 @@ class _Buffered(NamedTuple):
     values: Callable[[Any], tuple[Any, ...]]  # a record's values in its fields' order
 
 
-# Each columnar kind's code and fit check, made once: a check's table of type signatures costs ~60 µs to
-# build, which a writer making it at every flush (5 a second) paid each time.
+# Each columnar kind's code and fit check, made once: a check remembers the type signatures it found good,
+# which a check made at every flush (5 a second) would look at field by field again.
 _FITS = {cls: (code, columnar.fits(spec)) for code, (cls, spec) in enumerate(columnar.SPECS.items(), start=1)}
 
 
 class CompactWriter(RecordingWriter):
     """Writes one rank's recording in the compact form; RecordingWriter's API and promises (nothing
     raises after the constructor, losses counted). Records are kept until ``flush()``, which appends
-    them as one segment: the collectives and phases as columns, the rest as JSON rows."""
+    them as one segment: the collectives, phases and memory samples as columns, the rest as JSON rows."""
 
     def __init__(self, path: str | Path, rank: int, level: int = ZLIB_LEVEL, **header_extra: Any) -> None:
         self.level = level
