@@ -271,11 +271,12 @@ def _segments(path: Path) -> list[tuple[int, int]]:
 
 
 def _three_segments(path: Path, rank: int = 0) -> list[Record]:
-    """A file of three segments of 4 collectives and a step each, closed with a RunEnd."""
+    """A file of three segments of 4 collectives, a memory sample and a step each, closed with a RunEnd."""
     writer = CompactWriter(path, rank, **HEADER)
     written: list[Record] = []
     for group in range(3):
-        for rec in (*map(_collective, range(group * 4, group * 4 + 4)), _step(group)):
+        sample = _memory(group, {"sharded_params": 439424, "activations": 7664196 + group} if group % 2 else {})
+        for rec in (*map(_collective, range(group * 4, group * 4 + 4)), sample, _step(group)):
             writer.write(rec)
             written.append(rec)
         writer.flush()
@@ -287,14 +288,14 @@ def _three_segments(path: Path, rank: int = 0) -> list[Record]:
 def test_a_file_being_written_reads_to_its_last_whole_segment(tmp_path: Path) -> None:
     path = tmp_path / "rank-0.zmr"
     writer = CompactWriter(path, 0, **HEADER)
-    first = [*map(_collective, range(5)), _step(0)]
+    first = [*map(_collective, range(5)), _memory(0, {"activations": 1}), _step(0)]
     for rec in first:
         writer.write(rec)
     assert list(iter_records(path)) == []  # not flushed yet: nothing to read, nothing wrong
     writer.flush()
     assert list(iter_records(path)) == first  # read while the writer holds the file open
     assert read_file_end(path).end is None and read_file_end(path).expected
-    for rec in map(_collective, range(5, 9)):
+    for rec in (*map(_collective, range(5, 9)), _memory(1, {"sharded_params": 2, "activations": 3})):
         writer.write(rec)
     writer.flush()
     whole = path.read_bytes()
@@ -336,15 +337,15 @@ def test_a_damaged_segment_is_skipped_and_counted_naming_its_offset(tmp_path: Pa
     written = _three_segments(path)
     offset = _damaged(path, how)
     rec = read_recording(path)
-    assert rec.collectives == written[:4] + written[10:14]
-    assert rec.steps == [written[4], written[14]] and read_file_end(path).end == written[-1]
-    assert rec.corrupt_lines == [6, 7, 8, 9, 10]  # the middle segment's 5 records
-    message = rec.line_errors[6]
+    assert rec.collectives == written[:4] + written[12:16] and rec.memory == [written[4], written[16]]
+    assert rec.steps == [written[5], written[17]] and read_file_end(path).end == written[-1]
+    assert rec.corrupt_lines == [7, 8, 9, 10, 11, 12]  # the middle segment's 6 records
+    message = rec.line_errors[7]
     assert message.startswith(f"the segment at byte {offset:,} is damaged (") and why in message
-    assert message.endswith("its 5 records skipped")
+    assert message.endswith("its 6 records skipped")
     assert main(["summary", str(tmp_path)]) == 0
-    assert (f"rank-0.zmr: 5 corrupt records skipped (records 6, 7, 8, 9, 10; record 6: the segment at byte "
-            f"{offset:,} is damaged") in capsys.readouterr().out
+    assert (f"rank-0.zmr: 6 corrupt records skipped (records 7, 8, 9, 10, 11 and 1 more; record 7: the segment "
+            f"at byte {offset:,} is damaged") in capsys.readouterr().out
 
 
 def test_json_lines_and_compact_rank_files_read_as_one_run(tmp_path: Path) -> None:

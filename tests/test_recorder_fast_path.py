@@ -29,7 +29,6 @@ from zeromon.model.columnar import (
     _as_ns,
     _codes,
     _planes,
-    _planes_of,
     _repeated,
     decode,
     encode,
@@ -117,13 +116,9 @@ def test_a_column_s_planes_are_the_eight_byte_values_cut_into_planes(values: lis
     assert _planes(values) == _planes_cut_from_eight_bytes(values)
 
 
-_column = st.lists(st.integers(*INT64) | st.integers(-200, 200) | st.integers(-(2**31), 2**31), max_size=12)
-
-
 @PROPERTIES
-@given(columns=st.lists(_column, max_size=6), value=st.integers(*INT64), n=st.integers(1, 12))
-def test_columns_made_bytes_together_are_each_column_s_planes(columns: list[list[int]], value: int, n: int) -> None:
-    assert _planes_of(columns) == [_planes(column) for column in columns]
+@given(value=st.integers(*INT64) | st.integers(-200, 200) | st.integers(-(2**31), 2**31), n=st.integers(1, 12))
+def test_a_column_of_one_value_is_that_value_s_planes(value: int, n: int) -> None:
     assert _repeated(value, n) == _planes([value] + [0] * (n - 1))
 
 
@@ -131,8 +126,6 @@ def test_columns_made_bytes_together_are_each_column_s_planes(columns: list[list
 def test_a_column_past_64_bits_is_refused_as_before(column: list[int]) -> None:
     with pytest.raises(OverflowError):
         _planes(column)
-    with pytest.raises(OverflowError):
-        _planes_of([[1], column])
     with pytest.raises(OverflowError):
         _repeated(column[-1], 2)
 

@@ -64,7 +64,7 @@ def _check_memory_every(value: object) -> int:
         raise ValueError(f"must be 'auto' (0) or {MEMORY_EVERY.accepts}") from None
 
 
-# The recording's form: "compact" (rank-<r>.zmr, format 2.x, ~13 bytes a collective) or "jsonl"
+# The recording's form: "compact" (rank-<r>.zmr, format 2.x, ~12 bytes a collective) or "jsonl"
 # (rank-<r>.jsonl, format 1.3, ~230 bytes a collective, for tools that read the lines as they are written).
 RECORD_FORMATS = ("compact", "jsonl")
 

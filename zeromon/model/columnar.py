@@ -8,9 +8,11 @@ minus another field of the row: ``complete_ns - issue_ns``), and written byte pl
 (all first bytes, then all second bytes, ...: the "shuffle" of Blosc and HDF5), so that the high
 bytes, zero in every row, become long runs. Strings are codes into the segment's own table,
 seconds are exact nanosecond integers. Measured on a real 80-layer FSDP2 recording (240 collectives
-per step, segments of one 0.2 s flush each, zlib level 6), all records counted: 13 bytes per collective
-as columns, 35 as zlib'd JSON rows (tests/bench/RESULTS.md, bench_recording_size); a first cut of the
-columns without the shuffle took 1.6 bytes more.
+per step, segments of one 0.2 s flush each, zlib level 6), all records counted: 12 bytes per collective
+as columns, 33 as zlib'd JSON rows (tests/bench/RESULTS.md, bench_recording_size); a first cut of the
+columns without the shuffle took 1.6 bytes more. Memory samples (2.1), in recordings of the examples'
+default model of 12 and 60 steps: 17 and 10 bytes each as columns in segments of 0.2 s, where their JSON
+rows (2.0) took 22 and 16; 11 and 7 against 19 and 16 in segments of 1 s.
 
 A record whose values a column cannot hold exactly (a float that is not whole nanoseconds, an
 integer past 64 bits, a value of another type) is written as its JSON row instead: what is read
@@ -19,6 +21,7 @@ back is what the JSON-lines writer would have given, whatever the values.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 import sys
@@ -198,16 +201,14 @@ def encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]]) -> tu
     of each kind): the common columns skip _planes' general path: a string column of one
     value is a run of zero codes, one of at most 128 values its codes as bytes, a bool column its bools
     as bytes, a column with no null the same null column each time, a nullable one null in every row (an
-    allocator's field on CPU) all ones and zeros, a map that no row fills a run of zero codes; and the
-    integer columns are made bytes together (_planes_of). tests/test_recorder_fast_path.py: the bytes
-    are those of the general path."""
+    allocator's field on CPU) all ones and zeros, one that holds the same value in every row that value's
+    planes as made before (_repeated), a map that no row fills a run of zero codes
+    (tests/test_recorder_fast_path.py: the bytes are those of the general path)."""
     n = len(rows)
     columns = list(zip(*rows, strict=True))
     ints: dict[str, Sequence[int]] = {}
     tables: dict[str, list[Any]] = {}
     out: list[bytes] = []
-    coded: list[Sequence[int]] = []  # the integer columns' values less their bases, made bytes at the end ...
-    slots: list[int] = []  # ... into these places of ``out``
     zeros = b"\x01" + bytes(n)  # _planes of n zeros
     all_null = b"\x01" + b"\x01" * n + zeros  # a nullable column null in every row, and its values (0)
     no_values = [0] * n
@@ -233,9 +234,7 @@ def encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]]) -> tu
             if any(column):
                 codes, tables[name], deltas = _map_columns(column, base)
                 out.append(zeros if len(tables[name]) == 1 else codes)
-                slots.append(len(out))
-                out.append(b"")
-                coded.append(deltas)
+                out.append(_planes(deltas))
             else:  # no row holds a key (no memory category walked this flush): zero codes, no values
                 tables[name] = [[]]
                 out.append(zeros + b"\x01")
@@ -249,17 +248,15 @@ def encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]]) -> tu
         if base == "prev" and values.count(values[0]) == n:  # the same in every row: a rank, a capacity
             out.append(_repeated(values[0], n))
             continue
-        slots.append(len(out))
-        out.append(b"")
-        coded.append(_coded(values, base, ints))
-    for slot, data in zip(slots, _planes_of(coded), strict=True):
-        out[slot] = data
+        out.append(_planes(_coded(values, base, ints)))
     return b"".join(out), tables
 
 
+@functools.lru_cache(maxsize=256)
 def _repeated(value: int, n: int) -> bytes:
     """_planes of [value, 0, 0, ...] (n values): a column of n rows that all hold ``value``, each minus the
-    previous row's."""
+    previous row's. Remembered: a rank, a capacity, a device's zero retries come back flush after flush
+    (~0.15 µs a look-up where making them costs 0.6-1 µs)."""
     if -(2**7) <= value < 2**7:  # _LIMITS, unrolled
         width = 1
     elif -(2**15) <= value < 2**15:
@@ -290,28 +287,6 @@ def _map_columns(column: Sequence[dict[str, int]], names: Sequence[str]) -> tupl
             values.extend(map(operator.sub, mapping.values(), map(last.__getitem__, mapping)))
             last.update(mapping)
     return codes, table, values
-
-
-def _planes_of(columns: Sequence[Sequence[int]]) -> list[bytes]:
-    """_planes of each column, the columns made bytes together: one array of 8-byte values, each column's
-    planes sliced from it (a flush of the example's memory samples, 8 rows: the encode 20 -> 16 µs)."""
-    packed = array("q", itertools.chain.from_iterable(columns))  # OverflowError past 64 bits
-    if not _LITTLE:
-        packed.byteswap()
-    data = packed.tobytes()
-    out = []
-    end = 0
-    for values in columns:
-        start, end = end, end + _WIDTH * len(values)
-        low, high = (min(values), max(values)) if values else (0, 0)
-        if -(2**7) <= low and high < 2**7:  # _LIMITS, unrolled
-            out.append(b"\x01" + data[start:end:_WIDTH])
-        elif -(2**15) <= low and high < 2**15:
-            out.append(b"\x02" + data[start:end:_WIDTH] + data[start + 1:end:_WIDTH])
-        else:
-            width = 4 if -(2**31) <= low and high < 2**31 else 8
-            out.append(bytes((width,)) + b"".join([data[start + i:end:_WIDTH] for i in range(width)]))
-    return out
 
 
 def _coded(values: Sequence[int], base: Any, ints: dict[str, Sequence[int]]) -> Sequence[int]:

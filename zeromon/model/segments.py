@@ -86,8 +86,9 @@ def _dictionary() -> str:
     short flush need not spell them out once more. Measured on recordings written again with segments of
     0.2 s: the 80-layer FSDP2 run from 15.0 to 13.0 bytes per collective, the example's default shape (11
     collectives and 16 phase spans a step) from 47.0 to 43.9 (format 2.0). The memory samples' tables
-    (2.1) took the default shape from 54.3 to 53.4, where the memory categories' names, which their JSON
-    rows spelled and their columns do not, no longer help (53.6 with them)."""
+    (2.1): the default shape's 12 steps from 54.0 to 53.2, 60 steps from 30.7 to 30.3, the 80-layer run
+    from 12.9 to 12.6; the memory categories' names, which their JSON rows spelled and their columns do
+    not, no longer help (53.4, 30.3, 12.6 with them)."""
     from zeromon.model.events import COLLECTIVE_OPS, PEAK_PHASES, Phase, Timing, ZeroMeaning
 
     phases = [p.value for p in Phase]
@@ -114,15 +115,15 @@ class _Buffered(NamedTuple):
     values: Callable[[Any], tuple[Any, ...]]  # a record's values in its fields' order
 
 
-# Each columnar kind's code and fit check, made once: a check's table of type signatures costs ~60 µs to
-# build, which a writer making it at every flush (5 a second) paid each time.
+# Each columnar kind's code and fit check, made once: a check remembers the type signatures it found good,
+# which a check made at every flush (5 a second) would look at field by field again.
 _FITS = {cls: (code, columnar.fits(spec)) for code, (cls, spec) in enumerate(columnar.SPECS.items(), start=1)}
 
 
 class CompactWriter(RecordingWriter):
     """Writes one rank's recording in the compact form; RecordingWriter's API and promises (nothing
     raises after the constructor, losses counted). Records are kept until ``flush()``, which appends
-    them as one segment: the collectives and phases as columns, the rest as JSON rows."""
+    them as one segment: the collectives, phases and memory samples as columns, the rest as JSON rows."""
 
     def __init__(self, path: str | Path, rank: int, level: int = ZLIB_LEVEL, **header_extra: Any) -> None:
         self.level = level
