@@ -236,6 +236,8 @@ def test_promtool_accepts_the_exposition(live: LiveRun) -> None:
 
 def test_snapshot_document(live: LiveRun) -> None:
     url = live.url(1)
+    # The metrics counted 5 steps; the snapshot's view may be one taken just before (kept VIEW_TTL_S).
+    wait_for(lambda: len(snapshot(url)["steps"]) >= 5, 30, "the snapshot to hold 5 steps")
     doc = snapshot(url)
     assert doc["schema"] == "zeromon.snapshot/1"
     assert (doc["rank"], doc["local_rank"], doc["world_size"], doc["job"]) == (1, 1, 2, "livetest")

@@ -27,7 +27,6 @@ from zeromon.sources.discovery import local_runs
 from zeromon.views.overview import died_banners, incomplete_banners, rank_cells
 from zeromon.views.rank_detail import rank_title
 from zeromon.views.run_data import recording_data
-from zeromon_agent.config import AgentConfig
 
 from conftest import REPO, child_env, torchrun_args, zeromon
 
@@ -192,11 +191,13 @@ def test_the_run_folder_removed_mid_run(tmp_path: Path, baseline: list[float]) -
 
 def test_a_killed_rank_is_said_to_have_died_and_its_registry_entry_is_skipped(tmp_path: Path) -> None:
     registry = tmp_path / "registry"
-    env = child_env(ZEROMON_REGISTRY=str(registry))
+    # Passes of 0.2 s: the rank dies ~0.3 s into its steps, after a pass that wrote its first steps'
+    # summaries; what it may have lost is the header's interval.
+    env = child_env(ZEROMON_REGISTRY=str(registry), ZEROMON_FLUSH_INTERVAL="0.2")
     out = tmp_path / "run"
     result = zeromon_run(out, "--die", "1:6:kill", "--sleep", "0.05", env=env)
     assert result.returncode != 0
-    assert "rank 1 died at step" in result.stderr and f"(no end record; its last {AgentConfig().flush_interval_s:g} s may be lost)" in result.stderr
+    assert "rank 1 died at step" in result.stderr and "(no end record; its last 0.2 s may be lost)" in result.stderr
     assert read_file_end(out / "rank-1.jsonl").end is None
     end0 = read_file_end(out / "rank-0.jsonl").end  # torchrun stops it: SIGTERM, or its collective fails
     assert end0 is not None and end0.how != "exit"
