@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -125,7 +126,14 @@ def test_a_real_run_stays_under_max_disk_and_reports_every_step(tmp_path: Path, 
     for rec in read_run(out):
         assert [s.step for s in rec.steps] == list(range(steps))
         said = [n.message for n in rec.notices if isinstance(n, Notice) and n.source == "recording"]
-        assert any("per-collective detail is kept for every 10th step" in m for m in said), said
+        # Each change of level says what is kept from then on. The file's size is looked at once per pass,
+        # so a pass that comes late (a loaded machine) may take the recording past a level (20% to 32%
+        # seen in CI): whichever levels were met, they say so in order, and the shares rise.
+        levels = [m for m in said if m.startswith("the recording holds")]
+        assert levels and all(re.search(r"per-collective detail is kept for every 10+th step|no per-collective "
+                                        r"detail is kept", m) for m in levels), said
+        shares = [int(m.split("% of ZEROMON_MAX_DISK")[0].rsplit(" ", 1)[1]) for m in levels]
+        assert shares == sorted(shares) and shares[0] >= 20, shares
         assert any(m.startswith("bounded recording: from step") for m in said), said
         detailed = set(rec.collective_columns().step)
         assert 0 < len(detailed & set(range(steps))) < steps  # thinned, not emptied
