@@ -379,12 +379,16 @@ _phase_change = st.tuples(st.sampled_from(["forward", "backward", "optimizer", "
 
 def _record_phases(changes: list[tuple[str, int]], cuts: set[int], batch: bool, tmp: Path) -> tuple[list[Any], Recorder]:
     """A Recorder (no GPU) fed phase changes, zeromon's own spans and step ends, drained at ``cuts``: its
-    host spans finished a column at a time (``batch``) or one at a time (_finish_span, as before)."""
+    host spans made as tuples and finished a column at a time (``batch``), or made as Mark and Span objects
+    (the handlers a GPU's phases take) and finished one at a time (_finish_span, as before)."""
     state = HotState()
     path = tmp / f"phases-{batch}.zmr"
     recorder = Recorder(state, 1, CompactWriter(path, 1), 0.2)
     recorder.clock_offset_ns = 10**18
     if not batch:
+        for handler in ("_on_phase", "_on_agent", "_on_step_start", "_on_step_end"):
+            delattr(recorder, handler)  # the host's handlers (_use_host_phases) give way to the class's
+
         def one_at_a_time(spans: list[Any]) -> None:
             for span in spans:
                 recorder._finish_span(span, span.start.perf + 10**18, span.end.perf + 10**18, "host")

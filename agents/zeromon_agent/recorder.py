@@ -66,13 +66,15 @@ log = logging.getLogger("zeromon.agent")
 
 # A step's summary waits this long for its in-flight async collectives.
 _STEP_GRACE_NS = 2_000_000_000
-_YIELD_EVERY_MASK = 63  # the drain gives the GIL away every 64 records (~0.3 ms of work)
+# The drain gives the GIL away every 256 records (~1 ms of work; the interpreter's own switch interval is 5 ms).
+# Each give costs: the training thread runs meanwhile, and the drain comes back to cold caches (every 64
+# records: +0.7 µs a collective at the FSDP2 example's 11 a step, 5-6% of the drain; bench_recorder_cpu).
+_YIELD_EVERY_MASK = 255
 # The first pass comes this soon: the run's info and first records reach the file (and live views) as
 # the training starts, not a whole flush interval later.
 _FIRST_PASS_S = 0.2
 _BATCH = 256  # synchronous collectives finalized a column at a time, between two gives of the GIL
 _KIND, _ASYNC, _STEP, _CUDA = (operator.itemgetter(i) for i in (0, 10, 13, 14))  # of a raw collective
-_SPAN_FIELDS = operator.attrgetter("phase", "step", "start.perf", "end.perf")
 # A CUDA event (a phase boundary) the GPU has not reached this long after it was recorded is given
 # up on: its spans fall back to host times. Bounds the wait of a step summary on a stalled GPU.
 _MARK_GRACE_NS = 10_000_000_000
@@ -121,9 +123,11 @@ class Recorder(CollectiveRecords):
         self._orphan_seen: dict[int, int] = {}
         self._steps: dict[int, StepAcc] = {}
         self._emitted_through = -1  # steps up to this one are summarized; later events skip them
-        self._phase: tuple[str, Mark, int] | None = None  # (phase, its start, step)
+        # (phase, its start, step): its start a Mark, or on the host (no GPU) its perf_ns (_on_phase_host)
+        self._phase: tuple[str, Any, int] | None = None
         self._marks: list[Mark] = []  # boundaries whose CUDA event the GPU has not reached yet
-        self._spans: collections.deque[Span] = collections.deque()  # closed, waiting for their marks
+        # Closed, waiting for their marks: Spans, or on the host (phase, step, start, end) in perf_ns
+        self._spans: collections.deque[Any] = collections.deque()
         self._group_sizes: dict[Any, int] = {}
         self._dtype_names: dict[Any, str] = {}
         self._shapes: dict[tuple[Any, ...], tuple[str, int, str, int, float | None, int]] = {}  # _shape
@@ -135,6 +139,8 @@ class Recorder(CollectiveRecords):
         self._drain_lock = threading.Lock()
         self._loss_said = False
         self._hook_places_said: set[str] = set()
+        if cuda_timer is None:  # no GPU, for the whole run: phases as plain tuples (_on_phase_host)
+            self._use_host_phases()
         # ZEROMON_MAX_DISK: which steps' collectives and phase spans go to the file.
         self.keeper = DetailKeeper(self._write, max_disk if writer is not None else None,
                                    lambda: writer.bytes_written if writer is not None else None,
@@ -319,7 +325,7 @@ class Recorder(CollectiveRecords):
         if collectives and self._all_sync(collectives):  # every collective on gloo: a column at a time
             for start in range(0, len(collectives), _BATCH):
                 if start:
-                    self._release()  # as _dispatch does every 64 records
+                    self._release()  # as _dispatch does every 256 records
                     time.sleep(0)
                 batch = collectives[start:start + _BATCH]
                 if not self._finalize_sync_batch(batch):
@@ -345,7 +351,7 @@ class Recorder(CollectiveRecords):
                 # Hand the GIL back: a waiting training thread would otherwise wait until the
                 # interpreter's switch interval (5 ms) forces it, stretching whatever it was timing.
                 # What was published so far goes to live clients first: a long pass holds the lock
-                # (and the GIL) for 64 records' worth of live totals at a time, not for all of them.
+                # (and the GIL) for 256 records' worth of live totals at a time, not for all of them.
                 self._release()
                 sleep(0)
             kind = item[0]
@@ -407,6 +413,52 @@ class Recorder(CollectiveRecords):
         self._spans.append(Span(AGENT_PHASE, current_step, Mark(perf=t0), Mark(perf=t1)))
         self._phase = (current, Mark(perf=t1), current_step)
 
+    # --- phases on the host (no GPU) -----------------------------------------------------------------
+    # The same spans as the handlers above, made of plain values: the current phase is (phase, start perf_ns,
+    # step), a closed one (phase, step, start perf_ns, end perf_ns), no Mark nor Span a boundary (a step of
+    # the FSDP2 example has ~10 spans: ~0.5 µs each; tests/test_recorder_fast_path.py holds them equal).
+    # Steps' own boundaries stay Marks (StepAcc.start, .end: two a step).
+    def _use_host_phases(self) -> None:
+        self._on_phase, self._on_agent = self._on_phase_host, self._on_agent_host  # type: ignore[method-assign]
+        self._on_step_start, self._on_step_end = self._on_step_start_host, self._on_step_end_host  # type: ignore[method-assign]
+
+    def _on_phase_host(self, item: tuple[Any, ...]) -> None:
+        t = item[2]
+        current = self._phase
+        if current is not None and t > current[1]:
+            self._spans.append((current[0], current[2], current[1], t))
+        self._phase = (item[1], t, item[3])
+
+    def _on_agent_host(self, item: tuple[Any, ...]) -> None:
+        _, _, t0, t1, _ = item
+        current = self._phase
+        if current is None:
+            return
+        name, start, step = current
+        spans = self._spans
+        if t0 > start:
+            spans.append((name, step, start, t0))
+        spans.append((AGENT_PHASE, step, t0, t1))
+        self._phase = (name, t1, step)
+
+    def _on_step_start_host(self, item: tuple[Any, ...]) -> None:
+        _, step, t, _, phase = item
+        current = self._phase
+        if current is not None and t > current[1] and current[2] != step:  # a gap inside the step is none
+            self._spans.append((current[0], current[2], current[1], t))
+        self._phase = (phase, t, step)
+        self._step_acc(step).start = Mark(perf=t)
+
+    def _on_step_end_host(self, item: tuple[Any, ...]) -> None:
+        _, step, t, _, explicit = item
+        current = self._phase
+        if current is not None and t > current[1]:
+            self._spans.append((current[0], current[2], current[1], t))
+        self._phase = (current[0], t, step + 1) if current is not None and not explicit else None
+        acc = self._step_acc(step)
+        acc.end = Mark(perf=t)
+        acc.ended_at_perf = time.perf_counter_ns()
+
     def _on_step_start(self, item: tuple[Any, ...]) -> None:
         """zeromon_agent.step()'s entry: the step opens here; the time since the previous step's exit
         belongs to no step."""
@@ -445,12 +497,12 @@ class Recorder(CollectiveRecords):
             else:
                 finish(span, start.perf + offset, end.perf + offset, HOST_CLOCK)
 
-    def _finish_host_spans(self, spans: list[Span]) -> None:
+    def _finish_host_spans(self, spans: list[tuple[str, int, int, int]]) -> None:
         """_finish_span of each of ``spans`` (closed, in order) on the host's clock, a column at a time: the
         same records and step accounting (tests/test_recorder_fast_path.py), the records handed to live
         clients unmade (``materialize``), as _finalize_sync_batch does for collectives."""
         k, offset, rank, emitted = len(spans), self.clock_offset_ns, self.rank, self._emitted_through
-        phases, steps, starts_perf, ends_perf = zip(*map(_SPAN_FIELDS, spans), strict=True)
+        phases, steps, starts_perf, ends_perf = zip(*spans, strict=True)  # _on_phase_host's tuples
         starts = list(map(operator.add, starts_perf, itertools.repeat(offset, k)))
         ends = list(map(operator.add, ends_perf, itertools.repeat(offset, k)))
         values = list(zip(itertools.repeat(rank, k), steps, phases, starts, ends, itertools.repeat(HOST_CLOCK, k),
@@ -470,7 +522,7 @@ class Recorder(CollectiveRecords):
         for phase, step, start_ns, end_ns in zip(phases, steps, starts, ends, strict=True):
             if step > emitted:
                 acc = get_acc(step)
-                acc.phase_s[phase] = acc.phase_s.get(phase, 0.0) + (end_ns - start_ns) / 1e9
+                acc.phase_ns[phase] = acc.phase_ns.get(phase, 0) + end_ns - start_ns
                 if phase == AGENT_PHASE:
                     acc.agent.append((start_ns, end_ns))
                 if acc.start_ns is None or start_ns < acc.start_ns:
@@ -483,7 +535,7 @@ class Recorder(CollectiveRecords):
         self._unreleased.append(record)
         if span.step > self._emitted_through:
             acc = self._step_acc(span.step)
-            acc.phase_s[span.phase] = acc.phase_s.get(span.phase, 0.0) + (end_ns - start_ns) / 1e9
+            acc.phase_ns[span.phase] = acc.phase_ns.get(span.phase, 0) + end_ns - start_ns
             if span.phase == AGENT_PHASE:
                 acc.agent.append((start_ns, end_ns))
             elif timing == DEVICE_CLOCK:

@@ -52,7 +52,7 @@ class StepAcc:
     overlap_known: bool = True  # False once intervals were folded or blocked ones not kept
     blocked_s: float = 0.0
     peak_memory: int | None = None
-    phase_s: dict[str, float] = field(default_factory=dict)
+    phase_ns: dict[str, int] = field(default_factory=dict)  # whole nanoseconds: seconds() of each is exact
     start_ns: int | None = None
     start: Mark | None = None  # zeromon_agent.step()'s entry, which opens the step
     end: Mark | None = None  # set when the step ended
@@ -106,7 +106,7 @@ def summarize(acc: StepAcc, rank: int, step: int, start_ns: int, end_ns: int) ->
     comp_s = overlap_s = exposed_s = None
     if acc.overlap_known and end_ns > start_ns and not (acc.on_stream and acc.compute):
         comp_ns, overlap_ns, exposed_ns = host_overlap_ns(acc.intervals, acc.blocked, (start_ns, end_ns), acc.agent)
-        comp_s, overlap_s, exposed_s = round(comp_ns / 1e9, 9), round(overlap_ns / 1e9, 9), round(exposed_ns / 1e9, 9)
+        comp_s, overlap_s, exposed_s = seconds(comp_ns), seconds(overlap_ns), seconds(exposed_ns)
     elif acc.overlap_known:
         overlap = overlap_in_step(acc.intervals, acc.blocked, (start_ns, end_ns), agent=acc.agent,
                                   stream_compute=acc.compute if acc.on_stream else None)
@@ -114,9 +114,9 @@ def summarize(acc: StepAcc, rank: int, step: int, start_ns: int, end_ns: int) ->
                                         round(overlap.exposed_comm_s, 9))
     return StepSummary(
         rank=rank, step=step, start_ns=start_ns, end_ns=end_ns,
-        phase_s={k: round(v, 9) for k, v in acc.phase_s.items()}, collectives=acc.collectives,
+        phase_s={k: v / 1e9 for k, v in acc.phase_ns.items()}, collectives=acc.collectives,  # seconds()
         comm_bytes=acc.comm_bytes, comm_bytes_by_op=dict(acc.by_op),
-        comm_union_s=round((acc.folded_union_ns + union_length(acc.intervals)) / 1e9, 9),
+        comm_union_s=seconds(acc.folded_union_ns + union_length(acc.intervals)),
         blocked_s=round(acc.blocked_s, 9),
         peak_memory=acc.peak_memory,
         comp_s=comp_s, overlap_s=overlap_s, exposed_comm_s=exposed_s,
