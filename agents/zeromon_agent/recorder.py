@@ -73,6 +73,9 @@ _YIELD_EVERY_MASK = 255
 # The first pass comes this soon: the run's info and first records reach the file (and live views) as
 # the training starts, not a whole flush interval later.
 _FIRST_PASS_S = 0.2
+# The passes' interval at most (the live views' age): the recording is flushed every flush_interval_s, a
+# pass at least every this often publishes to live clients (and, on the JSON lines, writes to the file's buffer).
+LIVE_PASS_S = 1.0
 _BATCH = 256  # synchronous collectives finalized a column at a time, between two gives of the GIL
 _KIND, _ASYNC, _STEP, _CUDA = (operator.itemgetter(i) for i in (0, 10, 13, 14))  # of a raw collective
 # A CUDA event (a phase boundary) the GPU has not reached this long after it was recorded is given
@@ -179,9 +182,12 @@ class Recorder(CollectiveRecords):
 
     def _run(self) -> None:
         cpu0 = time.thread_time()
-        wait = min(self.flush_interval_s, _FIRST_PASS_S)
+        every = min(self.flush_interval_s, LIVE_PASS_S)
+        wait = min(every, _FIRST_PASS_S)
+        flush_ns = round(self.flush_interval_s * 1e9)
+        last_flush = None  # the first pass flushes: the run's header and info reach the file as training starts
         while not self._stop.wait(wait):
-            wait = self.flush_interval_s
+            wait = every
             try:
                 with self._drain_lock:
                     self._drain(final=False)
@@ -191,8 +197,11 @@ class Recorder(CollectiveRecords):
                         self._last_stats_ns = now
                         self._write(self.stats())
                     if self.writer is not None:
-                        self.writer.flush()
-                        self._check_writer()
+                        # Half a pass early: a flush due between two passes is made at the first of them.
+                        if last_flush is None or now - last_flush >= flush_ns - every * 5e8:
+                            last_flush = now
+                            self.writer.flush()
+                            self._check_writer()
                         self.keeper.check_size()
                     self._say_hook_errors()
             except Exception as exc:  # noqa: BLE001 - the recorder must never take training down
