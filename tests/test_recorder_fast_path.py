@@ -42,6 +42,7 @@ from zeromon.model.events import (
     record_maker,
 )
 from zeromon.model.segments import CompactWriter
+from zeromon_agent.collective_records import materialize
 from zeromon_agent.live_totals import BUSBW_WINDOW, DURATION_BUCKETS, CollectiveTotals, LiveTotals
 from zeromon_agent.live_totals import counted as live_counted
 from zeromon_agent.recorder import Recorder
@@ -367,7 +368,7 @@ def test_a_memory_sample_made_with_its_slots_set_is_the_constructor_s(values: li
     state.control.append((RAW_MEMORY, "backward", 4, 2000, {**fields, "unknown_field": 1}))  # refused, as before
     with pytest.raises(TypeError):
         recorder._drain(final=True)
-    made = [r for _, r in recorder.recent_records()] or recorder._unreleased
+    made = [r for _, r in recorder.recent_records()] or list(map(materialize, recorder._unreleased))
     assert made == [MemorySample(rank=2, step=4, phase="forward", t_ns=1000 + recorder.clock_offset_ns, **fields)]
     assert encode_record(made[0]) == encode_record(MemorySample(rank=2, step=4, phase="forward",
                                                                t_ns=1000 + recorder.clock_offset_ns, **fields))

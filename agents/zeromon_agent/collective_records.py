@@ -21,7 +21,16 @@ from typing import TYPE_CHECKING, Any
 
 from zeromon.analysis.bandwidth import bus_factor, event_bandwidth
 from zeromon.model.codec import RecordingWriter
-from zeromon.model.events import MAX_SPAN_S, CollectiveEvent, PhaseSpan, Record, Timing, record_maker, span_ns
+from zeromon.model.events import (
+    MAX_SPAN_S,
+    CollectiveEvent,
+    MemorySample,
+    PhaseSpan,
+    Record,
+    Timing,
+    record_maker,
+    span_ns,
+)
 from zeromon_agent.live_totals import Counted, counted
 from zeromon_agent.step_acc import MAX_STEP_INTERVALS, StepAcc, add_blocked, fold, meaning_of, seconds
 
@@ -47,9 +56,9 @@ _repeat = itertools.repeat
 # The kinds a batch publishes unmade, by their number of fields (which tells them apart): a record's values
 # alone, a tuple the collector untracks, rather than a record or a (maker, values) pair, one a collective.
 _MAKERS: dict[int, Callable[[tuple[Any, ...]], Record]] = {
-    len(dataclasses.fields(cls)): record_maker(cls) for cls in (CollectiveEvent, PhaseSpan)}
-if len(_MAKERS) != 2:
-    raise TypeError("CollectiveEvent and PhaseSpan must differ in their number of fields (materialize)")
+    len(dataclasses.fields(cls)): record_maker(cls) for cls in (CollectiveEvent, PhaseSpan, MemorySample)}
+if len(_MAKERS) != 3:
+    raise TypeError("CollectiveEvent, PhaseSpan and MemorySample must differ in their number of fields (materialize)")
 
 
 def materialize(entry: Any) -> Record:

@@ -34,6 +34,7 @@ from zeromon_agent.state import STATE
 log = logging.getLogger("zeromon.agent")
 
 INLINE_PATHS = frozenset({"/metrics", "/healthz"})  # cheap and cached: answered by the I/O thread
+_READS = frozenset({"/metrics", "/api/v1/snapshot"})  # what a live client reads: the recorder passes every second
 
 
 # --- the agent's routes ---------------------------------------------------------------------------------
@@ -57,6 +58,10 @@ class EndpointApp:
         if self._expected is not None and not self._authorized(request.headers.get("Authorization")):
             return Response(401, b'{"error":"a bearer token is required (ZEROMON_TOKEN)"}\n',
                             headers=(("WWW-Authenticate", 'Bearer realm="zeromon"'),))
+        if request.path in _READS:
+            watched = getattr(self.live.recorder, "watched", None)
+            if watched is not None:  # passes a second apart while clients read (recorder.WATCHED_S)
+                watched()
         if request.path == "/metrics":
             body, content_type = self.metrics.render(request.headers.get("Accept"))
             return Response(200, body, content_type)

@@ -73,9 +73,14 @@ _YIELD_EVERY_MASK = 255
 # The first pass comes this soon: the run's info and first records reach the file (and live views) as
 # the training starts, not a whole flush interval later.
 _FIRST_PASS_S = 0.2
-# The passes' interval at most (the live views' age): the recording is flushed every flush_interval_s, a
-# pass at least every this often publishes to live clients (and, on the JSON lines, writes to the file's buffer).
+# Passes: one at each flush of the recording (every flush_interval_s), and, while a live client reads this
+# rank (its endpoint read within WATCHED_S), one every LIVE_PASS_S (the live views' age; a read after a quiet
+# spell wakes one at once); sooner when the queues fill (a quarter of the raw one). Each pass pays a cold
+# start (~1 ms on the FSDP2 example: the recorder's thread took 12.0-12.2 µs a collective at a pass a second,
+# 10.1-10.5 at one every 2 s; bench_recorder_cpu), which a rank nobody watches need not pay every second.
 LIVE_PASS_S = 1.0
+WATCHED_S = 3.0
+_CONTROL_CROWDED = 16384  # control records queued that bring a pass forward (the queue holds 65,536)
 _BATCH = 256  # synchronous collectives finalized a column at a time, between two gives of the GIL
 _KIND, _ASYNC, _STEP, _CUDA = (operator.itemgetter(i) for i in (0, 10, 13, 14))  # of a raw collective
 # A CUDA event (a phase boundary) the GPU has not reached this long after it was recorded is given
@@ -85,7 +90,8 @@ _MARK_GRACE_NS = 10_000_000_000
 _new_span = record_maker(PhaseSpan)
 _new_memory = record_maker(MemorySample)
 _MEMORY_ORDER = FIELDS_OF[MemorySample][4:]  # the fields the agent's sample dict holds, in order
-_MEMORY_FIELDS, _MEMORY_FIELDS_WALKED = frozenset(_MEMORY_ORDER[:-1]), frozenset(_MEMORY_ORDER)
+_MEMORY_PLAIN = _MEMORY_ORDER[:-1]  # all but the categories, which a sample has when they were walked
+_MEMORY_FIELDS, _MEMORY_FIELDS_WALKED = frozenset(_MEMORY_PLAIN), frozenset(_MEMORY_ORDER)
 
 
 class Recorder(CollectiveRecords):
@@ -102,8 +108,9 @@ class Recorder(CollectiveRecords):
         # perf_counter_ns -> Unix ns. One pair: the two clocks drift by parts per million at most.
         self.clock_offset_ns = time.time_ns() - time.perf_counter_ns()
         self.lock = threading.Lock()  # guards the live views below for other threads (endpoint)
-        # (cursor, record) of what was published, the record unmade where a batch left it so: recent_records
-        self.recent: collections.deque[tuple[int, Any]] = collections.deque(maxlen=recent_events)
+        # What was published, oldest first, a record unmade where a batch left it so (recent_records); the newest
+        # is numbered ``cursor``, each before it one less (no (cursor, record) pair made a record)
+        self.recent: collections.deque[Any] = collections.deque(maxlen=recent_events)
         self.recent_steps: collections.deque[StepSummary] = collections.deque(maxlen=512)
         self.latest_memory: MemorySample | None = None
         self.latest_device: DeviceSample | None = None
@@ -111,7 +118,8 @@ class Recorder(CollectiveRecords):
         self.notices: list[Notice] = []
         # Live views for the endpoint, also under self.lock: a cursor numbers every published record.
         self.cursor = 0
-        self.memory_history: collections.deque[MemorySample] = collections.deque(maxlen=2048)
+        # MemorySamples, or their values where the drain left them unmade: memory_samples()
+        self.memory_history: collections.deque[Any] = collections.deque(maxlen=2048)
         self.totals = LiveTotals()
         self.events_finalized = 0
         # Published by the drain, not yet handed to live clients (_release, at the end of each pass).
@@ -138,6 +146,8 @@ class Recorder(CollectiveRecords):
         self._last_device_ns = 0
         self._last_stats_ns = 0
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by stop() and by a live client's read after a quiet spell
+        self._watched_ns = -(10**18)  # perf_counter_ns of the last live client's read (watched)
         self._thread: threading.Thread | None = None
         self._drain_lock = threading.Lock()
         self._loss_said = False
@@ -159,6 +169,7 @@ class Recorder(CollectiveRecords):
         """Drain everything, finalize what is left, write stats and the end record (``how`` the rank
         ended: RunEnd.how), close the file. Idempotent."""
         self._stop.set()
+        self._wake.set()
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
@@ -180,15 +191,40 @@ class Recorder(CollectiveRecords):
                     writer.close(end)
                     self._check_writer()
 
+    def watched(self) -> None:
+        """A live client read this rank (its endpoint's /metrics or snapshot): passes come every LIVE_PASS_S
+        while reads go on, and a read after a quiet spell wakes one now."""
+        now = time.perf_counter_ns()
+        quiet = now - self._watched_ns >= WATCHED_S * 1e9
+        self._watched_ns = now
+        if quiet:
+            self._wake.set()
+
     def _run(self) -> None:
         cpu0 = time.thread_time()
         every = min(self.flush_interval_s, LIVE_PASS_S)
         wait = min(every, _FIRST_PASS_S)
         flush_ns = round(self.flush_interval_s * 1e9)
+        watched_ns = WATCHED_S * 1e9
+        state = self.state
         last_flush = None  # the first pass flushes: the run's header and info reach the file as training starts
-        while not self._stop.wait(wait):
+        while True:
+            self._wake.wait(wait)
+            if self._stop.is_set():
+                break
+            self._wake.clear()
             wait = every
+            now = time.perf_counter_ns()
+            # Half a pass early: a flush due between two wakeups is made at the first of them.
+            flush = last_flush is None or now - last_flush >= flush_ns - every * 5e8
+            due = (flush or now - self._watched_ns < watched_ns or len(state.raw) * 4 >= state.raw_capacity
+                   or len(state.control) >= _CONTROL_CROWDED)
             try:
+                if not due:  # nobody reads, nothing crowds, no flush due: NVML every device_interval_s all the same
+                    if self.device is not None:
+                        with self._drain_lock:
+                            self._sample_device()
+                    continue
                 with self._drain_lock:
                     self._drain(final=False)
                     self._sample_device()
@@ -197,8 +233,7 @@ class Recorder(CollectiveRecords):
                         self._last_stats_ns = now
                         self._write(self.stats())
                     if self.writer is not None:
-                        # Half a pass early: a flush due between two passes is made at the first of them.
-                        if last_flush is None or now - last_flush >= flush_ns - every * 5e8:
+                        if flush:
                             last_flush = now
                             self.writer.flush()
                             self._check_writer()
@@ -206,7 +241,8 @@ class Recorder(CollectiveRecords):
                     self._say_hook_errors()
             except Exception as exc:  # noqa: BLE001 - the recorder must never take training down
                 self.state.hook_error("recorder", exc)
-            self.cpu_time_s = time.thread_time() - cpu0
+            finally:
+                self.cpu_time_s = time.thread_time() - cpu0
 
     def _check_writer(self) -> None:
         """Say once, in a Notice and the log, that the recording stopped being written."""
@@ -274,24 +310,32 @@ class Recorder(CollectiveRecords):
         self._unreleased, self._unreleased_collectives, self._unreleased_steps, self._unreleased_memory = \
             [], [], [], []
         with self.lock:
-            cursor = self.cursor
-            self.recent.extend(zip(range(cursor + 1, cursor + 1 + len(records)), records, strict=True))  # unmade too
-            self.cursor = cursor + len(records)
+            self.recent.extend(records)  # unmade too
+            self.cursor += len(records)
             self.totals.count_collectives(collectives)  # counted when read (a scrape), or in bulk
             for summary in steps:
                 self.recent_steps.append(summary)
                 self.totals.count_step(summary.duration_s)
             if memory:
-                self.latest_memory = memory[-1]
-                self.memory_history.extend(memory)
+                latest = materialize(memory[-1])
+                self.latest_memory = latest if isinstance(latest, MemorySample) else None
+                self.memory_history.extend(memory)  # unmade too: memory_samples()
 
-    def recent_records(self, entries: Any = None) -> list[tuple[int, Record]]:
-        """(cursor, record) of the records published last (``entries``: a copy of ``recent`` taken under the
-        lock; else taken here), each made now where a batch left it unmade."""
-        if entries is None:
-            with self.lock:
-                entries = tuple(self.recent)
-        return [(cursor, materialize(entry)) for cursor, entry in entries]
+    def recent_records(self) -> list[tuple[int, Record]]:
+        """(cursor, record) of the records published last, each made now where a batch left it unmade."""
+        with self.lock:
+            entries, cursor = tuple(self.recent), self.cursor
+        return list(zip(range(cursor - len(entries) + 1, cursor + 1), map(materialize, entries), strict=True))
+
+    def memory_samples(self) -> list[MemorySample]:
+        """memory_history's samples, each made once (under the lock): a run nobody reads makes none."""
+        with self.lock:
+            history = self.memory_history
+            if any(type(entry) is tuple for entry in history):
+                made = list(map(materialize, history))
+                history.clear()
+                history.extend(made)
+            return list(history)
 
     def stats(self) -> AgentStats:
         writer = self.writer
@@ -527,15 +571,22 @@ class Recorder(CollectiveRecords):
             for row in values:
                 writer.write(_new_span(row))  # the file is gone: counted as lost
         self._unreleased.extend(values)  # unmade: materialize
-        get_acc = self._step_acc
-        for phase, step, start_ns, end_ns in zip(phases, steps, starts, ends, strict=True):
+        # The steps: a run of one step's spans at a time (a pass holds a few steps, each ~10 spans).
+        get_acc, durations, start = self._step_acc, list(map(operator.sub, ends, starts)), 0
+        for step, run in itertools.groupby(steps):
+            end = start + len(list(run))
             if step > emitted:
                 acc = get_acc(step)
-                acc.phase_ns[phase] = acc.phase_ns.get(phase, 0) + end_ns - start_ns
-                if phase == AGENT_PHASE:
-                    acc.agent.append((start_ns, end_ns))
-                if acc.start_ns is None or start_ns < acc.start_ns:
-                    acc.start_ns = start_ns
+                phase_ns, run_phases = acc.phase_ns, phases[start:end]
+                for phase, duration in zip(run_phases, durations[start:end], strict=True):  # in order: the dict's
+                    phase_ns[phase] = phase_ns.get(phase, 0) + duration
+                if AGENT_PHASE in run_phases:
+                    acc.agent.extend(itertools.compress(zip(starts[start:end], ends[start:end], strict=True),
+                                                        map(AGENT_PHASE.__eq__, run_phases)))
+                first = min(starts[start:end])
+                if acc.start_ns is None or first < acc.start_ns:
+                    acc.start_ns = first
+            start = end
 
     def _finish_span(self, span: Span, start_ns: int, end_ns: int, timing: str) -> None:
         values = (self.rank, span.step, span.phase, start_ns, end_ns, timing)
@@ -600,18 +651,25 @@ class Recorder(CollectiveRecords):
         if keys == _MEMORY_FIELDS or keys == _MEMORY_FIELDS_WALKED:
             # The agent's usual fields (with or without the categories walked): the slots set directly, and
             # the values handed to the compact writer as they are (no attribute getter: ~0.3 µs a sample).
-            values = (*head, *map(fields.__getitem__, _MEMORY_ORDER[:-1]), fields.get("categories", {}))
-            sample = _new_memory(values)
-            self._write_detail(MemorySample, values, sample, step)
+            # Live clients get the values, the record made when one reads it (materialize: ~0.7 µs a sample).
+            sample: Any = (*head, *map(fields.__getitem__, _MEMORY_PLAIN), fields.get("categories", {}))
+            keeper, writer = self.keeper, self.writer
+            if keeper.level:  # thinned: the keeper holds the record until its step decides
+                keeper.detail(_new_memory(sample), step)
+            elif writer is not None and keeper.admit() and not (self._write_values is not None
+                                                                and self._write_values(MemorySample, sample)):
+                writer.write(_new_memory(sample))
+            allocated, rss = fields["allocated"], fields["rss"]
         else:  # anything else: the constructor says what is wrong
             sample = MemorySample(rank=self.rank, step=step, phase=phase, t_ns=head[3], **fields)
             self.keeper.detail(sample, step)
+            allocated, rss = sample.allocated, sample.rss
         self._unreleased.append(sample)
         self._unreleased_memory.append(sample)
         # The step's peak from the samples taken every step: those of the highest moments inside a
         # forward or backward come in walk steps only, and would make a sawtooth of the series.
         if step > self._emitted_through and phase not in PEAK_PHASES:
-            level = sample.allocated if sample.allocated is not None else sample.rss
+            level = allocated if allocated is not None else rss
             acc = self._step_acc(step)
             if level is not None and (acc.peak_memory is None or level > acc.peak_memory):
                 acc.peak_memory = level

@@ -12,7 +12,6 @@ Snapshot JSON, schema ``zeromon.snapshot/1`` (docs/snapshot.md documents it for 
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import statistics
 import threading
@@ -92,7 +91,7 @@ class View:
     oom: OomForecast | None
     findings: tuple[Finding, ...]
     notices: tuple[Notice, ...]
-    recent: tuple[tuple[int, Any], ...]  # (cursor, record), oldest first; a record may be unmade: materialize
+    recent: tuple[Any, ...]  # the records published last, oldest first; a record may be unmade: materialize
 
 
 class LiveData:
@@ -117,6 +116,7 @@ class LiveData:
 
     def _take(self, now: float) -> View:
         rec = self.recorder
+        history = rec.memory_samples()
         with rec.lock:
             cursor = rec.cursor
             run_info = rec.run_info
@@ -124,7 +124,6 @@ class LiveData:
             memory = rec.latest_memory
             device = rec.latest_device
             notices = tuple(rec.notices)
-            history = list(rec.memory_history)
             recent = tuple(rec.recent)
             rows = tuple(CollectiveRow(op, meaning, t.calls, t.bytes, t.seconds, t.timed_calls, t.blocked_s,
                                        tuple(t.buckets)) for (op, meaning), t in rec.totals.collectives.items())
@@ -148,7 +147,7 @@ class LiveData:
         )
 
     def _oom(self, now: float, history: list[MemorySample], steps: tuple[StepSummary, ...],
-             run_info: RunInfo | None, recent: tuple[tuple[int, Any], ...]) -> OomForecast | None:
+             run_info: RunInfo | None, recent: tuple[Any, ...]) -> OomForecast | None:
         """The OOM forecast of the live memory history, recomputed at most every FORECAST_TTL_S."""
         cached = self._forecast
         if cached is not None and now - cached[0] < FORECAST_TTL_S and (cached[1] is not None or not history):
@@ -159,7 +158,7 @@ class LiveData:
             recording = Recording(
                 path=Path(f"<live rank {self.identity.rank}>"), header={"rank": self.identity.rank},
                 memory=history, steps=list(steps), run_info=run_info,
-                ooms=[r for _, r in recent if isinstance(r, OomEvent)])
+                ooms=[r for r in recent if isinstance(r, OomEvent)])
             result = forecast(recording)
         self._forecast = (now, result)
         return result
@@ -216,19 +215,20 @@ def build_snapshot(identity: Identity, view: View, query: Mapping[str, list[str]
         "notices": [record_dict(n) for n in view.notices],
     }
     if since is not None:
-        events, lost = events_since(view.recent, since, limit)
+        events, lost = events_since(view.recent, view.cursor, since, limit)
         snapshot["events"] = events
         if lost:
             snapshot["events_lost"] = True
     return snapshot
 
 
-def events_since(recent: tuple[tuple[int, Any], ...], since: int,
-                 limit: int) -> tuple[list[dict[str, Any]], bool]:
-    """The oldest ``limit`` records with cursor > since, and whether some after ``since`` are gone."""
-    start = bisect.bisect_right(recent, since, key=lambda item: item[0])
+def events_since(recent: tuple[Any, ...], cursor: int, since: int, limit: int) -> tuple[list[dict[str, Any]], bool]:
+    """The oldest ``limit`` records with cursor > since (``recent``'s newest numbered ``cursor``), and whether
+    some after ``since`` are gone."""
+    first = cursor - len(recent) + 1
+    start = max(0, since + 1 - first)
     # Lost: the first kept record is not the one right after `since` (the deque has moved past it).
-    lost = bool(recent) and recent[0][0] > since + 1
-    events = [{"cursor": cursor, "kind": KIND_OF[type(record)], **record_dict(record)}
-              for cursor, record in ((cursor, materialize(entry)) for cursor, entry in recent[start:start + limit])]
+    lost = bool(recent) and first > since + 1
+    events = [{"cursor": first + index, "kind": KIND_OF[type(record)], **record_dict(record)}
+              for index, record in enumerate(map(materialize, recent[start:start + limit]), start)]
     return events, lost
