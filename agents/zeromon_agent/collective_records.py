@@ -31,7 +31,7 @@ from zeromon.model.events import (
     record_maker,
     span_ns,
 )
-from zeromon_agent.live_totals import Counted, counted
+from zeromon_agent.live_totals import Counted, CountedColumns, counted
 from zeromon_agent.step_acc import MAX_STEP_INTERVALS, StepAcc, add_blocked, fold, meaning_of, seconds
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ class CollectiveRecords:
     keeper: DetailKeeper
     events_finalized: int
     _unreleased: list[Any]  # records, or the values of one left unmade: materialize
-    _unreleased_collectives: list[Counted]
+    _unreleased_collectives: list[Counted | CountedColumns]
     _inflight: dict[int, Inflight]
     _orphan_waits: dict[int, tuple[Any, ...]]
     _orphan_done: dict[int, int]
@@ -425,7 +425,7 @@ class CollectiveRecords:
         busbw = [size / seconds_ * factor if seconds_ > 0 and factor is not None and size > 0 else None
                  for size, seconds_, factor in zip(sizes, blocked, factors, strict=True)]
         self._unreleased.extend(values)  # unmade: materialize
-        self._unreleased_collectives.extend(zip(ops, meanings, nbytes, blocked, blocked, busbw, strict=True))
+        self._unreleased_collectives.append([ops, meanings, nbytes, blocked, blocked, busbw])  # columns
         # The steps: one run of each step's collectives at a time (a pass holds one or two steps).
         start = 0
         for step, run in itertools.groupby(steps):

@@ -174,6 +174,7 @@ def _record_async(state: HotState, api: str, op: str, t0: int, t1: int, b_in: in
     sampled = False
     if async_op and result is not None:
         work = result
+        state.async_queued = True
         pending = state.pending
         if len(pending) < state.pending_capacity:
             pending[id(result)] = seq

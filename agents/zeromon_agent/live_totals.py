@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import bisect
 import collections
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from zeromon.model.events import CollectiveEvent
 
@@ -44,6 +46,9 @@ _UNCOUNTED_MAX = 4096
 
 # What the totals take of a collective: (op, meaning, bytes, time blocked, duration or None, busbw or None).
 Counted = tuple[str, str, int, float, "float | None", "float | None"]
+# A batch of them as columns, in that order (the recorder's batch of synchronous collectives: no tuple a
+# collective, which would live until counted, in the garbage collector's way).
+CountedColumns = list[Sequence[Any]]
 
 
 def counted(event: CollectiveEvent, duration_s: float | None, busbw: float | None) -> Counted:
@@ -60,7 +65,8 @@ class LiveTotals:
     def __init__(self) -> None:
         self._collectives: dict[tuple[str, str], CollectiveTotals] = {}  # by (op, meaning)
         self._busbw: dict[str, collections.deque[float]] = {}  # recent samples (bytes/s) by op
-        self._uncounted: list[Counted] = []
+        self._uncounted: list[Counted | CountedColumns] = []  # in the order they came
+        self._uncounted_rows = 0
         self.steps = StepTotals()
         self.ooms = 0
 
@@ -74,11 +80,11 @@ class LiveTotals:
         self._count_uncounted()
         return self._busbw
 
-    def count_collectives(self, batch: list[Counted]) -> None:
-        """Collectives (``counted``'s tuples), counted by the next read at the latest."""
-        uncounted = self._uncounted
-        uncounted.extend(batch)
-        if len(uncounted) >= _UNCOUNTED_MAX:
+    def count_collectives(self, batch: list[Counted | CountedColumns]) -> None:
+        """Collectives (``counted``'s tuples, or columns of them), counted by the next read at the latest."""
+        self._uncounted.extend(batch)
+        self._uncounted_rows += sum(len(item[0]) if type(item) is list else 1 for item in batch)
+        if self._uncounted_rows >= _UNCOUNTED_MAX:
             self._count_uncounted()
 
     def count_collective(self, event: CollectiveEvent, duration_s: float | None, busbw: float | None) -> None:
@@ -89,9 +95,9 @@ class LiveTotals:
         uncounted = self._uncounted
         if not uncounted:
             return
-        self._uncounted = []
+        self._uncounted, self._uncounted_rows = [], 0
         collectives, windows, bisect_left = self._collectives, self._busbw, bisect.bisect_left
-        for op, meaning, nbytes, blocked_s, duration_s, busbw in uncounted:
+        for op, meaning, nbytes, blocked_s, duration_s, busbw in _rows(uncounted):
             totals = collectives.get((op, meaning))
             if totals is None:
                 totals = collectives[(op, meaning)] = CollectiveTotals()
@@ -112,3 +118,12 @@ class LiveTotals:
         self.steps.count += 1
         self.steps.seconds += duration_s
         self.steps.buckets[bisect.bisect_left(STEP_BUCKETS, duration_s)] += 1
+
+
+def _rows(uncounted: list[Counted | CountedColumns]) -> Iterator[Counted]:
+    """Each collective of ``uncounted`` in order, a batch's columns a row at a time."""
+    for item in uncounted:
+        if isinstance(item, list):
+            yield from zip(*item, strict=True)
+        else:
+            yield item

@@ -41,7 +41,7 @@ from zeromon.model.events import (
 )
 from zeromon_agent.collective_records import CollectiveRecords, Inflight, materialize
 from zeromon_agent.detail import DetailKeeper
-from zeromon_agent.live_totals import Counted, LiveTotals
+from zeromon_agent.live_totals import Counted, CountedColumns, LiveTotals
 from zeromon_agent.state import (
     RAW_AGENT,
     RAW_COLLECTIVE,
@@ -73,11 +73,13 @@ _YIELD_EVERY_MASK = 255
 # The first pass comes this soon: the run's info and first records reach the file (and live views) as
 # the training starts, not a whole flush interval later.
 _FIRST_PASS_S = 0.2
-# Passes: one at each flush of the recording (every flush_interval_s), and, while a live client reads this
-# rank (its endpoint read within WATCHED_S), one every LIVE_PASS_S (the live views' age; a read after a quiet
-# spell wakes one at once); sooner when the queues fill (a quarter of the raw one). Each pass pays a cold
-# start (~1 ms on the FSDP2 example: the recorder's thread took 12.0-12.2 µs a collective at a pass a second,
-# 10.1-10.5 at one every 2 s; bench_recorder_cpu), which a rank nobody watches need not pay every second.
+# Passes: one every LIVE_PASS_S (the live views' age) while a live client reads this rank (its endpoint read
+# within WATCHED_S; a read after a quiet spell wakes one at once), while the queue holds what must not wait:
+# an async collective's Work (it holds its tensors: a DDP run's RSS stayed 128 MiB higher with passes 5 s
+# apart, tests/test_oom.py) or, on a GPU, the CUDA events of the timing pool (4,096), and while the queues
+# fill (a quarter of the raw one). Otherwise (host collectives, nobody reading) one at each flush of the
+# recording only: each pass pays a cold start (~1 ms on the FSDP2 example: the recorder's thread took
+# 12.0-12.2 µs a collective at a pass a second, 10.1-10.5 at one every 2 s; bench_recorder_cpu).
 LIVE_PASS_S = 1.0
 WATCHED_S = 3.0
 _CONTROL_CROWDED = 16384  # control records queued that bring a pass forward (the queue holds 65,536)
@@ -124,7 +126,7 @@ class Recorder(CollectiveRecords):
         self.events_finalized = 0
         # Published by the drain, not yet handed to live clients (_release, at the end of each pass).
         self._unreleased: list[Any] = []  # records, or the values of one left unmade (materialize)
-        self._unreleased_collectives: list[Counted] = []
+        self._unreleased_collectives: list[Counted | CountedColumns] = []
         self._unreleased_steps: list[StepSummary] = []
         self._unreleased_memory: list[MemorySample] = []
         self.cpu_time_s = 0.0
@@ -217,7 +219,8 @@ class Recorder(CollectiveRecords):
             now = time.perf_counter_ns()
             # Half a pass early: a flush due between two wakeups is made at the first of them.
             flush = last_flush is None or now - last_flush >= flush_ns - every * 5e8
-            due = (flush or now - self._watched_ns < watched_ns or len(state.raw) * 4 >= state.raw_capacity
+            due = (flush or now - self._watched_ns < watched_ns or self.cuda_timer is not None
+                   or state.async_queued or len(state.raw) * 4 >= state.raw_capacity
                    or len(state.control) >= _CONTROL_CROWDED)
             try:
                 if not due:  # nobody reads, nothing crowds, no flush due: NVML every device_interval_s all the same
@@ -225,6 +228,7 @@ class Recorder(CollectiveRecords):
                         with self._drain_lock:
                             self._sample_device()
                     continue
+                state.async_queued = False  # before the drain: one queued meanwhile brings the next pass
                 with self._drain_lock:
                     self._drain(final=False)
                     self._sample_device()
@@ -413,22 +417,22 @@ class Recorder(CollectiveRecords):
                 # fast path. _emitted_through moves only at the pass's end (_emit_steps).
                 if item[10] or item[14] is not None or item[13] <= emitted or not finalize_sync(item):
                     self._on_collective(item)
+            elif kind == RAW_PHASE:  # the control records by how often they come: ~6, 3, 1.5 and 1 a step
+                self._on_phase(item)
+            elif kind == RAW_MEMORY:
+                self._on_memory(item)
+            elif kind == RAW_AGENT:
+                self._on_agent(item)
+            elif kind == RAW_STEP_END:
+                self._on_step_end(item)
+            elif kind == RAW_STEP_START:
+                self._on_step_start(item)
             elif kind == RAW_WAIT:
                 self._on_wait(item)
             elif kind == RAW_DONE:
                 self._on_done(item)
             elif kind == RAW_SEEN_DONE:
                 self._on_seen_done(item)
-            elif kind == RAW_PHASE:
-                self._on_phase(item)
-            elif kind == RAW_STEP_END:
-                self._on_step_end(item)
-            elif kind == RAW_STEP_START:
-                self._on_step_start(item)
-            elif kind == RAW_AGENT:
-                self._on_agent(item)
-            elif kind == RAW_MEMORY:
-                self._on_memory(item)
             elif kind == RAW_OOM:
                 self._on_oom(item)
 
@@ -646,13 +650,14 @@ class Recorder(CollectiveRecords):
 
     def _on_memory(self, item: tuple[Any, ...]) -> None:
         _, phase, step, t, fields = item
-        head = (self.rank, step, phase, t + self.clock_offset_ns)
+        t_ns = t + self.clock_offset_ns
         keys = fields.keys()
         if keys == _MEMORY_FIELDS or keys == _MEMORY_FIELDS_WALKED:
             # The agent's usual fields (with or without the categories walked): the slots set directly, and
             # the values handed to the compact writer as they are (no attribute getter: ~0.3 µs a sample).
             # Live clients get the values, the record made when one reads it (materialize: ~0.7 µs a sample).
-            sample: Any = (*head, *map(fields.__getitem__, _MEMORY_PLAIN), fields.get("categories", {}))
+            sample: Any = (self.rank, step, phase, t_ns, *map(fields.__getitem__, _MEMORY_PLAIN),
+                           fields.get("categories", {}))
             keeper, writer = self.keeper, self.writer
             if keeper.level:  # thinned: the keeper holds the record until its step decides
                 keeper.detail(_new_memory(sample), step)
@@ -661,7 +666,7 @@ class Recorder(CollectiveRecords):
                 writer.write(_new_memory(sample))
             allocated, rss = fields["allocated"], fields["rss"]
         else:  # anything else: the constructor says what is wrong
-            sample = MemorySample(rank=self.rank, step=step, phase=phase, t_ns=head[3], **fields)
+            sample = MemorySample(rank=self.rank, step=step, phase=phase, t_ns=t_ns, **fields)
             self.keeper.detail(sample, step)
             allocated, rss = sample.allocated, sample.rss
         self._unreleased.append(sample)

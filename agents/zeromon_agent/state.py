@@ -45,6 +45,7 @@ class HotState:
         "works",
         "async_sample_every",
         "async_count",
+        "async_queued",
         "hook_errors",
         "_logged",
         "inside",
@@ -73,6 +74,9 @@ class HotState:
         self.works: dict[int, Any] = {}
         self.async_sample_every = 16
         self.async_count = 0
+        # An async collective was queued since the recorder's last pass: its Work (and the tensors a Work
+        # holds) waits in the queue until a pass, so the recorder passes every second (Recorder._run).
+        self.async_queued = False
         self.hook_errors = 0
         self._logged: set[str] = set()
         # True while inside a recorded collective: deprecated aliases call the new names through
