@@ -124,8 +124,10 @@ def test_bounded_buffer_drops_and_counts(tmp_path: Path) -> None:
     result = _run(tmp_path, """
         out_dir, port = sys.argv[1], int(sys.argv[2])
         init(port=port)
-        # A recorder that never drains (flush every hour): the buffer fills and then drops the oldest.
+        # A recorder that never drains (flush every hour, nobody reading): the buffer fills and then drops
+        # the oldest. Its first pass (0.2 s after the start) is let go by first; the next comes after 1 s.
         agent = zeromon_agent.attach(out_dir=out_dir, buffer_events=1024, flush_interval_s=3600.0)
+        time.sleep(0.5)
         x = torch.ones(4)
         for _ in range(3000):
             dist.all_reduce(x)

@@ -2,7 +2,7 @@
 chromium (Dash's own test browser, dash.testing), on real 2-rank gloo runs made by real CLI runs:
 
 - the README's FSDP2 job (the session's ``fsdp2_run``): every page loads without a console error and
-  draws what the recording holds; its exposed-communication banner is critical (gloo overlaps nothing);
+  draws what the recording holds; its exposed-communication banner warns at the least (gloo overlaps nothing);
 - a run built to leak memory against a small capacity: the OOM banner warns and names the rank;
 - a run that hides its all-reduce behind compute: both banners are ok;
 - a live run followed while it trains, until it ends;
@@ -412,12 +412,15 @@ def test_the_planner_names_the_bad_flag_and_shows_no_traceback(br: Any, fsdp2_da
 
 @needs_browser
 @pytest.mark.distributed
-def test_exposed_banner_is_critical_on_gloo_fsdp2(br: Any, fsdp2_dashboard: Dashboard, fsdp2_data: RunData) -> None:
+def test_exposed_banner_names_the_worst_rank_on_gloo_fsdp2(br: Any, fsdp2_dashboard: Dashboard,
+                                                           fsdp2_data: RunData) -> None:
     open_page(br, fsdp2_dashboard.page(), elements=("banner-exposed", "banner-oom"))
     expected = exposed_banner(fsdp2_data)
-    assert expected is not None
+    # gloo hides no communication: 32-41% of the step on a quiet machine (critical from 30%), less when
+    # other work on the machine slows the compute more than the waits; a warning at the least.
+    assert expected is not None and expected.level in ("warn", "critical")
     shown = banner(br, "exposed")
-    assert shown["level"] == "critical" and shown["rank"] == str(expected.rank)
+    assert shown["level"] == expected.level and shown["rank"] == str(expected.rank)
     assert shown["text"] == expected.text and f"rank {expected.rank}" in shown["text"]
     assert banner(br, "oom")["level"] == "ok"  # a few hundred MiB of the host's RAM share
 
