@@ -13,6 +13,7 @@ Snapshot JSON, schema ``zeromon.snapshot/1`` (docs/snapshot.md documents it for 
 from __future__ import annotations
 
 import dataclasses
+import operator
 import statistics
 import threading
 import time
@@ -164,12 +165,23 @@ class LiveData:
         return result
 
 
+_SCALAR_TYPES = frozenset(f"{t}{none}" for t in ("int", "float", "str", "bool") for none in ("", " | None"))
+# Per record type: its fields' values in one call, and the fields that may hold a mapping (those not
+# declared a scalar), the only ones looked at (a snapshot makes up to 2,000 of these a second: ~2.7 µs
+# each, checking every field, against ~1 µs).
+_GETTERS = {cls: operator.attrgetter(*names) for cls, names in FIELDS_OF.items()}
+_MAPPING_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls) if str(f.type) not in _SCALAR_TYPES)
+                   for cls in FIELDS_OF}
+
+
 def record_dict(record: Record) -> dict[str, Any]:
     """A record's fields by name (mappings as plain dicts), as the recording's schema names them."""
-    out: dict[str, Any] = {}
-    for name in FIELDS_OF[type(record)]:
-        value = getattr(record, name)
-        out[name] = dict(value) if isinstance(value, Mapping) else value
+    cls = type(record)
+    out = dict(zip(FIELDS_OF[cls], _GETTERS[cls](record), strict=True))
+    for name in _MAPPING_FIELDS[cls]:
+        value = out[name]
+        if isinstance(value, Mapping):
+            out[name] = dict(value)
     return out
 
 
