@@ -2,12 +2,12 @@
 
 Written in the agent's default form: rank-<r>.zmr (format 2.x, CompactWriter), or with ``--format jsonl``
 rank-<r>.jsonl (format 1.x, RecordingWriter). The agent appends one segment per ``flush_interval_s``
-(1 s by default: agents/zeromon_agent/config.py, recorder.py's loop) holding what its drain passes
+(5 s by default: agents/zeromon_agent/config.py, recorder.py's loop) holding what its drain passes
 buffered since the last, and writes none when nothing came. The generator does the same on the run's
 own clock: a step's records (its kept detail, then its summary) go into the segment of the window
 its end falls in, a window with no step end writes nothing. With the FSDP2 template's steps of
-0.07-0.12 s (their period: the longest, a straggler's delay and jitter) that is 8-14 step summaries a
-segment, 700-1,200 segments a rank of 10,000 steps; a detail step's segment holds its ~11
+0.07-0.12 s (their period: the longest, a straggler's delay and jitter) that is 40-70 step summaries a
+segment, 140-240 segments a rank of 10,000 steps; a detail step's segment holds its ~11
 collectives, ~16 phase spans and 3-4 memory samples besides. An AgentStats goes in every 10 s
 of the run's clock, as the agent writes one.
 
