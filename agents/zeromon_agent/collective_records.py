@@ -15,6 +15,7 @@ import functools
 import itertools
 import operator
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -217,18 +218,22 @@ class CollectiveRecords:
             work = item[11]
             age = now - item[4]
             if work is not None and (age > _POLL_AFTER_NS or final):
+                if type(work) is weakref.ReferenceType:  # collectives._record_async: the Work held weakly
+                    work = work()
                 try:
-                    completed = bool(work.is_completed())
+                    # A Work dropped unwaited (its reference dead) is done as far as anyone can know.
+                    completed = True if work is None else bool(work.is_completed())
                 except Exception:  # noqa: BLE001
                     completed = True
                 if completed or final:
                     del self._inflight[seq]
-                    if self.state.pending.get(id(work)) == seq:
-                        self.state.pending.pop(id(work), None)
+                    self._forget_pending(seq, work)
                     if entry.done_ns is not None:
                         self._finalize(item, entry.done_ns, 0, Timing.CALLBACK.value)
                     elif entry.done_by is not None:
                         self._finalize(item, min(now, entry.done_by), 0, Timing.BOUND.value)
+                    elif work is None:  # gone unwaited: when it completed was not seen
+                        self._finalize(item, None, 0, Timing.UNKNOWN.value)
                     else:
                         self._finalize(item, now if completed else None, 0,
                                        Timing.POLL.value if completed else Timing.UNKNOWN.value)
@@ -236,6 +241,16 @@ class CollectiveRecords:
                 # A functional collective whose result was never waited on through wait_tensor.
                 del self._inflight[seq]
                 self._finalize(item, None, 0, Timing.UNKNOWN.value)
+
+    def _forget_pending(self, seq: int, work: Any) -> None:
+        """Drop ``seq`` from the hot path's pending waits (by its Work's id; by value when the Work is gone)."""
+        pending = self.state.pending
+        if work is not None:
+            if pending.get(id(work)) == seq:
+                pending.pop(id(work), None)
+            return
+        for key in [key for key, value in list(pending.items()) if value == seq]:  # rare: a Work dropped unwaited
+            pending.pop(key, None)
 
     def _group_size(self, group: Any) -> int:
         try:

@@ -19,6 +19,7 @@ every Nth async call gets one (ZEROMON_ASYNC_SAMPLE_EVERY); the others are timed
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -173,7 +174,14 @@ def _record_async(state: HotState, api: str, op: str, t0: int, t1: int, b_in: in
     work = None
     sampled = False
     if async_op and result is not None:
-        work = result
+        # The queue holds a weak reference: a Work holds its tensors (a DDP bucket, ZeRO's flat buffers), which
+        # must not outlive the training's own references by the time the queue waits for the recorder's next
+        # pass (up to a second: the GPU memory of a model's gradients, or a DDP run's 128 MiB in tests/test_oom.py).
+        # A Work the training still holds is polled as before; one dropped unwaited is timed by what was seen.
+        try:
+            work = weakref.ref(result)
+        except TypeError:  # a Work type without weak references (a custom backend's): held until drained
+            work = result
         state.async_queued = True
         pending = state.pending
         if len(pending) < state.pending_capacity:
