@@ -147,6 +147,40 @@ def test_bounded_buffer_drops_and_counts(tmp_path: Path) -> None:
     assert result["in_file"] + result["dropped"] >= 3000 - 8  # phase/other records share the buffer
 
 
+def test_the_queue_does_not_keep_an_async_collectives_tensors_alive(tmp_path: Path) -> None:
+    # A gloo Work holds its tensors until the Work is gone. The agent's queue waits up to a second for the
+    # recorder's next pass: holding the Work there kept a DDP run's replaced buckets 128 MiB past their end
+    # (on a GPU: a model's gradients). Here the recorder is left no pass (flush every hour, nobody reading,
+    # its first pass let go by first), so the tensor's life is the training's own.
+    result = _run(tmp_path, """
+        import gc, weakref
+        out_dir, port = sys.argv[1], int(sys.argv[2])
+        init(port=port)
+        agent = zeromon_agent.attach(out_dir=out_dir, flush_interval_s=3600.0)
+        time.sleep(0.5)
+        queued_before = len(agent.state.raw)
+        x = torch.ones(1 << 16)
+        work = dist.all_reduce(x, async_op=True)
+        work.wait()
+        kept = weakref.ref(x)
+        queued = len(agent.state.raw) - queued_before  # the collective and its wait, not yet drained
+        del x, work
+        gc.collect()
+        alive = kept() is not None
+        x2 = torch.ones(8)
+        lost = dist.all_reduce(x2, async_op=True)  # dropped unwaited: still recorded
+        del lost
+        zeromon_agent.detach()
+        rec = read_recording(os.path.join(out_dir, "rank-0.jsonl"))
+        print(json.dumps({"alive": alive, "queued": queued,
+                          "timings": sorted(c.timing for c in rec.collectives if c.async_op)}))
+    """)
+    assert result["queued"] >= 2  # the drain had not come: the queue held the collective while x was dropped
+    assert result["alive"] is False
+    waited, dropped = sorted(result["timings"], key=lambda t: t not in ("wait", "bound"))
+    assert waited in ("wait", "bound") and dropped in ("poll", "unknown"), result["timings"]
+
+
 def test_functional_collectives_of_dtensor_are_recorded(tmp_path: Path) -> None:
     result = _run(tmp_path, """
         out_dir, port = sys.argv[1], int(sys.argv[2])
