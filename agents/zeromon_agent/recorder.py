@@ -74,10 +74,10 @@ _YIELD_EVERY_MASK = 255
 # the training starts, not a whole flush interval later.
 _FIRST_PASS_S = 0.2
 # Passes: one every LIVE_PASS_S (the live views' age) while a live client reads this rank (its endpoint read
-# within WATCHED_S; a read after a quiet spell wakes one at once), while the queue holds what must not wait:
-# an async collective's Work (it holds its tensors: a DDP run's RSS stayed 128 MiB higher with passes 5 s
-# apart, tests/test_oom.py) or, on a GPU, the CUDA events of the timing pool (4,096), and while the queues
-# fill (a quarter of the raw one). Otherwise (host collectives, nobody reading) one at each flush of the
+# within WATCHED_S; a read after a quiet spell wakes one at once), while the queue holds what should not wait:
+# async collectives (a Work never waited on is timed by a pass's poll; the queue holds it weakly, so that its
+# tensors do not outlive the training's references: collectives._record_async) or, on a GPU, the CUDA events
+# of the timing pool (4,096), and while the queues fill (a quarter of the raw one). Otherwise (host collectives, nobody reading) one at each flush of the
 # recording only: each pass pays a cold start (~1 ms on the FSDP2 example: the recorder's thread took
 # 12.0-12.2 µs a collective at a pass a second, 10.1-10.5 at one every 2 s; bench_recorder_cpu).
 LIVE_PASS_S = 1.0

@@ -74,8 +74,8 @@ class HotState:
         self.works: dict[int, Any] = {}
         self.async_sample_every = 16
         self.async_count = 0
-        # An async collective was queued since the recorder's last pass: its Work (and the tensors a Work
-        # holds) waits in the queue until a pass, so the recorder passes every second (Recorder._run).
+        # An async collective was queued since the recorder's last pass: its completion is found by a pass (a
+        # Work never waited on is polled), so the recorder passes every second (Recorder._run).
         self.async_queued = False
         self.hook_errors = 0
         self._logged: set[str] = set()
