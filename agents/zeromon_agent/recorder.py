@@ -77,9 +77,10 @@ _FIRST_PASS_S = 0.2
 # within WATCHED_S; a read after a quiet spell wakes one at once), while the queue holds what should not wait:
 # async collectives (a Work never waited on is timed by a pass's poll; the queue holds it weakly, so that its
 # tensors do not outlive the training's references: collectives._record_async) or, on a GPU, the CUDA events
-# of the timing pool (4,096), and while the queues fill (a quarter of the raw one). Otherwise (host collectives, nobody reading) one at each flush of the
-# recording only: each pass pays a cold start (~1 ms on the FSDP2 example: the recorder's thread took
-# 12.0-12.2 µs a collective at a pass a second, 10.1-10.5 at one every 2 s; bench_recorder_cpu).
+# of the timing pool (4,096), and while the queues fill (a quarter of the raw one). Otherwise (host
+# collectives, nobody reading) one at each flush of the recording only: each pass pays a cold start (~1 ms on
+# the FSDP2 example: the recorder's thread took 12.0-12.2 µs a collective at a pass a second, 10.1-10.5 at
+# one every 2 s; bench_recorder_cpu).
 LIVE_PASS_S = 1.0
 WATCHED_S = 3.0
 _CONTROL_CROWDED = 16384  # control records queued that bring a pass forward (the queue holds 65,536)
@@ -403,6 +404,10 @@ class Recorder(CollectiveRecords):
     def _dispatch(self, items: list[tuple[Any, ...]]) -> None:
         """Each raw record in turn, by its kind."""
         sleep, emitted, finalize_sync = time.sleep, self._emitted_through, self._finalize_sync
+        # The other kinds' handlers, as this recorder has them (host phases: _use_host_phases).
+        handlers = {RAW_PHASE: self._on_phase, RAW_MEMORY: self._on_memory, RAW_AGENT: self._on_agent,
+                    RAW_STEP_END: self._on_step_end, RAW_STEP_START: self._on_step_start, RAW_WAIT: self._on_wait,
+                    RAW_DONE: self._on_done, RAW_SEEN_DONE: self._on_seen_done, RAW_OOM: self._on_oom}
         for index, item in enumerate(items):
             if index & _YIELD_EVERY_MASK == 0 and index:
                 # Hand the GIL back: a waiting training thread would otherwise wait until the
@@ -417,24 +422,10 @@ class Recorder(CollectiveRecords):
                 # fast path. _emitted_through moves only at the pass's end (_emit_steps).
                 if item[10] or item[14] is not None or item[13] <= emitted or not finalize_sync(item):
                     self._on_collective(item)
-            elif kind == RAW_PHASE:  # the control records by how often they come: ~6, 3, 1.5 and 1 a step
-                self._on_phase(item)
-            elif kind == RAW_MEMORY:
-                self._on_memory(item)
-            elif kind == RAW_AGENT:
-                self._on_agent(item)
-            elif kind == RAW_STEP_END:
-                self._on_step_end(item)
-            elif kind == RAW_STEP_START:
-                self._on_step_start(item)
-            elif kind == RAW_WAIT:
-                self._on_wait(item)
-            elif kind == RAW_DONE:
-                self._on_done(item)
-            elif kind == RAW_SEEN_DONE:
-                self._on_seen_done(item)
-            elif kind == RAW_OOM:
-                self._on_oom(item)
+            else:
+                handler = handlers.get(kind)
+                if handler is not None:
+                    handler(item)
 
     def _mark(self, t: int, event: Any) -> Mark:
         mark = Mark(perf=t, event=event if self.cuda_timer is not None else None)
