@@ -56,7 +56,8 @@ class PhaseTracker:
         self._engine_patched: list[tuple[Any, str, Any]] = []
 
     # --- primitive transitions --------------------------------------------------------------------
-    def set_phase(self, phase: str) -> None:
+    def set_phase(self, phase: str) -> int | None:
+        """Enter ``phase``; the time of the change (perf ns), None where there was none."""
         state = self.state
         if state.enabled and state.phase != phase:
             state.phase = phase
@@ -65,6 +66,8 @@ class PhaseTracker:
             state.push_control((RAW_PHASE, phase, t, state.step, timer.mark() if timer is not None else None))
             if state.works:
                 self._look_at_works(t)
+            return t
+        return None
 
     def _look_at_works(self, t: int) -> None:
         """Bound the completion of the async collectives in flight: one found complete now was done
@@ -88,24 +91,28 @@ class PhaseTracker:
         state = self.state
         if state.step < 0 or not state.enabled:
             return
-        self.set_phase("other")
-        self._boundary("step_end")
+        end = self._boundary("step_end", self.set_phase("other"))
         timer = state.cuda_timing
-        state.push_control((RAW_STEP_END, state.step, perf_ns(), timer.mark() if timer is not None else None,
+        state.push_control((RAW_STEP_END, state.step, end, timer.mark() if timer is not None else None,
                             self.explicit_steps))
         state.step += 1
 
-    def _boundary(self, what: str) -> None:
+    def _boundary(self, what: str, since: int | None = None) -> int:
+        """The agent's work at boundary ``what``; when it is long enough to be seen, an `agent` span from
+        ``since`` (the phase change just made, whose own cost is zeromon's too: no sliver of the phase
+        between the two) or from the work's start. The time it ended (perf ns)."""
         state = self.state
+        t0 = perf_ns()
         if self.on_boundary is not None and state.enabled:
-            t0 = perf_ns()
             try:
                 self.on_boundary(what)
             except Exception as exc:  # noqa: BLE001
                 state.hook_error(f"boundary:{what}", exc)
             t1 = perf_ns()
             if t1 - t0 >= _AGENT_SPAN_MIN_NS:
-                state.push_control((RAW_AGENT, state.step, t0, t1, state.phase))
+                state.push_control((RAW_AGENT, state.step, t0 if since is None else since, t1, state.phase))
+            return t1
+        return t0
 
     # --- module hooks -----------------------------------------------------------------------------
     def set_root(self, module: Any) -> None:
@@ -132,16 +139,14 @@ class PhaseTracker:
         try:
             if not self.explicit_steps:
                 self.begin_training()
-            self.set_phase("forward")
-            self._boundary("forward_start")
+            self._boundary("forward_start", self.set_phase("forward"))
         except Exception as exc:  # noqa: BLE001
             self.state.hook_error("forward_pre", exc)
 
     def _on_forward_post(self, module: Any, args: Any, output: Any) -> None:
         try:
             if self.state.phase == "forward":
-                self.set_phase("other")
-                self._boundary("forward_end")
+                self._boundary("forward_end", self.set_phase("other"))
             self.keep_root_hooks_in_place()
         except Exception as exc:  # noqa: BLE001
             self.state.hook_error("forward_post", exc)
@@ -194,8 +199,7 @@ class PhaseTracker:
             finally:
                 if outer:
                     try:
-                        tracker.set_phase("other")
-                        tracker._boundary("backward_end")
+                        tracker._boundary("backward_end", tracker.set_phase("other"))
                     except Exception as exc:  # noqa: BLE001
                         tracker.state.hook_error("backward_end", exc)
 
@@ -242,8 +246,7 @@ class PhaseTracker:
     def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:
             if self._is_the_optimizer(optimizer):
-                self.set_phase("optimizer")
-                self._boundary("optimizer_start")
+                self._boundary("optimizer_start", self.set_phase("optimizer"))
         except Exception as exc:  # noqa: BLE001
             self.state.hook_error("optimizer_pre", exc)
 
@@ -276,8 +279,7 @@ class PhaseTracker:
                 return original_backward(*args, **kwargs)
             finally:
                 try:
-                    tracker.set_phase("other")
-                    tracker._boundary("backward_end")
+                    tracker._boundary("backward_end", tracker.set_phase("other"))
                 except Exception as exc:  # noqa: BLE001
                     tracker.state.hook_error("engine.backward", exc)
 
