@@ -8,7 +8,8 @@ own clock: a step's records (its kept detail, then its summary) go into the segm
 its end falls in, a window with no step end writes nothing. With the FSDP2 template's steps of
 0.07-0.12 s (their period: the longest, a straggler's delay and jitter) that is 40-70 step summaries a
 segment, 140-240 segments a rank of 10,000 steps; a detail step's segment holds its ~11
-collectives, ~16 phase spans and 3-4 memory samples besides. An AgentStats goes in every 10 s
+collectives, ~9 phase spans (~16 in a recording made before zeromon's work at a boundary became one
+span) and 3-4 memory samples besides. An AgentStats goes in every 10 s
 of the run's clock, as the agent writes one.
 
 A real 2-rank FSDP2 run on gloo is recorded once (or one is given), and its rank 0's steady steps
