@@ -62,8 +62,9 @@ def test_sync_all_reduce_between_compute_does_not_overlap(tmp_path: Path) -> Non
         assert _close(m.overlap_s, 0.0, t["comm_s"]), (m, t)
         assert _close(m.exposed_comm_s, t["exposed_s"], t["comm_s"]), (m, t)
         # Computation is the whole step but the blocked time (and zeromon's own): the forward and
-        # the loop's other code alike.
-        assert m.comp_s >= 0.9 * t["forward_s"], (m, t)
+        # the loop's other code alike. The script's stopwatch around the forward holds zeromon's hooks
+        # at its end (a memory sample: agent time, not computation; 4.8 ms of it once on a loaded machine).
+        assert m.comp_s + m.agent_s >= 0.9 * t["forward_s"], (m, t)
         assert m.comp_s == pytest.approx(m.step_s - m.exposed_comm_s - m.agent_s, abs=1e-6)
 
 
