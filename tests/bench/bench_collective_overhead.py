@@ -13,6 +13,9 @@
     off shows what the callback costs.
 (c) where the time goes: the wrapper's pieces (extractor, clock reads, thread-local flag, the
     record-and-push) timed one by one.
+(d) cold caches: (a)'s no-op and wrapped no-op, each call after an untimed copy of a buffer (256 KiB,
+    4 MiB) that evicts what the call had cached, as a real collective's work between two calls does
+    (a 60 µs gloo all-reduce adds several times (a)'s figure on some machines): each call timed alone.
 
 Method: every variant runs its own loop of N calls, timed with ``perf_counter_ns`` around the
 loop; the variants alternate in a shuffled order every round (so drift from other processes on
@@ -271,6 +274,45 @@ def bench_pieces(rounds: int, calls: int) -> list[benchlib.Row]:
             for name in labels]
 
 
+# --- (d) cold caches -------------------------------------------------------------------------------
+
+EVICT_BYTES = (256 * 1024, 4 * 2**20)  # past a core's L2 (512 KiB on the EPYC this was written on); most of an L3
+
+
+def evicting_loop(fn: Callable[[Any], Any], arg: Any, evict: bytearray) -> Callable[[int], int]:
+    """n calls of fn(arg), each after an untimed copy of ``evict``; the calls' own ns, summed."""
+
+    def run(n: int) -> int:
+        total = 0
+        for _ in range(n):
+            bytes(evict)
+            t0 = perf_ns()
+            fn(arg)
+            total += perf_ns() - t0
+        return total
+
+    return run
+
+
+def bench_cold(rounds: int, calls: int) -> list[benchlib.Row]:
+    state = HotState()
+    state.enabled = True
+    _, extract = collectives.DIST_SPECS["all_reduce"]
+    wrapped = collectives.make_wrapper(noop_all_reduce, "all_reduce", "all_reduce", extract, state)
+    tensor = torch.zeros(16)
+    rows = []
+    for size in EVICT_BYTES:
+        evict = bytearray(size)
+        variants = {"no-op": evicting_loop(noop_all_reduce, tensor, evict),
+                    "wrapped": evicting_loop(wrapped, tensor, evict)}
+        per_call = benchlib.interleaved(variants, rounds, calls, between=state.raw.clear)
+        rows.append(benchlib.Row("collective (cold caches)",
+                                 f"wrapper, agent enabled, {size // 1024:,} KiB copied between calls: median per call",
+                                 "ns", benchlib.median(per_call["no-op"]), benchlib.median(per_call["wrapped"]),
+                                 "", None, f"{rounds} rounds x {calls} calls, each call timed alone"))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=300, help="interleaved rounds of the micro benchmark")
@@ -293,7 +335,9 @@ def main(argv: list[str] | None = None) -> int:
         benchlib.print_rows("(b) real: gloo all_reduce, world size 1", gloo)
     pieces = bench_pieces(args.rounds, args.calls)
     benchlib.print_rows("(c) the wrapper's pieces (baseline: an empty call)", pieces)
-    rows = micro + gloo + pieces
+    cold = bench_cold(max(args.rounds // 10, 5), args.calls)
+    benchlib.print_rows("(d) cold caches: the wrapper after a copy that evicts the caches", cold)
+    rows = micro + gloo + pieces + cold
     benchlib.write_rows(args.json, rows)
     return 0
 
