@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from zeromon.errors import ZeromonError
 from zeromon.model import (
@@ -19,6 +22,7 @@ from zeromon.model import (
     RecordingWriter,
     RunInfo,
     StepSummary,
+    codec,
     iter_records,
     read_recording,
     read_run,
@@ -227,3 +231,44 @@ def test_a_rank_file_given_as_the_run_folder_names_its_folder(tmp_path: Path) ->
         read_run(path)
     assert info.value.message == f"{path}: is a file; a run is the folder of rank-<r>.zmr (or .jsonl) files"
     assert info.value.hint == f"pass the folder that holds it: {tmp_path}"
+
+
+# --- encode_line: orjson for the agent's many small records, json's values -----------------------------------
+_line_values = (st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats()  # NaN, infinities too
+                | st.text(max_size=6) | st.sampled_from(["null", "\udc80", "é", "forward"])
+                | st.dictionaries(st.text(max_size=4) | st.integers(0, 3), st.integers(-(2**65), 2**65)
+                                  | st.floats(), max_size=3))
+# What the agent writes: numbers that fit, strings, dicts of them (the lines orjson makes).
+_plain_values = (st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=6)
+                 | st.dictionaries(st.text(max_size=4), st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False),
+                                   max_size=3))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(cls=st.sampled_from(sorted(codec._FAST_KINDS, key=lambda cls: cls.__name__)), data=st.data())
+def test_a_line_made_with_orjson_reads_back_as_json_s_line_does(cls: type, data: st.DataObject) -> None:
+    """Whatever the values (a NaN, an integer past 64 bits, a key that is not a string, a lone surrogate):
+    encode_line's line reads back to json's values, byte for byte once read and written again by json."""
+    values = data.draw(st.sampled_from([_plain_values, _line_values]))
+    record = cls(*(data.draw(values) for _ in dataclasses.fields(cls)))
+    line = codec.encode_line(record)
+    expected = codec.encode_record(record)
+    assert json.dumps(json.loads(line.decode("utf-8", "surrogatepass"))) == json.dumps(json.loads(expected))
+
+
+def test_a_step_summary_s_line_is_orjson_s_and_without_it_json_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    import orjson
+
+    summary = StepSummary(rank=0, step=5, start_ns=10**18, end_ns=10**18 + 48_000_000,
+                          phase_s={"forward": 0.017578, "agent": 9.6363e-05}, collectives=11, comm_bytes=2_357_504,
+                          comm_bytes_by_op={"all_gather": 1_478_656}, comm_union_s=0.02, blocked_s=0.02,
+                          peak_memory=361_656_320, comp_s=0.028, overlap_s=1e-09, exposed_comm_s=0.02)
+    line = codec.encode_line(summary)
+    assert line == orjson.dumps(["step", *dataclasses.astuple(summary)]) and b"1e-9" in line  # orjson's spelling
+    assert json.loads(line) == json.loads(codec.encode_record(summary))
+    monkeypatch.setattr(codec, "_fast_dumps", False)  # orjson not installed
+    assert codec.encode_line(summary) == codec.encode_record(summary).encode()
+    # A line with a null in it is json's, orjson or not: orjson writes a NaN as null.
+    monkeypatch.setattr(codec, "_fast_dumps", None)
+    unknown = dataclasses.replace(summary, comp_s=None, overlap_s=float("nan"))
+    assert codec.encode_line(unknown) == codec.encode_record(unknown).encode() and b"NaN" in codec.encode_line(unknown)

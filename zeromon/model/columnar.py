@@ -202,7 +202,8 @@ def encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]]) -> tu
     value is a run of zero codes, one of at most 128 values its codes as bytes, a bool column its bools
     as bytes, a column with no null the same null column each time, a nullable one null in every row (an
     allocator's field on CPU) all ones and zeros, one that holds the same value in every row that value's
-    planes as made before (_repeated), a map that no row fills a run of zero codes
+    planes as made before (_repeated), one that holds its base field's values (a synchronous collective's
+    issue_s, its blocked_s) zeros, a map that no row fills a run of zero codes
     (tests/test_recorder_fast_path.py: the bytes are those of the general path)."""
     n = len(rows)
     columns = list(zip(*rows, strict=True))
@@ -212,7 +213,17 @@ def encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]]) -> tu
     zeros = b"\x01" + bytes(n)  # _planes of n zeros
     all_null = b"\x01" + b"\x01" * n + zeros  # a nullable column null in every row, and its values (0)
     no_values = [0] * n
+    named: dict[str, Sequence[Any]] = {}
+    hows = {name: how for name, how, _ in spec}
     for (name, how, base), column in zip(spec, columns, strict=True):
+        named[name] = column
+        if type(base) is list and len(base) == 1 and how[:2] == hows[base[0]][:2] and column == named[base[0]] \
+                and None not in column:  # its base field's values, value for value: a synchronous call's issue_s
+            if how.endswith("?"):
+                out.append(zeros)  # no null
+            out.append(zeros)  # every value less itself
+            ints[name] = ints[base[0]]
+            continue
         if how == "int?" or how == "ns?":
             nulls = column.count(None)
             if nulls == n and (base == "prev" or base is None):  # a field no row has (an allocator's on CPU)

@@ -46,6 +46,7 @@ from zeromon.model.codec import (
     RecordingWriter,
     _layout,
     _Skipped,
+    encode_line,
     encode_record,
     layouts_of,
     parse_rows,
@@ -144,7 +145,7 @@ class CompactWriter(RecordingWriter):
         return COMPACT_MAGIC + _frame(KIND_HEADER, zlib.compress(json.dumps(header).encode(), self.level), 0)
 
     def _end_bytes(self, end: Record) -> bytes:
-        return self._segment([encode_record(end).encode("utf-8", "surrogatepass")], bytearray(1), {})
+        return self._segment([encode_line(end)], bytearray(1), {})
 
     def write(self, record: Record) -> None:
         column = self._columns.get(type(record))
@@ -160,7 +161,7 @@ class CompactWriter(RecordingWriter):
                     self._write_segment()
                 return
         try:
-            line = encode_record(record).encode("utf-8", "surrogatepass")
+            line = encode_line(record)
         except (TypeError, ValueError, OverflowError):  # a value json cannot write: that record only
             self.records_lost += 1
             return
@@ -266,7 +267,7 @@ def _as_rows(rows: list[bytes], order: bytearray, code: int, cls: type,
              kept: list[tuple[Any, ...]]) -> tuple[list[bytes], bytearray]:
     """The segment's rows and order with the records of columnar kind ``code`` made JSON rows, in place."""
     mine, theirs = iter(kept), iter(rows)
-    merged = [encode_record(cls(*next(mine))).encode("utf-8", "surrogatepass") if c == code else next(theirs)
+    merged = [encode_line(cls(*next(mine))) if c == code else next(theirs)
               for c in order if c in (0, code)]
     return merged, bytearray(0 if c == code else c for c in order)
 
