@@ -2,8 +2,9 @@
 
 Everything that costs (dtype names, group sizes, ZeRO meaning, clock conversion, JSON, file I/O,
 NVML) happens here, off the training thread. The thread holds the GIL only in short bursts every
-pass (see LIVE_PASS_S); its own CPU time is measured and reported: 7.4-7.6 µs per recorded collective at
-240 collectives a step, 13.0-14.4 µs at the FSDP2 example's 11, every record counted (bench_recorder_cpu).
+pass (see LIVE_PASS_S); its own CPU time is measured and reported: 7.2-8.5 µs per recorded collective at
+240 collectives a step, 13-16 µs at the FSDP2 example's 11 (the machine's load moves it), every record counted
+(bench_recorder_cpu).
 A pass takes the synchronous collectives queued (every one on gloo) and the host's phase spans a column
 at a time (_finalize_sync_batch, _finish_host_spans), and what it publishes of them stays values until a
 client reads it (materialize).
