@@ -95,7 +95,8 @@ def replay(path: Path, out: Path) -> tuple[float, int]:
     (thread CPU seconds, collectives finalized)."""
     import pickle
 
-    sys.path.insert(0, str(benchlib.REPO_ROOT / "agents"))
+    if str(benchlib.REPO_ROOT / "agents") not in sys.path:
+        sys.path.insert(0, str(benchlib.REPO_ROOT / "agents"))
     from zeromon.model.segments import CompactWriter
     from zeromon_agent.recorder import Recorder
     from zeromon_agent.state import HotState

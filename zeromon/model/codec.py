@@ -112,10 +112,14 @@ def read_file_header(path: Path) -> dict[str, Any]:
         return read_header(path, read_first_line(path, handle))
 
 
+def _row(record: Record) -> list[Any]:
+    """A record's line as values: its kind, then its fields in order."""
+    return [KIND_OF[type(record)], *_GETTERS[type(record)](record)]
+
+
 def encode_record(record: Record) -> str:
     """One line (without the newline) for a record."""
-    cls = type(record)
-    return _dumps([KIND_OF[cls], *_GETTERS[cls](record)])
+    return _dumps(_row(record))
 
 
 # The kinds the agent writes by the hundred whose values are only numbers, strings, None and dicts of them:
@@ -136,9 +140,8 @@ def encode_line(record: Record) -> bytes:
     64 bits, a key that is not a string, a lone surrogate) and any line with a ``null`` in it (orjson writes
     NaN and infinities as null, which json writes as NaN and Infinity; a None, or the word in a string, takes
     the slower way to the same line). tests/test_codec.py holds them to the same values."""
-    cls = type(record)
-    row = [KIND_OF[cls], *_GETTERS[cls](record)]
-    if cls in _FAST_KINDS:
+    row = _row(record)
+    if type(record) in _FAST_KINDS:
         dumps = _fast_dumps if _fast_dumps is not None else _load_fast_dumps()
         if dumps:
             try:
