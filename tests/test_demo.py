@@ -114,8 +114,9 @@ def test_demo_shows_its_finding_in_the_tui_within_60_s_and_q_leaves_nothing_runn
     assert f"zeromon report {out}" in terminal
     assert sorted(p.name for p in out.glob("rank-*.jsonl")) == ["rank-0.jsonl", "rank-1.jsonl"]
     # The training's launcher and its two ranks were seen, and none of the processes is left.
-    assert sum("demo/train.py" in cmdline for cmdline in seen.values()) == 1, seen
-    assert sum("multiprocessing" in cmdline for cmdline in seen.values()) >= 2, seen
+    processes = "\n".join(f"{p.pid}: {cmdline}" for p, cmdline in seen.items())  # whole, not cut short
+    assert sum("demo/train.py" in cmdline for cmdline in seen.values()) == 1, processes
+    assert sum("multiprocessing" in cmdline for cmdline in seen.values()) >= 2, processes
     assert not _left_running(list(seen))
     print(f"{scenario}: finding on screen after {took_s:.1f} s")
 
