@@ -1,17 +1,28 @@
 """The snapshot's records as JSON objects (snapshot.record_dict, which reads only the fields not declared
-a scalar for a mapping) are what reading every field gives."""
+a scalar for a mapping) are what reading every field gives; its events are the same whether the recorder
+made their records or left them unmade; and the endpoint's JSON (orjson's where installed) reads back as
+json's would."""
 
 from __future__ import annotations
 
+import json
+import math
+import types
 from collections.abc import Mapping
 from typing import Any
 
-from hypothesis import assume, given
+import orjson
+from hypothesis import assume, example, given
+from hypothesis import strategies as st
 from test_compact_format import records
 
-from zeromon.model.codec import FIELDS_OF
-from zeromon.model.events import Record
-from zeromon_agent.snapshot import _MAPPING_FIELDS, record_dict
+from zeromon.model.codec import FIELDS_OF, KIND_OF
+from zeromon.model.events import CollectiveEvent, MemorySample, PhaseSpan, Record
+from zeromon_agent import httpserver
+from zeromon_agent.httpserver import json_response
+from zeromon_agent.recorder import Recorder
+from zeromon_agent.snapshot import _MAPPING_FIELDS, Identity, LiveData, events_since, record_dict
+from zeromon_agent.state import RAW_MEMORY, RAW_OOM, HotState, perf_ns
 
 
 def every_field(record: Record) -> dict[str, Any]:
@@ -35,3 +46,95 @@ def test_the_mapping_fields_are_the_declared_mappings() -> None:
     declared = {cls.__name__: names for cls, names in _MAPPING_FIELDS.items() if names}
     assert declared == {"MemorySample": ("categories",), "StepSummary": ("phase_s", "comm_bytes_by_op"),
                         "RunInfo": ("knobs",)}
+
+
+def _plain(record: Record) -> bool:
+    """A record of its declared types (what the agent publishes): no mapping where a scalar is declared."""
+    return not any(isinstance(getattr(record, name), Mapping) for name in FIELDS_OF[type(record)]
+                   if name not in _MAPPING_FIELDS[type(record)])
+
+
+_PROXIED = MemorySample(rank=0, step=3, phase="forward", t_ns=5, device="cpu", allocated=None, reserved=None,
+                        active=None, peak_allocated=None, peak_reserved=None, inactive_split=None,
+                        num_alloc_retries=None, num_ooms=None, capacity=None, free=None, rss=7,
+                        categories=types.MappingProxyType({"params": 4}))
+
+
+@given(recs=st.lists(records(), max_size=30), unmade=st.lists(st.booleans(), min_size=30, max_size=30),
+       since=st.integers(0, 40), limit=st.integers(1, 40))
+@example(recs=[_PROXIED, _PROXIED], unmade=[True, False] * 15, since=0, limit=40)  # a mapping that is no dict
+def test_events_are_the_same_from_records_left_unmade(recs: list[Record], unmade: list[bool], since: int,
+                                                      limit: int) -> None:
+    assume(all(map(_plain, recs)))
+    # What a batch publishes for a collective, phase span or memory sample: its values alone, in field order.
+    published = tuple(tuple(getattr(r, name) for name in FIELDS_OF[type(r)])
+                      if leave and type(r) in (CollectiveEvent, PhaseSpan, MemorySample) else r
+                      for r, leave in zip(recs, unmade, strict=False))
+    cursor = 10 + len(recs)  # the newest record's number
+    events, lost = events_since(published, cursor, since, limit)
+    first = cursor - len(recs) + 1
+    start = max(0, since + 1 - first)
+    assert events == [{"cursor": first + i, "kind": KIND_OF[type(r)], **every_field(r)}
+                      for i, r in enumerate(recs[start:start + limit], start)]
+    assert all(type(v) is dict for event in events for v in event.values() if isinstance(v, Mapping))
+    assert lost == (bool(recs) and first > since + 1)
+
+
+def _json_values(value: Any) -> Any:
+    """What json's own line reads back as, with NaN and the infinities as null (JSON has no such numbers)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_values(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_values(v) for v in value]
+    return value
+
+
+@given(recs=st.lists(records(), max_size=20))
+def test_a_snapshots_json_reads_back_as_jsons_own_line(recs: list[Record]) -> None:
+    assume(all(map(_plain, recs)))
+    document = {"schema": "zeromon.snapshot/1", "events": [record_dict(r) for r in recs],
+                "oom": types.MappingProxyType({"rank": 0, "risk": "ok"}), "by_rank": {0: "é", 1: None}}
+    body = json_response(200, document).body
+    assert body.endswith(b"\n") and body.count(b"\n") == 1
+    reference = _json_values(json.loads(json.dumps(document, default=httpserver._json_default)))
+    try:
+        assert orjson.loads(body) == reference  # the live source's parser: it refuses NaN
+    except orjson.JSONDecodeError:  # only json's line has NaN or an integer past 64 bits; json reads it
+        assert json.loads(body) == json.loads(json.dumps(document, default=httpserver._json_default))
+
+
+def test_orjson_writes_the_endpoints_json_and_json_what_orjson_refuses(monkeypatch: Any) -> None:
+    document = {"name": "é", "share": math.nan, 3: types.MappingProxyType({"a": 1})}
+    body = json_response(200, document).body
+    assert body == '{"name":"é","share":null,"3":{"a":1}}\n'.encode()  # orjson's: UTF-8, NaN as null
+    big = json_response(200, {"bytes": 2**70}).body  # past 64 bits: orjson refuses it, json writes it whole
+    assert body != big and json.loads(big) == {"bytes": 2**70}
+    monkeypatch.setattr(httpserver, "_fast_dumps", False)  # without orjson: json's line
+    assert json_response(200, document).body == b'{"name":"\\u00e9","share":NaN,"3":{"a":1}}\n'
+
+
+def test_an_oom_the_recorder_took_reaches_the_live_forecast() -> None:
+    # The OOM observer's item (on a GPU the allocator calls it; here pushed as it would push it): the live view
+    # looks for OOM records only once the recorder has counted one.
+    state = HotState()
+    recorder = Recorder(state, rank=0, writer=None, flush_interval_s=1.0)
+    live = LiveData(recorder, Identity(rank=0, local_rank=0, world_size=1, host="h", pid=1, job="j", start_ns=0))
+    sample = dict.fromkeys(("allocated", "reserved", "active", "peak_allocated", "peak_reserved", "inactive_split",
+                            "num_alloc_retries", "num_ooms", "free"))
+    state.push_control((RAW_MEMORY, "forward", 0, perf_ns(), {**sample, "device": "cpu", "rss": 2**30,
+                                                              "capacity": 2**32}))
+    recorder._drain(final=False)
+    before = live.view().oom
+    assert before is not None and not [f for f in before.findings if f.kind == "oom_recorded"]
+    state.push_control((RAW_OOM, perf_ns(), "cuda:0", {"allocated": 2**30, "requested": 2**20, "free": 0}, None,
+                        "backward", 0))
+    recorder._drain(final=False)
+    live._view = None  # a new view now, not the cached one (VIEW_TTL_S)
+    live._forecast = None  # nor the cached forecast (FORECAST_TTL_S)
+    found = [f for f in live.view().oom.findings if f.kind == "oom_recorded"]  # type: ignore[union-attr]
+    assert len(found) == 1 and found[0].step == 0
+    # Step 0 is shown as step 1 (step_number: the count a training loop prints).
+    assert found[0].evidence == ("OOM in step 1 (backward) on cuda:0: requested 1.00 MiB with 1.00 GiB allocated and "
+                                 "0 B free",)

@@ -56,9 +56,9 @@ _repeat = itertools.repeat
 
 # The kinds a batch publishes unmade, by their number of fields (which tells them apart): a record's values
 # alone, a tuple the collector untracks, rather than a record or a (maker, values) pair, one a collective.
-_MAKERS: dict[int, Callable[[tuple[Any, ...]], Record]] = {
-    len(dataclasses.fields(cls)): record_maker(cls) for cls in (CollectiveEvent, PhaseSpan, MemorySample)}
-if len(_MAKERS) != 3:
+_UNMADE: dict[int, tuple[type[Record], Callable[[tuple[Any, ...]], Record]]] = {
+    len(dataclasses.fields(cls)): (cls, record_maker(cls)) for cls in (CollectiveEvent, PhaseSpan, MemorySample)}
+if len(_UNMADE) != 3:
     raise TypeError("CollectiveEvent, PhaseSpan and MemorySample must differ in their number of fields (materialize)")
 
 
@@ -66,8 +66,13 @@ def materialize(entry: Any) -> Record:
     """A record the recorder published: as it is, or made now from its values where a batch left it unmade
     (a live client reads a few; the recorder publishes every one)."""
     if type(entry) is tuple:
-        return _MAKERS[len(entry)](entry)
+        return _UNMADE[len(entry)][1](entry)
     return entry
+
+
+def unmade_type(entry: tuple[Any, ...]) -> type[Record]:
+    """The record type of values a batch left unmade (materialize would make one of it from them)."""
+    return _UNMADE[len(entry)][0]
 
 
 @dataclass(slots=True)
