@@ -16,6 +16,8 @@
 (d) cold caches: (a)'s no-op and wrapped no-op, each call after an untimed copy of a buffer (256 KiB,
     4 MiB) that evicts what the call had cached, as a real collective's work between two calls does
     (a 60 µs gloo all-reduce adds several times (a)'s figure on some machines): each call timed alone.
+(e) (c)'s pieces around (b)'s real synchronous call, the bare call alternating with each piece call by
+    call: which piece a real call pays for.
 
 Method: every variant runs its own loop of N calls, timed with ``perf_counter_ns`` around the
 loop; the variants alternate in a shuffled order every round (so drift from other processes on
@@ -30,6 +32,7 @@ production, holding the GIL, so it competes with training in Python-heavy code).
 from __future__ import annotations
 
 import argparse
+import random
 import sys
 import tempfile
 import threading
@@ -313,6 +316,82 @@ def bench_cold(rounds: int, calls: int) -> list[benchlib.Row]:
     return rows
 
 
+# --- (e) the pieces around a real call ------------------------------------------------------------------
+
+def bench_gloo_pieces(rounds: int, out_dir: Path) -> list[benchlib.Row]:
+    """(c)'s pieces, each around a real synchronous gloo all-reduce (world size 1), against the bare call.
+
+    The variants alternate call by call, in a shuffled order every round, and each call is timed alone:
+    a real call's added cost is a few hundred ns on 60 µs, less than what separate loops drift apart by.
+    """
+    port = benchlib.free_port()
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+    state = HotState()
+    state.enabled = True
+    original = c10d.all_reduce
+    _, extract = collectives.DIST_SPECS["all_reduce"]
+    drainer = Drainer(state, out_dir)
+
+    def frame(t: torch.Tensor) -> None:
+        original(t)
+
+    def clock(t: torch.Tensor) -> None:
+        perf_ns()
+        original(t)
+
+    def extractor(t: torch.Tensor) -> None:
+        extract((t,), {})
+        original(t)
+
+    def flags(t: torch.Tensor) -> None:
+        if state.inside or not state.enabled:
+            return
+        state.inside = True
+        try:
+            original(t)
+        finally:
+            state.inside = False
+
+    def record(t: torch.Tensor) -> None:
+        original(t)
+        state.seq = seq = state.seq + 1
+        state.raw.append((0, seq, "all_reduce", "all_reduce", 1, 2, 64, 64, None, None, False, None, state.phase,
+                          state.step, None, False))
+
+    variants: dict[str, Callable[[torch.Tensor], Any]] = {
+        "original": original, "frame": frame, "clock": clock, "extract": extractor, "flags": flags,
+        "record": record, "wrapper": collectives.make_wrapper(original, "all_reduce", "all_reduce", extract, state)}
+    labels = {
+        "frame": "a Python function around the call",
+        "clock": "one perf_counter_ns() before the call",
+        "extract": "the extractor before the call (the tensor's nbytes and dtype)",
+        "flags": "the inside/enabled flags around the call",
+        "record": "the sync record appended after the call",
+        "wrapper": "the whole wrapper, agent enabled",
+    }
+    tensor = torch.zeros(16)
+    times: dict[str, list[int]] = {name: [] for name in variants}
+    order = list(variants)
+    rng = random.Random(0)
+    try:
+        for round_ in range(rounds):
+            rng.shuffle(order)
+            for name in order:
+                fn = variants[name]
+                t0 = perf_ns()
+                fn(tensor)
+                times[name].append(perf_ns() - t0)
+            if round_ % 64 == 63:
+                drainer()
+        drainer.close()
+    finally:
+        dist.destroy_process_group()
+    base = benchlib.median(times["original"])
+    note = f"{rounds:,} calls each, alternating call by call; {benchlib.load_note()}"
+    return [benchlib.Row("collective pieces (gloo, world 1, sync)", label, "ns", base, benchlib.median(times[name]),
+                         "", None, note) for name, label in labels.items()]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=300, help="interleaved rounds of the micro benchmark")
@@ -320,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gloo-rounds", type=int, default=400, help="interleaved rounds with gloo")
     parser.add_argument("--gloo-calls", type=int, default=64, help="calls per variant per round (gloo), "
                         "a multiple of 16")
+    parser.add_argument("--piece-calls", type=int, default=6000, help="timed calls of each variant (e)")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON (run_all.py reads them)")
     args = parser.parse_args(argv)
     if args.gloo_calls % 16:
@@ -333,11 +413,13 @@ def main(argv: list[str] | None = None) -> int:
         benchlib.print_rows("(a) micro: no-op vs make_wrapper(no-op)", micro)
         gloo = bench_gloo(args.gloo_rounds, args.gloo_calls, Path(tmp) / "gloo")
         benchlib.print_rows("(b) real: gloo all_reduce, world size 1", gloo)
+        real_pieces = bench_gloo_pieces(args.piece_calls, Path(tmp) / "pieces")
+        benchlib.print_rows("(e) the pieces around a real synchronous gloo all_reduce, call by call", real_pieces)
     pieces = bench_pieces(args.rounds, args.calls)
     benchlib.print_rows("(c) the wrapper's pieces (baseline: an empty call)", pieces)
     cold = bench_cold(max(args.rounds // 10, 5), args.calls)
     benchlib.print_rows("(d) cold caches: the wrapper after a copy that evicts the caches", cold)
-    rows = micro + gloo + pieces + cold
+    rows = micro + gloo + pieces + cold + real_pieces
     benchlib.write_rows(args.json, rows)
     return 0
 
