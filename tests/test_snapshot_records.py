@@ -16,9 +16,9 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 from test_compact_format import records
 
-from zeromon.model.codec import FIELDS_OF, KIND_OF
+from zeromon.model import codec
+from zeromon.model.codec import FIELDS_OF, KIND_OF, json_default
 from zeromon.model.events import CollectiveEvent, MemorySample, PhaseSpan, Record
-from zeromon_agent import httpserver
 from zeromon_agent.httpserver import json_response
 from zeromon_agent.recorder import Recorder
 from zeromon_agent.snapshot import _MAPPING_FIELDS, Identity, LiveData, events_since, record_dict
@@ -98,11 +98,11 @@ def test_a_snapshots_json_reads_back_as_jsons_own_line(recs: list[Record]) -> No
                 "oom": types.MappingProxyType({"rank": 0, "risk": "ok"}), "by_rank": {0: "é", 1: None}}
     body = json_response(200, document).body
     assert body.endswith(b"\n") and body.count(b"\n") == 1
-    reference = _json_values(json.loads(json.dumps(document, default=httpserver._json_default)))
+    reference = _json_values(json.loads(json.dumps(document, default=json_default)))
     try:
         assert orjson.loads(body) == reference  # the live source's parser: it refuses NaN
     except orjson.JSONDecodeError:  # only json's line has NaN or an integer past 64 bits; json reads it
-        assert json.loads(body) == json.loads(json.dumps(document, default=httpserver._json_default))
+        assert json.loads(body) == json.loads(json.dumps(document, default=json_default))
 
 
 def test_orjson_writes_the_endpoints_json_and_json_what_orjson_refuses(monkeypatch: Any) -> None:
@@ -111,7 +111,7 @@ def test_orjson_writes_the_endpoints_json_and_json_what_orjson_refuses(monkeypat
     assert body == '{"name":"é","share":null,"3":{"a":1}}\n'.encode()  # orjson's: UTF-8, NaN as null
     big = json_response(200, {"bytes": 2**70}).body  # past 64 bits: orjson refuses it, json writes it whole
     assert body != big and json.loads(big) == {"bytes": 2**70}
-    monkeypatch.setattr(httpserver, "_fast_dumps", False)  # without orjson: json's line
+    monkeypatch.setattr(codec, "_orjson", False)  # without orjson: json's line
     assert json_response(200, document).body == b'{"name":"\\u00e9","share":NaN,"3":{"a":1}}\n'
 
 

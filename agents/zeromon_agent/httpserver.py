@@ -35,6 +35,8 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from zeromon.model.codec import json_default, orjson_module
+
 _IDLE_WAKE_S = 5.0  # the I/O thread's wait with no connection open (stop() wakes it at once)
 
 log = logging.getLogger("zeromon.agent")
@@ -103,41 +105,18 @@ class Response:
 def json_response(status: int, document: Any) -> Response:
     """``document`` as JSON (UTF-8, one line). orjson writes it where it is installed: a snapshot of 700
     events (~300 kB) took ~3.0 ms in json's encoder and ~0.4 ms in orjson's, once a second per rank while
-    a client watches. orjson writes NaN and infinities as null: JSON has no such numbers (RFC 8259, section 6), and
-    the live source's parser (orjson.loads) refuses them. json writes what orjson refuses (an integer past
-    64 bits, a lone surrogate)."""
-    dumps = _fast_dumps if _fast_dumps is not None else _load_fast_dumps()
-    if dumps:
+    a client watches. orjson writes NaN and infinities as null: JSON has no such numbers (RFC 8259,
+    section 6), and the live source's parser (orjson.loads) refuses them. json writes what orjson refuses
+    (an integer past 64 bits, a lone surrogate)."""
+    orjson = orjson_module()
+    if orjson:
         try:
-            return Response(status, dumps(document, default=_json_default, option=_FAST_OPTIONS))
+            # Keys that are not strings written as json writes them (an int key as "1"); a newline at the end.
+            return Response(status, orjson.dumps(document, default=json_default,
+                                                 option=orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE))
         except TypeError:  # orjson.JSONEncodeError
             pass
-    return Response(status, (json.dumps(document, separators=(",", ":"), default=_json_default) + "\n").encode())
-
-
-_fast_dumps: Any = None  # orjson's dumps once looked for; False where it is not installed
-_FAST_OPTIONS = 0
-
-
-def _load_fast_dumps() -> Any:
-    """orjson's dumps, imported with the first response (not with the agent: the training process imports
-    it before it serves anything); False without orjson (a dependency, but the agent does not require it)."""
-    global _fast_dumps, _FAST_OPTIONS
-    try:
-        import orjson
-    except ImportError:
-        _fast_dumps = False
-    else:
-        # Keys that are not strings written as json writes them (an int key as "1"); a newline at the end.
-        _FAST_OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_APPEND_NEWLINE
-        _fast_dumps = orjson.dumps
-    return _fast_dumps
-
-
-def _json_default(value: Any) -> Any:
-    if hasattr(value, "items"):
-        return dict(value.items())
-    return str(value)
+    return Response(status, (json.dumps(document, separators=(",", ":"), default=json_default) + "\n").encode())
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -145,7 +145,7 @@ def encode_line(record: Record) -> bytes:
         dumps = _fast_dumps if _fast_dumps is not None else _load_fast_dumps()
         if dumps:
             try:
-                line: bytes = dumps(row, default=_json_default)
+                line: bytes = dumps(row, default=json_default)
             except TypeError:  # orjson.JSONEncodeError: json says what it makes of the value
                 pass
             else:
@@ -155,21 +155,32 @@ def encode_line(record: Record) -> bytes:
 
 
 def _load_fast_dumps() -> Any:
-    """orjson's dumps, imported on the first line of a fast kind (not with this module, which the agent
-    imports into every training process); False without orjson (a dependency: a bare install writes
-    with json)."""
+    """orjson's dumps, looked for on the first line of a fast kind; False without orjson."""
     global _fast_dumps
-    try:
-        import orjson
-    except ImportError:
-        _fast_dumps = False
-    else:
-        _fast_dumps = orjson.dumps
+    module = orjson_module()
+    _fast_dumps = module.dumps if module else False
     return _fast_dumps
 
 
-def _json_default(value: Any) -> Any:
-    """Values json cannot encode by itself."""
+_orjson: Any = None  # the orjson module once looked for (orjson_module); False where it is not installed
+
+
+def orjson_module() -> Any:
+    """orjson, imported on first use (not with this module, which the agent imports into every training
+    process); False without it (a dependency: a bare install writes with json)."""
+    global _orjson
+    if _orjson is None:
+        try:
+            import orjson
+        except ImportError:
+            _orjson = False
+        else:
+            _orjson = orjson
+    return _orjson
+
+
+def json_default(value: Any) -> Any:
+    """Values json (and orjson) cannot encode by themselves."""
     # Enum members are str subclasses and serialize by value; this catches Mapping proxies and the
     # odd numpy scalar a user's config may carry into RunInfo.knobs.
     if hasattr(value, "items"):
@@ -179,7 +190,7 @@ def _json_default(value: Any) -> Any:
     return str(value)
 
 
-_dumps = json.JSONEncoder(separators=(",", ":"), default=_json_default).encode
+_dumps = json.JSONEncoder(separators=(",", ":"), default=json_default).encode
 
 
 def make_header(rank: int, **extra: Any) -> dict[str, Any]:
