@@ -266,9 +266,9 @@ def test_a_step_summary_s_line_is_orjson_s_and_without_it_json_s(monkeypatch: py
     line = codec.encode_line(summary)
     assert line == orjson.dumps(["step", *dataclasses.astuple(summary)]) and b"1e-9" in line  # orjson's spelling
     assert json.loads(line) == json.loads(codec.encode_record(summary))
-    monkeypatch.setattr(codec, "_fast_dumps", False)  # orjson not installed
+    monkeypatch.setattr(codec, "_orjson", False)  # orjson not installed
     assert codec.encode_line(summary) == codec.encode_record(summary).encode()
     # A line with a null in it is json's, orjson or not: orjson writes a NaN as null.
-    monkeypatch.setattr(codec, "_fast_dumps", None)
+    monkeypatch.setattr(codec, "_orjson", None)
     unknown = dataclasses.replace(summary, comp_s=None, overlap_s=float("nan"))
     assert codec.encode_line(unknown) == codec.encode_record(unknown).encode() and b"NaN" in codec.encode_line(unknown)

@@ -222,18 +222,21 @@ def bench_gloo(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
 
 # --- (c) where the time goes -----------------------------------------------------------------------
 
-def bench_pieces(rounds: int, calls: int) -> list[benchlib.Row]:
-    """Each piece of the enabled wrapper, called from a one-line function; minus an empty such call."""
-    state = HotState()
-    state.enabled = True
+PIECE_LABELS = {
+    "extract": "extract(args, kwargs): nbytes, dtype, group, async_op",
+    "clock": "perf_counter_ns() (the wrapper reads it twice)",
+    "flags": "inside/enabled flags: 2 reads + 2 writes",
+    "record": "the inline sync record: seq, counters, 16-field tuple, append",
+    "push": "HotState.push() of the tuple alone",
+}
+
+
+def wrapper_pieces(state: HotState, tensor: torch.Tensor) -> dict[str, Callable[[Any], None]]:
+    """Each piece of the enabled wrapper (PIECE_LABELS) as a one-line function of one ignored argument."""
     _, extract = collectives.DIST_SPECS["all_reduce"]
-    tensor = torch.zeros(16)
     args: tuple[Any, ...] = (tensor,)
     kwargs: dict[str, Any] = {}
     dtype = tensor.dtype
-
-    def nothing(_: Any) -> None:
-        pass
 
     def piece_extract(_: Any) -> None:
         extract(args, kwargs)
@@ -261,20 +264,24 @@ def bench_pieces(rounds: int, calls: int) -> list[benchlib.Row]:
         state.push((0, 1, "all_reduce", "all_reduce", 1, 2, 64, 64, dtype, None, False, None, "x", 0, None,
                     False))
 
-    variants = {name: loop(fn, None) for name, fn in (
-        ("nothing", nothing), ("extract", piece_extract), ("clock", piece_clock), ("flags", piece_flags),
-        ("record", piece_record), ("push", piece_push))}
+    return {"extract": piece_extract, "clock": piece_clock, "flags": piece_flags, "record": piece_record,
+            "push": piece_push}
+
+
+def bench_pieces(rounds: int, calls: int) -> list[benchlib.Row]:
+    """Each piece of the enabled wrapper, called from a one-line function; minus an empty such call."""
+    state = HotState()
+    state.enabled = True
+
+    def nothing(_: Any) -> None:
+        pass
+
+    pieces = {"nothing": nothing, **wrapper_pieces(state, torch.zeros(16))}
+    variants = {name: loop(fn, None) for name, fn in pieces.items()}
     per_call = benchlib.interleaved(variants, rounds, calls, between=state.raw.clear)
     base = benchlib.median(per_call["nothing"])
-    labels = {
-        "extract": "extract(args, kwargs): nbytes, dtype, group, async_op",
-        "clock": "perf_counter_ns() (the wrapper reads it twice)",
-        "flags": "inside/enabled flags: 2 reads + 2 writes",
-        "record": "the inline sync record: seq, counters, 16-field tuple, append",
-        "push": "HotState.push() of the tuple alone",
-    }
-    return [benchlib.Row("wrapper pieces", labels[name], "ns", base, benchlib.median(per_call[name]), "", None)
-            for name in labels]
+    return [benchlib.Row("wrapper pieces", label, "ns", base, benchlib.median(per_call[name]), "", None)
+            for name, label in PIECE_LABELS.items()]
 
 
 # --- (d) cold caches -------------------------------------------------------------------------------
@@ -319,7 +326,8 @@ def bench_cold(rounds: int, calls: int) -> list[benchlib.Row]:
 # --- (e) the pieces around a real call ------------------------------------------------------------------
 
 def bench_gloo_pieces(rounds: int, out_dir: Path) -> list[benchlib.Row]:
-    """(c)'s pieces, each around a real synchronous gloo all-reduce (world size 1), against the bare call.
+    """(c)'s pieces, each around a real synchronous gloo all-reduce (world size 1), where the wrapper has it
+    (before or after the call), against the bare call; and the whole wrapper.
 
     The variants alternate call by call, in a shuffled order every round, and each call is timed alone:
     a real call's added cost is a few hundred ns on 60 µs, less than what separate loops drift apart by.
@@ -330,46 +338,36 @@ def bench_gloo_pieces(rounds: int, out_dir: Path) -> list[benchlib.Row]:
     state.enabled = True
     original = c10d.all_reduce
     _, extract = collectives.DIST_SPECS["all_reduce"]
+    tensor = torch.zeros(16)
     drainer = Drainer(state, out_dir)
+    pieces = wrapper_pieces(state, tensor)
+
+    def around(piece: Callable[[Any], None], before: bool) -> Callable[[torch.Tensor], None]:
+        def run(t: torch.Tensor) -> None:
+            if before:
+                piece(None)
+            original(t)
+            if not before:
+                piece(None)
+
+        return run
 
     def frame(t: torch.Tensor) -> None:
         original(t)
 
-    def clock(t: torch.Tensor) -> None:
-        perf_ns()
-        original(t)
+    def nothing(_: Any) -> None:
+        pass
 
-    def extractor(t: torch.Tensor) -> None:
-        extract((t,), {})
-        original(t)
-
-    def flags(t: torch.Tensor) -> None:
-        if state.inside or not state.enabled:
-            return
-        state.inside = True
-        try:
-            original(t)
-        finally:
-            state.inside = False
-
-    def record(t: torch.Tensor) -> None:
-        original(t)
-        state.seq = seq = state.seq + 1
-        state.raw.append((0, seq, "all_reduce", "all_reduce", 1, 2, 64, 64, None, None, False, None, state.phase,
-                          state.step, None, False))
-
+    before = {"nothing": True, "extract": True, "clock": True, "flags": True, "record": False}
     variants: dict[str, Callable[[torch.Tensor], Any]] = {
-        "original": original, "frame": frame, "clock": clock, "extract": extractor, "flags": flags,
-        "record": record, "wrapper": collectives.make_wrapper(original, "all_reduce", "all_reduce", extract, state)}
-    labels = {
-        "frame": "a Python function around the call",
-        "clock": "one perf_counter_ns() before the call",
-        "extract": "the extractor before the call (the tensor's nbytes and dtype)",
-        "flags": "the inside/enabled flags around the call",
-        "record": "the sync record appended after the call",
-        "wrapper": "the whole wrapper, agent enabled",
-    }
-    tensor = torch.zeros(16)
+        "original": original, "frame": frame,
+        **{name: around(pieces.get(name, nothing), b) for name, b in before.items()},
+        "wrapper": collectives.make_wrapper(original, "all_reduce", "all_reduce", extract, state)}
+    labels = {"frame": "a Python function around the call",
+              "nothing": "an empty piece before the call (the harness's own calls: subtract it from the pieces)",
+              **{name: f"{PIECE_LABELS[name]}, {'before' if b else 'after'} the call" for name, b in before.items()
+                 if name in PIECE_LABELS},
+              "wrapper": "the whole wrapper, agent enabled"}
     times: dict[str, list[int]] = {name: [] for name in variants}
     order = list(variants)
     rng = random.Random(0)

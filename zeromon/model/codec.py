@@ -125,7 +125,6 @@ def encode_record(record: Record) -> str:
 # The kinds the agent writes by the hundred whose values are only numbers, strings, None and dicts of them:
 # encode_line may write them with orjson.
 _FAST_KINDS = frozenset({StepSummary, PhaseSpan, CollectiveEvent, MemorySample, AgentStats, DeviceSample})
-_fast_dumps: Any = None  # orjson's dumps once looked for (_load_fast_dumps); False where it is not installed
 
 
 def encode_line(record: Record) -> bytes:
@@ -142,24 +141,16 @@ def encode_line(record: Record) -> bytes:
     the slower way to the same line). tests/test_codec.py holds them to the same values."""
     row = _row(record)
     if type(record) in _FAST_KINDS:
-        dumps = _fast_dumps if _fast_dumps is not None else _load_fast_dumps()
-        if dumps:
+        orjson = _orjson if _orjson is not None else orjson_module()
+        if orjson:
             try:
-                line: bytes = dumps(row, default=json_default)
+                line: bytes = orjson.dumps(row, default=json_default)
             except TypeError:  # orjson.JSONEncodeError: json says what it makes of the value
                 pass
             else:
                 if b"null" not in line:
                     return line
     return _dumps(row).encode("utf-8", "surrogatepass")
-
-
-def _load_fast_dumps() -> Any:
-    """orjson's dumps, looked for on the first line of a fast kind; False without orjson."""
-    global _fast_dumps
-    module = orjson_module()
-    _fast_dumps = module.dumps if module else False
-    return _fast_dumps
 
 
 _orjson: Any = None  # the orjson module once looked for (orjson_module); False where it is not installed
