@@ -273,6 +273,18 @@ def test_an_exception_and_a_sigterm_are_how_ranks_ended(tmp_path: Path) -> None:
     assert summary.returncode == 3 and "rank 1 died at step 3: stopped by SIGTERM" in summary.stdout
 
 
+def test_a_sigterm_while_the_agent_ends_the_recording_waits_for_its_end_record(tmp_path: Path) -> None:
+    """A rank that fails is ending its recording (atexit) when the launcher's SIGTERM comes: the end record is
+    written first, then the rank dies by the signal as it would have. Dying at once lost the end record (seen
+    in test_a_killed_rank_is_said_to_have_died_and_its_registry_entry_is_skipped under load)."""
+    out = tmp_path / "run"
+    result = train("--attach", "--die", "0:3:exception-then-term", env=child_env(ZEROMON_OUT=str(out)))
+    assert result.returncode != 0 and "injected failure in the training loop" in result.stderr
+    end0 = read_file_end(out / "rank-0.jsonl").end
+    assert end0 is not None and end0.how == "exception RuntimeError" and end0.last_step == 2, result.stderr[-3000:]
+    assert "Signal 15 (SIGTERM) received by PID" in result.stderr  # and then it died by the signal
+
+
 def test_a_failure_status_is_how_a_rank_ended_and_a_clean_exit_is_clean(tmp_path: Path) -> None:
     """sys.exit(1) in a rank is a failure: its end record says "exit 1", and summary says it died;
     sys.exit(0) early is a clean end."""

@@ -131,6 +131,10 @@ class Agent:
         self._step_s: float | None = None
         self._previous_sigterm: Any = None
         self._stop_lock = threading.RLock()  # RLock: SIGTERM may arrive while atexit is stopping
+        # The thread inside stop() (threading.get_ident), and a SIGTERM that arrived there: acted on once the
+        # recording is ended (_on_sigterm).
+        self._stopping_thread: int | None = None
+        self._signal_after_stop: tuple[int, Any] | None = None
         self._ending: tuple[str, str | None] | None = None  # (RunEnd.how, detail) seen by the excepthook
         self._exit_status = 0  # of the last sys.exit() in the main thread
         self.endpoint: Any = None  # zeromon_agent.endpoint.AgentEndpoint while it serves
@@ -244,32 +248,44 @@ class Agent:
                 return
             self.started = False
             self.state.enabled = False
+            self._stopping_thread = threading.get_ident()
+            previous_sigterm = self._previous_sigterm
             try:
-                if self.meter is not None:
-                    self.meter.stop()
-                    self.meter.release()
-                self.points.close()
-                self.tracker.close()
-            except Exception as exc:  # noqa: BLE001
-                log.warning("zeromon: error while stopping the agent: %r", exc)
+                self._stop_parts(how, detail)
+            finally:
+                self._stopping_thread = None
+        pending, self._signal_after_stop = self._signal_after_stop, None
+        if pending is not None:  # a SIGTERM that came during the stop: as it would have gone, now that the end is written
+            self._after_sigterm(previous_sigterm, *pending)
+
+    def _stop_parts(self, how: str, detail: str | None) -> None:
+        """stop()'s work, under its lock: the hooks off, the recording ended, the endpoint closed."""
+        try:
+            if self.meter is not None:
+                self.meter.stop()
+                self.meter.release()
+            self.points.close()
+            self.tracker.close()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("zeromon: error while stopping the agent: %r", exc)
+        try:
+            if self.recorder is not None:
+                self.recorder.stop(how=how, detail=detail)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("zeromon: error while stopping the agent's recorder: %r", exc)
+        # After the recorder's last drain: a final scrape still sees the end of the run.
+        endpoint, self.endpoint = self.endpoint, None
+        if endpoint is not None:
             try:
-                if self.recorder is not None:
-                    self.recorder.stop(how=how, detail=detail)
+                endpoint.stop()
             except Exception as exc:  # noqa: BLE001
-                log.warning("zeromon: error while stopping the agent's recorder: %r", exc)
-            # After the recorder's last drain: a final scrape still sees the end of the run.
-            endpoint, self.endpoint = self.endpoint, None
-            if endpoint is not None:
-                try:
-                    endpoint.stop()
-                except Exception as exc:  # noqa: BLE001
-                    log.warning("zeromon: error while stopping the endpoint: %r", exc)
-            if self._previous_sigterm is not None and threading.current_thread() is threading.main_thread():
-                try:
-                    signal.signal(signal.SIGTERM, self._previous_sigterm)
-                except (ValueError, OSError):
-                    pass
-                self._previous_sigterm = None
+                log.warning("zeromon: error while stopping the endpoint: %r", exc)
+        if self._previous_sigterm is not None and threading.current_thread() is threading.main_thread():
+            try:
+                signal.signal(signal.SIGTERM, self._previous_sigterm)
+            except (ValueError, OSError):
+                pass
+            self._previous_sigterm = None
 
     def _at_exit(self) -> None:
         """atexit: the interpreter is ending, after an uncaught exception if the hook below saw one."""
@@ -324,8 +340,18 @@ class Agent:
             pass
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if self._stopping_thread == threading.get_ident():
+            # This thread is inside stop() (atexit after an exception, say, as the launcher stops the other ranks):
+            # dying now would lose the end record it is writing. stop() acts on the signal once it is written.
+            self._signal_after_stop = (signum, frame)
+            return
         previous = self._previous_sigterm
         self.stop(f"signal {signal.Signals(signum).name}")  # flushes the recording and ends it
+        self._after_sigterm(previous, signum, frame)
+
+    @staticmethod
+    def _after_sigterm(previous: Any, signum: int, frame: Any) -> None:
+        """What SIGTERM did before zeromon's handler: the previous handler, nothing, or death by the signal."""
         if callable(previous):
             previous(signum, frame)
         elif previous == signal.SIG_IGN:

@@ -13,7 +13,8 @@ collective (the collective wrapper's argument extraction), wait (Work.wait's rec
 phase change), memory (the category walk), endpoint (every /metrics and snapshot: rank 0 scrapes
 itself and prints ``SCRAPE <status>``), writer (the recording's file raises ENOSPC from its 5th write).
 ``--die RANK:STEP:HOW``: that rank, at that step, ends by ``kill`` (SIGKILL), ``term`` (SIGTERM),
-``exception`` (RuntimeError), ``exit`` (sys.exit(0) early) or ``fail`` (sys.exit(1)). ``--vanish STEP``: rank 0 removes the run
+``exception`` (RuntimeError), ``exception-then-term`` (RuntimeError, and a SIGTERM while the agent ends the
+recording), ``exit`` (sys.exit(0) early) or ``fail`` (sys.exit(1)). ``--vanish STEP``: rank 0 removes the run
 folder then. ``--no-init``: no process group at all (each rank trains alone, no collective).
 """
 
@@ -119,6 +120,20 @@ def die(how: str) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(30)  # the signal ends the process before this does
     elif how == "exception":
+        raise RuntimeError("injected failure in the training loop")
+    elif how == "exception-then-term":
+        # A SIGTERM that lands while the agent ends the recording at exit, as when the launcher stops the
+        # other ranks of a job whose rank failed: sent from inside the recorder's stop, so it lands there.
+        import zeromon_agent
+
+        recorder = zeromon_agent.get_agent().recorder
+        stop = recorder.stop
+
+        def stop_under_a_sigterm(*args: Any, **kwargs: Any) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)
+            stop(*args, **kwargs)
+
+        recorder.stop = stop_under_a_sigterm
         raise RuntimeError("injected failure in the training loop")
     elif how == "exit":
         sys.exit(0)
