@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from zeromon.analysis.recording_summary import summarize_recording, summarize_run
 from zeromon.analysis.step_overlap import StepOverlap, overlap_of_summary, step_overlaps
 from zeromon.analysis.step_skew import step_times_across_ranks, step_times_python
 from zeromon.analysis.step_table import StepTable, step_table, summary_columns
@@ -205,3 +206,56 @@ def test_a_step_table_is_the_sequence_it_stands_for() -> None:
     assert np.array_equal(table.column("step_s"), [0.1 * i for i in range(5)])
     with pytest.raises(IndexError):
         table[5]
+
+
+def test_summary_of_a_fleet_shows_the_ranks_furthest_from_the_median_first_and_the_rest_in_a_line(
+        fleet_run: Path) -> None:
+    roles = gen_fleet_run.fleet_roles(RANKS)
+    result = zeromon("summary", str(fleet_run))
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = result.stdout
+    assert f"({RANKS} of {RANKS} ranks recorded)" in text
+    shown = _table_ranks(text)
+    # The growing rank's peak memory, then the stragglers' time blocked (they wait less: their peers wait for them).
+    assert len(shown) == 16 and shown[0] == roles.growing_memory
+    assert set(shown[1:3]) == set(roles.stragglers)
+    rest = next(line for line in text.splitlines() if line.startswith("... and "))
+    assert rest.startswith(f"... and {RANKS - 16} more ranks") and "--all-ranks" in rest
+    every = zeromon("summary", "--all-ranks", str(fleet_run))
+    assert every.returncode == 0 and _table_ranks(every.stdout) == list(range(RANKS))
+    assert "... and " not in every.stdout
+
+
+def test_summarize_run_reads_each_rank_in_a_worker_and_tells_its_progress(fleet_run: Path) -> None:
+    """The workers' summaries (step summaries read as columns) are those of the recordings read whole here
+    (as objects), in rank order, and the progress is told once a rank."""
+    told: list[tuple[int, int]] = []
+    in_workers = summarize_run(fleet_run, workers=2, progress=lambda done, total: told.append((done, total)))
+    here = summarize_run(fleet_run, workers=1)
+    assert in_workers == here
+    assert list(in_workers.ranks) == [summarize_recording(rec) for rec in read_run(fleet_run)]
+    assert told == [(done, RANKS) for done in range(1, RANKS + 1)]
+    # Each rank's end read by the worker that read it: every rank ended cleanly, through its last step.
+    assert [(end.rank, end.state, end.recorded_through) for end in in_workers.ends] == [
+        (rank, "clean", STEPS - 1) for rank in range(RANKS)]
+
+
+def test_a_replay_and_the_dashboards_load_tell_their_progress(fleet_run: Path, tmp_path: Path) -> None:
+    from zeromon.sources.replay import ReplaySource
+    from zeromon.views.run_data import ReplayFeed, recording_data
+
+    told: list[tuple[int, int]] = []
+    ReplaySource(fleet_run, progress=lambda done, total: told.append((done, total)))
+    assert told == [(done, RANKS) for done in range(1, RANKS + 1)]
+    told.clear()
+    ReplayFeed(fleet_run, progress=lambda done, total: told.append((done, total)))
+    assert told == [(done, 2 * RANKS) for done in range(1, 2 * RANKS + 1)]
+    # The dashboard's recording is read by a forked loader process: its progress is told there, on the
+    # stderr it shares (here a file, a line each time), two reads a rank (its analysis, then its final state).
+    log = tmp_path / "progress.log"
+    with open(log, "w") as stream:
+        data = recording_data(fleet_run, progress=Progress("rank reads", stream=stream, show_after_s=0.0,
+                                                           line_every_s=0.0))
+    assert len(data.histories) == RANKS
+    told_there = [int(line.split()[1]) for line in log.read_text().splitlines()]
+    assert told_there == list(range(1, 2 * RANKS + 1)), log.read_text()[-2000:]

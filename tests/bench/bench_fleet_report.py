@@ -1,7 +1,9 @@
-"""`zeromon report` at fleet scale: 64, 256 and 1,024 ranks x 10,000 steps of a generated run.
+"""`zeromon report` and `zeromon summary` at fleet scale: 64, 256 and 1,024 ranks x 10,000 steps of a generated run.
 
-Target (issue 13): 1,024 ranks x 10,000 steps (a summary every step, the detail of 70 steps a rank)
-in under 60 s and 2 GB on this 2-core machine.
+Target (issue 13): `zeromon report` of 1,024 ranks x 10,000 steps (a summary every step, the detail of 70
+steps a rank) in under 60 s and 2 GB on this 2-core machine. `zeromon summary` (``--commands``) is measured
+beside it, on the same runs, with no target of its own: read into one process (before each rank was read
+in a worker), the 1,024-rank run took 121 s and 12.2 GB there (measured once, 2026-11-25).
 
 The run is made by gen_fleet_run.py from a real 2-rank FSDP2 recording (recorded once here, ~25 s,
 or given with --source), in a folder under /tmp removed at the end: in the agent's default compact
@@ -44,12 +46,12 @@ TARGET_RANKS = 1024
 FORMS = {"zmr": "compact, format 2.x", "jsonl": "JSON lines, format 1.x"}
 
 
-def measure(folder: Path, repeat: int) -> tuple[list[benchlib.TreeRun], str]:
+def measure(folder: Path, repeat: int, command: str = "report") -> tuple[list[benchlib.TreeRun], str]:
     runs = []
     for _ in range(repeat):
-        run = benchlib.run_watched([sys.executable, "-m", "zeromon", "report", str(folder)], LIMIT_S, LIMIT_RSS_MB)
+        run = benchlib.run_watched([sys.executable, "-m", "zeromon", command, str(folder)], LIMIT_S, LIMIT_RSS_MB)
         state = f"stopped at the {run.stopped} limit" if run.stopped else f"exit {run.returncode}"
-        print(f"  report: {run.wall_s:.1f} s, peak RSS {run.peak_rss_mb:,.0f} MB ({state})", flush=True)
+        print(f"  {command}: {run.wall_s:.1f} s, peak RSS {run.peak_rss_mb:,.0f} MB ({state})", flush=True)
         runs.append(run)
         if run.stopped or run.returncode not in (0, 3):
             print(run.stderr[-2000:])
@@ -63,6 +65,7 @@ def main() -> None:
     parser.add_argument("--jsonl-sizes", default="1024", help="rank counts to report as JSON lines too ('' none)")
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--commands", default="report,summary", help="the zeromon commands measured, comma-separated")
     parser.add_argument("--source", type=Path, help="a 2-rank run folder (default: record one)")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
@@ -80,25 +83,28 @@ def main() -> None:
             size_mb = gen_fleet_run.run_bytes(folder) / benchlib.MB
             print(f"{ranks} ranks x {args.steps:,} steps ({FORMS[form]}): {records:,} records, {size_mb:,.0f} MB "
                   f"written in {made_s:.1f} s ({benchlib.load_note()})", flush=True)
-            runs, text = measure(folder, args.repeat)
-            done = [r for r in runs if not r.stopped]
-            wall = benchlib.median([r.wall_s for r in done]) if done else LIMIT_S
-            rss = benchlib.median([r.peak_rss_mb for r in done]) if done else max(r.peak_rss_mb for r in runs)
-            stopped = next((r.stopped for r in runs if r.stopped), None)
-            target = ranks == TARGET_RANKS and form == "zmr"
-            note = (f"median of {len(done)} of {len(runs)} runs; {records:,} records, {size_mb:,.0f} MB of "
-                    f"recording; {benchlib.load_note()}" + (f"; stopped at the {stopped} limit" if stopped else ""))
             what = f"{ranks:,} ranks x {args.steps:,} steps" + ("" if form == "zmr" else f" ({FORMS[form]})")
-            rows += [
-                benchlib.Row("fleet report (zeromon report)", f"{what}: wall time", "s", None, wall,
-                             f"< {TARGET_S:.0f} s" if target else "", (wall < TARGET_S and not stopped) if target else None,
-                             note),
-                benchlib.Row("fleet report (zeromon report)", f"{what}: peak RSS, all processes", "MB", None, rss,
-                             f"< {TARGET_RSS_MB:.0f} MB" if target else "",
-                             (rss < TARGET_RSS_MB and not stopped) if target else None, note),
-                benchlib.Row("fleet report (gen_fleet_run)", f"{what}: generate", "s", None, made_s, "", None,
-                             f"{size_mb:,.0f} MB written"),
-            ]
+            texts = {}
+            for command in args.commands.split(","):
+                runs, texts[command] = measure(folder, args.repeat, command)
+                done = [r for r in runs if not r.stopped]
+                wall = benchlib.median([r.wall_s for r in done]) if done else LIMIT_S
+                rss = benchlib.median([r.peak_rss_mb for r in done]) if done else max(r.peak_rss_mb for r in runs)
+                stopped = next((r.stopped for r in runs if r.stopped), None)
+                target = ranks == TARGET_RANKS and form == "zmr" and command == "report"
+                note = (f"median of {len(done)} of {len(runs)} runs; {records:,} records, {size_mb:,.0f} MB of "
+                        f"recording; {benchlib.load_note()}" + (f"; stopped at the {stopped} limit" if stopped else ""))
+                group = f"fleet {command} (zeromon {command})"
+                rows += [
+                    benchlib.Row(group, f"{what}: wall time", "s", None, wall, f"< {TARGET_S:.0f} s" if target else "",
+                                 (wall < TARGET_S and not stopped) if target else None, note),
+                    benchlib.Row(group, f"{what}: peak RSS, all processes", "MB", None, rss,
+                                 f"< {TARGET_RSS_MB:.0f} MB" if target else "",
+                                 (rss < TARGET_RSS_MB and not stopped) if target else None, note),
+                ]
+            rows.append(benchlib.Row("fleet report (gen_fleet_run)", f"{what}: generate", "s", None, made_s, "", None,
+                                     f"{size_mb:,.0f} MB written"))
+            text = next(iter(texts.values()))
             if (form, ranks) == ("zmr", sizes[-1]):
                 print("\n".join(text.splitlines()[:24]))
             shutil.rmtree(folder)

@@ -5,16 +5,22 @@ Pure: recordings in, dataclasses out; ``format_summary`` renders the text the CL
 
 from __future__ import annotations
 
+import operator
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from zeromon.analysis.rank_ends import RankEnd, end_lines, rank_ends
-from zeromon.model.codec import Recording, RunDirs, read_run, run_name
-from zeromon.model.run_end import read_file_ends
+from zeromon.model.codec import Recording, RunDirs, check_one_run, run_headers, run_name
+from zeromon.model.events import RunInfo, StepSummary
+from zeromon.model.rank_pool import OnProgress, map_rank_files, read_rank_file
+from zeromon.model.run_end import FileEnd, recording_end
+from zeromon.model.step_records import StepRecords
 from zeromon.model.units import format_bytes
+
+RANKS_SHOWN = 16  # the ranks a summarised text shows (`zeromon summary`, `zeromon report`); the rest in a line
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +65,21 @@ def strategy_label(rec: Recording) -> str:
     return info.fsdp_strategy or "-"
 
 
+def _step_columns(steps: Sequence[StepSummary]) -> tuple[Sequence[int], list[float], Sequence[float | None],
+                                                          Sequence[int | None]]:
+    """(step, duration, blocked seconds, collectives) of each summary: a StepRecords' columns, no object made."""
+    if isinstance(steps, StepRecords):
+        starts, ends = steps.column("start_ns"), steps.column("end_ns")
+        return (steps.column("step"), [(end - start) / 1e9 for start, end in zip(starts, ends, strict=True)],
+                steps.column("blocked_s"), steps.column("collectives"))
+    return ([s.step for s in steps], [s.duration_s for s in steps], [s.blocked_s for s in steps],
+            [s.collectives for s in steps])
+
+
 def summarize_recording(rec: Recording) -> RankSummary:
-    steady = [s for s in rec.steps if s.step >= 1] or list(rec.steps)
-    durations = [s.duration_s for s in steady]
+    numbers, durations, blocked, step_collectives = _step_columns(rec.steps)
+    # the steps after the first (all of them when there is one)
+    steady = [i for i, number in enumerate(numbers) if number >= 1] or range(len(numbers))
     per_step: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     columns = rec.collective_columns()  # no event objects: a recording holds up to a million
     counts: Counter[int] = Counter()
@@ -77,18 +95,19 @@ def summarize_recording(rec: Recording) -> RankSummary:
               if (level := m.allocated if m.allocated is not None else m.rss) is not None]
     with_categories = [m for m in rec.memory if len(m.categories) > 1]
     capacity = next((m.capacity for m in reversed(rec.memory) if m.capacity), None)
+    waits = [wait for i in steady if (wait := blocked[i]) is not None]
     info = rec.run_info
     return RankSummary(
         rank=rec.rank,
         framework=info.framework if info else "-",
         strategy=strategy_label(rec),
-        steps=len(rec.steps),
-        median_step_s=statistics.median(durations) if durations else None,
+        steps=len(numbers),
+        median_step_s=statistics.median(durations[i] for i in steady) if steady else None,
         # A bounded recording's steps whose detail was dropped (all or part): their summaries count them.
-        collectives=len(columns) + sum(max(0, (s.collectives or 0) - counts[s.step]) for s in rec.steps),
+        collectives=len(columns) + sum(max(0, (n or 0) - counts[step])
+                                       for step, n in zip(numbers, step_collectives, strict=True)),
         bytes_per_step_by_meaning=by_meaning,
-        median_blocked_s=statistics.median(waits) if (waits := [s.blocked_s for s in steady
-                                                                 if s.blocked_s is not None]) else None,
+        median_blocked_s=statistics.median(waits) if waits else None,
         peak_memory=max(levels) if levels else None,
         capacity=capacity,
         last_categories=dict(with_categories[-1].categories) if with_categories else {},
@@ -101,13 +120,25 @@ def summarize_recording(rec: Recording) -> RankSummary:
     )
 
 
-def summarize_run(run_dir: RunDirs) -> RunSummary:
-    recordings = read_run(run_dir)
-    world = max((r.run_info.world_size for r in recordings if r.run_info), default=len(recordings))
-    through = {r.rank: max((s.step for s in r.steps), default=None) for r in recordings}
-    ends = rank_ends(read_file_ends([r.path for r in recordings]), through, world)
-    return RunSummary(run_dir=run_name(run_dir), world_size=world,
-                      ranks=tuple(summarize_recording(r) for r in recordings), ends=ends)
+def summarize_run(run_dir: RunDirs, workers: int | None = None, progress: OnProgress | None = None) -> RunSummary:
+    """Each rank file read and summarized in a worker process (``workers``: map_rank_files'), only its
+    summary sent back: a 1,024-rank run of 10,000 steps read into this process would take ~12 GB."""
+    headers = run_headers(run_dir)  # checked to be one run's before any file is read whole
+    done = map_rank_files([path for path, _ in headers], _summarize_file, workers, progress, doing="summarizing")
+    check_one_run([(path, header, info) for (path, header), (_, info, _, _) in zip(headers, done, strict=True)])
+    done.sort(key=lambda rank: rank[0].rank)
+    world = max((info.world_size for _, info, _, _ in done if info), default=len(done))
+    ends = rank_ends([end for *_, end in done if end is not None], {summary.rank: last for summary, _, last, _ in done},
+                     world)
+    return RunSummary(run_dir=run_name(run_dir), world_size=world, ranks=tuple(summary for summary, *_ in done),
+                      ends=ends)
+
+
+def _summarize_file(path: Path) -> tuple[RankSummary, RunInfo | None, int | None, FileEnd | None]:
+    """A worker's part: one rank's summary, its RunInfo (the run check), its last step and its file's end."""
+    rec = read_rank_file(path)
+    numbers = _step_columns(rec.steps)[0]
+    return summarize_recording(rec), rec.run_info, max(numbers, default=None), recording_end(rec)
 
 
 def counted(n: int, thing: str) -> str:
@@ -129,30 +160,88 @@ def corrupt_lines_note(file: str, lines: Sequence[int], shown: int = 5, errors: 
     return f"{Path(file).name}: {counted(len(lines), 'corrupt ' + word)} skipped ({where}{why})"
 
 
-def format_summary(summary: RunSummary) -> str:
+def _off(value: float | int | None, median: float | None) -> float:
+    """How far ``value`` is from ``median``, as a share of it (0 where either is unknown)."""
+    if value is None or median is None or median <= 0:
+        return 0.0
+    return abs(value - median) / median
+
+
+def ranks_shown(ranks: Sequence[RankSummary], shown: int = RANKS_SHOWN) -> tuple[list[RankSummary], dict[str, float]]:
+    """The ``shown`` ranks furthest from the run's typical rank, furthest first, and the medians over all
+    ranks of what that is measured by: the median step time, the time blocked in collectives (a late rank
+    waits less; its peers wait for it) and the peak memory, each as a share of its median over the ranks."""
+    medians = {name: statistics.median(present) if (present := [v for r in ranks if (v := get(r)) is not None])
+               else None for name, get in _MEASURES.items()}
+
+    def distance(r: RankSummary) -> tuple[float, int]:
+        return -max(_off(get(r), medians[name]) for name, get in _MEASURES.items()), r.rank
+
+    return sorted(ranks, key=distance)[:shown], {name: m for name, m in medians.items() if m is not None}
+
+
+_MEASURES: dict[str, Callable[[RankSummary], float | int | None]] = {
+    "step ms": operator.attrgetter("median_step_s"), "blocked ms": operator.attrgetter("median_blocked_s"),
+    "peak mem": operator.attrgetter("peak_memory")}
+
+
+def _rank_line(r: RankSummary) -> str:
+    step_ms = f"{r.median_step_s * 1e3:.1f}" if r.median_step_s is not None else "-"
+    blocked = f"{r.median_blocked_s * 1e3:.1f}" if r.median_blocked_s is not None else "-"
+    meanings = ", ".join(f"{m}={format_bytes(b)}" for m, b in r.bytes_per_step_by_meaning.items()) or "-"
+    return (f"{r.rank:>4}  {r.framework:<10} {r.strategy:<14} {r.steps:>5} {step_ms:>8} {blocked:>10} "
+            f"{r.collectives:>11} {format_bytes(r.peak_memory):>11}  {meanings}")
+
+
+def _rest_line(summary: RunSummary, shown: list[RankSummary], medians: dict[str, float]) -> str:
+    """What the ranks left out of a summarised table are: how far from the medians at most."""
+    rest = [r for r in summary.ranks if r not in shown]
+    within = []
+    for name, get in _MEASURES.items():
+        if name in medians:
+            median = medians[name]
+            typical = format_bytes(round(median)) if name == "peak mem" else f"{median * 1e3:.1f} ms"
+            far = 100 * max(_off(get(r), median) for r in rest)
+            within.append(f"{name.removesuffix(' ms')} {typical} (within {far:.1f}%)" if far < 10
+                          else f"{name.removesuffix(' ms')} {typical} (within {far:.0f}%)")
+    return (f"... and {counted(len(rest), 'more rank')}, each as near the median of every rank as this: "
+            + ", ".join(within) + " (a line for every rank: --all-ranks)")
+
+
+def format_summary(summary: RunSummary, all_ranks: bool = False) -> str:
+    """The per-rank table; past RANKS_SHOWN ranks (without ``all_ranks``), only the ranks furthest from the
+    run's typical rank (ranks_shown) and a line for the rest, and the per-rank notes of as many ranks."""
     lines = [f"zeromon: run {summary.run_dir} ({len(summary.ranks)} of {summary.world_size} ranks recorded)"]
     header = f"{'rank':>4}  {'framework':<10} {'strategy':<14} {'steps':>5} {'step ms':>8} {'blocked ms':>10} " \
              f"{'collectives':>11} {'peak mem':>11}  bytes per step by meaning"
+    summarised = not all_ranks and len(summary.ranks) > RANKS_SHOWN
+    shown, medians = ranks_shown(summary.ranks) if summarised else (list(summary.ranks), {})
+    if summarised:
+        lines.append(f"the {len(shown)} ranks furthest from the median of every rank (by step time, time blocked and "
+                     "peak memory), furthest first:")
     lines.append(header)
-    for r in summary.ranks:
-        step_ms = f"{r.median_step_s * 1e3:.1f}" if r.median_step_s is not None else "-"
-        blocked = f"{r.median_blocked_s * 1e3:.1f}" if r.median_blocked_s is not None else "-"
-        meanings = ", ".join(f"{m}={format_bytes(b)}" for m, b in r.bytes_per_step_by_meaning.items()) or "-"
-        lines.append(f"{r.rank:>4}  {r.framework:<10} {r.strategy:<14} {r.steps:>5} {step_ms:>8} {blocked:>10} "
-                     f"{r.collectives:>11} {format_bytes(r.peak_memory):>11}  {meanings}")
+    lines.extend(map(_rank_line, shown))
+    if summarised:
+        lines.append(_rest_line(summary, shown, medians))
     lines.append("(step ms, blocked ms and bytes per step: medians over the steps after the first, as in "
                  "`zeromon report`)")
     first = summary.ranks[0] if summary.ranks else None
     if first is not None and first.last_categories:
         cats = ", ".join(f"{k}={format_bytes(v)}" for k, v in first.last_categories.items() if v)
         lines.append(f"rank {first.rank} memory by category (last sample): {cats}")
+    lost_lines = []
     for r in summary.ranks:
         lost = [counted(n, thing) + suffix for n, thing, suffix in
                 ((r.events_dropped, "event", " dropped"), (r.hook_errors, "hook error", "")) if n]
         if lost:
-            lines.append(f"rank {r.rank}: {', '.join(lost)}")
+            lost_lines.append(f"rank {r.rank}: {', '.join(lost)}")
         if r.corrupt_lines:
-            lines.append(corrupt_lines_note(r.file, r.corrupt_lines, errors=r.line_errors))
+            lost_lines.append(corrupt_lines_note(r.file, r.corrupt_lines, errors=r.line_errors))
+    if summarised and len(lost_lines) > RANKS_SHOWN:
+        left = len(lost_lines) - RANKS_SHOWN
+        lost_lines[RANKS_SHOWN:] = [f"... and {counted(left, 'more line')} of dropped events, hook errors or corrupt "
+                                    "records (every one: --all-ranks)"]
+    lines.extend(lost_lines)
     lines.extend(end_lines(summary.ends))
     seen: set[str] = set()
     for r in summary.ranks:

@@ -46,9 +46,12 @@ def build_source(args: argparse.Namespace, sources: Sources) -> Source:
     if sources.kind == REPLAY:
         if args.token:
             raise ZeromonError("zeromon attach: --replay plays a recording; it takes no --token", hint=_USAGE_HINT)
+        from zeromon.commands.progress import Progress
         from zeromon.sources.replay import ReplaySource
 
-        source: Source = ReplaySource(sources.replay, speed=sources.speed)
+        with Progress("ranks read for the replay") as progress:  # before the screen is taken
+            source: Source = ReplaySource(sources.replay, speed=sources.speed, progress=progress,
+                                          workers=None)  # no thread here yet: the readers may fork
         say_missing_ranks(sources.replay)  # before the screen is taken: it stays above the app's
         return source
     from zeromon.sources.live import LiveSource

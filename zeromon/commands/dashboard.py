@@ -78,15 +78,21 @@ def build_feed(args: argparse.Namespace) -> tuple[Any, str]:
                                hint="a folder of PyTorch profiler traces (*.json, *.json.gz)")
         return run_data.StaticFeed(run_data.trace_data(args.trace)), f"traces in {args.trace}"
     if sources.kind == REPLAY:
-        replay = run_data.ReplayFeed(sources.replay, speed=sources.speed)
+        from zeromon.commands.progress import Progress
+
+        with Progress("reads of the rank files for the replay (two a rank)") as progress:
+            replay = run_data.ReplayFeed(sources.replay, speed=sources.speed, progress=progress, workers=None)
         say_missing_ranks(sources.replay)
         return replay, f"replay of {run_name(sources.replay)}"
     run_dirs = tuple(sources.run_dirs) if sources.kind == RUN else ()
     if run_dirs and (len(run_dirs) > 1 or (rank_file_paths(Path(run_dirs[0])) and not _starting(Path(run_dirs[0])))):
+        from zeromon.commands.progress import Progress
+
         peak = args.peak_busbw
-        feed = run_data.RecordingFeed(run_dirs, peak_busbw=float(peak) if peak else None,
-                                      capacity_bytes=args.capacity,
-                                      alive=run_data.run_processes_alive(run_dirs))
+        with Progress("rank reads (two a rank: its analysis, then its final state)") as progress:
+            feed = run_data.RecordingFeed(run_dirs, peak_busbw=float(peak) if peak else None,
+                                          capacity_bytes=args.capacity,
+                                          alive=run_data.run_processes_alive(run_dirs), progress=progress)
         if len(run_dirs) > 1:  # one folder may be a run just starting: its ranks come as they start
             say_missing_ranks(run_dirs)
         return feed, f"recording {run_name(run_dirs)}"

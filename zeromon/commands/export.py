@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 NAME = "export"
 HELP = "write a recorded run as JSON lines (format 1.3)"
@@ -23,14 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-    from pathlib import Path
-
-    from zeromon.analysis.recording_summary import corrupt_lines_note
+    from zeromon.commands.progress import Progress
     from zeromon.commands.source_flags import run_folder_words
     from zeromon.errors import ZeromonError
     from zeromon.model.codec import rank_file_name, run_folders, run_headers
-    from zeromon.model.segments import export_lines
 
     run = run_folder_words(args.run_dir, "RUN_DIR")
     headers = run_headers(run)  # one run's files, checked; an error naming the folder otherwise
@@ -50,21 +48,32 @@ def run(args: argparse.Namespace) -> int:
             raise ZeromonError(f"--out {out}: {existing[0]} exists (nothing is overwritten)",
                                hint="give an empty or new folder")
         targets = list(named)
-    for path, target in zip(files, targets, strict=True):
-        corrupt: list[int] = []
-        errors: dict[int, str] = {}
-        try:
-            if target is None:
-                sys.stdout.buffer.writelines(export_lines(path, corrupt, errors))
-                sys.stdout.buffer.flush()
-            else:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with open(target, "wb") as handle:
-                    handle.writelines(export_lines(path, corrupt, errors))
-        except OSError as exc:
-            if isinstance(exc, BrokenPipeError):
-                raise
-            raise ZeromonError(f"{exc.filename or target or 'stdout'}: cannot write: {exc.strerror or exc}") from None
-        if corrupt:
-            print(f"zeromon: warning: {corrupt_lines_note(str(path), corrupt, errors=errors)}", file=sys.stderr)
+    with Progress("rank files exported") as progress:  # on stderr: stdout may be the lines
+        for done, (path, target) in enumerate(zip(files, targets, strict=True), 1):
+            _export_file(path, target)
+            progress(done, len(files))
     return 0
+
+
+def _export_file(path: Path, target: Path | None) -> None:
+    """One rank file's lines into ``target`` (None: stdout); its records skipped as corrupt said on stderr."""
+    from zeromon.analysis.recording_summary import corrupt_lines_note
+    from zeromon.errors import ZeromonError
+    from zeromon.model.segments import export_lines
+
+    corrupt: list[int] = []
+    errors: dict[int, str] = {}
+    try:
+        if target is None:
+            sys.stdout.buffer.writelines(export_lines(path, corrupt, errors))
+            sys.stdout.buffer.flush()
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(target, "wb") as handle:
+                handle.writelines(export_lines(path, corrupt, errors))
+    except OSError as exc:
+        if isinstance(exc, BrokenPipeError):
+            raise
+        raise ZeromonError(f"{exc.filename or target or 'stdout'}: cannot write: {exc.strerror or exc}") from None
+    if corrupt:
+        print(f"zeromon: warning: {corrupt_lines_note(str(path), corrupt, errors=errors)}", file=sys.stderr)

@@ -83,11 +83,17 @@ def _replay(args: argparse.Namespace, sources: Sources) -> int:
     from zeromon.sources.replay import ReplaySource, final_view
 
     if args.once:
-        view = final_view(sources.replay)
+        from zeromon.commands.progress import Progress
+
+        with Progress("ranks read") as progress:
+            view = final_view(sources.replay, progress, workers=None)
         say_missing_ranks(sources.replay)
         _print(view, args.json, clear=False)
         return once_status(view, live=False)
-    source = ReplaySource(sources.replay, speed=sources.speed)
+    from zeromon.commands.progress import Progress
+
+    with Progress("ranks read for the replay") as progress:
+        source = ReplaySource(sources.replay, speed=sources.speed, progress=progress, workers=None)
     say_missing_ranks(sources.replay)
     clear = sys.stdout.isatty() and not args.json
     try:
@@ -95,7 +101,10 @@ def _replay(args: argparse.Namespace, sources: Sources) -> int:
         while not source.finished:
             _print(source.latest(), args.json, clear=clear)
             time.sleep(args.interval)
-        view = final_view(sources.replay)
+        from zeromon.commands.progress import Progress
+
+        with Progress("ranks read") as progress:
+            view = final_view(sources.replay, progress, workers=None)
         _print(view, args.json, clear=clear)
         return once_status(view, live=False)
     except KeyboardInterrupt:

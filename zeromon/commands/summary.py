@@ -19,15 +19,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a run folder written by `zeromon run --out RUN_DIR` (its rank-<r>.zmr or .jsonl files), or "
                              "several folders of one run (each node's --out, or a quoted glob such as "
                              "'runs/job/node*'): read as one run")
+    parser.add_argument("--all-ranks", action="store_true",
+                        help="a line for every rank; past 16 ranks the table shows the ranks furthest from the median "
+                             "of every rank and a line for the rest")
 
 
 def run(args: argparse.Namespace) -> int:
     from zeromon.analysis.rank_ends import exit_status
     from zeromon.analysis.recording_summary import format_summary, summarize_run
+    from zeromon.commands.progress import Progress
     from zeromon.commands.source_flags import run_folder_words, say_missing_ranks
 
     run = run_folder_words(args.run_dir, "RUN_DIR")
     say_missing_ranks(run)  # the folders checked to be one run's; a node's folder left out, named
-    summary = summarize_run(run)
-    print(format_summary(summary))
+    with Progress("ranks read and summarized") as progress:
+        summary = summarize_run(run, progress=progress)
+    print(format_summary(summary, args.all_ranks))
     return exit_status(summary.ends)  # 3: a rank died or its recording is incomplete (said above)

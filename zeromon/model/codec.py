@@ -985,9 +985,14 @@ def check_one_run(files: Sequence[tuple[Path, dict[str, Any], RunInfo | None]], 
                                    f"and {value!r}", hint=_DIFFERENT_RUNS_HINT_FOLDERS if several else _DIFFERENT_RUNS_HINT)
 
 
-def read_run(run: RunDirs) -> list[Recording]:
+def read_run(run: RunDirs, progress: Callable[[int, int], None] | None = None) -> list[Recording]:
     """Read every rank file of a run's folder (or folders), ordered by rank; an error when they are not
-    one run's."""
-    recordings = [read_recording(f) for f in rank_files(run)]
+    one run's. ``progress``: told (files read, files in all) as each is read."""
+    files = rank_files(run)
+    recordings = []
+    for path in files:
+        recordings.append(read_recording(path))
+        if progress is not None:
+            progress(len(recordings), len(files))
     check_one_run([(r.path, r.header, r.run_info) for r in recordings])
     return sorted(recordings, key=lambda r: r.rank)

@@ -64,6 +64,7 @@ from zeromon.model.events import (
     Timing,
 )
 from zeromon.model.numbers import REPLAY_SPEED, SOURCE_SECONDS, checked
+from zeromon.model.rank_pool import OnProgress, map_rank_files
 from zeromon.model.run_end import read_file_end
 from zeromon.sources.fleet import CollectiveTotal, FleetView, RankView
 
@@ -220,8 +221,10 @@ def _with_last_walk(track: _Track, i: int) -> MemorySample:
     return sample.with_walk(track.memory.get(walk).categories) if walk >= 0 and walk != i else sample
 
 
-def load_tracks(run_dir: RunDirs) -> list[_Track]:
-    """Every rank file of the run's folder (or folders), indexed; one rank's records in memory at a time."""
+def load_tracks(run_dir: RunDirs, progress: OnProgress | None = None, workers: int | None = 1) -> list[_Track]:
+    """Every rank file of the run's folder (or folders), indexed; one rank's records in memory at a time
+    in each of ``workers`` processes (map_rank_files': None, one per CPU; 1, the default, all in this
+    process: a caller with threads of its own must not fork). ``progress``: told as each rank is read."""
     for folder in run_folders(run_dir):
         if not folder.is_dir():
             raise ZeromonError(f"replay {folder}: no such run folder",
@@ -229,17 +232,19 @@ def load_tracks(run_dir: RunDirs) -> list[_Track]:
         if not rank_file_paths(folder):
             raise ZeromonError(f"replay {folder}: no rank-<r>.zmr (or .jsonl) recordings in this folder",
                                hint="record a run with `zeromon run --out DIR -- CMD ...`")
-    tracks, identities = [], []
-    for path in rank_files(run_dir):  # one run's files, from their headers
-        recording = read_recording(path)
-        identities.append((recording.path, recording.header, recording.run_info))
-        tracks.append(_track(recording))  # one rank's records in memory at a time
-    check_one_run(identities)  # and one framework
-    tracks.sort(key=lambda t: t.rank)
+    loaded = map_rank_files(rank_files(run_dir), _load_track, workers, progress)  # one run's files, from their headers
+    check_one_run([identity for _, identity in loaded])  # and one framework
+    tracks = sorted((track for track, _ in loaded), key=lambda t: t.rank)
     if all(t.last_ns < 0 for t in tracks):
         raise ZeromonError(f"replay {run_name(run_dir)}: the recordings hold no records to play back",
                            hint="the run ended before its first step; record it again")
     return tracks
+
+
+def _load_track(path: Path) -> tuple[_Track, tuple[Path, dict[str, Any], RunInfo | None]]:
+    """One rank file's track, and what check_one_run compares of it."""
+    recording = read_recording(path)
+    return _track(recording), (recording.path, recording.header, recording.run_info)
 
 
 def _analyse(track: _Track, key: tuple[int, int, int], wall: float) -> _Analysis:
@@ -261,17 +266,18 @@ class ReplaySource:
     """A run's folder (or folders, one per node) played back as FleetViews, with LiveSource's interface: start(), stop(), latest().
 
     ``speed``: virtual seconds per wall second (settable while playing); ``loop``: start over at the
-    end. Bad arguments and unreadable recordings raise ZeromonError here; nothing later does.
+    end; ``progress`` and ``workers``: load_tracks'. Bad arguments and unreadable recordings raise
+    ZeromonError here; nothing later does.
     """
 
     def __init__(self, run_dir: RunDirs, speed: float = 1.0, loop: bool = False,
-                 interval_s: float = 0.25) -> None:
+                 interval_s: float = 0.25, progress: OnProgress | None = None, workers: int | None = 1) -> None:
         self.run_dir = run_dir
         self.folders = run_folders(run_dir)
         self._speed = _checked_speed(speed)
         self.interval_s = checked("replay interval", SOURCE_SECONDS, interval_s)
         self.loop = loop
-        self._tracks = load_tracks(self.run_dir)
+        self._tracks = load_tracks(self.run_dir, progress, workers)
         present = [t for t in self._tracks if t.last_ns >= 0]
         self.start_ns = min(t.first_ns for t in present)
         self.end_ns = max(t.last_ns for t in present)
@@ -556,7 +562,8 @@ def _checked_speed(speed: object) -> float:
     return checked("replay speed", REPLAY_SPEED, speed)
 
 
-def final_view(run_dir: RunDirs) -> FleetView:
-    """A recorded run's final state: every rank as its recording ends (the TUI's view of an ended run)."""
-    replay = ReplaySource(run_dir)
+def final_view(run_dir: RunDirs, progress: OnProgress | None = None, workers: int | None = 1) -> FleetView:
+    """A recorded run's final state: every rank as its recording ends (the TUI's view of an ended run);
+    ``progress`` and ``workers``: load_tracks'."""
+    replay = ReplaySource(run_dir, progress=progress, workers=workers)
     return replay.view_at(replay.duration_ns)

@@ -3,20 +3,18 @@ the analyses combined here. The report command, the dashboard and the tests read
 
 from __future__ import annotations
 
-import os
+import functools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from zeromon.analysis.report import RankAnalysis, RunReport
-from zeromon.errors import ZeromonError
 from zeromon.model.codec import Recording, RunDirs
+from zeromon.model.rank_pool import OnProgress, map_rank_files, read_rank_file
 
 # What a caller keeps of each rank's recording beside its analysis (a module-level function: it
 # goes to the worker processes by name).
 Keep = Callable[[Recording], Any]
-# Told (ranks done, ranks in all) as each rank's analysis comes back: a command's progress bar.
-OnProgress = Callable[[int, int], None]
 
 
 def analyse_run(run_dir: RunDirs, peak_busbw: float | None = None, capacity_bytes: int | None = None,
@@ -37,73 +35,16 @@ def analyse_and_keep(run_dir: RunDirs, keep: Keep | None, peak_busbw: float | No
     from zeromon.model.codec import check_one_run, run_headers, run_name
 
     headers = run_headers(run_dir)  # the files' headers checked here; their RunInfo once analysed
-    files = [path for path, _ in headers]
-    workers = min(len(files), workers or _usable_cpus())
-    tell = progress or (lambda done, total: None)
-    if workers <= 1:
-        done = _analyse_here(files, capacity_bytes, keep, tell)
-    else:
-        done = _analyse_in_processes(files, capacity_bytes, workers, keep, tell)
+    done = map_rank_files([path for path, _ in headers], functools.partial(_analyse_file, capacity_bytes=capacity_bytes,
+                                                                           keep=keep),
+                          workers, progress, doing="analysing")
     check_one_run([(path, header, rank.run_info) for (path, header), (rank, _) in zip(headers, done, strict=True)])
     done.sort(key=lambda pair: pair[0].report.rank)  # as read_run orders the recordings
     return combine_report([rank for rank, _ in done], run_name(run_dir), peak_busbw), [kept for _, kept in done]
 
 
-def _analyse_here(files: list[Path], capacity_bytes: int | None, keep: Keep | None,
-                  tell: OnProgress) -> list[tuple[RankAnalysis, Any]]:
-    done = []
-    for path in files:
-        done.append(_analyse_file(path, capacity_bytes, keep))
-        tell(len(done), len(files))
-    return done
-
-
-def _analyse_in_processes(files: list[Path], capacity_bytes: int | None, workers: int,
-                          keep: Keep | None, tell: OnProgress) -> list[tuple[RankAnalysis, Any]]:
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-    from concurrent.futures.process import BrokenProcessPool
-
-    from zeromon.model.codec import collector_paused
-
-    # fork: the workers start at once, zeromon imported. forkserver and spawn re-run the caller's
-    # __main__ script in every worker (and fail where it is not a file: `python -`); their one
-    # advantage, safety for a caller with threads, does not apply to this single-threaded command.
-    try:
-        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
-    except (OSError, ValueError, NotImplementedError):  # no fork or no semaphores (some sandboxes)
-        return _analyse_here(files, capacity_bytes, keep, tell)
-    with pool:
-        futures = [pool.submit(_analyse_file, path, capacity_bytes, keep) for path in files]
-        try:
-            # The collector paused while the pool's thread unpickles the analyses (~2M objects a rank).
-            # A worker's ZeromonError (a bad file) comes back pickled, message and hint, and is raised here.
-            with collector_paused():
-                for done, future in enumerate(as_completed(futures), 1):
-                    future.result()  # a worker's error raised as it comes
-                    tell(done, len(futures))
-                return [future.result() for future in futures]
-        except BrokenProcessPool:
-            raise ZeromonError(f"{files[0].parent}: a worker process analysing the rank files died (killed, or "
-                               "out of memory)",
-                               hint="analyse fewer ranks at once: move some rank files to a folder of their "
-                                    "own") from None
-
-
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))  # what this process may run on, in a container too
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def _analyse_file(path: Path, capacity_bytes: int | None, keep: Keep | None) -> tuple[RankAnalysis, Any]:
     from zeromon.analysis.report import analyze_rank
-    from zeromon.model.codec import read_recording
 
-    try:
-        # The summaries as rows (a StepRecords): the analyses read them a field at a time; ``keep`` gets them so too.
-        recording = read_recording(path, steps_as_rows=True)
-    except OSError as exc:
-        raise ZeromonError(f"{path}: cannot read recording: {exc.strerror}") from None
+    recording = read_rank_file(path)  # ``keep`` gets its summaries as rows too
     return analyze_rank(recording, capacity_bytes), keep(recording) if keep is not None else None

@@ -27,6 +27,7 @@ from zeromon.errors import ZeromonError
 from zeromon.model.codec import CollectiveColumns, Recording, RunDirs, rank_file_paths, run_folders, run_name
 from zeromon.model.columns import TableRecords
 from zeromon.model.events import CollectiveEvent, MemorySample, OomEvent, PhaseSpan, StepSummary
+from zeromon.model.rank_pool import OnProgress
 from zeromon.sources.fleet import FleetView, RankView
 from zeromon.views.fleet import fleet_findings
 
@@ -130,7 +131,8 @@ def _files_state(run_dir: RunDirs) -> tuple[tuple[str, int, int], ...]:
 
 
 def recording_data(run_dir: RunDirs, version: int = 1, peak_busbw: float | None = None,
-                   capacity_bytes: int | None = None, finished: bool = True, workers: int | None = None) -> RunData:
+                   capacity_bytes: int | None = None, finished: bool = True, workers: int | None = None,
+                   progress: OnProgress | None = None) -> RunData:
     """A run's folder (or folders, one per node) read whole and analysed as `zeromon report` does
     (ZeromonError for folders that are not one run), with the TUI's view of its final state.
 
@@ -138,9 +140,10 @@ def recording_data(run_dir: RunDirs, version: int = 1, peak_busbw: float | None 
     history; 1: all in this process, which has threads running, where fork is not safe), which sends
     the report, each rank's compact history and the final view back one piece at a time: this
     process never holds the records read, the analyses' intermediates, or more than one piece in
-    transit (all at once, the 8 x 10,000-step benchmark's load peaked at ~410 MB here)."""
-    pieces = _load_pieces(run_dir, peak_busbw, capacity_bytes, 1) if workers == 1 else _loaded_in_a_child(
-        run_dir, peak_busbw, capacity_bytes, workers)
+    transit (all at once, the 8 x 10,000-step benchmark's load peaked at ~410 MB here). ``progress``: told
+    as each rank is analysed (by the loader, which shares this process's stderr)."""
+    pieces = _load_pieces(run_dir, peak_busbw, capacity_bytes, 1, progress) if workers == 1 else _loaded_in_a_child(
+        run_dir, peak_busbw, capacity_bytes, workers, progress)
     report: RunReport | None = None
     histories: dict[int, RankHistory] = {}
     fleet: FleetView | None = None
@@ -161,18 +164,20 @@ def recording_data(run_dir: RunDirs, version: int = 1, peak_busbw: float | None 
 
 
 def _load_pieces(run_dir: RunDirs, peak_busbw: float | None, capacity_bytes: int | None,
-                 workers: int | None) -> Iterator[tuple[str, Any]]:
+                 workers: int | None, progress: OnProgress | None = None) -> Iterator[tuple[str, Any]]:
     """The recording as pieces: ("report", RunReport), ("rank", RankHistory) for each rank, then
     ("view", FleetView), the run's final view."""
     from zeromon.sources.replay import final_view
     from zeromon.sources.run_analysis import analyse_and_keep
 
+    tell = progress or (lambda done, total: None)  # each rank read twice: analysed, then its final state
     report, histories = analyse_and_keep(run_dir, compact_history, peak_busbw=peak_busbw,
-                                         capacity_bytes=capacity_bytes, workers=workers)
+                                         capacity_bytes=capacity_bytes, workers=workers,
+                                         progress=lambda done, total: tell(done, 2 * total))
     yield "report", report
     while histories:
         yield "rank", histories.pop(0)
-    yield "view", final_view(run_dir)
+    yield "view", final_view(run_dir, lambda done, total: tell(total + done, 2 * total), workers)
 
 
 def _give_back_freed_memory() -> None:
@@ -191,10 +196,10 @@ def _give_back_freed_memory() -> None:
 
 
 def _send_pieces(conn: Any, run_dir: RunDirs, peak_busbw: float | None, capacity_bytes: int | None,
-                 workers: int | None) -> None:
+                 workers: int | None, progress: OnProgress | None) -> None:
     """The loader process: each piece sent as it is made; an error sent as the last piece."""
     try:
-        for piece in _load_pieces(run_dir, peak_busbw, capacity_bytes, workers):
+        for piece in _load_pieces(run_dir, peak_busbw, capacity_bytes, workers, progress):
             conn.send(piece)
     except Exception as exc:  # ZeromonError and its hint pickle; anything else goes as its text
         try:
@@ -202,13 +207,16 @@ def _send_pieces(conn: Any, run_dir: RunDirs, peak_busbw: float | None, capacity
         except Exception:
             conn.send(("error", ZeromonError(f"{run_name(run_dir)}: {type(exc).__name__}: {exc}")))
     finally:
+        done = getattr(progress, "__exit__", None)  # a bar this process drew (a command's Progress) is cleared here
+        if done is not None:
+            done(None, None, None)
         conn.close()
 
 
 def _loaded_in_a_child(run_dir: RunDirs, peak_busbw: float | None, capacity_bytes: int | None,
-                       workers: int | None) -> Iterator[tuple[str, Any]]:
+                       workers: int | None, progress: OnProgress | None = None) -> Iterator[tuple[str, Any]]:
     """_load_pieces in a forked process, each piece received as it comes (in this process where no
-    fork can be had)."""
+    fork can be had). ``progress`` goes to the child as it is (a fork copies it), and is told there."""
     import multiprocessing
 
     from zeromon.model.codec import collector_paused
@@ -216,11 +224,11 @@ def _loaded_in_a_child(run_dir: RunDirs, peak_busbw: float | None, capacity_byte
     try:
         context = multiprocessing.get_context("fork")
         receiver, sender = context.Pipe(duplex=False)
-        child = context.Process(target=_send_pieces, args=(sender, run_dir, peak_busbw, capacity_bytes, workers),
-                                name="zeromon-recording-loader")
+        child = context.Process(target=_send_pieces, args=(sender, run_dir, peak_busbw, capacity_bytes, workers,
+                                                           progress), name="zeromon-recording-loader")
         child.start()
     except (OSError, ValueError, NotImplementedError):
-        yield from _load_pieces(run_dir, peak_busbw, capacity_bytes, workers)
+        yield from _load_pieces(run_dir, peak_busbw, capacity_bytes, workers, progress)
         return
     sender.close()  # the child's end: EOF here when the child is gone
     try:
@@ -280,21 +288,22 @@ class RecordingFeed:
     at most every RECORDING_CHECK_S on a thread of its own, the old data shown meanwhile."""
 
     def __init__(self, run_dir: RunDirs, peak_busbw: float | None = None, capacity_bytes: int | None = None,
-                 alive: Callable[[], bool] | None = None) -> None:
+                 alive: Callable[[], bool] | None = None, progress: OnProgress | None = None) -> None:
+        """``progress``: told as each rank of the first read is analysed (the later reads say nothing)."""
         self.run_dir = run_dir
         self.peak_busbw, self.capacity_bytes = peak_busbw, capacity_bytes
         self._alive = alive  # is the run still being written? (its agents' processes)
         self._state = _files_state(self.run_dir)
-        self._data = self._read(1, finished=not self._still_running())
+        self._data = self._read(1, finished=not self._still_running(), progress=progress)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def _read(self, version: int, finished: bool) -> RunData:
+    def _read(self, version: int, finished: bool, progress: OnProgress | None = None) -> RunData:
         # The first read runs before the server's threads start: analyse_run may fork its workers.
         # Later ones run beside them, in this process alone.
         return recording_data(self.run_dir, version, peak_busbw=self.peak_busbw, capacity_bytes=self.capacity_bytes,
-                              finished=finished, workers=None if version == 1 else 1)
+                              finished=finished, workers=None if version == 1 else 1, progress=progress)
 
     def _still_running(self) -> bool:
         try:
@@ -345,13 +354,18 @@ class ReplayFeed:
     """A recording played back (ReplaySource's clock and FleetViews); each rank's history is its
     recording up to the replay's position."""
 
-    def __init__(self, run_dir: RunDirs, speed: float = 1.0) -> None:
+    def __init__(self, run_dir: RunDirs, speed: float = 1.0, progress: OnProgress | None = None,
+                 workers: int | None = 1) -> None:
+        """``progress``: told as each rank file is read (twice each: the replay's indexes, then the records);
+        ``workers``: the replay's (ReplaySource)."""
         from zeromon.model.codec import read_run
         from zeromon.sources.replay import ReplaySource
 
+        tell = progress or (lambda done, total: None)
         self.run_dir = run_dir
-        self.replay = ReplaySource(self.run_dir, speed=speed)
-        self._recordings = read_run(self.run_dir)
+        self.replay = ReplaySource(self.run_dir, speed=speed, progress=lambda done, total: tell(done, 2 * total),
+                                   workers=workers)
+        self._recordings = read_run(self.run_dir, lambda done, total: tell(total + done, 2 * total))
         for rec in self._recordings:  # ordered by time, for the cuts
             rec.memory.sort(key=lambda m: m.t_ns)
             rec.steps = sorted(rec.steps, key=lambda s: s.end_ns)

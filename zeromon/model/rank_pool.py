@@ -1,0 +1,94 @@
+"""A run's rank files read in worker processes, one file at a time each: what `zeromon report` and
+`zeromon summary` do with each rank (and the dashboard, through the report's analysis).
+
+Each worker reads a rank file, makes what the caller asked of it (an analysis, a summary) and sends that
+back; the records read never leave the worker. A 1,024-rank run of 10,000 steps holds ~12 M records:
+read into one process they take ~12 GB, where its per-rank results take megabytes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from zeromon.errors import ZeromonError
+
+if TYPE_CHECKING:
+    from zeromon.model.codec import Recording
+
+T = TypeVar("T")
+# Told (ranks done, ranks in all) as each rank's result comes back: a command's progress bar.
+OnProgress = Callable[[int, int], None]
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))  # what this process may run on, in a container too
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def map_rank_files(files: list[Path], per_file: Callable[[Path], T], workers: int | None = None,
+                   progress: OnProgress | None = None, doing: str = "reading") -> list[T]:
+    """``per_file(path)`` of each of ``files``, in their order: ``workers`` processes at once (default: one
+    per CPU, at most one per file; 1: all in this process). ``per_file`` goes to the workers by name (a
+    module-level function, or a functools.partial of one); a ZeromonError it raises is raised here.
+    ``doing``: what the workers do, for the message when one dies ("analysing")."""
+    tell = progress or (lambda done, total: None)
+    workers = min(len(files), workers or usable_cpus())
+    if workers <= 1:
+        return _here(files, per_file, tell)
+    return _in_processes(files, per_file, workers, tell, doing)
+
+
+def _here(files: list[Path], per_file: Callable[[Path], T], tell: OnProgress) -> list[T]:
+    done = []
+    for path in files:
+        done.append(per_file(path))
+        tell(len(done), len(files))
+    return done
+
+
+def _in_processes(files: list[Path], per_file: Callable[[Path], T], workers: int, tell: OnProgress,
+                  doing: str) -> list[T]:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures.process import BrokenProcessPool
+
+    from zeromon.model.codec import collector_paused
+
+    # fork: the workers start at once, zeromon imported. forkserver and spawn re-run the caller's
+    # __main__ script in every worker (and fail where it is not a file: `python -`); their one
+    # advantage, safety for a caller with threads, does not apply to these single-threaded commands.
+    try:
+        pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+    except (OSError, ValueError, NotImplementedError):  # no fork or no semaphores (some sandboxes)
+        return _here(files, per_file, tell)
+    with pool:
+        futures = [pool.submit(per_file, path) for path in files]
+        try:
+            # The collector paused while the pool's thread unpickles the results (~2M objects a rank's analysis).
+            # A worker's ZeromonError (a bad file) comes back pickled, message and hint, and is raised here.
+            with collector_paused():
+                for done, future in enumerate(as_completed(futures), 1):
+                    future.result()  # a worker's error raised as it comes
+                    tell(done, len(futures))
+                return [future.result() for future in futures]
+        except BrokenProcessPool:
+            raise ZeromonError(f"{files[0].parent}: a worker process {doing} the rank files died (killed, or "
+                               "out of memory)",
+                               hint="read fewer ranks at once: move some rank files to a folder of their "
+                                    "own") from None
+
+
+def read_rank_file(path: Path) -> Recording:
+    """A worker's read of one rank file: its step summaries as rows (a StepRecords), which the analyses
+    and summaries read a field at a time; a file that cannot be read is a ZeromonError naming it."""
+    from zeromon.model.codec import read_recording
+
+    try:
+        return read_recording(path, steps_as_rows=True)
+    except OSError as exc:
+        raise ZeromonError(f"{path}: cannot read recording: {exc.strerror}") from None
