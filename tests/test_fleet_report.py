@@ -219,11 +219,11 @@ def test_summary_of_a_fleet_shows_the_ranks_furthest_from_the_median_first_and_t
     # The growing rank's peak memory, then the stragglers' time blocked (they wait less: their peers wait for them).
     assert len(shown) == 16 and shown[0] == roles.growing_memory
     assert set(shown[1:3]) == set(roles.stragglers)
-    rest = next(line for line in text.splitlines() if line.startswith("... and "))
-    assert rest.startswith(f"... and {RANKS - 16} more ranks") and "--all-ranks" in rest
+    rest = next(line for line in text.splitlines() if line.startswith("… and "))
+    assert rest.startswith(f"… and {RANKS - 16} more ranks") and "--all-ranks" in rest
     every = zeromon("summary", "--all-ranks", str(fleet_run))
     assert every.returncode == 0 and _table_ranks(every.stdout) == list(range(RANKS))
-    assert "... and " not in every.stdout
+    assert "… and " not in every.stdout
 
 
 def test_summarize_run_reads_each_rank_in_a_worker_and_tells_its_progress(fleet_run: Path) -> None:

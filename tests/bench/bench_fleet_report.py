@@ -3,7 +3,7 @@
 Target (issue 13): `zeromon report` of 1,024 ranks x 10,000 steps (a summary every step, the detail of 70
 steps a rank) in under 60 s and 2 GB on this 2-core machine. `zeromon summary` (``--commands``) is measured
 beside it, on the same runs, with no target of its own: read into one process (before each rank was read
-in a worker), the 1,024-rank run took 121 s and 12.2 GB there (measured once, 2026-11-25).
+in a worker), the 1,024-rank run took 121 s and 11,913 MB there (measured once with /usr/bin/time, 2026-11-25).
 
 The run is made by gen_fleet_run.py from a real 2-rank FSDP2 recording (recorded once here, ~25 s,
 or given with --source), in a folder under /tmp removed at the end: in the agent's default compact

@@ -143,7 +143,7 @@ def _summarize_file(path: Path) -> tuple[RankSummary, RunInfo | None, int | None
 
 def counted(n: int, thing: str) -> str:
     """'1 hook error', '3 hook errors'."""
-    return f"{n} {thing}" if n == 1 else f"{n} {thing}s"
+    return f"{n} {thing}" if n == 1 else f"{n:,} {thing}s"
 
 
 def corrupt_lines_note(file: str, lines: Sequence[int], shown: int = 5, errors: Mapping[int, str] | None = None) -> str:
@@ -204,7 +204,7 @@ def _rest_line(summary: RunSummary, shown: list[RankSummary], medians: dict[str,
             far = 100 * max(_off(get(r), median) for r in rest)
             within.append(f"{name.removesuffix(' ms')} {typical} (within {far:.1f}%)" if far < 10
                           else f"{name.removesuffix(' ms')} {typical} (within {far:.0f}%)")
-    return (f"... and {counted(len(rest), 'more rank')}, each as near the median of every rank as this: "
+    return (f"… and {counted(len(rest), 'more rank')}, each as near the median of every rank as this: "
             + ", ".join(within) + " (a line for every rank: --all-ranks)")
 
 
@@ -239,7 +239,7 @@ def format_summary(summary: RunSummary, all_ranks: bool = False) -> str:
             lost_lines.append(corrupt_lines_note(r.file, r.corrupt_lines, errors=r.line_errors))
     if summarised and len(lost_lines) > RANKS_SHOWN:
         left = len(lost_lines) - RANKS_SHOWN
-        lost_lines[RANKS_SHOWN:] = [f"... and {counted(left, 'more line')} of dropped events, hook errors or corrupt "
+        lost_lines[RANKS_SHOWN:] = [f"… and {counted(left, 'more line')} of dropped events, hook errors or corrupt "
                                     "records (every one: --all-ranks)"]
     lines.extend(lost_lines)
     lines.extend(end_lines(summary.ends))
