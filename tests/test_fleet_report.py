@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -259,3 +260,18 @@ def test_a_replay_and_the_dashboards_load_tell_their_progress(fleet_run: Path, t
     assert len(data.histories) == RANKS
     told_there = [int(line.split()[1]) for line in log.read_text().splitlines()]
     assert told_there == list(range(1, 2 * RANKS + 1)), log.read_text()[-2000:]
+
+
+def test_the_html_page_of_a_fleet_draws_the_ranks_the_text_shows_first(fleet_run: Path, tmp_path: Path) -> None:
+    """`zeromon report --html` of many ranks: the text as without --html, and figures of the 16 ranks it shows
+    first (each read again for its figures), not of every rank."""
+    roles = gen_fleet_run.fleet_roles(RANKS)
+    page = tmp_path / "fleet.html"
+    result = zeromon("report", "--html", str(page), str(fleet_run))
+    assert result.returncode == 0, result.stderr[-2000:]
+    shown = _table_ranks(result.stdout)
+    assert shown == _table_ranks(zeromon("report", str(fleet_run)).stdout)
+    text = page.read_text()
+    assert "the figures draw the 16 ranks furthest from the median rank" in text
+    drawn = {int(rank) for rank in re.findall(r"rank (\d+): exposed comm \(ms\)", text)}
+    assert drawn == set(shown) and roles.growing_memory in drawn and set(roles.stragglers) <= drawn

@@ -1,6 +1,7 @@
 """A first look at a recorded run: per rank, what was recorded and what a step costs.
 
-Pure: recordings in, dataclasses out; ``format_summary`` renders the text the CLI prints.
+``summarize_recording``: a recording in, a RankSummary out; ``summarize_run`` has each rank file read and
+summarized in a worker process (zeromon.model.rank_pool); ``format_summary`` renders the text the CLI prints.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from zeromon.model.run_end import FileEnd, recording_end
 from zeromon.model.step_records import StepRecords
 from zeromon.model.units import format_bytes
 
-RANKS_SHOWN = 16  # the ranks a summarised text shows (`zeromon summary`, `zeromon report`); the rest in a line
+RANKS_SHOWN = 16  # the ranks a summarised text shows (`zeromon summary`, and `zeromon report` of each list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +196,8 @@ def _rank_line(r: RankSummary) -> str:
 
 def _rest_line(summary: RunSummary, shown: list[RankSummary], medians: dict[str, float]) -> str:
     """What the ranks left out of a summarised table are: how far from the medians at most."""
-    rest = [r for r in summary.ranks if r not in shown]
+    shown_ranks = {r.rank for r in shown}
+    rest = [r for r in summary.ranks if r.rank not in shown_ranks]
     within = []
     for name, get in _MEASURES.items():
         if name in medians:

@@ -79,27 +79,24 @@ def _run_report(args: argparse.Namespace) -> int:
     peak_busbw = float(peak) if peak else None
     run = run_folder_words(args.run_dir, "RUN_DIR")
     say_missing_ranks(run)  # the folders checked to be one run's; a node's folder left out, named
-    if args.html:  # the page plots the recordings themselves: read (and analyse) them in this process
-        from zeromon.analysis.report import build_report
+    from zeromon.commands.progress import Progress
+    from zeromon.model.run_end import recording_end
+    from zeromon.sources.run_analysis import analyse_and_keep
+
+    with Progress("ranks read and analysed") as progress:
+        # Each rank's end read by the worker that read the rank.
+        report, kept = analyse_and_keep(run, recording_end, peak_busbw=peak_busbw, capacity_bytes=capacity,
+                                        progress=progress)
+    file_ends = [end for end in kept if end is not None]
+    text = format_run_report(report, args.all_ranks)
+    if args.html:
         from zeromon.exporters.html_report import render_html
-        from zeromon.model.codec import read_run, run_name
+        from zeromon.model.rank_pool import read_rank_file
 
-        recordings = read_run(run)
-        report = build_report(recordings, run_name(run), peak_busbw=peak_busbw, capacity_bytes=capacity)
-        text = format_run_report(report, args.all_ranks)
-        _write_html(args.html, render_html(report, recordings, text))
-        file_ends = None
-    else:
-        from zeromon.commands.progress import Progress
-        from zeromon.model.run_end import recording_end
-        from zeromon.sources.run_analysis import analyse_and_keep
-
-        with Progress("ranks read and analysed") as progress:
-            # Each rank's end read by the worker that read the rank.
-            report, kept = analyse_and_keep(run, recording_end, peak_busbw=peak_busbw, capacity_bytes=capacity,
-                                            progress=progress)
-        file_ends = [end for end in kept if end is not None]
-        text = format_run_report(report, args.all_ranks)
+        # The page plots the recordings themselves: those of the ranks the text shows first, read again here
+        # (16 at most: 1,024 ranks read into one process would take ~12 GB, and their lines no figure could hold).
+        plotted = _plotted_ranks(report)
+        _write_html(args.html, render_html(report, [read_rank_file(Path(r.file)) for r in plotted], text))
     ends = _rank_ends(report, file_ends)
     if args.json:
         document = report.to_dict()
@@ -115,6 +112,16 @@ def _run_report(args: argparse.Namespace) -> int:
         if args.html:
             print(f"\nwrote {args.html}")
     return exit_status(ends)  # 3: a rank died or its recording is incomplete (said above)
+
+
+def _plotted_ranks(report: RunReport) -> list[RankReport]:
+    """The ranks an HTML page draws: every rank up to RANKS_SHOWN, else the ranks the text shows first (the
+    furthest from the median rank, furthest first)."""
+    from zeromon.views.report_summary import RANKS_SHOWN, summarise_ranks
+
+    if len(report.ranks) <= RANKS_SHOWN:
+        return list(report.ranks)
+    return list(summarise_ranks(report).shown)
 
 
 def _rank_ends(report: RunReport, file_ends: list[FileEnd] | None = None) -> tuple[RankEnd, ...]:

@@ -344,7 +344,7 @@ def _print_run_summary(out: Path, quiet: bool = False, quiet_when_empty: bool = 
         from zeromon.analysis.rank_ends import end_lines, exit_status
         from zeromon.analysis.recording_summary import format_summary, summarize_run
 
-        summary = summarize_run(out)
+        summary = summarize_run(out, workers=1)  # here: after the TUI's threads (--tui), no fork
         if quiet:
             for line in end_lines(summary.ends):
                 print(f"zeromon: {line}", file=sys.stderr)

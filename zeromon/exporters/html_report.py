@@ -197,7 +197,8 @@ def _figures(report: RunReport, recordings: Sequence[Recording]) -> list[tuple[s
     # Overlap per step.
     # Overlap per step, steps numbered from 1 as training scripts log them (the JSON keeps the index).
     overlap = go.Figure()
-    for rank in report.ranks:
+    drawn = {rec.rank for rec in recordings}
+    for rank in (r for r in report.ranks if r.rank in drawn):
         numbers = [s.step + 1 for s in rank.steps]
         overlap.add_trace(go.Scatter(x=numbers, y=[s.exposed_comm_s * 1e3 for s in rank.steps],
                                      name=f"rank {rank.rank}: exposed comm (ms)", mode="lines+markers"))
@@ -320,9 +321,14 @@ def _page(source: str, subtitle: str, sections: str, figures: list[tuple[str, An
 
 
 def render_html(report: RunReport, recordings: Sequence[Recording], text_summary: str) -> str:
+    """The page of `zeromon report --html`: the findings, the text, and figures of ``recordings`` (every rank's,
+    or, of a run of many, those the text shows first: the figures draw those ranks only)."""
     step_ms = [r.median_step_s for r in report.ranks if r.median_step_s is not None]
     subtitle = f"{len(report.ranks)} ranks" + (f", median step {statistics.median(step_ms) * 1e3:.1f} ms"
                                                 if step_ms else "")
+    if len(recordings) < len(report.ranks):
+        subtitle += (f"; the figures draw the {len(recordings)} ranks furthest from the median rank "
+                     f"({', '.join(str(rec.rank) for rec in recordings)})")
     sections = (f"<h2>Findings</h2><ul>{_findings_html(report.findings)}</ul>\n"
                 f"<h2>Per rank</h2><pre>{html.escape(text_summary)}</pre>")
     return _page(report.run_dir, subtitle, sections, _figures(report, recordings))

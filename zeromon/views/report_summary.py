@@ -14,10 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from zeromon.analysis.findings import Finding, Severity
+from zeromon.analysis.recording_summary import RANKS_SHOWN
 from zeromon.analysis.report import RankReport, RunReport
 from zeromon.analysis.stragglers import RankArrival
-
-RANKS_SHOWN = 16  # the ranks a summarised report shows of each list
 
 
 @dataclass(frozen=True, slots=True)
