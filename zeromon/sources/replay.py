@@ -47,7 +47,6 @@ from zeromon.model.codec import (
     check_one_run,
     rank_file_paths,
     rank_files,
-    read_recording,
     run_folders,
     run_name,
 )
@@ -64,7 +63,7 @@ from zeromon.model.events import (
     Timing,
 )
 from zeromon.model.numbers import REPLAY_SPEED, SOURCE_SECONDS, checked
-from zeromon.model.rank_pool import OnProgress, map_rank_files
+from zeromon.model.rank_pool import OnProgress, map_rank_files, read_rank_file
 from zeromon.model.run_end import read_file_end
 from zeromon.sources.fleet import CollectiveTotal, FleetView, RankView
 
@@ -242,8 +241,9 @@ def load_tracks(run_dir: RunDirs, progress: OnProgress | None = None, workers: i
 
 
 def _load_track(path: Path) -> tuple[_Track, tuple[Path, dict[str, Any], RunInfo | None]]:
-    """One rank file's track, and what check_one_run compares of it."""
-    recording = read_recording(path)
+    """One rank file's track, and what check_one_run compares of it (a file that cannot be read: a ZeromonError
+    naming it)."""
+    recording = read_rank_file(path)
     return _track(recording), (recording.path, recording.header, recording.run_info)
 
 
