@@ -88,8 +88,11 @@ def test_demo_shows_its_finding_in_the_tui_within_60_s_and_q_leaves_nothing_runn
             for p in _descendants(pane_pid):  # the job's processes, as they start
                 with contextlib.suppress(psutil.Error):
                     # Read again at each look: a process caught between its fork and its exec shows its
-                    # parent's command line (a rank, as the launcher's: seen once).
-                    seen[p] = " ".join(p.cmdline())
+                    # parent's command line (a rank, as the launcher's: seen once). An empty one (a process
+                    # that has exited: a CI run saw the launcher so at its last look) keeps the last read.
+                    cmdline = " ".join(p.cmdline())
+                    if cmdline or p not in seen:
+                        seen[p] = cmdline
             screen = pane.screen()
             found = ON_SCREEN[scenario].search(findings_text(screen))
             if scenario == "healthy":  # "no findings" also shows before the first step: wait for the end

@@ -24,6 +24,7 @@ from zeromon.analysis.stragglers import _step_arrays, rank_arrivals
 from zeromon.commands.progress import Progress
 from zeromon.model.codec import read_run
 from zeromon.model.events import StepSummary
+from zeromon.model.rank_pool import map_rank_files
 
 from conftest import REPO, zeromon
 
@@ -275,3 +276,29 @@ def test_the_html_page_of_a_fleet_draws_the_ranks_the_text_shows_first(fleet_run
     assert "the figures draw the 16 ranks furthest from the median rank" in text
     drawn = {int(rank) for rank in re.findall(r"rank (\d+): exposed comm \(ms\)", text)}
     assert drawn == set(shown) and roles.growing_memory in drawn and set(roles.stragglers) <= drawn
+
+
+def _name_and_size(path: Path) -> tuple[str, int]:
+    return path.name, path.stat().st_size
+
+
+class _Leave:
+    """An on_result that notes each result and leaves its name only."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int]] = []
+
+    def __call__(self, result: tuple[str, int]) -> tuple[str, int]:
+        self.seen.append(result)
+        return result[0], 0
+
+
+def test_map_rank_files_keeps_what_on_result_leaves_in_the_files_order(fleet_run: Path) -> None:
+    """Results come back as workers finish; ``on_result`` sees each once, and its value is kept, in the files'
+    order (the dashboard's loader sends each history on and keeps nothing of it)."""
+    files = sorted(fleet_run.glob("rank-*"), key=lambda p: int(p.stem.split("-")[1]))
+    for workers in (1, 2):
+        leave = _Leave()
+        kept = map_rank_files(files, _name_and_size, workers=workers, on_result=leave)
+        assert kept == [(path.name, 0) for path in files]
+        assert sorted(leave.seen) == sorted(_name_and_size(path) for path in files)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from zeromon.errors import ZeromonError
 
@@ -31,28 +31,32 @@ def usable_cpus() -> int:
 
 
 def map_rank_files(files: list[Path], per_file: Callable[[Path], T], workers: int | None = None,
-                   progress: OnProgress | None = None, doing: str = "reading") -> list[T]:
+                   progress: OnProgress | None = None, doing: str = "reading",
+                   on_result: Callable[[T], T] | None = None) -> list[T]:
     """``per_file(path)`` of each of ``files``, in their order: ``workers`` processes at once (default: one
     per CPU, at most one per file; 1: all in this process). ``per_file`` goes to the workers by name (a
     module-level function, or a functools.partial of one); a ZeromonError it raises is raised here.
-    ``doing``: what the workers do, for the message when one dies ("analysing")."""
+    ``doing``: what the workers do, for the message when one dies ("analysing"). ``on_result``: called
+    here with each result as it comes back (in the order they finish); what it returns is kept instead, so
+    that a caller that hands part of a result on at once (the dashboard's loader) does not hold it."""
     tell = progress or (lambda done, total: None)
+    keep = on_result or (lambda result: result)
     workers = min(len(files), workers or usable_cpus())
     if workers <= 1:
-        return _here(files, per_file, tell)
-    return _in_processes(files, per_file, workers, tell, doing)
+        return _here(files, per_file, tell, keep)
+    return _in_processes(files, per_file, workers, tell, doing, keep)
 
 
-def _here(files: list[Path], per_file: Callable[[Path], T], tell: OnProgress) -> list[T]:
+def _here(files: list[Path], per_file: Callable[[Path], T], tell: OnProgress, keep: Callable[[T], T]) -> list[T]:
     done = []
     for path in files:
-        done.append(per_file(path))
+        done.append(keep(per_file(path)))
         tell(len(done), len(files))
     return done
 
 
 def _in_processes(files: list[Path], per_file: Callable[[Path], T], workers: int, tell: OnProgress,
-                  doing: str) -> list[T]:
+                  doing: str, keep: Callable[[T], T]) -> list[T]:
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
@@ -65,17 +69,20 @@ def _in_processes(files: list[Path], per_file: Callable[[Path], T], workers: int
     try:
         pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
     except (OSError, ValueError, NotImplementedError):  # no fork or no semaphores (some sandboxes)
-        return _here(files, per_file, tell)
+        return _here(files, per_file, tell, keep)
     with pool:
-        futures = [pool.submit(per_file, path) for path in files]
+        # Each future dropped once its result is taken (as_completed drops its own): a result is held here
+        # as ``keep`` leaves it, not as it came.
+        index = {pool.submit(per_file, path): i for i, path in enumerate(files)}
+        results: list[Any] = [None] * len(files)
         try:
             # The collector paused while the pool's thread unpickles the results (~2M objects a rank's analysis).
             # A worker's ZeromonError (a bad file) comes back pickled, message and hint, and is raised here.
             with collector_paused():
-                for done, future in enumerate(as_completed(futures), 1):
-                    future.result()  # a worker's error raised as it comes
-                    tell(done, len(futures))
-                return [future.result() for future in futures]
+                for done, future in enumerate(as_completed(list(index)), 1):
+                    results[index.pop(future)] = keep(future.result())  # a worker's error raised as it comes
+                    tell(done, len(files))
+                return results
         except BrokenProcessPool:
             raise ZeromonError(f"{files[0].parent}: a worker process {doing} the rank files died (killed, or "
                                "out of memory)",

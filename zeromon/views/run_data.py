@@ -164,18 +164,20 @@ def recording_data(run_dir: RunDirs, version: int = 1, peak_busbw: float | None 
 
 
 def _load_pieces(run_dir: RunDirs, peak_busbw: float | None, capacity_bytes: int | None,
-                 workers: int | None, progress: OnProgress | None = None) -> Iterator[tuple[str, Any]]:
+                 workers: int | None, progress: OnProgress | None = None,
+                 send_rank: Callable[[RankHistory], None] | None = None) -> Iterator[tuple[str, Any]]:
     """The recording as pieces: ("report", RunReport), ("rank", RankHistory) for each rank, then
-    ("view", FleetView), the run's final view."""
+    ("view", FleetView), the run's final view. ``send_rank``: each rank's history handed to it as soon as
+    its worker is done instead (the loader process sends it on and holds none of them)."""
     from zeromon.sources.replay import final_view
     from zeromon.sources.run_analysis import analyse_and_keep
 
     tell = progress or (lambda done, total: None)  # each rank read twice: analysed, then its final state
     report, histories = analyse_and_keep(run_dir, compact_history, peak_busbw=peak_busbw,
                                          capacity_bytes=capacity_bytes, workers=workers,
-                                         progress=lambda done, total: tell(done, 2 * total))
+                                         progress=lambda done, total: tell(done, 2 * total), on_kept=send_rank)
     yield "report", report
-    while histories:
+    while send_rank is None and histories:
         yield "rank", histories.pop(0)
     yield "view", final_view(run_dir, lambda done, total: tell(total + done, 2 * total), workers)
 
@@ -199,7 +201,8 @@ def _send_pieces(conn: Any, run_dir: RunDirs, peak_busbw: float | None, capacity
                  workers: int | None, progress: OnProgress | None) -> None:
     """The loader process: each piece sent as it is made; an error sent as the last piece."""
     try:
-        for piece in _load_pieces(run_dir, peak_busbw, capacity_bytes, workers, progress):
+        for piece in _load_pieces(run_dir, peak_busbw, capacity_bytes, workers, progress,
+                                  send_rank=lambda history: conn.send(("rank", history))):
             conn.send(piece)
     except Exception as exc:  # ZeromonError and its hint pickle; anything else goes as its text
         try:
