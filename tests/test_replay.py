@@ -7,6 +7,7 @@ the replay is then checked against what read_recording says the files hold.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import shutil
 import time
@@ -229,3 +230,18 @@ def test_a_folder_holding_another_runs_rank_file_is_refused(run_dir: Path, tmp_p
     shutil.copy(mixed / "rank-0.jsonl", mixed / "rank-1.jsonl")  # rank 0's file under rank 1's name
     with pytest.raises(ZeromonError, match="rank-1.jsonl"):
         ReplaySource(mixed)
+
+
+def test_live_played_to_the_end_prints_the_final_view_once_prints(run_dir: Path) -> None:
+    """`zeromon live --replay` played through ends on the run's final state: the view `--once` prints (made
+    from the ranks the replay already read, not from a second read of the files)."""
+    played = zeromon("live", "--json", "--replay", str(run_dir), "--speed", "1000", "--interval", "0.25")
+    once = zeromon("live", "--once", "--json", "--replay", str(run_dir))
+    assert played.returncode == once.returncode == 0, played.stderr + once.stderr
+    last, final = json.loads(played.stdout.splitlines()[-1]), json.loads(once.stdout.splitlines()[-1])
+    for view in (last, final):
+        view.pop("t_ns")
+        for rank in view["ranks"]:
+            rank.pop("stale_s", None)
+    assert last == final
+    assert [r["steps"][-1]["step"] for r in final["ranks"]] == [STEPS - 1, STEPS - 1]

@@ -63,6 +63,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build_feed(args: argparse.Namespace) -> tuple[Any, str]:
     """The feed the flags ask for and what it watches, in words; ZeromonError naming the flag."""
+    from zeromon.commands.progress import Progress
     from zeromon.model.codec import rank_file_paths, run_name
     from zeromon.views import run_data
 
@@ -78,16 +79,12 @@ def build_feed(args: argparse.Namespace) -> tuple[Any, str]:
                                hint="a folder of PyTorch profiler traces (*.json, *.json.gz)")
         return run_data.StaticFeed(run_data.trace_data(args.trace)), f"traces in {args.trace}"
     if sources.kind == REPLAY:
-        from zeromon.commands.progress import Progress
-
         with Progress("reads of the rank files for the replay (two a rank)") as progress:
             replay = run_data.ReplayFeed(sources.replay, speed=sources.speed, progress=progress, workers=None)
         say_missing_ranks(sources.replay)
         return replay, f"replay of {run_name(sources.replay)}"
     run_dirs = tuple(sources.run_dirs) if sources.kind == RUN else ()
     if run_dirs and (len(run_dirs) > 1 or (rank_file_paths(Path(run_dirs[0])) and not _starting(Path(run_dirs[0])))):
-        from zeromon.commands.progress import Progress
-
         peak = args.peak_busbw
         with Progress("rank reads (two a rank: its analysis, then its final state)") as progress:
             feed = run_data.RecordingFeed(run_dirs, peak_busbw=float(peak) if peak else None,

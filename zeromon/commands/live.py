@@ -80,18 +80,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _replay(args: argparse.Namespace, sources: Sources) -> int:
     """A recording as the live view saw it: played back at --speed (--once: its final state at once)."""
+    from zeromon.commands.progress import Progress
     from zeromon.sources.replay import ReplaySource, final_view
 
     if args.once:
-        from zeromon.commands.progress import Progress
-
         with Progress("ranks read") as progress:
             view = final_view(sources.replay, progress, workers=None)
         say_missing_ranks(sources.replay)
         _print(view, args.json, clear=False)
         return once_status(view, live=False)
-    from zeromon.commands.progress import Progress
-
     with Progress("ranks read for the replay") as progress:
         source = ReplaySource(sources.replay, speed=sources.speed, progress=progress, workers=None)
     say_missing_ranks(sources.replay)
@@ -101,10 +98,7 @@ def _replay(args: argparse.Namespace, sources: Sources) -> int:
         while not source.finished:
             _print(source.latest(), args.json, clear=clear)
             time.sleep(args.interval)
-        from zeromon.commands.progress import Progress
-
-        with Progress("ranks read") as progress:
-            view = final_view(sources.replay, progress, workers=None)
+        view = source.view_at(source.duration_ns)  # the final view (final_view's) of the ranks already read
         _print(view, args.json, clear=clear)
         return once_status(view, live=False)
     except KeyboardInterrupt:

@@ -988,11 +988,8 @@ def check_one_run(files: Sequence[tuple[Path, dict[str, Any], RunInfo | None]], 
 def read_run(run: RunDirs, progress: Callable[[int, int], None] | None = None) -> list[Recording]:
     """Read every rank file of a run's folder (or folders), ordered by rank; an error when they are not
     one run's. ``progress``: told (files read, files in all) as each is read."""
-    files = rank_files(run)
-    recordings = []
-    for path in files:
-        recordings.append(read_recording(path))
-        if progress is not None:
-            progress(len(recordings), len(files))
+    from zeromon.model.rank_pool import map_rank_files
+
+    recordings = map_rank_files(rank_files(run), read_recording, workers=1, progress=progress)  # in this process: kept here
     check_one_run([(r.path, r.header, r.run_info) for r in recordings])
     return sorted(recordings, key=lambda r: r.rank)

@@ -30,6 +30,13 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def in_two_passes(progress: OnProgress | None) -> tuple[OnProgress, OnProgress]:
+    """``progress`` told of two passes over the same files as of one: the first pass's (done, total) as
+    (done, 2 total), the second's as (total + done, 2 total)."""
+    tell = progress or (lambda done, total: None)
+    return (lambda done, total: tell(done, 2 * total)), (lambda done, total: tell(total + done, 2 * total))
+
+
 def map_rank_files(files: list[Path], per_file: Callable[[Path], T], workers: int | None = None,
                    progress: OnProgress | None = None, doing: str = "reading",
                    on_result: Callable[[T], T] | None = None) -> list[T]:

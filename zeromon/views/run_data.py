@@ -27,7 +27,7 @@ from zeromon.errors import ZeromonError
 from zeromon.model.codec import CollectiveColumns, Recording, RunDirs, rank_file_paths, run_folders, run_name
 from zeromon.model.columns import TableRecords
 from zeromon.model.events import CollectiveEvent, MemorySample, OomEvent, PhaseSpan, StepSummary
-from zeromon.model.rank_pool import OnProgress
+from zeromon.model.rank_pool import OnProgress, in_two_passes
 from zeromon.sources.fleet import FleetView, RankView
 from zeromon.views.fleet import fleet_findings
 
@@ -172,14 +172,14 @@ def _load_pieces(run_dir: RunDirs, peak_busbw: float | None, capacity_bytes: int
     from zeromon.sources.replay import final_view
     from zeromon.sources.run_analysis import analyse_and_keep
 
-    tell = progress or (lambda done, total: None)  # each rank read twice: analysed, then its final state
+    analysed, ended = in_two_passes(progress)  # each rank read twice: analysed, then for its final state
     report, histories = analyse_and_keep(run_dir, compact_history, peak_busbw=peak_busbw,
                                          capacity_bytes=capacity_bytes, workers=workers,
-                                         progress=lambda done, total: tell(done, 2 * total), on_kept=send_rank)
+                                         progress=analysed, on_kept=send_rank)
     yield "report", report
     while send_rank is None and histories:
         yield "rank", histories.pop(0)
-    yield "view", final_view(run_dir, lambda done, total: tell(total + done, 2 * total), workers)
+    yield "view", final_view(run_dir, ended, workers)
 
 
 def _give_back_freed_memory() -> None:
@@ -364,11 +364,10 @@ class ReplayFeed:
         from zeromon.model.codec import read_run
         from zeromon.sources.replay import ReplaySource
 
-        tell = progress or (lambda done, total: None)
+        indexed, read = in_two_passes(progress)
         self.run_dir = run_dir
-        self.replay = ReplaySource(self.run_dir, speed=speed, progress=lambda done, total: tell(done, 2 * total),
-                                   workers=workers)
-        self._recordings = read_run(self.run_dir, lambda done, total: tell(total + done, 2 * total))
+        self.replay = ReplaySource(self.run_dir, speed=speed, progress=indexed, workers=workers)
+        self._recordings = read_run(self.run_dir, read)
         for rec in self._recordings:  # ordered by time, for the cuts
             rec.memory.sort(key=lambda m: m.t_ns)
             rec.steps = sorted(rec.steps, key=lambda s: s.end_ns)
