@@ -153,6 +153,27 @@ def test_parallel_report_of_a_synthetic_recording(tmp_path: Path) -> None:
     assert analyse_run(tmp_path, capacity_bytes=60 * 2**30, workers=2).to_dict() == expected
 
 
+def test_the_json_report_is_written_a_rank_at_a_time_and_reads_as_the_whole_document(tmp_path: Path) -> None:
+    """`report --json` writes RunReport.json_chunks: what json.loads reads of it is to_dict() and the extra
+    keys, one piece per rank (no document of every rank made at once), each step on a line of its own.
+    A rank with no step and a folder name that JSON must escape are part of it."""
+    run = tmp_path / 'a "run"\nfolder'
+    write_recording(run, events=4_000, samples=20)
+    recordings = read_run(run)
+    stepless = Recording(path=run / "rank-2.jsonl", header={"rank": 2, "world_size": 3})
+    report = build_report([*recordings, stepless], str(run))
+    assert [len(r.steps) for r in report.ranks] == [20, 20, 0]
+    extra = {"ends": [{"rank": 0, "how": "exit"}]}
+    chunks = list(report.json_chunks(extra))
+    text = "".join(chunks)
+    assert len(chunks) == 2 + len(report.ranks)
+    assert json.loads(text) == json.loads(json.dumps(report.to_dict() | extra, default=str))
+    step_lines = [line for line in text.splitlines() if line.startswith('    {"step": ')]
+    assert len(step_lines) == 40
+    assert all(json.loads(line.rstrip(","))["step"] == i % 20 for i, line in enumerate(step_lines))
+    assert '"per_step": []' in chunks[3]
+
+
 def test_imbalance_does_not_depend_on_the_order_collectives_were_written(tmp_path: Path) -> None:
     write_recording(tmp_path, events=4_000, samples=20)
     recordings = read_run(tmp_path)

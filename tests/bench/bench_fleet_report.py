@@ -4,6 +4,9 @@ Target (issue 13): `zeromon report` of 1,024 ranks x 10,000 steps (a summary eve
 steps a rank) in under 60 s and 2 GB on this 2-core machine. `zeromon summary` (``--commands``) is measured
 beside it, on the same runs, with no target of its own: read into one process (before each rank was read
 in a worker), the 1,024-rank run took 121 s and 11,913 MB there (measured once with /usr/bin/time, 2026-11-25).
+So is `zeromon report --json` (every step of every rank; its stdout to a file): made as one dict and dumped
+whole by json's pure-Python encoder (before commit "report --json a rank at a time"), 256 ranks took 182 s and
+1,744 MB for 810 MB of JSON, 64 ranks 45.0 s and 475 MB (measured once each, 2026-11-25).
 
 The run is made by gen_fleet_run.py from a real 2-rank FSDP2 recording (recorded once here, ~25 s,
 or given with --source), in a folder under /tmp removed at the end: in the agent's default compact
@@ -43,15 +46,19 @@ LIMIT_RSS_MB = 8192.0
 TARGET_S = 60.0
 TARGET_RSS_MB = 2048.0
 TARGET_RANKS = 1024
+STDOUT_KEPT = 1 << 20  # of what a command prints (report --json prints every step of every rank: gigabytes)
 FORMS = {"zmr": "compact, format 2.x", "jsonl": "JSON lines, format 1.x"}
 
 
 def measure(folder: Path, repeat: int, command: str = "report") -> tuple[list[benchlib.TreeRun], str]:
+    """``command``: a zeromon command and its flags ("report --json"), given RUN_DIR last."""
     runs = []
     for _ in range(repeat):
-        run = benchlib.run_watched([sys.executable, "-m", "zeromon", command, str(folder)], LIMIT_S, LIMIT_RSS_MB)
+        run = benchlib.run_watched([sys.executable, "-m", "zeromon", *command.split(), str(folder)], LIMIT_S,
+                                   LIMIT_RSS_MB, stdout_chars=STDOUT_KEPT)
         state = f"stopped at the {run.stopped} limit" if run.stopped else f"exit {run.returncode}"
-        print(f"  {command}: {run.wall_s:.1f} s, peak RSS {run.peak_rss_mb:,.0f} MB ({state})", flush=True)
+        print(f"  {command}: {run.wall_s:.1f} s, peak RSS {run.peak_rss_mb:,.0f} MB, "
+              f"{run.stdout_bytes / benchlib.MB:,.0f} MB out ({state})", flush=True)
         runs.append(run)
         if run.stopped or run.returncode not in (0, 3):
             print(run.stderr[-2000:])
@@ -65,7 +72,8 @@ def main() -> None:
     parser.add_argument("--jsonl-sizes", default="1024", help="rank counts to report as JSON lines too ('' none)")
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--commands", default="report,summary", help="the zeromon commands measured, comma-separated")
+    parser.add_argument("--commands", default="report,summary,report --json",
+                        help="the zeromon commands measured, with their flags, comma-separated")
     parser.add_argument("--source", type=Path, help="a 2-rank run folder (default: record one)")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
@@ -92,8 +100,10 @@ def main() -> None:
                 rss = benchlib.median([r.peak_rss_mb for r in done]) if done else max(r.peak_rss_mb for r in runs)
                 stopped = next((r.stopped for r in runs if r.stopped), None)
                 target = ranks == TARGET_RANKS and form == "zmr" and command == "report"
+                printed_mb = runs[-1].stdout_bytes / benchlib.MB
                 note = (f"median of {len(done)} of {len(runs)} runs; {records:,} records, {size_mb:,.0f} MB of "
-                        f"recording; {benchlib.load_note()}" + (f"; stopped at the {stopped} limit" if stopped else ""))
+                        f"recording" + (f", {printed_mb:,.0f} MB printed" if printed_mb >= 1 else "")
+                        + f"; {benchlib.load_note()}" + (f"; stopped at the {stopped} limit" if stopped else ""))
                 group = f"fleet {command} (zeromon {command})"
                 rows += [
                     benchlib.Row(group, f"{what}: wall time", "s", None, wall, f"< {TARGET_S:.0f} s" if target else "",

@@ -208,14 +208,16 @@ class TreeRun:
     peak_rss_mb: float
     returncode: int | None  # None: stopped at a limit
     stopped: str | None  # which limit ("time", "memory"), or None
-    stdout: str
+    stdout: str  # its first ``stdout_chars`` characters
     stderr: str
+    stdout_bytes: int = 0  # what it wrote to stdout in all
 
 
 def run_watched(command: Sequence[str], limit_s: float, limit_rss_mb: float, env: dict[str, str] | None = None,
-                poll_s: float = 0.05) -> TreeRun:
+                poll_s: float = 0.05, stdout_chars: int = -1) -> TreeRun:
     """Run a command, sampling the RSS of it and its descendants every ``poll_s`` (from outside); stop
-    it (the whole process group) past ``limit_s`` seconds or ``limit_rss_mb`` MB."""
+    it (the whole process group) past ``limit_s`` seconds or ``limit_rss_mb`` MB. ``stdout_chars``: how much
+    of its stdout to keep (all by default; a command may write gigabytes)."""
     import signal
     import subprocess
     import tempfile
@@ -239,7 +241,8 @@ def run_watched(command: Sequence[str], limit_s: float, limit_rss_mb: float, env
         out.seek(0)
         err.seek(0)
         return TreeRun(wall_s=wall_s, peak_rss_mb=peak_kb / 1024, returncode=None if stopped else proc.returncode,
-                       stopped=stopped, stdout=out.read(), stderr=err.read())
+                       stopped=stopped, stdout=out.read(stdout_chars), stderr=err.read(),
+                       stdout_bytes=os.fstat(out.fileno()).st_size)
 
 
 MB = 1024 * 1024

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,11 +58,25 @@ class RunReport:
     findings: tuple[Finding, ...]  # worst first
 
     def to_dict(self) -> dict[str, Any]:
+        return self._head() | {"ranks": [_rank_dict(r) for r in self.ranks]} | self._tail()
+
+    def json_chunks(self, extra: Mapping[str, Any] | None = None) -> Iterator[str]:
+        """The text of ``json.dumps(self.to_dict() | extra, indent=1)`` as json.loads reads it, in pieces of
+        one rank at most, with each step of a rank's per_step on a line of its own.
+
+        A rank's dict and its text are made as the rank is written and dropped after, by the C encoder
+        (json.dump with indent is pure Python): the to_dict of 256 ranks x 10,000 steps, dumped whole, took
+        182 s and 1,744 MB (tests/bench/RESULTS.md, fleet)."""
+        yield "{\n" + _members(self._head(), 1) + ',\n "ranks": ['
+        for i, r in enumerate(self.ranks):
+            yield ("," if i else "") + "\n" + _rank_json(r)
+        yield ("\n ]," if self.ranks else "],") + "\n" + _members(self._tail() | dict(extra or {}), 1) + "\n}\n"
+
+    def _head(self) -> dict[str, Any]:
+        return {"run_dir": self.run_dir, "world_size": self.world_size, "definitions": _DEFINITIONS}
+
+    def _tail(self) -> dict[str, Any]:
         return {
-            "run_dir": self.run_dir,
-            "world_size": self.world_size,
-            "definitions": _DEFINITIONS,
-            "ranks": [_rank_dict(r) for r in self.ranks],
             "bandwidth": [_bandwidth_dict(b) for b in self.bandwidth],
             "imbalance": {
                 "step_skew_median": self.imbalance.step_skew_median,
@@ -107,6 +122,10 @@ def _pct(ratio: float | None) -> float | None:
 
 
 def _rank_dict(r: RankReport) -> dict[str, Any]:
+    return _rank_head(r) | {"per_step": _per_step(r)}
+
+
+def _rank_head(r: RankReport) -> dict[str, Any]:
     return {
         "rank": r.rank, "file": r.file, "corrupt_lines": list(r.corrupt_lines),
         "line_errors": {str(line): error for line, error in r.line_errors.items()},
@@ -125,11 +144,36 @@ def _rank_dict(r: RankReport) -> dict[str, Any]:
                 "growth_bytes_per_step": r.oom.growth_bytes_per_step,
                 "steps_to_capacity": r.oom.steps_to_capacity},
         "warmup": {"collectives": r.warmup.collectives, "bytes": r.warmup.bytes, "blocked_s": r.warmup.blocked_s},
-        "per_step": [{"step": s.step, "step_s": s.step_s, "comm_s": s.comm_s, "comp_s": s.comp_s,
-                      "overlap_s": s.overlap_s, "exposed_comm_s": s.exposed_comm_s, "idle_s": s.idle_s,
-                      "blocked_s": s.blocked_s, "agent_s": s.agent_s, "comm_comp_overlap_pct": _pct(s.overlap_ratio)}
-                     for s in r.steps],
     }
+
+
+def _per_step(r: RankReport) -> list[dict[str, Any]]:
+    """A dict a step, read from the rank's StepTable's columns (no StepOverlap made)."""
+    steps = _table(r)
+    columns = steps.values.tolist()  # VALUE_COLUMNS' rows
+    return [{"step": step, "step_s": step_s, "comm_s": comm, "comp_s": comp, "overlap_s": overlap,
+             "exposed_comm_s": exposed, "idle_s": idle, "blocked_s": blocked, "agent_s": agent,
+             "comm_comp_overlap_pct": round(100.0 * overlap / comm, 3) if comm > 0 else None}
+            for step, step_s, comm, comp, overlap, exposed, idle, blocked, agent
+            in zip(steps.step.tolist(), *columns, strict=True)]
+
+
+def _members(document: Mapping[str, Any], level: int) -> str:
+    """The members of ``document`` as json.dumps(indent=1) writes them, indented to ``level``."""
+    text = json.dumps(document, indent=1, default=str)[2:-2]  # within "{\n" and "\n}"
+    return text.replace("\n", "\n" + " " * (level - 1)) if level > 1 else text  # no raw newline within a JSON string
+
+
+# One step of per_step after another, each on its line: a step's dict holds numbers and null only.
+_STEP_SEPARATOR = "}, {"
+
+
+def _rank_json(r: RankReport) -> str:
+    """One rank of the report's "ranks", indented as the list's item; its steps by the C encoder."""
+    steps = _per_step(r)
+    rows = json.dumps(steps)[1:-1].replace(_STEP_SEPARATOR, "},\n    {") if steps else ""
+    per_step = '   "per_step": [\n    ' + rows + "\n   ]" if steps else '   "per_step": []'
+    return "  {\n   " + _members(_rank_head(r), 3).lstrip() + ",\n" + per_step + "\n  }"
 
 
 def _table(r: RankReport) -> StepTable:

@@ -99,10 +99,8 @@ def _run_report(args: argparse.Namespace) -> int:
         _write_html(args.html, render_html(report, [read_rank_file(Path(r.file)) for r in plotted], text))
     ends = _rank_ends(report, file_ends)
     if args.json:
-        document = report.to_dict()
-        document["ends"] = [dataclasses.asdict(e) | {"died": e.died, "incomplete": e.incomplete} for e in ends]
-        json.dump(document, sys.stdout, indent=1, default=str)
-        print()
+        ended = [dataclasses.asdict(e) | {"died": e.died, "incomplete": e.incomplete} for e in ends]
+        sys.stdout.writelines(report.json_chunks({"ends": ended}))  # a rank at a time
     else:
         print(text)
         lines = end_lines(ends)
