@@ -4,6 +4,7 @@ columnar paths (StepTable, the step-time matrix) give the numbers the per-object
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import re
@@ -253,14 +254,18 @@ def test_a_replay_and_the_dashboards_load_tell_their_progress(fleet_run: Path, t
     ReplayFeed(fleet_run, progress=lambda done, total: told.append((done, total)))
     assert told == [(done, 2 * RANKS) for done in range(1, 2 * RANKS + 1)]
     # The dashboard's recording is read by a forked loader process: its progress is told there, on the
-    # stderr it shares (here a file, a line each time), two reads a rank (its analysis, then its final state).
+    # stderr it shares (here a file, a line each time), one read a rank (its analysis, its history and its
+    # part of the final view, all made by the worker that read it).
     log = tmp_path / "progress.log"
     with open(log, "w") as stream:
         data = recording_data(fleet_run, progress=Progress("rank reads", stream=stream, show_after_s=0.0,
                                                            line_every_s=0.0))
     assert len(data.histories) == RANKS
     told_there = [int(line.split()[1]) for line in log.read_text().splitlines()]
-    assert told_there == list(range(1, 2 * RANKS + 1)), log.read_text()[-2000:]
+    assert told_there == list(range(1, RANKS + 1)), log.read_text()[-2000:]
+    source = ReplaySource(fleet_run)
+    assert data.fleet.ranks == tuple(dataclasses.replace(rank, ended=True)
+                                     for rank in source.view_at(source.duration_ns).ranks)
 
 
 def test_the_html_page_of_a_fleet_draws_the_ranks_the_text_shows_first(fleet_run: Path, tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from zeromon.cli import main
 from zeromon.errors import ZeromonError
 from zeromon.model.codec import Recording, read_recording, read_run
 from zeromon.sources.fleet import FleetView
-from zeromon.sources.replay import ReplaySource
+from zeromon.sources.replay import ReplaySource, final_view
 
 from conftest import EXAMPLES, child_env, torchrun_args, zeromon
 
@@ -181,6 +181,36 @@ def test_a_rank_whose_recording_ends_early_turns_stale(run_dir: Path, tmp_path: 
     end = source.view_at(source.duration_ns)
     assert [r.alive for r in end.ranks] == [False, False]
     assert end.ranks[1].stale_s == pytest.approx((rank0_end - rank1_end) / 1e9, abs=1e-3)
+
+
+@pytest.mark.distributed
+def test_the_final_view_made_a_rank_at_a_time_is_the_replays_at_its_end(run_dir: Path, tmp_path: Path) -> None:
+    """final_view makes each rank's part where the rank is read (a worker process) and holds no track: the
+    same FleetView as a ReplaySource at its end, for a whole run, a rank cut short (no end record: died), a
+    skipped line, and a rank whose file holds its header only (no records)."""
+    cases = {"whole": run_dir}
+    cut = cases["cut"] = tmp_path / "cut"
+    shutil.copytree(run_dir, cut)
+    lines = (cut / "rank-1.jsonl").read_text().splitlines(keepends=True)
+    third_step = next(i for i, line in enumerate(lines) if line.startswith('["step",1,2,'))
+    (cut / "rank-1.jsonl").write_text("".join(lines[:third_step + 1]))
+    skipped = cases["skipped"] = tmp_path / "skipped"
+    shutil.copytree(run_dir, skipped)
+    lines = (skipped / "rank-0.jsonl").read_text().splitlines(keepends=True)
+    (skipped / "rank-0.jsonl").write_text("".join([*lines[:5], "not a record\n", *lines[5:]]))
+    empty = cases["empty"] = tmp_path / "empty"
+    shutil.copytree(run_dir, empty)
+    (empty / "rank-1.jsonl").write_text((empty / "rank-1.jsonl").read_text().splitlines(keepends=True)[0])
+    for name, folder in cases.items():
+        source = ReplaySource(folder)
+        expected = source.view_at(source.duration_ns)
+        for workers in (1, 2):
+            assert final_view(folder, workers=workers) == expected, (name, workers)
+    views = {name: final_view(folder) for name, folder in cases.items()}
+    assert views["cut"].ranks[1].died is not None and views["cut"].ranks[1].stale_s > 0
+    assert views["skipped"].error is not None and "rank-0.jsonl" in views["skipped"].error
+    assert views["empty"].ranks[1].error == "the recording holds no records"
+    assert [r.last_step.step for r in views["whole"].ranks if r.last_step] == [STEPS - 1, STEPS - 1]
 
 
 @pytest.mark.distributed

@@ -30,7 +30,7 @@ import threading
 import time
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -224,6 +224,16 @@ def load_tracks(run_dir: RunDirs, progress: OnProgress | None = None, workers: i
     """Every rank file of the run's folder (or folders), indexed; one rank's records in memory at a time
     in each of ``workers`` processes (map_rank_files': None, one per CPU; 1, the default, all in this
     process: a caller with threads of its own must not fork). ``progress``: told as each rank is read."""
+    loaded = map_rank_files(_replayed_files(run_dir), _load_track, workers, progress)
+    check_one_run([identity for _, identity in loaded])  # and one framework
+    tracks = sorted((track for track, _ in loaded), key=lambda t: t.rank)
+    _check_some_records(run_dir, [t.last_ns for t in tracks])
+    return tracks
+
+
+def _replayed_files(run_dir: RunDirs) -> list[Path]:
+    """The rank files of the run's folders (one run's, from their headers); a folder that is missing or holds
+    none: a ZeromonError naming it."""
     for folder in run_folders(run_dir):
         if not folder.is_dir():
             raise ZeromonError(f"replay {folder}: no such run folder",
@@ -231,13 +241,13 @@ def load_tracks(run_dir: RunDirs, progress: OnProgress | None = None, workers: i
         if not rank_file_paths(folder):
             raise ZeromonError(f"replay {folder}: no rank-<r>.zmr (or .jsonl) recordings in this folder",
                                hint="record a run with `zeromon run --out DIR -- CMD ...`")
-    loaded = map_rank_files(rank_files(run_dir), _load_track, workers, progress)  # one run's files, from their headers
-    check_one_run([identity for _, identity in loaded])  # and one framework
-    tracks = sorted((track for track, _ in loaded), key=lambda t: t.rank)
-    if all(t.last_ns < 0 for t in tracks):
+    return rank_files(run_dir)
+
+
+def _check_some_records(run_dir: RunDirs, last_ns: Sequence[int]) -> None:
+    if all(last < 0 for last in last_ns):
         raise ZeromonError(f"replay {run_name(run_dir)}: the recordings hold no records to play back",
                            hint="the run ended before its first step; record it again")
-    return tracks
 
 
 def _load_track(path: Path) -> tuple[_Track, tuple[Path, dict[str, Any], RunInfo | None]]:
@@ -441,7 +451,7 @@ class ReplaySource:
                     track.analysis = None
             self._built_at = position_ns
             self._analyse_due(t, budget_s, settled or budget_s == math.inf)
-            ranks = tuple(self._rank_view(track, t, finished) for track in self._tracks)
+            ranks = tuple(_rank_view(track, t, finished, self.start_ns) for track in self._tracks)
         return FleetView(t_ns=t, source=self.source, ranks=ranks, looked_at=self.looked_at, error=self.skipped)
 
     def _analyse_due(self, t: int, budget_s: float, at_once: bool) -> None:
@@ -467,87 +477,89 @@ class ReplaySource:
                 time.sleep(0)  # let a waiting UI thread have the GIL between two forecasts
             track.analysis = _analyse(track, key, now)
 
-    def _rank_view(self, track: _Track, t: int, finished: bool) -> RankView:
-        info = track.run_info
-        if track.last_ns < 0 or t < track.first_ns:  # as LiveSource shows a rank that never answered
-            return RankView(rank=track.rank, target=track.target, alive=False, stale_s=None,
-                            error="the recording holds no records" if track.last_ns < 0 else "not started yet",
-                            run_info=info, **_identity(info))
-        si = track.steps.upto(t)
-        if track.steps_at[0] != si:
-            track.steps_at = (si, track.steps.window(si - STEPS_SHOWN, si))
-        pi = track.phases.upto(t)
-        if track.phases_at[0] != pi:
-            # From the start of the PHASE_STEPS-th last step: spans are ordered by their end.
-            first = (bisect.bisect_right(track.phases.t_ns, track.steps.value(si - PHASE_STEPS, "start_ns"))
-                     if si >= PHASE_STEPS else 0)
-            track.phases_at = (pi, track.phases.window(max(first, pi - PHASES_MAX), pi))
-        ni = track.notices.upto(t)
-        if track.notices_at[0] != ni:
-            track.notices_at = (ni, track.notices.window(0, ni))
-        mi = track.memory.upto(t)
-        if track.memory_at[0] != mi:
-            track.memory_at = (mi, _with_last_walk(track, mi - 1) if mi else None)
-        di = track.device.upto(t)
-        if track.device_at[0] != di:
-            track.device_at = (di, track.device.get(di - 1) if di else None)
-        analysis = track.analysis
-        collectives = self._collectives(track, t)
-        stale = finished or t > track.last_ns
-        stats = track.stats if track.stats is not None and track.stats.t_ns <= t else None
-        # An alive rank whose data has not moved on is the same view: no new objects for the
-        # collector to promote (a view of 256 ranks lives for one tick).
-        key = (si, pi, ni, mi, di, collectives, analysis, stats)
-        if not stale and track.view_at is not None and track.view_at[0] == key:
-            return track.view_at[1]
-        error = None
-        if finished:
-            error = "the recording ended"
-        elif stale:
-            error = f"its recording ends {(track.last_ns - self.start_ns) / 1e9:.1f} s into the run"
-        if error is not None and track.died is not None:
-            error = f"{track.died}; {error}"
-        last = min(t, track.last_ns)  # a stale rank's last answer was its last record
-        view = RankView(
-            rank=track.rank, target=track.target, alive=not stale,
-            stale_s=round((t - last) / 1e9, 3), error=error, run_info=info,
-            steps=track.steps_at[1], memory=track.memory_at[1], device=track.device_at[1], stats=stats,
-            collectives=collectives, oom=analysis.oom if analysis else None,
-            findings=analysis.findings if analysis else (), phases=track.phases_at[1],
-            notices=track.notices_at[1], t_ns=last, died=track.died if stale else None,
-            incomplete=track.incomplete if stale else None, **_identity(info))
-        track.view_at = None if stale else (key, view)
-        return view
 
-    def _collectives(self, track: _Track, t: int) -> tuple[CollectiveTotal, ...]:
-        indices = tuple(bisect.bisect_right(totals.t_ns, t) for totals in track.totals)
-        if indices == track.collectives_at[0]:
-            return track.collectives_at[1]
-        out = []
-        for totals, i in zip(track.totals, indices, strict=True):
-            if i:
-                out.append(CollectiveTotal(
-                    op=totals.op, meaning=totals.meaning, calls=i, bytes=totals.bytes[i - 1],
-                    seconds=totals.seconds[i - 1], blocked_s=totals.blocked_s[i - 1],
-                    busbw_bytes_s=self._busbw(track, totals.op, t)))
-        track.collectives_at = (indices, tuple(out))
+def _rank_view(track: _Track, t: int, finished: bool, start_ns: int) -> RankView:
+    """The rank at ``t`` (Unix ns); ``start_ns``: the run's first record; ``finished``: the replay is at its end."""
+    info = track.run_info
+    if track.last_ns < 0 or t < track.first_ns:  # as LiveSource shows a rank that never answered
+        return RankView(rank=track.rank, target=track.target, alive=False, stale_s=None,
+                        error="the recording holds no records" if track.last_ns < 0 else "not started yet",
+                        run_info=info, **_identity(info))
+    si = track.steps.upto(t)
+    if track.steps_at[0] != si:
+        track.steps_at = (si, track.steps.window(si - STEPS_SHOWN, si))
+    pi = track.phases.upto(t)
+    if track.phases_at[0] != pi:
+        # From the start of the PHASE_STEPS-th last step: spans are ordered by their end.
+        first = (bisect.bisect_right(track.phases.t_ns, track.steps.value(si - PHASE_STEPS, "start_ns"))
+                 if si >= PHASE_STEPS else 0)
+        track.phases_at = (pi, track.phases.window(max(first, pi - PHASES_MAX), pi))
+    ni = track.notices.upto(t)
+    if track.notices_at[0] != ni:
+        track.notices_at = (ni, track.notices.window(0, ni))
+    mi = track.memory.upto(t)
+    if track.memory_at[0] != mi:
+        track.memory_at = (mi, _with_last_walk(track, mi - 1) if mi else None)
+    di = track.device.upto(t)
+    if track.device_at[0] != di:
+        track.device_at = (di, track.device.get(di - 1) if di else None)
+    analysis = track.analysis
+    collectives = _collectives(track, t)
+    stale = finished or t > track.last_ns
+    stats = track.stats if track.stats is not None and track.stats.t_ns <= t else None
+    # An alive rank whose data has not moved on is the same view: no new objects for the
+    # collector to promote (a view of 256 ranks lives for one tick).
+    key = (si, pi, ni, mi, di, collectives, analysis, stats)
+    if not stale and track.view_at is not None and track.view_at[0] == key:
+        return track.view_at[1]
+    error = None
+    if finished:
+        error = "the recording ended"
+    elif stale:
+        error = f"its recording ends {(track.last_ns - start_ns) / 1e9:.1f} s into the run"
+    if error is not None and track.died is not None:
+        error = f"{track.died}; {error}"
+    last = min(t, track.last_ns)  # a stale rank's last answer was its last record
+    view = RankView(
+        rank=track.rank, target=track.target, alive=not stale,
+        stale_s=round((t - last) / 1e9, 3), error=error, run_info=info,
+        steps=track.steps_at[1], memory=track.memory_at[1], device=track.device_at[1], stats=stats,
+        collectives=collectives, oom=analysis.oom if analysis else None,
+        findings=analysis.findings if analysis else (), phases=track.phases_at[1],
+        notices=track.notices_at[1], t_ns=last, died=track.died if stale else None,
+        incomplete=track.incomplete if stale else None, **_identity(info))
+    track.view_at = None if stale else (key, view)
+    return view
+
+def _collectives(track: _Track, t: int) -> tuple[CollectiveTotal, ...]:
+    indices = tuple(bisect.bisect_right(totals.t_ns, t) for totals in track.totals)
+    if indices == track.collectives_at[0]:
         return track.collectives_at[1]
+    out = []
+    for totals, i in zip(track.totals, indices, strict=True):
+        if i:
+            out.append(CollectiveTotal(
+                op=totals.op, meaning=totals.meaning, calls=i, bytes=totals.bytes[i - 1],
+                seconds=totals.seconds[i - 1], blocked_s=totals.blocked_s[i - 1],
+                busbw_bytes_s=_busbw(track, totals.op, t)))
+    track.collectives_at = (indices, tuple(out))
+    return track.collectives_at[1]
 
-    @staticmethod
-    def _busbw(track: _Track, op: str, t: int) -> float | None:
-        """Median of the op's last BUSBW_WINDOW measured bus bandwidths up to ``t`` (the agent's window)."""
-        times = track.busbw_t.get(op)
-        if times is None:
-            return None
-        i = bisect.bisect_right(times, t)
-        if not i:
-            return None
-        median = track.medians.get((op, i))
-        if median is None:
-            if len(track.medians) > 64:
-                track.medians.clear()
-            median = track.medians[(op, i)] = statistics.median(track.busbw[op][max(0, i - BUSBW_WINDOW):i])
-        return median
+
+def _busbw(track: _Track, op: str, t: int) -> float | None:
+    """Median of the op's last BUSBW_WINDOW measured bus bandwidths up to ``t`` (the agent's window)."""
+    times = track.busbw_t.get(op)
+    if times is None:
+        return None
+    i = bisect.bisect_right(times, t)
+    if not i:
+        return None
+    median = track.medians.get((op, i))
+    if median is None:
+        if len(track.medians) > 64:
+            track.medians.clear()
+        median = track.medians[(op, i)] = statistics.median(track.busbw[op][max(0, i - BUSBW_WINDOW):i])
+    return median
 
 
 def _identity(info: RunInfo | None) -> dict[str, Any]:
@@ -562,8 +574,48 @@ def _checked_speed(speed: object) -> float:
     return checked("replay speed", REPLAY_SPEED, speed)
 
 
+@dataclass(frozen=True, slots=True)
+class FinalRank:
+    """One rank's part of a recorded run's final view, made where the rank was read (final_rank): small
+    enough to send back from a worker process, with no record of the rank kept."""
+
+    rank: int
+    view: RankView  # at the rank's own end: final_view counts its stale_s from the run's end
+    first_ns: int
+    last_ns: int  # -1: no records
+    skipped: str | None
+    identity: tuple[Path, dict[str, Any], RunInfo | None]  # what check_one_run compares
+
+
+def final_rank(recording: Recording) -> FinalRank:
+    """The rank as its recording ends: ReplaySource.view_at(duration_ns)'s view of it, but for its stale_s."""
+    track = _track(recording)
+    t = max(track.last_ns, track.first_ns)
+    track.analysis = _analyse(track, (track.memory.upto(t), track.steps.upto(t), track.ooms.upto(t)), time.monotonic())
+    return FinalRank(track.rank, _rank_view(track, t, finished=True, start_ns=track.first_ns), track.first_ns, track.last_ns,
+                     track.skipped, (recording.path, recording.header, recording.run_info))
+
+
 def final_view(run_dir: RunDirs, progress: OnProgress | None = None, workers: int | None = 1) -> FleetView:
-    """A recorded run's final state: every rank as its recording ends (the TUI's view of an ended run);
-    ``progress`` and ``workers``: load_tracks'."""
-    replay = ReplaySource(run_dir, progress=progress, workers=workers)
-    return replay.view_at(replay.duration_ns)
+    """A recorded run's final state: every rank as its recording ends (the TUI's view of an ended run), the
+    same as ReplaySource(run_dir).view_at(duration_ns). Each rank is read and made into its FinalRank by one
+    of ``workers`` processes (map_rank_files'; 1, the default, all in this process) and none is held here:
+    the replay of 256 ranks x 10,000 steps held 3.5 GB. ``progress``: told as each rank is read."""
+    return final_view_of(run_dir, map_rank_files(_replayed_files(run_dir), _final_rank_of_file, workers, progress))
+
+
+def _final_rank_of_file(path: Path) -> FinalRank:
+    return final_rank(read_rank_file(path))
+
+
+def final_view_of(run_dir: RunDirs, parts: Sequence[FinalRank]) -> FleetView:
+    """final_view of the run's FinalRanks (one a rank file, made by final_rank)."""
+    check_one_run([part.identity for part in parts])
+    parts = sorted(parts, key=lambda part: part.rank)
+    _check_some_records(run_dir, [part.last_ns for part in parts])
+    end_ns = max(part.last_ns for part in parts)
+    ranks = tuple(part.view if part.last_ns < 0 else replace(
+        part.view, stale_s=round((end_ns - part.last_ns) / 1e9, 3)) for part in parts)
+    notes = [part.skipped for part in parts if part.skipped]
+    return FleetView(t_ns=end_ns, source=f"replay {run_name(run_dir)}", ranks=ranks,
+                     looked_at=tuple(map(str, run_folders(run_dir))), error="; ".join(notes) if notes else None)

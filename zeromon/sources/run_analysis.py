@@ -29,19 +29,18 @@ def analyse_run(run_dir: RunDirs, peak_busbw: float | None = None, capacity_byte
 def analyse_and_keep(run_dir: RunDirs, keep: Keep | None, peak_busbw: float | None = None,
                      capacity_bytes: int | None = None, workers: int | None = None,
                      progress: OnProgress | None = None,
-                     on_kept: Callable[[Any], None] | None = None) -> tuple[RunReport, list[Any]]:
+                     on_kept: Callable[[Any], Any] | None = None) -> tuple[RunReport, list[Any]]:
     """analyse_run's report, and ``keep(recording)`` of each rank (by rank), made by the worker that
     read the recording: one read of each file serves both (the dashboard keeps each rank's history).
-    ``on_kept``: each rank's kept value handed to it as its worker finishes, and not held here (the list
-    returned has None in its place): the dashboard's loader sends each rank's history on at once."""
+    ``on_kept``: each rank's kept value handed to it as its worker finishes; what it returns is held
+    in its place: the dashboard's loader sends each rank's history on at once and holds none."""
     from zeromon.analysis.report import combine_report
     from zeromon.model.codec import check_one_run, run_headers, run_name
 
     headers = run_headers(run_dir)  # the files' headers checked here; their RunInfo once analysed
     def hand_on(done: tuple[RankAnalysis, Any]) -> tuple[RankAnalysis, Any]:
         assert on_kept is not None
-        on_kept(done[1])
-        return done[0], None
+        return done[0], on_kept(done[1])
 
     done = map_rank_files([path for path, _ in headers], functools.partial(_analyse_file, capacity_bytes=capacity_bytes,
                                                                            keep=keep),

@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from zeromon.analysis.findings import Finding
 from zeromon.analysis.report import RunReport
@@ -30,6 +30,9 @@ from zeromon.model.events import CollectiveEvent, MemorySample, OomEvent, PhaseS
 from zeromon.model.rank_pool import OnProgress, in_two_passes
 from zeromon.sources.fleet import FleetView, RankView
 from zeromon.views.fleet import fleet_findings
+
+if TYPE_CHECKING:
+    from zeromon.sources.replay import FinalRank
 
 _COLLECTIVE_FIELDS = tuple(f.name for f in dataclasses.fields(CollectiveEvent))
 _COLUMN_FIELDS = tuple(f.name for f in dataclasses.fields(CollectiveColumns))
@@ -167,19 +170,37 @@ def _load_pieces(run_dir: RunDirs, peak_busbw: float | None, capacity_bytes: int
                  workers: int | None, progress: OnProgress | None = None,
                  send_rank: Callable[[RankHistory], None] | None = None) -> Iterator[tuple[str, Any]]:
     """The recording as pieces: ("report", RunReport), ("rank", RankHistory) for each rank, then
-    ("view", FleetView), the run's final view. ``send_rank``: each rank's history handed to it as soon as
-    its worker is done instead (the loader process sends it on and holds none of them)."""
-    from zeromon.sources.replay import final_view
+    ("view", FleetView), the run's final view; each rank file read once, by a worker that makes all three
+    of it. ``send_rank``: each rank's history handed to it as soon as its worker is done instead (the
+    loader process sends it on and holds none of them)."""
+    from zeromon.sources.replay import final_view_of
     from zeromon.sources.run_analysis import analyse_and_keep
 
-    analysed, ended = in_two_passes(progress)  # each rank read twice: analysed, then for its final state
-    report, histories = analyse_and_keep(run_dir, compact_history, peak_busbw=peak_busbw,
-                                         capacity_bytes=capacity_bytes, workers=workers,
-                                         progress=analysed, on_kept=send_rank)
+    def hand_on(kept: tuple[RankHistory, FinalRank]) -> tuple[RankHistory | None, FinalRank]:
+        if send_rank is None:
+            return kept
+        send_rank(kept[0])
+        return None, kept[1]
+
+    report, kept = analyse_and_keep(run_dir, history_and_final_rank, peak_busbw=peak_busbw,
+                                    capacity_bytes=capacity_bytes, workers=workers, progress=progress,
+                                    on_kept=hand_on)
     yield "report", report
-    while send_rank is None and histories:
-        yield "rank", histories.pop(0)
-    yield "view", final_view(run_dir, ended, workers)
+    finals = []
+    for history, final in kept:
+        if history is not None:
+            yield "rank", history
+        finals.append(final)
+    del kept
+    yield "view", final_view_of(run_dir, finals)
+
+
+def history_and_final_rank(rec: Recording) -> tuple[RankHistory, FinalRank]:
+    """What the dashboard keeps of a rank (made by the worker that read it): its history and its part of the
+    run's final view."""
+    from zeromon.sources.replay import final_rank
+
+    return compact_history(rec), final_rank(rec)
 
 
 def _give_back_freed_memory() -> None:
