@@ -86,7 +86,7 @@ def build_feed(args: argparse.Namespace) -> tuple[Any, str]:
     run_dirs = tuple(sources.run_dirs) if sources.kind == RUN else ()
     if run_dirs and (len(run_dirs) > 1 or (rank_file_paths(Path(run_dirs[0])) and not _starting(Path(run_dirs[0])))):
         peak = args.peak_busbw
-        with Progress("rank reads (two a rank: its analysis, then its final state)") as progress:
+        with Progress("ranks read and analysed") as progress:
             feed = run_data.RecordingFeed(run_dirs, peak_busbw=float(peak) if peak else None,
                                           capacity_bytes=args.capacity,
                                           alive=run_data.run_processes_alive(run_dirs), progress=progress)
