@@ -13,7 +13,7 @@ import pytest
 from zeromon.analysis.comm_advice import EXPOSED_SHARE_CRITICAL
 from zeromon.sources.fleet import FleetView
 from zeromon.views.overview import exposed_banner, grid_shape, oom_banner, rank_cells
-from zeromon.views.run_data import LiveFeed, ReplayFeed, RunData, StaticFeed, recording_data
+from zeromon.views.run_data import LiveFeed, RankHistory, ReplayFeed, RunData, StaticFeed, recording_data
 from zeromon_dashboard.server import PrefixMiddleware, TokenMiddleware, loopback
 from zeromon_dashboard.state import PageState, page_of, parse_state, state_search
 
@@ -132,23 +132,107 @@ def test_the_grid_keeps_a_node_per_row_then_goes_square() -> None:
 
 @pytest.mark.distributed
 def test_a_replay_shows_each_rank_up_to_its_position(fsdp2_run: Path) -> None:
+    """Each rank's history at a position is its recording's records published by then (cut from the tables
+    the replay holds: nothing copied), steps in step order, found by step as a recording's are."""
+    from zeromon.model.codec import read_run
+    from zeromon.views.timeline import default_step, rank_step, step_choices
+
+    recordings = {rec.rank: rec for rec in read_run(fsdp2_run)}
     feed = ReplayFeed(fsdp2_run, speed=1.0)
     replay = feed.replay
-    middle = replay.duration_ns // 2
-    replay.seek(middle)
-    data = feed.latest()
-    t = replay.start_ns + middle
-    assert data.kind == "replay" and data.live
-    for history in data.histories.values():
-        assert all(m.t_ns <= t for m in history.memory)
-        assert all(s.end_ns <= t for s in history.steps)
-        assert all(p.end_ns <= t for p in history.phases)
-        for step in {s.step for s in history.steps}:
-            assert all(c.issue_ns <= t for c in history.step_collectives(step))
-    replay.seek(replay.duration_ns)
-    end = feed.latest()
-    assert end.version > data.version
-    assert sum(len(h.steps) for h in end.histories.values()) > sum(len(h.steps) for h in data.histories.values())
+    versions = []
+    for position in (0, replay.duration_ns // 2, replay.duration_ns * 3 // 4, replay.duration_ns):
+        replay.seek(position)
+        data = feed.latest()
+        versions.append(data.version)
+        t = replay.start_ns + position
+        assert data.kind == "replay" and data.live and set(data.histories) == set(recordings)
+        for rank, history in data.histories.items():
+            rec = recordings[rank]
+            assert list(history.memory) == sorted((m for m in rec.memory if m.t_ns <= t), key=lambda m: m.t_ns)
+            steps = sorted((s for s in rec.steps if s.end_ns <= t), key=lambda s: s.step)
+            assert list(history.steps) == steps
+            assert list(history.phases) == sorted((p for p in rec.phases if p.end_ns <= t), key=lambda p: p.end_ns)
+            assert list(history.ooms) == [o for o in rec.ooms if o.t_ns <= t]
+            for summary in steps:
+                assert history.step_collectives(summary.step) == sorted(
+                    (c for c in rec.collectives if c.step == summary.step and c.issue_ns <= t), key=lambda c: c.issue_ns)
+                drawn = rank_step(history, summary.step)  # found by step in the table's keys
+                assert not isinstance(drawn, str) and drawn.summary == summary, drawn
+            assert "is not held by this dashboard" in str(rank_step(history, len(rec.steps) + 5))
+            assert step_choices({rank: history}, [rank]) == ((steps[0].step, steps[-1].step) if steps else None)
+        # The step a timeline opens on: the newest every rank with steps holds with its phases.
+        chosen = default_step(data.histories, sorted(data.histories))
+        held = [h for h in data.histories.values() if h.steps]
+        assert chosen is None if not held else all(
+            any(s.step == chosen for s in h.steps) and any(p.step == chosen for p in h.phases) for h in held)
+        # What the pages draw of it is what they draw of the same records held as objects.
+        held_as_objects = {rank: RankHistory(
+            rank=rank, memory=list(h.memory), steps=list(h.steps), phases=list(h.phases),
+            collectives=h.collectives, ooms=list(h.ooms), complete=False, until_ns=t) for rank, h in data.histories.items()}
+        _assert_pages_draw_the_same(data, dataclasses.replace(data, histories=held_as_objects))
+    assert versions == sorted(set(versions))
+    assert sum(len(h.steps) for h in data.histories.values()) == sum(len(r.steps) for r in recordings.values())
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, numpy arrays compared by value (NaN equal to NaN) wherever they sit in dataclasses, tuples, dicts."""
+    import numpy as np
+
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.array_equal(np.asarray(a), np.asarray(b), equal_nan=np.asarray(a).dtype.kind == "f")
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        return type(a) is type(b) and all(_same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+    if isinstance(a, (tuple, list)):
+        return isinstance(b, (tuple, list)) and len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+def _assert_pages_draw_the_same(data: RunData, expected: RunData) -> None:
+    from zeromon.views import memory, overview, ranks, timeline
+
+    ranks_shown = sorted(data.histories)
+    origin = memory.origin_ns(data.histories)
+    assert origin == memory.origin_ns(expected.histories)
+    drawn = {
+        "memory rows": lambda d: memory.memory_rows(d),
+        "step matrix": lambda d: ranks.step_matrix(d),
+        "memory peaks": lambda d: ranks.memory_peaks(d),
+        "exposed shares": lambda d: overview.rank_exposed_shares(d),
+        "step choices": lambda d: timeline.step_choices(d.histories, ranks_shown),
+        "default step": lambda d: timeline.default_step(d.histories, ranks_shown),
+    }
+    for rank in ranks_shown:
+        drawn[f"rank {rank} series"] = lambda d, r=rank: (
+            memory.memory_series(d.histories[r], origin or 0), memory.allocator_series(d.histories[r], origin or 0),
+            timeline.step_series(d, r), timeline.step_bytes(d.histories[r]))
+    step = timeline.default_step(expected.histories, ranks_shown)
+    if step is not None:
+        drawn["timeline"] = lambda d: timeline.step_timeline(d.histories, ranks_shown, step)
+    for what, draw in drawn.items():
+        assert _same(draw(data), draw(expected)), what
+
+
+def test_a_replays_steps_that_ended_out_of_order_show_once_every_earlier_step_has_ended() -> None:
+    from zeromon.model.columns import ColumnTable
+    from zeromon.model.events import StepSummary
+    from zeromon.views.run_data import _in_step_order
+
+    def step(index: int, end_ns: int) -> StepSummary:
+        return StepSummary(rank=0, step=index, start_ns=end_ns - 50, end_ns=end_ns, phase_s={}, collectives=0,
+                           comm_bytes=0, comm_bytes_by_op={}, comm_union_s=0.0, blocked_s=0.0, peak_memory=None)
+
+    in_order = ColumnTable(StepSummary, [step(0, 100), step(1, 200), step(2, 300)], "end_ns")
+    table, ends, keys = _in_step_order(in_order)
+    assert table is in_order and list(ends) == [100, 200, 300] and keys is not None and list(keys) == [0, 1, 2]
+    assert [s.step for s in table.prefix(2, keys).slice(0, 9)] == [0, 1] and list(table.prefix(2, keys).t_ns) == [0, 1]
+    # Step 1 ended after step 2 (an odd loop): by step, step 2 waits for it.
+    odd = ColumnTable(StepSummary, [step(0, 100), step(1, 400), step(2, 300)], "end_ns")
+    table, ends, keys = _in_step_order(odd)
+    assert keys is None and list(table.t_ns) == [0, 1, 2] and list(ends) == [100, 400, 400]
+    assert [s.step for s in table.prefix(1).slice(0, 9)] == [0]
 
 
 @pytest.mark.distributed

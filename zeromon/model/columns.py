@@ -6,6 +6,7 @@ source) without giving the garbage collector hundreds of thousands of objects to
 from __future__ import annotations
 
 import bisect
+import copy
 import math
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
@@ -91,7 +92,7 @@ class ColumnTable(Generic[R]):
         ordered = sorted(records, key=lambda r: getattr(r, time_of))
         n = len(ordered)
         self.cls = cls
-        self.t_ns = array("q", (getattr(r, time_of) for r in ordered))  # for bisection
+        self.t_ns: array[int] | memoryview = array("q", (getattr(r, time_of) for r in ordered))  # for bisection
         # Column-major: field j of record i is at base_j + i.
         self._ints, self._floats = array("q"), array("d")
         self._objects: list[Any] = []
@@ -122,6 +123,16 @@ class ColumnTable(Generic[R]):
     def upto(self, t_ns: int) -> int:
         """How many records the agent had published by ``t_ns``."""
         return bisect.bisect_right(self.t_ns, t_ns)
+
+    def prefix(self, n: int, keys: array[int] | None = None) -> ColumnTable[R]:
+        """The first ``n`` records (what a replay had published by its position) sharing this table's
+        columns: nothing is copied. ``keys``: the prefix's time column instead of this table's, for the
+        same records keyed by another field that runs in the same order (a replay's steps, stored by
+        their end, read by their index)."""
+        view = copy.copy(self)
+        view.t_ns = memoryview(self.t_ns if keys is None else keys)[:max(0, n)]
+        view._window = (0, ())
+        return view
 
     def _field(self, kind: int, base: int, i: int) -> Any:
         if kind == _INT:

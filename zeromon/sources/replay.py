@@ -224,14 +224,14 @@ def load_tracks(run_dir: RunDirs, progress: OnProgress | None = None, workers: i
     """Every rank file of the run's folder (or folders), indexed; one rank's records in memory at a time
     in each of ``workers`` processes (map_rank_files': None, one per CPU; 1, the default, all in this
     process: a caller with threads of its own must not fork). ``progress``: told as each rank is read."""
-    loaded = map_rank_files(_replayed_files(run_dir), _load_track, workers, progress)
+    loaded = map_rank_files(replayed_files(run_dir), _load_track, workers, progress)
     check_one_run([identity for _, identity in loaded])  # and one framework
     tracks = sorted((track for track, _ in loaded), key=lambda t: t.rank)
     _check_some_records(run_dir, [t.last_ns for t in tracks])
     return tracks
 
 
-def _replayed_files(run_dir: RunDirs) -> list[Path]:
+def replayed_files(run_dir: RunDirs) -> list[Path]:
     """The rank files of the run's folders (one run's, from their headers); a folder that is missing or holds
     none: a ZeromonError naming it."""
     for folder in run_folders(run_dir):
@@ -270,6 +270,19 @@ def _analyse(track: _Track, key: tuple[int, int, int], wall: float) -> _Analysis
     findings = (oom.findings if oom is not None else ()) + overlap_findings_of_summaries(
         track.rank, steps, track.run_info)
     return _Analysis(key, wall, oom, findings)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedTables:
+    """One rank's records as a replay holds them, each table in the order the agent published it: steps and
+    phase spans by their end, memory samples and OOMs by their time (ColumnTable.upto(t): how many a
+    position has seen)."""
+
+    rank: int
+    steps: ColumnTable[StepSummary]
+    memory: ColumnTable[MemorySample]
+    phases: ColumnTable[PhaseSpan]
+    ooms: ColumnTable[OomEvent]
 
 
 class ReplaySource:
@@ -409,6 +422,10 @@ class ReplaySource:
         brought up to date (tests and one-shot use; the clock does not move)."""
         position = min(max(0, position_ns), self.duration_ns)
         return self._build(position, budget_s=math.inf, finished=not self.loop and position >= self.duration_ns)
+
+    def tables(self) -> list[RecordedTables]:
+        """Every rank's records as this replay holds them, by rank (read-only: shared with its thread)."""
+        return [RecordedTables(t.rank, t.steps, t.memory, t.phases, t.ooms) for t in self._tracks]
 
     # -- the background thread
 
@@ -600,8 +617,8 @@ def final_view(run_dir: RunDirs, progress: OnProgress | None = None, workers: in
     """A recorded run's final state: every rank as its recording ends (the TUI's view of an ended run), the
     same as ReplaySource(run_dir).view_at(duration_ns). Each rank is read and made into its FinalRank by one
     of ``workers`` processes (map_rank_files'; 1, the default, all in this process) and none is held here:
-    the replay of 256 ranks x 10,000 steps held 3.5 GB. ``progress``: told as each rank is read."""
-    return final_view_of(run_dir, map_rank_files(_replayed_files(run_dir), _final_rank_of_file, workers, progress))
+    a replay of 256 ranks x 10,000 steps holds ~0.6 GB of tables. ``progress``: told as each rank is read."""
+    return final_view_of(run_dir, map_rank_files(replayed_files(run_dir), _final_rank_of_file, workers, progress))
 
 
 def _final_rank_of_file(path: Path) -> FinalRank:

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
 import threading
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,14 +27,14 @@ from zeromon.analysis.report import RunReport
 from zeromon.analysis.trace_overlap import RankTraceOverlap
 from zeromon.errors import ZeromonError
 from zeromon.model.codec import CollectiveColumns, Recording, RunDirs, rank_file_paths, run_folders, run_name
-from zeromon.model.columns import TableRecords
+from zeromon.model.columns import ColumnTable, TableRecords
 from zeromon.model.events import CollectiveEvent, MemorySample, OomEvent, PhaseSpan, StepSummary
 from zeromon.model.rank_pool import OnProgress, in_two_passes
 from zeromon.sources.fleet import FleetView, RankView
 from zeromon.views.fleet import fleet_findings
 
 if TYPE_CHECKING:
-    from zeromon.sources.replay import FinalRank
+    from zeromon.sources.replay import FinalRank, RecordedTables
 
 _COLLECTIVE_FIELDS = tuple(f.name for f in dataclasses.fields(CollectiveEvent))
 _COLUMN_FIELDS = tuple(f.name for f in dataclasses.fields(CollectiveColumns))
@@ -281,30 +283,17 @@ def _loaded_in_a_child(run_dir: RunDirs, peak_busbw: float | None, capacity_byte
 
 
 def compact_history(rec: Recording) -> RankHistory:
-    """A finished recording's rank as history_of gives it, stored as columns (~5x smaller than the
-    records): each page makes the records it draws again."""
-    from zeromon.model.columns import ColumnTable, compact_column
-    from zeromon.model.events import MemorySample, PhaseSpan
-
-    columns = rec.collective_columns()
-    compact = CollectiveColumns(*(compact_column(getattr(columns, name)) for name in _COLUMN_FIELDS))
+    """A finished recording's rank, stored as columns (~5x smaller than the records): each page makes the
+    records it draws again."""
     return RankHistory(rank=rec.rank, memory=TableRecords(ColumnTable(MemorySample, rec.memory, "t_ns")),
                        steps=TableRecords(ColumnTable(StepSummary, rec.steps, "step")),
                        phases=TableRecords(ColumnTable(PhaseSpan, rec.phases, "start_ns")),
-                       collectives=compact, ooms=rec.ooms, complete=True)
+                       collectives=compact_collectives(rec), ooms=rec.ooms, complete=True)
 
 
 def _all_ended(fleet: FleetView) -> FleetView:
     """A run that is over: its ranks ended (the final state), they are not stale."""
     return dataclasses.replace(fleet, ranks=tuple(dataclasses.replace(r, ended=True) for r in fleet.ranks))
-
-
-def history_of(rec: Recording, until_ns: int | None = None) -> RankHistory:
-    columns = getattr(rec.collectives, "columns", None)
-    if columns is None:
-        columns = CollectiveColumns.of(list(rec.collectives))
-    return RankHistory(rank=rec.rank, memory=rec.memory, steps=sorted(rec.steps, key=lambda s: s.step),
-                       phases=rec.phases, collectives=columns, ooms=rec.ooms, complete=True, until_ns=until_ns)
 
 
 class RecordingFeed:
@@ -369,30 +358,64 @@ class RecordingFeed:
 
 # --- a replay --------------------------------------------------------------------------------------------
 
-def _upto(items: Sequence[Any], t: int, key: Callable[[Any], int]) -> Sequence[Any]:
-    """The items at or before ``t`` of a sequence ordered by ``key``."""
-    return items[:bisect.bisect_right(items, t, key=key)]
+@dataclass(frozen=True, slots=True)
+class _ReplayedRank:
+    """What a replay's histories are cut from, for one rank: the replay's own tables, and its collectives."""
+
+    tables: RecordedTables
+    steps: ColumnTable[StepSummary]  # in step order: the replay's own table where its steps ended in that order
+    step_ends: Sequence[int]  # per step in that order, the latest end up to it: bisected, how many steps a position shows
+    step_keys: array[int] | None  # the steps' indices, where ``steps`` is stored by end
+    collectives: CollectiveColumns
+
+
+def _in_step_order(table: ColumnTable[StepSummary]) -> tuple[ColumnTable[StepSummary], Sequence[int], array[int] | None]:
+    """A replay's steps (stored by end) in step order, for the pages' lookups by step: the table itself, keyed
+    by the steps' indices, where they ended in step order (as a training loop's do); otherwise a table of its
+    own, a step shown once every step before it has ended."""
+    indices = table.numbers("step")
+    if indices is not None and all(a < b for a, b in itertools.pairwise(indices)):
+        return table, table.t_ns, indices
+    records = sorted(table.slice(0, len(table)), key=lambda s: s.step)
+    return (ColumnTable(StepSummary, records, "step"),
+            array("q", itertools.accumulate((s.end_ns for s in records), max)), None)
+
+
+def compact_collectives(rec: Recording) -> CollectiveColumns:
+    """A recording's collectives as columns, each column stored as compactly as its values allow."""
+    from zeromon.model.columns import compact_column
+
+    columns = rec.collective_columns()
+    return CollectiveColumns(*(compact_column(getattr(columns, name)) for name in _COLUMN_FIELDS))
+
+
+def _collectives_of_file(path: Path) -> tuple[int, CollectiveColumns]:
+    from zeromon.model.rank_pool import read_rank_file
+
+    rec = read_rank_file(path)
+    return rec.rank, compact_collectives(rec)
 
 
 class ReplayFeed:
     """A recording played back (ReplaySource's clock and FleetViews); each rank's history is its
-    recording up to the replay's position."""
+    recording up to the replay's position: a prefix of the tables the replay holds (nothing copied), and
+    the rank's collectives as columns, read beside them. 256 ranks x 10,000 steps: see docs/dashboard.md."""
 
     def __init__(self, run_dir: RunDirs, speed: float = 1.0, progress: OnProgress | None = None,
                  workers: int | None = 1) -> None:
-        """``progress``: told as each rank file is read (twice each: the replay's indexes, then the records);
-        ``workers``: the replay's (ReplaySource)."""
-        from zeromon.model.codec import read_run
-        from zeromon.sources.replay import ReplaySource
+        """``progress``: told as each rank file is read (twice each: the collectives, then the replay's
+        indexes); ``workers``: this feed's read of the collectives, and the replay's (ReplaySource). The
+        collectives are read first: the workers forked for the replay's read then share (and a sum of RSS
+        counts again) only them, not every rank's tables (256 ranks: 1.8 GB at the peak the other way round)."""
+        from zeromon.model.rank_pool import map_rank_files
+        from zeromon.sources.replay import ReplaySource, replayed_files
 
-        indexed, read = in_two_passes(progress)
+        read, indexed = in_two_passes(progress)
         self.run_dir = run_dir
+        collectives = dict(map_rank_files(replayed_files(self.run_dir), _collectives_of_file, workers, read))
         self.replay = ReplaySource(self.run_dir, speed=speed, progress=indexed, workers=workers)
-        self._recordings = read_run(self.run_dir, read)
-        for rec in self._recordings:  # ordered by time, for the cuts
-            rec.memory.sort(key=lambda m: m.t_ns)
-            rec.steps = sorted(rec.steps, key=lambda s: s.end_ns)
-            rec.phases.sort(key=lambda p: p.end_ns)
+        self._ranks = [_ReplayedRank(tables, *_in_step_order(tables.steps), collectives=collectives[tables.rank])
+                       for tables in self.replay.tables()]
         self._lock = threading.Lock()
         self._last: tuple[int, RunData] | None = None
 
@@ -413,12 +436,13 @@ class ReplayFeed:
                 return self._last[1]
             version = (self._last[1].version + 1) if self._last else 1
             histories = {}
-            for rec in self._recordings:
-                base = history_of(rec, until_ns=t)
-                histories[rec.rank] = dataclasses.replace(
-                    base, memory=_upto(rec.memory, t, lambda m: m.t_ns),
-                    steps=sorted(_upto(rec.steps, t, lambda s: s.end_ns), key=lambda s: s.step),
-                    phases=_upto(rec.phases, t, lambda p: p.end_ns), complete=False)
+            for r in self._ranks:
+                memory, phases, ooms = r.tables.memory, r.tables.phases, r.tables.ooms
+                histories[r.tables.rank] = RankHistory(
+                    rank=r.tables.rank, memory=TableRecords(memory.prefix(memory.upto(t))),
+                    steps=TableRecords(r.steps.prefix(bisect.bisect_right(r.step_ends, t), r.step_keys)),
+                    phases=TableRecords(phases.prefix(phases.upto(t))), collectives=r.collectives,
+                    ooms=TableRecords(ooms.prefix(ooms.upto(t))), complete=False, until_ns=t)
             data = RunData(kind="replay", source=f"replay of {run_name(self.run_dir)} at {self.replay.speed:g}x",
                            version=version, fleet=fleet, histories=histories,
                            findings=_sorted_findings(fleet_findings(fleet.ranks)), error=fleet.error,

@@ -78,6 +78,15 @@ def _step_range(history: RankHistory) -> tuple[int, int] | None:
     return (min(indices), max(indices)) if indices else None
 
 
+def _step_indices(records: Sequence[StepSummary] | Sequence[PhaseSpan]) -> set[int]:
+    """The step indices of a history's steps or phase spans (a replay's tables read a column: no record made)."""
+    if isinstance(records, TableRecords):
+        indices = records.table.numbers("step")
+        if indices is not None:
+            return set(indices)
+    return {r.step for r in records}
+
+
 def _held(history: RankHistory) -> str:
     if not history.steps:
         return "no step yet"
@@ -148,7 +157,7 @@ def default_step(histories: Mapping[int, RankHistory], ranks: Sequence[int]) -> 
     if first.complete:
         steps = [s for s in first.steps if s.step >= 1] or list(first.steps)
         return sorted(steps, key=lambda s: s.duration_s)[len(steps) // 2].step
-    common = set.intersection(*({s.step for s in h.steps} & {p.step for p in h.phases} for h in held))
+    common = set.intersection(*(_step_indices(h.steps) & _step_indices(h.phases) for h in held))
     return max(common) if common else first.steps[-1].step
 
 
