@@ -56,6 +56,9 @@ JOBS: tuple[Job, ...] = (
         "zeromon report and zeromon summary over a generated run of 64, 256 and 1,024 ranks x 10,000 steps (summaries, "
         "and the detail of 70 steps a rank) in the agent's compact form (format 2.x), and of 1,024 ranks as JSON "
         "lines (1.x)"),
+    Job("bench_dashboard_load.py", (),
+        "zeromon dashboard opening a generated run of 256 ranks x 10,000 steps, as a recording and as a replay: "
+        "time until its page answers, peak RSS and RSS once open"),
     Job("bench_trace_import.py", (),
         "streamed Kineto trace import and HTA-exact overlap, against HolisticTraceAnalysis, up to 100 MB"),
     Job("bench_live_source.py", (), "the live source polling 64 simulated agents at 1 Hz: the client's own CPU"),
