@@ -187,6 +187,10 @@ def _same(a: Any, b: Any) -> bool:
         return isinstance(b, (tuple, list)) and len(a) == len(b) and all(map(_same, a, b))
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if hasattr(a, "to_plotly_json"):  # a figure or a Dash component, as the page sends it
+        return type(a) is type(b) and _same(a.to_plotly_json(), b.to_plotly_json())
+    if isinstance(a, float) and isinstance(b, float) and a != a and b != b:  # NaN
+        return True
     return bool(a == b)
 
 
@@ -211,6 +215,17 @@ def _assert_pages_draw_the_same(data: RunData, expected: RunData) -> None:
     step = timeline.default_step(expected.histories, ranks_shown)
     if step is not None:
         drawn["timeline"] = lambda d: timeline.step_timeline(d.histories, ranks_shown, step)
+    # Each page's figures and tables, as its callback sends them, on its default state.
+    from zeromon_dashboard.pages import communication
+    from zeromon_dashboard.pages import memory as memory_page
+    from zeromon_dashboard.pages import overview as overview_page
+    from zeromon_dashboard.pages import ranks as ranks_page
+
+    drawn["overview page"] = lambda d: overview_page._draw(parse_state("/", ""), d)
+    drawn["memory page"] = lambda d: memory_page._draw(parse_state("/memory", ""), d)
+    drawn["communication page"] = lambda d: (communication._draw(parse_state("/communication", ""), d, None),
+                                             communication._draw_step(parse_state("/communication", ""), d))
+    drawn["ranks page"] = lambda d: ranks_page._draw(parse_state("/ranks", ""), d)
     for what, draw in drawn.items():
         assert _same(draw(data), draw(expected)), what
 
