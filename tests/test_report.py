@@ -177,6 +177,13 @@ def test_the_json_report_is_written_a_rank_at_a_time_and_reads_as_the_whole_docu
     assert len(step_lines) == 40
     assert [json.loads(line.rstrip(","))["step"] for line in step_lines] == [*range(20), *range(20)]
     assert '"per_step": []' in chunks[3]
+    # Each step as its StepOverlap says it (read from the table's columns, no StepOverlap made).
+    for rank, written in zip(report.ranks, json.loads(text)["ranks"], strict=True):
+        assert written["per_step"] == [
+            {"step": s.step, "step_s": s.step_s, "comm_s": s.comm_s, "comp_s": s.comp_s, "overlap_s": s.overlap_s,
+             "exposed_comm_s": s.exposed_comm_s, "idle_s": s.idle_s, "blocked_s": s.blocked_s, "agent_s": s.agent_s,
+             "comm_comp_overlap_pct": None if s.overlap_ratio is None else round(100.0 * s.overlap_ratio, 3)}
+            for s in rank.steps]
 
 
 def test_imbalance_does_not_depend_on_the_order_collectives_were_written(tmp_path: Path) -> None:

@@ -153,7 +153,7 @@ def _per_step(r: RankReport) -> list[dict[str, Any]]:
     columns = steps.values.tolist()  # VALUE_COLUMNS' rows
     return [{"step": step, "step_s": step_s, "comm_s": comm, "comp_s": comp, "overlap_s": overlap,
              "exposed_comm_s": exposed, "idle_s": idle, "blocked_s": blocked, "agent_s": agent,
-             "comm_comp_overlap_pct": round(100.0 * overlap / comm, 3) if comm > 0 else None}
+             "comm_comp_overlap_pct": _pct(overlap / comm if comm > 0 else None)}  # StepOverlap.overlap_ratio
             for step, step_s, comm, comp, overlap, exposed, idle, blocked, agent
             in zip(steps.step.tolist(), *columns, strict=True)]
 

@@ -548,6 +548,7 @@ def _rank_view(track: _Track, t: int, finished: bool, start_ns: int) -> RankView
     track.view_at = None if stale else (key, view)
     return view
 
+
 def _collectives(track: _Track, t: int) -> tuple[CollectiveTotal, ...]:
     indices = tuple(bisect.bisect_right(totals.t_ns, t) for totals in track.totals)
     if indices == track.collectives_at[0]:

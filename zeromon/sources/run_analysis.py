@@ -38,13 +38,10 @@ def analyse_and_keep(run_dir: RunDirs, keep: Keep | None, peak_busbw: float | No
     from zeromon.model.codec import check_one_run, run_headers, run_name
 
     headers = run_headers(run_dir)  # the files' headers checked here; their RunInfo once analysed
-    def hand_on(done: tuple[RankAnalysis, Any]) -> tuple[RankAnalysis, Any]:
-        assert on_kept is not None
-        return done[0], on_kept(done[1])
-
+    hand_on = None if on_kept is None else (lambda done: (done[0], on_kept(done[1])))
     done = map_rank_files([path for path, _ in headers], functools.partial(_analyse_file, capacity_bytes=capacity_bytes,
                                                                            keep=keep),
-                          workers, progress, doing="analysing", on_result=hand_on if on_kept is not None else None)
+                          workers, progress, doing="analysing", on_result=hand_on)
     check_one_run([(path, header, rank.run_info) for (path, header), (rank, _) in zip(headers, done, strict=True)])
     done.sort(key=lambda pair: pair[0].report.rank)  # as read_run orders the recordings
     return combine_report([rank for rank, _ in done], run_name(run_dir), peak_busbw), [kept for _, kept in done]

@@ -178,15 +178,14 @@ def _load_pieces(run_dir: RunDirs, peak_busbw: float | None, capacity_bytes: int
     from zeromon.sources.replay import final_view_of
     from zeromon.sources.run_analysis import analyse_and_keep
 
-    def hand_on(kept: tuple[RankHistory, FinalRank]) -> tuple[RankHistory | None, FinalRank]:
-        if send_rank is None:
-            return kept
+    def hand_on(kept: tuple[RankHistory, FinalRank]) -> tuple[None, FinalRank]:
+        assert send_rank is not None
         send_rank(kept[0])
         return None, kept[1]
 
     report, kept = analyse_and_keep(run_dir, history_and_final_rank, peak_busbw=peak_busbw,
                                     capacity_bytes=capacity_bytes, workers=workers, progress=progress,
-                                    on_kept=hand_on)
+                                    on_kept=hand_on if send_rank is not None else None)
     yield "report", report
     finals = []
     for history, final in kept:
