@@ -359,6 +359,37 @@ def test_collectives_counted_in_bulk_when_read_are_the_ones_counted_one_by_one(
     assert {op: list(v) for op, v in in_bulk.busbw.items()} == {op: v[-BUSBW_WINDOW:] for op, v in windows.items()}
 
 
+
+_counted_row = st.tuples(st.sampled_from(["all_gather", "all_reduce"]), st.sampled_from(["param_all_gather", "unknown"]),
+                         st.integers(0, 2**40), st.floats(0, 10), st.integers(0, 2**40), st.none() | st.floats(0.5, 2))
+
+
+@PROPERTIES
+@given(rows=st.lists(_counted_row, max_size=700), cuts=st.lists(st.integers(0, 700), max_size=6),
+       as_columns=st.lists(st.booleans(), min_size=7, max_size=7))
+def test_a_batch_s_columns_counted_in_bulk_are_its_rows_counted_one_by_one(
+        rows: list[tuple[Any, ...]], cuts: list[int], as_columns: list[bool]) -> None:
+    """The recorder's batches hand the totals columns; counted among rows, past a busbw window's length,
+    they add what their rows add, in order."""
+    in_bulk, one_by_one = LiveTotals(), LiveTotals()
+    bounds = [0, *sorted(cuts), len(rows)]
+    for index, (start, stop) in enumerate(zip(bounds, bounds[1:], strict=False)):
+        part = rows[start:stop]
+        counted = [(op, meaning, nbytes, blocked, blocked,
+                    size / blocked * factor if blocked > 0 and factor is not None and size > 0 else None)
+                   for op, meaning, nbytes, blocked, size, factor in part]
+        for row in counted:
+            one_by_one.count_collectives([row])
+        if as_columns[index] and part:
+            ops, meanings, nbytes, blocked, _, busbw = zip(*counted, strict=True)
+            in_bulk.count_collectives([[ops, meanings, nbytes, blocked, blocked, busbw]])
+        else:
+            in_bulk.count_collectives(counted)
+    assert in_bulk.collectives == one_by_one.collectives
+    assert list(in_bulk.collectives) == list(one_by_one.collectives)  # first seen first
+    assert {op: list(v) for op, v in in_bulk.busbw.items()} == {op: list(v) for op, v in one_by_one.busbw.items()}
+
+
 _memory_value = st.none() | st.integers(0, 2**50)
 
 

@@ -51,6 +51,7 @@ _SYNC, _UNKNOWN = Timing.SYNC.value, Timing.UNKNOWN.value  # an enum's .value is
 # that ns / 1e9 and back gives again (below 2**50), so their records go into the columns as they are.
 _BATCH_MAX_NS = int(MAX_SPAN_S * 1e9)
 _add, _sub, _mul, _truediv = operator.add, operator.sub, operator.mul, operator.truediv
+_FEW = 32  # a step's run of collectives this short is counted by op in a loop, a longer one by a Counter
 _repeat = itertools.repeat
 
 
@@ -446,18 +447,24 @@ class CollectiveRecords:
                  for size, seconds_, factor in zip(sizes, blocked, factors, strict=True)]
         self._unreleased.extend(values)  # unmade: materialize
         self._unreleased_collectives.append([ops, meanings, nbytes, blocked, blocked, busbw])  # columns
-        # The steps: one run of each step's collectives at a time (a pass holds one or two steps).
+        # The steps: one run of each step's collectives at a time (a batch holds one step of a large model,
+        # tens of a small one's).
+        ends = list(map(_add, issue, map(int, map(_mul, blocked, _repeat(1e9, n)))))  # span_ns(blocked_s)
+        if steps[0] == steps[-1] and steps.count(steps[0]) == n:
+            self._account_sync_run(steps[0], ops, nbytes, issue, complete, blocked, ends)
+            return True
         start = 0
         for step, run in itertools.groupby(steps):
             end = start + len(list(run))
             self._account_sync_run(step, ops[start:end], nbytes[start:end], issue[start:end],
-                                   complete[start:end], blocked[start:end])
+                                   complete[start:end], blocked[start:end], ends[start:end])
             start = end
         return True
 
     def _account_sync_run(self, step: int, ops: tuple[str, ...], nbytes: tuple[int, ...], issue: list[int],
-                          complete: list[int], blocked: list[float]) -> None:
-        """_finalize_sync's step accounting of a run of one step's synchronous collectives, in issue order."""
+                          complete: list[int], blocked: list[float], ends: list[int]) -> None:
+        """_finalize_sync's step accounting of a run of one step's synchronous collectives, in issue order
+        (``ends``: each one's issue_ns + span_ns(blocked_s))."""
         acc = self._steps.get(step)
         if acc is None:
             acc = self._steps[step] = StepAcc()
@@ -465,9 +472,13 @@ class CollectiveRecords:
         acc.collectives += k
         acc.comm_bytes += sum(nbytes)
         by_op = acc.by_op
-        for (op, size), count in collections.Counter(zip(ops, nbytes, strict=True)).items():  # first-seen order, as one by one
-            by_op[op] = by_op.get(op, 0) + size * count
-        ends = list(map(_add, issue, map(int, map(_mul, blocked, _repeat(1e9, k)))))  # span_ns(blocked_s)
+        if k <= _FEW:  # a loop: a Counter costs ~2 µs to make
+            get = by_op.get
+            for op, size in zip(ops, nbytes, strict=True):
+                by_op[op] = get(op, 0) + size
+        else:
+            for (op, size), count in collections.Counter(zip(ops, nbytes, strict=True)).items():  # first-seen order, as one by one
+                by_op[op] = by_op.get(op, 0) + size * count
         if len(acc.intervals) + k > MAX_STEP_INTERVALS:  # folded as it goes: one at a time, as _finalize_sync
             for issue_ns, complete_ns, blocked_s, end_ns in zip(issue, complete, blocked, ends, strict=True):
                 acc.intervals.append((issue_ns, complete_ns))
