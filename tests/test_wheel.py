@@ -89,6 +89,7 @@ def test_the_wheel_ships_the_demo_the_bootstrap_and_the_front_ends_files(install
             "zeromon/commands/doctor.py", "zeromon/tui/app.tcss", "zeromon_agent/bootstrap/site/sitecustomize.py",
             "zeromon_dashboard/assets/zeromon.css"} <= names
     assert not any(name.startswith(("tests/", "examples/")) for name in names)
+    assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names)  # the Apache-2.0 text
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "zeromon = zeromon.cli:main" in zipfile.ZipFile(installed.wheel).read(entry_points).decode()
 
