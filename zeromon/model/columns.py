@@ -68,6 +68,14 @@ class MappingColumn:
                 self.offsets.append(0)
                 self.others[i] = mapping
 
+    def head(self, n: int) -> MappingColumn:
+        """The first ``n`` records' values: their keys and offsets, the flat arrays shared."""
+        column = MappingColumn.__new__(MappingColumn)
+        column.keys, column.offsets = self.keys[:n], self.offsets[:n]
+        column.ints, column.floats = self.ints, self.floats
+        column.others = {i: mapping for i, mapping in self.others.items() if i < n}
+        return column
+
     def get(self, i: int) -> Mapping[str, Any]:
         other = self.others.get(i)
         if other is not None:
@@ -160,9 +168,13 @@ class ColumnTable(Generic[R]):
         return None
 
     def mappings(self, name: str) -> MappingColumn | None:
-        """Field ``name`` as stored, when it holds mappings (a MemorySample's categories)."""
+        """Field ``name`` of every record, as stored, when it holds mappings (a MemorySample's categories);
+        a prefix's (a replay's cut) its own records' only."""
         kind, base = self._plan[self._fields[name]]
-        return self._mappings[base] if kind == _MAPPING else None
+        if kind != _MAPPING:
+            return None
+        column, n = self._mappings[base], len(self.t_ns)
+        return column if len(column.keys) == n else column.head(n)
 
     def value(self, i: int, name: str) -> Any:
         """One field of record i."""

@@ -10,7 +10,7 @@ import statistics
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from itertools import islice, pairwise
+from itertools import pairwise
 from operator import attrgetter
 
 import numpy as np
@@ -88,19 +88,16 @@ def _float_column(raw: array | None, n: int) -> np.ndarray:
 
 def _table_walks(table: ColumnTable[MemorySample]) -> tuple[np.ndarray, tuple[str, ...], np.ndarray]:
     """The walks' indices, their category names and values, gathered from the stored arrays: one
-    fancy index per distinct key tuple (a run has a handful), not a dict per sample. The table's own records
-    only: a replay's prefix of a table shares its columns with the records after it."""
+    fancy index per distinct key tuple (a run has a handful), not a dict per sample."""
     column = table.mappings("categories")
     if column is None:  # no sample has categories, or they are not numbers: one record at a time
         return _object_walks([table.get(i) for i in range(len(table))])
-    n = len(table)
-    others = {i: mapping for i, mapping in column.others.items() if i < n}
     groups: dict[tuple[str, ...], list[int]] = {}
-    for i, keys in enumerate(islice(column.keys, n)):
+    for i, keys in enumerate(column.keys):
         if _walked(keys):
             groups.setdefault(keys, []).append(i)
-    if others:  # a mapping of something else than numbers: taken as it is, where it is a walk
-        for mapping in others.values():
+    if column.others:  # a mapping of something else than numbers: taken as it is, where it is a walk
+        for mapping in column.others.values():
             if _walked(tuple(mapping)):
                 groups.setdefault(tuple(mapping), [])
     names = _ordered_names(name for keys in groups for name in keys)
@@ -110,7 +107,7 @@ def _table_walks(table: ColumnTable[MemorySample]) -> tuple[np.ndarray, tuple[st
     offsets = np.frombuffer(column.offsets, dtype=np.int64)
     ints, floats = np.frombuffer(column.ints, dtype=np.int64), np.frombuffer(column.floats, dtype=np.float64)
     for keys, found in groups.items():
-        at = np.asarray([i for i in found if i not in others] if others else found, dtype=np.int64)
+        at = np.asarray([i for i in found if i not in column.others] if column.others else found, dtype=np.int64)
         if not len(at):
             continue
         where = np.searchsorted(index, at)
@@ -122,7 +119,7 @@ def _table_walks(table: ColumnTable[MemorySample]) -> tuple[np.ndarray, tuple[st
             values[np.ix_(rows, where[as_int])] = ints[starts[as_int][:, None] + span].T
         if (~as_int).any():
             values[np.ix_(rows, where[~as_int])] = floats[(~starts[~as_int])[:, None] + span].T
-    for i, mapping in others.items():
+    for i, mapping in column.others.items():
         if _walked(tuple(mapping)):
             j = int(np.searchsorted(index, i))
             for name, v in mapping.items():
