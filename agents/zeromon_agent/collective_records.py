@@ -450,9 +450,6 @@ class CollectiveRecords:
         # The steps: one run of each step's collectives at a time (a batch holds one step of a large model,
         # tens of a small one's).
         ends = list(map(_add, issue, map(int, map(_mul, blocked, _repeat(1e9, n)))))  # span_ns(blocked_s)
-        if steps[0] == steps[-1] and steps.count(steps[0]) == n:
-            self._account_sync_run(steps[0], ops, nbytes, issue, complete, blocked, ends)
-            return True
         start = 0
         for step, run in itertools.groupby(steps):
             end = start + len(list(run))
