@@ -219,9 +219,12 @@ def test_summary_of_a_fleet_shows_the_ranks_furthest_from_the_median_first_and_t
     text = result.stdout
     assert f"({RANKS} of {RANKS} ranks recorded)" in text
     shown = _table_ranks(text)
-    # The growing rank's peak memory, then the stragglers' time blocked (they wait less: their peers wait for them).
+    # The growing rank's peak memory, then the first straggler's time blocked (late in 3 steps of 4, it waits less:
+    # its peers wait for it). The second, late in 1 step of 4, is off its peers' median blocked time by what the
+    # source recording's spread of it makes a quarter of the steps move the median: nothing, from a run on a busy
+    # machine (seen under pytest -n 2). The report's arrival analysis names both (the test above).
     assert len(shown) == 16 and shown[0] == roles.growing_memory
-    assert set(shown[1:3]) == set(roles.stragglers)
+    assert shown[1] == roles.stragglers[0]
     rest = next(line for line in text.splitlines() if line.startswith("… and "))
     assert rest.startswith(f"… and {RANKS - 16} more ranks") and "--all-ranks" in rest
     every = zeromon("summary", "--all-ranks", str(fleet_run))
