@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +14,11 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# Tests stop zeromon's commands with SIGINT, as Ctrl-C does. A suite started in the background of a
+# non-interactive shell (`cmd &`) inherits SIGINT ignored, and so would every child (an ignored signal stays
+# ignored across exec): their Ctrl-C would do nothing. A handler here is reset to the default in each child.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 TEST_REGISTRY = tempfile.mkdtemp(prefix="zeromon-test-registry-")
 EXAMPLES = REPO / "examples"
 

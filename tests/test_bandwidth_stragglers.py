@@ -107,7 +107,10 @@ def test_straggler_and_memory_imbalance_are_named(straggler_run: Path) -> None:
     # Rank 0 waits about `delay` per step for it; rank 1 waits far less for rank 0.
     assert by_rank[0].waited_s >= 0.7 * delay * steps
     assert by_rank[1].caused_wait_s == pytest.approx(by_rank[0].waited_s)
-    assert by_rank[1].caused_wait_s >= 2 * by_rank[0].caused_wait_s
+    # Over the steps after the first (the findings' window): the first step's start-up skew is anyone's (a
+    # loaded machine's run: rank 0 started 0.3 s late there, then caused 0.7 ms in the 5 steps after).
+    assert by_rank[1].steady_caused_wait_s >= 2 * by_rank[0].steady_caused_wait_s
+    assert by_rank[1].steady_caused_wait_s >= 0.7 * delay * (steps - 1)
     kinds = {(f.kind, f.rank) for f in result.findings}
     assert ("straggler", 1) in kinds
     assert ("memory_imbalance", 0) in kinds

@@ -88,4 +88,7 @@ def test_async_all_reduce_partly_hidden(tmp_path: Path) -> None:
     for m, t in pairs:
         assert t["exposed_s"] > 0 and t["overlap_s"] > 0, "the scenario must be a partial case"
         assert _close(m.exposed_comm_s, t["exposed_s"], t["comm_s"]), (m, t)
-        assert _close(m.overlap_s, t["overlap_s"], t["comm_s"]), (m, t)
+        # zeromon's own time at a boundary (agent_s, ~0.1 ms) hides nothing: where the process was descheduled
+        # inside it (20 ms in a step of a loaded CI machine's run) the script's stopwatch counts that as forward,
+        # under the all-reduce, and its overlap is up to agent_s more than zeromon's.
+        assert m.overlap_s - 0.1 * t["comm_s"] <= t["overlap_s"] <= m.overlap_s + m.agent_s + 0.1 * t["comm_s"], (m, t)
