@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from zeromon.analysis.lint import lint_deepspeed_config
@@ -248,6 +248,8 @@ def _leaves(value: Any) -> list[Any]:
                                               "offload_optimizer_device", "offload_param_device",
                                               "zero3_save_16bit_model", "deepspeed_config_file"]), scalars),
        processes=scalars)
+# Found by this test (2026-11-25): '~0' names the home of a user this machine does not have; Path.expanduser raised.
+@example(block={"deepspeed_config_file": "~0"}, processes=None)
 def test_lint_reports_any_accelerate_yaml_as_findings(block: dict[str, Any], processes: Any, tmp_path: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     doc = {"distributed_type": "DEEPSPEED", "num_processes": processes, "deepspeed_config": block}
@@ -391,3 +393,12 @@ def test_the_sources_check_their_interval_and_speed_with_the_flags_parsers(make:
     with pytest.raises(ZeromonError) as info:
         make()
     assert says in info.value.message and info.value.exit_code == 2
+
+
+def test_a_registry_under_an_unknown_users_home_is_taken_as_written() -> None:
+    """ZEROMON_REGISTRY='~name/...' of a user this machine does not know: the path as written (as a shell leaves
+    it), not Path.expanduser's RuntimeError in the agent and every command that lists runs."""
+    from zeromon.model.registry import registry_dir
+
+    assert registry_dir({"ZEROMON_REGISTRY": "~nosuchuser0/agents"}) == Path("~nosuchuser0/agents")
+    assert registry_dir({"ZEROMON_REGISTRY": "~/agents"}) == Path.home() / "agents"

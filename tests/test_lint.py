@@ -456,6 +456,8 @@ def test_static_schema_matches_the_installed_deepspeed(ds_schema: Any) -> None:
     (DATA, "is a directory"),
     (ACC / "no_block.yaml", "no deepspeed_config block (distributed_type: MULTI_GPU)"),
     (ACC / "missing_file.yaml", "deepspeed_config_file 'does_not_exist.json': no such file"),
+    # '~name' of a user this machine does not know stays as written, as a shell leaves it
+    (ACC / "unknown_home.yaml", "deepspeed_config_file '~nosuchuser0/ds.json': no such file"),
 ])
 def test_bad_input_is_one_precise_error(path: Path, expected: str) -> None:
     with pytest.raises(ZeromonError) as info:

@@ -93,7 +93,8 @@ def url_for(address: str, port: int) -> str:
 def registry_dir(environ: dict[str, str] | None = None) -> Path:
     """The user-level index folder: ZEROMON_REGISTRY, else ~/.cache/zeromon/agents."""
     env = os.environ if environ is None else environ
-    return Path(env.get(REGISTRY_ENV) or DEFAULT_REGISTRY).expanduser()
+    # os.path's: '~name' of an unknown user stays as written, where Path.expanduser raises RuntimeError
+    return Path(os.path.expanduser(env.get(REGISTRY_ENV) or DEFAULT_REGISTRY))
 
 
 def run_entry_path(run_dir: str | Path, rank: int) -> Path:

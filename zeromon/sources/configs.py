@@ -12,6 +12,7 @@ import dataclasses
 import importlib.metadata
 import json
 import logging
+import os
 import sys
 import typing
 from dataclasses import dataclass
@@ -163,7 +164,9 @@ def load_config(path: Path) -> LoadedConfig:
     if not isinstance(file_value, str):
         raise ZeromonError(f"{path}: deepspeed_config.deepspeed_config_file is {_kind_of(file_value)}, expected "
                            "a path to a DeepSpeed JSON")
-    named = Path(file_value).expanduser()
+    # os.path's: '~name' of a user this machine does not know stays as written (as a shell leaves it), where
+    # Path.expanduser raises RuntimeError
+    named = Path(os.path.expanduser(file_value))
     target = named if named.is_absolute() else path.parent / named
     if not target.exists() and not named.is_absolute() and named.exists():
         target = named  # accelerate itself opens it relative to the launch directory
