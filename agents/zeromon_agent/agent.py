@@ -366,10 +366,10 @@ class Agent:
             return
         recorder = self.recorder
         try:
-            from zeromon.model.registry import registry_dir
+            from zeromon.model.registry import REGISTRY_ENV, registry_dir
             from zeromon_agent.endpoint import AgentEndpoint
 
-            folder = Path(self.config.registry).expanduser() if self.config.registry else registry_dir({})
+            folder = registry_dir({REGISTRY_ENV: self.config.registry or ""})
             self.endpoint = AgentEndpoint.start(
                 recorder, rank=self.rank, local_rank=self.local_rank, world_size=self.world_size, job=self.job,
                 run_dir=self.run_dir, address=self.config.bind, base_port=self.config.port, token=self.config.token,
