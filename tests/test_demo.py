@@ -246,7 +246,10 @@ def test_ctrl_c_stops_the_training_at_a_step_end_with_every_rank_recorded_and_no
         if demo.poll() is None:
             os.killpg(demo.pid, signal.SIGKILL)
             demo.wait()
-    assert demo.returncode == 0, stdout + stderr[-3000:]
+    # 0; or 1 where a busy machine made a few steps' straggling a warning, which the demo says (CI under pytest
+    # -n 2: "rank 0 arrives last at 86% of collectives" in 4 steps): what this test is about holds either way.
+    busy = demo.returncode == 1 and "a warning appeared in a healthy run; a machine much busier" in stdout
+    assert demo.returncode == 0 or busy, stdout + stderr[-3000:]
     match = re.search(r"demo healthy: (\d+) steps in [\d.]+ s \(stopped by Ctrl-C\)", stdout)
     assert match and 0 < int(match.group(1)) < 1000, stdout
     assert "Traceback" not in stderr and "died" not in stderr, stderr[-3000:]
