@@ -24,6 +24,12 @@ shared and wall time moves with others' load):
 Rounds alternate on and off; the medians are reported. The records per collective by kind say what
 the background CPU pays for.
 
+A run of 200 steps spreads what a rank pays once (the threads' start, the file's header, the end record,
+the last flush: 2-3.5 ms a rank on a 2-core machine) over its 2,200 collectives a rank, ~1-1.5 µs each. So
+the default shape is also run at two lengths (STEADY_STEPS), and the difference of their background CPU over
+the difference of their collectives is reported: what each collective costs once a run is long, as an
+always-on agent's are; and the intercept, what a rank pays once.
+
 A real run's figure moves with the machine's load by a quarter from one run to the next on a shared
 2-core machine. So one more run of the default shape captures what each of rank 0's recorder passes took
 from its queues (that run is not measured), and this process replays those passes through a fresh Recorder
@@ -60,6 +66,10 @@ SHAPES = {
 
 
 REPLAYS = 9  # replays of the captured passes; the median is reported
+# The default shape again, at two lengths: what the background CPU grows by with each collective (the
+# slope: a long run's cost, every record a step brings counted) and what a rank pays once (the intercept:
+# the thread's start, the file's header, a first use's import, the end record, the last flush).
+STEADY_STEPS = (50, 1000)
 _CAPTURE = "ZEROMON_BENCH_CAPTURE"  # a child's environment: capture rank 0's passes into this file
 _GROUP = "group"  # a captured collective's process group (not picklable): the replay's group of 2
 
@@ -213,6 +223,44 @@ def replay_row(tmp: Path, steps: int, shape: tuple[str, ...]) -> benchlib.Row:
                         f"(range {min(per):.2f}-{max(per):.2f}): the recorder's own cost, without the run's noise")
 
 
+def background_s(figures: list[dict[str, Any]]) -> float:
+    """Both ranks' background CPU (the parts main() reports), seconds."""
+    return sum(f[part] for f in figures
+               for part in ("recorder_thread_s", "endpoint_threads_s", "final_drain_s", "live_counting_s"))
+
+
+def steady_rows(tmp: Path, rounds: int, scale: float) -> list[benchlib.Row]:
+    """The default shape at STEADY_STEPS' two lengths, alternated, ``rounds`` of each: the background CPU per
+    collective a longer run adds (the target's measure once a run is long) and per rank once a run."""
+    short, long_ = (max(4, round(steps * scale)) for steps in STEADY_STEPS)
+    slopes: list[float] = []
+    fixed: list[float] = []
+    n_short = n_long = 0
+    for round_ in range(rounds):
+        measured: dict[int, tuple[int, float]] = {}
+        for steps in (short, long_) if round_ % 2 == 0 else (long_, short):
+            figures = run(tmp / f"steady-{steps}-{round_}", True, steps, ())
+            measured[steps] = (sum(f["collectives"] for f in figures), background_s(figures))
+        (n_short, b_short), (n_long, b_long) = measured[short], measured[long_]
+        slope = (b_long - b_short) / (n_long - n_short)
+        slopes.append(slope * 1e6)
+        fixed.append((b_short - slope * n_short) / 2 * 1e3)  # a rank's
+    slope_us = statistics.median(slopes)
+    lengths = f"runs of {short} and {long_} steps ({n_short:,} and {n_long:,} collectives, 2 ranks), alternated"
+    return [
+        benchlib.Row("recorder CPU", "the example's default (11 collectives/step): agent's background CPU per "
+                     "collective a longer run adds (steady state)", "µs", None, slope_us, f"<= {TARGET_US:g} µs",
+                     slope_us <= TARGET_US,
+                     f"the difference of {lengths}, over the difference of their collectives; median of {rounds} "
+                     f"pairs ({', '.join(f'{v:.2f}' for v in slopes)})"),
+        benchlib.Row("recorder CPU", "the example's default: agent's background CPU a rank pays once a run", "ms",
+                     None, statistics.median(fixed), "-", None,
+                     f"the same pairs' intercept ({', '.join(f'{v:.2f}' for v in fixed)} ms): the recorder thread's "
+                     "start, the file's header, the end record and the last flush; it is part of the per-collective "
+                     "figure above at 200 steps, not of a long run's"),
+    ]
+
+
 def records_by_kind(path: Path) -> dict[str, int]:
     from zeromon.model.codec import KIND_OF, iter_records
 
@@ -270,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if key == "default":
                 rows.append(replay_row(Path(tmp), steps, shape))
+                rows.extend(steady_rows(Path(tmp), args.rounds, args.scale))
             rows.append(benchlib.Row("recorder CPU", f"{label}: process CPU per collective, agent off vs on", "µs",
                                      per[False], per[True], "-", None,
                                      f"all threads of both ranks from the example's main() to its end; "
