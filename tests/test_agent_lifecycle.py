@@ -140,3 +140,48 @@ def test_explicit_attach_of_a_deepspeed_engine(tmp_path: Path) -> None:
         assert [s.step for s in rec.steps] == [0, 1, 2]
         # attach() came after deepspeed.initialize: the cached all_gather_into_tensor was re-pointed.
         assert any(e.api == "all_gather_into_tensor" and e.step >= 0 for e in rec.collectives)
+
+
+def test_the_agents_threads_import_nothing_while_the_training_runs(tmp_path: Path) -> None:
+    # An import on one of zeromon's threads in the middle of a step holds the GIL for ~1 ms and the import lock
+    # that the training's own first-use imports take: what the recorder's records and the endpoint's answers
+    # need is imported as the agent starts. A finder first on sys.meta_path sees every import not yet made.
+    script = tmp_path / "imports.py"
+    script.write_text(textwrap.dedent("""
+        import json, sys, threading, urllib.request
+        import torch, torch.distributed as dist
+        import zeromon_agent
+
+        late = []
+
+        class Watch:
+            def find_spec(self, name, path=None, target=None):
+                if threading.current_thread() is not threading.main_thread():
+                    late.append((threading.current_thread().name, name))
+                return None
+
+        dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{sys.argv[2]}")
+        model = torch.nn.Linear(8, 8)
+        opt = torch.optim.SGD(model.parameters(), 0.1)
+        zeromon_agent.attach(model=model, optimizer=opt, out_dir=sys.argv[1])
+        sys.meta_path.insert(0, Watch())
+        port = zeromon_agent.get_agent().endpoint.entry.port
+        for i in range(6):
+            opt.zero_grad()
+            model(torch.ones(4, 8)).sum().backward()
+            for p in model.parameters():
+                dist.all_reduce(p.grad)
+            opt.step()
+            if i == 3:  # a live client reads the rank: its metrics and a snapshot, made on the endpoint's threads
+                for path in ("/metrics", "/api/v1/snapshot?steps=4"):
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as answer:
+                        assert answer.status == 200
+        zeromon_agent.detach()
+        dist.destroy_process_group()
+        print(json.dumps(late))
+    """))
+    out = run_python(script, str(tmp_path), str(free_port()), env=child_env(ZEROMON_PORT="0"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+    steps = read_recording(next(tmp_path.glob("rank-0.*"))).steps
+    assert [s.step for s in steps] == [0, 1, 2, 3, 4, 5]  # the run was recorded: the watch watched something

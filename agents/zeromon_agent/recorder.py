@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 from zeromon.analysis.step_overlap import AGENT_PHASE, COMPUTE_PHASES, DEVICE_CLOCK, HOST_CLOCK
-from zeromon.model.codec import FIELDS_OF, RecordingWriter
+from zeromon.model.codec import FIELDS_OF, RecordingWriter, orjson_module
 from zeromon.model.events import (
     PEAK_PHASES,
     AgentStats,
@@ -166,6 +166,11 @@ class Recorder(CollectiveRecords):
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
         self._check_writer()  # a file that could not be made is said before the first step
+        # The one module the thread's records need that the agent's import leaves out (a step summary's row,
+        # a snapshot's JSON) is imported here, as the agent starts after init_process_group, not by this
+        # thread at the first step's end: an import there holds the GIL for ~1 ms while the training runs,
+        # and the import lock that the training's own first-use imports take.
+        orjson_module()
         self._thread = threading.Thread(target=self._run, name="zeromon-recorder", daemon=True)
         self._thread.start()
 
