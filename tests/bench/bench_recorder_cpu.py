@@ -25,7 +25,7 @@ Rounds alternate on and off; the medians are reported. The records per collectiv
 the background CPU pays for.
 
 A run of 200 steps spreads what a rank pays once (the threads' start, the file's header, the end record,
-the last flush: 2-3.5 ms a rank on a 2-core machine) over its 2,200 collectives a rank, ~1-1.5 µs each. So
+the last flush: 1.7-3.5 ms a rank on a 2-core machine) over its 2,200 collectives a rank, ~1-1.5 µs each. So
 the default shape is also run at two lengths (STEADY_STEPS), and the difference of their background CPU over
 the difference of their collectives is reported: what each collective costs once a run is long, as an
 always-on agent's are; and the intercept, what a rank pays once.
