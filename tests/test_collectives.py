@@ -260,7 +260,10 @@ def test_an_async_collective_seen_done_at_a_phase_change_is_bounded_there(tmp_pa
                            min(f - e.complete_ns for f in forwards if f >= e.issue_ns)]
                           for e in rec.collectives]))
     """)
+    # Its end is bounded by the forward's start, the first phase change after the 10 ms sleep (however long a busy
+    # machine makes the sleep; a recorder pass polling it during the sleep bounds it sooner), and the wait comes
+    # 30 ms or more after it.
     for timing, length, before_wait, before_forward in result:
         assert timing == "bound"
-        assert length < 0.02e9 and before_wait > 0.03e9, (length, before_wait)
+        assert length > 0 and before_wait > 0.03e9, (length, before_wait)
         assert before_forward >= -1e6, before_forward  # by the forward's start (1 ms for the clock pair)

@@ -219,12 +219,14 @@ def test_summary_of_a_fleet_shows_the_ranks_furthest_from_the_median_first_and_t
     text = result.stdout
     assert f"({RANKS} of {RANKS} ranks recorded)" in text
     shown = _table_ranks(text)
-    # The growing rank's peak memory, then the first straggler's time blocked (late in 3 steps of 4, it waits less:
-    # its peers wait for it). The second, late in 1 step of 4, is off its peers' median blocked time by what the
-    # source recording's spread of it makes a quarter of the steps move the median: nothing, from a run on a busy
-    # machine (seen under pytest -n 2). The report's arrival analysis names both (the test above).
+    # The growing rank's peak memory, then the stragglers' time blocked (a late rank waits less: its peers wait for
+    # it), each off its peers' median by what the source recording's spread of blocked time lets the late steps
+    # move the median: the first (late in 3 steps of 4) by most of its delay, the second (late in 1 of 4) by
+    # anything from nothing to more than the first, from a run recorded on a busy machine (both seen under
+    # pytest -n 2). The other ranks differ by their jitter and memory offsets only. The report's arrival analysis
+    # names both (the test above).
     assert len(shown) == 16 and shown[0] == roles.growing_memory
-    assert shown[1] == roles.stragglers[0]
+    assert shown[1] in roles.stragglers and roles.stragglers[0] in shown[1:3], (shown, roles)
     rest = next(line for line in text.splitlines() if line.startswith("… and "))
     assert rest.startswith(f"… and {RANKS - 16} more ranks") and "--all-ranks" in rest
     every = zeromon("summary", "--all-ranks", str(fleet_run))
