@@ -70,6 +70,8 @@ REPLAYS = 9  # replays of the captured passes; the median is reported
 # slope: a long run's cost, every record a step brings counted) and what a rank pays once (the intercept:
 # the thread's start, the file's header, a first use's import, the end record, the last flush).
 STEADY_STEPS = (50, 1000)
+# What child() reports of the agent's background CPU, seconds: its parts, which the figure sums.
+BACKGROUND_PARTS = ("recorder_thread_s", "endpoint_threads_s", "final_drain_s", "live_counting_s")
 _CAPTURE = "ZEROMON_BENCH_CAPTURE"  # a child's environment: capture rank 0's passes into this file
 _GROUP = "group"  # a captured collective's process group (not picklable): the replay's group of 2
 
@@ -225,8 +227,7 @@ def replay_row(tmp: Path, steps: int, shape: tuple[str, ...]) -> benchlib.Row:
 
 def background_s(figures: list[dict[str, Any]]) -> float:
     """Both ranks' background CPU (the parts main() reports), seconds."""
-    return sum(f[part] for f in figures
-               for part in ("recorder_thread_s", "endpoint_threads_s", "final_drain_s", "live_counting_s"))
+    return sum(f[part] for f in figures for part in BACKGROUND_PARTS)
 
 
 def steady_rows(tmp: Path, rounds: int, scale: float) -> list[benchlib.Row]:
@@ -296,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                     snapshots += figures[0].get("snapshots", 0)
                     if on:
                         n = sum(f["collectives"] for f in figures)
-                        for part in ("recorder_thread_s", "endpoint_threads_s", "final_drain_s", "live_counting_s"):
+                        for part in BACKGROUND_PARTS:
                             parts[part].append(sum(f[part] for f in figures) / n * 1e6)
                         background.append(sum(parts[p][-1] for p in parts))
                         kinds = records_by_kind(out / "run" / "rank-0.zmr")
