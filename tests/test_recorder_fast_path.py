@@ -15,6 +15,7 @@ from array import array
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from hypothesis import given
@@ -41,7 +42,8 @@ from zeromon.model.events import (
     StepSummary,
     record_maker,
 )
-from zeromon.model.segments import CompactWriter
+from zeromon.model.segments import CompactWriter, _joined
+from zeromon_agent import step_acc
 from zeromon_agent.collective_records import materialize
 from zeromon_agent.live_totals import BUSBW_WINDOW, DURATION_BUCKETS, CollectiveTotals, LiveTotals
 from zeromon_agent.live_totals import counted as live_counted
@@ -247,6 +249,27 @@ def test_a_segment_s_columns_are_the_general_path_s_bytes(cls: type, data: st.Da
                 row[names.index(name)] = row[names.index(base[0])]
         rows.append(tuple(row))
     assert encode(spec, rows) == _plain_encode(spec, rows)
+    # The same rows as the columns of the batches a recorder wrote them in (write_rows' ``columns``).
+    cut = data.draw(st.integers(0, n))
+    chunks = [list(zip(*part, strict=True)) for part in (rows[:cut], rows[cut:]) if part]
+    assert encode(spec, rows, _joined(chunks, n)) == _plain_encode(spec, rows)
+
+
+def test_a_segment_of_batches_and_single_records_reads_back_in_the_order_written(tmp_path: Path) -> None:
+    """write_rows' columns stand for the rows only while every row of the kind came with them: a record written
+    one at a time between two batches is read back in its place."""
+    spans = [(0, step, "forward", 10 * step, 10 * step + 5, "host") for step in range(6)]
+    for single in (False, True):
+        path = tmp_path / f"rank-0-{single}.zmr"
+        writer = CompactWriter(path, 0)
+        writer.write_rows(PhaseSpan, spans[:2], list(zip(*spans[:2], strict=True)))
+        if single:
+            assert writer.write_values(PhaseSpan, spans[2])
+        else:
+            writer.write_rows(PhaseSpan, spans[2:3], list(zip(*spans[2:3], strict=True)))
+        writer.write_rows(PhaseSpan, spans[3:], list(zip(*spans[3:], strict=True)))
+        writer.close()
+        assert [r for r in iter_records(path) if isinstance(r, PhaseSpan)] == [PhaseSpan(*span) for span in spans]
 
 
 def test_a_map_column_of_more_than_128_key_orders_has_two_byte_codes_and_reads_back() -> None:
@@ -315,6 +338,63 @@ def test_the_synchronous_fast_path_records_summarizes_and_counts_what_the_genera
                 {op: list(v) for op, v in plain_recorder.totals.busbw.items()}
             assert fast_recorder.events_finalized == plain_recorder.events_finalized == len(raws) + 1
 
+
+
+def _summaries_of(calls: list[tuple[int, int]], agent: list[tuple[int, int]], window: tuple[int, int],
+                  path: str, tmp: Path) -> list[StepSummary]:
+    """The summaries a Recorder makes of one step (``window``, perf_counter ns) of synchronous collectives
+    (``calls``: [t0, t1]) and agent spans, by ``path`` ("batch": _finalize_sync_batch, else _finalize)."""
+    state = HotState()
+    recorder = Recorder(state, 0, CompactWriter(tmp / f"{path}.zmr", 0), 0.2)
+    recorder.clock_offset_ns = 10**18
+    recorder._group_sizes[None] = 2
+    if path != "batch":
+        recorder._finalize_sync_batch = lambda items: False  # type: ignore[method-assign]
+        recorder._finalize_sync = lambda item: False  # type: ignore[method-assign]
+    state.control.append((RAW_STEP_START, 0, window[0], None, "forward"))
+    state.control.extend((RAW_AGENT, 0, a0, a1, "forward") for a0, a1 in sorted(agent))
+    state.control.append((RAW_STEP_END, 0, window[1], None, True))
+    state.raw.extend((RAW_COLLECTIVE, seq, "all_gather_x", "all_gather", t0, t1, 4096, 8192, "float32", None, False,
+                      None, "forward", 0, None, False) for seq, (t0, t1) in enumerate(calls, start=1))
+    recorder.stop()
+    return [r for r in iter_records(tmp / f"{path}.zmr") if isinstance(r, StepSummary)]
+
+
+@PROPERTIES
+@given(gaps=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), min_size=1, max_size=30),
+       agent=st.lists(st.tuples(st.integers(0, 1200), st.integers(0, 30)), max_size=4),
+       margins=st.tuples(st.integers(-30, 30), st.integers(-30, 30)), back=st.integers(0, 3))
+def test_a_step_of_calls_one_after_another_is_summarized_from_its_columns_as_from_its_intervals(
+        gaps: list[tuple[int, int]], agent: list[tuple[int, int]], margins: tuple[int, int], back: int) -> None:
+    """A thread's synchronous calls, one after another: the batch's step is summarized from its columns (the
+    sums of _sequential_overlap_ns) where they lie inside the window and clear of the agent's spans, and the
+    numbers are the plain path's wherever they do not (a window that cuts a call, an agent span across one, a
+    call that starts before the previous one ended: ``back``)."""
+    calls, t = [], 10_000
+    for gap, length in gaps:
+        t += gap
+        calls.append((t, t + length))
+        t += length
+    overlapping = len(calls) > 1 and calls[-2][1] - calls[-2][0] > back > 0
+    if overlapping:  # the last call starts inside the one before it
+        calls[-1] = (calls[-2][1] - back, calls[-1][1])
+    spans = [(10_000 + offset, 10_000 + offset + length) for offset, length in agent]
+    window = (calls[0][0] + margins[0], max(calls[-1][1] + margins[1], calls[0][0] + margins[0] + 1))
+    taken: list[bool] = []
+    sequential = step_acc._sequential_overlap_ns
+
+    def watched(*args: Any) -> Any:
+        taken.append(sequential(*args) is not None)
+        return sequential(*args)
+
+    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(step_acc, "_sequential_overlap_ns", watched):
+        plain = _summaries_of(calls, spans, window, "plain", Path(tmp))
+        batch = _summaries_of(calls, spans, window, "batch", Path(tmp))
+    assert [encode_record(r) for r in batch] == [encode_record(r) for r in plain]
+    assert len(batch) == 1 and batch[0].exposed_comm_s is not None
+    clear = all(a1 <= a0 or not any(c0 < a1 and a0 < c1 for c0, c1 in calls) for a0, a1 in spans)
+    inside = window[0] <= calls[0][0] and calls[-1][1] <= window[1]
+    assert taken == [clear and inside and not overlapping]
 
 
 def test_a_step_of_more_collectives_than_it_keeps_intervals_of_is_folded_as_one_by_one() -> None:

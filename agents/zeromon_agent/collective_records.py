@@ -33,7 +33,7 @@ from zeromon.model.events import (
     span_ns,
 )
 from zeromon_agent.live_totals import Counted, CountedColumns, counted
-from zeromon_agent.step_acc import MAX_STEP_INTERVALS, StepAcc, add_blocked, fold, meaning_of, seconds
+from zeromon_agent.step_acc import MAX_STEP_INTERVALS, StepAcc, add_blocked, fold, meaning_of, seconds, settle
 
 if TYPE_CHECKING:
     from zeromon_agent.detail import DetailKeeper
@@ -335,6 +335,8 @@ class CollectiveRecords:
             acc.by_op[op] = acc.by_op.get(op, 0) + nbytes
             if last == step:  # the usual case, in one step: _account's work without its look-ups (~1 µs)
                 if complete_ns is not None:
+                    if acc.run_issue:  # a batch's before it: in the lists first, in the order they came
+                        settle(acc)
                     acc.intervals.append((issue_ns, max(issue_ns, complete_ns)))
                     if len(acc.intervals) > MAX_STEP_INTERVALS:
                         fold(acc)
@@ -349,6 +351,8 @@ class CollectiveRecords:
             if complete_ns is not None:
                 for s in range(max(step, emitted + 1), last + 1):
                     acc = self._step_acc(s)
+                    if acc.run_issue:
+                        settle(acc)
                     acc.intervals.append((issue_ns, max(issue_ns, complete_ns)))
                     if len(acc.intervals) > MAX_STEP_INTERVALS:
                         fold(acc)
@@ -392,6 +396,8 @@ class CollectiveRecords:
         acc.collectives += 1
         acc.comm_bytes += nbytes
         acc.by_op[op] = acc.by_op.get(op, 0) + nbytes
+        if acc.run_issue:
+            settle(acc)
         acc.intervals.append((issue_ns, complete_ns if complete_ns > issue_ns else issue_ns))
         if len(acc.intervals) > MAX_STEP_INTERVALS:
             fold(acc)
@@ -429,9 +435,9 @@ class CollectiveRecords:
         issue = list(map(_add, t0s, _repeat(offset, n)))
         complete = list(map(_add, t1s, _repeat(offset, n)))
         blocked = list(map(_truediv, lengths, _repeat(1e9, n)))  # seconds(): ns / 1e9
-        values = list(zip(seqs, _repeat(self.rank, n), steps, phases, ops, apis, b_ins, b_outs, dtype_names,
-                          group_sizes, _repeat(False, n), issue, complete, blocked, _repeat(_SYNC, n), meanings,
-                          issue, blocked, strict=True))
+        columns = (seqs, [self.rank] * n, steps, phases, ops, apis, b_ins, b_outs, dtype_names, group_sizes,
+                   [False] * n, issue, complete, blocked, [_SYNC] * n, meanings, issue, blocked)
+        values = list(zip(*columns, strict=True))
         self.events_finalized += n
         keeper, writer = self.keeper, self.writer
         if keeper.level:  # thinned: the keeper holds each until its step decides
@@ -439,7 +445,7 @@ class CollectiveRecords:
                 keeper.detail(_new_collective(row), step)
         elif writer is not None and keeper.admit(n):
             write_rows = getattr(writer, "write_rows", None)
-            if write_rows is None or not write_rows(CollectiveEvent, values):
+            if write_rows is None or not write_rows(CollectiveEvent, values, columns):
                 for row in values:
                     writer.write(_new_collective(row))
         # Live: (op, meaning, bytes, time blocked, duration, busbw) for the totals; the records, unmade.
@@ -476,7 +482,8 @@ class CollectiveRecords:
         else:
             for (op, size), count in collections.Counter(zip(ops, nbytes, strict=True)).items():  # first-seen order, as one by one
                 by_op[op] = by_op.get(op, 0) + size * count
-        if len(acc.intervals) + k > MAX_STEP_INTERVALS:  # folded as it goes: one at a time, as _finalize_sync
+        if len(acc.intervals) + len(acc.run_issue) + k > MAX_STEP_INTERVALS:  # folded as it goes: one at a time, as _finalize_sync
+            settle(acc)
             for issue_ns, complete_ns, blocked_s, end_ns in zip(issue, complete, blocked, ends, strict=True):
                 acc.intervals.append((issue_ns, complete_ns))
                 if len(acc.intervals) > MAX_STEP_INTERVALS:
@@ -485,12 +492,17 @@ class CollectiveRecords:
                 if blocked_s > 0:
                     add_blocked(acc, (issue_ns, end_ns))
             return
-        acc.intervals.extend(zip(issue, complete, strict=True))  # complete >= issue: the clock is monotonic
+        # Kept as columns until the summary (StepAcc.run_*): complete >= issue, the clock is monotonic.
+        acc.run_issue.extend(issue)
+        acc.run_complete.extend(complete)
+        acc.run_end.extend(ends)
+        acc.run_blocked.extend(blocked)
         # add_blocked of each with blocked_s > 0, in order (a zero adds 0.0 to the sum: the same double)
         acc.blocked_s = functools.reduce(_add, map(_truediv, map(_sub, ends, issue), _repeat(1e9, k)), acc.blocked_s)
         if acc.overlap_known:
-            acc.blocked.extend(itertools.compress(zip(issue, ends, strict=True), blocked))
-            if len(acc.blocked) > MAX_STEP_INTERVALS:
+            acc.run_blocked_n += k - blocked.count(0.0)  # blocked_s >= 0: the lengths were checked
+            if len(acc.blocked) + acc.run_blocked_n > MAX_STEP_INTERVALS:
+                settle(acc)
                 acc.blocked = []
                 acc.overlap_known = False
 

@@ -559,8 +559,8 @@ class Recorder(CollectiveRecords):
         phases, steps, starts_perf, ends_perf = zip(*spans, strict=True)  # _on_phase_host's tuples
         starts = list(map(operator.add, starts_perf, itertools.repeat(offset, k)))
         ends = list(map(operator.add, ends_perf, itertools.repeat(offset, k)))
-        values = list(zip(itertools.repeat(rank, k), steps, phases, starts, ends, itertools.repeat(HOST_CLOCK, k),
-                          strict=True))
+        columns = ([rank] * k, steps, phases, starts, ends, [HOST_CLOCK] * k)
+        values = list(zip(*columns, strict=True))
         keeper, writer = self.keeper, self.writer
         write_rows = getattr(writer, "write_rows", None)
         columns_take = set(map(type, steps)) == {int} and set(map(type, phases)) == {str} \
@@ -568,7 +568,7 @@ class Recorder(CollectiveRecords):
         if keeper.level or not columns_take or write_rows is None:
             for row, step in zip(values, steps, strict=True):
                 self._write_detail(PhaseSpan, row, _new_span(row), step)
-        elif keeper.admit(k) and not write_rows(PhaseSpan, values) and writer is not None:
+        elif keeper.admit(k) and not write_rows(PhaseSpan, values, columns) and writer is not None:
             for row in values:
                 writer.write(_new_span(row))  # the file is gone: counted as lost
         self._unreleased.extend(values)  # unmade: materialize
