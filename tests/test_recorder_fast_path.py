@@ -6,6 +6,7 @@ constructor, round() and the one-lock-per-record publishing made before."""
 from __future__ import annotations
 
 import bisect
+import collections
 import dataclasses
 import itertools
 import operator
@@ -47,6 +48,7 @@ from zeromon_agent import step_acc
 from zeromon_agent.collective_records import materialize
 from zeromon_agent.live_totals import BUSBW_WINDOW, DURATION_BUCKETS, CollectiveTotals, LiveTotals
 from zeromon_agent.live_totals import counted as live_counted
+from zeromon_agent.recent import RecentRecords, Unmade
 from zeromon_agent.recorder import Recorder
 from zeromon_agent.state import (
     RAW_AGENT,
@@ -249,27 +251,33 @@ def test_a_segment_s_columns_are_the_general_path_s_bytes(cls: type, data: st.Da
                 row[names.index(name)] = row[names.index(base[0])]
         rows.append(tuple(row))
     assert encode(spec, rows) == _plain_encode(spec, rows)
-    # The same rows as the columns of the batches a recorder wrote them in (write_rows' ``columns``).
+    # The same rows as the columns of the batches a recorder wrote them in (write_columns).
     cut = data.draw(st.integers(0, n))
     chunks = [list(zip(*part, strict=True)) for part in (rows[:cut], rows[cut:]) if part]
-    assert encode(spec, rows, _joined(chunks, n)) == _plain_encode(spec, rows)
+    assert encode(spec, [], _joined(chunks)) == _plain_encode(spec, rows)
 
 
 def test_a_segment_of_batches_and_single_records_reads_back_in_the_order_written(tmp_path: Path) -> None:
-    """write_rows' columns stand for the rows only while every row of the kind came with them: a record written
-    one at a time between two batches is read back in its place."""
-    spans = [(0, step, "forward", 10 * step, 10 * step + 5, "host") for step in range(6)]
-    for single in (False, True):
-        path = tmp_path / f"rank-0-{single}.zmr"
+    """A kind's batches (write_columns) and its records written one at a time, in any order, read back in the
+    order written: whichever came first, the others follow it as rows (the segment holds one or the other)."""
+    spans = [(0, step, "forward", 10 * step, 10 * step + 5, "host") for step in range(8)]
+
+    def batch(writer: CompactWriter, part: list[tuple[Any, ...]]) -> None:
+        assert writer.write_columns(PhaseSpan, list(zip(*part, strict=True)), len(part))
+
+    for ways in ("bbb", "bsb", "sbs", "ssb"):
+        path = tmp_path / f"rank-0-{ways}.zmr"
         writer = CompactWriter(path, 0)
-        writer.write_rows(PhaseSpan, spans[:2], list(zip(*spans[:2], strict=True)))
-        if single:
-            assert writer.write_values(PhaseSpan, spans[2])
-        else:
-            writer.write_rows(PhaseSpan, spans[2:3], list(zip(*spans[2:3], strict=True)))
-        writer.write_rows(PhaseSpan, spans[3:], list(zip(*spans[3:], strict=True)))
+        for way, part in zip(ways, (spans[:2], spans[2:3], spans[3:]), strict=True):
+            if way == "b":
+                batch(writer, part)
+            else:
+                for span in part:
+                    assert writer.write_values(PhaseSpan, span)
+        writer.flush()
+        batch(writer, spans[:1])  # the next segment's
         writer.close()
-        assert [r for r in iter_records(path) if isinstance(r, PhaseSpan)] == [PhaseSpan(*span) for span in spans]
+        assert [r for r in iter_records(path) if isinstance(r, PhaseSpan)] == [PhaseSpan(*span) for span in spans + spans[:1]]
 
 
 def test_a_map_column_of_more_than_128_key_orders_has_two_byte_codes_and_reads_back() -> None:
@@ -288,6 +296,27 @@ def test_a_string_column_of_more_than_128_values_has_two_byte_codes_as_before() 
     spec = SPECS[PhaseSpan]
     rows = [(0, i, f"phase-{i}", i, i + 1, "host") for i in range(300)]
     assert encode(spec, rows) == _plain_encode(spec, rows)
+
+
+@PROPERTIES
+@given(passes=st.lists(st.lists(st.integers(0, 40), max_size=6), max_size=12), maxlen=st.integers(16, 64))
+def test_recent_records_hold_what_a_deque_of_the_rows_would(passes: list[list[int]], maxlen: int) -> None:
+    """RecentRecords, published a pass at a time (records one by one, batches as Unmade columns: 0 is a single
+    record, k > 0 a batch of k), iterates and counts as a deque(maxlen) of every record in order."""
+    recent, plain = RecentRecords(maxlen), collections.deque(maxlen=maxlen)
+    made = 0
+    for sizes in passes:
+        entries: list[Any] = []
+        count = 0
+        for size in sizes:
+            rows = [(made + i, "x") for i in range(max(size, 1))]
+            made += len(rows)
+            entries.append(Unmade(list(zip(*rows, strict=True)), size) if size else rows[0])
+            count += len(rows)
+            plain.extend(rows)
+        recent.extend(entries, count)
+        assert list(recent) == list(plain) and len(recent) == len(plain)
+    assert list(recent) == list(plain)  # read twice: the rows made once
 
 
 def _record_all(raws: list[tuple[Any, ...]], path: str, offset: int, tmp: Path) -> tuple[list[Any], Recorder]:

@@ -33,6 +33,7 @@ from zeromon.model.events import (
     span_ns,
 )
 from zeromon_agent.live_totals import Counted, CountedColumns, counted
+from zeromon_agent.recent import Unmade
 from zeromon_agent.step_acc import MAX_STEP_INTERVALS, StepAcc, add_blocked, fold, meaning_of, seconds, settle
 
 if TYPE_CHECKING:
@@ -94,7 +95,8 @@ class CollectiveRecords:
     clock_offset_ns: int
     keeper: DetailKeeper
     events_finalized: int
-    _unreleased: list[Any]  # records, or the values of one left unmade: materialize
+    _unreleased: list[Any]  # records, or the values of one left unmade (materialize), or Unmade
+    _unreleased_extra: int
     _unreleased_collectives: list[Counted | CountedColumns]
     _inflight: dict[int, Inflight]
     _orphan_waits: dict[int, tuple[Any, ...]]
@@ -437,21 +439,21 @@ class CollectiveRecords:
         blocked = list(map(_truediv, lengths, _repeat(1e9, n)))  # seconds(): ns / 1e9
         columns = (seqs, [self.rank] * n, steps, phases, ops, apis, b_ins, b_outs, dtype_names, group_sizes,
                    [False] * n, issue, complete, blocked, [_SYNC] * n, meanings, issue, blocked)
-        values = list(zip(*columns, strict=True))
         self.events_finalized += n
         keeper, writer = self.keeper, self.writer
         if keeper.level:  # thinned: the keeper holds each until its step decides
-            for row, step in zip(values, steps, strict=True):
+            for row, step in zip(zip(*columns, strict=True), steps, strict=True):
                 keeper.detail(_new_collective(row), step)
         elif writer is not None and keeper.admit(n):
-            write_rows = getattr(writer, "write_rows", None)
-            if write_rows is None or not write_rows(CollectiveEvent, values, columns):
-                for row in values:
+            write_columns = getattr(writer, "write_columns", None)
+            if write_columns is None or not write_columns(CollectiveEvent, columns, n):
+                for row in zip(*columns, strict=True):
                     writer.write(_new_collective(row))
         # Live: (op, meaning, bytes, time blocked, duration, busbw) for the totals; the records, unmade.
         busbw = [size / seconds_ * factor if seconds_ > 0 and factor is not None and size > 0 else None
                  for size, seconds_, factor in zip(sizes, blocked, factors, strict=True)]
-        self._unreleased.extend(values)  # unmade: materialize
+        self._unreleased.append(Unmade(columns, n))  # rows made when a live client reads them
+        self._unreleased_extra += n - 1
         self._unreleased_collectives.append([ops, meanings, nbytes, blocked, blocked, busbw])  # columns
         # The steps: one run of each step's collectives at a time (a batch holds one step of a large model,
         # tens of a small one's).

@@ -43,6 +43,7 @@ from zeromon.model.events import (
 from zeromon_agent.collective_records import CollectiveRecords, Inflight, materialize
 from zeromon_agent.detail import DetailKeeper
 from zeromon_agent.live_totals import Counted, CountedColumns, LiveTotals
+from zeromon_agent.recent import RecentRecords, Unmade
 from zeromon_agent.state import (
     RAW_AGENT,
     RAW_COLLECTIVE,
@@ -114,7 +115,7 @@ class Recorder(CollectiveRecords):
         self.lock = threading.Lock()  # guards the live views below for other threads (endpoint)
         # What was published, oldest first, a record unmade where a batch left it so (recent_records); the newest
         # is numbered ``cursor``, each before it one less (no (cursor, record) pair made a record)
-        self.recent: collections.deque[Any] = collections.deque(maxlen=recent_events)
+        self.recent = RecentRecords(recent_events)
         self.recent_steps: collections.deque[StepSummary] = collections.deque(maxlen=512)
         self.latest_memory: MemorySample | None = None
         self.latest_device: DeviceSample | None = None
@@ -127,7 +128,8 @@ class Recorder(CollectiveRecords):
         self.totals = LiveTotals()
         self.events_finalized = 0
         # Published by the drain, not yet handed to live clients (_release, at the end of each pass).
-        self._unreleased: list[Any] = []  # records, or the values of one left unmade (materialize)
+        self._unreleased: list[Any] = []  # records, or the values of one left unmade (materialize), or Unmade
+        self._unreleased_extra = 0  # the records of _unreleased's Unmade entries beyond one each
         self._unreleased_collectives: list[Counted | CountedColumns] = []
         self._unreleased_steps: list[StepSummary] = []
         self._unreleased_memory: list[MemorySample] = []
@@ -320,9 +322,10 @@ class Recorder(CollectiveRecords):
             return
         self._unreleased, self._unreleased_collectives, self._unreleased_steps, self._unreleased_memory = \
             [], [], [], []
+        count, self._unreleased_extra = len(records) + self._unreleased_extra, 0
         with self.lock:
-            self.recent.extend(records)  # unmade too
-            self.cursor += len(records)
+            self.recent.extend(records, count)  # unmade too
+            self.cursor += count
             self.totals.count_collectives(collectives)  # counted when read (a scrape), or in bulk
             for summary in steps:
                 self.recent_steps.append(summary)
@@ -560,18 +563,18 @@ class Recorder(CollectiveRecords):
         starts = list(map(operator.add, starts_perf, itertools.repeat(offset, k)))
         ends = list(map(operator.add, ends_perf, itertools.repeat(offset, k)))
         columns = ([rank] * k, steps, phases, starts, ends, [HOST_CLOCK] * k)
-        values = list(zip(*columns, strict=True))
         keeper, writer = self.keeper, self.writer
-        write_rows = getattr(writer, "write_rows", None)
+        write_columns = getattr(writer, "write_columns", None)
         columns_take = set(map(type, steps)) == {int} and set(map(type, phases)) == {str} \
             and {*map(type, starts), *map(type, ends)} == {int}  # CompactWriter's fit check, for all
-        if keeper.level or not columns_take or write_rows is None:
-            for row, step in zip(values, steps, strict=True):
+        if keeper.level or not columns_take or write_columns is None:
+            for row, step in zip(zip(*columns, strict=True), steps, strict=True):
                 self._write_detail(PhaseSpan, row, _new_span(row), step)
-        elif keeper.admit(k) and not write_rows(PhaseSpan, values, columns) and writer is not None:
-            for row in values:
+        elif keeper.admit(k) and not write_columns(PhaseSpan, columns, k) and writer is not None:
+            for row in zip(*columns, strict=True):
                 writer.write(_new_span(row))  # the file is gone: counted as lost
-        self._unreleased.extend(values)  # unmade: materialize
+        self._unreleased.append(Unmade(columns, k))  # rows made when a live client reads them
+        self._unreleased_extra += k - 1
         # The steps: a run of one step's spans at a time (a pass holds a few steps, each ~10 spans).
         get_acc, durations, start = self._step_acc, list(map(operator.sub, ends, starts)), 0
         for step, run in itertools.groupby(steps):

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zeromon.analysis.intervals import merge, total, union_length
-from zeromon.analysis.step_overlap import _union_in, host_overlap_ns, overlap_in_step
+from zeromon.analysis.step_overlap import host_overlap_ns, overlap_in_step, union_in
 from zeromon.model.events import StepSummary, ZeroMeaning, record_maker
 
 # A summary a step, its 14 slots set directly (record_maker: ~2 µs -> ~1 µs), in StepSummary's field order.
@@ -179,5 +179,5 @@ def _sequential_overlap_ns(acc: StepAcc, start_ns: int, end_ns: int) -> tuple[in
     issued = sum(issue)
     comm_ns = sum(complete) - issued
     blocked_ns = sum(ends) - issued
-    agent_ns = _union_in(acc.agent, start_ns, end_ns) if acc.agent else 0
+    agent_ns = union_in(acc.agent, start_ns, end_ns) if acc.agent else 0
     return comm_ns, ((end_ns - start_ns) - (blocked_ns + agent_ns), comm_ns - blocked_ns, blocked_ns)

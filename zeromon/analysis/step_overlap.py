@@ -185,13 +185,13 @@ def host_overlap_ns(comm: Iterable[Interval], blocked: Iterable[Interval], windo
     agent_set = set(agent)
     both = agent_set.union(blocked)
     every = both.union(comm)
-    agent_ns = _union_in(agent_set, lo, hi) if agent_set else 0
-    both_ns = _union_in(both, lo, hi) if len(both) > len(agent_set) else agent_ns
-    every_ns = _union_in(every, lo, hi) if len(every) > len(both) else both_ns
+    agent_ns = union_in(agent_set, lo, hi) if agent_set else 0
+    both_ns = union_in(both, lo, hi) if len(both) > len(agent_set) else agent_ns
+    every_ns = union_in(every, lo, hi) if len(every) > len(both) else both_ns
     return (hi - lo) - both_ns, every_ns - both_ns, both_ns - agent_ns
 
 
-def _union_in(intervals: Iterable[Interval], lo: int, hi: int) -> int:
+def union_in(intervals: Iterable[Interval], lo: int, hi: int) -> int:
     """The length of the union of ``intervals`` inside [lo, hi) (lo < hi), in one sorted pass."""
     length = 0
     cur_start = cur_end = lo

@@ -196,8 +196,8 @@ def _codes(column: Sequence[Any]) -> tuple[list[int], list[Any]]:
 def encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]],
            columns: Sequence[Sequence[Any]] | None = None) -> tuple[bytes, dict[str, list[Any]]]:
     """(the columns' bytes, the string columns' tables) of rows that fit the spec; OverflowError where
-    a column's coded values pass 64 bits. ``columns``: the rows' values a field at a time, where the
-    writer has them (the recorder's batches), rather than made of the rows here.
+    a column's coded values pass 64 bits. ``columns``: the records' values a field at a time, where the
+    writer has them so (the recorder's batches), for ``rows``.
 
     Its cost is per column as well as per row (a segment of one 1 s flush holds tens to hundreds of records
     of each kind): the common columns skip _planes' general path: a string column of one
@@ -207,9 +207,10 @@ def encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]],
     planes as made before (_repeated), one that holds its base field's values (a synchronous collective's
     issue_s, its blocked_s) zeros, a map that no row fills a run of zero codes
     (tests/test_recorder_fast_path.py: the bytes are those of the general path)."""
-    n = len(rows)
     if columns is None:
-        columns = list(zip(*rows, strict=True))
+        n, columns = len(rows), list(zip(*rows, strict=True))
+    else:
+        n = len(columns[0])
     ints: dict[str, Sequence[int]] = {}
     tables: dict[str, list[Any]] = {}
     out: list[bytes] = []

@@ -114,11 +114,13 @@ class _Buffered(NamedTuple):
 
     code: int  # its byte in a segment's order
     fits: Callable[[tuple[Any, ...]], bool]  # whether a record's values go into the columns exactly
-    rows: list[tuple[Any, ...]]
+    rows: list[tuple[Any, ...]]  # records written one at a time, as their values
     values: Callable[[Any], tuple[Any, ...]]  # a record's values in its fields' order
-    # The same records as the columns their writer had (write_rows), batch by batch: encode takes them as they
-    # are rather than turn the rows back into columns (zip(*rows): ~0.2 µs a collective of the recorder's
-    # CPU). They hold every row only while no record came one at a time; encode checks the count.
+    # Or the records of batches as the columns their writer had them in (write_columns): encode takes them as
+    # they are, and no row is made (a tuple a collective, and zip(*rows) at the flush to turn them back into
+    # columns: ~0.4 µs a collective of the recorder's CPU with the garbage collector's share). A kind's
+    # records of a segment are one or the other: a record that comes the other way turns the batches into
+    # rows (_settle), so that they stay in the order written.
     chunks: list[Sequence[Sequence[Any]]]
 
 
@@ -156,9 +158,11 @@ class CompactWriter(RecordingWriter):
         column = self._columns.get(type(record))
         if column is not None and self._file is not None:
             # Once a collective and more: a tuple's unpacking, not four attribute look-ups of a NamedTuple's.
-            code, fits, rows, getter, _ = column
+            code, fits, rows, getter, chunks = column
             values = getter(record)
             if fits(values):
+                if chunks:
+                    _settle(rows, chunks)
                 rows.append(values)
                 order = self._order
                 order.append(code)
@@ -182,9 +186,11 @@ class CompactWriter(RecordingWriter):
         """write(cls(*values)) for a columnar kind whose values, in its fields' order, the caller has
         already (the recorder's collectives: no attribute getter, ~0.4 µs a collective); False, nothing
         written, where they do not go into the columns: the caller writes the record."""
-        code, fits, rows, _, _ = self._columns[cls]
+        code, fits, rows, _, chunks = self._columns[cls]
         if self._file is None or not fits(values):
             return False
+        if chunks:
+            _settle(rows, chunks)
         rows.append(values)
         order = self._order
         order.append(code)
@@ -192,18 +198,19 @@ class CompactWriter(RecordingWriter):
             self._write_segment()
         return True
 
-    def write_rows(self, cls: type, rows: list[tuple[Any, ...]], columns: Sequence[Sequence[Any]] | None = None) -> bool:
-        """write_values of each of ``rows``, values its caller made of the types the columns take (the
-        recorder's batch of synchronous collectives: the fit check made once for the batch, not per row).
-        ``columns``: the same values a field at a time (``rows`` transposed), where the caller has them.
+    def write_columns(self, cls: type, columns: Sequence[Sequence[Any]], n: int) -> bool:
+        """write_values of ``n`` records of a columnar kind given a field at a time (``columns``, in its fields'
+        order, each of ``n`` values), of the types the columns take: the recorder's batches, whose fit check
+        is made once for the batch, and whose rows are never made where they go into the file as they are.
         False, nothing written, where the file is gone: the caller writes the records (counted lost)."""
         if self._file is None:
             return False
-        code, _, buffered, _, chunks = self._columns[cls]
-        buffered.extend(rows)
-        if columns is not None:
+        code, _, rows, _, chunks = self._columns[cls]
+        if rows:  # records of this kind came one at a time before: these follow them as rows
+            rows.extend(zip(*columns, strict=True))
+        else:
             chunks.append(columns)
-        self._order.extend(bytes((code,)) * len(rows))
+        self._order.extend(bytes((code,)) * n)
         if len(self._order) >= SEGMENT_RECORDS:
             self._write_segment()
         return True
@@ -218,15 +225,19 @@ class CompactWriter(RecordingWriter):
         counts: dict[str, int] = {}
         encoded = []
         for code, (cls, spec) in enumerate(columnar.SPECS.items(), start=1):
-            kept = columns.get(cls)
-            if not kept:
+            kept = columns.get(cls) or []
+            batched = _joined(chunks.get(cls)) if chunks and not kept else None  # a kind's are one or the other
+            n = len(batched[0]) if batched is not None else len(kept)
+            if not n:
                 continue
             try:
-                data, tables[KIND_OF[cls]] = columnar.encode(spec, kept, _joined(chunks.get(cls) if chunks else None, len(kept)))
+                data, tables[KIND_OF[cls]] = columnar.encode(spec, kept, batched)
             except OverflowError:  # deltas past 64 bits: this kind's records of the segment as JSON rows
+                if batched is not None:  # their rows, made now
+                    kept = list(zip(*batched, strict=True))
                 rows, order = _as_rows(rows, order, code, cls, kept)
                 continue
-            counts[KIND_OF[cls]] = len(kept)
+            counts[KIND_OF[cls]] = n
             encoded.append(data)
         meta = json.dumps({"n": counts, "tables": tables}, separators=(",", ":")).encode()
         cols = b"".join(encoded)
@@ -273,10 +284,16 @@ class CompactWriter(RecordingWriter):
         os.truncate(self.path, cut)
 
 
-def _joined(chunks: list[Sequence[Sequence[Any]]] | None, n: int) -> list[Sequence[Any]] | None:
-    """The columns of a kind's ``n`` buffered rows from the batches' columns (write_rows), or None where they
-    do not hold every row (a record written one at a time): encode makes them of the rows."""
-    if not chunks or sum(len(chunk[0]) for chunk in chunks) != n:
+def _settle(rows: list[tuple[Any, ...]], chunks: list[Sequence[Sequence[Any]]]) -> None:
+    """A kind's batches (write_columns) turned into its rows, in order, before a record written one at a time."""
+    for columns in chunks:
+        rows.extend(zip(*columns, strict=True))
+    chunks.clear()
+
+
+def _joined(chunks: list[Sequence[Sequence[Any]]] | None) -> list[Sequence[Any]] | None:
+    """A kind's batches (write_columns) as the columns of all their records, in order; None for none."""
+    if not chunks:
         return None
     if len(chunks) == 1:
         return [list(field) for field in chunks[0]]  # lists, as the join's: encode compares columns
