@@ -34,8 +34,9 @@ A real run's figure moves with the machine's load by a quarter from one run to t
 2-core machine. So one more run of the default shape captures what each of rank 0's recorder passes took
 from its queues (that run is not measured), and this process replays those passes through a fresh Recorder
 writing a real compact file, the same code on the same records: the recorder's own cost per collective,
-steady to a few percent (medians of REPLAYS). It is ~1.3x cheaper than in the run, where the records are
-made among the training's allocations and each pass wakes to cold caches.
+steady to a few percent (medians of REPLAYS). It is 1.4-1.6x cheaper than in the run, mostly the load of
+the two training processes on a 2-core machine (the replay run while the example trains costs 1.1-1.3x the
+idle one), the rest the run's records made among the training's allocations and each pass waking to cold caches.
 """
 
 from __future__ import annotations
