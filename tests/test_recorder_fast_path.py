@@ -280,6 +280,20 @@ def test_a_segment_of_batches_and_single_records_reads_back_in_the_order_written
         assert [r for r in iter_records(path) if isinstance(r, PhaseSpan)] == [PhaseSpan(*span) for span in spans + spans[:1]]
 
 
+def test_a_batch_the_columns_cannot_hold_is_written_as_json_rows_and_reads_back(tmp_path: Path) -> None:
+    """A batch whose deltas pass 64 bits (encode's OverflowError) is written as its records' JSON rows, as
+    records written one at a time are: nothing is lost, the segment's other kinds stay columns."""
+    spans = [(0, 1, "forward", -(2**62), 15, "host"), (0, 1, "backward", 2**62 + 2**61, 2**62 + 2**61 + 5, "host")]
+    path = tmp_path / "rank-0.zmr"
+    writer = CompactWriter(path, 0)
+    assert writer.write_columns(PhaseSpan, list(zip(*spans, strict=True)), 2)
+    writer.write(MemorySample(0, 1, "forward", 12, "cpu", *[None] * 10, 2**20))
+    writer.close()
+    records = [r for r in iter_records(path) if isinstance(r, (PhaseSpan, MemorySample))]
+    assert records[:2] == [PhaseSpan(*span) for span in spans] and isinstance(records[2], MemorySample)
+    assert writer.records_lost == 0
+
+
 def test_a_map_column_of_more_than_128_key_orders_has_two_byte_codes_and_reads_back() -> None:
     spec = SPECS[MemorySample]
     orders = [order for size in (2, 3) for order in itertools.permutations(MEMORY_CATEGORIES[:6], size)]
