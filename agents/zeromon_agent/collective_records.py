@@ -16,7 +16,7 @@ import itertools
 import operator
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +34,15 @@ from zeromon.model.events import (
 )
 from zeromon_agent.live_totals import Counted, CountedColumns, counted
 from zeromon_agent.recent import Unmade
-from zeromon_agent.step_acc import MAX_STEP_INTERVALS, StepAcc, add_blocked, fold, meaning_of, seconds, settle
+from zeromon_agent.step_acc import (
+    MAX_STEP_INTERVALS,
+    StepAcc,
+    add_blocked,
+    add_interval,
+    meaning_of,
+    seconds,
+    settle,
+)
 
 if TYPE_CHECKING:
     from zeromon_agent.detail import DetailKeeper
@@ -337,12 +345,7 @@ class CollectiveRecords:
             acc.by_op[op] = acc.by_op.get(op, 0) + nbytes
             if last == step:  # the usual case, in one step: _account's work without its look-ups (~1 µs)
                 if complete_ns is not None:
-                    if acc.run_issue:  # a batch's before it: in the lists first, in the order they came
-                        settle(acc)
-                    acc.intervals.append((issue_ns, max(issue_ns, complete_ns)))
-                    if len(acc.intervals) > MAX_STEP_INTERVALS:
-                        fold(acc)
-                        acc.overlap_known = False
+                    add_interval(acc, (issue_ns, max(issue_ns, complete_ns)))
                 blocked = event.blocked_interval_ns
                 if blocked is not None:
                     add_blocked(acc, blocked)
@@ -352,13 +355,7 @@ class CollectiveRecords:
         if last > emitted:
             if complete_ns is not None:
                 for s in range(max(step, emitted + 1), last + 1):
-                    acc = self._step_acc(s)
-                    if acc.run_issue:
-                        settle(acc)
-                    acc.intervals.append((issue_ns, max(issue_ns, complete_ns)))
-                    if len(acc.intervals) > MAX_STEP_INTERVALS:
-                        fold(acc)
-                        acc.overlap_known = False
+                    add_interval(self._step_acc(s), (issue_ns, max(issue_ns, complete_ns)))
             blocked = event.blocked_interval_ns
             issued = event.issue_interval_ns if async_op else None  # a synchronous call's is its wait
             for interval, into in ((blocked, last), (issued, step)):
@@ -398,12 +395,7 @@ class CollectiveRecords:
         acc.collectives += 1
         acc.comm_bytes += nbytes
         acc.by_op[op] = acc.by_op.get(op, 0) + nbytes
-        if acc.run_issue:
-            settle(acc)
-        acc.intervals.append((issue_ns, complete_ns if complete_ns > issue_ns else issue_ns))
-        if len(acc.intervals) > MAX_STEP_INTERVALS:
-            fold(acc)
-            acc.overlap_known = False
+        add_interval(acc, (issue_ns, complete_ns if complete_ns > issue_ns else issue_ns))
         if blocked_s > 0:  # event.blocked_interval_ns
             add_blocked(acc, (issue_ns, issue_ns + span_ns(blocked_s)))
         return True
@@ -452,8 +444,7 @@ class CollectiveRecords:
         # Live: (op, meaning, bytes, time blocked, duration, busbw) for the totals; the records, unmade.
         busbw = [size / seconds_ * factor if seconds_ > 0 and factor is not None and size > 0 else None
                  for size, seconds_, factor in zip(sizes, blocked, factors, strict=True)]
-        self._unreleased.append(Unmade(columns, n))  # rows made when a live client reads them
-        self._unreleased_extra += n - 1
+        self._publish_unmade(columns, n)
         self._unreleased_collectives.append([ops, meanings, nbytes, blocked, blocked, busbw])  # columns
         # The steps: one run of each step's collectives at a time (a batch holds one step of a large model,
         # tens of a small one's).
@@ -485,12 +476,8 @@ class CollectiveRecords:
             for (op, size), count in collections.Counter(zip(ops, nbytes, strict=True)).items():  # first-seen order, as one by one
                 by_op[op] = by_op.get(op, 0) + size * count
         if len(acc.intervals) + len(acc.run_issue) + k > MAX_STEP_INTERVALS:  # folded as it goes: one at a time, as _finalize_sync
-            settle(acc)
             for issue_ns, complete_ns, blocked_s, end_ns in zip(issue, complete, blocked, ends, strict=True):
-                acc.intervals.append((issue_ns, complete_ns))
-                if len(acc.intervals) > MAX_STEP_INTERVALS:
-                    fold(acc)
-                    acc.overlap_known = False
+                add_interval(acc, (issue_ns, complete_ns))
                 if blocked_s > 0:
                     add_blocked(acc, (issue_ns, end_ns))
             return
@@ -507,6 +494,12 @@ class CollectiveRecords:
                 settle(acc)
                 acc.blocked = []
                 acc.overlap_known = False
+
+    def _publish_unmade(self, columns: tuple[Sequence[Any], ...], n: int) -> None:
+        """Publish a batch's ``n`` records for live clients as its columns: their rows are made when one reads
+        them (RecentRecords)."""
+        self._unreleased.append(Unmade(columns, n))
+        self._unreleased_extra += n - 1  # _release counts the records: an Unmade entry is n of them
 
     def _write_detail(self, cls: type, values: tuple[Any, ...], record: Record, step: int) -> None:
         """keeper.detail(record, step) (a step's detail, which ZEROMON_MAX_DISK may thin), with the

@@ -43,7 +43,7 @@ from zeromon.model.events import (
 from zeromon_agent.collective_records import CollectiveRecords, Inflight, materialize
 from zeromon_agent.detail import DetailKeeper
 from zeromon_agent.live_totals import Counted, CountedColumns, LiveTotals
-from zeromon_agent.recent import RecentRecords, Unmade
+from zeromon_agent.recent import RecentRecords
 from zeromon_agent.state import (
     RAW_AGENT,
     RAW_COLLECTIVE,
@@ -573,8 +573,7 @@ class Recorder(CollectiveRecords):
         elif keeper.admit(k) and not write_columns(PhaseSpan, columns, k) and writer is not None:
             for row in zip(*columns, strict=True):
                 writer.write(_new_span(row))  # the file is gone: counted as lost
-        self._unreleased.append(Unmade(columns, k))  # rows made when a live client reads them
-        self._unreleased_extra += k - 1
+        self._publish_unmade(columns, k)
         # The steps: a run of one step's spans at a time (a pass holds a few steps, each ~10 spans).
         get_acc, durations, start = self._step_acc, list(map(operator.sub, ends, starts)), 0
         for step, run in itertools.groupby(steps):

@@ -112,6 +112,17 @@ def settle(acc: StepAcc) -> None:
     acc.run_issue, acc.run_complete, acc.run_end, acc.run_blocked, acc.run_blocked_n = [], [], [], [], 0
 
 
+def add_interval(acc: StepAcc, interval: tuple[int, int]) -> None:
+    """A collective's [issue, completion] into its step's intervals, after the batched ones before it (settle),
+    folded past MAX_STEP_INTERVALS."""
+    if acc.run_issue:
+        settle(acc)
+    acc.intervals.append(interval)
+    if len(acc.intervals) > MAX_STEP_INTERVALS:
+        fold(acc)
+        acc.overlap_known = False
+
+
 def add_blocked(acc: StepAcc, interval: tuple[int, int]) -> None:
     if acc.run_issue:
         settle(acc)
@@ -134,20 +145,19 @@ def fold(acc: StepAcc) -> None:
 def summarize(acc: StepAcc, rank: int, step: int, start_ns: int, end_ns: int) -> StepSummary:
     """The summary of a step that ended, its window [start_ns, end_ns) already on the Unix clock."""
     comp_s = overlap_s = exposed_s = None
-    comm_ns = None
+    host_ns: tuple[int, int, int] | None
     host = acc.overlap_known and end_ns > start_ns and not (acc.on_stream and acc.compute)
-    if acc.run_issue:
-        sequential = _sequential_overlap_ns(acc, start_ns, end_ns) if host and not (acc.intervals or acc.blocked) else None
-        if sequential is not None:
-            comm_ns, (comp_ns, overlap_ns, exposed_ns) = sequential
-            comp_s, overlap_s, exposed_s = seconds(comp_ns), seconds(overlap_ns), seconds(exposed_ns)
-            host = False
-        else:
-            settle(acc)
-    if host:
-        comp_ns, overlap_ns, exposed_ns = host_overlap_ns(acc.intervals, acc.blocked, (start_ns, end_ns), acc.agent)
-        comp_s, overlap_s, exposed_s = seconds(comp_ns), seconds(overlap_ns), seconds(exposed_ns)
-    elif acc.overlap_known and comm_ns is None:
+    sequential = _sequential_overlap_ns(acc, start_ns, end_ns) \
+        if host and acc.run_issue and not (acc.intervals or acc.blocked) else None
+    if sequential is not None:  # every collective in the batches' columns, one after another
+        comm_ns, host_ns = sequential
+    else:
+        settle(acc)
+        comm_ns = union_length(acc.intervals)
+        host_ns = host_overlap_ns(acc.intervals, acc.blocked, (start_ns, end_ns), acc.agent) if host else None
+    if host_ns is not None:
+        comp_s, overlap_s, exposed_s = seconds(host_ns[0]), seconds(host_ns[1]), seconds(host_ns[2])
+    elif acc.overlap_known:
         overlap = overlap_in_step(acc.intervals, acc.blocked, (start_ns, end_ns), agent=acc.agent,
                                   stream_compute=acc.compute if acc.on_stream else None)
         comp_s, overlap_s, exposed_s = (round(overlap.comp_s, 9), round(overlap.overlap_s, 9),
@@ -156,7 +166,7 @@ def summarize(acc: StepAcc, rank: int, step: int, start_ns: int, end_ns: int) ->
         rank, step, start_ns, end_ns,
         {k: v / 1e9 for k, v in acc.phase_ns.items()}, acc.collectives,  # phase_s: seconds() of each
         acc.comm_bytes, dict(acc.by_op),
-        seconds(acc.folded_union_ns + (comm_ns if comm_ns is not None else union_length(acc.intervals))),  # comm_union_s
+        seconds(acc.folded_union_ns + comm_ns),  # comm_union_s
         round(acc.blocked_s, 9), acc.peak_memory, comp_s, overlap_s, exposed_s,
     ))
 
