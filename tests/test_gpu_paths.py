@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from zeromon_agent.cuda import CudaTimer, attach_oom_observer
+from zeromon_agent.cuda import CudaTimer, attach_oom_observer, stream_reader
 from zeromon_agent.device import NvmlDevice
 from zeromon_agent.memory import CudaMemory
 from zeromon_agent.recorder import Recorder
@@ -31,7 +31,7 @@ class _FakeEvent:
     def __init__(self, enable_timing: bool = False) -> None:
         self.t_ms: float | None = None
 
-    def record(self) -> None:
+    def record(self, stream: Any = None) -> None:
         _FakeEvent.clock_ms += 1.5
         self.t_ms = _FakeEvent.clock_ms
 
@@ -47,7 +47,7 @@ class _FakeEvent:
 
 
 def _fake_torch() -> Any:
-    cuda = types.SimpleNamespace(Event=_FakeEvent, is_available=lambda: True)
+    cuda = types.SimpleNamespace(Event=_FakeEvent, is_available=lambda: True, current_stream=lambda: "stream")
     return types.SimpleNamespace(cuda=cuda)
 
 
@@ -124,6 +124,71 @@ def test_only_the_waits_of_cuda_timed_collectives_are_marked_on_the_stream() -> 
     assert len(timer.pool) == 8 - 3 and not timer.awaiting
     waits = [item for item in state.raw if item[0] == RAW_WAIT]
     assert [w[5] is not None and w[6] is not None for w in waits] == [True, False]
+
+
+class _Stream:
+    def __init__(self, stream_id: int = 0, device_index: int = 0, device_type: int = 1) -> None:
+        self.key = (stream_id, device_index, device_type)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Stream) and other.key == self.key
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _torch_with_streams(current: list[tuple[int, int, int]], private: bool = True,
+                        public_offset: int = 0) -> Any:
+    """A fake torch whose current stream is ``current[0]``; ``torch._C`` has the private calls when
+    ``private``; the public call's stream id is off by ``public_offset`` (a torch whose private API
+    means something else)."""
+    made: list[tuple[int, int, int]] = []
+
+    def make(**kwargs: int) -> _Stream:
+        stream = _Stream(**kwargs)
+        made.append(stream.key)
+        return stream
+
+    cuda = types.SimpleNamespace(
+        Stream=make,
+        current_stream=lambda: _Stream(current[0][0] + public_offset, current[0][1], current[0][2]))
+    c = types.SimpleNamespace(_cuda_getDevice=lambda: current[0][1],
+                              _cuda_getCurrentStream=lambda device: current[0]) if private else types.SimpleNamespace()
+    return types.SimpleNamespace(cuda=cuda, _C=c, made=made)
+
+
+def test_the_stream_reader_gives_the_current_stream_and_makes_each_stream_object_once() -> None:
+    """Mock (no GPU here): torch._C's stream calls are faked; tests/test_gpu_real.py holds the
+    reader to torch.cuda.current_stream() on a real GPU."""
+    current = [(0, 0, 1)]
+    fake = _torch_with_streams(current)
+    read = stream_reader(fake)
+    assert read is not fake.cuda.current_stream, "the private calls agree with the public one: the fast path"
+    assert read() == _Stream(0, 0, 1) and read() is read()
+    current[0] = (5, 0, 1)  # the program enters `with torch.cuda.stream(s)`
+    assert read() == _Stream(5, 0, 1)
+    current[0] = (0, 0, 1)
+    assert read() == _Stream(0, 0, 1)
+    assert fake.made == [(0, 0, 1), (5, 0, 1)], "one Stream object per stream, the check's included"
+
+
+def test_the_stream_reader_falls_back_to_the_public_call() -> None:
+    for fake in (_torch_with_streams([(0, 0, 1)], private=False),
+                 _torch_with_streams([(0, 0, 1)], public_offset=1)):
+        assert stream_reader(fake) is fake.cuda.current_stream
+
+
+def test_the_timer_reads_the_stream_only_once_a_cuda_collective_runs() -> None:
+    """Reading the stream initializes CUDA on the current device: never at the agent's start."""
+    calls: list[int] = []
+    fake = _torch_with_streams([(0, 0, 1)])
+    fake.cuda.Event = _FakeEvent
+    fake.cuda.is_available = lambda: True
+    get_stream = fake._C._cuda_getCurrentStream
+    fake._C._cuda_getCurrentStream = lambda device: calls.append(device) or get_stream(device)
+    timer = CudaTimer(fake, pool_size=4)
+    assert timer.begin((torch.ones(2),), {}) is None and timer.mark() is None and calls == []
+    timer.end(timer.begin((_CudaTensor(),), {}), is_async=False)
+    assert len(calls) == 3, "the check at the first read, then one read per event"
 
 
 def test_cpu_tensors_are_not_cuda_timed() -> None:

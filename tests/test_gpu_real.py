@@ -281,3 +281,23 @@ def test_an_explicit_step_loop_on_the_gpu_clock(tmp_path: Path) -> None:
     for live, analysed, comm in zip(r["live_exposed"], r["analysed_exposed"], r["comm_s"], strict=True):
         assert live is not None and abs(live - analysed) <= 1e-4 + 0.05 * comm, r
         assert 0 <= analysed <= comm + 1e-6, r
+
+
+def test_the_agents_stream_reader_is_torchs_current_stream_on_a_gpu() -> None:
+    """The agent records its CUDA events on the stream its fast reader gives (zeromon_agent.cuda.stream_reader):
+    here it must take the fast path and agree with torch.cuda.current_stream() on the default stream,
+    inside ``with torch.cuda.stream(s)``, and after it."""
+    from zeromon_agent.cuda import stream_reader
+
+    torch.cuda.set_device(0)
+    torch.zeros(1, device="cuda")
+    read = stream_reader(torch)
+    assert read is not torch.cuda.current_stream, "this torch's private stream calls were refused"
+    assert read() == torch.cuda.current_stream()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        assert read() == side == torch.cuda.current_stream()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(read())
+    event.synchronize()
+    assert read() == torch.cuda.current_stream() != side

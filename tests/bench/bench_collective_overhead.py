@@ -18,6 +18,10 @@
     (a 60 µs gloo all-reduce adds several times (a)'s figure on some machines): each call timed alone.
 (e) (c)'s pieces around (b)'s real synchronous call, the bare call alternating with each piece call by
     call: which piece a real call pays for.
+(f) GPU only (skipped without CUDA and NCCL): (b) with NCCL on a 16-element CUDA tensor, world size 1,
+    the host's cost of each call (a launch: the GPU runs it later). The agent's wrapper there also
+    records two CUDA events on the stream (``CudaTimer``; one more at an async call's wait), which a
+    variant with the events off separates from the rest.
 
 Method: every variant runs its own loop of N calls, timed with ``perf_counter_ns`` around the
 loop; the variants alternate in a shuffled order every round (so drift from other processes on
@@ -87,11 +91,11 @@ def with_enabled(state: HotState, enabled: bool, run: Callable[[int], int]) -> C
 class Drainer:
     """Drains the state's raw buffer with a real Recorder (file writer included), timing the drain."""
 
-    def __init__(self, state: HotState, out_dir: Path) -> None:
+    def __init__(self, state: HotState, out_dir: Path, cuda_timer: Any = None) -> None:
         self.state = state
         self.writer = RecordingWriter(out_dir / "rank-0.jsonl", 0, job="bench")
         # Not started: drained from the benchmark thread between rounds, never inside a timed loop.
-        self.recorder = Recorder(state, 0, self.writer, flush_interval_s=0.2)
+        self.recorder = Recorder(state, 0, self.writer, flush_interval_s=0.2, cuda_timer=cuda_timer)
         self.events = 0
         self.ns = 0
 
@@ -146,6 +150,27 @@ def bench_micro(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
 
 # --- (b) real gloo all_reduce ----------------------------------------------------------------------
 
+Call = Callable[[torch.Tensor], None]
+
+
+def all_reduce_calls(original: Any, original_wait: Any, patched: Any) -> tuple[Call, Call, Call, Call]:
+    """The original and the patched all-reduce, synchronous and async with its wait, as one-argument calls."""
+
+    def orig_sync(t: torch.Tensor) -> None:
+        original(t)
+
+    def patched_sync(t: torch.Tensor) -> None:
+        patched(t)
+
+    def orig_async(t: torch.Tensor) -> None:
+        original_wait(original(t, async_op=True))  # the unpatched Work.wait
+
+    def patched_async(t: torch.Tensor) -> None:
+        patched(t, async_op=True).wait()  # the patched Work.wait, as training calls it
+
+    return orig_sync, patched_sync, orig_async, patched_async
+
+
 def bench_gloo(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
     port = benchlib.free_port()
     dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
@@ -159,18 +184,7 @@ def bench_gloo(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
         tensor = torch.zeros(16)
         drainer = Drainer(state, out_dir)
 
-        def orig_sync(t: torch.Tensor) -> None:
-            original(t)
-
-        def patched_sync(t: torch.Tensor) -> None:
-            patched(t)
-
-        def orig_async(t: torch.Tensor) -> None:
-            original_wait(original(t, async_op=True))  # the unpatched Work.wait
-
-        def patched_async(t: torch.Tensor) -> None:
-            patched(t, async_op=True).wait()  # the patched Work.wait, as training calls it
-
+        orig_sync, patched_sync, orig_async, patched_async = all_reduce_calls(original, original_wait, patched)
         def unsampled(run: Callable[[int], int]) -> Callable[[int], int]:
             def go(n: int) -> int:
                 state.async_sample_every = 0
@@ -217,6 +231,84 @@ def bench_gloo(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
                      med["async original"], med["async patched, disabled"], "", None),
         benchlib.Row("collective (gloo, world 1)", "recorder drain per event (background thread)", "ns", None,
                      drainer.ns_per_event, "", None, f"{drainer.events:,} events; dropped {state.dropped}"),
+    ]
+
+
+# --- (f) real NCCL all_reduce on a GPU ----------------------------------------------------------------
+
+def bench_nccl(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
+    """(b) on a CUDA tensor with NCCL: the host's cost of launching the collective, with and without
+    the agent, and with the agent's CUDA events off (the rest of the wrapper alone). Every round ends
+    with ``torch.cuda.synchronize()`` (untimed), so the launch queue never fills and the recorder
+    resolves the round's events and gives them back to the pool."""
+    from zeromon_agent.cuda import CudaTimer
+
+    torch.cuda.set_device(0)
+    port = benchlib.free_port()
+    dist.init_process_group("nccl", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+    state = HotState()
+    timer = CudaTimer.create(torch)
+    assert timer is not None, "CudaTimer.create() returned None on a CUDA machine"
+    state.cuda_timing = timer
+    original = c10d.all_reduce
+    original_wait = c10d.Work.wait
+    collectives.install(state)
+    try:
+        patched = dist.all_reduce
+        tensor = torch.zeros(16, device="cuda")
+        original(tensor)
+        torch.cuda.synchronize()  # NCCL's communicator is made at the first call: outside the timing
+        drainer = Drainer(state, out_dir, cuda_timer=timer)
+
+        def between() -> None:
+            torch.cuda.synchronize()
+            drainer()
+
+        orig_sync, patched_sync, orig_async, patched_async = all_reduce_calls(original, original_wait, patched)
+        def no_events(run: Callable[[int], int]) -> Callable[[int], int]:
+            def go(n: int) -> int:
+                state.cuda_timing = None
+                try:
+                    return run(n)
+                finally:
+                    state.cuda_timing = timer
+
+            return go
+
+        variants = {
+            "sync original": loop(orig_sync, tensor),
+            "sync patched, enabled": with_enabled(state, True, loop(patched_sync, tensor)),
+            "sync patched, enabled, no events": no_events(with_enabled(state, True, loop(patched_sync, tensor))),
+            "sync patched, disabled": with_enabled(state, False, loop(patched_sync, tensor)),
+            "async original": loop(orig_async, tensor),
+            "async patched, enabled": with_enabled(state, True, loop(patched_async, tensor)),
+        }
+        per_call = benchlib.interleaved(variants, rounds, calls, between=between)
+        torch.cuda.synchronize()
+        drainer.close()
+    finally:
+        collectives.uninstall()
+        dist.destroy_process_group()
+
+    med = {name: benchlib.median(values) for name, values in per_call.items()}
+    note = f"{rounds} rounds x {calls} calls; {benchlib.load_note()}; {torch.cuda.get_device_name(0)}"
+    sync_added = med["sync patched, enabled"] - med["sync original"]
+    async_added = med["async patched, enabled"] - med["async original"]
+    return [
+        benchlib.Row("collective (NCCL, world 1, GPU)", "all_reduce sync launch, agent enabled", "ns",
+                     med["sync original"], med["sync patched, enabled"], f"added <= {MICRO_TARGET_NS:.0f} ns",
+                     sync_added <= MICRO_TARGET_NS, note),
+        benchlib.Row("collective (NCCL, world 1, GPU)", "all_reduce sync launch, enabled, no CUDA events", "ns",
+                     med["sync original"], med["sync patched, enabled, no events"], "", None,
+                     "the difference to the row above is the two events recorded on the stream"),
+        benchlib.Row("collective (NCCL, world 1, GPU)", "all_reduce sync launch, agent disabled", "ns",
+                     med["sync original"], med["sync patched, disabled"], "", None),
+        benchlib.Row("collective (NCCL, world 1, GPU)", "all_reduce async+wait, agent enabled", "ns",
+                     med["async original"], med["async patched, enabled"], f"added <= {ASYNC_TARGET_NS:.0f} ns",
+                     async_added <= ASYNC_TARGET_NS, "events at the launch and at the wait"),
+        benchlib.Row("collective (NCCL, world 1, GPU)", "recorder drain per event (background thread)", "ns", None,
+                     drainer.ns_per_event, "", None,
+                     f"{drainer.events:,} events; dropped {state.dropped}; event pool empty {timer.exhausted} times"),
     ]
 
 
@@ -418,6 +510,13 @@ def main(argv: list[str] | None = None) -> int:
     cold = bench_cold(max(args.rounds // 10, 5), args.calls)
     benchlib.print_rows("(d) cold caches: the wrapper after a copy that evicts the caches", cold)
     rows = micro + gloo + pieces + cold + real_pieces
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        with tempfile.TemporaryDirectory(prefix="zeromon-bench-") as tmp:
+            nccl = bench_nccl(args.gloo_rounds, args.gloo_calls, Path(tmp) / "nccl")
+        benchlib.print_rows("(f) real: NCCL all_reduce on the GPU, world size 1 (the host's cost of a launch)", nccl)
+        rows += nccl
+    else:
+        print("\n(f) skipped: no CUDA GPU with NCCL here", flush=True)
     benchlib.write_rows(args.json, rows)
     return 0
 
