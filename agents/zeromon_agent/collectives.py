@@ -198,7 +198,6 @@ def _record_async(state: HotState, api: str, op: str, t0: int, t1: int, b_in: in
                 push = state.push
                 result.get_future().add_done_callback(lambda _f: push((RAW_DONE, seq, perf_ns())))
                 sampled = True
-    state.recorded += 1
     state.push((RAW_COLLECTIVE, seq, api, op, t0, t1, b_in, b_out, dtype, group, bool(async_op), work,
                 state.phase, state.step, cuda, sampled))
 
@@ -238,7 +237,6 @@ def make_wrapper(fn: Callable[..., Any], api: str, op: str, extract: Extract,
                 _record_async(state, api, op, t0, t1, b_in, b_out, dtype, group, async_op, result, cuda)
             else:
                 state.seq = seq = state.seq + 1
-                state.recorded += 1
                 raw = state.raw
                 if len(raw) >= state.raw_capacity:
                     state.dropped += 1
@@ -344,7 +342,6 @@ def make_funcol_wrapper(fn: Callable[..., Any], name: str, op: str, list_input: 
             # Functional collectives are always asynchronous: the result is waited on at first use.
             if key is not None and len(state.pending) < state.pending_capacity:
                 state.pending[key] = state.seq
-            state.recorded += 1
             state.push((RAW_COLLECTIVE, state.seq, api, op, t0, t1, b_in, b_out, dtype, ("funcol", group),
                         True, None, state.phase, state.step, None, False))
         except Exception as exc:  # noqa: BLE001

@@ -39,7 +39,6 @@ class HotState:
         "control",
         "control_dropped",
         "dropped",
-        "recorded",
         "pending",
         "pending_capacity",
         "works",
@@ -65,7 +64,6 @@ class HotState:
         self.control: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=65536)
         self.control_dropped = 0
         self.dropped = 0
-        self.recorded = 0
         # id(Work) -> seq of the async collective that returned it, until it is waited on.
         self.pending: dict[int, int] = {}
         self.pending_capacity = 8192
@@ -88,6 +86,11 @@ class HotState:
         # `zeromon run`: starts the agent from the first collective when the process group was made
         # by a path whose init_process_group could not be wrapped. Returns True once started.
         self.autostart: Any = None
+
+    @property
+    def recorded(self) -> int:
+        """The collectives recorded: each took the next seq (one counter fewer on the hot path)."""
+        return self.seq
 
     def resize(self, raw_capacity: int) -> None:
         self.raw = collections.deque(self.raw, maxlen=raw_capacity)

@@ -318,7 +318,7 @@ PIECE_LABELS = {
     "extract": "extract(args, kwargs): nbytes, dtype, group, async_op",
     "clock": "perf_counter_ns() (the wrapper reads it twice)",
     "flags": "inside/enabled flags: 2 reads + 2 writes",
-    "record": "the inline sync record: seq, counters, 16-field tuple, append",
+    "record": "the inline sync record: seq, drop check, 16-field tuple, append",
     "push": "HotState.push() of the tuple alone",
 }
 
@@ -345,7 +345,6 @@ def wrapper_pieces(state: HotState, tensor: torch.Tensor) -> dict[str, Callable[
     def piece_record(_: Any) -> None:
         # The synchronous record, as the wrapper writes it out inline.
         state.seq = seq = state.seq + 1
-        state.recorded += 1
         raw = state.raw
         if len(raw) >= state.raw_capacity:
             state.dropped += 1
