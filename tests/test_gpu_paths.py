@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from zeromon_agent.cuda import CudaTimer, attach_oom_observer, stream_reader
+from zeromon_agent.cuda import CudaTimer, attach_oom_observer, event_recorder, stream_reader
 from zeromon_agent.device import NvmlDevice
 from zeromon_agent.memory import CudaMemory
 from zeromon_agent.recorder import Recorder
@@ -175,6 +175,21 @@ def test_the_stream_reader_falls_back_to_the_public_call() -> None:
     for fake in (_torch_with_streams([(0, 0, 1)], private=False),
                  _torch_with_streams([(0, 0, 1)], public_offset=1)):
         assert stream_reader(fake) is fake.cuda.current_stream
+
+
+def test_the_event_recorder_records_on_the_current_stream() -> None:
+    """Mock (no GPU here): the event is recorded with the stream the reader gives; without the fast
+    reader, by the public Event.record() (its own current stream)."""
+    current = [(3, 0, 1)]
+    streams: list[Any] = []
+
+    class Event:
+        def record(self, stream: Any = None) -> None:
+            streams.append(stream)
+
+    event_recorder(_torch_with_streams(current))(Event())
+    event_recorder(_torch_with_streams(current, private=False))(Event())
+    assert streams == [_Stream(3, 0, 1), None]
 
 
 def test_the_timer_reads_the_stream_only_once_a_cuda_collective_runs() -> None:

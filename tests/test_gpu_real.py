@@ -283,21 +283,28 @@ def test_an_explicit_step_loop_on_the_gpu_clock(tmp_path: Path) -> None:
         assert 0 <= analysed <= comm + 1e-6, r
 
 
-def test_the_agents_stream_reader_is_torchs_current_stream_on_a_gpu() -> None:
-    """The agent records its CUDA events on the stream its fast reader gives (zeromon_agent.cuda.stream_reader):
-    here it must take the fast path and agree with torch.cuda.current_stream() on the default stream,
-    inside ``with torch.cuda.stream(s)``, and after it."""
-    from zeromon_agent.cuda import stream_reader
+def test_the_agents_events_are_recorded_on_torchs_current_stream_on_a_gpu() -> None:
+    """The agent records its CUDA events on the stream its fast reader gives (zeromon_agent.cuda.stream_reader,
+    event_recorder): here it must take the fast path, agree with torch.cuda.current_stream() on the default
+    stream, inside ``with torch.cuda.stream(s)`` and after it, and the event must land on that stream."""
+    from zeromon_agent.cuda import event_recorder, stream_reader
 
     torch.cuda.set_device(0)
     torch.zeros(1, device="cuda")
     read = stream_reader(torch)
     assert read is not torch.cuda.current_stream, "this torch's private stream calls were refused"
     assert read() == torch.cuda.current_stream()
+    record_now = event_recorder(torch)
     side = torch.cuda.Stream()
+    torch.cuda.synchronize()
     with torch.cuda.stream(side):
         assert read() == side == torch.cuda.current_stream()
+        torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU cycles on the side stream alone
         event = torch.cuda.Event(enable_timing=True)
-        event.record(read())
+        record_now(event)
+    idle = torch.cuda.Event(enable_timing=True)
+    record_now(idle)  # the default stream, which has nothing queued
+    idle.synchronize()
+    assert not event.query(), "the event was not queued behind the side stream's work"
     event.synchronize()
     assert read() == torch.cuda.current_stream() != side

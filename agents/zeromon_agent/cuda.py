@@ -36,14 +36,14 @@ class CudaTimer:
         self.awaiting: set[int] = set()
         self._ref_event: Any = None
         self._ref_unix_ns = 0
-        # The stream each event is recorded on; made at the first call, when a CUDA collective has run
+        # Records an event on the current stream; made at the first call, when a CUDA collective has run
         # (never at the agent's start: reading the stream initializes CUDA on the current device, which
         # may not be the one the program picks next).
-        self.current_stream: Callable[[], Any] = self._first_stream
+        self.record_now: Callable[[Any], None] = self._first_record
 
-    def _first_stream(self) -> Any:
-        self.current_stream = stream_reader(self.torch)
-        return self.current_stream()
+    def _first_record(self, event: Any) -> None:
+        self.record_now = event_recorder(self.torch)
+        self.record_now(event)
 
     @classmethod
     def create(cls, torch: Any) -> CudaTimer | None:
@@ -67,7 +67,7 @@ class CudaTimer:
         except IndexError:
             self.exhausted += 1
             return None
-        start.record(self.current_stream())
+        self.record_now(start)
         return start
 
     def end(self, start: Any, is_async: bool) -> Any:
@@ -80,7 +80,7 @@ class CudaTimer:
             self.pool.append(start)
             self.exhausted += 1
             return None
-        end.record(self.current_stream())
+        self.record_now(end)
         return (start, end)
 
     def mark(self) -> Any:
@@ -95,7 +95,7 @@ class CudaTimer:
             self.exhausted += 1
             return None
         try:
-            event.record(self.current_stream())
+            self.record_now(event)
         except Exception:  # noqa: BLE001
             self.pool.append(event)
             return None
@@ -172,6 +172,18 @@ def stream_reader(torch: Any) -> Callable[[], Any]:
     except Exception:  # noqa: BLE001 - another torch's private API: the public call it is
         pass
     return cast(Callable[[], Any], public)
+
+
+def event_recorder(torch: Any) -> Callable[[Any], None]:
+    """A function recording an event on the current stream: what ``event.record()`` does, with the stream
+    from ``stream_reader``. Where the fast reader is refused, ``event.record()`` itself. (Calling the C
+    method ``torch._C._CudaEventBase.record`` directly, without ``Event.record``'s Python frame, saved
+    21 ns of 1.5 µs on an H200's host: not worth another private call.)
+    """
+    read = stream_reader(torch)
+    if read is torch.cuda.current_stream:
+        return lambda event: event.record()
+    return lambda event: event.record(read())
 
 
 def attach_oom_observer(torch: Any, callback: Any) -> bool:
