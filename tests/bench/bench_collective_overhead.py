@@ -36,11 +36,12 @@ production, holding the GIL, so it competes with training in Python-heavy code).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -150,6 +151,27 @@ def bench_micro(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
 
 # --- (b) real gloo all_reduce ----------------------------------------------------------------------
 
+@contextlib.contextmanager
+def world_of_one(backend: str, state: HotState | None = None) -> Iterator[None]:
+    """A world-size-1 process group of ``backend``, with the agent's wrappers installed on ``state`` if given;
+    both undone on the way out."""
+    dist.init_process_group(backend, rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{benchlib.free_port()}")
+    try:
+        if state is None:
+            yield
+            return
+        original = c10d.all_reduce
+        collectives.install(state)
+        try:
+            assert getattr(dist.all_reduce, "__zeromon_original__", None) is original, \
+                "install() did not patch all_reduce"
+            yield
+        finally:
+            collectives.uninstall()
+    finally:
+        dist.destroy_process_group()
+
+
 Call = Callable[[torch.Tensor], None]
 
 
@@ -172,15 +194,11 @@ def all_reduce_calls(original: Any, original_wait: Any, patched: Any) -> tuple[C
 
 
 def bench_gloo(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
-    port = benchlib.free_port()
-    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
     state = HotState()
     original = c10d.all_reduce
     original_wait = c10d.Work.wait
-    collectives.install(state)
-    try:
+    with world_of_one("gloo", state):
         patched = dist.all_reduce
-        assert getattr(patched, "__zeromon_original__", None) is original, "install() did not patch all_reduce"
         tensor = torch.zeros(16)
         drainer = Drainer(state, out_dir)
 
@@ -207,9 +225,6 @@ def bench_gloo(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
         # calls is a multiple of 16, so every batch of the sampled variant has calls/16 callbacks.
         per_call = benchlib.interleaved(variants, rounds, calls, between=drainer)
         drainer.close()
-    finally:
-        collectives.uninstall()
-        dist.destroy_process_group()
 
     med = {name: benchlib.median(values) for name, values in per_call.items()}
     note = f"{rounds} rounds x {calls} calls; {benchlib.load_note()}"
@@ -244,16 +259,13 @@ def bench_nccl(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
     from zeromon_agent.cuda import CudaTimer
 
     torch.cuda.set_device(0)
-    port = benchlib.free_port()
-    dist.init_process_group("nccl", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
     state = HotState()
     timer = CudaTimer.create(torch)
     assert timer is not None, "CudaTimer.create() returned None on a CUDA machine"
     state.cuda_timing = timer
     original = c10d.all_reduce
     original_wait = c10d.Work.wait
-    collectives.install(state)
-    try:
+    with world_of_one("nccl", state):
         patched = dist.all_reduce
         tensor = torch.zeros(16, device="cuda")
         original(tensor)
@@ -286,9 +298,6 @@ def bench_nccl(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
         per_call = benchlib.interleaved(variants, rounds, calls, between=between)
         torch.cuda.synchronize()
         drainer.close()
-    finally:
-        collectives.uninstall()
-        dist.destroy_process_group()
 
     med = {name: benchlib.median(values) for name, values in per_call.items()}
     note = f"{rounds} rounds x {calls} calls; {benchlib.load_note()}; {torch.cuda.get_device_name(0)}"
@@ -423,8 +432,6 @@ def bench_gloo_pieces(rounds: int, out_dir: Path) -> list[benchlib.Row]:
     The variants alternate call by call, in a shuffled order every round, and each call is timed alone:
     a real call's added cost is a few hundred ns on 60 µs, less than what separate loops drift apart by.
     """
-    port = benchlib.free_port()
-    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
     state = HotState()
     state.enabled = True
     original = c10d.all_reduce
@@ -462,7 +469,7 @@ def bench_gloo_pieces(rounds: int, out_dir: Path) -> list[benchlib.Row]:
     times: dict[str, list[int]] = {name: [] for name in variants}
     order = list(variants)
     rng = random.Random(0)
-    try:
+    with world_of_one("gloo"):
         for round_ in range(rounds):
             rng.shuffle(order)
             for name in order:
@@ -473,8 +480,6 @@ def bench_gloo_pieces(rounds: int, out_dir: Path) -> list[benchlib.Row]:
             if round_ % 64 == 63:
                 drainer()
         drainer.close()
-    finally:
-        dist.destroy_process_group()
     base = benchlib.median(times["original"])
     note = f"{rounds:,} calls each, alternating call by call; {benchlib.load_note()}"
     return [benchlib.Row("collective pieces (gloo, world 1, sync)", label, "ns", base, benchlib.median(times[name]),
