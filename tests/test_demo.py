@@ -257,6 +257,42 @@ def test_ctrl_c_stops_the_training_at_a_step_end_with_every_rank_recorded_and_no
     assert len(children) >= 3 and not _left_running(children)
 
 
+# A second Ctrl-C lands in the first one's handling at its k-th line (any file's: the handler's, and what it
+# calls), k = 1, 2, ... until the handling has no k-th line. The nested handler runs at once: os.kill checks for
+# signals before it returns, and the tracer that sends it is itself not traced.
+_NESTED_CTRL_C = """
+import os, signal, sys
+from zeromon.demo.train import Flag, ctrl_c_handler
+for k in range(1, 200):
+    flag, lines = Flag(), []
+    signal.signal(signal.SIGINT, ctrl_c_handler(flag, f"said {k}"))
+    def tracer(frame, event, arg):
+        if event == "line":
+            lines.append(frame.f_lineno)
+            if len(lines) == k:
+                os.kill(os.getpid(), signal.SIGINT)
+        return tracer
+    sys.settrace(tracer)
+    os.kill(os.getpid(), signal.SIGINT)
+    sys.settrace(None)
+    print(f"{k} {flag.is_set()} {len(lines)}", flush=True)
+    if len(lines) < k:
+        break
+"""
+
+
+def test_a_second_ctrl_c_inside_the_first_ones_handling_is_noted_once_and_never_hangs() -> None:
+    # The demo hung so in CI (threading.Event's set() holds a lock that the nested handler waited on).
+    result = subprocess.run([sys.executable, "-c", _NESTED_CTRL_C], env=child_env(), cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines()]
+    assert len(rows) >= 3, result.stdout  # the handling has lines for the second Ctrl-C to land at
+    for k, is_set, _lines in rows:
+        assert is_set == "True", result.stdout
+        assert result.stderr.splitlines().count(f"said {k}") == 1, (k, result.stderr)
+
+
 @pytest.mark.parametrize(("args", "said"), [
     (["--scenario", "oom"], "zeromon: error: zeromon demo: argument --scenario: invalid choice: 'oom'"),
     (["--steps", "0"], "zeromon: error: --steps '0': must be an integer from 1 to 100000"),

@@ -29,12 +29,13 @@ same step.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import signal
 import socket
 import sys
-import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -56,6 +57,39 @@ class Shape:
     leak_mib: float = 0.0  # MiB kept alive per step
     per_layer: bool = False  # each layer its own FSDP2 unit (else one unit for the whole model)
     reshard: bool = False  # FSDP2's reshard_after_forward: gather the parameters again in backward
+
+
+class Flag:
+    """Set by a signal handler, read by the training loop, all in the main thread. Not threading.Event:
+    its set() takes a lock, and a second Ctrl-C whose handler runs while the first one's set() holds it
+    waits for it forever, in the thread that holds it (the demo hung so once, its ranks done)."""
+
+    __slots__ = ("_set", "_sets")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._sets = itertools.count()
+
+    def set(self) -> bool:
+        """Set it; whether this call was the first. Exactly one call is, however handlers nest: next()
+        on a count is one C call, between whose start and end no Python handler runs."""
+        first = next(self._sets) == 0
+        self._set = True
+        return first
+
+    def is_set(self) -> bool:
+        return self._set
+
+
+def ctrl_c_handler(flag: Flag, say: str | None = None) -> Callable[[int, object], None]:
+    """A SIGINT handler that notes Ctrl-C in ``flag`` and says ``say`` on stderr the first time. Ctrl-C can
+    come twice within microseconds (from the terminal, and forwarded by `zeromon run`)."""
+
+    def handler(_sig: int, _frame: object) -> None:
+        if flag.set() and say is not None:
+            print(say, file=sys.stderr, flush=True)
+
+    return handler
 
 
 STOP_CHECK_EVERY_STEPS = 4  # Ctrl-C stops the ranks within this many steps (~1.3 s at 0.32 s a step)
@@ -110,14 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         port = probe.getsockname()[1]
     # A handler, not KeyboardInterrupt: Ctrl-C comes twice (from the terminal, and forwarded by `zeromon run`),
     # and the second would land in the first one's handling.
-    said = threading.Event()
-
-    def interrupted(_sig: int, _frame: object) -> None:
-        if not said.is_set():
-            said.set()
-            print("demo: Ctrl-C: the ranks stop after this step", file=sys.stderr, flush=True)
-
-    signal.signal(signal.SIGINT, interrupted)
+    signal.signal(signal.SIGINT, ctrl_c_handler(Flag(), "demo: Ctrl-C: the ranks stop after this step"))
     context = mp.start_processes(rank_main, args=(args, port), nprocs=args.ranks, join=False, start_method="spawn")
     while not context.join():
         pass
@@ -127,14 +154,14 @@ def main(argv: list[str] | None = None) -> int:
 def rank_main(local_rank: int, args: argparse.Namespace, port: int) -> None:
     os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(args.ranks),
                       LOCAL_WORLD_SIZE=str(args.ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    interrupted = threading.Event()
+    interrupted = Flag()
     # A KeyboardInterrupt between two collectives would leave the peer blocked in the next one (gloo's
     # timeout is 30 minutes): the ranks note Ctrl-C and agree to stop at the end of a step instead.
-    signal.signal(signal.SIGINT, lambda _sig, _frame: interrupted.set())
+    signal.signal(signal.SIGINT, ctrl_c_handler(interrupted))
     train(SHAPES[args.scenario], args, interrupted)
 
 
-def train(shape: Shape, args: argparse.Namespace, interrupted: threading.Event) -> None:
+def train(shape: Shape, args: argparse.Namespace, interrupted: Flag) -> None:
     torch.set_num_threads(1)  # two ranks on a laptop's or a CI runner's few cores
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
