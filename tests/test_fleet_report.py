@@ -220,11 +220,11 @@ def test_summary_of_a_fleet_shows_the_ranks_furthest_from_the_median_first_and_t
     assert f"({RANKS} of {RANKS} ranks recorded)" in text
     shown = _table_ranks(text)
     # The growing rank's peak memory, then the stragglers' time blocked (a late rank waits less: its peers wait for
-    # it), each off its peers' median by what the source recording's spread of blocked time lets the late steps
-    # move the median: the first (late in 3 steps of 4) by most of its delay, the second (late in 1 of 4) by
-    # anything from nothing to more than the first, from a run recorded on a busy machine (both seen under
-    # pytest -n 2). The other ranks differ by their jitter and memory offsets only. The report's arrival analysis
-    # names both (the test above).
+    # it). The first (late in 3 steps of 4) is off its peers' median by most of its delay, which is at least the
+    # spread of the source's blocked time: every peer's blocked time in those steps is past all of the source's.
+    # The second (late in 1 of 4) is off by anything from nothing to more than the first, as that spread lets
+    # its few late steps move its median. The other ranks differ by their jitter and memory offsets only. The
+    # report's arrival analysis names both (the test above).
     assert len(shown) == 16 and shown[0] == roles.growing_memory
     assert shown[1] in roles.stragglers and roles.stragglers[0] in shown[1:3], (shown, roles)
     rest = next(line for line in text.splitlines() if line.startswith("… and "))

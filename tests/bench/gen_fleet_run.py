@@ -17,9 +17,9 @@ are replayed as every rank's steps, with the variation a fleet has:
 
 - every step has a StepSummary; collectives, phase spans and memory samples ("kept detail") only in
   the last ``DETAIL_LAST_STEPS`` steps and every ``DETAIL_EVERY``-th step (a bounded recording);
-- two straggler ranks: the first late (its forward slower by ``STRAGGLER_DELAY_SHARES[0]`` of a step)
-  in three of four steps, the second in the fourth, and every peer blocked that long in its first
-  collective;
+- two straggler ranks: the first late (its forward slower by ``STRAGGLER_DELAY_SHARES[0]`` of a step,
+  or by the spread of the source's time blocked where that is more) in three of four steps, the second
+  in the fourth, and every peer blocked that long in its first collective;
 - one rank whose memory grows every step, to ``GROWING_RANK_END_SHARE`` of its capacity at the end;
 - per-rank memory offsets, a per-rank clock offset and per-step jitter of the step boundaries.
 
@@ -65,7 +65,9 @@ from zeromon_agent.config import AgentConfig
 DETAIL_LAST_STEPS = 50
 DETAIL_EVERY = 500
 # How late each straggler's forward makes it in its late steps, as shares of the source's median step
-# time (a loaded machine records slower steps: the stragglers stay as late in proportion).
+# time (a loaded machine records slower steps: the stragglers stay as late in proportion); the first's
+# delay is at least the spread of the source's time blocked (max - min over its steps), and the second's
+# in the same proportion to it.
 STRAGGLER_DELAY_SHARES = (0.2, 0.3)
 GROWING_RANK_END_SHARE = 0.93  # the growing rank's memory at the last step, of its capacity
 STEP_JITTER_S = 0.002  # the step boundaries' jitter (every rank), and each rank's own on top:
@@ -159,7 +161,7 @@ class _Plan:
     run_id: str
     seed: int
     step_s: float  # the replayed steps' period: the longest template step, a straggler's delay and jitter
-    delays_s: tuple[float, float]  # the stragglers' (STRAGGLER_DELAY_SHARES of the median template step)
+    delays_s: tuple[float, float]  # the stragglers' (see STRAGGLER_DELAY_SHARES)
     form: str = "zmr"  # a FORMATS key
 
 
@@ -266,8 +268,12 @@ def generate(source: Path, out: Path, ranks: int, steps: int, workers: int | Non
     _TEMPLATE = template = _template(source)
     _FLEET_JITTER = tuple(random.Random(seed * 7_919 + step).uniform(0, STEP_JITTER_S) for step in range(steps))
     durations = sorted(t.summary.end_ns - t.summary.start_ns for t in template.steps)
-    delays = (STRAGGLER_DELAY_SHARES[0] * durations[len(durations) // 2] / 1e9,
-              STRAGGLER_DELAY_SHARES[1] * durations[len(durations) // 2] / 1e9)
+    blocked = [t.summary.blocked_s for t in template.steps if t.summary.blocked_s is not None]
+    # At least the spread of the source's own time blocked: a smaller delay can leave the first straggler's
+    # median blocked time where its peers' is (it did, once in CI: it came fourth, behind an ordinary rank).
+    first = max(STRAGGLER_DELAY_SHARES[0] * durations[len(durations) // 2] / 1e9,
+                max(blocked) - min(blocked) if blocked else 0.0)
+    delays = (first, first * STRAGGLER_DELAY_SHARES[1] / STRAGGLER_DELAY_SHARES[0])
     plan = _Plan(ranks=ranks, steps=steps, out=out, run_id=uuid.uuid4().hex, seed=seed, delays_s=delays, form=form,
                  step_s=durations[-1] / 1e9 + max(delays) + STEP_JITTER_S + RANK_JITTER_S + 2 * CLOCK_OFFSET_S)
     out.mkdir(parents=True, exist_ok=True)
