@@ -5,12 +5,13 @@ rank-<r>.jsonl (format 1.x, RecordingWriter). The agent appends one segment per 
 (5 s by default: agents/zeromon_agent/config.py, recorder.py's loop) holding what its drain passes
 buffered since the last, and writes none when nothing came. The generator does the same on the run's
 own clock: a step's records (its kept detail, then its summary) go into the segment of the window
-its end falls in, a window with no step end writes nothing. With the FSDP2 template's steps of
-0.07-0.12 s (their period: the longest, a straggler's delay and jitter) that is 40-70 step summaries a
-segment, 140-240 segments a rank of 10,000 steps; a detail step's segment holds its ~11
-collectives, ~9 phase spans (~16 in a recording made before zeromon's work at a boundary became one
-span) and 3-4 memory samples besides. An AgentStats goes in every 10 s
-of the run's clock, as the agent writes one.
+its end falls in, a window with no step end writes nothing. The steps' period is the template's longest
+step, the second straggler's delay and jitter: ~75 ms from a 12-step source recorded on a quiet machine
+here (median step 36 ms, its time blocked spread over 18.5 ms: delays of 18.5 and 27.8 ms), ~66 step
+summaries a segment, ~150 segments a rank of 10,000 steps; longer on a busy machine. A detail step's
+segment holds its ~11 collectives, ~9 phase spans (~16 in a recording made before zeromon's work at a
+boundary became one span) and 3-4 memory samples besides. An AgentStats goes in every 10 s of the run's
+clock, as the agent writes one.
 
 A real 2-rank FSDP2 run on gloo is recorded once (or one is given), and its rank 0's steady steps
 are replayed as every rank's steps, with the variation a fleet has:
