@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from zeromon.model import read_recording, read_run
+from zeromon.model.run_end import read_file_end
 
 from conftest import EXAMPLES, child_env, free_port, run_python, torchrun_args
 
@@ -52,6 +53,52 @@ def test_sigterm_through_zeromon_run_flushes_every_rank(tmp_path: Path) -> None:
         assert rec.stats.events_dropped == 0 and rec.stats.hook_errors == 0
         assert len(rec.steps) >= 3
         assert rec.corrupt_lines == []
+
+
+def test_a_sigterm_inside_the_main_threads_write_of_a_notice_ends_the_recording_and_never_hangs(
+        tmp_path: Path) -> None:
+    # SIGTERM lands at the k-th line the main thread runs inside the agent's locked write of a notice (any
+    # file's line: the notice, the writer), k = 1, 2, ... until the write has no k-th line; a fresh agent each
+    # time. The handler runs at once (os.kill checks for signals before it returns; the tracer that sends it is
+    # not traced). Stopping there took the recorder's locks that the interrupted write held: the rank hung
+    # until its launcher killed it, its end unwritten. The handler here, before the agent's, is the one the
+    # agent calls after its stop: it notes the signal instead of dying, so one process tries every k.
+    script = tmp_path / "sigterm_in_write.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, sys, torch.distributed as dist
+        import zeromon_agent
+        dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{sys.argv[2]}")
+        for k in range(1, 1000):
+            terminated = []
+            signal.signal(signal.SIGTERM, lambda signum, frame: terminated.append(signum))
+            agent = zeromon_agent.attach(out_dir=os.path.join(sys.argv[1], str(k)), endpoint=False)
+            lines = []
+            def tracer(frame, event, arg):
+                if event == "line" and agent._writing_depth:
+                    lines.append(frame.f_lineno)
+                    if len(lines) == k:
+                        os.kill(os.getpid(), signal.SIGTERM)
+                return tracer
+            sys.settrace(tracer)
+            agent.notice("info", "test", f"written at {k}")
+            sys.settrace(None)
+            if len(lines) < k:  # the write has no k-th line: every line was tried
+                zeromon_agent.detach()
+                break
+            print(k, len(lines), terminated == [signal.SIGTERM], agent.started, flush=True)
+        dist.destroy_process_group()
+    """))
+    out = tmp_path / "runs"
+    result = run_python(script, str(out), str(free_port()), timeout=60)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line.split() for line in result.stdout.splitlines()]
+    assert len(rows) >= 10, result.stdout  # the write has that many lines for the signal to land at
+    for k, _lines, terminated, started in rows:
+        assert (terminated, started) == ("True", "False"), (k, result.stdout)  # stopped, then the signal's due
+        path = next((out / k).glob("rank-0.*"))
+        end = read_file_end(path).end
+        assert end is not None and end.how == "signal SIGTERM", (k, end)
+        assert f"written at {k}" in [n.message for n in read_recording(path).notices]  # written before the stop
 
 
 def test_explicit_steps_with_two_optimizers(tmp_path: Path) -> None:

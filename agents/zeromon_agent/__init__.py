@@ -55,9 +55,8 @@ def attach(model: Any = None, optimizer: Any = None, engine: Any = None, **setti
             _say(message)
         _agent = Agent(config)
         agent = _agent.start(model=model, optimizer=optimizer, engine=engine)
-        if agent.recorder is not None:
-            for message in notices:
-                agent.recorder.notice("warning", "settings", message)
+        for message in notices:
+            agent.notice("warning", "settings", message)
         return agent
 
 

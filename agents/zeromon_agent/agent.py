@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import math
 import os
@@ -10,6 +11,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -135,6 +137,9 @@ class Agent:
         # recording is ended (_on_sigterm).
         self._stopping_thread: int | None = None
         self._signal_after_stop: tuple[int, Any] | None = None
+        # The main thread inside one of the recorder's locked writes (_writing), and a SIGTERM that arrived there.
+        self._writing_depth = 0
+        self._signal_after_write: tuple[int, Any] | None = None
         self._ending: tuple[str, str | None] | None = None  # (RunEnd.how, detail) seen by the excepthook
         self._exit_status = 0  # of the last sys.exit() in the main thread
         self.endpoint: Any = None  # zeromon_agent.endpoint.AgentEndpoint while it serves
@@ -198,10 +203,10 @@ class Agent:
                                  device_interval_s=self.config.device_interval_s,
                                  cuda_timer=self.state.cuda_timing, max_disk=self.config.max_disk)
         if cuda_index is None:
-            self.recorder.notice("info", "device", "no CUDA device: NVML device metrics and allocator stats "
-                                 f"are unavailable; memory is process RSS and per-category bytes; {capacity_note}")
+            self.notice("info", "device", "no CUDA device: NVML device metrics and allocator stats "
+                        f"are unavailable; memory is process RSS and per-category bytes; {capacity_note}")
         elif device is not None and not device.available:
-            self.recorder.notice("warning", "nvml", device.reason)
+            self.notice("warning", "nvml", device.reason)
         if cuda_index is not None:
             self._setup_oom_observer(torch)
         self.recorder.start()
@@ -340,6 +345,11 @@ class Agent:
             pass
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if self._writing_depth:
+            # The main thread (where handlers run) holds a lock of the recorder's that stop() takes: stopping
+            # here would wait for it forever. Acted on as the write ends (_writing), microseconds later.
+            self._signal_after_write = (signum, frame)
+            return
         if self._stopping_thread == threading.get_ident():
             # This thread is inside stop() (atexit after an exception, say, as the launcher stops the other ranks):
             # dying now would lose the end record it is writing. stop() acts on the signal once it is written.
@@ -348,6 +358,29 @@ class Agent:
         previous = self._previous_sigterm
         self.stop(f"signal {signal.Signals(signum).name}")  # flushes the recording and ends it
         self._after_sigterm(previous, signum, frame)
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Around a record the main thread writes through the recorder's locks (a notice, the run info): a
+        SIGTERM whose handler runs inside is acted on once the locks are let go."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        self._writing_depth += 1
+        try:
+            yield
+        finally:
+            self._writing_depth -= 1
+            pending = self._signal_after_write if not self._writing_depth else None
+            if pending is not None:
+                self._signal_after_write = None
+                self._on_sigterm(*pending)
+
+    def notice(self, level: str, source: str, message: str) -> None:
+        """A Notice in the recording and the live views (none without a recorder)."""
+        if self.recorder is not None:
+            with self._writing():
+                self.recorder.notice(level, source, message)
 
     @staticmethod
     def _after_sigterm(previous: Any, signum: int, frame: Any) -> None:
@@ -377,7 +410,7 @@ class Agent:
         except Exception as exc:  # noqa: BLE001 - no endpoint is no reason to stop training
             message = f"the HTTP endpoint did not start ({self.config.bind}, base port {self.config.port}): {exc}"
             log.warning("zeromon: rank %d: %s", self.rank, message)
-            recorder.notice("warning", "endpoint", message)
+            self.notice("warning", "endpoint", message)
 
     # --- run info ---------------------------------------------------------------------------------
     def _write_run_info(self) -> None:
@@ -392,7 +425,8 @@ class Agent:
             info = runinfo.build(self.rank, self.local_rank, self.world_size, self.job, self.backend,
                                  self.device_name, framework)
             if self.recorder is not None:
-                self.recorder.set_run_info(info)
+                with self._writing():
+                    self.recorder.set_run_info(info)
         except Exception as exc:  # noqa: BLE001
             self.state.hook_error("run_info", exc)
 
@@ -401,8 +435,8 @@ class Agent:
         if root is not None and not self._ddp_checked and ddp.is_ddp(root):
             self._ddp_checked = True
             reason = ddp.register_recorded_allreduce(root, self.state)
-            if reason is not None and self.recorder is not None:
-                self.recorder.notice("warning", "ddp", reason)
+            if reason is not None:
+                self.notice("warning", "ddp", reason)
         if root is None or self.engine is not None:
             return
         engine_mod = sys.modules.get("deepspeed.runtime.engine")
@@ -624,14 +658,12 @@ class Agent:
                 # history serves the OOM snapshot as it is.
                 already = getattr(torch._C, "_cuda_isHistoryEnabled", None)
                 if already is not None and already():
-                    if self.recorder is not None:
-                        self.recorder.notice("info", "cuda", "allocator history already on: the program's "
-                                             "settings are kept for the OOM snapshot")
+                    self.notice("info", "cuda", "allocator history already on: the program's settings are kept "
+                                "for the OOM snapshot")
                 else:
                     torch.cuda.memory._record_memory_history(max_entries=100000)
             except Exception as exc:  # noqa: BLE001
-                if self.recorder is not None:
-                    self.recorder.notice("warning", "cuda", f"allocator history unavailable: {exc}")
+                self.notice("warning", "cuda", f"allocator history unavailable: {exc}")
 
         def on_oom(device: int, alloc: int, device_alloc: int, device_free: int) -> None:
             try:
