@@ -257,6 +257,14 @@ def _write_rank(rank: int, plan: _Plan) -> int:
     return written + 2
 
 
+def straggler_delays(median_step_s: float, blocked_s: list[float]) -> tuple[float, float]:
+    """The two stragglers' delays (STRAGGLER_DELAY_SHARES of the median step), the first at least the spread of
+    the source's time blocked ``blocked_s``: a smaller delay can leave the first straggler's median blocked time
+    where its peers' is (it did, once in CI: it came fourth, behind an ordinary rank; sim_straggler_delay.py)."""
+    first = max(STRAGGLER_DELAY_SHARES[0] * median_step_s, max(blocked_s) - min(blocked_s) if blocked_s else 0.0)
+    return first, first * STRAGGLER_DELAY_SHARES[1] / STRAGGLER_DELAY_SHARES[0]
+
+
 def _write_rank_star(args: tuple[int, _Plan]) -> int:
     return _write_rank(*args)
 
@@ -269,12 +277,8 @@ def generate(source: Path, out: Path, ranks: int, steps: int, workers: int | Non
     _TEMPLATE = template = _template(source)
     _FLEET_JITTER = tuple(random.Random(seed * 7_919 + step).uniform(0, STEP_JITTER_S) for step in range(steps))
     durations = sorted(t.summary.end_ns - t.summary.start_ns for t in template.steps)
-    blocked = [t.summary.blocked_s for t in template.steps if t.summary.blocked_s is not None]
-    # At least the spread of the source's own time blocked: a smaller delay can leave the first straggler's
-    # median blocked time where its peers' is (it did, once in CI: it came fourth, behind an ordinary rank).
-    first = max(STRAGGLER_DELAY_SHARES[0] * durations[len(durations) // 2] / 1e9,
-                max(blocked) - min(blocked) if blocked else 0.0)
-    delays = (first, first * STRAGGLER_DELAY_SHARES[1] / STRAGGLER_DELAY_SHARES[0])
+    delays = straggler_delays(durations[len(durations) // 2] / 1e9,
+                              [t.summary.blocked_s for t in template.steps if t.summary.blocked_s is not None])
     plan = _Plan(ranks=ranks, steps=steps, out=out, run_id=uuid.uuid4().hex, seed=seed, delays_s=delays, form=form,
                  step_s=durations[-1] / 1e9 + max(delays) + STEP_JITTER_S + RANK_JITTER_S + 2 * CLOCK_OFFSET_S)
     out.mkdir(parents=True, exist_ok=True)
