@@ -289,7 +289,13 @@ def dist_env_from_environ() -> DistEnv:
 
 
 def init_process_group(env: DistEnv) -> None:
-    """torch.distributed with the env:// rendezvous torchrun prepared."""
+    """torch.distributed with the env:// rendezvous torchrun prepared.
+
+    torch.distributed.nn is imported first: its collectives take ``group=group.WORLD`` as a default
+    argument, evaluated on import, and torch.optim imports it (through torch._dynamo) when the first
+    optimizer is built. Imported after the default group exists, it would hold that group past
+    destroy_process_group (see teardown)."""
+    import torch.distributed.nn  # noqa: F401
     if env.device.type == "cuda":
         # Binding the device lets NCCL create its communicator eagerly and avoids a warning.
         dist.init_process_group(env.backend, device_id=env.device)
@@ -298,12 +304,16 @@ def init_process_group(env: DistEnv) -> None:
 
 
 def teardown() -> None:
+    """Destroy the process group, so that gloo's worker threads end here rather than during the exit.
+
+    A group that something still holds outlives destroy_process_group, and its workers run on into the
+    interpreter's finalization. One that then drops the last reference to a finished collective's tensor
+    takes the GIL, which a finalizing Python answers with pthread_exit: the rank dies by SIGABRT
+    ("terminate called without an active exception") after its training ended. init_process_group keeps
+    torch.distributed.nn from holding the default group; FSDP's state can hold groups in reference cycles,
+    collected here. FSDP2's fully_shard (torch 2.13) keeps its mesh's group until the process ends."""
     if dist.is_initialized():
         dist.destroy_process_group()
-    # Framework objects that hold process groups (FSDP state, device meshes) can sit in reference
-    # cycles; collecting them now frees the gloo groups while the interpreter is whole rather than
-    # during its finalization. Defensive: 3 FSDP1 runs in one batch on a loaded 2-core machine
-    # aborted after their last line ("terminate called without an active exception"); none since.
     gc.collect()
 
 

@@ -151,6 +151,10 @@ class Categorizer:
         self._buffers: list[Any] = []
         self._still: tuple[dict[str, int], set[int]] | None = None
 
+    def release(self) -> None:
+        """Let go of the model, the optimizer and their tensors (the agent stopped); a later walk finds them again."""
+        self.__init__(self.refresh_every)  # type: ignore[misc]
+
     def _discover(self, model: Any) -> None:
         self._model = model
         self._fsdp2_params, self._fsdp2_groups, self._fsdp1_flat = [], [], []

@@ -83,6 +83,7 @@ class MemoryPoints:
                 else:
                     group.__dict__[name] = previous
         self._wrapped.clear()
+        self._model, self._groups, self._blocks = None, [], []
 
     def _discover(self, model: Any) -> None:
         self._model = model

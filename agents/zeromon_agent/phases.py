@@ -349,6 +349,7 @@ class PhaseTracker:
             else:
                 setattr(engine, name, previous)
         self._engine_patched.clear()
+        self.root = self.optimizer = self.engine = None  # the training's, not to be kept alive by the agent
 
 
 class _RootHookGuard:

@@ -201,6 +201,11 @@ class Recorder(CollectiveRecords):
                                  detail=detail, write_error=writer.error)
                     writer.close(end)
                     self._check_writer()
+                # Keyed by the process groups themselves: held past the stop (the agent lives on in atexit's
+                # list), they kept a group alive after the script's destroy_process_group, and its gloo
+                # worker threads ran on into the interpreter's exit, where gloo can abort a finished rank.
+                self._group_sizes.clear()
+                self._shapes.clear()
 
     def watched(self) -> None:
         """A live client read this rank (its endpoint's /metrics or snapshot): passes come every LIVE_PASS_S

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from gloo_exit import leave
 
 WIDTH = 64
 
@@ -81,3 +82,4 @@ def main() -> None:
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     main()
+    leave()  # without the interpreter's finalization: gloo_exit.py

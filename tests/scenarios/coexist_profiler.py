@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from gloo_exit import leave
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
@@ -138,3 +139,4 @@ def main() -> None:
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     main()
+    leave()  # without the interpreter's finalization: gloo_exit.py

@@ -55,6 +55,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from gloo_exit import leave
 from stopwatch_oracle import BlockedClock, install_oracle
 from torch import nn
 
@@ -428,3 +429,4 @@ def main() -> None:
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     main()
+    leave()  # without the interpreter's finalization: gloo_exit.py

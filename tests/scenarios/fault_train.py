@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from gloo_exit import leave
 
 
 def inject(what: set[str]) -> None:
@@ -208,3 +209,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    leave()  # without the interpreter's finalization: gloo_exit.py

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from gloo_exit import leave
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
@@ -79,3 +80,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    leave()  # without the interpreter's finalization: gloo_exit.py

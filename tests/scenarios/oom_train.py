@@ -26,6 +26,7 @@ import json
 
 import torch
 import torch.distributed as dist
+from gloo_exit import leave
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
@@ -92,3 +93,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    leave()  # without the interpreter's finalization: gloo_exit.py

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from gloo_exit import leave
 
 import zeromon_agent
 
@@ -110,3 +111,4 @@ def main() -> None:
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     main()
+    leave()  # without the interpreter's finalization: gloo_exit.py

@@ -14,6 +14,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from gloo_exit import leave
 
 import zeromon_agent
 
@@ -61,3 +62,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    leave()  # without the interpreter's finalization: gloo_exit.py

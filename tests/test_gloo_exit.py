@@ -1,0 +1,128 @@
+"""Whether gloo's worker threads end at destroy_process_group, before the interpreter's exit.
+
+Threads that outlive it can abort a finished rank (SIGABRT, "terminate called without an active exception"):
+one that drops the last reference to a collective's tensor while the interpreter is finalizing takes the
+GIL, and Python answers with pthread_exit (tests/scenarios/gloo_exit.py has the core dump's account). The
+abort itself is a race, rare and load-dependent; what these tests check is its precondition, which is
+deterministic: whether a gloo worker thread (``pt_gloo_runloop``) is still alive when the interpreter
+starts to exit. A probe, a ``sitecustomize`` put on PYTHONPATH, registers an atexit handler as the
+process starts; atexit runs it last, after the script's main and zeromon's own handler, and it writes the
+count of gloo worker threads for its rank.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import EXAMPLES, child_env, free_port, torchrun_args, zeromon
+
+pytestmark = pytest.mark.distributed
+
+PROBE = '''
+import atexit, json, os
+
+def _gloo_workers_at_exit():
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                names.append(comm.read().strip())
+        except OSError:  # a thread that ended meanwhile
+            pass
+    out = os.path.join(os.environ["GLOO_EXIT_PROBE"], f"rank-{os.environ.get('RANK', 'launcher')}.json")
+    with open(out, "w") as f:
+        json.dump({"gloo_workers": sum(name == "pt_gloo_runloop" for name in names)}, f)
+
+atexit.register(_gloo_workers_at_exit)
+'''
+
+
+def _probed_env(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    site, reports = tmp_path / "probe", tmp_path / "reports"
+    site.mkdir(parents=True)
+    reports.mkdir(parents=True)
+    (site / "sitecustomize.py").write_text(PROBE)
+    env = child_env(GLOO_EXIT_PROBE=str(reports))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")]))
+    return env, reports
+
+
+def _workers(reports: Path) -> dict[str, int]:
+    return {p.stem: json.loads(p.read_text())["gloo_workers"] for p in sorted(reports.glob("rank-*.json"))}
+
+
+def test_the_ddp_example_ends_its_gloo_threads_before_the_exit_under_zeromon_run(tmp_path: Path) -> None:
+    """The DDP example builds its optimizer after init_process_group, as every training does: without
+    examples/tinygpt.py importing torch.distributed.nn first, both ranks' gloo workers were alive at exit
+    (2 each, checked)."""
+    env, reports = _probed_env(tmp_path)
+    result = zeromon("run", "--out", str(tmp_path / "run"), "--",
+                     *torchrun_args(2, EXAMPLES / "ddp_train.py", "--steps", "2"), env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _workers(reports) == {"rank-0": 0, "rank-1": 0, "rank-launcher": 0}, result.stderr[-2000:]
+
+
+def _world_of_one(tmp_path: Path, import_before_init: bool) -> int:
+    """A world-1 gloo run that imports torch.distributed.nn before or after init_process_group (as
+    building an optimizer does), then destroys the group: its gloo workers alive at exit."""
+    env, reports = _probed_env(tmp_path)
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
+    script = textwrap.dedent(f"""
+        import torch, torch.distributed as dist
+        if {import_before_init}:
+            import torch.distributed.nn
+        dist.init_process_group("gloo")
+        import torch.distributed.nn
+        dist.all_reduce(torch.ones(4))
+        dist.destroy_process_group()
+    """)
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return _workers(reports)["rank-0"]
+
+
+def test_torch_distributed_nn_imported_after_init_holds_the_default_group_past_destroy(tmp_path: Path) -> None:
+    """The PyTorch behaviour the examples work around (torch 2.13): its collectives' ``group=group.WORLD``
+    default argument, evaluated on import. If a torch release stops holding the group, the first assertion
+    fails, and examples/tinygpt.py's early import can go."""
+    assert _world_of_one(tmp_path / "after", import_before_init=False) == 2
+    assert _world_of_one(tmp_path / "before", import_before_init=True) == 0
+
+
+def test_a_detached_agent_holds_neither_the_model_nor_its_process_group(tmp_path: Path) -> None:
+    """zeromon_agent.detach(), then the script lets go of its DDP model and destroys the group: the model is
+    freed and gloo's workers end. The agent had kept both, through its memory walker and phase hooks (the
+    model) and its recorder's per-group caches (the group, for DDP's buckets issued on group.WORLD)."""
+    env, reports = _probed_env(tmp_path)
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
+               ZEROMON_OUT=str(tmp_path / "run"))
+    script = textwrap.dedent("""
+        import gc, weakref, torch, torch.distributed as dist
+        import torch.distributed.nn
+        import zeromon_agent
+        dist.init_process_group("gloo")
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        zeromon_agent.attach(model=model, optimizer=optimizer)
+        for _ in range(3):
+            model(torch.ones(2, 8)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        zeromon_agent.detach()
+        alive = weakref.ref(model)
+        del model, optimizer
+        gc.collect()
+        print("MODEL", "alive" if alive() is not None else "freed")
+        dist.destroy_process_group()
+    """)
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "MODEL freed" in result.stdout, result.stdout
+    assert _workers(reports) == {"rank-0": 0}
