@@ -126,3 +126,27 @@ def test_a_detached_agent_holds_neither_the_model_nor_its_process_group(tmp_path
     assert result.returncode == 0, result.stderr[-2000:]
     assert "MODEL freed" in result.stdout, result.stdout
     assert _workers(reports) == {"rank-0": 0}
+
+
+def test_python_on_a_gloo_worker_during_the_interpreters_exit_aborts_the_rank(tmp_path: Path) -> None:
+    """The mechanism itself, made deterministic (torch 2.13, Python 3.11): rank 0 issues an async all-reduce
+    with a Python completion callback and reaches the end of its script; rank 1 joins the collective a second
+    later, so rank 0's gloo worker completes it, and runs the callback, while rank 0's interpreter is
+    finalizing. Taking the GIL then ends the worker thread through pthread_exit, and the rank dies by
+    SIGABRT. If a torch or Python release stops doing so, this fails, and the scenarios' way out
+    (tests/scenarios/gloo_exit.py) can be looked at again."""
+    script = tmp_path / "late_peer.py"
+    script.write_text(textwrap.dedent("""
+        import time, torch, torch.distributed as dist
+        dist.init_process_group("gloo")
+        if dist.get_rank() == 1:
+            time.sleep(1.0)
+        work = dist.all_reduce(torch.ones(4), async_op=True)
+        work.get_future().add_done_callback(lambda _f: None)
+        if dist.get_rank() == 1:
+            work.wait()
+    """))
+    result = subprocess.run(torchrun_args(2, script), env=child_env(), capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "terminate called without an active exception" in result.stderr, result.stderr[-2000:]
+    assert "exitcode: -6" in result.stderr, result.stderr[-2000:]
