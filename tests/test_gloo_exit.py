@@ -150,3 +150,43 @@ def test_python_on_a_gloo_worker_during_the_interpreters_exit_aborts_the_rank(tm
     assert result.returncode != 0
     assert "terminate called without an active exception" in result.stderr, result.stderr[-2000:]
     assert "exitcode: -6" in result.stderr, result.stderr[-2000:]
+
+
+def test_a_group_destroyed_while_the_agent_runs_is_not_kept_alive_by_it(tmp_path: Path) -> None:
+    """A job that makes and destroys groups as it goes (a weight-sync group per round, say) while zeromon
+    records it: once the recorder has drained the group's collectives (a pass: here every 0.2 s), it lets go of
+    the group, whose gloo workers then end, as they do without zeromon. The recorder had kept every group it
+    had seen (its sizes and call shapes, by object) until the agent stopped."""
+    env = child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
+                    ZEROMON_OUT=str(tmp_path / "run"), ZEROMON_FLUSH_INTERVAL="0.2")
+    script = textwrap.dedent("""
+        import gc, os, time, torch, torch.distributed as dist
+        import zeromon_agent
+
+        def gloo_workers():
+            names = []
+            for task in os.listdir("/proc/self/task"):
+                with open(f"/proc/self/task/{task}/comm") as comm:
+                    names.append(comm.read().strip())
+            return sum(name == "pt_gloo_runloop" for name in names)
+
+        dist.init_process_group("gloo")
+        zeromon_agent.attach()
+        before = gloo_workers()
+        for round in range(3):
+            group = dist.new_group([0])
+            for _ in range(4):
+                dist.all_reduce(torch.ones(16), group=group)
+            dist.destroy_process_group(group)
+            del group
+        time.sleep(1.0)  # the recorder's passes
+        gc.collect()
+        print("WORKERS", before, gloo_workers())
+        zeromon_agent.detach()
+        dist.destroy_process_group()
+    """)
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    line = next(line for line in result.stdout.splitlines() if line.startswith("WORKERS "))
+    before, after = map(int, line.split()[1:])
+    assert before == after == 2, line  # the default group's two workers only: the three destroyed groups' are gone

@@ -8,6 +8,8 @@ What is patched, and why:
 - ``Work.wait``: the time a thread blocks on an async collective, and its completion when it blocked.
 - ``torch.distributed._functional_collectives``: DTensor's collectives (``clip_grad_norm_`` on FSDP2)
   bypass ``dist.*``; their wait is ``wait_tensor``.
+- ``destroy_process_group`` (both modules): counted, so that the recorder lets go of the groups it keeps
+  by object once it has drained their collectives (make_destroy_wrapper).
 - DeepSpeed's ``TorchBackend`` caches ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` when it
   initializes: patch before that (``zeromon run`` does), or ``repatch_deepspeed()`` re-points the cache.
 
@@ -378,6 +380,22 @@ def make_wait_tensor(orig: Callable[..., Any], state: HotState = STATE) -> Calla
 _installed: list[tuple[Any, str, Any]] = []  # (owner, attribute, original) to restore
 
 
+def make_destroy_wrapper(fn: Callable[..., Any], state: HotState = STATE) -> Callable[..., Any]:
+    """``destroy_process_group``, counted: the recorder keeps the groups it has seen (their sizes, by object)
+    until then. Held on, a destroyed group would keep its communicators and threads (gloo's workers, which can
+    abort a finished rank at exit; NCCL's communicators and their GPU memory) for as long as zeromon runs."""
+
+    @functools.wraps(fn)
+    def zeromon_destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            state.groups_destroyed += 1
+
+    zeromon_destroy_process_group.__zeromon_original__ = fn  # type: ignore[attr-defined]
+    return zeromon_destroy_process_group
+
+
 def _set(owner: Any, name: str, value: Any) -> None:
     _installed.append((owner, name, getattr(owner, name)))
     setattr(owner, name, value)
@@ -416,6 +434,13 @@ def install(state: HotState = STATE) -> list[str]:
     work_cls = getattr(c10d, "Work", None)
     if work_cls is not None and not hasattr(work_cls.wait, "__zeromon_original__"):
         _set(work_cls, "wait", make_wait(work_cls.wait, state))
+
+    destroy = getattr(c10d, "destroy_process_group", None)
+    if destroy is not None and not hasattr(destroy, "__zeromon_original__"):
+        wrapper = make_destroy_wrapper(destroy, state)
+        _set(c10d, "destroy_process_group", wrapper)
+        if getattr(dist, "destroy_process_group", None) is destroy:
+            _set(dist, "destroy_process_group", wrapper)
 
     repatch_deepspeed()
     return wrapped

@@ -146,6 +146,7 @@ class Recorder(CollectiveRecords):
         # Closed, waiting for their marks: Spans, or on the host (phase, step, start, end) in perf_ns
         self._spans: collections.deque[Any] = collections.deque()
         self._group_sizes: dict[Any, int] = {}
+        self._groups_destroyed = state.groups_destroyed
         self._dtype_names: dict[Any, str] = {}
         self._shapes: dict[tuple[Any, ...], tuple[str, int, str, int, float | None, int]] = {}  # _shape
         self._write_values = getattr(writer, "write_values", None)  # the compact writer's
@@ -201,11 +202,9 @@ class Recorder(CollectiveRecords):
                                  detail=detail, write_error=writer.error)
                     writer.close(end)
                     self._check_writer()
-                # Keyed by the process groups themselves: held past the stop (the agent lives on in atexit's
-                # list), they kept a group alive after the script's destroy_process_group, and its gloo
-                # worker threads ran on into the interpreter's exit, where gloo can abort a finished rank.
-                self._group_sizes.clear()
-                self._shapes.clear()
+                # Held past the stop (the agent lives on in atexit's list), the groups kept their gloo worker
+                # threads into the interpreter's exit, where gloo can abort a finished rank.
+                self._forget_groups()
 
     def watched(self) -> None:
         """A live client read this rank (its endpoint's /metrics or snapshot): passes come every LIVE_PASS_S
@@ -383,6 +382,7 @@ class Recorder(CollectiveRecords):
         # queue by then, so the step's summary, made at the end of this pass, includes it.
         # Take what is queued now, no more: a producer faster than this thread must not keep one
         # pass going (and its step summaries waiting) forever; the rest is dropped at the queue.
+        destroyed = self.state.groups_destroyed  # read first: a destroyed group's collectives are all in this pass
         control = self.state.control
         items = [control.popleft() for _ in range(len(control))]
         raw = self.state.raw
@@ -408,6 +408,15 @@ class Recorder(CollectiveRecords):
         self._resolve_spans(final)
         self._emit_steps(final)
         self._release()
+        if destroyed != self._groups_destroyed:
+            self._groups_destroyed = destroyed
+            self._forget_groups()
+
+    def _forget_groups(self) -> None:
+        """Let go of the process groups kept by object (their sizes, and the shapes of calls on them): after a
+        destroy_process_group, and at the stop. They are found again at their next collective."""
+        self._group_sizes.clear()
+        self._shapes.clear()
 
     def _all_sync(self, items: list[tuple[Any, ...]]) -> bool:
         """Whether ``items`` are all synchronous host collectives of steps not yet summarized (the queue's

@@ -50,6 +50,7 @@ class HotState:
         "inside",
         "cuda_timing",
         "autostart",
+        "groups_destroyed",
     )
 
     def __init__(self, raw_capacity: int = 65536) -> None:
@@ -86,6 +87,9 @@ class HotState:
         # `zeromon run`: starts the agent from the first collective when the process group was made
         # by a path whose init_process_group could not be wrapped. Returns True once started.
         self.autostart: Any = None
+        # destroy_process_group calls so far: the recorder lets go of the groups it keeps (by object) once it has
+        # drained what was queued before the call, so that a destroyed group is not kept alive by zeromon.
+        self.groups_destroyed = 0
 
     @property
     def recorded(self) -> int:
