@@ -15,10 +15,12 @@ import contextlib
 import dataclasses
 import gc
 import hashlib
+import importlib
 import json
 import math
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -303,6 +305,16 @@ def init_process_group(env: DistEnv) -> None:
         dist.init_process_group(env.backend)
 
 
+# DTensor's caches that hold device meshes, and through them process groups (torch 2.13): FSDP2's
+# parameters are DTensors, and its gradient clipping redistributes them.
+_DTENSOR_CACHES = (
+    ("torch.distributed.tensor.debug", "_clear_sharding_prop_cache"),
+    ("torch.distributed.tensor._collective_utils", "MeshTopoInfo.build_from_mesh.cache_clear"),
+    ("torch.distributed.tensor._redistribute", "_gen_transform_infos.cache_clear"),
+    ("torch.distributed.tensor._redistribute", "clear_redistribute_planner_cache"),
+)
+
+
 def teardown() -> None:
     """Destroy the process group, so that gloo's worker threads end here rather than during the exit.
 
@@ -310,10 +322,21 @@ def teardown() -> None:
     interpreter's finalization. One that then drops the last reference to a finished collective's tensor
     takes the GIL, which a finalizing Python answers with pthread_exit: the rank dies by SIGABRT
     ("terminate called without an active exception") after its training ended. init_process_group keeps
-    torch.distributed.nn from holding the default group; FSDP's state can hold groups in reference cycles,
-    collected here. FSDP2's fully_shard (torch 2.13) keeps its mesh's group until the process ends."""
+    torch.distributed.nn from holding the default group; DTensor's caches (_DTENSOR_CACHES) are emptied
+    here; FSDP's state can hold groups in reference cycles, collected here. The group ends when the
+    script's own references to the model go (at the latest as main() returns)."""
     if dist.is_initialized():
         dist.destroy_process_group()
+    for module_name, path in _DTENSOR_CACHES:
+        if "torch.distributed.tensor" not in sys.modules:
+            break  # no DTensor in this run
+        try:
+            target: Any = importlib.import_module(module_name)
+            for name in path.split("."):
+                target = getattr(target, name)
+            target()
+        except (ImportError, AttributeError):  # another torch: its caches, if any, stay
+            pass
     gc.collect()
 
 

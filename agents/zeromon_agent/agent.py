@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import logging
 import math
 import os
@@ -303,6 +304,13 @@ class Agent:
         if ending is None and self._exit_status:
             ending = (f"{END_EXIT} {self._exit_status}", None)
         self.stop(*(ending if ending is not None else (END_EXIT, None)))
+        # What the stop let go of (a model, its process groups: often in reference cycles) is collected now, while
+        # the interpreter is whole; left to the finalization's collection, a group's gloo workers would still
+        # run there, where gloo can abort a rank that finished. A pause at exit only, never in training.
+        try:
+            gc.collect()
+        except Exception:  # noqa: BLE001, S110 - nothing at exit may fail because of zeromon
+            pass
 
     def _install_excepthook(self) -> None:
         """Note the exception that ends the script, for the end record; then the hook that was there

@@ -29,6 +29,8 @@ same step.
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib
 import itertools
 import os
 import signal
@@ -37,9 +39,11 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.nn  # noqa: F401 - imported before the process group exists: see _let_go_of_the_group
 import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
@@ -159,6 +163,7 @@ def rank_main(local_rank: int, args: argparse.Namespace, port: int) -> None:
     # timeout is 30 minutes): the ranks note Ctrl-C and agree to stop at the end of a step instead.
     signal.signal(signal.SIGINT, ctrl_c_handler(interrupted))
     train(SHAPES[args.scenario], args, interrupted)
+    _let_go_of_the_group()  # train()'s model is unreferenced now: collected with its group
 
 
 def train(shape: Shape, args: argparse.Namespace, interrupted: Flag) -> None:
@@ -190,6 +195,33 @@ def train(shape: Shape, args: argparse.Namespace, interrupted: Flag) -> None:
             print(f"demo {args.scenario}: {step} steps in {time.monotonic() - started:.1f} s{why}", flush=True)
     finally:
         dist.destroy_process_group()
+
+
+# DTensor's caches that hold device meshes, and through them process groups (torch 2.13).
+DTENSOR_CACHES = (
+    ("torch.distributed.tensor.debug", "_clear_sharding_prop_cache"),
+    ("torch.distributed.tensor._collective_utils", "MeshTopoInfo.build_from_mesh.cache_clear"),
+    ("torch.distributed.tensor._redistribute", "_gen_transform_infos.cache_clear"),
+    ("torch.distributed.tensor._redistribute", "clear_redistribute_planner_cache"),
+)
+
+
+def _let_go_of_the_group() -> None:
+    """Drop what still holds the process group after destroy_process_group, so that its gloo worker threads
+    end once train() has returned, not during the interpreter's exit: a worker that drops a finished collective's
+    tensor there takes the GIL, which a finalizing Python answers with pthread_exit, and the rank dies by
+    SIGABRT ("terminate called without an active exception") after its training ended. The holders:
+    torch.distributed.nn's default arguments (``group=group.WORLD``, evaluated on its import, which building
+    the optimizer does: imported before init_process_group, they hold None) and DTENSOR_CACHES."""
+    for module_name, path in DTENSOR_CACHES:
+        try:
+            target: Any = importlib.import_module(module_name)
+            for name in path.split("."):
+                target = getattr(target, name)
+            target()
+        except (ImportError, AttributeError):  # another torch: its caches, if any, stay
+            pass
+    gc.collect()
 
 
 def _agree_to_stop(stop: bool) -> bool:
