@@ -139,6 +139,10 @@ class Categorizer:
 
     def __init__(self, refresh_every: int = 100) -> None:
         self.refresh_every = refresh_every
+        self.release()
+
+    def release(self) -> None:
+        """Hold nothing of the model or the optimizer (as new; the agent stopped): a later walk finds them again."""
         self._walks = 0
         self._discovered_at = 0
         self._model: Any = None
@@ -150,10 +154,6 @@ class Categorizer:
         self._params: list[Any] = []
         self._buffers: list[Any] = []
         self._still: tuple[dict[str, int], set[int]] | None = None
-
-    def release(self) -> None:
-        """Let go of the model, the optimizer and their tensors (the agent stopped); a later walk finds them again."""
-        self.__init__(self.refresh_every)  # type: ignore[misc]
 
     def _discover(self, model: Any) -> None:
         self._model = model
