@@ -327,9 +327,8 @@ def teardown() -> None:
     script's own references to the model go (at the latest as main() returns)."""
     if dist.is_initialized():
         dist.destroy_process_group()
-    for module_name, path in _DTENSOR_CACHES:
-        if "torch.distributed.tensor" not in sys.modules:
-            break  # no DTensor in this run
+    dtensor_used = "torch.distributed.tensor" in sys.modules
+    for module_name, path in _DTENSOR_CACHES if dtensor_used else ():
         try:
             target: Any = importlib.import_module(module_name)
             for name in path.split("."):

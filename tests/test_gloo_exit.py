@@ -60,6 +60,14 @@ def _workers(reports: Path) -> dict[str, int]:
     return {p.stem: json.loads(p.read_text())["gloo_workers"] for p in sorted(reports.glob("rank-*.json"))}
 
 
+def _world_of_one_run(script: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``script`` as rank 0 of a world of one (gloo's env:// rendezvous on a free port)."""
+    env = {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1"}
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result
+
+
 @pytest.mark.parametrize("example", ["ddp", "fsdp1", "fsdp2"])
 def test_the_examples_end_their_gloo_threads_before_the_exit_under_zeromon_run(example: str, tmp_path: Path) -> None:
     """The examples build their optimizer after init_process_group, as every training does. Before this was
@@ -86,7 +94,6 @@ def _world_of_one(tmp_path: Path, import_before_init: bool) -> int:
     """A world-1 gloo run that imports torch.distributed.nn before or after init_process_group (as
     building an optimizer does), then destroys the group: its gloo workers alive at exit."""
     env, reports = _probed_env(tmp_path)
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1")
     script = textwrap.dedent(f"""
         import torch, torch.distributed as dist
         if {import_before_init}:
@@ -96,8 +103,7 @@ def _world_of_one(tmp_path: Path, import_before_init: bool) -> int:
         dist.all_reduce(torch.ones(4))
         dist.destroy_process_group()
     """)
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
+    _world_of_one_run(script, env)
     return _workers(reports)["rank-0"]
 
 
@@ -114,8 +120,7 @@ def test_a_detached_agent_holds_neither_the_model_nor_its_process_group(tmp_path
     freed and gloo's workers end. The agent had kept both, through its memory walker and phase hooks (the
     model) and its recorder's per-group caches (the group, for DDP's buckets issued on group.WORLD)."""
     env, reports = _probed_env(tmp_path)
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
-               ZEROMON_OUT=str(tmp_path / "run"))
+    env["ZEROMON_OUT"] = str(tmp_path / "run")
     script = textwrap.dedent("""
         import gc, weakref, torch, torch.distributed as dist
         import torch.distributed.nn
@@ -135,8 +140,7 @@ def test_a_detached_agent_holds_neither_the_model_nor_its_process_group(tmp_path
         print("MODEL", "alive" if alive() is not None else "freed")
         dist.destroy_process_group()
     """)
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
+    result = _world_of_one_run(script, env)
     assert "MODEL freed" in result.stdout, result.stdout
     assert _workers(reports) == {"rank-0": 0}
 
@@ -170,8 +174,7 @@ def test_a_group_destroyed_while_the_agent_runs_is_not_kept_alive_by_it(tmp_path
     records it: once the recorder has drained the group's collectives (a pass: here every 0.2 s), it lets go of
     the group, whose gloo workers then end, as they do without zeromon. The recorder had kept every group it
     had seen (its sizes and call shapes, by object) until the agent stopped."""
-    env = child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
-                    ZEROMON_OUT=str(tmp_path / "run"), ZEROMON_FLUSH_INTERVAL="0.2")
+    env = child_env(ZEROMON_OUT=str(tmp_path / "run"), ZEROMON_FLUSH_INTERVAL="0.2")
     script = textwrap.dedent("""
         import gc, os, time, torch, torch.distributed as dist
         import zeromon_agent
@@ -198,8 +201,7 @@ def test_a_group_destroyed_while_the_agent_runs_is_not_kept_alive_by_it(tmp_path
         zeromon_agent.detach()
         dist.destroy_process_group()
     """)
-    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
+    result = _world_of_one_run(script, env)
     line = next(line for line in result.stdout.splitlines() if line.startswith("WORKERS "))
     before, after = map(int, line.split()[1:])
     assert before == after == 2, line  # the default group's two workers only: the three destroyed groups' are gone

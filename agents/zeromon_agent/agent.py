@@ -272,13 +272,13 @@ class Agent:
                 self.meter.release()
             self.points.close()
             self.tracker.close()
-            # The training's objects are let go as the hooks come off: held on, a DDP or FSDP model kept
-            # its process group past the script's destroy_process_group, and with it gloo's worker threads,
-            # which then ran on into the interpreter's exit (where gloo can abort a finished rank).
-            self.categorizer.release()
-            self.model = self.optimizer = self.engine = None
         except Exception as exc:  # noqa: BLE001
             log.warning("zeromon: error while stopping the agent: %r", exc)
+        # The training's objects are let go, whatever the hooks' removal met: held on, a DDP or FSDP model kept
+        # its process group past the script's destroy_process_group, and with it gloo's worker threads, which
+        # then ran on into the interpreter's exit (where gloo can abort a finished rank).
+        self.categorizer.release()
+        self.model = self.optimizer = self.engine = None
         try:
             if self.recorder is not None:
                 self.recorder.stop(how=how, detail=detail)
