@@ -23,6 +23,7 @@ from test_reader_properties import INT64, KINDS, PROPERTIES, _checked, _valid_va
 from zeromon.cli import main
 from zeromon.model.codec import (
     COMPACT_MAGIC,
+    FORMAT_VERSION,
     Recording,
     RecordingWriter,
     iter_records,
@@ -240,7 +241,13 @@ def test_a_format_2_0_file_reads_back_as_the_json_lines_of_its_records() -> None
     read = read_recording(compact)
     assert _kept(read) == _kept(read_recording(lines)) and read.corrupt_lines == []
     assert len(read.memory) == 11 and any(sample.categories for sample in read.memory)
-    assert b"".join(export_lines(compact)) == lines.read_bytes()
+    exported, recorded = b"".join(export_lines(compact)).splitlines(), lines.read_bytes().splitlines()
+    assert exported[1:] == recorded[1:]  # the records, line for line
+    # The header is this version's, whose schemas hold the recorded ones (and kinds added since).
+    new_header, old_header = json.loads(exported[0]), json.loads(recorded[0])
+    assert new_header.pop("version") == FORMAT_VERSION and old_header.pop("version") == "1.3"
+    new_schemas, old_schemas = new_header.pop("schemas"), old_header.pop("schemas")
+    assert new_header == old_header and {k: new_schemas[k] for k in old_schemas} == old_schemas
 
 
 def _collective(seq: int) -> CollectiveEvent:
@@ -352,7 +359,7 @@ def test_json_lines_and_compact_rank_files_read_as_one_run(tmp_path: Path) -> No
     RecordingWriter(tmp_path / "rank-0.jsonl", 0, **HEADER).close()
     _three_segments(tmp_path / "rank-1.zmr", rank=1)
     assert [p.name for p, _ in run_headers(tmp_path)] == ["rank-0.jsonl", "rank-1.zmr"]
-    assert [h["version"] for _, h in run_headers(tmp_path)] == ["1.3", COMPACT_VERSION]
+    assert [h["version"] for _, h in run_headers(tmp_path)] == [FORMAT_VERSION, COMPACT_VERSION]
     run = read_run(tmp_path)
     assert [len(r.collectives) for r in run] == [0, 12]
     (tmp_path / "rank-1.jsonl").write_bytes(b"".join(export_lines(tmp_path / "rank-1.zmr")))
@@ -428,7 +435,7 @@ def test_the_agent_writes_the_compact_form_that_summary_report_and_export_read(t
         # The agent's memory samples, its categories in the order of its walk, all go into the columns.
         assert any(sample.categories for sample in compact.memory)
         assert _columnar_counts(out / f"rank-{rank}.zmr")["memory"] == len(compact.memory)
-        assert lines.header["version"] == "1.3" and read_file_end(out / f"rank-{rank}.zmr").end is not None
+        assert lines.header["version"] == FORMAT_VERSION and read_file_end(out / f"rank-{rank}.zmr").end is not None
         # ~15-50 bytes a collective (tests/bench/RESULTS.md): far under the JSON lines' size
         assert (out / f"rank-{rank}.zmr").stat().st_size * 3 < (exported / f"rank-{rank}.jsonl").stat().st_size
     grep = subprocess.run(["grep", "-c", '^\\["collective"'], input=zeromon("export", str(out)).stdout,

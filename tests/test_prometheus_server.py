@@ -66,7 +66,11 @@ AGENT_METRICS = HISTOGRAMS | {
     "zeromon_agent_events_recorded_total", "zeromon_agent_events_dropped_total", "zeromon_agent_hook_errors_total",
     "zeromon_agent_cpu_seconds_total", "zeromon_agent_start_time_seconds",
     "zeromon_recording_lost_records_total", "zeromon_recording_lost_bytes_total",
+    "zeromon_progress_age_seconds", "zeromon_stall_threshold_seconds", "zeromon_stalled",
+    "zeromon_group_collectives_issued", "zeromon_collective_inflight_seconds", "zeromon_collective_inflight_seq",
 }
+# Exported only while the training thread is inside a collective as the agent is scraped.
+WHILE_IN_A_COLLECTIVE = {"zeromon_collective_inflight_seconds", "zeromon_collective_inflight_seq"}
 SERIES_NAMES = AGENT_METRICS | {f"{h}_{s}" for h in HISTOGRAMS for s in ("bucket", "sum", "count")}
 PROMETHEUS_OWN = {"up"}  # the scrape health series Prometheus adds per target
 
@@ -236,6 +240,10 @@ def test_alert_rules_fire_when_they_should_and_not_otherwise(tmp_path: Path) -> 
     def rank(r: str) -> dict[str, str]:
         return {"job": "train", "rank": r, "local_rank": r, "host": "node1"}
 
+    def hung_rank(r: str) -> dict[str, str]:
+        return {"job": "hung", "rank": r, "local_rank": r, "host": "node2"}
+
+    inflight = {"group": "0", "group_desc": "default_pg", "op": "all_gather", "meaning": "param_all_gather"}
     sick, healthy = rank("0"), rank("1")
     at_risk = {"job": "train", "rank": "0", "host": "node1"}
     gib = 2**30
@@ -261,6 +269,21 @@ def test_alert_rules_fire_when_they_should_and_not_otherwise(tmp_path: Path) -> 
         _series("zeromon_steps_total", "10+10x30", **healthy),
         _series("up", "1 1 0x10", instance="node1:9470", job="zeromon", zeromon_run="run-a"),
         _series("up", "1x12", instance="node1:9471", job="zeromon", zeromon_run="run-a"),
+        # A hang from minute 3 in job "hung": rank 1 stops before the default group's collective #25, rank 0 waits
+        # in it (its threshold 30 s); both stalled from minute 4. Rank 2 of job "train" is healthy and in a call.
+        *(_series(name, values, **hung_rank(r), **labels) for r, name, values, labels in (
+            ("0", "zeromon_group_collectives_issued", "20 24 25x10", {"group": "0", "group_desc": "default_pg"}),
+            ("1", "zeromon_group_collectives_issued", "20 24x11", {"group": "0", "group_desc": "default_pg"}),
+            ("0", "zeromon_stalled", "0 0 0 0 1x8", {}), ("1", "zeromon_stalled", "0 0 0 0 1x8", {}),
+            ("0", "zeromon_stall_threshold_seconds", "30x12", {}),
+            ("1", "zeromon_stall_threshold_seconds", "30x12", {}),
+            ("0", "zeromon_collective_inflight_seq", "_ _ 25x10", inflight),
+            ("0", "zeromon_collective_inflight_seconds", "_ _ 0+60x10", inflight))),
+        _series("zeromon_group_collectives_issued", "10+5x12", **rank("2"), group="0", group_desc="default_pg"),
+        _series("zeromon_stalled", "0x12", **rank("2")),
+        _series("zeromon_stall_threshold_seconds", "30x12", **rank("2")),
+        _series("zeromon_collective_inflight_seq", "11+5x12", **rank("2"), **inflight),
+        _series("zeromon_collective_inflight_seconds", "0.01x12", **rank("2"), **inflight),
     ]
     down = {"instance": "node1:9470", "job": "zeromon", "zeromon_run": "run-a"}
     tests = [
@@ -288,6 +311,13 @@ def test_alert_rules_fire_when_they_should_and_not_otherwise(tmp_path: Path) -> 
         # rank 0 stops stepping at minute 5: 10m without a step, then 5m more
         _alert("ZeromonTrainingStalled", "16m"),
         _alert("ZeromonTrainingStalled", "21m", {"severity": "warning", **sick}),
+        # The hang: the culprit once both are stalled (minute 4, for 10 s: firing at 5m), never the waiting rank nor
+        # the healthy job's rank, whose call is one of many; the victim once inside past its threshold (minute 3).
+        _alert("ZeromonRankHoldsUpCollective", "3m"),
+        _alert("ZeromonRankHoldsUpCollective", "5m", {"severity": "critical", **hung_rank("1"), "group": "0",
+                                                      "group_desc": "default_pg"}),
+        _alert("ZeromonCollectiveHang", "2m"),
+        _alert("ZeromonCollectiveHang", "5m", {"severity": "critical", **hung_rank("0"), **inflight}),
     ]
     unit = {"rule_files": ["rules.yml"], "evaluation_interval": "1m",
             "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": tests}]}
@@ -550,7 +580,7 @@ def test_prometheus_scrapes_a_real_2_rank_run_through_zeromon_targets(
         present = {s["metric"]["__name__"]
                    for s in server.query(f'group by (__name__) ({{__name__=~"zeromon_.+", job="{job}"}})')}
         assert not present - SERIES_NAMES, f"metrics outside the spec: {sorted(present - SERIES_NAMES)}"
-        missing = SERIES_NAMES - HISTOGRAMS - NOT_ON_CPU - present
+        missing = SERIES_NAMES - HISTOGRAMS - NOT_ON_CPU - WHILE_IN_A_COLLECTIVE - present
         assert not missing, f"the agents do not export {sorted(missing)}"
 
         # Plausible values: memory in use within a capacity, FSDP2's gathers and reduce-scatters.

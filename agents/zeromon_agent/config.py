@@ -25,6 +25,7 @@ ASYNC_SAMPLE_EVERY = Count(1, 10**6, zero="none")
 MEMORY_EVERY = Count(1, 10**6)
 DEVICE_SECONDS = Real(0.05, 3600.0, "seconds", zero="off")  # an NVML query costs ~1 ms: at most 20 a second
 RECENT_EVENTS = Count(16, 2**20)
+HANG_SECONDS = Real(1.0, 7 * 86400.0, "seconds", zero="auto: the larger of 30 s and ten median steps")
 
 
 def _bool(text: str) -> bool:
@@ -130,6 +131,7 @@ class AgentConfig:
     bind: str = "127.0.0.1"  # the endpoint's address; another one only when asked
     token: str | None = field(default=None, repr=False)  # when set, every route needs "Authorization: Bearer <token>"
     registry: str | None = None  # user-level endpoint index; None: ~/.cache/zeromon/agents
+    hang_after_s: float = 0.0  # no progress for this long makes a rank suspect; 0: auto (zeromon_agent.progress)
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,6 +186,7 @@ ENV: dict[str, Setting] = {
     "bind": _text("ZEROMON_BIND", "an IP address or host name", _address),
     "token": _text("ZEROMON_TOKEN", "a secret string"),
     "registry": _folder("ZEROMON_REGISTRY"),
+    "hang_after_s": _number("ZEROMON_HANG_AFTER", HANG_SECONDS),
 }
 
 

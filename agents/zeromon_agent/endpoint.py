@@ -1,4 +1,4 @@
-"""The agent's HTTP endpoint: /metrics, /api/v1/snapshot and /healthz on one port per rank, served
+"""The agent's HTTP endpoint: /metrics, /api/v1/snapshot, /api/v1/stacks and /healthz on one port per rank, served
 by zeromon_agent.httpserver (bounded threads, deadlines; the training thread never waits on it).
 Rendering is cached (metrics.RENDER_TTL_S, snapshot.VIEW_TTL_S), so a scrape storm costs little.
 
@@ -40,7 +40,7 @@ _READS = frozenset({"/metrics", "/api/v1/snapshot"})  # what a live client reads
 # --- the agent's routes ---------------------------------------------------------------------------------
 
 class EndpointApp:
-    """Routes: /metrics, /api/v1/snapshot, /healthz; the agent id and token checks in front of all of them."""
+    """Routes: /metrics, /api/v1/snapshot, /api/v1/stacks, /healthz; the agent id and token checks in front of all of them."""
 
     def __init__(self, live: LiveData, metrics: MetricsRenderer, token: str | None, agent_id: str = "") -> None:
         self.live = live
@@ -71,10 +71,19 @@ class EndpointApp:
             except SnapshotError as exc:
                 return json_response(400, {"error": str(exc)})
             return json_response(200, document)
+        if request.path == "/api/v1/stacks":
+            return json_response(200, self._stacks())
         if request.path == "/healthz":
             return json_response(200, {"status": "ok", "rank": self.live.identity.rank, "agent": self.agent_id})
         return json_response(404, {"error": f"no such route: {request.path}",
-                                   "routes": ["/metrics", "/api/v1/snapshot", "/healthz"]})
+                                   "routes": ["/metrics", "/api/v1/snapshot", "/api/v1/stacks", "/healthz"]})
+
+    def _stacks(self) -> dict[str, Any]:
+        """Every thread's Python stack, read from this (the endpoint's) thread: no ptrace, no pause of the others."""
+        progress = getattr(self.live.recorder, "progress", None)
+        threads = progress.stacks() if progress is not None else []
+        return {"rank": self.live.identity.rank, "pid": self.live.identity.pid, "t_ns": time.time_ns(),
+                "threads": threads}
 
     def _authorized(self, header: str | None) -> bool:
         """``Bearer <token>``, the scheme in any case (RFC 7235); the token compared in constant time."""

@@ -71,6 +71,7 @@ class AgentCollector(Collector):
         yield from self._steps(view)
         yield from self._memory(view)
         yield from self._device(view)
+        yield from self._progress(view)
         yield from self._agent(view)
 
     # --- helpers ------------------------------------------------------------------------------------
@@ -225,6 +226,43 @@ class AgentCollector(Collector):
                 if value is not None:
                     family.add_metric([*self.base, direction], value)
             yield family
+
+    def _progress(self, view: View) -> Iterator[Metric]:
+        """Where the rank is in its collectives: what a hang alert compares across ranks (zeromon-alerts.yml)."""
+        p = view.progress
+        if p is None:
+            return
+        yield from self._gauge("zeromon_progress_age_seconds", "Seconds since the rank last made progress (a "
+                               "collective issued or completed, a phase or step boundary).", round(p.idle_s, 3))
+        yield from self._gauge("zeromon_stall_threshold_seconds", "No progress for this long makes the rank "
+                               "suspect (ZEROMON_HANG_AFTER, else the larger of 30 s and ten median steps).",
+                               p.threshold_s)
+        yield from self._gauge("zeromon_stalled", "1 while the rank has made no progress for its threshold.",
+                               1 if p.stalled else 0)
+        group_labels = (*BASE_LABELS, "group", "group_desc")
+        issued = GaugeMetricFamily("zeromon_group_collectives_issued", "Collectives the rank has issued in each "
+                                   "process group: the group's sequence number, which every rank of it counts "
+                                   "alike.", labels=group_labels)
+        for g in p.groups:
+            if g.issued >= 0:
+                issued.add_metric([*self.base, g.group, g.desc], g.issued)
+        yield issued
+        blocked = p.blocked
+        if blocked is None:
+            return
+        call = blocked.call
+        labels = (*group_labels, "op", "meaning")
+        group = p.group(call.group)
+        values = [*self.base, call.group, group.desc if group is not None else "", _bounded(call.op, _OPS, "other"),
+                  _bounded(call.meaning, _MEANINGS, "unknown")]
+        seconds = GaugeMetricFamily("zeromon_collective_inflight_seconds", "How long the training thread has been "
+                                    "inside this collective (its call, or its wait); absent when it is in none.",
+                                    labels=labels)
+        seconds.add_metric(values, max(0.0, (p.t_ns - blocked.since_ns) / 1e9))
+        seq = GaugeMetricFamily("zeromon_collective_inflight_seq", "The group sequence number of the collective the "
+                                "training thread is inside.", labels=labels)
+        seq.add_metric(values, call.seq)
+        yield from (seconds, seq)
 
     def _agent(self, view: View) -> Iterator[Metric]:
         s = view.stats

@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Any
 
+from zeromon.analysis.hang import progress_notice
 from zeromon.analysis.step_overlap import AGENT_PHASE, COMPUTE_PHASES, DEVICE_CLOCK, HOST_CLOCK
 from zeromon.model.codec import FIELDS_OF, RecordingWriter, orjson_module
 from zeromon.model.events import (
@@ -34,15 +35,18 @@ from zeromon.model.events import (
     Notice,
     OomEvent,
     PhaseSpan,
+    ProgressReport,
     Record,
     RunEnd,
     RunInfo,
     StepSummary,
     record_maker,
 )
+from zeromon.model.progress import STALLED, RankProgress
 from zeromon_agent.collective_records import CollectiveRecords, Inflight, materialize
 from zeromon_agent.detail import DetailKeeper
 from zeromon_agent.live_totals import Counted, CountedColumns, LiveTotals
+from zeromon_agent.progress import ProgressWatch
 from zeromon_agent.recent import RecentRecords
 from zeromon_agent.state import (
     RAW_AGENT,
@@ -85,6 +89,7 @@ _FIRST_PASS_S = 0.2
 # one every 2 s; bench_recorder_cpu).
 LIVE_PASS_S = 1.0
 WATCHED_S = 3.0
+_RECENT_RAW = 256  # raw records kept after their drain, for each group's newest collective (progress)
 _CONTROL_CROWDED = 16384  # control records queued that bring a pass forward (the queue holds 65,536)
 _BATCH = 256  # synchronous collectives finalized a column at a time, between two gives of the GIL
 _KIND, _ASYNC, _STEP, _CUDA = (operator.itemgetter(i) for i in (0, 10, 13, 14))  # of a raw collective
@@ -102,7 +107,7 @@ _MEMORY_FIELDS, _MEMORY_FIELDS_WALKED = frozenset(_MEMORY_PLAIN), frozenset(_MEM
 class Recorder(CollectiveRecords):
     def __init__(self, state: HotState, rank: int, writer: RecordingWriter | None, flush_interval_s: float,
                  recent_events: int = 4096, device: Any = None, device_interval_s: float = 1.0,
-                 cuda_timer: Any = None, max_disk: int | None = None) -> None:
+                 cuda_timer: Any = None, max_disk: int | None = None, hang_after_s: float = 0.0) -> None:
         self.state = state
         self.rank = rank
         self.writer = writer
@@ -146,6 +151,11 @@ class Recorder(CollectiveRecords):
         # Closed, waiting for their marks: Spans, or on the host (phase, step, start, end) in perf_ns
         self._spans: collections.deque[Any] = collections.deque()
         self._group_sizes: dict[Any, int] = {}
+        # The newest raw collectives drained (they hold their groups: let go with them, _forget_groups), and the
+        # count of every raw record drained: with what is queued, what the training thread has done (progress).
+        self._recent_raw: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=_RECENT_RAW)
+        self._drained = 0
+        self.progress = ProgressWatch(state, rank, hang_after_s, self._step_durations)
         self._groups_destroyed = state.groups_destroyed
         self._dtype_names: dict[Any, str] = {}
         self._shapes: dict[tuple[Any, ...], tuple[str, int, str, int, float | None, int]] = {}  # _shape
@@ -188,6 +198,9 @@ class Recorder(CollectiveRecords):
         with self._drain_lock:
             try:
                 self._drain(final=True)
+                if how.startswith("signal ") or self.progress.stalled_at is not None:
+                    # Where a signal found it (a hung rank is stopped this way), or a stall it never left.
+                    self._write_progress(self.progress_report(how))
                 kept = self.keeper.close()
                 if kept is not None:
                     self._recording_notice("info", kept)
@@ -205,6 +218,7 @@ class Recorder(CollectiveRecords):
                 # Held past the stop (the agent lives on in atexit's list), the groups kept their gloo worker
                 # threads into the interpreter's exit, where gloo can abort a finished rank.
                 self._forget_groups()
+                self.progress.release()
 
     def watched(self) -> None:
         """A live client read this rank (its endpoint's /metrics or snapshot): passes come every LIVE_PASS_S
@@ -236,6 +250,7 @@ class Recorder(CollectiveRecords):
                    or state.async_queued or len(state.raw) * 4 >= state.raw_capacity
                    or len(state.control) >= _CONTROL_CROWDED)
             try:
+                self._watch_progress(now)
                 if not due:  # nobody reads, nothing crowds, no flush due: NVML every device_interval_s all the same
                     if self.device is not None:
                         with self._drain_lock:
@@ -261,6 +276,49 @@ class Recorder(CollectiveRecords):
             finally:
                 self.cpu_time_s = time.thread_time() - cpu0
 
+    # --- progress ---------------------------------------------------------------------------------
+    def _watch_progress(self, now: int) -> None:
+        """Once a pass: has the training thread done anything since the last? A stall past the threshold, and
+        the progress after it, are written at once (a report, a notice) and flushed: a rank killed later keeps them."""
+        state = self.state
+        pushed = self._drained + len(state.raw) + len(state.control) + state.dropped + state.control_dropped
+        said = self.progress.tick(pushed, now)
+        if said is None:
+            return
+        with self._drain_lock:
+            self._drain(final=False)
+            report = self.progress_report(said)
+            self._write_progress(report)
+            message = progress_notice(report)
+            if message is not None:
+                self._recording_notice("warning" if said == STALLED else "info", message, source="progress")
+            if self.writer is not None:
+                self.writer.flush()
+
+    def progress_report(self, reason: str) -> RankProgress:
+        """This rank's progress now (zeromon.model.progress), from any thread."""
+        state = self.state
+        # Newest first: what the training thread queued since the last drain, then what was drained. Each copy
+        # is one C call, which no other thread can interleave with.
+        queued = [item for item in reversed(state.raw) if item[0] == RAW_COLLECTIVE]
+        drained = [item for item in reversed(self._recent_raw) if item[0] == RAW_COLLECTIVE]
+        return self.progress.report(reason, queued + drained, set(self._inflight))
+
+    def say_progress(self, reason: str) -> None:
+        """Write this rank's progress now and flush it (a signal the main thread cannot handle yet)."""
+        with self._drain_lock:
+            self._drain(final=False)
+            self._write_progress(self.progress_report(reason))
+            if self.writer is not None:
+                self.writer.flush()
+
+    def _write_progress(self, report: RankProgress) -> None:
+        self._write(ProgressReport(rank=self.rank, t_ns=report.t_ns, reason=report.reason, report=report.to_dict()))
+
+    def _step_durations(self) -> list[float]:
+        with self.lock:
+            return [summary.duration_s for summary in itertools.islice(reversed(self.recent_steps), 64)]
+
     def _check_writer(self) -> None:
         """Say once, in a Notice and the log, that the recording stopped being written."""
         writer = self.writer
@@ -274,9 +332,9 @@ class Recorder(CollectiveRecords):
         with self.lock:
             self.notices.append(record)
 
-    def _recording_notice(self, level: str, message: str) -> None:
-        """A Notice about the recording itself, from the recorder's thread (the drain lock held)."""
-        record = Notice(rank=self.rank, t_ns=time.time_ns(), level=level, source="recording", message=message)
+    def _recording_notice(self, level: str, message: str, source: str = "recording") -> None:
+        """A Notice (about the recording itself, by default) from the recorder's thread (the drain lock held)."""
+        record = Notice(rank=self.rank, t_ns=time.time_ns(), level=level, source=source, message=message)
         with self.lock:
             self.notices.append(record)
         if self.writer is not None:  # past ZEROMON_MAX_DISK too: it says so
@@ -393,6 +451,8 @@ class Recorder(CollectiveRecords):
                 collectives.append(popleft())
             except IndexError:
                 break
+        self._drained += len(items) + len(collectives)
+        self._recent_raw.extend(collectives)
         self._dispatch(items)
         if collectives and self._all_sync(collectives):  # every collective on gloo: a column at a time
             for start in range(0, len(collectives), _BATCH):
@@ -417,6 +477,7 @@ class Recorder(CollectiveRecords):
         destroy_process_group, and at the stop. They are found again at their next collective."""
         self._group_sizes.clear()
         self._shapes.clear()
+        self._recent_raw.clear()
 
     def _all_sync(self, items: list[tuple[Any, ...]]) -> bool:
         """Whether ``items`` are all synchronous host collectives of steps not yet summarized (the queue's

@@ -35,6 +35,7 @@ from zeromon.model.events import (
     RunInfo,
     StepSummary,
 )
+from zeromon.model.progress import LIVE, RankProgress
 from zeromon_agent.collective_records import unmade_type
 
 SCHEMA = "zeromon.snapshot/1"
@@ -92,6 +93,7 @@ class View:
     findings: tuple[Finding, ...]
     notices: tuple[Notice, ...]
     recent: tuple[Any, ...]  # the records published last, oldest first; a record may be unmade: materialize
+    progress: RankProgress | None = None  # where the rank is in its collectives (None: not known)
 
 
 class LiveData:
@@ -143,8 +145,17 @@ class LiveData:
             collectives=tuple(sorted(rows, key=lambda r: (r.op, r.meaning))),
             busbw={op: statistics.median(values) for op, values in sorted(busbw_samples.items())},
             step_count=step_count, step_seconds=step_seconds, step_buckets=step_buckets, ooms=ooms, oom=oom,
-            findings=findings, notices=notices, recent=recent,
+            findings=findings, notices=notices, recent=recent, progress=self._progress(),
         )
+
+    def _progress(self) -> RankProgress | None:
+        report = getattr(self.recorder, "progress_report", None)
+        if report is None:
+            return None
+        try:
+            return report(LIVE)  # type: ignore[no-any-return]
+        except Exception:  # noqa: BLE001 - a snapshot without it rather than none
+            return None
 
     def _oom(self, now: float, history: list[MemorySample], steps: tuple[StepSummary, ...],
              run_info: RunInfo | None, recent: tuple[Any, ...]) -> OomForecast | None:
@@ -229,6 +240,7 @@ def build_snapshot(identity: Identity, view: View, query: Mapping[str, list[str]
         "oom": view.oom.to_dict() if view.oom is not None else None,
         "findings": [f.to_dict() for f in view.findings],
         "notices": [record_dict(n) for n in view.notices],
+        "progress": view.progress.to_dict() if view.progress is not None else None,
     }
     if since is not None:
         events, lost = events_since(view.recent, view.cursor, since, limit)

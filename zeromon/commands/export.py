@@ -1,4 +1,4 @@
-"""`zeromon export RUN_DIR [--out DIR | -]`: a run's recording as format 1.3 JSON lines, for grep and jq."""
+"""`zeromon export RUN_DIR [--out DIR | -]`: a run's recording as format 1.4 JSON lines, for grep and jq."""
 
 from __future__ import annotations
 

@@ -8,6 +8,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from zeromon.analysis.hang import EXIT_HUNG, OK, UNKNOWN, HangVerdict
 from zeromon.analysis.rank_ends import EXIT_RANK_DIED
 from zeromon.commands.source_flags import (
     NEWEST,
@@ -38,9 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "step time, exposed communication, overlap, memory, headroom and OOM risk. Without "
                           "arguments it finds the newest local run by itself (the user-level index, "
                           "ZEROMON_REGISTRY), and waits for one when there is none yet. A rank that died says how "
-                          "(\"rank 1 died at step 276 (no end record; ...)\"). Exit status with --once (and at the end "
-                          "of a --replay): 3 when a rank died, else 0 when a rank answered, 1 when none did (or no "
-                          "run was found).")
+                          "(\"rank 1 died at step 276 (no end record; ...)\"), and a hang names the rank that holds the others "
+                          "up, the collective and where its stack stands (zeromon hang prints the stacks). Exit status "
+                          "with --once (and at the end of a --replay): 3 when a rank died, 4 when the job is hung, else "
+                          "0 when a rank answered, 1 when none did (or no run was found).")
     add_source_arguments(parser)
     parser.add_argument("--once", action="store_true", help="one poll, print, exit")
     parser.add_argument("--json", action="store_true", help="JSON: one object (--once) or one line per poll")
@@ -127,9 +129,12 @@ def _follow(source: LiveSource, args: argparse.Namespace, waiting: bool) -> int:
 
 def once_status(view: FleetView, live: bool = True) -> int:
     """--once's exit status: 3 when a rank died (its line says how, as `zeromon run` and `summary` exit),
-    else 0 when a rank answered (a replay: when it has ranks), 1 when none did."""
+    4 when the job is hung (a rank waits in a collective for one that does not come), else 0 when a rank
+    answered (a replay: when it has ranks), 1 when none did."""
     if any(r.died for r in view.ranks):
         return EXIT_RANK_DIED
+    if view.hang is not None and view.hang.hung:
+        return EXIT_HUNG
     if view.totals is not None:  # Prometheus's rules count every rank; the view holds the worst few (or none yet)
         return 0 if view.totals.ranks else 1
     return 0 if (view.alive if live else view.ranks) else 1
@@ -158,11 +163,12 @@ def format_fleet(view: FleetView, waiting: bool = False) -> str:
         lines.append(totals_line(view.totals))
     if view.error:
         lines.append(f"note: {view.error}")
+    lines.extend(hang_lines(view.hang))
     header = (f"{'rank':>4}  {'state':<10} {'step':>6} {'step ms':>8} {'exposed ms':>10} {'exp %':>6} {'overlap':>7} "
               f"{'memory':>11} {'capacity':>11} {'headroom':>11} {'OOM':<8} {'dropped':>7}  target")
     lines.append(header)
     for r in view.ranks:
-        lines.append(_rank_line(r))
+        lines.append(_rank_line(r, view.hang))
     for r in view.ranks:
         if r.died:  # "rank 1 died at step 276 (no end record; its last 1 s may be lost)"
             lines.append(r.died)
@@ -191,10 +197,21 @@ def totals_line(t: FleetTotals) -> str:
             f"exposed share {exposed} · step time {step}")
 
 
-def _rank_line(r: RankView) -> str:
+def hang_lines(hang: HangVerdict | None) -> list[str]:
+    """The hang verdict, cause first: "critical: hung: rank 1 has not reached ..." (none while the job moves)."""
+    if hang is None or not hang.lines:
+        return []
+    label = "critical: hung: " if hang.hung else "warn: stalled: "
+    return [label + hang.lines[0], *("  " + line for line in hang.lines[1:])]
+
+
+def _rank_line(r: RankView, hang: HangVerdict | None = None) -> str:
     fmt = format_bytes
     state = "alive" if r.alive else "died" if r.died else "ended" if r.ended else (
         "down" if r.stale_s is None else f"stale {r.stale_s:.0f}s")
+    verdict = hang.of(r.rank) if hang is not None and r.rank is not None and r.alive else None
+    if verdict is not None and verdict.state not in (OK, UNKNOWN):
+        state = verdict.state
     last = r.last_step
     step = str(step_number(last.step)) if last else "-"  # as the script logs it, as the TUI shows it
     step_ms = f"{last.duration_s * 1e3:.1f}" if last else "-"

@@ -37,17 +37,20 @@ from zeromon.model.events import (
     Notice,
     OomEvent,
     PhaseSpan,
+    ProgressReport,
     Record,
     RunEnd,
     RunInfo,
     StepSummary,
 )
 from zeromon.model.schema import RecordCheck, record_check, show
+from zeromon.model.units import rank_ranges
 
 FORMAT_NAME = "zeromon-recording"
-FORMAT_VERSION = "1.3"  # 1.1: PhaseSpan.timing; StepSummary.comp_s, overlap_s, exposed_comm_s
+FORMAT_VERSION = "1.4"  # 1.1: PhaseSpan.timing; StepSummary.comp_s, overlap_s, exposed_comm_s
 # 1.2: CollectiveEvent.issue_s; the "agent" phase; exposed communication as the training thread's blocked time
 # 1.3: the "run_end" record (how the rank ended); AgentStats.records_lost, bytes_lost
+# 1.4: the "progress" record (where a rank stalled, or was when a signal stopped it)
 _MAJOR = FORMAT_VERSION.split(".")[0]
 
 # The kind tag of each record type on the wire. Tags never change meaning within a major version.
@@ -62,6 +65,7 @@ KIND_OF: dict[type, str] = {
     Notice: "notice",
     AgentStats: "agent_stats",
     RunEnd: "run_end",
+    ProgressReport: "progress",
 }
 TYPE_OF: dict[str, type] = {kind: cls for cls, kind in KIND_OF.items()}
 FIELDS_OF: dict[type, tuple[str, ...]] = {
@@ -494,6 +498,7 @@ class Recording:
     run_info: RunInfo | None = None  # the last one written: detection improves as the run goes
     notices: list[Notice] = field(default_factory=list)
     stats: AgentStats | None = None  # the last one written
+    progress: list[ProgressReport] = field(default_factory=list)  # oldest first
     # Lines skipped, in file order: not JSON, cut short, longer than MAX_LINE_CHARS, or a record whose
     # values break its schema. line_errors says what was wrong with the last two kinds, for the first
     # LINE_ERRORS_KEPT of them ("collective.meaning is 7, not a string").
@@ -753,6 +758,7 @@ def read_recording(path: str | Path, steps_as_rows: bool = False) -> Recording:
         OomEvent: rec.ooms.append,
         StepSummary: steps.append,
         Notice: rec.notices.append,
+        ProgressReport: rec.progress.append,
     }
     columns: list[list[Any]] = [[] for _ in _COLLECTIVE_FIELDS]
     interned: dict[str, str] = {}
@@ -900,21 +906,9 @@ def missing_ranks_note(headers: Sequence[tuple[Path, dict[str, Any]]]) -> str | 
     missing = sorted(set(range(max(worlds))) - found) if worlds else []
     if not missing:
         return None
-    where = " and ".join(f"{folder} ({_ranks_words(ranks)})" for folder, ranks in by_folder.items())
-    return (f"{_ranks_words(missing)} missing: world size {max(worlds)}, {len(found)} rank"
+    where = " and ".join(f"{folder} ({rank_ranges(ranks)})" for folder, ranks in by_folder.items())
+    return (f"{rank_ranges(missing)} missing: world size {max(worlds)}, {len(found)} rank"
             f"{'s' if len(found) != 1 else ''} found in {where}; is a node's folder missing?")
-
-
-def _ranks_words(ranks: Sequence[int]) -> str:
-    """'rank 3', 'ranks 0-3', 'ranks 0-1, 4, 6-7': runs of consecutive ranks as ranges."""
-    spans: list[list[int]] = []
-    for rank in sorted(ranks):
-        if spans and rank == spans[-1][1] + 1:
-            spans[-1][1] = rank
-        else:
-            spans.append([rank, rank])
-    words = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
-    return f"rank {words}" if len(ranks) == 1 else f"ranks {words}"
 
 
 def rank_files(run: RunDirs) -> list[Path]:

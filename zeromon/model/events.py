@@ -354,6 +354,17 @@ class AgentStats:
     bytes_lost: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ProgressReport:
+    """Where the rank was in its collectives (zeromon.model.progress.RankProgress as a dict): written when it
+    made no progress for its threshold, when it went on after that, and when a signal stopped it."""
+
+    rank: int
+    t_ns: int
+    reason: str  # zeromon.model.progress: "stalled", "resumed", or the rank's end ("signal SIGTERM")
+    report: Mapping[str, Any]  # RankProgress.to_dict()
+
+
 # RunEnd.how, besides "exception <type>" and "signal <name>".
 END_EXIT = "exit"  # the interpreter exited (the script returned, or called sys.exit)
 END_DETACH = "detach"  # zeromon_agent.detach(): the agent stopped, the training may have gone on
@@ -390,6 +401,7 @@ Record = (
     | Notice
     | AgentStats
     | RunEnd
+    | ProgressReport
 )
 
 

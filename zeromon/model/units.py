@@ -1,6 +1,8 @@
-"""Parsing and formatting of byte sizes, shared by the agent's settings and the CLI's flags."""
+"""Parsing and formatting of byte sizes and rank lists, shared by the agent's settings, the CLI's flags and the reports."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from zeromon.model.numbers import GPU_MEMORY, Size, where
 
@@ -37,3 +39,15 @@ def format_bytes(n: float | None) -> str:
             return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.2f} {unit}"
         n /= 1024
     return f"{sign}{n:.2f} TiB"
+
+
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """'rank 3', 'ranks 0-3', 'ranks 0-1, 4, 6-7': runs of consecutive ranks as ranges."""
+    spans: list[list[int]] = []
+    for rank in sorted(ranks):
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    words = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+    return f"rank {words}" if len(spans) == 1 and spans[0][0] == spans[0][1] else f"ranks {words}"

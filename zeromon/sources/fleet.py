@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from zeromon.analysis.findings import Finding, Severity
+from zeromon.analysis.hang import HangVerdict, diagnose
 from zeromon.analysis.oom import OomForecast
 from zeromon.model.codec import FIELDS_OF
 from zeromon.model.events import (
@@ -22,6 +23,7 @@ from zeromon.model.events import (
     RunInfo,
     StepSummary,
 )
+from zeromon.model.progress import ProgressFormatError, RankProgress, progress_from_dict
 
 SNAPSHOT_SCHEMA = "zeromon.snapshot/1"
 
@@ -77,6 +79,7 @@ class RankView:
     # What its recording could not write, when it ended and its end record says so: "rank 1: the recording
     # is incomplete: 1,234 records (2.1 MiB) could not be written (...)"; None where whole or not known.
     incomplete: str | None = None
+    progress: RankProgress | None = None  # where it is in its collectives (the snapshot's; zeromon.model.progress)
 
     @property
     def last_step(self) -> StepSummary | None:
@@ -85,6 +88,7 @@ class RankView:
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["oom"] = self.oom.to_dict() if self.oom is not None else None
+        out["progress"] = self.progress.to_dict() if self.progress is not None else None
         out["findings"] = [f.to_dict() for f in self.findings]
         for name in ("run_info", "memory", "device", "stats"):
             value = out[name]
@@ -140,6 +144,7 @@ class FleetView:
     error: str | None = None  # about the source as a whole: no agent found, Prometheus unreachable
     # The job's numbers from Prometheus's recording rules; set only when ``ranks`` are its worst few.
     totals: FleetTotals | None = None
+    hang: HangVerdict | None = None  # who holds the job up, where (with_hang); None where no rank reports progress
 
     @property
     def alive(self) -> int:
@@ -148,7 +153,26 @@ class FleetView:
     def to_dict(self) -> dict[str, Any]:
         return {"t_ns": self.t_ns, "source": self.source, "looked_at": list(self.looked_at), "error": self.error,
                 "ranks": [r.to_dict() for r in self.ranks],
-                "totals": self.totals.to_dict() if self.totals is not None else None}
+                "totals": self.totals.to_dict() if self.totals is not None else None,
+                "hang": self.hang.to_dict() if self.hang is not None else None}
+
+
+def with_hang(view: FleetView) -> FleetView:
+    """``view`` with its hang verdict (zeromon.analysis.hang.diagnose) over its ranks' progress: a rank not
+    answering counts as dead when its process is known gone, as not reporting otherwise."""
+    reports: dict[int, RankProgress | None] = {}
+    dead: dict[int, str] = {}
+    for r in view.ranks:
+        if r.rank is None:
+            continue
+        reports[r.rank] = r.progress
+        if r.died or r.ended:
+            dead[r.rank] = r.died or "its process has ended"
+        elif not r.alive and r.progress is not None:
+            reports[r.rank] = None  # its last report is stale: where it is now is not known
+    if not any(reports.values()):
+        return view
+    return dataclasses.replace(view, hang=diagnose(reports, dead))
 
 
 def _plain(record: Any) -> dict[str, Any]:
@@ -236,6 +260,13 @@ def _findings(items: Any) -> tuple[Finding, ...]:
     return tuple(f for f in map(finding_from_dict, items or ()) if f is not None)
 
 
+def _progress(raw: Any) -> RankProgress | None:
+    try:
+        return progress_from_dict(raw) if raw is not None else None
+    except ProgressFormatError:
+        return None
+
+
 def _notices(items: Any) -> tuple[Notice, ...]:
     return tuple(n for n in (record_from_dict(Notice, d) for d in items or ()) if n is not None)
 
@@ -245,6 +276,7 @@ _PARTS: dict[str, Callable[[Any], Any]] = {
     "run_info": lambda raw: record_from_dict(RunInfo, raw), "memory": lambda raw: record_from_dict(MemorySample, raw),
     "device": lambda raw: record_from_dict(DeviceSample, raw), "stats": lambda raw: record_from_dict(AgentStats, raw),
     "collectives": _collectives, "oom": forecast_from_dict, "findings": _findings, "notices": _notices,
+    "progress": _progress,
 }
 
 

@@ -54,6 +54,7 @@ from zeromon.sources.fleet import (
     check_snapshot,
     rank_view_from_snapshot,
     record_from_dict,
+    with_hang,
 )
 from zeromon.sources.http import (
     FetchError,
@@ -271,7 +272,7 @@ class LiveSource:
             error = "no agent found (looked at: " + "; ".join(self.looked_at) + ")"
         if error is None and problems:
             error = "; ".join(problems[:3])
-        return FleetView(time.time_ns(), self.source, tuple(ranks), self.looked_at, error)
+        return with_hang(FleetView(time.time_ns(), self.source, tuple(ranks), self.looked_at, error))
 
     # -- the loop
 
