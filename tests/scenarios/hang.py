@@ -10,7 +10,9 @@ default group), then --per-step all-reduces on a subgroup when --subgroups is gi
 - ``checkpoint``: sleeps --stall seconds in save_checkpoint(), then goes on (a pause shorter than the threshold);
 - ``none``: nothing: a healthy run (with --step-sleep, one whose steps are slow).
 The backend timeout is long (--timeout): a hang stays a hang until the test ends it. Prints "STEP <n>" as each
-step ends, and "HUNG" once the rank is about to hang (the test's cue).
+step ends, and "HUNG" once the rank is about to hang (the test's cue). ``--spawn N`` starts N ranks of itself
+with the launcher's variables and only waits for them: a launcher that, unlike torchrun, does not stop the
+others when one dies.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import argparse
 import datetime
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -58,6 +61,16 @@ class Model(torch.nn.Module):
         return x
 
 
+def spawn(world: int, master_port: str) -> None:
+    """Start ``world`` ranks of this script (the same arguments, less --spawn) and wait for them all."""
+    argv = [a for i, a in enumerate(sys.argv) if a != "--spawn" and (i == 0 or sys.argv[i - 1] != "--spawn")]
+    ranks = [subprocess.Popen([sys.executable, *argv], env={
+        **os.environ, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": master_port}) for r in range(world)]
+    for rank in ranks:
+        rank.wait()
+
+
 def say(text: str) -> None:
     print(text, flush=True)
 
@@ -73,7 +86,12 @@ def main() -> None:
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--subgroups", action="store_true")
     parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument("--spawn", type=int, default=0)
+    parser.add_argument("--master-port", default="29500")
     args = parser.parse_args()
+    if args.spawn:
+        spawn(args.spawn, args.master_port)
+        return
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout))
     from torch.distributed.device_mesh import init_device_mesh

@@ -21,10 +21,20 @@ by default, ZEROMON_HANG_AFTER): a run whose steps are slow is not hung.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from zeromon.model.progress import RESUMED, STALLED, CallInfo, GroupState, RankProgress, StackFrame
+from zeromon.model.events import ProgressReport
+from zeromon.model.progress import (
+    RESUMED,
+    STALLED,
+    CallInfo,
+    GroupState,
+    ProgressFormatError,
+    RankProgress,
+    StackFrame,
+    progress_from_dict,
+)
 from zeromon.model.units import format_bytes, rank_ranges
 
 # RankVerdict.state
@@ -411,3 +421,24 @@ def progress_notice(report: RankProgress) -> str | None:
     if report.reason == RESUMED and report.stalled_s is not None:
         return f"made no progress for {seconds_words(report.stalled_s)}, then went on"
     return None
+
+
+# --- after the run ----------------------------------------------------------------------------------
+
+def last_report(progress: Sequence[ProgressReport]) -> RankProgress | None:
+    """A rank's newest readable progress report in its recording (its ProgressReport records, oldest first)."""
+    for record in reversed(progress):
+        try:
+            return progress_from_dict(record.report)
+        except ProgressFormatError:
+            continue
+    return None
+
+
+def recorded_verdict(last: Mapping[int, RankProgress | None], cut_off: Iterable[int] = ()) -> HangVerdict | None:
+    """The verdict over a run's recordings: each rank's newest progress report (written when it stalled, went on,
+    or was stopped by a signal) and the ranks whose recording ended without an end record (killed). None where no
+    rank reported a stall or a signal: the recordings have nothing to say about a hang."""
+    if not any(r is not None and r.reason != RESUMED for r in last.values()):
+        return None
+    return diagnose(last, dead={rank: "killed: its recording ended without an end record" for rank in cut_off})

@@ -17,6 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "zeromon.commands.export",
     "zeromon.commands.targets",
     "zeromon.commands.live",
+    "zeromon.commands.hang",
     "zeromon.commands.attach",
     "zeromon.commands.dashboard",
     "zeromon.commands.doctor",
