@@ -12,6 +12,7 @@ Nothing here runs on the training thread, and the hot path pays nothing for it:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import statistics
 import sys
@@ -66,17 +67,17 @@ def _library_prefixes() -> tuple[str, ...]:
     return tuple(os.path.join(path, "") for path in sorted(found))
 
 
-_LIBRARIES: tuple[str, ...] | None = None
-
-
+@functools.lru_cache(maxsize=4096)  # a stack's files repeat from one report to the next
 def is_program_code(filename: str) -> bool:
     """Whether a frame's file is the training program's own (not the standard library's, a package's, zeromon's)."""
-    global _LIBRARIES
-    if _LIBRARIES is None:
-        _LIBRARIES = _library_prefixes()
     if filename.startswith("<"):  # <frozen ...>, <string>
         return False
-    return not os.path.abspath(filename).startswith(_LIBRARIES)
+    return not os.path.abspath(filename).startswith(_libraries())
+
+
+@functools.cache
+def _libraries() -> tuple[str, ...]:
+    return _library_prefixes()
 
 
 def stack_of(frame: types.FrameType | None) -> tuple[StackFrame, ...]:

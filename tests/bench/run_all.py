@@ -51,7 +51,7 @@ JOBS: tuple[Job, ...] = (
     Job("bench_analysis.py", (),
         "zeromon report's analysis of a 2-rank recording with 1M collectives and 10k memory samples"),
     Job("bench_recording_size.py", (),
-        "bytes per collective (format 1.3 JSON lines vs compact 2.x) of real 2-rank FSDP2 recordings; writer CPU"),
+        "bytes per collective (format 1.x JSON lines vs compact 2.x) of real 2-rank FSDP2 recordings; writer CPU"),
     Job("bench_fleet_report.py", (),
         "zeromon report and zeromon summary over a generated run of 64, 256 and 1,024 ranks x 10,000 steps (summaries, "
         "and the detail of 70 steps a rank) in the agent's compact form (format 2.x), and of 1,024 ranks as JSON "
@@ -65,6 +65,9 @@ JOBS: tuple[Job, ...] = (
     Job("bench_prometheus_fleet.py", (),
         "one poll of a 1,024-rank job through a real Prometheus, with and without the recording rules"),
     Job("bench_scrape.py", (), "one rank's /metrics scraped 1000 times while a 2-rank FSDP2 run trains"),
+    Job("bench_hang.py", (),
+        "real 2-rank FSDP2 runs left hanging (a rank stuck outside any collective): time from the hang to the verdict "
+        "of `zeromon live`; the cost of a progress report and of a recorder pass's look for progress"),
     Job("bench_tui.py", (), "zeromon attach headless at 200x60 replaying 256 synthesized ZeRO-3 ranks: refresh time, RSS"),
     Job("bench_dashboard.py", (),
         "zeromon dashboard in headless Chromium: 256 synthesized ZeRO-3 ranks, and 8 ranks x 10,000 steps; "
