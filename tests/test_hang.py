@@ -262,10 +262,17 @@ def test_a_rank_that_skipped_a_step_is_the_odd_one_out_of_four_at_the_final_barr
 # --- a hang inside one subgroup ---------------------------------------------------------------------------
 
 def test_a_hang_inside_a_subgroup_names_the_stuck_rank_and_the_chain_that_waits_for_it(tmp_path: Path) -> None:
-    with hung_run(tmp_path, "--mode", "subgroup", "--rank", "3", "--step", "3", "--subgroups", world=4,
-                  spawn=True) as run:
-        hang, elapsed = run.until("hung verdict", lambda: (h := hung_verdict(run)) and h["culprits"] == [3] and h)
+    # FSDP2's all-gathers async here: ranks 0 and 1 wait in the Work.wait of the world's next all-gather.
+    with hung_run(tmp_path, "--mode", "subgroup", "--rank", "3", "--step", "3", "--subgroups", "--async-unshard",
+                  world=4, spawn=True) as run:
+        def whole(hang: dict[str, Any] | None) -> bool:  # each rank past its own threshold, the last waiter too
+            return hang is not None and [r["state"] for r in hang["ranks"]] == ["waiting"] * 3 + ["stuck"]
+
+        hang, elapsed = run.until("hung verdict", lambda: (h := hung_verdict(run)) and whole(h) and h)
         assert elapsed <= VERDICT_WITHIN
+        snapshot = json.loads(_LOCAL.open(f"{run.url(0)}/api/v1/snapshot?steps=0", timeout=10).read())
+        blocked = snapshot["progress"]["blocked"]
+        assert blocked["waiting"] and blocked["call"]["op"] == "all_gather" and blocked["call"]["group"] == "0"
     line = hang["lines"][0]
     assert re.search(r"^rank 3 has not reached all_reduce #\d+ of group \d+ .*: it is in data_loader_stall", line), line
     assert "; rank 2 waits in it since" in line

@@ -85,6 +85,7 @@ def main() -> None:
     parser.add_argument("--stall", type=float, default=3600.0)
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--subgroups", action="store_true")
+    parser.add_argument("--async-unshard", action="store_true", help="FSDP2's all-gathers async_op=True, waited on")
     parser.add_argument("--timeout", type=float, default=3600.0)
     parser.add_argument("--spawn", type=int, default=0)
     parser.add_argument("--master-port", default="29500")
@@ -106,6 +107,8 @@ def main() -> None:
     for layer in model.layers:
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
+    if args.async_unshard:
+        model._set_unshard_async_op(True)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(8, 64)
     me = rank == args.rank

@@ -303,9 +303,9 @@ def _what(call: CallInfo) -> str:
     return f"{call.op} ({size}, {call.dtype})" if call.dtype else f"{call.op} ({size})"
 
 
-def _named(call: CallInfo, label: str, module: str | None = None) -> str:
-    """all_gather #341 of group dp (param_all_gather, layers.3)"""
-    context = ", ".join(part for part in (call.meaning if call.meaning not in ("", "other") else "",
+def collective_words(call: CallInfo, label: str, module: str | None = None) -> str:
+    """How the verdict names a collective: all_gather #341 of group dp (param_all_gather, layers.3)."""
+    context = ", ".join(part for part in (call.meaning if call.meaning not in ("", "unknown") else "",
                                           module or "") if part)
     return f"{call.op} #{call.seq} of {label}" + (f" ({context})" if context else "")
 
@@ -334,7 +334,7 @@ def _lines(ranks: tuple[RankVerdict, ...], hung: bool) -> tuple[str, ...]:
         if w.rank not in explained and w.call is not None:
             whom = (f"for {rank_ranges(w.waits_for)}" if w.waits_for else
                     "with every rank of the group in it: the collective does not complete (the backend or the network)")
-            out.append(f"rank {w.rank} waits in {_named(w.call, w.group or '', w.module)} since "
+            out.append(f"rank {w.rank} waits in {collective_words(w.call, w.group or '', w.module)} since "
                        f"{clock(w.since_ns or 0)} ({seconds_words(w.idle_s or 0)}) {whom}")
     idle = [r for r in ranks if r.state == IDLE]
     if idle and not hung:
@@ -369,7 +369,7 @@ def _waiting_words(waiters: list[RankVerdict], first: bool) -> str:
     if first:
         return f"; {who} {verb} in it since {since}"
     w = waiters[0]
-    what = _named(w.call, w.group or "", w.module) if w.call is not None else "a collective"
+    what = collective_words(w.call, w.group or "", w.module) if w.call is not None else "a collective"
     return f"; {who} {verb} in {what} since {since} for {rank_ranges(w.waits_for)}"
 
 
@@ -380,7 +380,7 @@ def _cause_line(r: RankVerdict, waiters: list[RankVerdict]) -> str:
     module = nearest.module if nearest is not None else None
     group = nearest.group if nearest is not None else r.group
     waited = max((w.idle_s or 0 for w in waits[0]), default=r.idle_s or 0) if waits else r.idle_s or 0
-    what = _named(target, group or "", module) if target is not None else "the collective its peers wait in"
+    what = collective_words(target, group or "", module) if target is not None else "the collective its peers wait in"
     tail = "".join(_waiting_words(ws, i == 0) for i, ws in enumerate(waits))
     if r.state == STUCK:
         return (f"rank {r.rank} has not reached {what} for {seconds_words(waited)}: it is in {_in(r.where)}, "
@@ -416,7 +416,7 @@ def progress_notice(report: RankProgress) -> str | None:
             call = report.blocked.call
             label = _label_of(report, call)
             return (f"no progress for {seconds_words(report.idle_s)}: blocked in "
-                    f"{_named(call, label, report.blocked.module)} since {clock(report.blocked.since_ns)}")
+                    f"{collective_words(call, label, report.blocked.module)} since {clock(report.blocked.since_ns)}")
         return f"no progress for {seconds_words(report.idle_s)}: in {_in(report.where)}, outside any collective"
     if report.reason == RESUMED and report.stalled_s is not None:
         return f"made no progress for {seconds_words(report.stalled_s)}, then went on"

@@ -147,7 +147,7 @@ def format_hang(source: str, verdict: HangVerdict | None, reports: dict[int, Ran
 
 
 def _rank_line(rank: int, report: RankProgress | None, verdict: RankVerdict | None) -> str:
-    from zeromon.analysis.hang import clock, seconds_words
+    from zeromon.analysis.hang import clock, collective_words, seconds_words
     from zeromon.model.events import step_number
 
     state = verdict.state if verdict is not None else "ok"
@@ -157,8 +157,8 @@ def _rank_line(rank: int, report: RankProgress | None, verdict: RankVerdict | No
     if report.blocked is not None:
         call = report.blocked.call
         group = report.group(call.group)
-        where = (f"in {call.op} #{call.seq} of {group.label if group is not None else 'group ' + call.group} "
-                 f"({call.meaning}) since {clock(report.blocked.since_ns)}")
+        label = group.label if group is not None else f"group {call.group}"
+        where = f"in {collective_words(call, label)} since {clock(report.blocked.since_ns)}"
     elif report.where is not None:
         where = f"in {report.where.function} ({report.where.where})"
     else:
