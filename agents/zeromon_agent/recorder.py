@@ -297,12 +297,13 @@ class Recorder(CollectiveRecords):
 
     def progress_report(self, reason: str) -> RankProgress:
         """This rank's progress now (zeromon.model.progress), from any thread."""
-        state = self.state
-        # Newest first: what the training thread queued since the last drain, then what was drained. Each copy
-        # is one C call, which no other thread can interleave with.
-        queued = [item for item in reversed(state.raw) if item[0] == RAW_COLLECTIVE]
-        drained = [item for item in reversed(self._recent_raw) if item[0] == RAW_COLLECTIVE]
-        return self.progress.report(reason, queued + drained, set(self._inflight))
+        # Newest first: what the training thread queued since the last drain, then what was drained. Each copy is
+        # one C call, which no other thread interleaves with (a Python loop over a deque another thread appends
+        # to would fail); the queue's newest _RECENT_RAW are enough.
+        queued = list(itertools.islice(reversed(self.state.raw), _RECENT_RAW))
+        drained = list(reversed(self._recent_raw))
+        recent = [item for item in queued + drained if item[0] == RAW_COLLECTIVE]
+        return self.progress.report(reason, recent, set(self._inflight))
 
     def say_progress(self, reason: str) -> None:
         """Write this rank's progress now and flush it (a signal the main thread cannot handle yet)."""
