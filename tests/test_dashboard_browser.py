@@ -162,7 +162,7 @@ def test_overview_shows_the_recordings_banners_grid_run_and_findings(br: Any, fs
     # The status line names the recording; the nav has every page a recording has (no Trace).
     assert f"recording {fsdp2_run}" in (text_of(br, "status") or "")
     assert [e.text for e in br.find_elements("#nav a")] == ["Overview", "Memory", "Communication", "Ranks",
-                                                            "Planner"]
+                                                            "Hang", "Planner"]
 
 
 @needs_browser

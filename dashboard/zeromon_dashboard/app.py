@@ -28,7 +28,7 @@ log = logging.getLogger("zeromon.dashboard")
 T = TypeVar("T")
 
 TITLES = {"overview": "Overview", "memory": "Memory", "communication": "Communication", "ranks": "Ranks",
-          "planner": "Planner", "trace": "Trace"}
+          "hang": "Hang", "planner": "Planner", "trace": "Trace"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from urllib.parse import parse_qs, urlencode
 
-PAGES = ("overview", "memory", "communication", "ranks", "planner", "trace")
+PAGES = ("overview", "memory", "communication", "ranks", "hang", "planner", "trace")
 RANKS_MAX = 64  # ranks a page draws side by side (the grid shows them all)
 
 

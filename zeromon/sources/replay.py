@@ -14,6 +14,11 @@ forecast and the findings from the data so far, as the agent's endpoint does (ze
 on the last MEMORY_HISTORY samples, poor-overlap findings on the last steps). ``latest()`` only
 hands over the newest view.
 
+Each rank's view carries its newest progress report written at or before T (a stalled one's time without
+progress runs on to T: the rank says when it goes on), and the FleetView the hang verdict over them
+(zeromon.analysis.hang.recorded_verdict; a rank whose recording ended without an end record is dead once T is
+past its end).
+
 A rank is alive while the replay runs through its recording; a rank whose recording ends before
 the others turns stale there (``alive=False``, ``stale_s`` growing), and when the replay finishes
 every rank is stale: the job has ended. With ``loop=True`` it starts over instead. A RankView's
@@ -37,8 +42,9 @@ from typing import Any
 from zeromon.analysis.bandwidth import event_bandwidth
 from zeromon.analysis.comm_advice import overlap_findings_of_summaries
 from zeromon.analysis.findings import Finding
+from zeromon.analysis.hang import HangVerdict, recorded_verdict
 from zeromon.analysis.oom import OomForecast, forecast
-from zeromon.analysis.rank_ends import died_line, incomplete_line
+from zeromon.analysis.rank_ends import CUT_OFF, died_line, incomplete_line, rank_ends
 from zeromon.analysis.recording_summary import corrupt_lines_note
 from zeromon.errors import ZeromonError
 from zeromon.model.codec import (
@@ -63,6 +69,7 @@ from zeromon.model.events import (
     Timing,
 )
 from zeromon.model.numbers import REPLAY_SPEED, SOURCE_SECONDS, checked
+from zeromon.model.progress import STALLED, ProgressFormatError, RankProgress, progress_from_dict
 from zeromon.model.rank_pool import OnProgress, map_rank_files, read_rank_file
 from zeromon.model.run_end import read_file_end
 from zeromon.sources.fleet import CollectiveTotal, FleetView, RankView
@@ -121,7 +128,11 @@ class _Track:
     totals: list[_Totals]
     busbw_t: dict[str, array[int]]
     busbw: dict[str, array[float]]
+    # Its progress reports (written when it stalled, went on, or was stopped by a signal), by time.
+    progress_t: array[int] = field(default_factory=lambda: array("q"))
+    progress: tuple[RankProgress, ...] = ()
     died: str | None = None  # how the rank died, from its recording's end (rank_ends.died_line)
+    cut_off: bool = False  # its recording ended without an end record, its process gone: killed
     incomplete: str | None = None  # what its recording could not write (rank_ends.incomplete_line)
     skipped: str | None = None  # the lines its reader skipped, as `summary` says it (corrupt_lines_note)
     analysis: _Analysis | None = None
@@ -176,9 +187,11 @@ def _track(rec: Recording) -> _Track:
     notices = ColumnTable(Notice, rec.notices, "t_ns")
     ooms = ColumnTable(OomEvent, rec.ooms, "t_ns")
     totals, busbw_t, busbw = _collective_totals(rec)
-    died, incomplete = _ended(rec)
+    died, incomplete, cut_off = _ended(rec)
+    progress = _progress_reports(rec)
     times = [t for table in (steps, memory, device, phases, notices, ooms) if table
              for t in (table.t_ns[0], table.t_ns[-1])]
+    times += [report.t_ns for report in progress[-1:]]
     times += [t for totals_ in totals for t in (totals_.t_ns[0], totals_.t_ns[-1])]
     if rec.phases:  # a phase is published at its end, but the rank was there from its start
         times.append(min(p.start_ns for p in rec.phases))
@@ -188,20 +201,45 @@ def _track(rec: Recording) -> _Track:
         rank=rec.rank, target=rec.path.name, run_info=rec.run_info, stats=rec.stats,
         first_ns=min(times) if times else 0, last_ns=max(times) if times else -1, steps=steps, memory=memory,
         last_walk=_last_walks(rec.memory), device=device, phases=phases, notices=notices, ooms=ooms, totals=totals,
-        busbw_t=busbw_t, busbw=busbw, died=died, incomplete=incomplete,
+        busbw_t=busbw_t, busbw=busbw, progress_t=array("q", (r.t_ns for r in progress)), progress=progress,
+        died=died, incomplete=incomplete, cut_off=cut_off,
         skipped=corrupt_lines_note(str(rec.path), rec.corrupt_lines, errors=rec.line_errors)
         if rec.corrupt_lines else None)
 
 
-def _ended(rec: Recording) -> tuple[str | None, str | None]:
-    """How the rank died and what its recording lost, from the end of its file; None after a clean,
-    whole end (or in an older recording)."""
+def _ended(rec: Recording) -> tuple[str | None, str | None, bool]:
+    """How the rank died and what its recording lost, from the end of its file (None after a clean, whole end,
+    or in an older recording), and whether it was cut off (no end record, its process gone)."""
     try:
         file_end = read_file_end(rec.path)
     except (OSError, ValueError, ZeromonError):
-        return None, None
+        return None, None, False
     through = max((s.step for s in rec.steps), default=None)
-    return died_line(file_end, through), incomplete_line(file_end, through)
+    cut_off = rank_ends([file_end], {file_end.rank: through})[0].state == CUT_OFF
+    return died_line(file_end, through), incomplete_line(file_end, through), cut_off
+
+
+def _progress_reports(rec: Recording) -> tuple[RankProgress, ...]:
+    """The rank's readable progress reports, oldest first."""
+    out = []
+    for record in rec.progress:
+        try:
+            out.append(progress_from_dict(record.report))
+        except ProgressFormatError:
+            continue
+    return tuple(sorted(out, key=lambda r: r.t_ns))
+
+
+def _progress_at(track: _Track, t: int) -> tuple[int, RankProgress | None]:
+    """(how many reports ``t`` has seen, the newest of them). A stall lasts until the rank reports that it went
+    on: a stalled report's no-progress time runs on to ``t`` (at most to the rank's last record)."""
+    i = bisect.bisect_right(track.progress_t, t)
+    if not i:
+        return 0, None
+    report = track.progress[i - 1]
+    if report.reason != STALLED:
+        return i, report
+    return i, replace(report, t_ns=max(report.t_ns, min(t, track.last_ns)))
 
 
 def _last_walks(samples: Sequence[MemorySample]) -> array[int]:
@@ -469,7 +507,14 @@ class ReplaySource:
             self._built_at = position_ns
             self._analyse_due(t, budget_s, settled or budget_s == math.inf)
             ranks = tuple(_rank_view(track, t, finished, self.start_ns) for track in self._tracks)
-        return FleetView(t_ns=t, source=self.source, ranks=ranks, looked_at=self.looked_at, error=self.skipped)
+        return FleetView(t_ns=t, source=self.source, ranks=ranks, looked_at=self.looked_at, error=self.skipped,
+                         hang=self._hang(ranks, t, finished))
+
+    def _hang(self, ranks: Sequence[RankView], t: int, finished: bool) -> HangVerdict | None:
+        """The verdict at ``t``: over each rank's newest progress report, a rank cut off dead once its recording
+        has ended."""
+        dead = [track.rank for track in self._tracks if track.cut_off and (finished or t > track.last_ns)]
+        return recorded_verdict({r.rank: r.progress for r in ranks if r.rank is not None}, dead)
 
     def _analyse_due(self, t: int, budget_s: float, at_once: bool) -> None:
         """Forecasts of the ranks whose data moved on, each at most every ANALYSIS_EVERY_S (without that
@@ -524,9 +569,10 @@ def _rank_view(track: _Track, t: int, finished: bool, start_ns: int) -> RankView
     collectives = _collectives(track, t)
     stale = finished or t > track.last_ns
     stats = track.stats if track.stats is not None and track.stats.t_ns <= t else None
+    reports, progress = _progress_at(track, t)
     # An alive rank whose data has not moved on is the same view: no new objects for the
     # collector to promote (a view of 256 ranks lives for one tick).
-    key = (si, pi, ni, mi, di, collectives, analysis, stats)
+    key = (si, pi, ni, mi, di, collectives, analysis, stats, reports, progress.t_ns if progress is not None else None)
     if not stale and track.view_at is not None and track.view_at[0] == key:
         return track.view_at[1]
     error = None
@@ -544,7 +590,7 @@ def _rank_view(track: _Track, t: int, finished: bool, start_ns: int) -> RankView
         collectives=collectives, oom=analysis.oom if analysis else None,
         findings=analysis.findings if analysis else (), phases=track.phases_at[1],
         notices=track.notices_at[1], t_ns=last, died=track.died if stale else None,
-        incomplete=track.incomplete if stale else None, **_identity(info))
+        incomplete=track.incomplete if stale else None, progress=progress, **_identity(info))
     track.view_at = None if stale else (key, view)
     return view
 
@@ -603,6 +649,7 @@ class FinalRank:
     last_ns: int  # -1: no records
     skipped: str | None
     identity: tuple[Path, dict[str, Any], RunInfo | None]  # what check_one_run compares
+    cut_off: bool = False  # its recording ended without an end record, its process gone (_Track.cut_off)
 
 
 def final_rank(recording: Recording) -> FinalRank:
@@ -611,7 +658,7 @@ def final_rank(recording: Recording) -> FinalRank:
     t = max(track.last_ns, track.first_ns)
     track.analysis = _analyse(track, (track.memory.upto(t), track.steps.upto(t), track.ooms.upto(t)), time.monotonic())
     return FinalRank(track.rank, _rank_view(track, t, finished=True, start_ns=track.first_ns), track.first_ns, track.last_ns,
-                     track.skipped, (recording.path, recording.header, recording.run_info))
+                     track.skipped, (recording.path, recording.header, recording.run_info), track.cut_off)
 
 
 def final_view(run_dir: RunDirs, progress: OnProgress | None = None, workers: int | None = 1) -> FleetView:
@@ -635,5 +682,7 @@ def final_view_of(run_dir: RunDirs, parts: Sequence[FinalRank]) -> FleetView:
     ranks = tuple(part.view if part.last_ns < 0 else replace(
         part.view, stale_s=round((end_ns - part.last_ns) / 1e9, 3)) for part in parts)
     notes = [part.skipped for part in parts if part.skipped]
+    hang = recorded_verdict({part.rank: part.view.progress for part in parts}, [p.rank for p in parts if p.cut_off])
     return FleetView(t_ns=end_ns, source=f"replay {run_name(run_dir)}", ranks=ranks,
-                     looked_at=tuple(map(str, run_folders(run_dir))), error="; ".join(notes) if notes else None)
+                     looked_at=tuple(map(str, run_folders(run_dir))), error="; ".join(notes) if notes else None,
+                     hang=hang)

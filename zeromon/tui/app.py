@@ -10,6 +10,9 @@ When the run ends (the job of `zeromon run --tui` exits, a replay finishes, ever
 has exited) the screen says so and keeps the last data; under `zeromon run --tui` it then reads the
 run's final state from the recording (the agents are gone by then, and the last poll is up to an
 interval old).
+
+The hang verdict (zeromon.views.hang) is the app's reactive ``hang``: the banner and the hang screen (``h``)
+watch it and draw again only when it changes.
 """
 
 from __future__ import annotations
@@ -26,13 +29,21 @@ from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Container, Vertical
 from textual.css.query import NoMatches
+from textual.reactive import var
 from textual.screen import Screen
 from textual.widgets import Footer, Input
 
 from zeromon.sources.fleet import FleetView
 from zeromon.tui.rank_table import RankTable
-from zeromon.tui.screens import HelpScreen, RankScreen
-from zeromon.tui.widgets import FindingsPanel, FleetHeader, NoAgentPanel, RanksTable, TrendsPanel
+from zeromon.tui.screens import HangScreen, HelpScreen, RankScreen
+from zeromon.tui.widgets import (
+    FindingsPanel,
+    FleetHeader,
+    NoAgentPanel,
+    RanksTable,
+    TrendsPanel,
+    VerdictBanner,
+)
 from zeromon.views.fleet import (
     SORT_NAMES,
     SORT_OF_COLUMN,
@@ -52,6 +63,7 @@ from zeromon.views.fleet import (
     trends,
     worst_row,
 )
+from zeromon.views.hang import HangView, hang_view
 
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
@@ -85,12 +97,14 @@ class MainScreen(Screen[None]):
         Binding("p", "app.pause", "pause"),
         Binding("s", "app.cycle_sort", "sort"),
         Binding("slash", "app.filter", "filter"),
+        Binding("h", "app.hang", "hang"),
         Binding("tab", "app.focus_next", "panels"),
         Binding("escape", "app.clear_filter", "clear filter", show=False),
     ]
 
     def compose(self) -> ComposeResult:
         yield FleetHeader(id="header")
+        yield VerdictBanner(id="hang-banner")
         yield NoAgentPanel(id="no-agent")
         with Container(id="body"):
             yield RanksTable(id="ranks")
@@ -108,10 +122,12 @@ class ZeromonApp(App[None]):
     ENABLE_COMMAND_PALETTE = False
     # Wide terminals put the sparklines and findings beside the table instead of under it.
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (150, "-wide")]
+    hang: var[HangView | None] = var(None)  # the view's hang verdict, as shown (the banner, the hang screen)
     BINDINGS = [
         Binding("question_mark", "help", "help"),
         Binding("q", "quit", "quit"),
         Binding("p", "pause", "pause"),
+        Binding("h", "hang", "hang"),
         Binding("plus,equals_sign", "speed(1)", "faster"),
         Binding("minus", "speed(-1)", "slower"),
     ]
@@ -194,6 +210,7 @@ class ZeromonApp(App[None]):
                 view = self.view  # the run's last data stays, not a "no agent" screen
             view = _as_ended(view)
         self.view = view
+        self.hang = hang_view(view)
         self._ticks += 1
         if self._due("findings", (len(view.ranks), view.alive)):
             self.findings = self._findings_log.update(fleet_findings(view.ranks), view.t_ns)
@@ -327,6 +344,10 @@ class ZeromonApp(App[None]):
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen(), callback=lambda _: self.draw())
+
+    def action_hang(self) -> None:
+        if not isinstance(self.screen, HangScreen):
+            self.push_screen(HangScreen(), callback=lambda _: self.draw())
 
     def action_pause(self) -> None:
         self.paused = not self.paused

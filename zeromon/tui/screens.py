@@ -1,4 +1,4 @@
-"""The drill-down on one rank, and the help."""
+"""The drill-down on one rank, the hang verdict, and the help."""
 
 from __future__ import annotations
 
@@ -15,7 +15,10 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import DataTable, Footer, Static
 
 from zeromon.sources.fleet import FleetView, RankView
+from zeromon.tui.widgets import banner_text
 from zeromon.views.fleet import ms, pct, rank_key, rank_row, short_bytes, step_number
+from zeromon.views.hang import COLUMNS as HANG_COLUMNS
+from zeromon.views.hang import HangView
 from zeromon.views.rank_detail import (
     COLLECTIVE_COLUMNS,
     NARROW_COLLECTIVE_COLUMNS,
@@ -179,6 +182,57 @@ class RankScreen(Screen[None]):
         self.query_one(PhaseTimeline).show(rank)
 
 
+HANG_LEVEL_STYLES = {"critical": "bold red", "warn": "yellow", "ok": ""}
+
+
+def hang_title(hang: HangView | None) -> Text:
+    if hang is None or hang.banner is None:
+        return Text(hang.status if hang is not None else "no verdict yet", style="bold green")
+    return banner_text(hang.banner)
+
+
+def stacks_text(hang: HangView) -> Text:
+    if not hang.stacks:
+        return Text("no stack reported", style="dim")
+    out = Text(hang.stacks_title, style="bold")
+    for block in hang.stacks:
+        out.append(f"\n{block.title}:", style="bold")
+        for frame in block.frames:
+            out.append(f"\n  {frame}")
+    return out
+
+
+class HangScreen(Screen[None]):
+    """The hang verdict (`zeromon hang`'s): the cause, every rank's state and where it stands, and the training
+    threads' stacks, identical ones together. It follows the app's ``hang`` (a reactive) until escape."""
+
+    BINDINGS = [Binding("escape,backspace,h", "dismiss", "back")]
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="hang-title")
+        with VerticalScroll(id="hang-body"):
+            yield DataTable(id="hang-ranks", cursor_type="none", zebra_stripes=True)
+            yield Static(id="hang-stacks")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one("#hang-ranks", DataTable)
+        table.border_title = "every rank (no progress: since its last collective or step)"
+        for key, label in HANG_COLUMNS:
+            table.add_column(label, key=key)
+        self.watch(self.app, "hang", self.show)
+
+    def show(self, hang: HangView | None) -> None:
+        self.query_one("#hang-title", Static).update(hang_title(hang))
+        table = self.query_one("#hang-ranks", DataTable)
+        table.clear()
+        for row in hang.rows if hang is not None else ():
+            style = HANG_LEVEL_STYLES[row.level]
+            table.add_row(*(Text(cell, style=style) for cell in row.cells), key=str(row.rank))
+        self.query_one("#hang-stacks", Static).update(
+            stacks_text(hang) if hang is not None else Text("no stack reported", style="dim"))
+
+
 HELP = """\
 [b]zeromon attach[/b]: the live view of a ZeRO / FSDP run
 
@@ -187,10 +241,12 @@ HELP = """\
   p      pause / resume          s       next sort order
   /      filter ranks            escape  clear the filter, or go back
   enter  drill into the rank     tab     next panel (ranks, findings)
+  h      the hang verdict: every rank's state, the stacks
   + -    replay speed            mouse   click a column header to sort
 
-[b]filter[/b]: rank numbers (3, 0-7), stale, alive, ended, ok, warn, crit, or
-part of a host name; several terms show the ranks matching any.
+[b]filter[/b]: rank numbers (3, 0-7), stale, alive, ended, ok, warn, crit,
+a hang state (stuck, waiting, ...) or part of a host name; several
+terms show the ranks matching any.
 
 [b]columns[/b]
   ▶ ○       the worst rank; a rank not answering (its last data stays)
@@ -201,7 +257,9 @@ part of a host name; several terms show the ranks matching any.
   exp       exposed communication, not hidden by compute: ms, % step
   busbw     busiest collective's bus bandwidth (nccl-tests' busbw)
   state     alive, stale (no answer for that long), down (never
-            answered), ended (its process exited: its last data)
+            answered), ended (its process exited: its last data);
+            from the hang verdict: stuck, behind, desync, dead (they
+            hold the others up), waiting (for them), idle
   step      steps done, counted from 1 as training logs count them
 sparklines: per step, the largest value over the ranks shown.
 

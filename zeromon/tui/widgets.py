@@ -1,4 +1,4 @@
-"""The main screen's widgets. Each takes plain data from zeromon.views.fleet and only styles and draws it."""
+"""The main screen's widgets. Each takes plain data from zeromon.views (fleet, hang) and only styles and draws it."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from zeromon.views.fleet import (
     ms,
     short_bytes,
 )
+from zeromon.views.hang import HangBanner, HangView
 
 LEVEL_STYLES = {"critical": "bold red", "warn": "yellow", "stale": "dim", "ok": ""}
 SEVERITY_STYLES = {Severity.CRITICAL: "bold red", Severity.WARN: "yellow", Severity.INFO: "cyan", Severity.OK: "green"}
@@ -64,6 +65,32 @@ class FleetHeader(Static):
         shape = (len(lines), self.size.width, *(line.cell_len // max(1, self.size.width) for line in lines))
         self.update(Text("\n").join(lines), layout=shape != self._shape)
         self._shape = shape
+
+
+def banner_text(banner: HangBanner, hint: str = "") -> Text:
+    """The verdict, its level first in capitals (it reads without colour), then the other lines."""
+    out = Text.assemble((f" {banner.label.upper()} ", "bold reverse"), " ", (banner.headline, "bold"))
+    for line in banner.more:
+        out.append(f"\n{line}")
+    if hint:
+        out.append(f"  {hint}", style="dim")
+    return out
+
+
+class VerdictBanner(Static):
+    """The hang verdict while the job makes no progress (red when hung, yellow when the job is only idle), hidden
+    while it moves. It follows the app's ``hang`` (a reactive): it is drawn again only when the verdict changes."""
+
+    def on_mount(self) -> None:
+        self.watch(self.app, "hang", self.show)
+
+    def show(self, hang: HangView | None) -> None:
+        banner = hang.banner if hang is not None else None
+        self.display = banner is not None
+        self.set_class(banner is not None and banner.level == "critical", "-critical")
+        self.set_class(banner is not None and banner.level == "warn", "-warn")
+        if banner is not None:
+            self.update(banner_text(banner, "(h: every rank and the stacks)"))
 
 
 class RanksTable(RankTable):

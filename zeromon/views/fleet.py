@@ -16,6 +16,7 @@ from zeromon.analysis.findings import Finding, Severity
 from zeromon.analysis.live_stragglers import memory_imbalance_finding, straggler_finding
 from zeromon.model.events import step_number
 from zeromon.sources.fleet import FleetTotals, FleetView, RankView
+from zeromon.views.hang import HANG_STATES, hang_states
 
 TREND_STEPS = 60  # steps in the sparklines
 RATE_STEPS = 8  # steps over which steps/s is measured
@@ -148,6 +149,9 @@ class RankRow:
     ended: bool = False  # its process has exited: its data is its last
     died: bool = False  # it ended, and not cleanly (RankView.died says how): never taken for a finished run
     final: bool = False  # every rank has ended (the job or the replay finished): its data is the run's final state
+    # What the hang verdict says of it while it answers (zeromon.views.hang): "stuck", "waiting", ...; None: ok
+    hang: str | None = None
+    hang_level: str = "ok"  # "critical": it holds its peers up; "warn": it waits for them, or the job is idle
 
     @property
     def answering(self) -> bool:
@@ -163,7 +167,7 @@ class RankRow:
     @property
     def state(self) -> str:
         if self.alive:
-            return "alive"
+            return self.hang or "alive"
         if self.died:
             return "died"
         if self.ended:
@@ -178,7 +182,9 @@ class RankRow:
 
     @property
     def level(self) -> str:
-        """Colour class: 'critical', 'warn', 'stale' (not answering) or 'ok'."""
+        """Colour class: 'critical', 'warn', 'stale' (not answering) or 'ok'; a hang before the OOM risk."""
+        if self.hang_level != "ok":
+            return self.hang_level
         if self.risk is Severity.CRITICAL:
             return "critical"
         if self.risk is Severity.WARN:
@@ -210,8 +216,9 @@ def rank_key(rank: RankView) -> str:
     return f"rank {rank.rank}" if rank.rank is not None else rank.target
 
 
-def rank_row(rank: RankView, final: bool = False) -> RankRow:
-    """``final``: every rank of the view has ended (rank_rows says)."""
+def rank_row(rank: RankView, final: bool = False, hang: tuple[str, str] | None = None) -> RankRow:
+    """``final``: every rank of the view has ended (rank_rows says); ``hang``: (state, level) of the rank in the
+    view's hang verdict, shown while it answers (as `zeromon live` does)."""
     last = rank.last_step
     m, oom = rank.memory, rank.oom
     used = (m.allocated if m.allocated is not None else m.rss) if m is not None else None
@@ -230,7 +237,9 @@ def rank_row(rank: RankView, final: bool = False) -> RankRow:
         capacity=capacity, headroom=headroom, risk=oom.risk if oom is not None else None,
         step_s=last.duration_s if last else None, overlap=last.overlap_ratio if last else None,
         exposed_s=last.exposed_comm_s if last else None, busbw=_busbw(rank), ended=rank.ended,
-        died=rank.died is not None and not rank.alive, final=final and rank.ended)
+        died=rank.died is not None and not rank.alive, final=final and rank.ended,
+        hang=hang[0] if hang is not None and rank.alive else None,
+        hang_level=hang[1] if hang is not None and rank.alive else "ok")
 
 
 def run_ended(view: FleetView) -> bool:
@@ -240,7 +249,8 @@ def run_ended(view: FleetView) -> bool:
 
 def rank_rows(view: FleetView) -> tuple[RankRow, ...]:
     final = run_ended(view)
-    return tuple(rank_row(r, final) for r in view.ranks)
+    states = hang_states(view.hang)
+    return tuple(rank_row(r, final, states.get(r.rank) if r.rank is not None else None) for r in view.ranks)
 
 
 def _badness(row: RankRow) -> tuple[float, ...]:
@@ -290,8 +300,9 @@ def sort_rows(rows: Sequence[RankRow], sort: str) -> list[RankRow]:
 
 @dataclass(frozen=True, slots=True)
 class RankFilter:
-    """`/` filter: rank numbers ('3', '0-7'), states ('stale', 'alive', 'ended'), risks ('ok', 'warn', 'crit'),
-    or any other word as part of the host or target. Several terms: a rank matching any is shown."""
+    """`/` filter: rank numbers ('3', '0-7'), states ('stale', 'alive', 'ended'; the hang verdict's 'stuck',
+    'waiting', ...), risks ('ok', 'warn', 'crit'), or any other word as part of the host or target. Several terms:
+    a rank matching any is shown."""
 
     text: str
 
@@ -315,6 +326,8 @@ def _term_matches(term: str, row: RankRow) -> bool:
         return row.ended
     if term == "alive":
         return row.alive
+    if term in HANG_STATES:
+        return row.hang == term
     if term in ("ok", "warn", "crit", "critical"):
         return row.risk is not None and RISK_WORDS[row.risk] == term[:4]
     return term in row.host.lower() or term in row.target.lower()

@@ -31,6 +31,11 @@ def message(text: str, level: str = "info", element_id: str | None = None) -> ht
     return html.Div(text, **props)
 
 
+def data_attrs(**attrs: str) -> dict[str, Any]:
+    """data-* attributes (what the browser tests read)."""
+    return {f"data-{k}": v for k, v in attrs.items()}
+
+
 def section(title: str, *children: Any, element_id: str | None = None, title_id: str | None = None) -> html.Section:
     props: dict[str, Any] = {"className": "section"}
     if element_id:

@@ -1,17 +1,18 @@
-"""Overview: the worst OOM risk and the worst exposed communication as banners, the rank grid coloured
-by each, the run's identity, and the findings with their evidence and remedies as `zeromon report`
-words them."""
+"""Overview: a hang (who holds the job up, and where) and the worst OOM risk and the worst exposed
+communication as banners, the rank grid coloured by each, the run's identity, and the findings with their
+evidence and remedies as `zeromon report` words them."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from dash import html
+from dash import dcc, html
 
 from zeromon.analysis.findings import Finding
 from zeromon.analysis.report import finding_heading
 from zeromon.views.fleet import RunClock, header, no_agent_text, rank_rows
+from zeromon.views.hang import hang_banner
 from zeromon.views.overview import (
     Banner,
     died_banners,
@@ -23,7 +24,7 @@ from zeromon.views.overview import (
 from zeromon.views.run_data import RunData
 from zeromon_dashboard.figures.overview import rank_grid
 from zeromon_dashboard.figures.style import empty
-from zeromon_dashboard.pages.common import drawn_store, graph, message, register_redraw, section
+from zeromon_dashboard.pages.common import data_attrs, drawn_store, graph, message, register_redraw, section
 from zeromon_dashboard.state import PageState
 
 if TYPE_CHECKING:
@@ -34,17 +35,30 @@ if TYPE_CHECKING:
 PAGE = "overview"
 
 
-def banners(data: RunData, interval_s: float = 1.0) -> list[Any]:
+def hang_block(data: RunData, hang_href: str) -> list[Any]:
+    """The hang verdict's banner, first (a hung job's other numbers no longer move), with a link to the Hang
+    page; none while the job makes progress."""
+    banner = hang_banner(data.fleet.hang)
+    if banner is None:
+        return []
+    lines = [html.Div([banner.text, " ", dcc.Link("every rank and the stacks", href=hang_href, id="banner-hang-link")]),
+             *(html.Div(line) for line in banner.more)]
+    return [html.Div(lines, className=f"banner banner-{banner.level}", id="banner-hang",
+                     **data_attrs(level=banner.level, rank=str(banner.culprits[0]) if banner.culprits else ""))]
+
+
+def banners(data: RunData, interval_s: float = 1.0, hang_href: str = "/hang") -> list[Any]:
     if data.kind == "live" and not data.fleet.ranks:  # nothing found: where it looked and what to do
         return [html.Pre(no_agent_text(data.fleet, interval_s).replace("q quits.", ""), className="message",
                          id="no-agent")]
     rows = rank_rows(data.fleet)
     shown: list[Banner | None] = [*died_banners(data), *incomplete_banners(data), oom_banner(data, rows),
                                   exposed_banner(data)]
-    out = [html.Div(b.text, className=f"banner banner-{b.level}",
-                    id=f"banner-{b.kind}" + (f"-{b.rank}" if b.kind in ("died", "incomplete") else ""),
-                    **_data(level=b.level, rank=str(b.rank)))
-           for b in shown if b is not None]
+    out = hang_block(data, hang_href) + [
+        html.Div(b.text, className=f"banner banner-{b.level}",
+                 id=f"banner-{b.kind}" + (f"-{b.rank}" if b.kind in ("died", "incomplete") else ""),
+                 **data_attrs(level=b.level, rank=str(b.rank)))
+        for b in shown if b is not None]
     if not out:
         out.append(message("No memory samples or steps yet: the banners appear with the first step.",
                            element_id="banner-none"))
@@ -71,18 +85,13 @@ def findings_list(findings: Sequence[Finding]) -> Any:
         items.append(html.Details([
             html.Summary([html.Span(f"[{f.severity.value}]", className=f"sev sev-{f.severity.value}"), " ",
                           finding_heading(f)]),
-            html.Ul(body)], open=f.severity.rank >= 2, className="finding", **_data(kind=f.kind)))
+            html.Ul(body)], open=f.severity.rank >= 2, className="finding", **data_attrs(kind=f.kind)))
     return html.Div(items, id="findings-list")
 
 
-def _data(**attrs: str) -> dict[str, Any]:
-    """data-* attributes (what the browser tests read)."""
-    return {f"data-{k}": v for k, v in attrs.items()}
-
-
-def _draw(state: PageState, data: RunData, interval_s: float = 1.0) -> tuple[Any, ...]:
+def _draw(state: PageState, data: RunData, interval_s: float = 1.0, hang_href: str = "/hang") -> tuple[Any, ...]:
     cells = rank_cells(data)
-    return (banners(data, interval_s), rank_grid(cells, "risk"), rank_grid(cells, "exposed"), run_info(data),
+    return (banners(data, interval_s, hang_href), rank_grid(cells, "risk"), rank_grid(cells, "exposed"), run_info(data),
             f"Findings ({len(data.findings)})", findings_list(data.findings))
 
 
@@ -99,7 +108,7 @@ OUTPUTS = (("overview-banners", "children"), ("overview-grid-risk", "figure"), (
 
 
 def layout(state: PageState, data: RunData, ctx: Context) -> Any:
-    banners_, risk, exposed, info, findings_title, findings = _draw(state, data, ctx.refresh_s)
+    banners_, risk, exposed, info, findings_title, findings = _draw(state, data, ctx.refresh_s, ctx.href("hang"))
     return html.Div([
         drawn_store(PAGE, data, state),
         html.Div(banners_, id="overview-banners", className="banners"),
@@ -111,4 +120,5 @@ def layout(state: PageState, data: RunData, ctx: Context) -> Any:
 
 
 def register(app: Dash, ctx: Context) -> None:
-    register_redraw(app, ctx, PAGE, OUTPUTS, lambda state, data: _draw(state, data, ctx.refresh_s), _fallback)
+    register_redraw(app, ctx, PAGE, OUTPUTS,
+                    lambda state, data: _draw(state, data, ctx.refresh_s, ctx.href("hang")), _fallback)
