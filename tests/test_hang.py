@@ -3,8 +3,8 @@ timeout): which rank, which collective, which line, and who waits, within the th
 `zeromon live`, `zeromon hang`, /metrics and the recording; and a hung rank still stops on SIGTERM.
 
 Each run's threshold is HANG_AFTER (ZEROMON_HANG_AFTER); the automatic one (the larger of 30 s and ten median
-steps) is checked without waiting 30 s in tests/test_progress_watch.py. The TUI and the dashboard on a hung run
-are in tests/test_tui_tmux.py and tests/test_dashboard_browser.py.
+steps) is checked without waiting 30 s in tests/test_progress_watch.py. The TUI (in tmux) and the dashboard (in
+Chromium) on a hung run are in tests/test_hang_screens.py.
 """
 
 from __future__ import annotations
@@ -201,11 +201,14 @@ def test_zeromon_hang_prints_the_verdict_and_each_ranks_stack(stuck: HungRun) ->
     assert result.returncode == 4, result.stdout + result.stderr
     out = result.stdout
     assert out.splitlines()[1].startswith("critical: hung: rank 1 has not reached all_gather #")
-    assert "stacks of the training threads" in out
-    stacks = out.split("stacks of the training threads")[1]
-    # Rank 1's stack ends in the stalled function; rank 0's in the collective, called from the model's forward.
-    assert re.search(r'rank 1:\n(  File .*\n)*  File ".*hang\.py", line \d+, in data_loader_stall', stacks)
-    assert re.search(r'rank 0:\n(  File .*\n)*  File ".*hang\.py", line \d+, in forward\n', stacks)
+    assert "the training threads' stacks when they made no progress" in out
+    stacks = out.split("the training threads' stacks")[1]
+    # The culprit's stack first, ending in the stalled function; rank 0's passes through the model's forward.
+    blocks = re.split(r"\n(?=rank \d)", stacks.split(":\n", 1)[1])
+    assert blocks[0].startswith("rank 1: in data_loader_stall (hang.py:") and \
+        re.search(r'  File ".*hang\.py", line \d+, in data_loader_stall$', blocks[0].rstrip()), blocks[0]
+    assert blocks[1].startswith("rank 0: in forward (hang.py:")
+    assert re.search(r'  File ".*hang\.py", line \d+, in forward\n', blocks[1])
     threads = zeromon("hang", "--threads", "--json", str(stuck.out), timeout=60)
     names = {t["thread"] for t in json.loads(threads.stdout)["threads"]["1"]}
     assert {"MainThread", "zeromon-recorder"} <= names
@@ -302,3 +305,41 @@ def test_slow_steps_and_a_checkpoint_shorter_than_the_threshold_raise_no_alarm(t
     for rank in (0, 1):
         recording = read_recording(run.out / f"rank-{rank}.jsonl")
         assert recording.progress == [] and not [n for n in recording.notices if n.source == "progress"]
+
+
+# --- a program's own SIGTERM handler ------------------------------------------------------------------------
+
+GRACEFUL = '''
+import os, signal, sys, time
+import torch.distributed as dist
+import zeromon_agent
+dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:{port}")
+zeromon_agent.attach()
+stopping = []
+signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))  # a trainer's graceful stop
+print("READY", flush=True)
+while not stopping:
+    time.sleep(0.05)
+time.sleep(1.5)  # its checkpoint before leaving
+print("CLEAN EXIT", flush=True)
+zeromon_agent.detach()
+dist.destroy_process_group()
+os._exit(0)
+'''
+
+
+def test_a_sigterm_handler_the_program_set_after_the_agent_keeps_its_graceful_stop(tmp_path: Path) -> None:
+    script = tmp_path / "graceful.py"
+    script.write_text(GRACEFUL.replace("{port}", str(free_port())))
+    proc = subprocess.Popen([sys.executable, str(script)], env=child_env(ZEROMON_OUT=str(tmp_path / "run")),
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("READY"):
+                break
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "CLEAN EXIT" in out, out

@@ -187,9 +187,22 @@ class Recorder(CollectiveRecords):
         self._thread = threading.Thread(target=self._run, name="zeromon-recorder", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout_s: float = 5.0, how: str = "exit", detail: str | None = None) -> None:
-        """Drain everything, finalize what is left, write stats and the end record (``how`` the rank
-        ended: RunEnd.how), close the file. Idempotent."""
+    def final_progress(self, how: str) -> RankProgress | None:
+        """The progress report the recording's end keeps: where a signal found the rank (a hung rank is stopped
+        this way), or a stall it never left; None otherwise, or where it cannot be made."""
+        if not (how.startswith("signal ") or self.progress.stalled_at is not None):
+            return None
+        try:
+            return self.progress_report(how)
+        except Exception as exc:  # noqa: BLE001 - the end is written without it
+            self.state.hook_error("progress", exc)
+            return None
+
+    def stop(self, timeout_s: float = 5.0, how: str = "exit", detail: str | None = None,
+             progress: RankProgress | None = None) -> None:
+        """Drain everything, finalize what is left, write stats, ``progress`` (final_progress, made by the caller
+        before it let go of the model; made here where not given) and the end record (``how`` the rank ended:
+        RunEnd.how), close the file. Idempotent."""
         self._stop.set()
         self._wake.set()
         thread, self._thread = self._thread, None
@@ -198,9 +211,9 @@ class Recorder(CollectiveRecords):
         with self._drain_lock:
             try:
                 self._drain(final=True)
-                if how.startswith("signal ") or self.progress.stalled_at is not None:
-                    # Where a signal found it (a hung rank is stopped this way), or a stall it never left.
-                    self._write_progress(self.progress_report(how))
+                progress = progress if progress is not None else self.final_progress(how)
+                if progress is not None:
+                    self._write_progress(progress)
                 kept = self.keeper.close()
                 if kept is not None:
                     self._recording_notice("info", kept)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from zeromon.commands.source_flags import NEWEST, RUN, TARGETS, add_source_arguments, read_sources, token_flag
 
 if TYPE_CHECKING:
-    from zeromon.analysis.hang import HangVerdict, RankVerdict
+    from zeromon.analysis.hang import HangVerdict
     from zeromon.model.progress import RankProgress, StackFrame
     from zeromon.sources.fleet import FleetView
 
@@ -115,71 +115,35 @@ def _threads(view: FleetView, token: str | None) -> dict[int, Any]:
 
 def format_hang(source: str, verdict: HangVerdict | None, reports: dict[int, RankProgress | None],
                 threads: dict[int, Any]) -> str:
-    from zeromon.analysis.hang import seconds_words
+    """The verdict, a row per rank and the grouped stacks, in the words the TUI and the dashboard use
+    (zeromon.views.hang); then every thread's stack where --threads asked for them."""
+    from zeromon.views.hang import frame_line, hang_view_of
 
-    stamp = time.strftime("%H:%M:%S")
-    lines = [f"zeromon hang: {source} · {len(reports)} rank(s) · {stamp}"]
-    if verdict is None or not verdict.lines:
-        threshold = verdict.threshold_s if verdict is not None else None
-        lines.append("no hang: every rank made progress within its threshold"
-                     + (f" ({seconds_words(threshold)})" if threshold else ""))
-    else:
-        label = "critical: hung: " if verdict.hung else "warn: stalled: "
-        lines.append(label + verdict.lines[0])
-        lines.extend("  " + line for line in verdict.lines[1:])
+    view = hang_view_of(verdict, reports)
+    lines = [f"zeromon hang: {source} · {len(reports)} rank(s) · {time.strftime('%H:%M:%S')}", view.status]
+    if view.banner is not None:
+        lines.extend("  " + line for line in view.banner.more)
     lines.append("")
     lines.append(f"{'rank':>4}  {'state':<8} {'in step':>7} {'no progress':>12}  where")
-    for rank in sorted(reports):
-        lines.append(_rank_line(rank, reports[rank], verdict.of(rank) if verdict is not None else None))
-    if verdict is not None and verdict.stacks:
+    for row in view.rows:
+        waits = f", for {row.waits_for}" if row.waits_for else ""
+        lines.append(f"{row.rank:>4}  {row.state:<8} {row.step:>7} {row.no_progress:>12}  {row.where}{waits}")
+    if view.stacks:
         lines.append("")
-        lines.append("stacks of the training threads, identical ones together (innermost last):")
-        for group in verdict.stacks:
-            lines.append(f"{_ranks(group.ranks)}:")
-            lines.extend(_frame_lines(group.stack))
+        lines.append(view.stacks_title + ":")
+        for block in view.stacks:
+            lines.append(f"{block.title}:")
+            lines.extend("  " + frame for frame in block.frames)
     for rank, rank_threads in sorted(threads.items()):
         lines.append("")
         lines.append(f"rank {rank}: every thread")
         for thread in rank_threads:
             lines.append(f"  thread {thread.get('thread')}" + (" (training)" if thread.get("training") else ""))
-            lines.extend("  " + line for line in _frame_lines(_frames(thread.get("stack", []))))
+            lines.extend("    " + frame_line(f) for f in _frames(thread.get("stack", [])))
     return "\n".join(lines)
-
-
-def _rank_line(rank: int, report: RankProgress | None, verdict: RankVerdict | None) -> str:
-    from zeromon.analysis.hang import clock, collective_words, seconds_words
-    from zeromon.model.events import step_number
-
-    state = verdict.state if verdict is not None else "ok"
-    if report is None:
-        detail = verdict.detail if verdict is not None and verdict.detail else "no report"
-        return f"{rank:>4}  {state:<8} {'-':>7} {'-':>12}  {detail}"
-    if report.blocked is not None:
-        call = report.blocked.call
-        group = report.group(call.group)
-        label = group.label if group is not None else f"group {call.group}"
-        where = f"in {collective_words(call, label)} since {clock(report.blocked.since_ns)}"
-    elif report.where is not None:
-        where = f"in {report.where.function} ({report.where.where})"
-    else:
-        where = "-"
-    if verdict is not None and verdict.waits_for:
-        where += f", for {_ranks(verdict.waits_for)}"
-    step = str(step_number(report.step)) if report.step >= 0 else "-"
-    return f"{rank:>4}  {state:<8} {step:>7} {seconds_words(report.idle_s):>12}  {where}"
-
-
-def _ranks(ranks: tuple[int, ...]) -> str:
-    from zeromon.model.units import rank_ranges
-
-    return rank_ranges(ranks)
 
 
 def _frames(raw: list[Any]) -> tuple[StackFrame, ...]:
     from zeromon.model.progress import StackFrame
 
     return tuple(StackFrame(str(f[0]), int(f[1]), str(f[2])) for f in raw if isinstance(f, list) and len(f) == 3)
-
-
-def _frame_lines(stack: tuple[StackFrame, ...]) -> list[str]:
-    return [f'  File "{f.file}", line {f.line}, in {f.function}' for f in stack]

@@ -170,11 +170,14 @@ def _status(verdict: HangVerdict | None, reported: bool) -> str:
 
 
 def hang_view(view: FleetView) -> HangView:
-    """The verdict of ``view`` (FleetView.hang) with each rank's row and the grouped stacks: those of the stall
-    where the verdict has them, else where the ranks' reports stand now; a culprit's stack first (on a small
-    screen the first stack is the one seen), the others largest group first."""
-    verdict = view.hang
-    reports = reports_of(view)
+    """The verdict of ``view`` (FleetView.hang) with each rank's row and the grouped stacks (hang_view_of)."""
+    return hang_view_of(view.hang, reports_of(view))
+
+
+def hang_view_of(verdict: HangVerdict | None, reports: dict[int, RankProgress | None]) -> HangView:
+    """A verdict with each rank's row and the grouped stacks: those of the stall where the verdict has them, else
+    where the ranks' reports stand now; a culprit's stack first (on a small screen the first stack is the one
+    seen), the others largest group first."""
     reported = {rank: r for rank, r in reports.items() if r is not None}
     if verdict is None and not reported:
         return HangView(banner=None, status=NO_REPORT, rows=(), stacks=(), stacks_title="")
