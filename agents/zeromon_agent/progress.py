@@ -91,6 +91,17 @@ def stack_of(frame: types.FrameType | None) -> tuple[StackFrame, ...]:
     return tuple(frames)
 
 
+_AGENT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
+
+
+def _without_agent_tail(stack: tuple[StackFrame, ...]) -> tuple[StackFrame, ...]:
+    """The stack without the agent's own innermost frames: its signal handler, its report, a wait's wrapper."""
+    end = len(stack)
+    while end and stack[end - 1].file.startswith(_AGENT_DIR):
+        end -= 1
+    return stack[:end] if end else stack
+
+
 def innermost_program_frame(stack: Iterable[StackFrame]) -> StackFrame | None:
     """Where the stack leaves the program's own code: its innermost frame that is not a library's."""
     return next((f for f in reversed(tuple(stack)) if is_program_code(f.file)), None)
@@ -227,7 +238,7 @@ class ProgressWatch:
         now_ns = time.time_ns()
         names = _group_names()
         frame = self._training_frame(sys._current_frames())
-        stack = stack_of(frame)
+        stack = _without_agent_tail(stack_of(frame))
         blocked = self._blocked(frame, names, recent)
         groups = self._groups(names, recent, inflight, blocked)
         stalled_s = None

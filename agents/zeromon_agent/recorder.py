@@ -189,8 +189,9 @@ class Recorder(CollectiveRecords):
 
     def final_progress(self, how: str) -> RankProgress | None:
         """The progress report the recording's end keeps: where a signal found the rank (a hung rank is stopped
-        this way), or a stall it never left; None otherwise, or where it cannot be made."""
-        if not (how.startswith("signal ") or self.progress.stalled_at is not None):
+        this way); None at any other end (after an exception or at exit the training thread has left the place
+        where it stalled, which its stall's report keeps), or where it cannot be made."""
+        if not how.startswith("signal "):
             return None
         try:
             return self.progress_report(how)
