@@ -1,7 +1,7 @@
-"""A small data-parallel training on gloo with faults to inject, for tests/test_faults.py.
+"""A small data-parallel training on gloo with faults to inject, for tests/test_faults.py and test_rank_ends.py.
 
     torchrun --nproc-per-node 2 tests/scenarios/fault_train.py [--attach] [--inject WHAT,...]
-        [--die RANK:STEP:HOW] [--vanish STEP] [--no-init] [--steps N]
+        [--die RANK:STEP:HOW] [--message TEXT] [--attempt N] [--vanish STEP] [--no-init] [--steps N]
 
 Each step: forward, backward, a synchronous all_reduce of every gradient, an async all_reduce of the
 loss waited on, the optimizer step. Rank 0 prints ``LOSSES [..]`` (the global loss of every step) at
@@ -13,14 +13,20 @@ collective (the collective wrapper's argument extraction), wait (Work.wait's rec
 phase change), memory (the category walk), endpoint (every /metrics and snapshot: rank 0 scrapes
 itself and prints ``SCRAPE <status>``), writer (the recording's file raises ENOSPC from its 5th write).
 ``--die RANK:STEP:HOW``: that rank, at that step, ends by ``kill`` (SIGKILL), ``term`` (SIGTERM),
-``exception`` (RuntimeError), ``exception-then-term`` (RuntimeError, and a SIGTERM while the agent ends the
-recording), ``exit`` (sys.exit(0) early) or ``fail`` (sys.exit(1)). ``--vanish STEP``: rank 0 removes the run
+``exception`` (RuntimeError; ``--message``: its message), ``corrupt`` (ValueError: corrupt shard 17, raised
+outside any collective), ``exception-then-term`` (RuntimeError, and a SIGTERM while the agent ends the
+recording), ``exit`` (sys.exit(0) early) or ``fail`` (sys.exit(1)); ``--attempt N``: only in torchelastic's
+attempt N (TORCHELASTIC_RESTART_COUNT: 0, then 1 after a restart), and each attempt's process group joins
+under a prefix of its own in the launcher's store: torchrun's static rendezvous keeps one store for every
+attempt, where a restarted gloo group can read the addresses of the last attempt's ranks (connection
+refused, or a hang; without zeromon too). ``--vanish STEP``: rank 0 removes the run
 folder then. ``--no-init``: no process group at all (each rank trains alone, no collective).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import errno
 import json
 import os
@@ -111,7 +117,7 @@ def scrape(agent: Any) -> None:
         print(f"SCRAPE error {exc}", flush=True)
 
 
-def die(how: str) -> None:
+def die(how: str, message: str) -> None:
     if how == "kill":  # when, on the recording's clock (unix ns), for the test of what a crash may lose
         print(f"DYING {time.time_ns()}", flush=True)
     sys.stdout.flush()
@@ -121,7 +127,9 @@ def die(how: str) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(30)  # the signal ends the process before this does
     elif how == "exception":
-        raise RuntimeError("injected failure in the training loop")
+        raise RuntimeError(message)
+    elif how == "corrupt":
+        raise ValueError("corrupt shard 17: checksum mismatch")
     elif how == "exception-then-term":
         # A SIGTERM that lands while the agent ends the recording at exit, as when the launcher stops the
         # other ranks of a job whose rank failed: sent from inside the recorder's stop, so it lands there.
@@ -142,6 +150,14 @@ def die(how: str) -> None:
         sys.exit(1)
 
 
+def init_attempt_group(rank: int, world: int) -> None:
+    """The default group, joined under a prefix of this attempt's in the launcher's store."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                          timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"attempt_{attempt}", store), rank=rank, world_size=world)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=12)
@@ -149,6 +165,8 @@ def main() -> None:
     parser.add_argument("--attach", action="store_true")
     parser.add_argument("--inject", default="")
     parser.add_argument("--die", default="")
+    parser.add_argument("--message", default="injected failure in the training loop")
+    parser.add_argument("--attempt", type=int, default=None)
     parser.add_argument("--vanish", type=int, default=-1)
     parser.add_argument("--no-init", action="store_true")
     args = parser.parse_args()
@@ -158,7 +176,9 @@ def main() -> None:
         inject(injected)
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if not args.no_init:
+    if args.attempt is not None:
+        init_attempt_group(rank, world)
+    elif not args.no_init:
         dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
@@ -170,11 +190,13 @@ def main() -> None:
         agent = zeromon_agent.attach(model=model, optimizer=optimizer)
         print(f"ATTACHED rank {rank} started={agent.started}", flush=True)
     die_rank, die_step, die_how = (args.die.split(":") + ["", "", ""])[:3] if args.die else ("-1", "-1", "")
+    if args.attempt is not None and args.attempt != int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")):
+        die_rank = "-1"
     generator = torch.Generator().manual_seed(1000 + rank)
     losses = []
     for step in range(args.steps):
         if rank == int(die_rank) and step == int(die_step):
-            die(die_how)
+            die(die_how, args.message)
         if rank == 0 and step == args.vanish:
             shutil.rmtree(os.environ["ZEROMON_OUT"])
             print(f"VANISHED at step {step}", flush=True)

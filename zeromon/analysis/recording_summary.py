@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zeromon.analysis.rank_ends import RankEnd, end_lines, rank_ends
+from zeromon.analysis.restarts import Restarts, restarts
+from zeromon.model.attempts import read_attempts
 from zeromon.model.codec import Recording, RunDirs, check_one_run, run_headers, run_name
-from zeromon.model.events import RunInfo, StepSummary
+from zeromon.model.events import RunInfo, StepSummary, step_number
 from zeromon.model.rank_pool import OnProgress, map_rank_files, read_rank_file
 from zeromon.model.run_end import FileEnd, recording_end
 from zeromon.model.step_records import StepRecords
@@ -54,6 +56,7 @@ class RunSummary:
     world_size: int
     ranks: tuple[RankSummary, ...]
     ends: tuple[RankEnd, ...] = ()  # how each rank ended (rank_ends): died, cut off, incomplete
+    restarts: Restarts = Restarts()  # the earlier attempts of a run torchelastic restarted
 
 
 def strategy_label(rec: Recording) -> str:
@@ -131,8 +134,9 @@ def summarize_run(run_dir: RunDirs, workers: int | None = None, progress: OnProg
     world = max((info.world_size for _, info, _, _ in done if info), default=len(done))
     ends = rank_ends([end for *_, end in done if end is not None], {summary.rank: last for summary, _, last, _ in done},
                      world)
+    last = max((last for _, _, last, _ in done if last is not None), default=None)
     return RunSummary(run_dir=run_name(run_dir), world_size=world, ranks=tuple(summary for summary, *_ in done),
-                      ends=ends)
+                      ends=ends, restarts=restarts(read_attempts(run_dir), step_number(last) if last is not None else None))
 
 
 def _summarize_file(path: Path) -> tuple[RankSummary, RunInfo | None, int | None, FileEnd | None]:
@@ -214,6 +218,8 @@ def format_summary(summary: RunSummary, all_ranks: bool = False) -> str:
     """The per-rank table; past RANKS_SHOWN ranks (without ``all_ranks``), only the ranks furthest from the
     run's typical rank (ranks_shown) and a line for the rest, and the per-rank notes of as many ranks."""
     lines = [f"zeromon: run {summary.run_dir} ({len(summary.ranks)} of {summary.world_size} ranks recorded)"]
+    if summary.restarts.note is not None:
+        lines.append(summary.restarts.note)
     header = f"{'rank':>4}  {'framework':<10} {'strategy':<14} {'steps':>5} {'step ms':>8} {'blocked ms':>10} " \
              f"{'collectives':>11} {'peak mem':>11}  bytes per step by meaning"
     summarised = not all_ranks and len(summary.ranks) > RANKS_SHOWN
@@ -245,6 +251,7 @@ def format_summary(summary: RunSummary, all_ranks: bool = False) -> str:
                                     "records (every one: --all-ranks)"]
     lines.extend(lost_lines)
     lines.extend(end_lines(summary.ends))
+    lines.extend(summary.restarts.lines("the summary above is"))
     seen: set[str] = set()
     for r in summary.ranks:
         for note in r.notices:

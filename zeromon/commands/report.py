@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zeromon.analysis.rank_ends import RankEnd, end_lines, exit_status, rank_ends
+from zeromon.analysis.rank_ends import RankEnd, end_lines, end_order, exit_status, rank_ends
 from zeromon.errors import ZeromonError
 from zeromon.model.numbers import BUS_BANDWIDTH, CAPACITY, flag
 from zeromon.model.units import format_bytes
@@ -18,7 +18,9 @@ from zeromon.model.units import format_bytes
 if TYPE_CHECKING:
     from zeromon.analysis.findings import Finding
     from zeromon.analysis.report import RankReport, RunReport
+    from zeromon.analysis.restarts import Restarts
     from zeromon.analysis.trace_overlap import RankTraceOverlap
+    from zeromon.model.codec import RunDirs
     from zeromon.model.run_end import FileEnd
     from zeromon.views.report_summary import RanksShown
 
@@ -28,7 +30,9 @@ HELP = "analyse a recorded run (or PyTorch profiler traces): overlap, OOM risk, 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("The whole offline analysis of a zeromon recording (a folder of rank-<r>.zmr or .jsonl files) or of "
-                          "PyTorch profiler (Kineto) traces: per-rank table and findings to stdout, --json for "
+                          "PyTorch profiler (Kineto) traces: per-rank table and findings to stdout, then how the "
+                          "ranks ended (the first to die first) and a restarted run's earlier attempts (kept in "
+                          "RUN_DIR/attempts/<n>, each a run folder), --json for "
                           "machines, --html FILE for a self-contained page with figures. Exit status 3 (after "
                           "printing everything) when a rank of the recording died or its recording is incomplete; "
                           "2 for bad input.")
@@ -98,15 +102,23 @@ def _run_report(args: argparse.Namespace) -> int:
         plotted = _plotted_ranks(report)
         _write_html(args.html, render_html(report, [read_rank_file(Path(r.file)) for r in plotted], text))
     ends = _rank_ends(report, file_ends)
+    restarts = _restarts(run, report)
     if args.json:
         ended = [dataclasses.asdict(e) | {"died": e.died, "incomplete": e.incomplete} for e in ends]
-        sys.stdout.writelines(report.json_chunks({"ends": ended}))  # a rank at a time
+        first = end_order(ends).first
+        sys.stdout.writelines(report.json_chunks({  # a rank at a time
+            "ends": ended, "first_died": first.rank if first is not None else None, "restarts": restarts.to_dict()}))
     else:
+        if restarts.note is not None:
+            print(restarts.note)
         print(text)
         lines = end_lines(ends)
         if lines:
             print("\nhow the ranks ended:")
             print("\n".join(f"  {line}" for line in lines))
+        restart_lines = restarts.lines("the report above is")
+        if restart_lines:
+            print("\n" + "\n".join(restart_lines))
         if args.html:
             print(f"\nwrote {args.html}")
     return exit_status(ends)  # 3: a rank died or its recording is incomplete (said above)
@@ -131,6 +143,17 @@ def _rank_ends(report: RunReport, file_ends: list[FileEnd] | None = None) -> tup
     if file_ends is None:
         file_ends = read_file_ends([Path(r.file) for r in report.ranks])
     return rank_ends(file_ends, through, report.world_size)
+
+
+def _restarts(run: RunDirs, report: RunReport) -> Restarts:
+    """The run's restarts: the earlier attempts its folders keep (their files' ends only are read)."""
+    from zeromon.analysis.report import last_step
+    from zeromon.analysis.restarts import restarts
+    from zeromon.model.attempts import read_attempts
+    from zeromon.model.events import step_number
+
+    steps = [step for r in report.ranks if (step := last_step(r)) is not None]
+    return restarts(read_attempts(run), step_number(max(steps)) if steps else None)
 
 
 def _ms(seconds: float | None) -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from zeromon.analysis.rank_ends import EXIT_RANK_DIED
 from zeromon.errors import ZeromonError
+from zeromon.model.attempts import ATTEMPTS_DIR
 from zeromon.model.codec import rank_file_paths
 from zeromon.model.numbers import where
 from zeromon.model.registry import ENDPOINTS_DIR, pid_alive, read_entries
@@ -248,7 +249,7 @@ def _local_ranks(cmd: list[str]) -> int | None:
 
 
 # The files a run writes into its folder (zeromon_agent and --tui); see _set_aside_previous_run.
-_RUN_FILES = ("rank-*.zmr", "rank-*.jsonl", "oom-snapshot-rank-*.pickle", "launcher.log", ENDPOINTS_DIR)
+_RUN_FILES = ("rank-*.zmr", "rank-*.jsonl", "oom-snapshot-rank-*.pickle", "launcher.log", ENDPOINTS_DIR, ATTEMPTS_DIR)
 
 
 def _set_aside_previous_run(out: Path) -> None:
@@ -346,7 +347,7 @@ def _print_run_summary(out: Path, quiet: bool = False, quiet_when_empty: bool = 
 
         summary = summarize_run(out, workers=1)  # here: after the TUI's threads (--tui), no fork
         if quiet:
-            for line in end_lines(summary.ends):
+            for line in end_lines(summary.ends) + summary.restarts.lines("the run folder's rank files are"):
                 print(f"zeromon: {line}", file=sys.stderr)
         else:
             print(format_summary(summary), file=sys.stderr)

@@ -12,7 +12,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("A first look at a recorded run: per rank, the framework and sharding, steps and their "
                           "median time, time blocked in collectives, the collectives recorded, peak memory and the "
                           "bytes each step moves by ZeRO meaning; then dropped events, corrupt lines and the "
-                          "agent's notes; and how each rank ended. `zeromon report` gives the whole analysis. "
+                          "agent's notes; and how each rank ended (the first to die first) and, for a run "
+                          "torchelastic restarted, when and why. `zeromon report` gives the whole analysis. "
                           "Exit status 3 (after printing everything) when a rank died (a signal, an exception, "
                           "or no end record) or its recording is incomplete; 2 for bad input.")
     parser.add_argument("run_dir", metavar="RUN_DIR", nargs="+",

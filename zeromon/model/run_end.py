@@ -40,6 +40,10 @@ class FileEnd:
     pid: int | None
     running: bool | None  # its process still runs (this host only; None: not known)
     flush_interval_s: float | None  # how much of its end a killed rank may have lost
+    # Without an end record, what the file's tail says of when the rank was last heard of: the latest time
+    # and step among the records there (of a compact file, those its last segment holds as rows).
+    last_record_ns: int | None = None
+    last_step_in_tail: int | None = None
 
 
 def _end_of(lines: list[bytes], names: list[str]) -> RunEnd | None:
@@ -60,6 +64,32 @@ def _end_of(lines: list[bytes], names: list[str]) -> RunEnd | None:
         except TypeError:
             return None
     return None
+
+
+# The fields that hold a time, in the records that have one (every kind but run_info).
+_TIME_FIELDS = ("t_ns", "end_ns", "complete_ns", "issue_ns", "start_ns")
+_STEP_KIND = "step"
+
+
+def _last_heard(lines: list[bytes], schemas: dict[str, Any]) -> tuple[int | None, int | None]:
+    """The latest time and the latest step summarized among the tail's records (None: none there)."""
+    last_ns: int | None = None
+    last_step: int | None = None
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(row, list) or not row or not isinstance(names := schemas.get(row[0]), list):
+            continue
+        values = dict(zip(names, row[1:], strict=False))
+        times = [v for name in _TIME_FIELDS if type(v := values.get(name)) is int]
+        if times:
+            last_ns = max(last_ns or 0, *times)
+        step = values.get("step")
+        if row[0] == _STEP_KIND and type(step) is int:
+            last_step = max(step, last_step if last_step is not None else step)
+    return last_ns, last_step
 
 
 def _process_running(host: Any, pid: Any) -> bool | None:
@@ -97,13 +127,17 @@ def read_file_end(path: str | Path) -> FileEnd:
 
 
 def _file_end(header: dict[str, Any], lines: list[bytes]) -> FileEnd:
-    names = header.get("schemas", {}).get(_KIND)
+    schemas = header.get("schemas", {})
+    names = schemas.get(_KIND)
     end = _end_of(lines, names) if isinstance(names, list) else None
     flush = header.get("flush_interval_s")
+    # Only a file without an end record needs its tail read for times: the end record has its own.
+    last_ns, last_step = _last_heard(lines, schemas) if end is None else (None, None)
     return FileEnd(rank=int(header.get("rank", -1)), end=end, expected=header.get(PROMISE_KEY) is True,
                    host=header.get("host"), pid=header.get("pid"),
                    running=_process_running(header.get("host"), header.get("pid")) if end is None else False,
-                   flush_interval_s=float(flush) if isinstance(flush, (int, float)) else None)
+                   flush_interval_s=float(flush) if isinstance(flush, (int, float)) else None,
+                   last_record_ns=last_ns, last_step_in_tail=last_step)
 
 
 def recording_end(recording: Recording) -> FileEnd | None:

@@ -126,8 +126,11 @@ def oom_banner(data: RunData, rows: Sequence[RankRow] | None = None) -> Banner |
 def died_banners(data: RunData) -> list[Banner]:
     """One critical banner per rank that died, in the sentence `zeromon run` and `summary` print ("rank 1
     died at step 276 (no end record; its last 1 s may be lost)"): a dead rank must never read as a
-    finished run."""
-    return [Banner("died", "critical", r.rank, r.died) for r in data.fleet.ranks if r.died and not r.alive]
+    finished run. The first to end comes first, as `zeromon report` says it (rank_ends.end_order): by when each
+    was last heard of (live, its last answer; in a recording, its last record, written as it ended)."""
+    died = sorted((r for r in data.fleet.ranks if r.died and not r.alive),
+                  key=lambda r: (r.t_ns is None, r.t_ns or 0, r.rank if r.rank is not None else -1))
+    return [Banner("died", "critical", r.rank, r.died) for r in died if r.died]
 
 
 def incomplete_banners(data: RunData) -> list[Banner]:
