@@ -26,10 +26,14 @@ from zeromon_agent.memory import Categorizer, CudaMemory, cpu_capacity, local_ra
 from zeromon_agent.peaks import MemoryPoints, PeakSearch
 from zeromon_agent.phases import PhaseTracker
 from zeromon_agent.recorder import Recorder
+from zeromon_agent.signals import SigtermWatch, die_by
 from zeromon_agent.state import RAW_MEMORY, RAW_OOM, STATE, HotState, perf_ns
 
 log = logging.getLogger("zeromon.agent")
 
+# A SIGTERM the main thread cannot handle (signals.SigtermWatch): the recording's end is written within this, or
+# the rank dies without it (launchers send SIGKILL after a grace period of their own, often 30 s).
+STOP_WITHIN_S = 3.0
 # Keep the category walk (and activation counting) under this share of step time when
 # ZEROMON_MEMORY_EVERY=auto.
 _WALK_BUDGET = 0.0025
@@ -133,6 +137,7 @@ class Agent:
         self._step_started: tuple[int, float] | None = None  # (step, perf_counter at its first forward)
         self._step_s: float | None = None
         self._previous_sigterm: Any = None
+        self._sigterm_watch: SigtermWatch | None = None  # stops the rank when its main thread cannot run the handler
         self._stop_lock = threading.RLock()  # RLock: SIGTERM may arrive while atexit is stopping
         # The thread inside stop() (threading.get_ident), and a SIGTERM that arrived there: acted on once the
         # recording is ended (_on_sigterm).
@@ -189,11 +194,14 @@ class Agent:
             # log) and the live endpoint serves all the same.
             compact = self.config.record_format == "compact"
             writer_type = CompactWriter if compact else RecordingWriter
+            from zeromon_agent.attempts import start_attempt  # torchelastic: keeps an earlier attempt's file
+
             writer = writer_type.open_or_lost(
                 self.run_dir / rank_file_name(self.rank, ".zmr" if compact else ".jsonl"), self.rank, job=self.job,
                 world_size=self.world_size,
                 run_id=shared_run_id(), host=os.uname().nodename, pid=os.getpid(), created_unix_ns=time.time_ns(),
-                flush_interval_s=self.config.flush_interval_s, end_record=True)
+                flush_interval_s=self.config.flush_interval_s, end_record=True,
+                **start_attempt(self.run_dir, self.rank, self.world_size))
         device = None
         if cuda_index is not None and self.config.device_interval_s > 0:
             from zeromon_agent.device import NvmlDevice
@@ -202,7 +210,8 @@ class Agent:
         self.recorder = Recorder(self.state, self.rank, writer, self.config.flush_interval_s,
                                  recent_events=self.config.recent_events, device=device,
                                  device_interval_s=self.config.device_interval_s,
-                                 cuda_timer=self.state.cuda_timing, max_disk=self.config.max_disk)
+                                 cuda_timer=self.state.cuda_timing, max_disk=self.config.max_disk,
+                                 hang_after_s=self.config.hang_after_s)
         if cuda_index is None:
             self.notice("info", "device", "no CUDA device: NVML device metrics and allocator stats "
                         f"are unavailable; memory is process RSS and per-category bytes; {capacity_note}")
@@ -210,6 +219,7 @@ class Agent:
             self.notice("warning", "nvml", device.reason)
         if cuda_index is not None:
             self._setup_oom_observer(torch)
+        self.recorder.progress.model_of = self._walked_model
         self.recorder.start()
         self._start_endpoint()
 
@@ -266,6 +276,8 @@ class Agent:
 
     def _stop_parts(self, how: str, detail: str | None) -> None:
         """stop()'s work, under its lock: the hooks off, the recording ended, the endpoint closed."""
+        # Where the rank is, while the model is still known (the submodule a blocked collective serves).
+        progress = self.recorder.final_progress(how) if self.recorder is not None else None
         try:
             if self.meter is not None:
                 self.meter.stop()
@@ -281,7 +293,7 @@ class Agent:
         self.model = self.optimizer = self.engine = None
         try:
             if self.recorder is not None:
-                self.recorder.stop(how=how, detail=detail)
+                self.recorder.stop(how=how, detail=detail, progress=progress)
         except Exception as exc:  # noqa: BLE001
             log.warning("zeromon: error while stopping the agent's recorder: %r", exc)
         # After the recorder's last drain: a final scrape still sees the end of the run.
@@ -291,6 +303,8 @@ class Agent:
                 endpoint.stop()
             except Exception as exc:  # noqa: BLE001
                 log.warning("zeromon: error while stopping the endpoint: %r", exc)
+        if self._sigterm_watch is not None:
+            self._sigterm_watch.stop()
         if self._previous_sigterm is not None and threading.current_thread() is threading.main_thread():
             try:
                 signal.signal(signal.SIGTERM, self._previous_sigterm)
@@ -355,9 +369,34 @@ class Agent:
             signal.signal(signal.SIGTERM, self._on_sigterm)
             self._previous_sigterm = previous
         except (ValueError, OSError):
-            pass
+            return
+        watch = SigtermWatch(self._on_sigterm_blocked)
+        if watch.start():
+            self._sigterm_watch = watch
+
+    def _on_sigterm_blocked(self) -> None:
+        """A SIGTERM whose handler the main thread has not run (it is blocked in C code: a collective that does not
+        complete), from the signal watch's thread: what the handler would do, so that the rank stops as promptly
+        as it would without zeromon, its recording saying where it was."""
+        previous = self._previous_sigterm
+        if previous == signal.SIG_IGN:
+            return
+        if signal.getsignal(signal.SIGTERM) != self._on_sigterm:  # the program set its own handler since: its call
+            return
+        if callable(previous):  # the program's own handler runs once the main thread is back, as without zeromon
+            if self.recorder is not None:
+                self.recorder.say_progress("signal SIGTERM")
+            return
+        # The main thread may hold a lock the stop needs (blocked in C code inside a write): the rank dies by the
+        # signal after STOP_WITHIN_S all the same.
+        stopper = threading.Thread(target=self.stop, args=("signal SIGTERM",), name="zeromon-sigterm", daemon=True)
+        stopper.start()
+        stopper.join(STOP_WITHIN_S)
+        die_by(signal.SIGTERM)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if self._sigterm_watch is not None:
+            self._sigterm_watch.handled()
         if self._writing_depth:
             # The main thread (where handlers run) holds a lock of the recorder's that stop() takes: stopping
             # here would wait for it forever. Acted on as the write ends (_writing), microseconds later.

@@ -44,7 +44,7 @@ from zeromon.analysis.comm_advice import overlap_findings_of_summaries
 from zeromon.analysis.findings import Finding
 from zeromon.analysis.hang import HangVerdict, recorded_verdict
 from zeromon.analysis.oom import OomForecast, forecast
-from zeromon.analysis.rank_ends import CUT_OFF, died_line, incomplete_line, rank_ends
+from zeromon.analysis.rank_ends import CUT_OFF, RankEnd, died_lines, rank_ends
 from zeromon.analysis.recording_summary import corrupt_lines_note
 from zeromon.errors import ZeromonError
 from zeromon.model.codec import (
@@ -133,6 +133,7 @@ class _Track:
     progress: tuple[RankProgress, ...] = ()
     died: str | None = None  # how the rank died, from its recording's end (rank_ends.died_line)
     cut_off: bool = False  # its recording ended without an end record, its process gone: killed
+    end: RankEnd | None = None  # how it ended (died_lines places a dead rank among the others)
     incomplete: str | None = None  # what its recording could not write (rank_ends.incomplete_line)
     skipped: str | None = None  # the lines its reader skipped, as `summary` says it (corrupt_lines_note)
     analysis: _Analysis | None = None
@@ -187,7 +188,8 @@ def _track(rec: Recording) -> _Track:
     notices = ColumnTable(Notice, rec.notices, "t_ns")
     ooms = ColumnTable(OomEvent, rec.ooms, "t_ns")
     totals, busbw_t, busbw = _collective_totals(rec)
-    died, incomplete, cut_off = _ended(rec)
+    end = _ended(rec)
+    died, incomplete = (end.lines()[0] if end.died else None, end.incomplete_line()) if end else (None, None)
     progress = _progress_reports(rec)
     times = [t for table in (steps, memory, device, phases, notices, ooms) if table
              for t in (table.t_ns[0], table.t_ns[-1])]
@@ -202,21 +204,19 @@ def _track(rec: Recording) -> _Track:
         first_ns=min(times) if times else 0, last_ns=max(times) if times else -1, steps=steps, memory=memory,
         last_walk=_last_walks(rec.memory), device=device, phases=phases, notices=notices, ooms=ooms, totals=totals,
         busbw_t=busbw_t, busbw=busbw, progress_t=array("q", (r.t_ns for r in progress)), progress=progress,
-        died=died, incomplete=incomplete, cut_off=cut_off,
+        died=died, incomplete=incomplete, cut_off=end is not None and end.state == CUT_OFF, end=end,
         skipped=corrupt_lines_note(str(rec.path), rec.corrupt_lines, errors=rec.line_errors)
         if rec.corrupt_lines else None)
 
 
-def _ended(rec: Recording) -> tuple[str | None, str | None, bool]:
-    """How the rank died and what its recording lost, from the end of its file (None after a clean, whole end,
-    or in an older recording), and whether it was cut off (no end record, its process gone)."""
+def _ended(rec: Recording) -> RankEnd | None:
+    """How the rank ended, from the end of its file (its step from its recording); None where it cannot be read."""
     try:
         file_end = read_file_end(rec.path)
     except (OSError, ValueError, ZeromonError):
-        return None, None, False
+        return None
     through = max((s.step for s in rec.steps), default=None)
-    cut_off = rank_ends([file_end], {file_end.rank: through})[0].state == CUT_OFF
-    return died_line(file_end, through), incomplete_line(file_end, through), cut_off
+    return rank_ends([file_end], {file_end.rank: through})[0]
 
 
 def _progress_reports(rec: Recording) -> tuple[RankProgress, ...]:
@@ -266,6 +266,9 @@ def load_tracks(run_dir: RunDirs, progress: OnProgress | None = None, workers: i
     check_one_run([identity for _, identity in loaded])  # and one framework
     tracks = sorted((track for track, _ in loaded), key=lambda t: t.rank)
     _check_some_records(run_dir, [t.last_ns for t in tracks])
+    said = died_lines(t.end for t in tracks if t.end is not None)  # the first to die says so, as `report` does
+    for track in tracks:
+        track.died = said.get(track.rank, track.died)
     return tracks
 
 
@@ -650,6 +653,7 @@ class FinalRank:
     skipped: str | None
     identity: tuple[Path, dict[str, Any], RunInfo | None]  # what check_one_run compares
     cut_off: bool = False  # its recording ended without an end record, its process gone (_Track.cut_off)
+    end: RankEnd | None = None  # how it ended (_Track.end)
 
 
 def final_rank(recording: Recording) -> FinalRank:
@@ -658,7 +662,7 @@ def final_rank(recording: Recording) -> FinalRank:
     t = max(track.last_ns, track.first_ns)
     track.analysis = _analyse(track, (track.memory.upto(t), track.steps.upto(t), track.ooms.upto(t)), time.monotonic())
     return FinalRank(track.rank, _rank_view(track, t, finished=True, start_ns=track.first_ns), track.first_ns, track.last_ns,
-                     track.skipped, (recording.path, recording.header, recording.run_info), track.cut_off)
+                     track.skipped, (recording.path, recording.header, recording.run_info), track.cut_off, track.end)
 
 
 def final_view(run_dir: RunDirs, progress: OnProgress | None = None, workers: int | None = 1) -> FleetView:
@@ -679,8 +683,10 @@ def final_view_of(run_dir: RunDirs, parts: Sequence[FinalRank]) -> FleetView:
     parts = sorted(parts, key=lambda part: part.rank)
     _check_some_records(run_dir, [part.last_ns for part in parts])
     end_ns = max(part.last_ns for part in parts)
+    said = died_lines(part.end for part in parts if part.end is not None)  # the first to die says so
     ranks = tuple(part.view if part.last_ns < 0 else replace(
-        part.view, stale_s=round((end_ns - part.last_ns) / 1e9, 3)) for part in parts)
+        part.view, stale_s=round((end_ns - part.last_ns) / 1e9, 3),
+        died=said.get(part.rank, part.view.died) if part.view.died else None) for part in parts)
     notes = [part.skipped for part in parts if part.skipped]
     hang = recorded_verdict({part.rank: part.view.progress for part in parts}, [p.rank for p in parts if p.cut_off])
     return FleetView(t_ns=end_ns, source=f"replay {run_name(run_dir)}", ranks=ranks,
