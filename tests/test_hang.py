@@ -227,8 +227,10 @@ def test_sigterm_ends_a_rank_blocked_in_a_collective_within_a_second_and_its_rec
     # torchrun stops rank 1 in turn; its report says where it was.
     assert gone_within(stuck.pid(1), 30.0) is not None
     stuck.proc.wait(timeout=30)
-    report = zeromon("report", str(stuck.out), timeout=120).stdout
-    assert re.search(r"rank 1 has not reached all_gather #\d+ of the default group .*data_loader_stall", report)
+    for command in ("report", "summary"):
+        text = zeromon(command, str(stuck.out), timeout=120).stdout
+        assert re.search(r"the job was hung when its ranks ended: rank 1 has not reached all_gather #\d+ of the "
+                         r"default group .*: it is in data_loader_stall \(hang\.py:\d+\)", text), text[-3000:]
 
 
 # --- the ranks no longer issue the same collectives -------------------------------------------------------

@@ -277,7 +277,9 @@ def test_the_views_banners_put_the_first_failure_first(
     banners = died_banners(recording_data(out, workers=1))
     assert [b.rank for b in banners] == [1, 0]
     live = zeromon("live", "--once", "--replay", str(out))
-    assert live.returncode == 3 and "rank 1 died at step 8" in live.stdout, live.stdout + live.stderr
+    died = [line for line in live.stdout.splitlines() if line.startswith("rank ") and " died " in line]
+    assert live.returncode == 3 and died[0].startswith("rank 1 died first, at step 8"), live.stdout + live.stderr
+    assert died[1].startswith("rank 0 died at step 8, ") and " after rank 1" in died[1]
 
 
 def _restart_launcher(*args: str) -> list[str]:

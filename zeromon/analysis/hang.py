@@ -442,3 +442,12 @@ def recorded_verdict(last: Mapping[int, RankProgress | None], cut_off: Iterable[
     if not any(r is not None and r.reason != RESUMED for r in last.values()):
         return None
     return diagnose(last, dead={rank: "killed: its recording ended without an end record" for rank in cut_off})
+
+
+def ended_lines(verdict: HangVerdict | None) -> list[str]:
+    """What `report`, `summary` and `zeromon run` say, under how the ranks ended, of the hang (or the stall) the
+    ranks' last progress reports show; none where they show none."""
+    if verdict is None or not verdict.lines:
+        return []
+    head = "the job was hung when its ranks ended: " if verdict.hung else "the ranks had stalled when they ended: "
+    return [head + verdict.lines[0], *("  " + line for line in verdict.lines[1:])]

@@ -257,7 +257,10 @@ def end_lines(ends: Iterable[RankEnd]) -> list[str]:
     lines += _with_incomplete(shown, by_rank)
     if more:
         lines.append(_more_followed_line(more, first))
-    if order.followed:
+    if order.followed and first.state == SIGNAL and all(e.state == SIGNAL for e in order.followed):
+        lines.append("(a signal stopped each of them, one after another: the job was stopped from outside, by its "
+                     "launcher or scheduler, rather than by one rank's failure)")
+    elif order.followed:
         who = f"rank {order.followed[0].rank}" if len(order.followed) == 1 else "the ranks that followed"
         lines.append(f"({who} may have failed because rank {first.rank} did: the order in time suggests it, "
                      "it does not prove it)")

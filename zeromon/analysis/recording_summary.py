@@ -13,11 +13,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zeromon.analysis.rank_ends import RankEnd, end_lines, rank_ends
+from zeromon.analysis.hang import HangVerdict, ended_lines, last_report, recorded_verdict
+from zeromon.analysis.rank_ends import CUT_OFF, RankEnd, end_lines, rank_ends
 from zeromon.analysis.restarts import Restarts, restarts
 from zeromon.model.attempts import read_attempts
 from zeromon.model.codec import Recording, RunDirs, check_one_run, run_headers, run_name
 from zeromon.model.events import RunInfo, StepSummary, step_number
+from zeromon.model.progress import RankProgress
 from zeromon.model.rank_pool import OnProgress, map_rank_files, read_rank_file
 from zeromon.model.run_end import FileEnd, recording_end
 from zeromon.model.step_records import StepRecords
@@ -57,6 +59,7 @@ class RunSummary:
     ranks: tuple[RankSummary, ...]
     ends: tuple[RankEnd, ...] = ()  # how each rank ended (rank_ends): died, cut off, incomplete
     restarts: Restarts = Restarts()  # the earlier attempts of a run torchelastic restarted
+    hang: HangVerdict | None = None  # the hang or stall the ranks' last progress reports show (recorded_verdict)
 
 
 def strategy_label(rec: Recording) -> str:
@@ -129,21 +132,26 @@ def summarize_run(run_dir: RunDirs, workers: int | None = None, progress: OnProg
     summary sent back: a 1,024-rank run of 10,000 steps read into this process would take ~12 GB."""
     headers = run_headers(run_dir)  # checked to be one run's before any file is read whole
     done = map_rank_files([path for path, _ in headers], _summarize_file, workers, progress, doing="summarizing")
-    check_one_run([(path, header, info) for (path, header), (_, info, _, _) in zip(headers, done, strict=True)])
+    check_one_run([(path, header, info) for (path, header), (_, info, *_) in zip(headers, done, strict=True)])
     done.sort(key=lambda rank: rank[0].rank)
-    world = max((info.world_size for _, info, _, _ in done if info), default=len(done))
-    ends = rank_ends([end for *_, end in done if end is not None], {summary.rank: last for summary, _, last, _ in done},
-                     world)
-    last = max((last for _, _, last, _ in done if last is not None), default=None)
+    world = max((info.world_size for _, info, *_ in done if info), default=len(done))
+    ends = rank_ends([end for _, _, _, end, _ in done if end is not None],
+                     {summary.rank: last for summary, _, last, *_ in done}, world)
+    last = max((last for _, _, last, *_ in done if last is not None), default=None)
+    hang = recorded_verdict({summary.rank: report for summary, *_, report in done},
+                            [e.rank for e in ends if e.state == CUT_OFF])
     return RunSummary(run_dir=run_name(run_dir), world_size=world, ranks=tuple(summary for summary, *_ in done),
-                      ends=ends, restarts=restarts(read_attempts(run_dir), step_number(last) if last is not None else None))
+                      ends=ends, restarts=restarts(read_attempts(run_dir), step_number(last) if last is not None else None),
+                      hang=hang)
 
 
-def _summarize_file(path: Path) -> tuple[RankSummary, RunInfo | None, int | None, FileEnd | None]:
-    """A worker's part: one rank's summary, its RunInfo (the run check), its last step and its file's end."""
+def _summarize_file(path: Path) -> tuple[RankSummary, RunInfo | None, int | None, FileEnd | None, RankProgress | None]:
+    """A worker's part: one rank's summary, its RunInfo (the run check), its last step, its file's end and its
+    last progress report."""
     rec = read_rank_file(path)
     numbers = _step_columns(rec.steps)[0]
-    return summarize_recording(rec), rec.run_info, max(numbers, default=None), recording_end(rec)
+    return (summarize_recording(rec), rec.run_info, max(numbers, default=None), recording_end(rec),
+            last_report(rec.progress))
 
 
 def counted(n: int, thing: str) -> str:
@@ -250,6 +258,7 @@ def format_summary(summary: RunSummary, all_ranks: bool = False) -> str:
         lost_lines[RANKS_SHOWN:] = [f"… and {counted(left, 'more line')} of dropped events, hook errors or corrupt "
                                     "records (every one: --all-ranks)"]
     lines.extend(lost_lines)
+    lines.extend(ended_lines(summary.hang))
     lines.extend(end_lines(summary.ends))
     lines.extend(summary.restarts.lines("the summary above is"))
     seen: set[str] = set()

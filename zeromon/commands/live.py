@@ -169,8 +169,9 @@ def format_fleet(view: FleetView, waiting: bool = False) -> str:
     lines.append(header)
     for r in view.ranks:
         lines.append(_rank_line(r, view.hang))
-    for r in view.ranks:
-        if r.died:  # "rank 1 died at step 276 (no end record; its last 1 s may be lost)"
+    # The first to end first, as report and the views' banners say it: "rank 1 died first, at step 276 ...".
+    for r in sorted(view.ranks, key=lambda r: (not r.died, r.t_ns is None, r.t_ns or 0)):
+        if r.died:
             lines.append(r.died)
         elif r.error and not r.alive:
             lines.append(f"rank {r.rank if r.rank is not None else '?'} ({r.target}): {r.error}")

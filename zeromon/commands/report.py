@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zeromon.analysis.rank_ends import RankEnd, end_lines, end_order, exit_status, rank_ends
+from zeromon.analysis.hang import ended_lines
+from zeromon.analysis.rank_ends import CUT_OFF, RankEnd, end_lines, end_order, exit_status, rank_ends
 from zeromon.errors import ZeromonError
 from zeromon.model.numbers import BUS_BANDWIDTH, CAPACITY, flag
 from zeromon.model.units import format_bytes
@@ -83,15 +84,15 @@ def _run_report(args: argparse.Namespace) -> int:
     peak_busbw = float(peak) if peak else None
     run = run_folder_words(args.run_dir, "RUN_DIR")
     say_missing_ranks(run)  # the folders checked to be one run's; a node's folder left out, named
+    from zeromon.analysis.hang import recorded_verdict
     from zeromon.commands.progress import Progress
-    from zeromon.model.run_end import recording_end
-    from zeromon.sources.run_analysis import analyse_and_keep
+    from zeromon.sources.run_analysis import analyse_and_keep, rank_ending
 
     with Progress("ranks read and analysed") as progress:
-        # Each rank's end read by the worker that read the rank.
-        report, kept = analyse_and_keep(run, recording_end, peak_busbw=peak_busbw, capacity_bytes=capacity,
+        # Each rank's end and last progress report read by the worker that read the rank.
+        report, kept = analyse_and_keep(run, rank_ending, peak_busbw=peak_busbw, capacity_bytes=capacity,
                                         progress=progress)
-    file_ends = [end for end in kept if end is not None]
+    file_ends = [end for _, end, _ in kept if end is not None]
     text = format_run_report(report, args.all_ranks)
     if args.html:
         from zeromon.exporters.html_report import render_html
@@ -103,16 +104,18 @@ def _run_report(args: argparse.Namespace) -> int:
         _write_html(args.html, render_html(report, [read_rank_file(Path(r.file)) for r in plotted], text))
     ends = _rank_ends(report, file_ends)
     restarts = _restarts(run, report)
+    hang = recorded_verdict({rank: last for rank, _, last in kept}, [e.rank for e in ends if e.state == CUT_OFF])
     if args.json:
         ended = [dataclasses.asdict(e) | {"died": e.died, "incomplete": e.incomplete} for e in ends]
         first = end_order(ends).first
         sys.stdout.writelines(report.json_chunks({  # a rank at a time
-            "ends": ended, "first_died": first.rank if first is not None else None, "restarts": restarts.to_dict()}))
+            "ends": ended, "first_died": first.rank if first is not None else None, "restarts": restarts.to_dict(),
+            "hang": hang.to_dict() if hang is not None else None}))
     else:
         if restarts.note is not None:
             print(restarts.note)
         print(text)
-        lines = end_lines(ends)
+        lines = ended_lines(hang) + end_lines(ends)
         if lines:
             print("\nhow the ranks ended:")
             print("\n".join(f"  {line}" for line in lines))

@@ -342,12 +342,14 @@ def _print_run_summary(out: Path, quiet: bool = False, quiet_when_empty: bool = 
                   "group? is ZEROMON_ENABLE=0 set?)", file=sys.stderr)
         return False
     try:
+        from zeromon.analysis.hang import ended_lines
         from zeromon.analysis.rank_ends import end_lines, exit_status
         from zeromon.analysis.recording_summary import format_summary, summarize_run
 
         summary = summarize_run(out, workers=1)  # here: after the TUI's threads (--tui), no fork
         if quiet:
-            for line in end_lines(summary.ends) + summary.restarts.lines("the run folder's rank files are"):
+            said = ended_lines(summary.hang) + end_lines(summary.ends)
+            for line in said + summary.restarts.lines("the run folder's rank files are"):
                 print(f"zeromon: {line}", file=sys.stderr)
         else:
             print(format_summary(summary), file=sys.stderr)

@@ -8,9 +8,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from zeromon.analysis.hang import last_report
 from zeromon.analysis.report import RankAnalysis, RunReport
 from zeromon.model.codec import Recording, RunDirs
+from zeromon.model.progress import RankProgress
 from zeromon.model.rank_pool import OnProgress, map_rank_files, read_rank_file
+from zeromon.model.run_end import FileEnd, recording_end
 
 # What a caller keeps of each rank's recording beside its analysis (a module-level function: it
 # goes to the worker processes by name).
@@ -52,3 +55,9 @@ def _analyse_file(path: Path, capacity_bytes: int | None, keep: Keep | None) -> 
 
     recording = read_rank_file(path)  # ``keep`` gets its summaries as rows too
     return analyze_rank(recording, capacity_bytes), keep(recording) if keep is not None else None
+
+
+def rank_ending(recording: Recording) -> tuple[int, FileEnd | None, RankProgress | None]:
+    """What `zeromon report` keeps of each rank beside its analysis (a worker's part): its file's end and its last
+    progress report (where it stalled, or where a signal found it)."""
+    return recording.rank, recording_end(recording), last_report(recording.progress)
