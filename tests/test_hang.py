@@ -285,14 +285,32 @@ def test_a_hang_inside_a_subgroup_names_the_stuck_rank_and_the_chain_that_waits_
     assert ranks[2]["waits_for"] == [3] and ranks[0]["state"] == ranks[1]["state"] == "waiting"
 
 
+# --- a rank killed while its peers wait ------------------------------------------------------------------------
+
+def test_a_rank_killed_while_its_peer_waits_is_named_first_and_the_failure_it_caused_after(tmp_path: Path) -> None:
+    # On gloo the killed rank's connections close, and its peer, inside the next collective, fails at once ("Connection
+    # reset by peer"): no hang lingers, so the report says who went first. No launcher between them to stop the peer.
+    run = HungRun(tmp_path / "run", [sys.executable, str(SCENARIO), "--spawn", "2", "--master-port", str(free_port()),
+                                     "--mode", "kill", "--rank", "1", "--step", "3"])
+    try:
+        run.proc.wait(timeout=START_TIMEOUT)
+    finally:
+        run.stop()
+    lines = [line.strip() for line in zeromon("report", str(run.out), timeout=120).stdout.splitlines()]
+    ended = lines[lines.index("how the ranks ended:") + 1:]
+    assert ended[0].startswith("rank 1 died first, ") and "no end record" in ended[0], ended
+    assert ended[1].startswith("rank 0 died at step ") and "after rank 1: an exception, RuntimeError" in ended[1]
+    assert "(rank 0 may have failed because rank 1 did" in ended[2]
+
+
 # --- no false alarm ------------------------------------------------------------------------------------------
 
 def test_slow_steps_and_a_checkpoint_shorter_than_the_threshold_raise_no_alarm(tmp_path: Path) -> None:
-    # Steps of over 2 s and a 4 s checkpoint on rank 1 (its peer waits for it meanwhile): at most ~6 s without
-    # progress, under an 8 s threshold.
+    # Steps of over 1.5 s and a 3 s checkpoint on rank 1 (its peer waits for it meanwhile): at most ~4.5 s without
+    # progress, under a 6 s threshold.
     run = HungRun(tmp_path / "run", torchrun_args(2, SCENARIO, "--mode", "checkpoint", "--rank", "1", "--step", "2",
-                                                  "--stall", "4", "--steps", "5", "--step-sleep", "2"),
-                  hang_after=8.0)
+                                                  "--stall", "3", "--steps", "4", "--step-sleep", "1.5"),
+                  hang_after=6.0)
     seen: list[dict[str, Any]] = []
     try:
         while run.proc.poll() is None:

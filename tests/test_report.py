@@ -142,6 +142,7 @@ def test_parallel_report_equals_the_in_process_one(run_dir: Path) -> None:
     ends = document.pop("ends")  # read from the files' ends by the command, beside the analysis
     assert [e["how"] for e in ends] == ["exit", "exit"] and not any(e["died"] or e["incomplete"] for e in ends)
     assert document.pop("first_died") is None and document.pop("restarts")["count"] == 0  # and from the folder
+    assert document.pop("hang") is None  # no rank stalled
     assert document == json.loads(json.dumps(expected, default=str))
 
 

@@ -45,7 +45,7 @@ def test_record_dict_is_every_field_with_mappings_as_dicts(record: Record) -> No
 def test_the_mapping_fields_are_the_declared_mappings() -> None:
     declared = {cls.__name__: names for cls, names in _MAPPING_FIELDS.items() if names}
     assert declared == {"MemorySample": ("categories",), "StepSummary": ("phase_s", "comm_bytes_by_op"),
-                        "RunInfo": ("knobs",)}
+                        "RunInfo": ("knobs",), "ProgressReport": ("report",)}
 
 
 def _plain(record: Record) -> bool:
