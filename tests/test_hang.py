@@ -363,3 +363,43 @@ def test_a_sigterm_handler_the_program_set_after_the_agent_keeps_its_graceful_st
     finally:
         proc.kill()
     assert proc.returncode == 0 and "CLEAN EXIT" in out, out
+
+
+FORKS = '''
+import multiprocessing, os, signal, sys, time
+import torch.distributed as dist
+import zeromon_agent
+dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:{port}")
+zeromon_agent.attach()
+context = multiprocessing.get_context("fork")
+worker = context.Process(target=time.sleep, args=(60,))  # a DataLoader worker, say, that its parent terminates
+worker.start()
+time.sleep(0.5)
+worker.terminate()  # SIGTERM
+worker.join()
+print("WORKER", worker.exitcode, flush=True)
+if os.fork() == 0:  # a child that leaves by the interpreter's exit, running the atexit handlers it inherited
+    sys.exit(0)
+os.wait()
+time.sleep(1.0)  # the parent goes on past the watch's grace
+print("PARENT DONE", flush=True)
+zeromon_agent.detach()
+dist.destroy_process_group()
+os._exit(0)
+'''
+
+
+def test_a_forked_child_stopped_by_sigterm_or_exiting_touches_neither_its_parent_nor_its_recording(
+        tmp_path: Path) -> None:
+    script = tmp_path / "forks.py"
+    script.write_text(FORKS.replace("{port}", str(free_port())))
+    out = tmp_path / "run"
+    result = subprocess.run([sys.executable, str(script)], env=child_env(ZEROMON_OUT=str(out)), cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "PARENT DONE" in result.stdout, result.stdout + result.stderr
+    assert f"WORKER {-signal.SIGTERM}" in result.stdout  # the child died by the signal, as it would without zeromon
+    recording = read_recording(out / "rank-0.jsonl")
+    assert read_file_end(out / "rank-0.jsonl").end.how == "detach"  # type: ignore[union-attr]
+    assert recording.progress == []
+    ends = subprocess.run(["grep", "-c", '^\\["run_end"', str(out / "rank-0.jsonl")], capture_output=True, text=True)
+    assert ends.stdout.strip() == "1"

@@ -137,6 +137,7 @@ class Agent:
         self._step_started: tuple[int, float] | None = None  # (step, perf_counter at its first forward)
         self._step_s: float | None = None
         self._previous_sigterm: Any = None
+        self._pid = os.getpid()  # a forked child inherits the agent: it must not end its parent's recording
         self._sigterm_watch: SigtermWatch | None = None  # stops the rank when its main thread cannot run the handler
         self._stop_lock = threading.RLock()  # RLock: SIGTERM may arrive while atexit is stopping
         # The thread inside stop() (threading.get_ident), and a SIGTERM that arrived there: acted on once the
@@ -259,6 +260,8 @@ class Agent:
     def stop(self, how: str = END_DETACH, detail: str | None = None) -> None:
         """Flush and close, ending the recording with how the rank ended (RunEnd.how; by default the
         agent was stopped on purpose). Safe to call more than once, from atexit or a signal handler."""
+        if os.getpid() != self._pid:
+            return  # a forked child (a DataLoader worker): the recording and the endpoint are its parent's
         with self._stop_lock:
             if not self.started:
                 return
@@ -395,6 +398,9 @@ class Agent:
         die_by(signal.SIGTERM)
 
     def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if os.getpid() != self._pid:  # a forked child that inherited the handler: what SIGTERM did before zeromon
+            self._after_sigterm(self._previous_sigterm, signum, frame)
+            return
         if self._sigterm_watch is not None:
             self._sigterm_watch.handled()
         if self._writing_depth:

@@ -51,9 +51,25 @@ class SigtermWatch:
             os.close(write_fd)
             return False
         self._read_fd, self._write_fd = read_fd, write_fd
+        # A forked child (a DataLoader worker) inherits the wakeup fd, not the thread: its own signals would wake
+        # the parent's watch, which would stop the parent.
+        os.register_at_fork(after_in_child=self._disarm_in_child)
         self._thread = threading.Thread(target=self._run, name="zeromon-signals", daemon=True)
         self._thread.start()
         return True
+
+    def _disarm_in_child(self) -> None:
+        """In a forked child: its signals no longer go to the parent's pipe."""
+        if self._stopped or self._read_fd < 0:
+            return
+        self._stopped = True
+        with contextlib.suppress(ValueError, OSError):
+            current = signal.set_wakeup_fd(-1)
+            if current != self._write_fd:
+                signal.set_wakeup_fd(current)  # the program's own since: left as it is
+        for fd in (self._read_fd, self._write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def handled(self) -> None:
         """The main thread's handler has begun: the watch leaves the signal to it."""
