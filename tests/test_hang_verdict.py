@@ -100,6 +100,12 @@ def test_a_rank_that_still_makes_progress_is_behind_not_stuck() -> None:
     assert "but is still making progress" in verdict.lines[0]
 
 
+def test_a_rank_idle_since_its_peer_began_to_wait_is_stuck_before_its_own_threshold() -> None:
+    # Its agent sees progress a pass late: it may cross its threshold a moment after the rank that waits for it.
+    verdict = diagnose({0: report(0, 341, idle_s=31.0, blocked=gather(341)), 1: report(1, 340, idle_s=29.5)})
+    assert verdict.of(1).state == STUCK and verdict.culprits == (1,)
+
+
 def test_a_dead_rank_that_peers_wait_for_is_the_cause() -> None:
     verdict = diagnose({0: report(0, 341, blocked=gather(341)), 1: None},
                        dead={1: "its process has ended"})

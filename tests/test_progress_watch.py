@@ -4,7 +4,7 @@ it says so once per stall. Times are given, not waited for; the real runs are in
 from __future__ import annotations
 
 from zeromon.model.progress import RESUMED, STALLED
-from zeromon_agent.progress import STALL_FLOOR_S, STALL_STEPS, ProgressWatch, is_program_code
+from zeromon_agent.progress import STALL_FLOOR_S, STALL_SETUP_S, STALL_STEPS, ProgressWatch, is_program_code
 from zeromon_agent.state import HotState
 
 S = 10**9
@@ -15,7 +15,8 @@ def watch(durations: list[float], setting: float = 0.0) -> ProgressWatch:
 
 
 def test_the_automatic_threshold_is_the_larger_of_30_s_and_ten_median_steps() -> None:
-    assert watch([]).threshold() == STALL_FLOOR_S == 30.0  # before the first step
+    assert watch([]).threshold() == STALL_SETUP_S == 300.0  # before the first step: setup's long silences
+    assert STALL_FLOOR_S == 30.0
     assert watch([0.2] * 50).threshold() == 30.0
     assert watch([4.0, 5.0, 6.0, 60.0]).threshold() == STALL_STEPS * 5.5  # the median: one slow step moves it little
     assert watch([9.0] * 3, setting=12.0).threshold() == 12.0  # ZEROMON_HANG_AFTER wins

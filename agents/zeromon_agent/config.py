@@ -25,7 +25,7 @@ ASYNC_SAMPLE_EVERY = Count(1, 10**6, zero="none")
 MEMORY_EVERY = Count(1, 10**6)
 DEVICE_SECONDS = Real(0.05, 3600.0, "seconds", zero="off")  # an NVML query costs ~1 ms: at most 20 a second
 RECENT_EVENTS = Count(16, 2**20)
-HANG_SECONDS = Real(1.0, 7 * 86400.0, "seconds", zero="auto: the larger of 30 s and ten median steps")
+HANG_SECONDS = Real(1.0, 7 * 86400.0, "seconds", zero="auto: the larger of 30 s and ten median steps; 300 s before the first step")
 
 
 def _bool(text: str) -> bool:

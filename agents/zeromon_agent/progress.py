@@ -41,6 +41,9 @@ from zeromon_agent.step_acc import meaning_of
 # The automatic threshold: a rank is suspect after the larger of these (ZEROMON_HANG_AFTER sets one).
 STALL_FLOOR_S = 30.0
 STALL_STEPS = 10  # ... and this many median steps: a run whose steps are slow is not hung
+# Before its first step ends, a rank loads checkpoints, downloads weights, compiles: minutes without a
+# collective are common there, and the others wait for it in a barrier or a broadcast.
+STALL_SETUP_S = 300.0
 MODULE_FRAMES = 40  # frames looked at, outward from a blocked call, for the model's submodule it serves
 
 
@@ -223,12 +226,12 @@ class ProgressWatch:
 
     def threshold(self) -> float:
         """No progress for this long makes the rank suspect: the setting, else the larger of STALL_FLOOR_S and
-        STALL_STEPS median steps."""
+        STALL_STEPS median steps; STALL_SETUP_S before the first step has ended."""
         if self.threshold_s:
             return self.threshold_s
         durations = self.step_durations()
         if not durations:
-            return STALL_FLOOR_S
+            return STALL_SETUP_S
         return max(STALL_FLOOR_S, STALL_STEPS * statistics.median(durations))
 
     # --- reports ---------------------------------------------------------------------------------------

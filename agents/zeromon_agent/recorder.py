@@ -42,7 +42,7 @@ from zeromon.model.events import (
     StepSummary,
     record_maker,
 )
-from zeromon.model.progress import STALLED, RankProgress
+from zeromon.model.progress import RESUMED, STALLED, RankProgress
 from zeromon_agent.collective_records import CollectiveRecords, Inflight, materialize
 from zeromon_agent.detail import DetailKeeper
 from zeromon_agent.live_totals import Counted, CountedColumns, LiveTotals
@@ -213,6 +213,9 @@ class Recorder(CollectiveRecords):
             try:
                 self._drain(final=True)
                 progress = progress if progress is not None else self.final_progress(how)
+                if progress is None and self.progress.tick(self._pushed(), time.perf_counter_ns()) == RESUMED:
+                    # It went on after a stall since the last pass: said, or the stall would be its last word.
+                    progress = self.progress_report(RESUMED)
                 if progress is not None:
                     self._write_progress(progress)
                 kept = self.keeper.close()
@@ -291,12 +294,15 @@ class Recorder(CollectiveRecords):
                 self.cpu_time_s = time.thread_time() - cpu0
 
     # --- progress ---------------------------------------------------------------------------------
+    def _pushed(self) -> int:
+        """Every record the training thread has queued so far (drained, queued, or dropped)."""
+        state = self.state
+        return self._drained + len(state.raw) + len(state.control) + state.dropped + state.control_dropped
+
     def _watch_progress(self, now: int) -> None:
         """Once a pass: has the training thread done anything since the last? A stall past the threshold, and
         the progress after it, are written at once (a report, a notice) and flushed: a rank killed later keeps them."""
-        state = self.state
-        pushed = self._drained + len(state.raw) + len(state.control) + state.dropped + state.control_dropped
-        said = self.progress.tick(pushed, now)
+        said = self.progress.tick(self._pushed(), now)
         if said is None:
             return
         with self._drain_lock:

@@ -15,7 +15,8 @@ progress records), from what every rank reported of itself (zeromon.model.progre
   or paused as a whole (an evaluation, a filesystem), not hung.
 
 A rank is suspect only after its threshold without progress (the larger of 30 s and ten median steps
-by default, ZEROMON_HANG_AFTER): a run whose steps are slow is not hung.
+by default, 5 minutes before the first step ends; ZEROMON_HANG_AFTER): a run whose steps are slow is not hung.
+A rank its peers wait for is stuck when it has made no progress since they began to wait, behind when it has.
 """
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ CAUSES = (STUCK, DEAD, DESYNC, BEHIND, UNKNOWN)  # the states that hold others u
 
 # The exit status of `zeromon live --once` and `zeromon hang` when the job is hung (3 stays: a rank died).
 EXIT_HUNG = 4
+# A rank's progress is seen by its agent within a recorder pass (a second), and the ranks' reports are read within
+# a poll of each other: a rank idle for all but this much of the time its peers have waited has not moved since.
+PROGRESS_SEEN_WITHIN_S = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,9 +154,11 @@ def diagnose(reports: Mapping[int, RankProgress | None], dead: Mapping[int, str]
         for rank in sorted(set(wait.waiters) | wait.odd):
             verdicts[rank] = _verdict_in_wait(rank, present[rank], wait)
     for wait in waits:  # why the others have not come
+        waited_s = max((present[r].t_ns - present[r].blocked.since_ns) / 1e9  # type: ignore[union-attr]
+                       for r in wait.waiters)
         for rank in wait.missing:
             if rank not in verdicts:
-                verdicts[rank] = _verdict_missing(rank, present.get(rank), dead, stalled, wait)
+                verdicts[rank] = _verdict_missing(rank, present.get(rank), dead, stalled, wait, waited_s)
     all_ranks = sorted(set(reports) | set(dead))
     for rank in all_ranks:
         if rank in verdicts:
@@ -255,14 +261,16 @@ def _verdict_in_wait(rank: int, report: RankProgress, wait: _Wait) -> RankVerdic
 
 
 def _verdict_missing(rank: int, report: RankProgress | None, dead: Mapping[int, str], stalled: set[int],
-                     wait: _Wait) -> RankVerdict:
-    """A rank that has not issued the collective its peers wait in: dead, silent, stuck or behind."""
+                     wait: _Wait, waited_s: float) -> RankVerdict:
+    """A rank that has not issued the collective its peers wait in: dead, silent, stuck (it has made no progress
+    since they began to wait, or for its threshold) or behind (it has, and is on its way)."""
     call, label = wait.call, wait.group.label
     if rank in dead:
         return RankVerdict(rank, DEAD, _idle(report), call=call, group=label, detail=dead[rank])
     if report is None:
         return RankVerdict(rank, UNKNOWN, None, call=call, group=label)
-    state = STUCK if rank in stalled and report.blocked is None else BEHIND
+    still = rank in stalled or report.idle_s >= waited_s - PROGRESS_SEEN_WITHIN_S
+    state = STUCK if still and report.blocked is None else BEHIND
     return RankVerdict(rank, state, _idle(report), call=call, group=label, where=report.where)
 
 
