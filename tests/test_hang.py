@@ -126,6 +126,15 @@ def _parent(pid: int) -> int:
         return int(f.read().rsplit(")", 1)[1].split()[1])
 
 
+def hung_when_ended(run: HungRun) -> str:
+    """What `zeromon report` says of the hang its stopped ranks were in (the line's text after its head)."""
+    text = zeromon("report", str(run.out), timeout=120).stdout
+    head = "the job was hung when its ranks ended: "
+    line = next((line.strip() for line in text.splitlines() if line.strip().startswith(head)), None)
+    assert line is not None, text[-3000:]
+    return line.removeprefix(head)
+
+
 def gone_within(pid: int, seconds: float) -> float | None:
     """Seconds until ``pid`` is gone (a zombie counts as gone), or None if it outlives ``seconds``."""
     start = time.monotonic()
@@ -262,6 +271,8 @@ def test_a_rank_that_skipped_a_step_is_the_odd_one_out_of_four_at_the_final_barr
     assert hang["culprits"] == [2]
     assert re.search(r"^rank 2 issued barrier \(0 B\) at #\d+ of the default group where ranks 0-1, 3 issued "
                      r"all_gather", hang["lines"][0]), hang["lines"][0]
+    # Stopped by SIGTERM, the ranks' recordings say the same (each wrote where the signal found it).
+    assert hung_when_ended(run).startswith(hang["lines"][0].split("; they wait since")[0])
 
 
 # --- a hang inside one subgroup ---------------------------------------------------------------------------
@@ -283,6 +294,8 @@ def test_a_hang_inside_a_subgroup_names_the_stuck_rank_and_the_chain_that_waits_
     assert "; rank 2 waits in it since" in line
     ranks = {r["rank"]: r for r in hang["ranks"]}
     assert ranks[2]["waits_for"] == [3] and ranks[0]["state"] == ranks[1]["state"] == "waiting"
+    assert re.match(r"rank 3 has not reached all_reduce #\d+ of group \d+ .*: it is in data_loader_stall",
+                    hung_when_ended(run))
 
 
 # --- a rank killed while its peers wait ------------------------------------------------------------------------
