@@ -308,3 +308,45 @@ def test_the_agents_events_are_recorded_on_torchs_current_stream_on_a_gpu() -> N
     assert not event.query(), "the event was not queued behind the side stream's work"
     event.synchronize()
     assert read() == torch.cuda.current_stream() != side
+
+
+def test_a_progress_report_on_nccl_counts_the_groups_collectives_and_sees_one_still_in_flight(tmp_path: Path) -> None:
+    # On a GPU the host goes past a collective that the stream has not reached: the report's group says it is not
+    # complete (its CUDA events), which is how a rank whose host went on waits in it (zeromon.analysis.hang).
+    script = tmp_path / "progress.py"
+    script.write_text(textwrap.dedent("""
+        import json, sys, time, torch, torch.distributed as dist
+        import zeromon_agent
+        from zeromon.analysis.hang import waiting_in
+        torch.cuda.set_device(0)
+        dist.init_process_group("nccl", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{sys.argv[2]}")
+        agent = zeromon_agent.attach(out_dir=sys.argv[1])
+        t = torch.ones(1 << 20, device="cuda")
+        for _ in range(5):
+            dist.all_reduce(t)
+        torch.cuda.synchronize()
+        time.sleep(2.5)  # the recorder's passes (one a second on a GPU) see their events complete
+        before = agent.recorder.progress_report("live")
+        torch.cuda._sleep(3_000_000_000)  # a second or two of GPU time ahead of the next collective on the stream
+        dist.all_reduce(t)
+        during = agent.recorder.progress_report("live")
+        waiting = waiting_in(during)
+        torch.cuda.synchronize()
+        time.sleep(2.5)
+        after = agent.recorder.progress_report("live")
+        group = lambda report: next(g for g in report.groups if g.desc == "default_pg")
+        print(json.dumps({
+            "issued": [group(r).issued for r in (before, during, after)],
+            "last_done": [group(r).last_done for r in (before, during, after)],
+            "waiting": [waiting[0].op, waiting[0].seq] if waiting else None,
+            "blocked": during.blocked is not None,
+        }))
+        zeromon_agent.detach()
+    """))
+    out = run_python(script, str(tmp_path), str(free_port()), env=child_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    first, during, after = result["issued"]
+    assert first >= 5 and during == after == first + 1  # NCCL's own sequence number of the group
+    assert result["last_done"] == [True, False, True]
+    assert result["waiting"] == ["all_reduce", during] and not result["blocked"]

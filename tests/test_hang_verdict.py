@@ -106,6 +106,19 @@ def test_a_rank_idle_since_its_peer_began_to_wait_is_stuck_before_its_own_thresh
     assert verdict.of(1).state == STUCK and verdict.culprits == (1,)
 
 
+def test_a_rank_whose_collective_is_still_in_flight_on_the_device_waits_in_it() -> None:
+    # On a GPU the host goes on past an NCCL collective and blocks later (a synchronize, an .item()): what it waits
+    # for is the newest collective of its group, not complete.
+    host_elsewhere = report(0, 341, where=StackFrame("/job/train.py", 55, "log_loss"))
+    group = dataclasses.replace(host_elsewhere.groups[0], last=gather(341), last_done=False)
+    waiting = dataclasses.replace(host_elsewhere, groups=(group,))
+    verdict = diagnose({0: waiting, 1: report(1, 340, where=STALL)})
+    assert verdict.hung and verdict.culprits == (1,) and verdict.of(0).state == WAITING
+    assert verdict.lines[0].startswith("rank 1 has not reached all_gather #341 of the default group")
+    completed = dataclasses.replace(waiting, groups=(dataclasses.replace(group, last_done=True),))
+    assert not diagnose({0: completed, 1: report(1, 340, where=STALL)}).hung  # idle both: nobody waits
+
+
 def test_a_dead_rank_that_peers_wait_for_is_the_cause() -> None:
     verdict = diagnose({0: report(0, 341, blocked=gather(341)), 1: None},
                        dead={1: "its process has ended"})

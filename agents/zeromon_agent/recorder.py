@@ -323,7 +323,10 @@ class Recorder(CollectiveRecords):
         queued = list(itertools.islice(reversed(self.state.raw), _RECENT_RAW))
         drained = list(reversed(self._recent_raw))
         recent = [item for item in queued + drained if item[0] == RAW_COLLECTIVE]
-        return self.progress.report(reason, recent, set(self._inflight))
+        # In flight: what the recorder has not seen complete, and what it has not drained yet of the collectives a
+        # GPU times (their events say when they complete; a just-launched one usually has not).
+        inflight = set(self._inflight) | {item[1] for item in queued if item[0] == RAW_COLLECTIVE and item[14]}
+        return self.progress.report(reason, recent, inflight)
 
     def say_progress(self, reason: str) -> None:
         """Write this rank's progress now and flush it (a signal the main thread cannot handle yet)."""

@@ -154,8 +154,8 @@ def diagnose(reports: Mapping[int, RankProgress | None], dead: Mapping[int, str]
         for rank in sorted(set(wait.waiters) | wait.odd):
             verdicts[rank] = _verdict_in_wait(rank, present[rank], wait)
     for wait in waits:  # why the others have not come
-        waited_s = max((present[r].t_ns - present[r].blocked.since_ns) / 1e9  # type: ignore[union-attr]
-                       for r in wait.waiters)
+        waited_s = max((present[r].t_ns - since) / 1e9 for r in wait.waiters
+                       if (since := _since(present[r])) is not None)
         for rank in wait.missing:
             if rank not in verdicts:
                 verdicts[rank] = _verdict_missing(rank, present.get(rank), dead, stalled, wait, waited_s)
@@ -176,25 +176,44 @@ def diagnose(reports: Mapping[int, RankProgress | None], dead: Mapping[int, str]
                        stacks=group_stacks(present) if stalled else ())
 
 
+def waiting_in(report: RankProgress) -> tuple[CallInfo, int] | None:
+    """The collective a rank waits in and since when: the one its training thread is blocked in, else the newest
+    of a group that has not completed (on a GPU the host goes on past a collective it waits for on the stream, to
+    block later in a synchronize or a copy: the collective stays in flight)."""
+    if report.blocked is not None:
+        return report.blocked.call, report.blocked.since_ns
+    for group in report.groups:
+        last = group.last
+        if last is not None and not group.last_done and last.seq == group.issued:
+            return last, report.progress_ns
+    return None
+
+
 def _idle(report: RankProgress | None) -> float | None:
     return round(report.idle_s, 1) if report is not None else None
 
 
 def _waits(present: Mapping[int, RankProgress], stalled: set[int]) -> list[_Wait]:
     """The collectives that ranks wait in past the threshold, by group and sequence number, the longest first."""
-    found: dict[tuple[str, int], list[int]] = {}
+    found: dict[tuple[str, int], list[tuple[int, CallInfo, int]]] = {}
     for rank in sorted(stalled):
-        blocked = present[rank].blocked
-        if blocked is not None and blocked.call.group and blocked.call.seq > 0:
-            found.setdefault((blocked.call.group, blocked.call.seq), []).append(rank)
+        waiting = waiting_in(present[rank])
+        if waiting is not None and waiting[0].group and waiting[0].seq > 0:
+            call, since = waiting
+            found.setdefault((call.group, call.seq), []).append((rank, call, since))
     waits = []
     for (name, _), waiters in found.items():
-        first = present[waiters[0]]
-        group = first.group(name)
-        if group is not None and first.blocked is not None:
-            since = min(present[r].blocked.since_ns for r in waiters)  # type: ignore[union-attr]
-            waits.append((since, _Wait(group, first.blocked.call, tuple(waiters))))
+        first_rank, first_call, _ = waiters[0]
+        group = present[first_rank].group(name)
+        if group is not None:
+            since = min(since for _, _, since in waiters)
+            waits.append((since, _Wait(group, first_call, tuple(rank for rank, _, _ in waiters))))
     return [wait for _, wait in sorted(waits, key=lambda pair: pair[0])]
+
+
+def _since(report: RankProgress) -> int | None:
+    waiting = waiting_in(report)
+    return waiting[1] if waiting is not None else None
 
 
 def _members(wait: _Wait, present: Mapping[int, RankProgress], dead: Mapping[int, str]) -> _Wait:
@@ -245,7 +264,7 @@ def _odd_ones(at_seq: Mapping[int, CallInfo]) -> tuple[set[int], tuple[str, int,
 def _verdict_in_wait(rank: int, report: RankProgress, wait: _Wait) -> RankVerdict:
     """A rank that issued the waited-in collective's number: waiting for the missing, or desynchronized."""
     label, blocked, at_seq = wait.group.label, report.blocked, wait.at_seq or {}
-    since = blocked.since_ns if blocked is not None else None
+    since = _since(report)
     module = blocked.module if blocked is not None else None
     if rank in wait.odd:
         call = at_seq[rank]
@@ -270,7 +289,7 @@ def _verdict_missing(rank: int, report: RankProgress | None, dead: Mapping[int, 
     if report is None:
         return RankVerdict(rank, UNKNOWN, None, call=call, group=label)
     still = rank in stalled or report.idle_s >= waited_s - PROGRESS_SEEN_WITHIN_S
-    state = STUCK if still and report.blocked is None else BEHIND
+    state = STUCK if still and waiting_in(report) is None else BEHIND
     return RankVerdict(rank, state, _idle(report), call=call, group=label, where=report.where)
 
 
