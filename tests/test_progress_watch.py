@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from zeromon.model.progress import RESUMED, STALLED
 from zeromon_agent.progress import STALL_FLOOR_S, STALL_SETUP_S, STALL_STEPS, ProgressWatch, is_program_code
-from zeromon_agent.state import HotState
+from zeromon_agent.recorder import Recorder
+from zeromon_agent.state import RAW_PHASE, RAW_WAIT, HotState
 
 S = 10**9
 
@@ -24,22 +25,31 @@ def test_the_automatic_threshold_is_the_larger_of_30_s_and_ten_median_steps() ->
 
 def test_a_stall_is_said_once_and_its_end_once() -> None:
     w = watch([], setting=5.0)
-    state = w.state
-    said = [w.tick(pushed=1, now=0)]
-    said += [w.tick(pushed=1, now=t * S) for t in (1, 4, 5, 6, 60)]  # nothing queued since: no progress
-    state.seq += 1  # a collective
-    said += [w.tick(pushed=2, now=61 * S), w.tick(pushed=2, now=62 * S)]
-    assert said == [None, None, None, STALLED, None, None, RESUMED, None]
+    t0 = w.progress_perf
+    said = [w.tick(t0, t0 + t * S) for t in (1, 4, 5, 6, 60)]  # nothing newer done since: no progress
+    said += [w.tick(t0 + 61 * S, t0 + 61 * S), w.tick(t0 + 61 * S, t0 + 62 * S)]  # a collective at 61 s
+    assert said == [None, None, STALLED, None, None, RESUMED, None]
 
 
-def test_anything_the_training_thread_queues_is_progress() -> None:
+def test_progress_is_when_the_training_thread_acted_not_when_it_was_looked_at() -> None:
+    # The recorder's thread may look late (a loaded machine): a record made at 2 s, seen at 9 s, is progress at 2 s.
     w = watch([], setting=5.0)
-    w.tick(pushed=10, now=0)
-    for t, pushed in ((3, 11), (6, 12), (9, 13)):  # a phase boundary, a memory sample, a wait every 3 s
-        assert w.tick(pushed=pushed, now=t * S) is None
-    w.state.step += 1
-    assert w.tick(pushed=13, now=12 * S) is None  # a step ended
-    assert w.tick(pushed=13, now=17 * S) == STALLED
+    t0 = w.progress_perf
+    assert w.tick(t0 + 2 * S, t0 + 9 * S) is None
+    assert w.tick(t0 + 2 * S, t0 + 9 * S + 1) == STALLED  # 7 s since then: a stall, at once
+
+
+def test_the_newest_record_of_any_kind_is_the_training_threads_last_activity_queued_or_drained() -> None:
+    state = HotState()
+    recorder = Recorder(state, rank=0, writer=None, flush_interval_s=5.0)
+    t0 = recorder.last_activity()
+    state.push_control((RAW_PHASE, "forward", t0 + 10, 0))  # a phase boundary
+    assert recorder.last_activity() == t0 + 10
+    state.push((RAW_WAIT, 1, t0 + 20, t0 + 30, False, None, None, 0))  # the end of a wait
+    assert recorder.last_activity() == t0 + 30
+    with recorder._drain_lock:
+        recorder._drain(final=False)  # drained, the times stay
+    assert not state.raw and not state.control and recorder.last_activity() == t0 + 30
 
 
 def test_the_programs_own_frames_are_told_from_the_libraries() -> None:

@@ -198,24 +198,16 @@ class ProgressWatch:
         self.host, self.pid = os.uname().nodename, os.getpid()
         self.model_of: Callable[[], Any] = lambda: None  # the model, for the names of its submodules (the agent's)
         self._named: tuple[Any, dict[int, str]] | None = None  # (a weak reference to the model, its names by id)
-        self._marker: tuple[Any, ...] | None = None
-        self.progress_perf = time.perf_counter_ns()
+        self.progress_perf = time.perf_counter_ns()  # when the training thread last did something, as last looked
         self.stalled_at: int | None = None  # perf ns of the progress before a reported stall
 
     # --- progress ------------------------------------------------------------------------------------
-    def marker(self, pushed: int) -> tuple[Any, ...]:
-        """What changes whenever the training thread does anything the agent sees (``pushed``: records it queued)."""
-        state = self.state
-        return (state.seq, state.step, state.phase, pushed)
-
-    def tick(self, pushed: int, now: int) -> str | None:
-        """One look, from the recorder's thread; ``pushed``: the records the training thread queued so far.
-        STALLED when the rank has just gone its threshold without progress, RESUMED when it moved again after
-        that was said, else None."""
-        marker = self.marker(pushed)
-        if marker != self._marker:
-            self._marker = marker
-            self.progress_perf = now
+    def tick(self, activity: int, now: int) -> str | None:
+        """One look, from the recorder's thread; ``activity``: perf_ns of the training thread's newest record (the
+        time it happened, however late the look). STALLED when the rank has just gone its threshold without
+        progress, RESUMED when it moved again after that was said, else None."""
+        if activity > self.progress_perf:
+            self.progress_perf = activity
             if self.stalled_at is not None:
                 return RESUMED
             return None
@@ -235,9 +227,12 @@ class ProgressWatch:
         return max(STALL_FLOOR_S, STALL_STEPS * statistics.median(durations))
 
     # --- reports ---------------------------------------------------------------------------------------
-    def report(self, reason: str, recent: list[tuple[Any, ...]], inflight: set[int]) -> RankProgress:
+    def report(self, reason: str, recent: list[tuple[Any, ...]], inflight: set[int],
+               activity: int | None = None) -> RankProgress:
         """This rank's progress now. ``recent``: the newest raw collectives, newest first; ``inflight``: the
-        seqs of async collectives not known complete."""
+        seqs of async collectives not known complete; ``activity``: perf_ns of the training thread's newest record,
+        fresher than the last look (a RESUMED report ends the stall it follows)."""
+        progress_perf = max(self.progress_perf, activity or 0)
         now_ns = time.time_ns()
         names = _group_names()
         frame = self._training_frame(sys._current_frames())
@@ -251,7 +246,7 @@ class ProgressWatch:
         state = self.state
         return RankProgress(
             rank=self.rank, t_ns=now_ns, reason=reason, step=state.step, collectives=state.seq,
-            progress_ns=self.progress_perf + self.clock_offset_ns, threshold_s=round(self.threshold(), 3),
+            progress_ns=progress_perf + self.clock_offset_ns, threshold_s=round(self.threshold(), 3),
             blocked=blocked, groups=groups, stack=stack, where=innermost_program_frame(stack),
             stalled_s=stalled_s, host=self.host, pid=self.pid)
 

@@ -58,6 +58,7 @@ from zeromon_agent.state import (
     RAW_SEEN_DONE,
     RAW_STEP_END,
     RAW_STEP_START,
+    RAW_TIME_AT,
     RAW_WAIT,
     HotState,
 )
@@ -151,10 +152,10 @@ class Recorder(CollectiveRecords):
         # Closed, waiting for their marks: Spans, or on the host (phase, step, start, end) in perf_ns
         self._spans: collections.deque[Any] = collections.deque()
         self._group_sizes: dict[Any, int] = {}
-        # The newest raw collectives drained (they hold their groups: let go with them, _forget_groups), and the
-        # count of every raw record drained: with what is queued, what the training thread has done (progress).
+        # The newest raw collectives drained (they hold their groups: let go with them, _forget_groups), and when
+        # the newest record drained happened: with what is queued, when the training thread last did something.
         self._recent_raw: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=_RECENT_RAW)
-        self._drained = 0
+        self._drained_until = time.perf_counter_ns()
         self.progress = ProgressWatch(state, rank, hang_after_s, self._step_durations)
         self._groups_destroyed = state.groups_destroyed
         self._dtype_names: dict[Any, str] = {}
@@ -213,7 +214,7 @@ class Recorder(CollectiveRecords):
             try:
                 self._drain(final=True)
                 progress = progress if progress is not None else self.final_progress(how)
-                if progress is None and self.progress.tick(self._pushed(), time.perf_counter_ns()) == RESUMED:
+                if progress is None and self.progress.tick(self.last_activity(), time.perf_counter_ns()) == RESUMED:
                     # It went on after a stall since the last pass: said, or the stall would be its last word.
                     progress = self.progress_report(RESUMED)
                 if progress is not None:
@@ -294,15 +295,23 @@ class Recorder(CollectiveRecords):
                 self.cpu_time_s = time.thread_time() - cpu0
 
     # --- progress ---------------------------------------------------------------------------------
-    def _pushed(self) -> int:
-        """Every record the training thread has queued so far (drained, queued, or dropped)."""
-        state = self.state
-        return self._drained + len(state.raw) + len(state.control) + state.dropped + state.control_dropped
+    def last_activity(self) -> int:
+        """perf_ns of the newest thing the training thread did that the agent sees (a collective issued or waited
+        on, a phase or step boundary, a memory sample): the newest record queued, else the newest drained. From
+        any thread: a deque's last item is read in one step."""
+        newest = self._drained_until
+        for queue in (self.state.raw, self.state.control):
+            try:
+                item = queue[-1]
+            except IndexError:
+                continue
+            newest = max(newest, item[RAW_TIME_AT[item[0]]])
+        return newest
 
     def _watch_progress(self, now: int) -> None:
         """Once a pass: has the training thread done anything since the last? A stall past the threshold, and
         the progress after it, are written at once (a report, a notice) and flushed: a rank killed later keeps them."""
-        said = self.progress.tick(self._pushed(), now)
+        said = self.progress.tick(self.last_activity(), now)
         if said is None:
             return
         with self._drain_lock:
@@ -326,7 +335,7 @@ class Recorder(CollectiveRecords):
         # In flight: what the recorder has not seen complete, and what it has not drained yet of the collectives a
         # GPU times (their events say when they complete; a just-launched one usually has not).
         inflight = set(self._inflight) | {item[1] for item in queued if item[0] == RAW_COLLECTIVE and item[14]}
-        return self.progress.report(reason, recent, inflight)
+        return self.progress.report(reason, recent, inflight, self.last_activity())
 
     def say_progress(self, reason: str) -> None:
         """Write this rank's progress now and flush it (a signal the main thread cannot handle yet)."""
@@ -475,7 +484,9 @@ class Recorder(CollectiveRecords):
                 collectives.append(popleft())
             except IndexError:
                 break
-        self._drained += len(items) + len(collectives)
+        for drained in (items, collectives):
+            if drained:
+                self._drained_until = max(self._drained_until, drained[-1][RAW_TIME_AT[drained[-1][0]]])
         self._recent_raw.extend(collectives)
         self._dispatch(items)
         if collectives and self._all_sync(collectives):  # every collective on gloo: a column at a time
