@@ -217,8 +217,10 @@ CLAIMS: dict[str, tuple[str, Callable[[Facts], bool]]] = {
                      "the wait costs microseconds, exposed is mostly the issue call",
                      lambda f: f.waits_per_step == {1} and f.done_share > 0.5 and f.wait_ms < 0.1
                      and f.oracle_ms < 0.2 * f.wall_ms),
-    "async_across_steps": ("issued in the previous step, still running at its wait in this one",
-                           lambda f: f.waits_per_step == {1} and f.done_share <= 0.2 and f.wait_ms > 1),
+    # On 2 busy cores a rank descheduled between its issue and its wait finds its all-reduce done there: seen in
+    # 2 of 9 steps of a loaded run. The claim holds while most waits block for milliseconds.
+    "async_across_steps": ("issued in the previous step, still running at its wait in most steps",
+                           lambda f: f.waits_per_step == {1} and f.done_share <= 1 / 3 and f.wait_ms > 1),
     "step_loop": ("an async and a synchronous all-reduce behind plain tensor code, most of the step computing",
                   lambda f: f.apis == {"all_reduce", "Work.wait"} and f.oracle_ms < 0.8 * f.wall_ms),
     "grad_accum": ("four micro-batches, four all-reduces waited on before the optimizer step",

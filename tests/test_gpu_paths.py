@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from zeromon_agent.cuda import CudaTimer, attach_oom_observer, event_recorder, stream_reader
+from zeromon_agent.cuda import CudaTimer, attach_oom_observer, stream_reader
 from zeromon_agent.device import NvmlDevice
 from zeromon_agent.memory import CudaMemory
 from zeromon_agent.recorder import Recorder
@@ -177,19 +177,35 @@ def test_the_stream_reader_falls_back_to_the_public_call() -> None:
         assert stream_reader(fake) is fake.cuda.current_stream
 
 
-def test_the_event_recorder_records_on_the_current_stream() -> None:
-    """Mock (no GPU here): the event is recorded with the stream the reader gives; without the fast
-    reader, by the public Event.record() (its own current stream)."""
+def test_the_timer_records_a_collectives_events_and_its_waits_on_the_current_stream() -> None:
+    """Mock (no GPU here): the events go on the stream the reader gives, read once a collective (its start and
+    end) and once a wait (its two marks); without the fast reader, on the public call's stream."""
+    for private in (True, False):
+        assert _streams_recorded_on(private) == [(3, 0, 1)] * 2 + [(5, 0, 1)] * 3
+
+
+def _streams_recorded_on(private: bool) -> list[tuple[int, int, int]]:
     current = [(3, 0, 1)]
+    fake = _torch_with_streams(current, private=private)
     streams: list[Any] = []
 
     class Event:
-        def record(self, stream: Any = None) -> None:
-            streams.append(stream)
+        def __init__(self, enable_timing: bool = False) -> None:
+            pass
 
-    event_recorder(_torch_with_streams(current))(Event())
-    event_recorder(_torch_with_streams(current, private=False))(Event())
-    assert streams == [_Stream(3, 0, 1), None]
+        def record(self, stream: Any = None) -> None:
+            streams.append(stream.key)
+
+    fake.cuda.Event = Event
+    timer = CudaTimer(fake, pool_size=8)
+    begun = timer.begin((_CudaTensor(),), {})
+    assert begun is not None
+    current[0] = (5, 0, 1)  # the program enters `with torch.cuda.stream(s)` before its next call
+    timer.end(begun, is_async=False)  # the end goes where the start went
+    stream = timer.current_stream()
+    timer.mark(stream), timer.after_wait(stream)
+    timer.mark()
+    return streams
 
 
 def test_the_timer_reads_the_stream_only_once_a_cuda_collective_runs() -> None:
@@ -203,7 +219,7 @@ def test_the_timer_reads_the_stream_only_once_a_cuda_collective_runs() -> None:
     timer = CudaTimer(fake, pool_size=4)
     assert timer.begin((torch.ones(2),), {}) is None and timer.mark() is None and calls == []
     timer.end(timer.begin((_CudaTensor(),), {}), is_async=False)
-    assert len(calls) == 3, "the check at the first read, then one read per event"
+    assert len(calls) == 2, "the check at the first read, then one read per collective"
 
 
 def test_cpu_tensors_are_not_cuda_timed() -> None:

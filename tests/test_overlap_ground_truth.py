@@ -35,20 +35,18 @@ def _run(tmp_path: Path, mode: str) -> list[tuple[StepOverlap, dict[str, Any]]]:
         measured = step_overlaps(rec)
         assert [s.step for s in measured] == [t["step"] for t in truth]
         pairs.extend((m, t) for m, t in zip(measured, truth, strict=True) if m.step >= 1)  # step 0 warms up
-        # The agent's own per-step numbers (what the live endpoint serves) meet the same truth.
-        # Exposed communication step by step. The live overlap is made when the step ends: an async
-        # collective whose completion callback has not run by then (gloo's callback thread, late on a
-        # loaded 2-core machine: seen in 1 step of a CI run) counts as ending where it was waited on,
-        # so the live overlap is at most the truth in every step, and equal to it in most (the
-        # recording's, above, is exact in every step).
+        # The agent's own per-step numbers (what the live endpoint serves) are made from the same intervals
+        # when each step ends: they meet the recording's analysis in every step, and so the truth above.
+        # (Against the truth itself a live step has only its own rank's few steps to average a late
+        # callback over: the script's completion callback runs after the agent's on gloo's thread, and on a
+        # loaded 2-core CI machine it was late in 2 of 5 steps of one rank.)
         live = [s for s in sorted(rec.steps, key=lambda s: s.step) if s.step >= 1]
-        agree = 0
-        for summary, t in zip(live, truth[1:], strict=True):
+        assert [s.step for s in live] == [m.step for m in measured if m.step >= 1]
+        for summary, m in zip(live, (m for m in measured if m.step >= 1), strict=True):
             assert summary.overlap_s is not None and summary.exposed_comm_s is not None, summary
-            assert _close(summary.exposed_comm_s, t["exposed_s"], t["comm_s"]), (summary, t)
-            assert summary.overlap_s <= t["overlap_s"] + 0.1 * t["comm_s"], (summary, t)
-            agree += _close(summary.overlap_s, t["overlap_s"], t["comm_s"])
-        assert agree >= 0.75 * len(live), (agree, len(live))
+            tolerance = 0.02 * m.comm_s + 1e-4
+            assert abs(summary.exposed_comm_s - m.exposed_comm_s) <= tolerance, (summary, m)
+            assert abs(summary.overlap_s - m.overlap_s) <= tolerance, (summary, m)
     return pairs
 
 

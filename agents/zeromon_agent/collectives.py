@@ -233,10 +233,15 @@ def make_wrapper(fn: Callable[..., Any], api: str, op: str, extract: Extract,
             t1 = perf_ns()
             state.inside = False
         try:
-            if async_op or cuda is not None:
+            if async_op:
                 if cuda is not None:
-                    cuda = state.cuda_timing.end(cuda, bool(async_op) and result is not None)
+                    cuda = state.cuda_timing.end(cuda, result is not None)
                 _record_async(state, api, op, t0, t1, b_in, b_out, dtype, group, async_op, result, cuda)
+            elif cuda is not None:  # timed by its CUDA events (the recorder reads them)
+                cuda = state.cuda_timing.end(cuda, False)
+                state.seq = seq = state.seq + 1
+                state.push((RAW_COLLECTIVE, seq, api, op, t0, t1, b_in, b_out, dtype, group, False, None,
+                            state.phase, state.step, cuda, False))
             else:
                 state.seq = seq = state.seq + 1
                 raw = state.raw
@@ -261,23 +266,28 @@ def make_wait(orig_wait: Callable[..., Any], state: HotState = STATE) -> Callabl
         if seq is None:
             return orig_wait(self, *args, **kwargs)
         state.works.pop(seq, None)
-        try:
-            done_before = self.is_completed()
-        except Exception:  # noqa: BLE001
-            done_before = False
         timer = state.cuda_timing
         if timer is not None and seq in timer.awaiting:  # a collective timed with CUDA events
             timer.awaiting.discard(seq)
         else:
             timer = None
-        cuda_start = timer.mark() if timer is not None else None  # where the stream begins to wait
+        stream = cuda_start = None
+        try:
+            # Whether it was done before the wait times a collective without events; one timed by the two
+            # events of its wait does not need it (on NCCL, Work.is_completed queries an event: a launch's cost).
+            done_before = False if timer is not None and timer.can_mark(2) else self.is_completed()
+            if timer is not None:
+                stream = timer.current_stream()
+                cuda_start = timer.mark(stream)  # where the stream begins to wait
+        except Exception:  # noqa: BLE001
+            done_before = False
         t0 = perf_ns()
         try:
             return orig_wait(self, *args, **kwargs)
         finally:
             t1 = perf_ns()
             try:
-                cuda_end = timer.after_wait() if timer is not None else None
+                cuda_end = timer.after_wait(stream) if timer is not None else None
                 state.push((RAW_WAIT, seq, t0, t1, done_before, cuda_end, cuda_start, state.step))
             except Exception as exc:  # noqa: BLE001
                 state.hook_error("Work.wait", exc)

@@ -36,14 +36,14 @@ class CudaTimer:
         self.awaiting: set[int] = set()
         self._ref_event: Any = None
         self._ref_unix_ns = 0
-        # Records an event on the current stream; made at the first call, when a CUDA collective has run
-        # (never at the agent's start: reading the stream initializes CUDA on the current device, which
-        # may not be the one the program picks next).
-        self.record_now: Callable[[Any], None] = self._first_record
+        # The current stream, as torch.cuda.current_stream() gives it (stream_reader); made at the first call,
+        # when a CUDA collective has run (never at the agent's start: reading the stream initializes CUDA on
+        # the current device, which may not be the one the program picks next).
+        self.current_stream: Callable[[], Any] = self._first_stream
 
-    def _first_record(self, event: Any) -> None:
-        self.record_now = event_recorder(self.torch)
-        self.record_now(event)
+    def _first_stream(self) -> Any:
+        self.current_stream = stream_reader(self.torch)
+        return self.current_stream()
 
     @classmethod
     def create(cls, torch: Any) -> CudaTimer | None:
@@ -55,7 +55,10 @@ class CudaTimer:
             return None
 
     # Training thread -------------------------------------------------------------------------------
-    def begin(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def begin(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any] | None:
+        """(the start event recorded on the current stream, that stream) for a collective on CUDA tensors;
+        None for one on CPU tensors, or when the pool is empty. The stream is read once a collective: its
+        end event goes on the same one (the collective's launch does not change the current stream)."""
         tensor = args[0] if args else next(iter(kwargs.values()), None)
         if isinstance(tensor, (list, tuple)):
             tensor = tensor[0] if tensor else None
@@ -67,11 +70,14 @@ class CudaTimer:
         except IndexError:
             self.exhausted += 1
             return None
-        self.record_now(start)
-        return start
+        stream = self.current_stream()
+        start.record(stream)
+        return start, stream
 
-    def end(self, start: Any, is_async: bool) -> Any:
-        """Record the end event for a synchronous collective; async ones end at their wait."""
+    def end(self, begun: tuple[Any, Any], is_async: bool) -> tuple[Any, Any] | None:
+        """(start, end) of a synchronous collective, its end event recorded now; (start, None) for an async
+        one, which ends at its wait (the wait's events, ``mark``)."""
+        start, stream = begun
         if is_async:
             return (start, None)
         try:
@@ -80,13 +86,13 @@ class CudaTimer:
             self.pool.append(start)
             self.exhausted += 1
             return None
-        self.record_now(end)
+        end.record(stream)
         return (start, end)
 
-    def mark(self) -> Any:
-        """An event recorded now on the current stream: a phase boundary, the start or end of a wait.
-        None before the first CUDA collective, when the pool is empty or when CUDA refuses (never
-        raises into training)."""
+    def mark(self, stream: Any = None) -> Any:
+        """An event recorded now on ``stream`` (the current stream if None): a phase boundary, the start or
+        end of a wait. None before the first CUDA collective, when the pool is empty or when CUDA refuses
+        (never raises into training)."""
         if not self.active:
             return None
         try:
@@ -95,11 +101,15 @@ class CudaTimer:
             self.exhausted += 1
             return None
         try:
-            self.record_now(event)
+            event.record(stream if stream is not None else self.current_stream())
         except Exception:  # noqa: BLE001
             self.pool.append(event)
             return None
         return event
+
+    def can_mark(self, events: int) -> bool:
+        """Whether ``events`` marks would find events in the pool now (the training thread alone takes them)."""
+        return self.active and len(self.pool) >= events
 
     after_wait = mark
 
@@ -172,18 +182,6 @@ def stream_reader(torch: Any) -> Callable[[], Any]:
     except Exception:  # noqa: BLE001 - another torch's private API: the public call it is
         pass
     return cast(Callable[[], Any], public)
-
-
-def event_recorder(torch: Any) -> Callable[[Any], None]:
-    """A function recording an event on the current stream: what ``event.record()`` does, with the stream
-    from ``stream_reader``. Where the fast reader is refused, ``event.record()`` itself. (Calling the C
-    method ``torch._C._CudaEventBase.record`` directly, without ``Event.record``'s Python frame, saved
-    21 ns of 1.5 µs on an H200's host: not worth another private call.)
-    """
-    read = stream_reader(torch)
-    if read is torch.cuda.current_stream:
-        return lambda event: event.record()
-    return lambda event: event.record(read())
 
 
 def attach_oom_observer(torch: Any, callback: Any) -> bool:
