@@ -15,6 +15,17 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
+class TrainerWrapper(torch.nn.Module):
+    """A trainer's wrapper around the DDP module (the shape of Lightning Fabric's _FabricModule)."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self._forward_module = module
+
+    def forward(self, *args: object, **kwargs: object) -> torch.Tensor:
+        return self._forward_module(*args, **kwargs)
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, tinygpt.GPTConfig]:
     parser = tinygpt.build_arg_parser(__doc__.splitlines()[0])
     parser.add_argument(
@@ -22,6 +33,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, tinyg
         type=float,
         default=25.0,
         help="DDP gradient bucket size in MiB (default: DDP's 25)",
+    )
+    parser.add_argument(
+        "--wrap",
+        action="store_true",
+        help="call the DDP module through a wrapper, as trainers do (Lightning Fabric's _FabricModule holds it "
+        "as _forward_module)",
     )
     args, cfg = tinygpt.parse_common_args(parser, argv)
     if args.bucket_cap_mb <= 0:
@@ -46,7 +63,9 @@ def train(args: argparse.Namespace, env: tinygpt.DistEnv, cfg: tinygpt.GPTConfig
     model.to(env.device)
     device_ids = [env.device.index] if env.device.type == "cuda" else None
     # DDP broadcasts rank 0's weights at construction, though they are equal already.
-    ddp_model = DDP(model, device_ids=device_ids, bucket_cap_mb=args.bucket_cap_mb)
+    ddp_model: torch.nn.Module = DDP(model, device_ids=device_ids, bucket_cap_mb=args.bucket_cap_mb)
+    if args.wrap:
+        ddp_model = TrainerWrapper(ddp_model)
 
     optimizer = torch.optim.AdamW(ddp_model.parameters(), lr=args.lr)
     step_context = tinygpt.attach_zeromon(args.zeromon, model=ddp_model, optimizer=optimizer)

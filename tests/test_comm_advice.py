@@ -3,6 +3,8 @@ straggler only when there is one."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from zeromon.analysis.comm_advice import overlap_remedies, with_waiting_for_peers
 from zeromon.analysis.findings import Finding, Severity
 from zeromon.model.events import RunInfo
@@ -39,3 +41,20 @@ def test_waiting_for_peers_names_the_straggler_only_when_there_is_one() -> None:
     assert nobody.remedies[1:] == ("prefetch",)
     little = with_waiting_for_peers(poor, exposed_s=1.0, waited_s=0.05, late_ranks=[1])
     assert little == poor  # 5%: not worth a line
+
+
+def test_the_overlap_comm_remedy_and_zeromon_lint_agree_on_deepspeeds_defaults() -> None:
+    """A run whose recording has no overlap_comm (an older agent, or a DeepSpeed without a parsed config) is
+    judged by the default zeromon lint applies: on for stage 3 (DeepSpeed's DeepSpeedZeroConfig), off for
+    1 and 2. The agent records the engine's resolved value (tests/test_frameworks.py's ZeRO-3 run)."""
+    from zeromon.analysis.lint import lint_deepspeed_config
+
+    for stage in (1, 2, 3):
+        info = dataclasses.replace(deepspeed(stage), knobs={"stage": stage})
+        remedy = any("overlap_comm" in r for r in overlap_remedies(info))
+        config = {"train_batch_size": 8, "zero_optimization": {"stage": stage}}
+        lint_says_off = any(f.id == "ZL008" for f in lint_deepspeed_config(config).findings)
+        assert remedy == lint_says_off == (stage != 3), stage
+        for value in (True, False):
+            written = overlap_remedies(deepspeed(stage, overlap_comm=value))
+            assert any("overlap_comm" in r for r in written) is (not value)

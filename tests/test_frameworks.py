@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from zeromon.analysis.comm_advice import overlap_remedies
 from zeromon.analysis.step_overlap import step_overlaps
 from zeromon.model import Recording, read_run
 
@@ -48,6 +49,8 @@ def _run(tmp_path: Path, script: str, *args: str, nproc: int = 2) -> tuple[list[
         assert rec.corrupt_lines == []
         assert rec.stats is not None and rec.stats.events_dropped == 0 and rec.stats.hook_errors == 0
         assert len(rec.steps) == STEPS, [s.step for s in rec.steps]
+        # zeromon saw every collective the process groups counted (tests/test_unseen_collectives.py: when not).
+        assert not [n.message for n in rec.notices if n.source == "collectives"]
     return recordings, summaries
 
 
@@ -133,7 +136,9 @@ def test_fsdp1(tmp_path: Path, strategy: str) -> None:
 
 
 def test_ddp(tmp_path: Path) -> None:
-    recordings, summaries = _run(tmp_path, "ddp_train.py")
+    # The DDP module inside a trainer's wrapper (Fabric's shape): zeromon sees through it to the framework and
+    # its gradient all-reduces (test_ddp_attached_by_the_script_itself has DDP at the root).
+    recordings, summaries = _run(tmp_path, "ddp_train.py", "--wrap")
     summary = summaries[0]
     for rec in recordings:
         assert rec.run_info is not None and rec.run_info.framework == "ddp"
@@ -206,6 +211,9 @@ def test_deepspeed_zero_3_regathers_in_backward(tmp_path: Path) -> None:
     for rec in recordings:
         assert rec.run_info is not None and rec.run_info.zero_stage == 3
         assert rec.run_info.knobs["stage3_max_reuse_distance"] == 0
+        # The config as DeepSpeed resolved it: overlap_comm is on for stage 3 by default, so no advice to set it.
+        assert rec.run_info.knobs["overlap_comm"] is True and rec.run_info.knobs["reduce_bucket_size"] == 5e8
+        assert not any("overlap_comm" in remedy for remedy in overlap_remedies(rec.run_info))
         assert _steady(rec, "param_all_gather") == {2 * full}
         per_phase: dict[str, int] = defaultdict(int)
         for e in rec.collectives:

@@ -130,7 +130,7 @@ class Agent:
         self.capacity: int | None = None
         self.started = False
         self._framework_known = False
-        self._ddp_checked = False
+        self._ddp_checked: Any = None  # the root module last looked at for DDP (inside its wrappers)
         self._optimizer_announced = False
         self._walk_cost_s = 0.0
         self._last_walk_step = -(10**9)
@@ -490,11 +490,13 @@ class Agent:
 
     def _maybe_adopt_engine(self) -> None:
         root = self.tracker.root
-        if root is not None and not self._ddp_checked and ddp.is_ddp(root):
-            self._ddp_checked = True
-            reason = ddp.register_recorded_allreduce(root, self.state)
-            if reason is not None:
-                self.notice("warning", "ddp", reason)
+        if root is not None and self._ddp_checked is not root:
+            self._ddp_checked = root  # looked at once per root: the walk below is not for every forward
+            wrapped = ddp.find_ddp(root)
+            if wrapped is not None:
+                reason = ddp.register_recorded_allreduce(wrapped, self.state)
+                if reason is not None:
+                    self.notice("warning", "ddp", reason)
         if root is None or self.engine is not None:
             return
         engine_mod = sys.modules.get("deepspeed.runtime.engine")

@@ -27,8 +27,32 @@ def is_ddp(module: Any) -> bool:
     return ddp_mod is not None and isinstance(module, ddp_mod.DistributedDataParallel)
 
 
+# How deep below the module whose forward the training calls a DDP module is looked for: trainers wrap it
+# (Fabric's _FabricModule, torch.compile's OptimizedModule, PEFT's PeftModel hold it one or two levels down).
+WRAPPER_DEPTH = 3
+
+
+def find_ddp(root: Any) -> Any:
+    """The DistributedDataParallel module at ``root`` or inside the wrappers around it (breadth first, at most
+    WRAPPER_DEPTH levels down); None if there is none."""
+    level = [root]
+    for _ in range(WRAPPER_DEPTH + 1):
+        for module in level:
+            if is_ddp(module):
+                return module
+        try:
+            level = [child for module in level for child in module.children()]
+        except Exception:  # noqa: BLE001 - not a torch module
+            return None
+        if not level:
+            return None
+    return None
+
+
 def register_recorded_allreduce(model: Any, state: HotState) -> str | None:
-    """Register the recording hook on a DDP module. Returns a reason when it could not."""
+    """Register the recording hook on a DDP module (once). Returns a reason when it could not."""
+    if getattr(model, "_zeromon_recorded", False):
+        return None
     if getattr(model, "_comm_hooks", None):
         return "this DDP model already has a communication hook: its gradient all-reduces are not recorded"
     import torch.distributed as dist
@@ -72,4 +96,5 @@ def register_recorded_allreduce(model: Any, state: HotState) -> str | None:
         model.register_comm_hook(None, zeromon_allreduce_hook)
     except Exception as exc:  # noqa: BLE001 - e.g. a builtin hook was registered before
         return f"could not hook DDP's gradient all-reduce ({exc}): it is not recorded"
+    model._zeromon_recorded = True
     return None

@@ -148,6 +148,20 @@ def _group_names() -> dict[Any, str]:
         return {}
 
 
+def issued_in_all_groups() -> int | None:
+    """The collectives this process issued in all its process groups, by the backends' own counts (their
+    sequence numbers, which count what C++ issues too: DDP's reducer, extensions); None where a backend keeps
+    none or there is no group yet."""
+    total = 0
+    for pg in _group_names():
+        try:
+            issued = int(pg._get_sequence_number_for_group())
+        except Exception:  # noqa: BLE001 - a backend that keeps no sequence number
+            return None
+        total += max(0, issued)
+    return total if _group_names() else None
+
+
 def _group_state(pg: Any, name: str) -> GroupState:
     c10d = _c10d()
     try:

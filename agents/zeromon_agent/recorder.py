@@ -46,7 +46,7 @@ from zeromon.model.progress import RESUMED, STALLED, RankProgress
 from zeromon_agent.collective_records import CollectiveRecords, Inflight, materialize
 from zeromon_agent.detail import DetailKeeper
 from zeromon_agent.live_totals import Counted, CountedColumns, LiveTotals
-from zeromon_agent.progress import ProgressWatch
+from zeromon_agent.progress import ProgressWatch, issued_in_all_groups
 from zeromon_agent.recent import RecentRecords
 from zeromon_agent.state import (
     RAW_AGENT,
@@ -73,6 +73,8 @@ log = logging.getLogger("zeromon.agent")
 
 # A step's summary waits this long for its in-flight async collectives.
 _STEP_GRACE_NS = 2_000_000_000
+# Steps summarized before the recorded collectives are compared with the process groups' own counts.
+UNSEEN_CHECK_STEPS = 5
 # The drain gives the GIL away every 256 records (~1 ms of work; the interpreter's own switch interval is 5 ms).
 # Each give costs: the training thread runs meanwhile, and the drain comes back to cold caches (every 64
 # records: +0.7 µs a collective at the FSDP2 example's 11 a step, 5-6% of the drain; bench_recorder_cpu).
@@ -146,6 +148,7 @@ class Recorder(CollectiveRecords):
         self._orphan_seen: dict[int, int] = {}
         self._steps: dict[int, StepAcc] = {}
         self._emitted_through = -1  # steps up to this one are summarized; later events skip them
+        self._unseen_checked = False  # check_unseen_collectives has looked
         # (phase, its start, step): its start a Mark, or on the host (no GPU) its perf_ns (_on_phase_host)
         self._phase: tuple[str, Any, int] | None = None
         self._marks: list[Mark] = []  # boundaries whose CUDA event the GPU has not reached yet
@@ -213,6 +216,7 @@ class Recorder(CollectiveRecords):
         with self._drain_lock:
             try:
                 self._drain(final=True)
+                self.check_unseen_collectives()  # a run too short for the passes to have looked
                 progress = progress if progress is not None else self.final_progress(how)
                 if progress is None and self.progress.tick(self.last_activity(), time.perf_counter_ns()) == RESUMED:
                     # It went on after a stall since the last pass: said, or the stall would be its last word.
@@ -289,6 +293,7 @@ class Recorder(CollectiveRecords):
                             self._check_writer()
                         self.keeper.check_size()
                     self._say_hook_errors()
+                    self.check_unseen_collectives()
             except Exception as exc:  # noqa: BLE001 - the recorder must never take training down
                 self.state.hook_error("recorder", exc)
             finally:
@@ -364,6 +369,27 @@ class Recorder(CollectiveRecords):
         record = Notice(rank=self.rank, t_ns=time.time_ns(), level="error", source="recording", message=message)
         with self.lock:
             self.notices.append(record)
+
+    def check_unseen_collectives(self) -> None:
+        """Once, when UNSEEN_CHECK_STEPS steps are summarized: say so if the process groups counted far more
+        collectives than zeromon recorded (at least one a step, and more than it saw). Those were issued where
+        the patch of torch.distributed cannot see them (from C++: DDP's reducer of a DDP module not found in
+        what zeromon watches, a builtin comm hook, an extension), and every figure and piece of advice leaves
+        them out. A few unseen are usual (an object collective is two or three to the backend)."""
+        if self._unseen_checked or self._emitted_through + 1 < UNSEEN_CHECK_STEPS:
+            return
+        self._unseen_checked = True
+        issued = issued_in_all_groups()
+        recorded = self.state.seq
+        if issued is None or issued - recorded < max(self._emitted_through + 1, recorded, 1):
+            return
+        framework = self.run_info.framework if self.run_info is not None else "unknown"
+        self._recording_notice("warning", (
+            f"the process groups counted {issued:,} collectives and zeromon recorded {recorded:,}: "
+            f"{issued - recorded:,} were issued where its patch of torch.distributed does not see them (from C++: "
+            f"DDP's reducer, a builtin comm hook, an extension). Communication, exposed time and advice leave "
+            f"them out. Framework found: {framework}; if a trainer wraps the model, give zeromon_agent.attach"
+            "(model=...) the module that holds the DDP or FSDP module"), source="collectives")
 
     def _recording_notice(self, level: str, message: str, source: str = "recording") -> None:
         """A Notice (about the recording itself, by default) from the recorder's thread (the drain lock held)."""

@@ -35,12 +35,25 @@ def _find(model: Any, predicate: Any) -> Any:
     return None
 
 
+def _resolved_zero(engine: Any) -> dict[str, Any]:
+    """zero_optimization as DeepSpeed resolved it for this engine (its defaults filled in: overlap_comm is
+    true for stage 3 unless the config says otherwise), by the config keys; {} where the engine has no parsed
+    config (another DeepSpeed), and the keys the user wrote stand alone."""
+    try:
+        resolved = engine._config.zero_config.model_dump(by_alias=True)
+    except Exception:  # noqa: BLE001 - another DeepSpeed's layout
+        return {}
+    return resolved if isinstance(resolved, dict) else {}
+
+
 def _deepspeed(engine: Any) -> dict[str, Any]:
     import deepspeed
 
     config = dict(getattr(engine, "config", None) or {})
-    zero = dict(config.get("zero_optimization") or {})
-    knobs: dict[str, Any] = {k: zero[k] for k in _DS_ZERO_KNOBS if k in zero}
+    # The values the engine runs with (DeepSpeed's parse of what the user wrote, over its own defaults), else
+    # the keys as written. Advice is judged against these; zeromon lint resolves a file by the same defaults.
+    zero = {**dict(config.get("zero_optimization") or {}), **_resolved_zero(engine)}
+    knobs: dict[str, Any] = {k: zero[k] for k in _DS_ZERO_KNOBS if k in zero and zero[k] is not None}
     for key in ("offload_optimizer", "offload_param"):
         value = zero.get(key)
         if isinstance(value, dict):
@@ -155,8 +168,9 @@ def detect(model: Any = None, optimizer: Any = None, engine: Any = None) -> dict
         info.update(_fsdp2(fsdp2_root))
     elif fsdp1_root is not None:
         info.update(_fsdp1(fsdp1_root))
-    elif ddp_mod is not None and isinstance(model, ddp_mod.DistributedDataParallel):
-        info.update({"framework": "ddp", "knobs": {"bucket_cap_mb": getattr(model, "bucket_bytes_cap", 0) / 2**20}})
+    elif (ddp := _find(model, lambda m: ddp_mod is not None and isinstance(m, ddp_mod.DistributedDataParallel))) \
+            is not None:  # at the root, or inside a trainer's wrapper (Fabric's, torch.compile's, PEFT's)
+        info.update({"framework": "ddp", "knobs": {"bucket_cap_mb": getattr(ddp, "bucket_bytes_cap", 0) / 2**20}})
     else:
         info["framework"] = "none"
         info["framework_version"] = None

@@ -7,6 +7,7 @@ import statistics
 from collections.abc import Sequence
 
 from zeromon.analysis.findings import Finding, Severity
+from zeromon.analysis.lint_schema import STATIC_SCHEMA
 from zeromon.analysis.step_overlap import StepOverlap, overlap_of_summary
 from zeromon.model.events import RunInfo, StepSummary
 
@@ -20,6 +21,16 @@ WAITING_SHARE_NOTED = 0.2
 WAITING_SHARE_MOSTLY = 0.5
 # reduce_bucket_size and allgather_bucket_size when a config sets neither (elements).
 DEEPSPEED_BUCKET_DEFAULT = 5e8
+
+
+def _deepspeed_overlap_comm(knobs: dict[str, object], stage: int | None) -> bool:
+    """overlap_comm as DeepSpeed runs it: the run's value (the agent records the engine's resolved config),
+    else DeepSpeed's default for the stage, the one zeromon lint applies (true for stage 3 alone)."""
+    value = knobs.get("overlap_comm")
+    if value is not None:
+        return bool(value)
+    stage = stage if stage is not None else knobs.get("stage")  # type: ignore[assignment]
+    return isinstance(stage, int) and 0 <= stage <= 3 and STATIC_SCHEMA.overlap_comm_default[stage]
 
 
 def overlap_remedies(info: RunInfo | None) -> tuple[str, ...]:
@@ -43,7 +54,7 @@ def overlap_remedies(info: RunInfo | None) -> tuple[str, ...]:
         if knobs.get("limit_all_gathers") is False:
             remedies.append("limit_all_gathers=True keeps the CPU from running too far ahead of the GPU")
     elif framework == "deepspeed":
-        if not knobs.get("overlap_comm"):
+        if not _deepspeed_overlap_comm(knobs, info.zero_stage if info is not None else None):
             remedies.append("zero_optimization.overlap_comm: true (overlaps gradient reduction with backward)")
         if knobs.get("stage") == 3 or info is not None and info.zero_stage == 3:
             prefetch = knobs.get("stage3_prefetch_bucket_size")
