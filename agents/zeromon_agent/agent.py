@@ -22,7 +22,15 @@ from zeromon.model.segments import CompactWriter
 from zeromon_agent import collectives, ddp
 from zeromon_agent.activations import SavedTensorMeter
 from zeromon_agent.config import AgentConfig
-from zeromon_agent.memory import Categorizer, CudaMemory, cpu_capacity, local_ranks, process_rss
+from zeromon_agent.memory import (
+    Categorizer,
+    CudaMemory,
+    LocalRankCount,
+    cpu_capacity,
+    launched_local_ranks,
+    local_ranks,
+    process_rss,
+)
 from zeromon_agent.peaks import MemoryPoints, PeakSearch
 from zeromon_agent.phases import PhaseTracker
 from zeromon_agent.recorder import Recorder
@@ -105,6 +113,10 @@ def shared_run_id() -> str | None:
         return None
 
 
+# The step at whose memory sample the ranks on this host are read from the store (memory.LocalRankCount):
+# every rank has joined by then, since the first steps' collectives needed them all.
+LOCAL_COUNT_STEP = 2
+
 class Agent:
     def __init__(self, config: AgentConfig, state: HotState = STATE) -> None:
         self.config = config
@@ -128,6 +140,9 @@ class Agent:
         self.cuda_memory: CudaMemory | None = None
         self.device_name = "cpu"
         self.capacity: int | None = None
+        # The ranks on this host where no launcher said (memory.LocalRankCount): joined at the first step's
+        # memory sample, read at LOCAL_COUNT_STEP's; None once done or not needed.
+        self._local_count: LocalRankCount | None = None
         self.started = False
         self._framework_known = False
         self._ddp_checked: Any = None  # the root module last looked at for DDP (inside its wrappers)
@@ -187,6 +202,8 @@ class Agent:
             self.capacity, capacity_note = cpu_capacity(local_ranks())
             if self.config.cpu_capacity:
                 self.capacity, capacity_note = self.config.cpu_capacity, "capacity set by ZEROMON_CPU_CAPACITY"
+            elif launched_local_ranks() is None:  # counted on the store once training runs (_count_local_ranks)
+                self._local_count = LocalRankCount()
 
         writer = None
         if self.config.record:
@@ -686,7 +703,29 @@ class Agent:
             self._last_walk_step = self.state.step
         if activations is not None:
             cats["activations"] = activations
+        if self._local_count is not None:
+            self._count_local_ranks(self._local_count)
         self._push_memory(phase, t, self._memory_fields(cats))
+
+    def _count_local_ranks(self, count: LocalRankCount) -> None:
+        """The host's share of its memory per rank where no launcher said how many ranks it runs: each rank
+        joins the count at its first sample, and reads it at LOCAL_COUNT_STEP (two store round trips, once)."""
+        try:
+            if not count.joined:
+                if not count.join():
+                    return
+            if self.state.step < LOCAL_COUNT_STEP:
+                return
+            self._local_count = None
+            ranks = count.read()
+            if ranks is None or ranks == 1:
+                return
+            self.capacity, note = cpu_capacity(ranks)
+            self.notice("info", "device", f"{note} (ranks on this host counted on the process group's store: "
+                        "the launcher set no LOCAL_WORLD_SIZE)")
+        except Exception as exc:  # noqa: BLE001 - the launcher's word (or 1) stands
+            self._local_count = None
+            self.state.hook_error("local_ranks", exc)
 
     def _memory_fields(self, cats: dict[str, int]) -> dict[str, Any]:
         """A MemorySample's fields now, with the categories ``cats`` (bytes; {}: none walked)."""

@@ -13,6 +13,7 @@ activations.SavedTensorMeter; on CUDA the allocator's remainder is reported as `
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from collections.abc import Iterable
 from typing import Any
@@ -46,14 +47,53 @@ _LOCAL_SIZE_VARS = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZ
 
 
 def local_ranks() -> int:
-    """The number of ranks on this host from the launcher's environment; 1 when no launcher says.
+    """The number of ranks on this host from the launcher's environment; 1 when no launcher says
+    (launched_local_ranks; LocalRankCount counts them where it does not)."""
+    return launched_local_ranks() or 1
 
-    torch.distributed does not know it without a collective, which the agent never issues at start."""
+
+def launched_local_ranks() -> int | None:
+    """The number of ranks on this host as the launcher's environment says it; None where it says nothing
+    (a trainer that starts its ranks itself: Lightning's and Fabric's launchers, mp.spawn)."""
     for name in _LOCAL_SIZE_VARS:
         value = os.environ.get(name, "").strip()
         if value.isdigit() and int(value) > 0:
             return int(value)
-    return 1
+    return None
+
+
+class LocalRankCount:
+    """The ranks on this host, counted on the default process group's store (no collective): each rank adds
+    itself under its host's key once training runs (``join``), and reads the count a few steps later
+    (``read``), by when every rank of the job has joined."""
+
+    def __init__(self) -> None:
+        self.key = f"zeromon/local_ranks/{socket.gethostname()}"
+        self.joined = False
+
+    def join(self) -> bool:
+        store = _default_store()
+        if store is None:
+            return False
+        store.add(self.key, 1)
+        self.joined = True
+        return True
+
+    def read(self) -> int | None:
+        store = _default_store()
+        count = store.add(self.key, 0) if store is not None and self.joined else 0
+        return int(count) if count > 0 else None
+
+
+def _default_store() -> Any:
+    try:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return None
+        return dist.distributed_c10d._get_default_store()
+    except Exception:  # noqa: BLE001 - no store to be had: the launcher's word stands
+        return None
 
 
 def host_memory() -> tuple[int | None, str]:
