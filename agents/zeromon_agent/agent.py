@@ -12,6 +12,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
@@ -145,7 +146,7 @@ class Agent:
         self._local_count: LocalRankCount | None = None
         self.started = False
         self._framework_known = False
-        self._ddp_checked: Any = None  # the root module last looked at for DDP (inside its wrappers)
+        self._ddp_checked: weakref.ref[Any] | None = None  # the root last looked at for DDP (inside wrappers)
         self._optimizer_announced = False
         self._walk_cost_s = 0.0
         self._last_walk_step = -(10**9)
@@ -507,8 +508,10 @@ class Agent:
 
     def _maybe_adopt_engine(self) -> None:
         root = self.tracker.root
-        if root is not None and self._ddp_checked is not root:
-            self._ddp_checked = root  # looked at once per root: the walk below is not for every forward
+        if root is not None and (self._ddp_checked is None or self._ddp_checked() is not root):
+            # Looked at once per root (the walk below is not for every forward), held weakly: a detached agent
+            # must not keep the model, nor through it the process group (tests/test_gloo_exit.py).
+            self._ddp_checked = weakref.ref(root)
             wrapped = ddp.find_ddp(root)
             if wrapped is not None:
                 reason = ddp.register_recorded_allreduce(wrapped, self.state)
