@@ -248,13 +248,19 @@ def test_fsdp2_bf16_async_unshard(tmp_path: Path) -> None:
         assert _steady(rec, "grad_reduce_scatter", "bytes_in") == {summary["grad_reduce_bytes_full"]}
 
 
-def test_fsdp2_four_ranks(tmp_path: Path) -> None:
-    recordings, summaries = _run(tmp_path, "fsdp2_train.py", nproc=4)
+def test_fsdp2_hybrid_sharding_on_four_ranks(tmp_path: Path) -> None:
+    # A 2-D mesh, 2 replicas x 2 shards: parameters gathered and gradients reduce-scattered in each shard group of
+    # 2, the gradients then all-reduced across the replicas. Named hybrid sharding, as FSDP1 and trainers name it.
+    recordings, summaries = _run(tmp_path, "fsdp2_train.py", "--replicate", "2", nproc=4)
     full = summaries[0]["param_bytes_compute_dtype"]
     for rec in recordings:
         assert rec.run_info is not None and rec.run_info.world_size == 4
-        assert {e.group_size for e in rec.collectives if e.step >= 0} == {4}
-        assert _last_categories(rec)["sharded_params"] == pytest.approx(full / 4, rel=0.01)
+        assert rec.run_info.fsdp_strategy == "HYBRID_SHARD"
+        assert rec.run_info.knobs["replicate_size"] == 2 and rec.run_info.knobs["shard_size"] == 2
+        steady = [e for e in rec.collectives if e.step >= 0]
+        assert {e.group_size for e in steady} == {2}
+        assert {e.meaning for e in steady} >= {"param_all_gather", "grad_reduce_scatter", "grad_all_reduce"}
+        assert _last_categories(rec)["sharded_params"] == pytest.approx(full / 2, rel=0.01)
 
 
 def test_ddp_attached_by_the_script_itself(tmp_path: Path) -> None:
