@@ -138,7 +138,11 @@ def test_fsdp1(tmp_path: Path, strategy: str) -> None:
 def test_ddp(tmp_path: Path) -> None:
     # The DDP module inside a trainer's wrapper (Fabric's shape): zeromon sees through it to the framework and
     # its gradient all-reduces (test_ddp_attached_by_the_script_itself has DDP at the root).
-    recordings, summaries = _run(tmp_path, "ddp_train.py", "--wrap")
+    # With the traffic a trainer issues itself (an object broadcast, a counter gathered every step): it has no
+    # ZeRO meaning, whatever its op and phase; DDP's own broadcast and all-reduces keep theirs.
+    # And forward and backward inside optimizer.step(closure), as Lightning's Trainer runs them: the update after
+    # the closure is the optimizer's phase, within the script's stopwatch of it.
+    recordings, summaries = _run(tmp_path, "ddp_train.py", "--wrap", "--trainer-traffic", "--closure")
     summary = summaries[0]
     for rec in recordings:
         assert rec.run_info is not None and rec.run_info.framework == "ddp"
@@ -147,6 +151,15 @@ def test_ddp(tmp_path: Path) -> None:
         # DDP broadcasts the parameters from rank 0 when it wraps the model.
         setup = [e for e in rec.collectives if e.phase == "setup" and e.meaning == "param_broadcast"]
         assert sum(e.bytes_in for e in setup) >= summary["param_bytes"]
+        assert "param_all_gather" not in {e.meaning for e in rec.collectives}  # DDP gathers no parameters
+        update_s = summaries[rec.rank]["update_s"]
+        optimizer_s = {s.step: s.phase_s.get("optimizer", 0.0) for s in rec.steps}
+        ratios = sorted(optimizer_s[step] / update_s[step] for step in range(1, STEPS))
+        # The phase holds the update and Adam.step's own Python around it (its parameter lists), nothing else.
+        assert 0.9 <= ratios[len(ratios) // 2] <= 1.5, (optimizer_s, update_s)
+        # broadcast_object_list is two broadcasts (its size, then its bytes); DDP's own is _broadcast_coalesced.
+        trainer = [e for e in rec.collectives if e.api in ("all_gather", "broadcast")]
+        assert len(trainer) == STEPS + 2 and {e.meaning for e in trainer} == {"unknown"}, trainer
         cats = _last_categories(rec)
         assert cats["unsharded_params"] == summary["param_bytes"]
         # DDP waits for its buckets in C++ at the end of backward; the agent's final callback records
