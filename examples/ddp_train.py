@@ -9,6 +9,8 @@ in buckets during backward.
 from __future__ import annotations
 
 import argparse
+import time
+from typing import Any
 
 import tinygpt
 import torch
@@ -40,6 +42,17 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, tinyg
         help="call the DDP module through a wrapper, as trainers do (Lightning Fabric's _FabricModule holds it "
         "as _forward_module)",
     )
+    parser.add_argument(
+        "--trainer-traffic",
+        action="store_true",
+        help="the collectives a trainer issues itself: an object broadcast before the model is wrapped "
+        "(Lightning's broadcast_object_list) and a gather of a counter every step (accelerate's gather)",
+    )
+    parser.add_argument(
+        "--closure",
+        action="store_true",
+        help="forward and backward inside optimizer.step(closure), as Lightning's Trainer runs them",
+    )
     args, cfg = tinygpt.parse_common_args(parser, argv)
     if args.bucket_cap_mb <= 0:
         parser.error("--bucket-cap-mb must be greater than 0")
@@ -57,6 +70,10 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def train(args: argparse.Namespace, env: tinygpt.DistEnv, cfg: tinygpt.GPTConfig) -> None:
+    if args.trainer_traffic:
+        import torch.distributed as dist
+
+        dist.broadcast_object_list([{"seed": args.seed, "run": "ddp_train"}], src=0)
     model = tinygpt.build_model(cfg, args.seed)
     count = tinygpt.param_count(model)
     units = [{"name": "", "numel": count, "padded_numel": None}]
@@ -70,11 +87,45 @@ def train(args: argparse.Namespace, env: tinygpt.DistEnv, cfg: tinygpt.GPTConfig
     optimizer = torch.optim.AdamW(ddp_model.parameters(), lr=args.lr)
     step_context = tinygpt.attach_zeromon(args.zeromon, model=ddp_model, optimizer=optimizer)
 
+    def trainer_gather(inputs: torch.Tensor) -> None:
+        """--trainer-traffic: a counter gathered from every rank, as accelerate's gather does."""
+        if args.trainer_traffic:
+            import torch.distributed as dist
+
+            seen = [torch.zeros(1, dtype=torch.int64) for _ in range(env.world_size)]
+            dist.all_gather(seen, torch.tensor([inputs.shape[0]]))
+
+    update_s: list[float] = []  # --closure: the update's own stopwatch, around torch.optim.adam.adam (AdamW's)
+    if args.closure:
+        from torch.optim import adam as adam_module
+
+        adam = adam_module.adam
+
+        def timed_adam(*a: Any, **k: Any) -> None:
+            t0 = time.perf_counter_ns()
+            try:
+                adam(*a, **k)
+            finally:
+                update_s.append((time.perf_counter_ns() - t0) / 1e9)
+
+        adam_module.adam = timed_adam  # Adam.step calls the module's function by name
+
     def train_step(step: int) -> torch.Tensor:
         inputs, targets = tinygpt.synthetic_batch(
             cfg, args.batch, seed=args.seed, rank=env.rank, step=step, device=env.device
         )
+        if args.closure:
+            def closure() -> torch.Tensor:
+                loss = ddp_model(inputs, targets)
+                trainer_gather(inputs)
+                loss.backward()
+                return loss
+
+            loss = optimizer.step(closure)
+            optimizer.zero_grad()
+            return loss.detach()
         loss = ddp_model(inputs, targets)
+        trainer_gather(inputs)
         loss.backward()
         if args.clip_grad > 0:
             # The gradients are already all-reduced, hence equal: no collective needed.
@@ -104,6 +155,8 @@ def train(args: argparse.Namespace, env: tinygpt.DistEnv, cfg: tinygpt.GPTConfig
         units=units,
         optimizer=optimizer,
     )
+    if args.closure:
+        summary["update_s"] = update_s
     tinygpt.write_summary(args.summary_json, env.rank, summary)
 
 

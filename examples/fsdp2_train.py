@@ -48,7 +48,17 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, tinyg
         action="store_true",
         help="each block prefetches the next block's all-gather in forward",
     )
-    return tinygpt.parse_common_args(parser, argv)
+    parser.add_argument(
+        "--replicate",
+        type=int,
+        default=1,
+        help="hybrid sharding (HSDP): a 2-D mesh of this many replicas x world/replicas shards; the "
+        "gradients are reduce-scattered in each shard group, then all-reduced across the replicas",
+    )
+    args, cfg = tinygpt.parse_common_args(parser, argv)
+    if args.replicate < 1:
+        parser.error("--replicate must be at least 1")
+    return args, cfg
 
 
 def padded_numel(param: torch.nn.Parameter, world_size: int) -> int:
@@ -72,13 +82,17 @@ def train(args: argparse.Namespace, env: tinygpt.DistEnv, cfg: tinygpt.GPTConfig
     count = tinygpt.param_count(model)
     unit_names = [n for n, m in model.named_modules() if isinstance(m, tinygpt.Block)] + [""]
     padded = {
-        name: sum(padded_numel(p, env.world_size) for p in params)
+        name: sum(padded_numel(p, env.world_size // args.replicate) for p in params)
         for name, params in tinygpt.params_by_unit(model, unit_names).items()
     }
     units = tinygpt.sharding_units(model, unit_names, padded)
     model.to(env.device)
 
-    mesh = init_device_mesh(env.device.type, (env.world_size,))
+    if env.world_size % args.replicate:
+        raise SystemExit(f"--replicate {args.replicate} does not divide the world size {env.world_size}")
+    shards = env.world_size // args.replicate
+    mesh = (init_device_mesh(env.device.type, (env.world_size,)) if args.replicate == 1 else
+            init_device_mesh(env.device.type, (args.replicate, shards), mesh_dim_names=("replicate", "shard")))
     compute_dtype = torch.bfloat16 if args.bf16 else torch.float32
     mp_policy = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)

@@ -79,15 +79,17 @@ def test_bucket_labels_rates_and_shares_read_at_any_size() -> None:
     assert [format_share(r) for r in (0.42, 0.042, 0.004, 0.0004)] == ["42%", "4.2%", "0.4%", "<0.1%"]
 
 
-DELAY_S, STEPS = 0.1, 6
+DELAY_S, STEPS, TEARDOWN = 0.1, 6, 3
 
 
 @pytest.fixture(scope="module")
 def straggler_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real 2-rank run whose rank 1 is DELAY_S late to every step's all-reduces."""
+    """A real 2-rank run whose rank 1 is DELAY_S late to every step's all-reduces, and whose loop issues
+    TEARDOWN all-gathers after its last step (HF Trainer's final gathers and logging)."""
     out = tmp_path_factory.mktemp("straggler")
     result = subprocess.run(
-        torchrun_args(2, REPO / "tests" / "scenarios" / "straggler.py", "--delay", str(DELAY_S), "--steps", str(STEPS)),
+        torchrun_args(2, REPO / "tests" / "scenarios" / "straggler.py", "--delay", str(DELAY_S), "--steps", str(STEPS),
+                      "--teardown", str(TEARDOWN)),
         env=child_env(ZEROMON_OUT=str(out)), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return out
@@ -114,6 +116,12 @@ def test_straggler_and_memory_imbalance_are_named(straggler_run: Path) -> None:
     kinds = {(f.kind, f.rank) for f in result.findings}
     assert ("straggler", 1) in kinds
     assert ("memory_imbalance", 0) in kinds
+    # The teardown's all-gathers (after the last step) are no step's: the window is the steps that ran.
+    (straggler,) = [f for f in result.findings if f.kind == "straggler"]
+    assert straggler.evidence[0].startswith(f"over steps 2-{steps} (the first left out")
+    assert f"in {straggler.metrics['steps_most_waited_for']:.0f} of {steps - 1} steps" in straggler.evidence[0]
+    text = zeromon("report", str(straggler_run)).stdout
+    assert f"teardown after the last step (in no step's numbers): {TEARDOWN} collectives" in text, text
     assert result.memory_spread is not None and result.memory_spread > 0.1
 
 

@@ -138,7 +138,11 @@ def test_fsdp1(tmp_path: Path, strategy: str) -> None:
 def test_ddp(tmp_path: Path) -> None:
     # The DDP module inside a trainer's wrapper (Fabric's shape): zeromon sees through it to the framework and
     # its gradient all-reduces (test_ddp_attached_by_the_script_itself has DDP at the root).
-    recordings, summaries = _run(tmp_path, "ddp_train.py", "--wrap")
+    # With the traffic a trainer issues itself (an object broadcast, a counter gathered every step): it has no
+    # ZeRO meaning, whatever its op and phase; DDP's own broadcast and all-reduces keep theirs.
+    # And forward and backward inside optimizer.step(closure), as Lightning's Trainer runs them: the update after
+    # the closure is the optimizer's phase, within the script's stopwatch of it.
+    recordings, summaries = _run(tmp_path, "ddp_train.py", "--wrap", "--trainer-traffic", "--closure")
     summary = summaries[0]
     for rec in recordings:
         assert rec.run_info is not None and rec.run_info.framework == "ddp"
@@ -147,6 +151,15 @@ def test_ddp(tmp_path: Path) -> None:
         # DDP broadcasts the parameters from rank 0 when it wraps the model.
         setup = [e for e in rec.collectives if e.phase == "setup" and e.meaning == "param_broadcast"]
         assert sum(e.bytes_in for e in setup) >= summary["param_bytes"]
+        assert "param_all_gather" not in {e.meaning for e in rec.collectives}  # DDP gathers no parameters
+        update_s = summaries[rec.rank]["update_s"]
+        optimizer_s = {s.step: s.phase_s.get("optimizer", 0.0) for s in rec.steps}
+        ratios = sorted(optimizer_s[step] / update_s[step] for step in range(1, STEPS))
+        # The phase holds the update and Adam.step's own Python around it (its parameter lists), nothing else.
+        assert 0.9 <= ratios[len(ratios) // 2] <= 1.5, (optimizer_s, update_s)
+        # broadcast_object_list is two broadcasts (its size, then its bytes); DDP's own is _broadcast_coalesced.
+        trainer = [e for e in rec.collectives if e.api in ("all_gather", "broadcast")]
+        assert len(trainer) == STEPS + 2 and {e.meaning for e in trainer} == {"unknown"}, trainer
         cats = _last_categories(rec)
         assert cats["unsharded_params"] == summary["param_bytes"]
         # DDP waits for its buckets in C++ at the end of backward; the agent's final callback records
@@ -248,13 +261,19 @@ def test_fsdp2_bf16_async_unshard(tmp_path: Path) -> None:
         assert _steady(rec, "grad_reduce_scatter", "bytes_in") == {summary["grad_reduce_bytes_full"]}
 
 
-def test_fsdp2_four_ranks(tmp_path: Path) -> None:
-    recordings, summaries = _run(tmp_path, "fsdp2_train.py", nproc=4)
+def test_fsdp2_hybrid_sharding_on_four_ranks(tmp_path: Path) -> None:
+    # A 2-D mesh, 2 replicas x 2 shards: parameters gathered and gradients reduce-scattered in each shard group of
+    # 2, the gradients then all-reduced across the replicas. Named hybrid sharding, as FSDP1 and trainers name it.
+    recordings, summaries = _run(tmp_path, "fsdp2_train.py", "--replicate", "2", nproc=4)
     full = summaries[0]["param_bytes_compute_dtype"]
     for rec in recordings:
         assert rec.run_info is not None and rec.run_info.world_size == 4
-        assert {e.group_size for e in rec.collectives if e.step >= 0} == {4}
-        assert _last_categories(rec)["sharded_params"] == pytest.approx(full / 4, rel=0.01)
+        assert rec.run_info.fsdp_strategy == "HYBRID_SHARD"
+        assert rec.run_info.knobs["replicate_size"] == 2 and rec.run_info.knobs["shard_size"] == 2
+        steady = [e for e in rec.collectives if e.step >= 0]
+        assert {e.group_size for e in steady} == {2}
+        assert {e.meaning for e in steady} >= {"param_all_gather", "grad_reduce_scatter", "grad_all_reduce"}
+        assert _last_categories(rec)["sharded_params"] == pytest.approx(full / 2, rel=0.01)
 
 
 def test_ddp_attached_by_the_script_itself(tmp_path: Path) -> None:

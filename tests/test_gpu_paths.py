@@ -65,7 +65,7 @@ def test_cuda_events_time_a_collective_without_host_sync() -> None:
     state = HotState()
     rec = Recorder(state, rank=0, writer=None, flush_interval_s=1.0, cuda_timer=timer)
     state.push((RAW_COLLECTIVE, 1, "all_reduce", "all_reduce", 100, 200, 4096, 4096, torch.bfloat16, None, False,
-                None, "backward", 0, pair, False))
+                None, "backward", 0, pair, False, None))
     rec._drain(final=False)
     (event,) = [r for _, r in rec.recent_records() if type(r).__name__ == "CollectiveEvent"]
     assert event.timing == "cuda_event"
@@ -81,7 +81,7 @@ def test_async_collective_ends_at_its_wait_on_the_stream() -> None:
     state = HotState()
     rec = Recorder(state, rank=0, writer=None, flush_interval_s=1.0, cuda_timer=timer)
     state.push((RAW_COLLECTIVE, 7, "all_gather_single", "all_gather", 100, 200, 4096, 8192, torch.bfloat16, None,
-                True, object(), "forward", 0, pair, False))
+                True, object(), "forward", 0, pair, False, None))
     state.push((RAW_WAIT, 7, 300, 900, False, timer.after_wait(), None, 0))  # no wait-start event: the pool ran dry
     rec._drain(final=False)
     (event,) = [r for _, r in rec.recent_records() if type(r).__name__ == "CollectiveEvent"]

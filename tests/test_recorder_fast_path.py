@@ -164,7 +164,7 @@ def test_the_collectives_a_recorder_writes_and_publishes_are_the_plain_path_s(ra
         recorder._group_sizes[None] = -1  # no process group in this process: its size is unknown
         for seq, (op, phase, t0, length, b_in, b_out, dtype, step) in enumerate(raws, start=1):
             state.raw.append((RAW_COLLECTIVE, seq, f"{op}_x", op, t0, t0 + length, b_in, b_out, dtype, None, False,
-                              None, phase, step, None, False))
+                              None, phase, step, None, False, None))
         for step in range(3):
             state.control.append((RAW_STEP_START, step, step, None, "forward"))
             state.control.append((RAW_STEP_END, step, 2**41, None, True))
@@ -355,11 +355,11 @@ def _record_all(raws: list[tuple[Any, ...]], path: str, offset: int, tmp: Path) 
         state.control.append((RAW_STEP_END, step, (step + 1) * 2**38, None, True))
     for seq, (op, phase, t0, length, b_in, b_out, dtype, step) in enumerate(raws, start=1):
         state.raw.append((RAW_COLLECTIVE, seq, f"{op}_x", op, step * 2**38 + t0 % 2**37, step * 2**38 + t0 % 2**37 + length,
-                          b_in, b_out, dtype, None, False, None, phase, step, None, False))
+                          b_in, b_out, dtype, None, False, None, phase, step, None, False, None))
     recorder._drain(final=False)  # the steps are summarized: the next one's collective is late
     assert path != "batch" or (taken and all(taken))
     state.raw.append((RAW_COLLECTIVE, len(raws) + 1, "all_reduce_x", "all_reduce", 5, 9, 4, 4, None, None, False, None,
-                      "backward", 0, None, False))
+                      "backward", 0, None, False, None))
     recorder.stop()
     wall_clock = ("AgentStats", "RunEnd", "Notice")
     return [r for r in iter_records(path_) if type(r).__name__ not in wall_clock], recorder
@@ -398,7 +398,7 @@ def _summaries_of(calls: list[tuple[int, int]], agent: list[tuple[int, int]], wi
     state.control.extend((RAW_AGENT, 0, a0, a1, "forward") for a0, a1 in sorted(agent))
     state.control.append((RAW_STEP_END, 0, window[1], None, True))
     state.raw.extend((RAW_COLLECTIVE, seq, "all_gather_x", "all_gather", t0, t1, 4096, 8192, "float32", None, False,
-                      None, "forward", 0, None, False) for seq, (t0, t1) in enumerate(calls, start=1))
+                      None, "forward", 0, None, False, None) for seq, (t0, t1) in enumerate(calls, start=1))
     recorder.stop()
     return [r for r in iter_records(tmp / f"{path}.zmr") if isinstance(r, StepSummary)]
 

@@ -39,6 +39,7 @@ from zeromon_agent.step_acc import (
     StepAcc,
     add_blocked,
     add_interval,
+    issuer_of,
     meaning_of,
     seconds,
     settle,
@@ -308,7 +309,7 @@ class CollectiveRecords:
         it replaces the host's wait, since on GPU it is the stream that cannot compute meanwhile.
         ``wait_step``: the step the thread was in when it waited, if not the one it issued in."""
         (_, seq, api, op, t0, t1, b_in, b_out, dtype, group, async_op, _work, phase, step, cuda,
-         _sampled) = item
+         _sampled, caller) = item
         if self.cuda_timer is not None and (cuda is not None or extra_event is not None or wait_event is not None):
             # Every CUDA event of this collective goes back to the pool, whichever path finished it.
             self.cuda_timer.release(*(cuda or ()), extra_event, wait_event)
@@ -331,7 +332,8 @@ class CollectiveRecords:
         event = _new_collective((
             seq, self.rank, step, phase, op, api, b_in, b_out,
             dtype_name if dtype_name is not None else self._dtype(dtype), self._group_size(group), bool(async_op),
-            issue_ns, complete_ns, blocked_s, timing, meaning_of(op, phase, nbytes), wait_ns, seconds(t1 - t0)))
+            issue_ns, complete_ns, blocked_s, timing, meaning_of(op, phase, nbytes, issuer_of(caller)), wait_ns,
+            seconds(t1 - t0)))
         self.events_finalized += 1
         self._publish_collective(event)
         # Counted in the step it was issued in; its time in every step it spans (waited on in a later
@@ -368,13 +370,13 @@ class CollectiveRecords:
         call's shape (dtype name, group size, meaning, bus factor) looked up once per shape, and the
         record's values handed to the writer as they are. ~2x cheaper than _finalize's general path
         (tests/test_recorder_fast_path.py checks they agree). False: not taken (an unhashable group)."""
-        (_, seq, api, op, t0, t1, b_in, b_out, dtype, group, _, _, phase, step, _, _) = item
+        (_, seq, api, op, t0, t1, b_in, b_out, dtype, group, _, _, phase, step, _, _, caller) = item
         try:
-            shape = self._shapes.get((op, phase, b_in, b_out, dtype, group))
+            shape = self._shapes.get((op, phase, b_in, b_out, dtype, group, caller))
         except TypeError:
             return False
         if shape is None:
-            shape = self._shape(op, phase, b_in, b_out, dtype, group)
+            shape = self._shape(op, phase, b_in, b_out, dtype, group, caller)
         dtype_name, group_size, meaning, nbytes, factor, size = shape
         offset = self.clock_offset_ns
         issue_ns, complete_ns, length = t0 + offset, t1 + offset, t1 - t0
@@ -408,7 +410,8 @@ class CollectiveRecords:
         (``materialize``). False, nothing done: a batch this path does not take (an unhashable group, a
         value of an unexpected type, a call longer than a week); the caller goes item by item."""
         n = len(items)
-        (_, seqs, apis, ops, t0s, t1s, b_ins, b_outs, dtypes, groups, _, _, phases, steps, _, _) = zip(*items, strict=True)
+        (_, seqs, apis, ops, t0s, t1s, b_ins, b_outs, dtypes, groups, _, _, phases, steps, _, _, callers) = zip(
+            *items, strict=True)
         # What the columns take as they are (CompactWriter's fit check, once for the batch): the types the
         # hooks give, and calls no longer than span_ns takes whole.
         if {*map(type, steps), *map(type, b_ins), *map(type, b_outs), *map(type, t0s), *map(type, t1s)} != {int} \
@@ -417,7 +420,7 @@ class CollectiveRecords:
         lengths = list(map(_sub, t1s, t0s))
         if min(lengths) < 0 or max(lengths) >= _BATCH_MAX_NS:
             return False
-        keys = list(zip(ops, phases, b_ins, b_outs, dtypes, groups, strict=True))
+        keys = list(zip(ops, phases, b_ins, b_outs, dtypes, groups, callers, strict=True))
         try:
             shapes = list(map(self._shapes.get, keys))
         except TypeError:
@@ -511,17 +514,17 @@ class CollectiveRecords:
                                                             and self._write_values(cls, values)):
             writer.write(record)
 
-    def _shape(self, op: str, phase: str, b_in: int, b_out: int, dtype: Any,
-               group: Any) -> tuple[str, int, str, int, float | None, int]:
+    def _shape(self, op: str, phase: str, b_in: int, b_out: int, dtype: Any, group: Any,
+               caller: Any) -> tuple[str, int, str, int, float | None, int]:
         """What a collective's record takes from its call's shape: (dtype name, group size, meaning,
         bytes, bus factor, nccl-tests' array size), kept for the next call of that shape."""
         nbytes = max(b_in, b_out)
         group_size = self._group_size(group)
         size = b_out if op == "all_gather" else b_in if op == "reduce_scatter" else nbytes  # array_bytes
-        shape = (self._dtype(dtype), group_size, meaning_of(op, phase, nbytes), nbytes, bus_factor(op, group_size),
-                 size)
+        shape = (self._dtype(dtype), group_size, meaning_of(op, phase, nbytes, issuer_of(caller)), nbytes,
+                 bus_factor(op, group_size), size)
         if len(self._shapes) < _MAX_SHAPES and group in self._group_sizes:
-            self._shapes[(op, phase, b_in, b_out, dtype, group)] = shape
+            self._shapes[(op, phase, b_in, b_out, dtype, group, caller)] = shape
         return shape
 
     def _publish_collective(self, event: CollectiveEvent) -> None:

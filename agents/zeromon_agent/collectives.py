@@ -21,8 +21,11 @@ every Nth async call gets one (ZEROMON_ASYNC_SAMPLE_EVERY); the others are timed
 from __future__ import annotations
 
 import functools
+import importlib
+import types
 import weakref
 from collections.abc import Callable
+from sys import _getframe
 from typing import Any
 
 from zeromon_agent.state import RAW_COLLECTIVE, RAW_DONE, RAW_WAIT, STATE, HotState, perf_ns
@@ -169,8 +172,32 @@ DIST_SPECS: dict[str, tuple[str, Extract]] = {
 }
 
 
+def _c10d_files() -> frozenset[str]:
+    """The files of torch.distributed's own collective helpers: broadcast_object_list, all_gather_object and
+    the like call the collectives the agent wraps, and the logging decorators around them. A collective
+    called from them was issued by their caller."""
+    files = set()
+    for name in ("torch.distributed.distributed_c10d", "torch.distributed.c10d_logger"):
+        try:
+            files.add(importlib.import_module(name).__file__)
+        except Exception:  # noqa: BLE001 - another torch's layout: the direct caller is taken as is
+            pass
+    return frozenset(f for f in files if f)
+
+
+_C10D_FILES: frozenset[str] = frozenset()  # set by install(), when torch.distributed is imported
+
+
+def _caller_outside_c10d() -> str | None:
+    """The file of the nearest frame outside _C10D_FILES and this module, from the wrapper's caller out."""
+    frame: types.FrameType | None = _getframe(2)
+    while frame is not None and (frame.f_code.co_filename in _C10D_FILES or frame.f_code.co_filename == __file__):
+        frame = frame.f_back
+    return frame.f_code.co_filename if frame is not None else None
+
+
 def _record_async(state: HotState, api: str, op: str, t0: int, t1: int, b_in: int, b_out: int, dtype: Any,
-                  group: Any, async_op: Any, result: Any, cuda: Any) -> None:
+                  group: Any, async_op: Any, result: Any, cuda: Any, caller: Any) -> None:
     state.seq += 1
     seq = state.seq
     work = None
@@ -201,7 +228,7 @@ def _record_async(state: HotState, api: str, op: str, t0: int, t1: int, b_in: in
                 result.get_future().add_done_callback(lambda _f: push((RAW_DONE, seq, perf_ns())))
                 sampled = True
     state.push((RAW_COLLECTIVE, seq, api, op, t0, t1, b_in, b_out, dtype, group, bool(async_op), work,
-                state.phase, state.step, cuda, sampled))
+                state.phase, state.step, cuda, sampled, caller))
 
 
 def make_wrapper(fn: Callable[..., Any], api: str, op: str, extract: Extract,
@@ -218,6 +245,10 @@ def make_wrapper(fn: Callable[..., Any], api: str, op: str, extract: Extract,
             if state.inside or state.autostart is None or not state.autostart():
                 return fn(*args, **kwargs)
         try:
+            # Who called: FSDP, DeepSpeed, DDP or the user's code, which a collective's meaning comes from.
+            caller: str | None = _getframe(1).f_code.co_filename
+            if caller in _C10D_FILES:  # c10d's own helpers (object collectives): their caller issued it
+                caller = _caller_outside_c10d()
             b_in, b_out, dtype, group, async_op = extract(args, kwargs)
             cuda = state.cuda_timing
             if cuda is not None:
@@ -236,19 +267,19 @@ def make_wrapper(fn: Callable[..., Any], api: str, op: str, extract: Extract,
             if async_op:
                 if cuda is not None:
                     cuda = state.cuda_timing.end(cuda, result is not None)
-                _record_async(state, api, op, t0, t1, b_in, b_out, dtype, group, async_op, result, cuda)
+                _record_async(state, api, op, t0, t1, b_in, b_out, dtype, group, async_op, result, cuda, caller)
             elif cuda is not None:  # timed by its CUDA events (the recorder reads them)
                 cuda = state.cuda_timing.end(cuda, False)
                 state.seq = seq = state.seq + 1
                 state.push((RAW_COLLECTIVE, seq, api, op, t0, t1, b_in, b_out, dtype, group, False, None,
-                            state.phase, state.step, cuda, False))
+                            state.phase, state.step, cuda, False, caller))
             else:
                 state.seq = seq = state.seq + 1
                 raw = state.raw
                 if len(raw) >= state.raw_capacity:
                     state.dropped += 1
                 raw.append((RAW_COLLECTIVE, seq, api, op, t0, t1, b_in, b_out, dtype, group, False, None,
-                            state.phase, state.step, None, False))
+                            state.phase, state.step, None, False, caller))
         except Exception as exc:  # noqa: BLE001
             state.hook_error(f"collective:{api}", exc)
         return result
@@ -333,6 +364,9 @@ def make_funcol_wrapper(fn: Callable[..., Any], name: str, op: str, list_input: 
         if not state.enabled or state.inside:
             return fn(*args, **kwargs)
         try:
+            caller: str | None = _getframe(1).f_code.co_filename
+            if caller in _C10D_FILES:
+                caller = _caller_outside_c10d()
             t = args[0] if args else kwargs["self"]
             b_in = _list_bytes(t) if list_input else t.nbytes
             dtype = _first_dtype(t) if list_input else t.dtype
@@ -355,7 +389,7 @@ def make_funcol_wrapper(fn: Callable[..., Any], name: str, op: str, list_input: 
             if key is not None and len(state.pending) < state.pending_capacity:
                 state.pending[key] = state.seq
             state.push((RAW_COLLECTIVE, state.seq, api, op, t0, t1, b_in, b_out, dtype, ("funcol", group),
-                        True, None, state.phase, state.step, None, False))
+                        True, None, state.phase, state.step, None, False, caller))
         except Exception as exc:  # noqa: BLE001
             state.hook_error(f"collective:{api}", exc)
         return result
@@ -424,6 +458,8 @@ def install(state: HotState = STATE) -> list[str]:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
+    global _C10D_FILES
+    _C10D_FILES = _c10d_files()
     wrapped: list[str] = []
     for api, (op, extract) in DIST_SPECS.items():
         original = getattr(c10d, api, None)

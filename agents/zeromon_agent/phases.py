@@ -243,12 +243,45 @@ class PhaseTracker:
             self.optimizer = optimizer
         return optimizer is self.optimizer
 
-    def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _on_optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         try:
             if self._is_the_optimizer(optimizer):
                 self._boundary("optimizer_start", self.set_phase("optimizer"))
+                return self._phased_closure(args, kwargs)
         except Exception as exc:  # noqa: BLE001
             self.state.hook_error("optimizer_pre", exc)
+        return None
+
+    def _phased_closure(self, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        """``step(closure)``'s arguments with the closure wrapped (the hook's return replaces them), or None
+        where there is no closure. Lightning's Trainer (and LBFGS) run forward and backward inside the
+        optimizer's step: the closure is their phases and "other", and the update after it the optimizer's."""
+        # The hook is given step's arguments as called, the optimizer first: (optimizer, closure).
+        if len(args) > 1 and callable(args[1]):
+            closure, args = args[1], (args[0], self._closure(args[1]), *args[2:])
+        elif callable(kwargs.get("closure")):
+            closure, kwargs = kwargs["closure"], {**kwargs, "closure": self._closure(kwargs["closure"])}
+        else:
+            return None
+        return (args, kwargs) if closure is not None else None
+
+    def _closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
+        tracker = self
+
+        def zeromon_closure() -> Any:
+            try:
+                tracker.set_phase("other")
+            except Exception as exc:  # noqa: BLE001
+                tracker.state.hook_error("closure_start", exc)
+            try:
+                return closure()
+            finally:
+                try:
+                    tracker._boundary("optimizer_start", tracker.set_phase("optimizer"))
+                except Exception as exc:  # noqa: BLE001
+                    tracker.state.hook_error("closure_end", exc)
+
+        return zeromon_closure
 
     def _on_optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         try:

@@ -313,7 +313,7 @@ class ProgressWatch:
                 state = self.state
                 raw = (RAW_COLLECTIVE, 0, local.get("api", ""), local.get("op", ""), t0, t0, local.get("b_in") or 0,
                        local.get("b_out") or 0, local.get("dtype"), local.get("group"), bool(local.get("async_op")),
-                       None, state.phase, state.step, None, False)
+                       None, state.phase, state.step, None, False, None)
                 call = self._call(raw, names, recent, in_flight_call=True)
             if call is not None and isinstance(t0, int):
                 return Blocked(call=call, waiting=call_frame.f_code in _WAIT_CODES, since_ns=t0 + self.clock_offset_ns,

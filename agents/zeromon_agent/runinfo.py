@@ -115,9 +115,19 @@ def _fsdp2(root: Any) -> dict[str, Any]:
     reshard = [getattr(g, "post_forward_mesh_info", None) is not None for g in groups]
     if reshard:
         knobs["reshard_after_forward"] = all(reshard) if all(reshard) or not any(reshard) else "mixed"
+    # A 2-D mesh (replicate x shard) is hybrid sharding: sharded in a group, replicated across groups, the
+    # gradients reduce-scattered in the shard group and all-reduced across the replicas. Named as FSDP1 and
+    # the trainers name it (HYBRID_SHARD; _HYBRID_SHARD_ZERO2 where parameters stay gathered after forward).
+    mesh_info = getattr(groups[0], "mesh_info", None) if groups else None
+    hybrid = type(mesh_info).__name__ == "HSDPMeshInfo"
+    if hybrid:
+        knobs["replicate_size"] = getattr(mesh_info, "replicate_mesh_size", None)
+        knobs["shard_size"] = getattr(mesh_info, "shard_mesh_size", None)
+    resharded = knobs.get("reshard_after_forward") is not False
     return {
         "framework": "fsdp2",
-        "fsdp_strategy": "FULL_SHARD" if knobs.get("reshard_after_forward") is not False else "SHARD_GRAD_OP",
+        "fsdp_strategy": ("HYBRID_SHARD" if resharded else "_HYBRID_SHARD_ZERO2") if hybrid else
+                         ("FULL_SHARD" if resharded else "SHARD_GRAD_OP"),
         "param_dtype": _dtype_name(mp),
         "reduce_dtype": _dtype_name(reduce),
         "knobs": knobs,

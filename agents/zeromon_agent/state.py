@@ -15,7 +15,8 @@ log = logging.getLogger("zeromon.agent")
 
 # Raw record kinds (first element of each tuple in HotState.raw).
 RAW_COLLECTIVE = 0  # (kind, seq, api, op, t0, t1, bytes_in, bytes_out, dtype, group, async_op, work,
-#                     phase, step, cuda, sampled)
+#                     phase, step, cuda, sampled, caller): caller, the file of the code that called the
+#                     collective (step_acc.issuer_of: FSDP, DeepSpeed, DDP or the user's; None where not known)
 RAW_WAIT = 1  # (kind, seq, t_wait_start, t_wait_end, completed_before_wait, cuda_end_event,
 #                cuda_wait_start_event, step at the wait)
 RAW_DONE = 2  # (kind, seq, t_done)             a sampled completion callback fired

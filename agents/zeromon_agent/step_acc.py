@@ -79,10 +79,46 @@ _PARAM_ALL_GATHER, _GRAD_REDUCE_SCATTER, _GRAD_ALL_REDUCE, _PARAM_BROADCAST, _ME
     ZeroMeaning.PARAM_BROADCAST.value, ZeroMeaning.UNKNOWN.value)
 
 
-def meaning_of(op: str, phase: str, nbytes: int) -> str:
-    """The ZeRO/FSDP role of a collective, from its op and the phase it was issued in."""
+# Who issued a collective, by the file of the code that called torch.distributed: the frameworks whose
+# collectives have ZeRO/FSDP meanings, and everything else (a trainer's logging and object broadcasts,
+# accelerate's gathers, the user's own code), whose collectives have none.
+FSDP, DEEPSPEED, DDP, TORCH, DTENSOR, USER = "fsdp", "deepspeed", "ddp", "torch", "dtensor", "user"
+_ISSUER_PATHS = (
+    ("/torch/distributed/fsdp/", FSDP),
+    ("/deepspeed/", DEEPSPEED),
+    ("/torch/nn/parallel/", DDP),
+    ("/zeromon_agent/ddp.py", DDP),  # the agent's recording comm hook, which issues DDP's bucket all-reduces
+    ("/torch/distributed/utils.py", TORCH),  # the module-state broadcasts of DDP's and FSDP's setup
+    ("/torch/distributed/tensor/", DTENSOR),  # DTensor's redistributions (tensor parallelism): activations
+    ("/torch/distributed/_functional_collectives", DTENSOR),
+    ("/torch/distributed/", TORCH),  # c10d's own helpers
+)
+_issuers: dict[str, str] = {}
+
+
+def issuer_of(path: str | None) -> str | None:
+    """FSDP, DEEPSPEED, DDP, TORCH, DTENSOR or USER for the file of the code that called a collective (cached); None
+    where no caller was kept (synthesized records)."""
+    if path is None:
+        return None
+    issuer = _issuers.get(path)
+    if issuer is None:
+        unix = path.replace("\\", "/")
+        issuer = next((who for part, who in _ISSUER_PATHS if part in unix), USER)
+        if len(_issuers) < 4096:
+            _issuers[path] = issuer
+    return issuer
+
+
+def meaning_of(op: str, phase: str, nbytes: int, issuer: str | None = None) -> str:
+    """The ZeRO/FSDP role of a collective: from what issued it (``issuer_of``), then its op and the phase it
+    was issued in. The user's and the trainers' own collectives (``USER``) and DTensor's redistributions (tensor
+    parallelism's activations) have none, whatever their op and size; an unknown issuer (None) is judged by op,
+    phase and size alone."""
+    if issuer == USER or issuer == DTENSOR:
+        return _MEANING_UNKNOWN
     if op == "all_gather" and phase in ("forward", "backward", "optimizer", "setup"):
-        return _PARAM_ALL_GATHER
+        return _PARAM_ALL_GATHER if issuer != DDP else _MEANING_UNKNOWN  # DDP gathers no parameters
     if op == "reduce_scatter" and phase in ("backward", "optimizer") and nbytes > _SCALAR_BYTES:
         return _GRAD_REDUCE_SCATTER
     if op == "all_reduce" and phase in ("backward", "optimizer") and nbytes > _SCALAR_BYTES:

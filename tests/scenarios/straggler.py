@@ -39,6 +39,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup-rank", type=int, default=-1)
     parser.add_argument("--warmup-delay", type=float, default=0.0)
+    parser.add_argument("--teardown", type=int, default=0,
+                        help="all-gathers after the last optimizer step, as a trainer's final logging issues them")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -56,6 +58,9 @@ def main() -> None:
         for p in model.parameters():
             dist.all_reduce(p.grad)
         opt.step()
+    for _ in range(args.teardown):
+        gathered = [torch.zeros(2) for _ in range(dist.get_world_size())]
+        dist.all_gather(gathered, torch.ones(2))
     zeromon_agent.detach()
     dist.destroy_process_group()
 

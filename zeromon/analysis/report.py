@@ -20,7 +20,7 @@ from zeromon.analysis.comm_advice import overlap_findings_of_medians, with_waiti
 from zeromon.analysis.findings import Finding
 from zeromon.analysis.oom import OomForecast, forecast
 from zeromon.analysis.recording_summary import strategy_label
-from zeromon.analysis.step_overlap import StepOverlap, WarmUp, warmup
+from zeromon.analysis.step_overlap import StepOverlap, WarmUp, teardown, warmup
 from zeromon.analysis.step_table import StepTable, step_table
 from zeromon.analysis.stragglers import Imbalance, RankArrivals, combine_imbalance, rank_arrivals
 from zeromon.model.codec import Recording, collector_paused, orjson_module
@@ -46,6 +46,7 @@ class RankReport:
     corrupt_lines: tuple[int, ...] = ()  # its lines that could not be decoded, skipped
     line_errors: Mapping[int, str] = field(default_factory=dict)  # what was wrong with some (Recording.line_errors)
     warmup: WarmUp = WarmUp(collectives=0, bytes=0, blocked_s=0.0)  # before the first step
+    teardown: WarmUp = WarmUp(collectives=0, bytes=0, blocked_s=0.0)  # after the last step that ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +145,8 @@ def _rank_head(r: RankReport) -> dict[str, Any]:
                 "growth_bytes_per_step": r.oom.growth_bytes_per_step,
                 "steps_to_capacity": r.oom.steps_to_capacity},
         "warmup": {"collectives": r.warmup.collectives, "bytes": r.warmup.bytes, "blocked_s": r.warmup.blocked_s},
+        "teardown": {"collectives": r.teardown.collectives, "bytes": r.teardown.bytes,
+                     "blocked_s": r.teardown.blocked_s},
     }
 
 
@@ -234,6 +237,7 @@ def rank_report(rec: Recording, capacity_bytes: int | None = None,
         corrupt_lines=tuple(rec.corrupt_lines),
         line_errors=dict(rec.line_errors),
         warmup=warmup(rec.collective_columns()),
+        teardown=teardown(rec.collective_columns(), -1 if steps.last_step is None else steps.last_step),
     )
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from zeromon.analysis.intervals import Interval, clip, intersect, merge, subtract, total
@@ -124,8 +124,10 @@ def overlap_of_summary(s: StepSummary) -> StepOverlap | None:
 
 @dataclass(frozen=True, slots=True)
 class WarmUp:
-    """The collectives before the first step (step -1): model wrapping, parameter broadcasts,
-    ZeRO-3's initial gathers, and whatever a loop does before its first step. No step counts them."""
+    """The collectives outside every step: before the first (step -1: model wrapping, parameter broadcasts,
+    ZeRO-3's initial gathers, whatever a loop does before its first step), or after the last one that ended
+    (a teardown: a trainer's final logging, gathers and saves after its last optimizer step). No step
+    counts them."""
 
     collectives: int
     bytes: int  # the larger of bytes in and out, summed
@@ -133,12 +135,22 @@ class WarmUp:
 
 
 def warmup(columns: CollectiveColumns) -> WarmUp:
+    """The collectives before the first step."""
+    return outside_steps(columns, lambda step: step < 0)
+
+
+def teardown(columns: CollectiveColumns, last_step: int) -> WarmUp:
+    """The collectives after ``last_step``, the last step that ended; none where no step ended (-1)."""
+    return outside_steps(columns, lambda step: step > last_step) if last_step >= 0 else WarmUp(0, 0, 0.0)
+
+
+def outside_steps(columns: CollectiveColumns, outside: Callable[[int], bool]) -> WarmUp:
     count = moved = 0
     blocked: list[Interval] = []
     for step, b_in, b_out, issue, issue_s, timing, wait, waited in zip(
             columns.step, columns.bytes_in, columns.bytes_out, columns.issue_ns, columns.issue_s, columns.timing,
             columns.wait_ns, columns.blocked_s, strict=True):
-        if step >= 0:
+        if not outside(step):
             continue
         count += 1
         moved += b_in if b_in > b_out else b_out

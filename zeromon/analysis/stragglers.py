@@ -172,9 +172,9 @@ def combine_imbalance(parts: Sequence[RankArrivals]) -> Imbalance:
     ranks = [p.rank for p in parts]
     keyed = {p.rank: p for p in parts}
     tables = list(keyed.values())
-    runs = _matched_runs(tables)
     # The steps after the first, as the per-rank table; all of them when there is only one.
     arrays = [_step_arrays(p) for p in parts]
+    runs = within_steps(_matched_runs(tables), max((max(a[0], default=-1) for a in arrays), default=-1))
     first_step = 1 if any(step >= 1 for step, _, _ in runs) or any(max(a[0], default=-1) >= 1 for a in arrays) else 0
     matched = sum(n for _, _, n in runs)
     steady_matched = sum(n for step, _, n in runs if step >= first_step)
@@ -205,6 +205,13 @@ def _spans(part: RankArrivals) -> dict[tuple[int, str], tuple[int, int]]:
         spans[key] = (start, count)
         start += count
     return spans
+
+
+def within_steps(runs: list[tuple[int, list[int], int]], last_step: int) -> list[tuple[int, list[int], int]]:
+    """The runs of the steps that ended: collectives after the last step any rank summarized belong to the
+    teardown (a trainer's final logging and saving, issued after its last optimizer step), as those before
+    the first belong to the setup, and are no step's. All of them where no step ended (``last_step`` -1)."""
+    return runs if last_step < 0 else [run for run in runs if run[0] <= last_step]
 
 
 def _matched_runs(tables: Sequence[RankArrivals]) -> list[tuple[int, list[int], int]]:

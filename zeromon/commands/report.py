@@ -211,6 +211,11 @@ def format_run_report(report: RunReport, all_ranks: bool = False) -> str:
         lines.append(f"warm-up before the first step (in no step's numbers): {_span(w.collectives for w in warm)} "
                      f"collectives, {_span((w.bytes for w in warm), format_bytes)}, "
                      f"{_span((w.blocked_s * 1e3 for w in warm), lambda v: f'{v:.1f}')} ms blocked per rank")
+    after = [r.teardown for r in report.ranks if r.teardown.collectives]
+    if after:
+        lines.append(f"teardown after the last step (in no step's numbers): {_span(w.collectives for w in after)} "
+                     f"collectives, {_span((w.bytes for w in after), format_bytes)}, "
+                     f"{_span((w.blocked_s * 1e3 for w in after), lambda v: f'{v:.1f}')} ms blocked per rank")
     lines.extend(corrupt_lines_note(r.file, r.corrupt_lines, errors=r.line_errors)
                  for r in report.ranks if r.corrupt_lines)
     lines.extend(_bandwidth_lines(report))
