@@ -23,6 +23,7 @@ from zeromon.analysis.lint import (
     lint_deepspeed_config,
 )
 from zeromon.analysis.lint_accelerate import lint_accelerate_config
+from zeromon.analysis.lint_accelerate_fsdp import lint_accelerate_fsdp_config
 from zeromon.analysis.lint_schema import STATIC_SCHEMA_VERSION
 from zeromon.errors import ZeromonError
 from zeromon.sources.configs import deepspeed_schema, load_config
@@ -45,6 +46,9 @@ def ds_schema() -> Any:
 def lint_file(path: Path, **options: Any) -> LintReport:
     loaded = load_config(path)
     opts = LintOptions(**options)
+    if loaded.kind == "accelerate-fsdp":  # tests/test_lint_fsdp.py has their cases
+        assert loaded.accelerate is not None
+        return lint_accelerate_fsdp_config(loaded.accelerate, opts)
     if loaded.kind == "deepspeed":
         assert loaded.deepspeed is not None
         return lint_deepspeed_config(loaded.deepspeed, opts, loaded.duplicate_keys)
@@ -151,7 +155,8 @@ def test_every_rule_has_a_fixture_and_every_finding_a_known_id() -> None:
     accelerate_only = {"ZL005", "ZL024", "ZL025", "ZL026", "ZL027"}  # tested on the accelerate fixtures
     planner = {"ZL015"}
     inline = {"ZL029"}  # test_nvme_optimizer_offload_below_zero3_is_cpu_offload
-    assert set(RULES) == covered | accelerate_only | planner | inline
+    fsdp = {f"ZL{n:03d}" for n in range(33, 48)}  # tests/test_lint_fsdp.py
+    assert set(RULES) == covered | accelerate_only | planner | inline | fsdp
     for path in [*DATA.glob("*.json"), *ACC.glob("*.yaml")]:
         try:
             report = lint_file(path, gpu_memory_bytes=16 * GiB, world_size=8, params=1e9)
@@ -454,7 +459,7 @@ def test_static_schema_matches_the_installed_deepspeed(ds_schema: Any) -> None:
     (DATA / "list_top.json", "the top level is a list, expected a JSON object"),
     (DATA / "does_not_exist.json", "does_not_exist.json: no such config file"),
     (DATA, "is a directory"),
-    (ACC / "no_block.yaml", "no deepspeed_config block (distributed_type: MULTI_GPU)"),
+    (ACC / "no_block.yaml", "no deepspeed_config or fsdp_config block (distributed_type: MULTI_GPU)"),
     (ACC / "missing_file.yaml", "deepspeed_config_file 'does_not_exist.json': no such file"),
     # '~name' of a user this machine does not know stays as written, as a shell leaves it
     (ACC / "unknown_home.yaml", "deepspeed_config_file '~nosuchuser0/ds.json': no such file"),
@@ -568,7 +573,7 @@ def test_cli_stderr_is_empty_for_a_clean_lint() -> None:
     (["tests/data/lint/nope.json"], "zeromon: error: tests/data/lint/nope.json: no such config file"),
     (["tests/data/lint"], "zeromon: error: tests/data/lint: is a directory"),
     (["tests/data/lint/list_top.json"], "the top level is a list"),
-    (["tests/data/lint/accelerate/no_block.yaml"], "no deepspeed_config block"),
+    (["tests/data/lint/accelerate/no_block.yaml"], "no deepspeed_config or fsdp_config block"),
     (["tests/data/lint/clean.json", "--gpus", "0"], "zeromon: error: --gpus '0': must be an integer from 1 to"),
     (["tests/data/lint/clean.json", "--gpu-memory", "lots"], "zeromon: error: --gpu-memory 'lots': is not a size"),
     (["tests/data/lint/clean.json", "--params", "many"], "zeromon: error: --params 'many': is not a parameter count"),

@@ -65,7 +65,7 @@ class LintFinding:
     key: str  # dotted key path in the file that holds it
     message: str
     fix: str
-    file: str = "deepspeed"  # which file holds the key: "deepspeed" or "accelerate"
+    file: str = "deepspeed"  # which file holds the key: "deepspeed", "accelerate" or "lightning"
 
     def to_dict(self) -> dict[str, str]:
         return {"id": self.id, "severity": self.severity, "key": self.key, "message": self.message,
@@ -80,6 +80,7 @@ class LintReport:
     world_size_from: str
     schema_origin: str
     hf: bool
+    setup: str = ""  # an FSDP config's setup as the framework resolves it ("FSDP1, FULL_SHARD"); "" for DeepSpeed
 
     def count(self, severity: str) -> int:
         return sum(1 for f in self.findings if f.severity == severity)
@@ -690,7 +691,7 @@ def _check_zero2_fits(lint: _Lint, gpus: int | None, zero_init: bool) -> None:
     smaller = {0: " (even DDP fits)", 1: " (even ZeRO-1 fits)"}.get(smallest, "")
     offload = f", optimizer offloaded to {zero2.offload_optimizer}" if zero2.offload_optimizer != "none" else ""
     lint.add("ZL015", "info" if tight else "warning", "zero_optimization.stage",
-             f"ZeRO-3 where ZeRO-2 fits{smaller}: the planner puts the model states of {_params_text(opts.params)} "
+             f"ZeRO-3 where ZeRO-2 fits{smaller}: the planner puts the model states of {params_text(opts.params)} "
              f"parameters on {gpus} GPUs at {format_bytes(zero2.gpu_bytes)} per GPU with ZeRO-2{offload} "
              f"({format_bytes(zero3.gpu_bytes)} with ZeRO-3) of {format_bytes(opts.gpu_memory_bytes)}"
              + (f", with less than {headroom:.0%} to spare" if tight else "")
@@ -703,7 +704,7 @@ def _check_zero2_fits(lint: _Lint, gpus: int | None, zero_init: bool) -> None:
 def _plan_command(opts: LintOptions, gpus: int, nodes: int, devices: Mapping[str, str], zero_init: bool) -> str:
     """The `zeromon plan` command line for this check, runnable as printed."""
     assert opts.params is not None and opts.gpu_memory_bytes is not None
-    words = ["zeromon plan --params", _params_text(opts.params), "--gpus-per-node", str(gpus // nodes),
+    words = ["zeromon plan --params", params_text(opts.params), "--gpus-per-node", str(gpus // nodes),
              "--nodes", str(nodes), "--gpu-memory", format_bytes(opts.gpu_memory_bytes).replace(" ", "")]
     for what, flag in (("offload_optimizer", "--offload-optimizer"), ("offload_param", "--offload-params")):
         if devices.get(what, "none") != "none":
@@ -713,7 +714,7 @@ def _plan_command(opts: LintOptions, gpus: int, nodes: int, devices: Mapping[str
     return " ".join(words)
 
 
-def _params_text(params: float) -> str:
+def params_text(params: float) -> str:
     for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
         if params >= scale:
             return f"{params / scale:g}{suffix}"

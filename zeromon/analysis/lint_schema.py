@@ -49,6 +49,24 @@ RULES: dict[str, str] = {
     "ZL030": "number that is not finite (NaN, Infinity, or past a float's range such as 1e400)",
     "ZL031": "value of a type, range or choice DeepSpeed's config classes refuse",
     "ZL032": "combination of values DeepSpeed's config classes refuse (partial offload, grad norm, loss scale)",
+    # FSDP: accelerate's fsdp_config and Lightning's FSDPStrategy (zeromon.analysis.lint_fsdp)
+    "ZL033": "unknown key in an accelerate FSDP config or a Lightning FSDPStrategy (refused, or ignored in "
+             "accelerate's fsdp_config)",
+    "ZL034": "FSDP value accelerate or Lightning refuses (a choice, a boolean, an integer, the FSDP version)",
+    "ZL035": "NO_SHARD: FSDP without sharding, with DDP's memory",
+    "ZL036": "SHARD_GRAD_OP (reshard_after_forward false): parameters stay gathered from forward to backward",
+    "ZL037": "HYBRID_SHARD on one machine; Lightning's hybrid sharding without a wrap policy or device_mesh, or a "
+             "device_mesh of the wrong size or strategy",
+    "ZL038": "FSDP CPU offload of parameters: gradients and the optimizer step move to the CPU",
+    "ZL039": "no FSDP auto wrap policy: the whole model is one unit, gathered at once, without overlap",
+    "ZL040": "full state dict: checkpoints gathered on rank 0 (sharded state dicts for large models)",
+    "ZL041": "fsdp_cpu_ram_efficient_loading without fsdp_sync_module_states (accelerate refuses to launch)",
+    "ZL042": "FSDP activation checkpointing: what it checkpoints, and settings that fail with it",
+    "ZL043": "use_orig_params false: no optimizer parameter groups, frozen parameters or torch.compile",
+    "ZL044": "FSDP setting that has no effect with this FSDP version or wrap policy",
+    "ZL045": "sharding strategy set by a key accelerate does not read for this FSDP version",
+    "ZL046": "accelerate distributed_type is not FSDP next to an fsdp_config block, or a deepspeed_config under FSDP",
+    "ZL047": "FSDP sharding strategy against GPU memory (with --params, --gpus and --gpu-memory)",
 }
 
 # The keys accelerate reads from its `deepspeed_config` block (accelerate/commands/launch.py, deepspeed_args).

@@ -1,5 +1,5 @@
-"""Reading DeepSpeed JSON and accelerate YAML configs for ``zeromon lint``, and what the installed
-DeepSpeed knows about its own config.
+"""Reading DeepSpeed JSON, accelerate YAML (for DeepSpeed or FSDP) and Lightning YAML configs for ``zeromon
+lint``, and what the installed DeepSpeed knows about its own config.
 
 Every problem with the file itself is a ``ZeromonError`` naming the file, and for a parse error the
 parser's line and column (``ds.json:3:17: Expecting ',' delimiter``), never a traceback.
@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from zeromon.analysis.lint import STATIC_SCHEMA, ConfigSchema
+from zeromon.analysis.lint_lightning import flavor_of, strategy_location
 from zeromon.analysis.lint_schema import STATIC_SCHEMA_VERSION
 from zeromon.analysis.lint_types import (
     CHECKED_SECTIONS,
@@ -37,12 +38,15 @@ _JSON_HINT = ("DeepSpeed configs read by accelerate and the Hugging Face Trainer
 @dataclass(frozen=True, slots=True)
 class LoadedConfig:
     path: Path  # the file named on the command line
-    kind: str  # "deepspeed" (a DeepSpeed JSON) or "accelerate" (an accelerate YAML)
+    # "deepspeed" (a DeepSpeed JSON), "accelerate" (an accelerate YAML for DeepSpeed), "accelerate-fsdp" (an
+    # accelerate YAML for FSDP) or "lightning" (a LightningCLI or Fabric YAML with an FSDPStrategy)
+    kind: str
     deepspeed: dict[str, Any] | None  # the DeepSpeed JSON: the file itself, or the one deepspeed_config_file names
     deepspeed_path: Path | None
     accelerate: dict[str, Any] | None  # the accelerate YAML's top level
     duplicate_keys: tuple[str, ...] = ()  # key paths repeated within one JSON object
     relative_deepspeed_file: bool = False  # deepspeed_config_file was a relative path
+    lightning: dict[str, Any] | None = None  # the Lightning YAML's top level
 
 
 class _Object(dict[str, Any]):
@@ -137,24 +141,37 @@ def _is_json(path: Path) -> bool:
 
 
 def load_config(path: Path) -> LoadedConfig:
-    """Read CONFIG: a DeepSpeed JSON (``.json``, or any file starting with ``{``) or an accelerate YAML."""
+    """Read CONFIG: a DeepSpeed JSON (``.json``, or any file starting with ``{``), an accelerate YAML (for
+    DeepSpeed or FSDP) or a Lightning YAML whose strategy is an FSDPStrategy."""
     if _is_json(path):
         config, repeated = read_deepspeed_json(path)
         return LoadedConfig(path, "deepspeed", config, path, None, repeated)
     data = _read_yaml(path)
     if not isinstance(data, dict):
         raise ZeromonError(f"{path}: the top level is {_kind_of(data)}, expected an accelerate config (a mapping "
-                           "with distributed_type: DEEPSPEED and a deepspeed_config block)")
+                           "with distributed_type and a deepspeed_config or fsdp_config block) or a Lightning one "
+                           "(trainer: strategy: ...)")
+    if _is_lightning(data):
+        return _lightning_config(path, data)
+    distributed = str(data.get("distributed_type")).upper()
+    fsdp = data.get("fsdp_config")
+    if distributed == "FSDP" or (distributed != "DEEPSPEED" and fsdp and data.get("deepspeed_config") is None):
+        if fsdp is not None and not isinstance(fsdp, dict):
+            raise ZeromonError(f"{path}: fsdp_config is {_kind_of(fsdp)}, expected a mapping of accelerate's FSDP "
+                               "settings")
+        return LoadedConfig(path, "accelerate-fsdp", None, None, data)
     block = data.get("deepspeed_config")
-    if block is None and "deepspeed_config" in data and str(data.get("distributed_type")).upper() == "DEEPSPEED":
+    if block is None and "deepspeed_config" in data and distributed == "DEEPSPEED":
         block = data["deepspeed_config"] = {}  # an empty block: accelerate's defaults (ZeRO-2)
     if block is None:
         looks_deepspeed = "zero_optimization" in data or "train_batch_size" in data
         raise ZeromonError(
-            f"{path}: no deepspeed_config block (distributed_type: {data.get('distributed_type', 'not set')}); "
-            "zeromon lint reads DeepSpeed JSON configs and accelerate configs for DeepSpeed",
+            f"{path}: no deepspeed_config or fsdp_config block (distributed_type: "
+            f"{data.get('distributed_type', 'not set')}); zeromon lint reads DeepSpeed JSON configs, accelerate "
+            "configs for DeepSpeed or FSDP, and Lightning configs with an FSDPStrategy",
             hint=("this looks like a DeepSpeed config written in YAML: DeepSpeed reads JSON, so save it as .json"
-                  if looks_deepspeed else "run `accelerate config` and choose DeepSpeed, or lint the DeepSpeed JSON"))
+                  if looks_deepspeed else "run `accelerate config` and choose DeepSpeed or FSDP, or lint the "
+                  "DeepSpeed JSON"))
     if not isinstance(block, dict):
         raise ZeromonError(f"{path}: deepspeed_config is {_kind_of(block)}, expected a mapping of accelerate's "
                            "DeepSpeed settings")
@@ -175,6 +192,38 @@ def load_config(path: Path) -> LoadedConfig:
         raise ZeromonError(f"{path}: deepspeed_config.deepspeed_config_file {file_value!r}: no such file: {tried}")
     config, repeated = read_deepspeed_json(target)
     return LoadedConfig(path, "accelerate", config, target, data, repeated, not named.is_absolute())
+
+
+def _is_lightning(data: dict[str, Any]) -> bool:
+    """A LightningCLI or Fabric config: settings under trainer: or fabric:, or a strategy, and none of accelerate's."""
+    accelerate_keys = ("distributed_type", "compute_environment", "deepspeed_config", "fsdp_config")
+    return not any(k in data for k in accelerate_keys) and (
+        isinstance(data.get("trainer"), dict) or isinstance(data.get("fabric"), dict) or "strategy" in data)
+
+
+def _lightning_config(path: Path, data: dict[str, Any]) -> LoadedConfig:
+    found = strategy_location(data)
+    if found is None:
+        raise ZeromonError(f"{path}: no trainer.strategy: without one Lightning runs its default strategy, not "
+                           "FSDP, and zeromon lint checks Lightning's FSDPStrategy",
+                           hint="set trainer: strategy: {class_path: lightning.pytorch.strategies.FSDPStrategy, "
+                                "init_args: {...}}")
+    where, value = found
+    if isinstance(value, dict) and not isinstance(value.get("class_path"), str):
+        raise ZeromonError(f"{path}: {where} has no class_path (a mapping strategy is class_path: ... with "
+                           "init_args: ...)", hint="class_path: lightning.pytorch.strategies.FSDPStrategy")
+    if flavor_of(where, value) is None:
+        named = value.get("class_path") if isinstance(value, dict) else value
+        raise ZeromonError(f"{path}: {where} is {named!r}: zeromon lint checks Lightning's FSDPStrategy "
+                           "(class_path lightning.pytorch.strategies.FSDPStrategy or lightning.fabric.strategies."
+                           "FSDPStrategy, or strategy: fsdp)",
+                           hint="for DeepSpeedStrategy, lint the DeepSpeed JSON its config argument names")
+    for block in ("init_args", "dict_kwargs"):
+        inner = value.get(block) if isinstance(value, dict) else None
+        if inner is not None and not isinstance(inner, dict):
+            raise ZeromonError(f"{path}: {where}.{block} is {_kind_of(inner)}, expected a mapping of "
+                               "FSDPStrategy's arguments")
+    return LoadedConfig(path, "lightning", None, None, None, lightning=data)
 
 
 # ------------------------------------------------------------------------------------ DeepSpeed's own schema
