@@ -248,9 +248,12 @@ def test_the_oracle_measures_the_loop_it_claims(mode: str, runs: Callable[[str],
         assert facts.wall_ms >= 10, table
         assert all(s.inner_s <= s.oracle_s for s in steps), table  # the inner stopwatch is inside the outer
         if mode in LOOP_ISSUED:
-            # The oracle sees every call the loop makes: its stopwatch is inside the loop's own.
+            # The oracle sees every call the loop makes: its stopwatch is inside the loop's own, which also holds
+            # the oracle's own code around each call (on a loaded 2-core machine ~12 µs a call: grad_accum's four
+            # all-reduces and four waits a step came to 0.100 ms).
             gap_ms = _median_ms([s.loop_blocked_s - s.oracle_s for s in steps])
-            assert 0 <= gap_ms <= 0.1, f"the loop's stopwatch - the oracle's: {gap_ms:.3f} ms\n{table}"
+            limit_ms = max(0.1, 0.05 * max(facts.waits_per_step, default=1))
+            assert 0 <= gap_ms <= limit_ms, f"the loop's stopwatch - the oracle's: {gap_ms:.3f} ms\n{table}"
         claim, holds = CLAIMS[mode]
         assert holds(facts), f"{claim}\n{table}"
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from zeromon_agent.step_acc import DDP, DEEPSPEED, DTENSOR, FSDP, TORCH, USER, issuer_of, meaning_of
+from zeromon_agent.issuers import DDP, DEEPSPEED, DTENSOR, FSDP, TORCH, USER, issuer_of, issuer_path
+from zeromon_agent.step_acc import meaning_of
 
 
 @pytest.mark.parametrize(("path", "issuer"), [
@@ -38,3 +39,25 @@ def test_only_the_frameworks_collectives_have_zero_meanings() -> None:
                       ("reduce_scatter", "backward")):
         assert meaning_of(op, phase, 1 << 20, USER) == meaning_of(op, phase, 1 << 20, DTENSOR) == "unknown"
     assert meaning_of("all_reduce", "backward", 8, FSDP) == "unknown"  # a flag or a norm, not gradients
+
+
+def _call_through(*paths: str) -> str | None:
+    """issuer_path as a collective's wrapper sees it, called from functions defined in ``paths`` (outermost
+    first; the last is the direct caller)."""
+    import sys
+
+    namespace: dict[str, object] = {"probe": lambda: issuer_path(sys._getframe(1))}
+    callee = "probe"
+    for i, path in enumerate(reversed(paths)):
+        exec(compile(f"def f{i}():\n    return {callee}()\n", path, "exec"), namespace)  # noqa: S102
+        callee = f"f{i}"
+    return namespace[callee]()  # type: ignore[operator]
+
+
+def test_a_shim_around_torch_distributed_keeps_the_frameworks_issuer() -> None:
+    fsdp = "/venv/site-packages/torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py"
+    shim, user, module = "/home/me/shim.py", "/home/me/model.py", "/venv/site-packages/torch/nn/modules/module.py"
+    assert _call_through(fsdp) == fsdp
+    assert _call_through(fsdp, shim) == fsdp  # a logger's or a test's wrapper around the collective
+    assert _call_through(fsdp, module, user) == user  # the user's code inside a wrapped model's forward
+    assert _call_through(fsdp, user, user, user, user, user, shim) == shim  # too far out: the caller's own

@@ -32,6 +32,7 @@ from zeromon.model.events import (
     record_maker,
     span_ns,
 )
+from zeromon_agent.issuers import issuer_of
 from zeromon_agent.live_totals import Counted, CountedColumns, counted
 from zeromon_agent.recent import Unmade
 from zeromon_agent.step_acc import (
@@ -39,7 +40,6 @@ from zeromon_agent.step_acc import (
     StepAcc,
     add_blocked,
     add_interval,
-    issuer_of,
     meaning_of,
     seconds,
     settle,

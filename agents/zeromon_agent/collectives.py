@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import functools
 import importlib
-import types
 import weakref
 from collections.abc import Callable
 from sys import _getframe
 from typing import Any
 
+from zeromon_agent import issuers
+from zeromon_agent.issuers import FINAL, issuer_path
 from zeromon_agent.state import RAW_COLLECTIVE, RAW_DONE, RAW_WAIT, STATE, HotState, perf_ns
 
 Extract = Callable[[tuple[Any, ...], dict[str, Any]], tuple[int, int, Any, Any, bool]]
@@ -185,17 +186,6 @@ def _c10d_files() -> frozenset[str]:
     return frozenset(f for f in files if f)
 
 
-_C10D_FILES: frozenset[str] = frozenset()  # set by install(), when torch.distributed is imported
-
-
-def _caller_outside_c10d() -> str | None:
-    """The file of the nearest frame outside _C10D_FILES and this module, from the wrapper's caller out."""
-    frame: types.FrameType | None = _getframe(2)
-    while frame is not None and (frame.f_code.co_filename in _C10D_FILES or frame.f_code.co_filename == __file__):
-        frame = frame.f_back
-    return frame.f_code.co_filename if frame is not None else None
-
-
 def _record_async(state: HotState, api: str, op: str, t0: int, t1: int, b_in: int, b_out: int, dtype: Any,
                   group: Any, async_op: Any, result: Any, cuda: Any, caller: Any) -> None:
     state.seq += 1
@@ -245,10 +235,10 @@ def make_wrapper(fn: Callable[..., Any], api: str, op: str, extract: Extract,
             if state.inside or state.autostart is None or not state.autostart():
                 return fn(*args, **kwargs)
         try:
-            # Who called: FSDP, DeepSpeed, DDP or the user's code, which a collective's meaning comes from.
-            caller: str | None = _getframe(1).f_code.co_filename
-            if caller in _C10D_FILES:  # c10d's own helpers (object collectives): their caller issued it
-                caller = _caller_outside_c10d()
+            # Who called: the issuer, which a collective's meaning comes from. Where not settled (its first call,
+            # a shim, torch's own helpers), issuers.issuer_path looks.
+            settled = FINAL.get(id(_getframe(1).f_code))
+            caller = settled[1] if settled is not None else issuer_path(_getframe(1))
             b_in, b_out, dtype, group, async_op = extract(args, kwargs)
             cuda = state.cuda_timing
             if cuda is not None:
@@ -364,9 +354,8 @@ def make_funcol_wrapper(fn: Callable[..., Any], name: str, op: str, list_input: 
         if not state.enabled or state.inside:
             return fn(*args, **kwargs)
         try:
-            caller: str | None = _getframe(1).f_code.co_filename
-            if caller in _C10D_FILES:
-                caller = _caller_outside_c10d()
+            settled = FINAL.get(id(_getframe(1).f_code))
+            caller = settled[1] if settled is not None else issuer_path(_getframe(1))
             t = args[0] if args else kwargs["self"]
             b_in = _list_bytes(t) if list_input else t.nbytes
             dtype = _first_dtype(t) if list_input else t.dtype
@@ -458,8 +447,7 @@ def install(state: HotState = STATE) -> list[str]:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
-    global _C10D_FILES
-    _C10D_FILES = _c10d_files()
+    issuers.C10D_FILES = _c10d_files()
     wrapped: list[str] = []
     for api, (op, extract) in DIST_SPECS.items():
         original = getattr(c10d, api, None)

@@ -12,6 +12,7 @@ from typing import Any
 from zeromon.analysis.intervals import merge, total, union_length
 from zeromon.analysis.step_overlap import host_overlap_ns, overlap_in_step, union_in
 from zeromon.model.events import StepSummary, ZeroMeaning, record_maker
+from zeromon_agent.issuers import DDP, DTENSOR, USER
 
 # A summary a step, its 14 slots set directly (record_maker: ~2 µs -> ~1 µs), in StepSummary's field order.
 _new_summary = record_maker(StepSummary)
@@ -77,37 +78,6 @@ class StepAcc:
 _PARAM_ALL_GATHER, _GRAD_REDUCE_SCATTER, _GRAD_ALL_REDUCE, _PARAM_BROADCAST, _MEANING_UNKNOWN = (
     ZeroMeaning.PARAM_ALL_GATHER.value, ZeroMeaning.GRAD_REDUCE_SCATTER.value, ZeroMeaning.GRAD_ALL_REDUCE.value,
     ZeroMeaning.PARAM_BROADCAST.value, ZeroMeaning.UNKNOWN.value)
-
-
-# Who issued a collective, by the file of the code that called torch.distributed: the frameworks whose
-# collectives have ZeRO/FSDP meanings, and everything else (a trainer's logging and object broadcasts,
-# accelerate's gathers, the user's own code), whose collectives have none.
-FSDP, DEEPSPEED, DDP, TORCH, DTENSOR, USER = "fsdp", "deepspeed", "ddp", "torch", "dtensor", "user"
-_ISSUER_PATHS = (
-    ("/torch/distributed/fsdp/", FSDP),
-    ("/deepspeed/", DEEPSPEED),
-    ("/torch/nn/parallel/", DDP),
-    ("/zeromon_agent/ddp.py", DDP),  # the agent's recording comm hook, which issues DDP's bucket all-reduces
-    ("/torch/distributed/utils.py", TORCH),  # the module-state broadcasts of DDP's and FSDP's setup
-    ("/torch/distributed/tensor/", DTENSOR),  # DTensor's redistributions (tensor parallelism): activations
-    ("/torch/distributed/_functional_collectives", DTENSOR),
-    ("/torch/distributed/", TORCH),  # c10d's own helpers
-)
-_issuers: dict[str, str] = {}
-
-
-def issuer_of(path: str | None) -> str | None:
-    """FSDP, DEEPSPEED, DDP, TORCH, DTENSOR or USER for the file of the code that called a collective (cached); None
-    where no caller was kept (synthesized records)."""
-    if path is None:
-        return None
-    issuer = _issuers.get(path)
-    if issuer is None:
-        unix = path.replace("\\", "/")
-        issuer = next((who for part, who in _ISSUER_PATHS if part in unix), USER)
-        if len(_issuers) < 4096:
-            _issuers[path] = issuer
-    return issuer
 
 
 def meaning_of(op: str, phase: str, nbytes: int, issuer: str | None = None) -> str:
