@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import struct
 import subprocess
 import tempfile
@@ -444,13 +445,14 @@ def test_the_agent_writes_the_compact_form_that_summary_report_and_export_read(t
 
 
 def test_a_full_disk_makes_room_for_the_end_record_by_whole_segments(tmp_path: Path) -> None:
-    """The cut a full disk's writer makes before appending its end record (RecordingWriter's _cut_tail,
-    the compact form's own): at a segment's start, the records cut off counted as lost."""
+    """Where a full disk's writer writes its end record over the file's last records (RecordingWriter's
+    _tail_cut, the compact form's own): at a segment's start, the records it covers counted as lost."""
     path = tmp_path / "rank-0.zmr"
     written = _three_segments(path)
     writer = CompactWriter.open_or_lost(tmp_path / "other.zmr", 0)
     writer.path = path
     last_start = _segments(path)[-1][0]
-    writer._cut_tail(path.stat().st_size - last_start)  # room for what the last segment (the RunEnd) took
-    assert path.stat().st_size == last_start and writer.records_lost == 1
+    cut = writer._tail_cut(path.stat().st_size - last_start)  # room for what the last segment (the RunEnd) took
+    assert cut == last_start and writer.records_lost == 1
+    os.truncate(path, cut)
     assert list(iter_records(path)) == written[:-1]

@@ -22,14 +22,17 @@ from pathlib import Path
 
 import pytest
 
-from zeromon.model.codec import read_recording
+from zeromon.model.codec import RecordingWriter, read_recording
+from zeromon.model.events import RunEnd
 from zeromon.model.run_end import read_file_end
+from zeromon.model.segments import CompactWriter
 from zeromon.sources.discovery import local_runs
 from zeromon.views.overview import died_banners, incomplete_banners, rank_cells
 from zeromon.views.rank_detail import rank_title
 from zeromon.views.run_data import recording_data
 
 from conftest import REPO, child_env, torchrun_args, zeromon
+from test_compact_format import HEADER, _collective
 
 SCENARIO = REPO / "tests" / "scenarios" / "fault_train.py"
 RUN_TIMEOUT_S = 90
@@ -158,6 +161,56 @@ def test_a_full_disk_under_zeromon_run(tmp_path: Path, baseline: list[float]) ->
         assert "the recording is incomplete" in result.stderr and "No space left on device" in result.stderr
         report = zeromon("report", str(out))
         assert report.returncode == 3 and "the recording is incomplete" in report.stdout
+
+
+# The other ranks of a run on the same full disk: a process that takes every block freed, as soon as it is.
+_BLOCK_TAKER = """
+import errno, os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+said = False
+while True:
+    try:
+        os.write(fd, b"x" * 4096)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        if not said:
+            print("full", flush=True)
+            said = True
+"""
+
+
+@pytest.mark.parametrize("writer_class", [RecordingWriter, CompactWriter])
+def test_a_full_disk_keeps_the_end_record_while_other_ranks_take_every_block_freed(
+        tmp_path: Path, writer_class: type[RecordingWriter]) -> None:
+    """The end record goes over the file's last records, in place: a block freed for it first (truncating)
+    went to another rank's writes on the shared disk, and the rank then read as killed (a CI run)."""
+    with tmpfs(tmp_path / "small", "64k") as disk:
+        path = disk / "rank-0.rec"
+        writer = writer_class(path, 0, **HEADER)
+        seq = 0
+        while not writer.failed:
+            for _ in range(16):
+                writer.write(_collective(seq))
+                seq += 1
+            writer.flush()
+        lost_when_full = writer.records_lost
+        taker = subprocess.Popen([sys.executable, "-c", _BLOCK_TAKER, str(disk / "other-ranks")],
+                                 stdout=subprocess.PIPE, text=True)
+        try:
+            assert taker.stdout is not None and taker.stdout.readline() == "full\n"
+            writer.close(RunEnd(rank=0, t_ns=1, how="exit", last_step=seq // 4, records_lost=writer.records_lost,
+                                bytes_lost=writer.bytes_lost, write_error=writer.error))
+        finally:
+            taker.kill()
+            taker.wait()
+        end = read_file_end(path).end
+        assert end is not None and end.how == "exit" and "No space left on device" in (end.write_error or "")
+        # The records it covers are counted in it too. Of the records lost when the disk filled, some may have
+        # reached the file (a flush fails part-way): the count is a bound, never short.
+        assert end.records_lost == writer.records_lost > lost_when_full
+        assert end.bytes_lost == writer.bytes_lost
+        assert seq - end.records_lost <= len(read_recording(path).collectives) < seq
 
 
 def test_attach_in_a_folder_that_cannot_be_made_records_nothing_and_says_so(

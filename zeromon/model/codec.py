@@ -199,6 +199,10 @@ def make_header(rank: int, **extra: Any) -> dict[str, Any]:
     return header
 
 
+# The bytes an end record may grow by when the records it covers are added to its counts.
+_COUNTS_GROWTH = 64
+
+
 class RecordingWriter:
     """Writes one rank's recording. Not thread-safe: the agent's recorder thread owns it.
 
@@ -340,12 +344,13 @@ class RecordingWriter:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 self.records_lost += 1
                 return
-            # A full disk: the end record is worth more than the last records before it. Room for it is
-            # made by cutting the file's last END_ROOM_BYTES (whole lines, counted as lost).
+            # A full disk: the end record is worth more than the last records before it, and it is written
+            # over them, in place. Bytes the file already holds need no free block: room freed by
+            # truncating first would go to whichever process of the run writes next (the other ranks
+            # fill the same disk), and the end record would be lost after all.
             try:
-                self._cut_tail(_END_ROOM_BYTES)
-                self._append(line)
-            except OSError:
+                self._write_over_tail(end, len(line))
+            except (OSError, TypeError, ValueError):
                 self.records_lost += 1
 
     def _append(self, data: bytes) -> None:
@@ -357,24 +362,40 @@ class RecordingWriter:
         finally:
             os.close(fd)
 
-    def _cut_tail(self, nbytes: int) -> None:
-        """Truncate the file at a line start at least ``nbytes`` before its end (never into the header)."""
-        with open(self.path, "r+b") as handle:
+    def _write_over_tail(self, end: Record, size: int) -> None:
+        """Write ``end`` over the file's last records, from a record's start far enough before the end (never
+        into the header), and end the file after it. The records it covers are counted as lost, in the
+        end record too."""
+        lost = (self.records_lost, self.bytes_lost)
+        cut = self._tail_cut(size + _COUNTS_GROWTH)
+        if isinstance(end, RunEnd):
+            end = dataclasses.replace(end, records_lost=end.records_lost + self.records_lost - lost[0],
+                                      bytes_lost=end.bytes_lost + self.bytes_lost - lost[1])
+        data = self._end_bytes(end)
+        fd = os.open(self.path, os.O_WRONLY)  # no O_CREAT, as _append
+        try:
+            if os.pwrite(fd, data, cut) != len(data):
+                raise OSError(errno.ENOSPC, "short write")
+            os.ftruncate(fd, cut + len(data))
+        finally:
+            os.close(fd)
+
+    def _tail_cut(self, nbytes: int) -> int:
+        """Where the file's last records start, at least ``nbytes`` before its end where the file holds
+        that many after its header (else just after the header); the records from there are counted as
+        lost."""
+        with open(self.path, "rb") as handle:
             header_end = len(handle.readline())
             size = os.fstat(handle.fileno()).st_size
             start = max(header_end, size - nbytes - 4096)
             handle.seek(start)
             tail = handle.read()
-            cut_at = tail.rfind(b"\n", 0, max(0, len(tail) - nbytes))
-            cut = start + cut_at + 1 if cut_at >= 0 else header_end
-            dropped = tail[cut - start:]
-            self.records_lost += dropped.count(b"\n")
-            self.bytes_lost += len(dropped)
-            handle.truncate(cut)
-
-
-# The room a full disk's recording makes for its end record (a few file system blocks).
-_END_ROOM_BYTES = 8192
+        cut_at = tail.rfind(b"\n", 0, max(0, len(tail) - nbytes))
+        cut = start + cut_at + 1 if cut_at >= 0 else header_end
+        dropped = tail[cut - start:]
+        self.records_lost += dropped.count(b"\n")
+        self.bytes_lost += len(dropped)
+        return cut
 
 
 @dataclass(frozen=True, slots=True)

@@ -269,19 +269,20 @@ class CompactWriter(RecordingWriter):
         self._write_segment()
         super().flush()
 
-    def _cut_tail(self, nbytes: int) -> None:
-        """Truncate the file at a segment's start at least ``nbytes`` before its end (never into the header)."""
+    def _tail_cut(self, nbytes: int) -> int:
+        """Where the file's last segments start, at least ``nbytes`` before its end (never into the header;
+        the file's end when it holds no segment after it), the records from there counted as lost."""
         buf = self.path.read_bytes()
         size = len(buf)
         starts = [(frame.offset, frame.count) for frame in iter_frames(buf, len(COMPACT_MAGIC), verify=False)]
         if len(starts) < 2:
-            return
+            return size
         keep = [i for i, (offset, _) in enumerate(starts) if offset <= size - nbytes and i > 0]
         first_cut = keep[-1] if keep else 1
         cut = starts[first_cut][0]
         self.records_lost += sum(count for _, count in starts[first_cut:])
         self.bytes_lost += size - cut
-        os.truncate(self.path, cut)
+        return cut
 
 
 def _settle(rows: list[tuple[Any, ...]], chunks: list[Sequence[Sequence[Any]]]) -> None:
