@@ -105,7 +105,7 @@ def test_only_the_waits_of_cuda_timed_collectives_are_marked_on_the_stream() -> 
 
     state = HotState()
     state.enabled = True
-    state.cuda_timing = timer = CudaTimer(_fake_torch(), pool_size=8)
+    state.device_timer = state.cuda_timing = timer = CudaTimer(_fake_torch(), pool_size=8)
 
     class Work:
         def wait(self) -> bool:
@@ -294,3 +294,97 @@ def test_nvml_field_mapping(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU fallback; this machine has a GPU")
 def test_cpu_build_has_no_oom_observer() -> None:
     assert attach_oom_observer(torch, lambda *a: None) is False
+
+
+def test_only_the_sampled_steps_are_timed_on_the_device_and_the_others_say_so(tmp_path: Any) -> None:
+    """Mock (no GPU here: torch.cuda's events are faked). With ZEROMON_DEVICE_TIMING_EVERY=4 the warm-up, steps 0,
+    1 and 4 take CUDA events; steps 2 and 3 take none, and their NCCL collectives are recorded as launched (no
+    completion, no duration), their summaries with no communication time nor overlap; a gloo group's
+    collectives keep their host times there. The report reads such a recording: its medians are the timed
+    steps', and a step's unknown figures are null in its JSON."""
+    import json
+    import subprocess
+
+    import torch.distributed as dist
+
+    from zeromon.model.codec import RecordingWriter, read_recording
+    from zeromon_agent.collectives import make_wait, make_wrapper
+    from zeromon_agent.state import RAW_STEP_END, RAW_STEP_START
+
+    from conftest import child_env
+
+    state = HotState()
+    state.enabled = True
+    state.async_sample_every = 0
+    state.device_timer = timer = CudaTimer(_fake_torch(), pool_size=64)
+    state.device_timing_every = 4
+    state.time_step()
+    completions: list[int] = []
+
+    class Work:
+        def wait(self) -> bool:
+            return True
+
+        def is_completed(self) -> bool:
+            completions.append(state.step)
+            return False
+
+    nccl = object()  # a group whose backend cannot be asked: the GPU's
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        on_nccl = make_wrapper(lambda tensor, async_op=False: Work() if async_op else None, "all_reduce",
+                               "all_reduce", lambda a, k: (4096, 4096, torch.bfloat16, nccl, k.get("async_op", False)),
+                               state=state)
+        on_gloo = make_wrapper(lambda tensor: None, "broadcast", "broadcast",
+                               lambda a, k: (64, 64, torch.float32, None, False), state=state)
+        wait = make_wait(Work.wait, state=state)
+        events_taken = []
+        for step in range(6):
+            state.step = step
+            state.time_step()
+            state.push_control((RAW_STEP_START, step, perf_ns_now(), None, "forward"))
+            before = len(timer.pool)
+            on_nccl(_CudaTensor())
+            wait(on_nccl(_CudaTensor(), async_op=True))
+            on_gloo(torch.ones(16))
+            events_taken.append(before - len(timer.pool))
+            state.push_control((RAW_STEP_END, step, perf_ns_now(), None, True))
+        path = tmp_path / "rank-0.jsonl"
+        recorder = Recorder(state, 0, RecordingWriter(path, 0, job="j", world_size=1), 0.2, cuda_timer=timer)
+        recorder.stop()
+    finally:
+        dist.destroy_process_group()
+    assert events_taken == [5, 5, 0, 0, 5, 0]  # a synchronous collective's two, an async one's start and its wait's two
+    assert completions == [], "a wait in an untimed step asks no event whether it is done"
+    rec = read_recording(path)
+    timings = {(c.step, c.op, c.async_op): c.timing for c in rec.collectives}
+    for step in range(6):
+        timed = step in (0, 1, 4)
+        assert timings[(step, "all_reduce", False)] == timings[(step, "all_reduce", True)] == \
+            ("cuda_event" if timed else "launch"), step
+        assert timings[(step, "broadcast", False)] == "sync"  # gloo: its host times are its own
+    assert all(c.complete_ns is None and c.duration_s is None for c in rec.collectives if c.timing == "launch")
+    summaries = {s.step: s for s in rec.steps}
+    assert sorted(summaries) == list(range(6))
+    for step, summary in summaries.items():
+        unknown = (summary.comm_union_s, summary.comp_s, summary.overlap_s, summary.exposed_comm_s)
+        assert (unknown == (None,) * 4) == (step in (2, 3, 5)), (step, unknown)
+        assert summary.collectives == 3 and summary.blocked_s is not None
+    report = subprocess.run([sys.executable, "-m", "zeromon", "report", "--json", str(tmp_path)],
+                            env=child_env(), capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    (rank,) = json.loads(report.stdout)["ranks"]
+    per_step = {s["step"]: s for s in rank["per_step"]}
+    assert [per_step[s]["exposed_comm_s"] is None for s in range(6)] == [False, False, True, True, False, True]
+    assert per_step[4]["comm_s"] > 0
+    text = subprocess.run([sys.executable, "-m", "zeromon", "report", str(tmp_path)], env=child_env(),
+                          capture_output=True, text=True, timeout=120)
+    assert text.returncode == 0 and "nan" not in text.stdout.lower(), text.stdout + text.stderr
+    assert "communication timed on the device: 3 of 6 steps per rank" in text.stdout, text.stdout
+    assert rank["device_timed_steps"] == 3
+
+
+def perf_ns_now() -> int:
+    import time
+
+    return time.perf_counter_ns()

@@ -198,7 +198,9 @@ class Agent:
             self.cuda_memory = CudaMemory(cuda_index)
             from zeromon_agent.cuda import CudaTimer
 
-            self.state.cuda_timing = CudaTimer.create(torch)
+            self.state.device_timer = CudaTimer.create(torch)
+            self.state.device_timing_every = self.config.device_timing_every
+            self.state.time_step()
         else:
             self.capacity, capacity_note = cpu_capacity(local_ranks())
             if self.config.cpu_capacity:
@@ -229,7 +231,7 @@ class Agent:
         self.recorder = Recorder(self.state, self.rank, writer, self.config.flush_interval_s,
                                  recent_events=self.config.recent_events, device=device,
                                  device_interval_s=self.config.device_interval_s,
-                                 cuda_timer=self.state.cuda_timing, max_disk=self.config.max_disk,
+                                 cuda_timer=self.state.device_timer, max_disk=self.config.max_disk,
                                  hang_after_s=self.config.hang_after_s)
         if cuda_index is None:
             self.notice("info", "device", "no CUDA device: NVML device metrics and allocator stats "

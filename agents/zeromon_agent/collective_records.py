@@ -35,6 +35,7 @@ from zeromon.model.events import (
 from zeromon_agent.issuers import issuer_of
 from zeromon_agent.live_totals import Counted, CountedColumns, counted
 from zeromon_agent.recent import Unmade
+from zeromon_agent.state import UNTIMED
 from zeromon_agent.step_acc import (
     MAX_STEP_INTERVALS,
     StepAcc,
@@ -56,7 +57,7 @@ CALLBACK_GRACE_NS = 2_000_000_000
 _MAX_SHAPES = 4096  # collective call shapes whose derived fields are kept (an FSDP step repeats a few dozen)
 # Built once per record, so built with the slots set directly (record_maker: 1.3 -> 0.7 µs a collective).
 _new_collective = record_maker(CollectiveEvent)
-_SYNC, _UNKNOWN = Timing.SYNC.value, Timing.UNKNOWN.value  # an enum's .value is a property: ~0.1 µs a look
+_SYNC, _UNKNOWN, _LAUNCH = Timing.SYNC.value, Timing.UNKNOWN.value, Timing.LAUNCH.value  # .value: ~0.1 µs a look
 # A batch's calls last less than this (MAX_SPAN_S, in ns: span_ns caps nothing) and are whole nanoseconds
 # that ns / 1e9 and back gives again (below 2**50), so their records go into the columns as they are.
 _BATCH_MAX_NS = int(MAX_SPAN_S * 1e9)
@@ -92,6 +93,7 @@ class Inflight:
     wait: tuple[Any, ...] | None = None
     done_ns: int | None = None  # perf ns from a sampled completion callback
     done_by: int | None = None  # perf ns of a phase change at which it was found complete
+    launch: bool = False  # on a GPU, of a step not timed on the device: its completion is not known
 
 
 class CollectiveRecords:
@@ -114,6 +116,7 @@ class CollectiveRecords:
     _steps: dict[int, StepAcc]
     _emitted_through: int
     _group_sizes: dict[Any, int]
+    _group_hosts: dict[Any, bool]
     _dtype_names: dict[Any, str]
     _shapes: dict[tuple[Any, ...], tuple[str, int, str, int, float | None, int]]
     _write_values: Any
@@ -126,6 +129,14 @@ class CollectiveRecords:
 
     def _on_collective(self, item: tuple[Any, ...]) -> None:
         seq, async_op, work, cuda = item[1], item[10], item[11], item[14]
+        launch = False
+        if cuda is UNTIMED:  # issued in a step not timed on the device
+            item = (*item[:14], None, *item[15:])
+            cuda = None
+            launch = not self._on_host(item[9])
+            if launch and not async_op:
+                self._finalize(item, None, item[5] - item[4], _LAUNCH, wait_perf=item[4])
+                return
         if not async_op or (work is None and not str(item[2]).startswith("funcol.")):
             if cuda is not None and isinstance(cuda, tuple) and cuda[1] is not None:
                 self._inflight[seq] = Inflight(raw=item)  # resolved when its CUDA events complete
@@ -133,7 +144,7 @@ class CollectiveRecords:
             t0, t1 = item[4], item[5]
             self._finalize(item, t1, t1 - t0, _SYNC, wait_perf=t0)
             return
-        entry = Inflight(raw=item)
+        entry = Inflight(raw=item, launch=launch)
         wait = self._orphan_waits.pop(seq, None)
         done = self._orphan_done.pop(seq, None)
         entry.wait, entry.done_ns = wait, done
@@ -195,6 +206,10 @@ class CollectiveRecords:
             return True
         if cuda_wait is not None and self.cuda_timer is not None:
             self.cuda_timer.release(cuda_wait)  # its end event was not to be had (the pool ran dry)
+        if entry.launch and entry.done_ns is None:  # a GPU collective's wait on the host: not its completion
+            del self._inflight[seq]
+            self._finalize(item, None, w1 - w0, _LAUNCH, wait_perf=w0, wait_step=wait_step)
+            return True
         if sampled and entry.done_ns is None and (now is None or now - w1 < CALLBACK_GRACE_NS):
             return False  # the exact completion time is on its way
         del self._inflight[seq]
@@ -247,6 +262,8 @@ class CollectiveRecords:
                     self._forget_pending(seq, work)
                     if entry.done_ns is not None:
                         self._finalize(item, entry.done_ns, 0, Timing.CALLBACK.value)
+                    elif entry.launch:
+                        self._finalize(item, None, 0, _LAUNCH)
                     elif entry.done_by is not None:
                         self._finalize(item, min(now, entry.done_by), 0, Timing.BOUND.value)
                     elif work is None:  # gone unwaited: when it completed was not seen
@@ -294,6 +311,29 @@ class CollectiveRecords:
             pass
         return size
 
+    def _on_host(self, group: Any) -> bool:
+        """Whether the collectives of ``group`` run on the host (gloo alone), where a call's and a wait's host
+        times are its own: a gloo group of a GPU job."""
+        try:
+            return self._group_hosts[group]
+        except (KeyError, TypeError):
+            pass
+        try:
+            import torch.distributed as dist
+
+            if isinstance(group, tuple):  # a functional collective's group name
+                on_host = False
+            else:
+                on_host = str(dist.get_backend(group)) == "gloo"
+        except Exception:  # noqa: BLE001 - a group being destroyed, a backend that cannot say: the GPU's
+            on_host = False
+        try:
+            if len(self._group_hosts) < 1024:
+                self._group_hosts[group] = on_host
+        except TypeError:
+            pass
+        return on_host
+
     def _dtype(self, dtype: Any) -> str:
         name = self._dtype_names.get(dtype)
         if name is None:
@@ -314,6 +354,8 @@ class CollectiveRecords:
             # Every CUDA event of this collective goes back to the pool, whichever path finished it.
             self.cuda_timer.release(*(cuda or ()), extra_event, wait_event)
             self.cuda_timer.awaiting.discard(seq)  # finalized without a wait (polled, or at exit)
+        if timing == _LAUNCH and self.cuda_timer is not None:
+            self.cuda_timer.untimed_waits.discard(seq)
         complete_ns: int | None
         offset = self.clock_offset_ns  # self.unix(), inline
         wait_ns = wait_perf + offset if wait_perf is not None else None
@@ -345,6 +387,8 @@ class CollectiveRecords:
             acc.collectives += 1
             acc.comm_bytes += nbytes
             acc.by_op[op] = acc.by_op.get(op, 0) + nbytes
+            if timing == _LAUNCH:
+                acc.device_untimed = True
             if last == step:  # the usual case, in one step: _account's work without its look-ups (~1 µs)
                 if complete_ns is not None:
                     add_interval(acc, (issue_ns, max(issue_ns, complete_ns)))
@@ -355,6 +399,9 @@ class CollectiveRecords:
                     add_blocked(acc, issued)
                 return
         if last > emitted:
+            if timing == _LAUNCH:
+                for s in range(max(step, emitted + 1), last + 1):
+                    self._step_acc(s).device_untimed = True
             if complete_ns is not None:
                 for s in range(max(step, emitted + 1), last + 1):
                     add_interval(self._step_acc(s), (issue_ns, max(issue_ns, complete_ns)))

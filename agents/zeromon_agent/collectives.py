@@ -29,7 +29,7 @@ from typing import Any
 
 from zeromon_agent import issuers
 from zeromon_agent.issuers import FINAL, issuer_path
-from zeromon_agent.state import RAW_COLLECTIVE, RAW_DONE, RAW_WAIT, STATE, HotState, perf_ns
+from zeromon_agent.state import RAW_COLLECTIVE, RAW_DONE, RAW_WAIT, STATE, UNTIMED, HotState, perf_ns
 
 Extract = Callable[[tuple[Any, ...], dict[str, Any]], tuple[int, int, Any, Any, bool]]
 
@@ -208,8 +208,10 @@ def _record_async(state: HotState, api: str, op: str, t0: int, t1: int, b_in: in
             works = state.works
             if len(works) < state.pending_capacity:
                 works[seq] = result
-            if cuda is not None:  # its wait is marked on the stream (make_wait)
-                state.cuda_timing.awaiting.add(seq)
+            if cuda is UNTIMED:  # its wait needs no completion check (make_wait)
+                state.device_timer.untimed_waits.add(seq)
+            elif cuda is not None:  # its wait is marked on the stream (make_wait)
+                state.device_timer.awaiting.add(seq)
         every = state.async_sample_every
         if every:
             state.async_count += 1
@@ -243,6 +245,8 @@ def make_wrapper(fn: Callable[..., Any], api: str, op: str, extract: Extract,
             cuda = state.cuda_timing
             if cuda is not None:
                 cuda = cuda.begin(args, kwargs)
+            else:  # no GPU (None), or a step not timed on it (UNTIMED)
+                cuda = state.untimed
         except Exception as exc:  # noqa: BLE001 - never raise into training
             state.hook_error(f"collective:{api}", exc)
             return fn(*args, **kwargs)
@@ -255,11 +259,11 @@ def make_wrapper(fn: Callable[..., Any], api: str, op: str, extract: Extract,
             state.inside = False
         try:
             if async_op:
-                if cuda is not None:
-                    cuda = state.cuda_timing.end(cuda, result is not None)
+                if cuda is not None and cuda is not UNTIMED:
+                    cuda = state.device_timer.end(cuda, result is not None)
                 _record_async(state, api, op, t0, t1, b_in, b_out, dtype, group, async_op, result, cuda, caller)
-            elif cuda is not None:  # timed by its CUDA events (the recorder reads them)
-                cuda = state.cuda_timing.end(cuda, False)
+            elif cuda is not None and cuda is not UNTIMED:  # timed by its CUDA events (the recorder reads them)
+                cuda = state.device_timer.end(cuda, False)
                 state.seq = seq = state.seq + 1
                 state.push((RAW_COLLECTIVE, seq, api, op, t0, t1, b_in, b_out, dtype, group, False, None,
                             state.phase, state.step, cuda, False, caller))
@@ -269,7 +273,7 @@ def make_wrapper(fn: Callable[..., Any], api: str, op: str, extract: Extract,
                 if len(raw) >= state.raw_capacity:
                     state.dropped += 1
                 raw.append((RAW_COLLECTIVE, seq, api, op, t0, t1, b_in, b_out, dtype, group, False, None,
-                            state.phase, state.step, None, False, caller))
+                            state.phase, state.step, cuda, False, caller))
         except Exception as exc:  # noqa: BLE001
             state.hook_error(f"collective:{api}", exc)
         return result
@@ -287,16 +291,21 @@ def make_wait(orig_wait: Callable[..., Any], state: HotState = STATE) -> Callabl
         if seq is None:
             return orig_wait(self, *args, **kwargs)
         state.works.pop(seq, None)
-        timer = state.cuda_timing
-        if timer is not None and seq in timer.awaiting:  # a collective timed with CUDA events
-            timer.awaiting.discard(seq)
-        else:
-            timer = None
+        timer = state.device_timer
+        untimed = False
+        if timer is not None:
+            if seq in timer.awaiting:  # a collective timed with CUDA events
+                timer.awaiting.discard(seq)
+            else:
+                untimed = seq in timer.untimed_waits
+                timer.untimed_waits.discard(seq)
+                timer = None
         stream = cuda_start = None
         try:
             # Whether it was done before the wait times a collective without events; one timed by the two
-            # events of its wait does not need it (on NCCL, Work.is_completed queries an event: a launch's cost).
-            done_before = False if timer is not None and timer.can_mark(2) else self.is_completed()
+            # events of its wait does not need it, nor one of a step not timed on the device (on NCCL,
+            # Work.is_completed queries an event: a launch's cost).
+            done_before = False if untimed or (timer is not None and timer.can_mark(2)) else self.is_completed()
             if timer is not None:
                 stream = timer.current_stream()
                 cuda_start = timer.mark(stream)  # where the stream begins to wait

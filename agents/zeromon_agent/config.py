@@ -22,6 +22,7 @@ _FALSE = {"0", "false", "no", "off"}
 BUFFER_EVENTS = Count(1024, 2**24)
 FLUSH_SECONDS = Real(0.01, 3600.0, "seconds")  # below 10 ms the writer would wake more than the training steps
 ASYNC_SAMPLE_EVERY = Count(1, 10**6, zero="none")
+DEVICE_TIMING_EVERY = Count(1, 10**6)
 MEMORY_EVERY = Count(1, 10**6)
 DEVICE_SECONDS = Real(0.05, 3600.0, "seconds", zero="off")  # an NVML query costs ~1 ms: at most 20 a second
 RECENT_EVENTS = Count(16, 2**20)
@@ -120,6 +121,9 @@ class AgentConfig:
     flush_interval_s: float = 5.0
     max_disk: int = GIB  # a rank's recording: detail is thinned as it fills (zeromon_agent.detail)
     async_sample_every: int = 16  # 1 in N async collectives gets an exact completion callback; 0: none
+    # GPU: the steps whose collectives and phases are timed with CUDA events: the first two and 1 in N after
+    # (zeromon_agent.state.timed_step); the others cost a collective no event (docs/agent.md)
+    device_timing_every: int = 8
     memory_every: int = 0  # category walk every N steps; 0 = auto (<= ~1% of step time)
     activations: bool = True
     device_interval_s: float = 1.0  # NVML sampling period; 0 turns it off
@@ -174,6 +178,7 @@ ENV: dict[str, Setting] = {
     "flush_interval_s": _number("ZEROMON_FLUSH_INTERVAL", FLUSH_SECONDS),
     "max_disk": _number("ZEROMON_MAX_DISK", RECORDING_SIZE),
     "async_sample_every": _number("ZEROMON_ASYNC_SAMPLE_EVERY", ASYNC_SAMPLE_EVERY),
+    "device_timing_every": _number("ZEROMON_DEVICE_TIMING_EVERY", DEVICE_TIMING_EVERY),
     "memory_every": Setting("ZEROMON_MEMORY_EVERY", _memory_every, _check_memory_every,
                             f"'auto' or {MEMORY_EVERY.accepts}"),
     "activations": _switch("ZEROMON_ACTIVATIONS"),

@@ -6,6 +6,11 @@ the collective, and one more just before that wait), and at every phase boundary
 too are timed on the GPU; the events are read later by the agent's background thread with ``Event.query()``. Events come
 from a bounded pool; when it is empty the collective is recorded with host timing only.
 
+Only some steps are timed so (ZEROMON_DEVICE_TIMING_EVERY, zeromon_agent.state.timed_step): two events
+cost a synchronous NCCL launch several times what the rest of the agent does, and a collective's time on
+the GPU is what the other steps repeat. A collective of another step is recorded as launched (timing
+``launch``: its host times, no duration), and its step has no communication time nor overlap.
+
 GPU event times are placed on the host clock by one reference event per calibration, which the
 background thread (never the training thread) waits on.
 
@@ -34,6 +39,9 @@ class CudaTimer:
         # waits are marked on the stream. Bounded by the caller; emptied as they are waited on or
         # finalized.
         self.awaiting: set[int] = set()
+        # Async collectives of steps not timed on the device (HotState.time_step), until their wait: it needs
+        # no completion check. Emptied as they are waited on or finalized.
+        self.untimed_waits: set[int] = set()
         self._ref_event: Any = None
         self._ref_unix_ns = 0
         # The current stream, as torch.cuda.current_stream() gives it (stream_reader); made at the first call,

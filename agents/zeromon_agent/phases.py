@@ -86,6 +86,7 @@ class PhaseTracker:
     def begin_training(self) -> None:
         if self.state.step < 0:
             self.state.step = 0
+            self.state.time_step()
 
     def end_step(self) -> None:
         state = self.state
@@ -96,6 +97,7 @@ class PhaseTracker:
         state.push_control((RAW_STEP_END, state.step, end, timer.mark() if timer is not None else None,
                             self.explicit_steps))
         state.step += 1
+        state.time_step()
 
     def _boundary(self, what: str, since: int | None = None) -> int:
         """The agent's work at boundary ``what``; when it is long enough to be seen, an `agent` span from
@@ -127,7 +129,7 @@ class PhaseTracker:
         self._handles.append(module.register_forward_hook(self._on_forward_post))
         for name in _GUARDED_REGISTRATIONS:
             module.__dict__[name] = _RootHookGuard(self, module, name)
-        timer = self.state.cuda_timing
+        timer = self.state.device_timer
         if timer is not None and not timer.active:
             try:  # a model on the GPU: time its phases on the stream from the first step on
                 param = next(module.parameters(), None)

@@ -155,6 +155,7 @@ class Recorder(CollectiveRecords):
         # Closed, waiting for their marks: Spans, or on the host (phase, step, start, end) in perf_ns
         self._spans: collections.deque[Any] = collections.deque()
         self._group_sizes: dict[Any, int] = {}
+        self._group_hosts: dict[Any, bool] = {}
         # The newest raw collectives drained (they hold their groups: let go with them, _forget_groups), and when
         # the newest record drained happened: with what is queued, when the training thread last did something.
         self._recent_raw: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=_RECENT_RAW)
@@ -537,6 +538,7 @@ class Recorder(CollectiveRecords):
         """Let go of the process groups kept by object (their sizes, and the shapes of calls on them): after a
         destroy_process_group, and at the stop. They are found again at their next collective."""
         self._group_sizes.clear()
+        self._group_hosts.clear()
         self._shapes.clear()
         self._recent_raw.clear()
 

@@ -33,6 +33,25 @@ RAW_TIME_AT = {RAW_COLLECTIVE: 5, RAW_WAIT: 3, RAW_DONE: 2, RAW_SEEN_DONE: 2, RA
                RAW_MEMORY: 3, RAW_OOM: 1, RAW_STEP_START: 2, RAW_AGENT: 3}
 
 
+class _Untimed:
+    """The mark of a collective issued in a step not timed on the device (HotState.time_step)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "UNTIMED"
+
+
+UNTIMED: Any = _Untimed()
+
+
+def timed_step(step: int, every: int) -> bool:
+    """Whether ``step`` is timed on the device with ZEROMON_DEVICE_TIMING_EVERY=``every``: the warm-up (-1), the
+    first two steps (the first is compared with none: the report's medians start at step 1), then every
+    ``every``-th step."""
+    return step < 2 or every <= 1 or step % every == 0
+
+
 class HotState:
     __slots__ = (
         "enabled",
@@ -54,6 +73,9 @@ class HotState:
         "_logged",
         "inside",
         "cuda_timing",
+        "device_timer",
+        "untimed",
+        "device_timing_every",
         "autostart",
         "groups_destroyed",
     )
@@ -88,7 +110,13 @@ class HotState:
         # per thread (a thread-local costs ~95 ns a call): a collective that a second thread issues
         # while the first is inside one passes through unrecorded.
         self.inside = False
-        self.cuda_timing: Any = None  # a CudaTimer when collectives run on CUDA tensors
+        # On a GPU, the CudaTimer (device_timer) times the collectives and phases of one step in
+        # device_timing_every on the stream (timed_step); cuda_timing is it in those steps, None in the
+        # others, where untimed (UNTIMED) goes into each collective's record instead of its events.
+        self.device_timer: Any = None
+        self.cuda_timing: Any = None
+        self.untimed: Any = None
+        self.device_timing_every = 1
         # `zeromon run`: starts the agent from the first collective when the process group was made
         # by a path whose init_process_group could not be wrapped. Returns True once started.
         self.autostart: Any = None
@@ -104,6 +132,15 @@ class HotState:
     def resize(self, raw_capacity: int) -> None:
         self.raw = collections.deque(self.raw, maxlen=raw_capacity)
         self.raw_capacity = raw_capacity
+
+    def time_step(self) -> None:
+        """Whether the step now starting (self.step) is timed on the device: its collectives and phases get
+        CUDA events, or go on the host's clock alone, their records marked UNTIMED."""
+        timer = self.device_timer
+        if timer is not None:
+            timed = timed_step(self.step, self.device_timing_every)
+            self.cuda_timing = timer if timed else None
+            self.untimed = None if timed else UNTIMED
 
     def push(self, item: tuple[Any, ...]) -> None:
         raw = self.raw

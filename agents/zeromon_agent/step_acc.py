@@ -56,6 +56,7 @@ class StepAcc:
     agent: list[tuple[int, int]] = field(default_factory=list)  # zeromon's own time on the training thread
     on_stream: bool = False  # a phase of the step is on the GPU's clock: the stream's definition applies
     overlap_known: bool = True  # False once intervals were folded or blocked ones not kept
+    device_untimed: bool = False  # a GPU step not timed on the device: no communication time, no overlap
     blocked_s: float = 0.0
     peak_memory: int | None = None
     phase_ns: dict[str, int] = field(default_factory=dict)  # whole nanoseconds: seconds() of each is exact
@@ -151,6 +152,10 @@ def fold(acc: StepAcc) -> None:
 def summarize(acc: StepAcc, rank: int, step: int, start_ns: int, end_ns: int) -> StepSummary:
     """The summary of a step that ended, its window [start_ns, end_ns) already on the Unix clock."""
     comp_s = overlap_s = exposed_s = None
+    if acc.device_untimed:
+        return _new_summary((
+            rank, step, start_ns, end_ns, {k: v / 1e9 for k, v in acc.phase_ns.items()}, acc.collectives,
+            acc.comm_bytes, dict(acc.by_op), None, round(acc.blocked_s, 9), acc.peak_memory, None, None, None))
     host_ns: tuple[int, int, int] | None
     host = acc.overlap_known and end_ns > start_ns and not (acc.on_stream and acc.compute)
     sequential = _sequential_overlap_ns(acc, start_ns, end_ns) \

@@ -181,7 +181,7 @@ def main() -> None:
 
             return go
 
-        state.cuda_timing = timer
+        state.device_timer = state.cuda_timing = timer
         variants = {
             "launch: sync": loop(original, tensor),
             "launch: sync, timing group": loop(sync_timing_group, tensor),

@@ -74,7 +74,8 @@ def overlap_remedies(info: RunInfo | None) -> tuple[str, ...]:
 
 def overlap_findings(rank: int, steps: Sequence[StepOverlap], info: RunInfo | None) -> tuple[Finding, ...]:
     """A poor-overlap finding for the rank, from its steps after the first (warm-up)."""
-    steady = [s for s in steps if s.step >= 1] or list(steps)
+    timed = [s for s in steps if s.timed]  # a GPU step not timed on the device says nothing of its overlap
+    steady = [s for s in timed if s.step >= 1] or timed
     shares = [s.exposed_share for s in steady if s.exposed_share is not None]
     if not shares:
         return ()

@@ -8,6 +8,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from zeromon.analysis.bandwidth import (
     BandwidthRow,
     SampleGroups,
@@ -145,6 +147,7 @@ def _rank_head(r: RankReport) -> dict[str, Any]:
                 "growth_bytes_per_step": r.oom.growth_bytes_per_step,
                 "steps_to_capacity": r.oom.steps_to_capacity},
         "warmup": {"collectives": r.warmup.collectives, "bytes": r.warmup.bytes, "blocked_s": r.warmup.blocked_s},
+        "device_timed_steps": device_timed_steps(r),
         "teardown": {"collectives": r.teardown.collectives, "bytes": r.teardown.bytes,
                      "blocked_s": r.teardown.blocked_s},
     }
@@ -154,9 +157,10 @@ def _per_step(r: RankReport) -> list[dict[str, Any]]:
     """A dict a step, read from the rank's StepTable's columns (no StepOverlap made)."""
     steps = _table(r)
     columns = steps.values.tolist()  # VALUE_COLUMNS' rows
+    columns = [[None if value != value else value for value in column] for column in columns]  # NaN: unknown
     return [{"step": step, "step_s": step_s, "comm_s": comm, "comp_s": comp, "overlap_s": overlap,
              "exposed_comm_s": exposed, "idle_s": idle, "blocked_s": blocked, "agent_s": agent,
-             "comm_comp_overlap_pct": _pct(overlap / comm if comm > 0 else None)}  # StepOverlap.overlap_ratio
+             "comm_comp_overlap_pct": _pct(overlap / comm if comm and overlap is not None else None)}
             for step, step_s, comm, comp, overlap, exposed, idle, blocked, agent
             in zip(steps.step.tolist(), *columns, strict=True)]
 
@@ -184,6 +188,12 @@ def _rank_json(r: RankReport) -> str:
 
 def _table(r: RankReport) -> StepTable:
     return r.steps if isinstance(r.steps, StepTable) else StepTable.of(r.rank, r.steps)
+
+
+def device_timed_steps(r: RankReport) -> int:
+    """How many of the rank's steps had their communication timed (on a GPU, the steps timed on the device:
+    ZEROMON_DEVICE_TIMING_EVERY; every step elsewhere)."""
+    return int((~np.isnan(_table(r).column("comm_s"))).sum())
 
 
 def last_step(r: RankReport) -> int | None:

@@ -32,6 +32,7 @@ in them. The overlap follows HTA's definition (``zeromon.analysis.overlap``).
 from __future__ import annotations
 
 import bisect
+import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -66,7 +67,12 @@ class StepOverlap:
 
     @property
     def exposed_share(self) -> float | None:
-        return self.exposed_comm_s / self.step_s if self.step_s > 0 else None
+        return self.exposed_comm_s / self.step_s if self.step_s > 0 and self.timed else None
+
+    @property
+    def timed(self) -> bool:
+        """Whether its communication is known: False for a GPU step not timed on the device (untimed_step)."""
+        return not math.isnan(self.comm_s)
 
 
 def step_overlaps(rec: Recording, summaries: Sequence[StepSummary] | None = None) -> tuple[StepOverlap, ...]:
@@ -93,6 +99,9 @@ def step_overlaps(rec: Recording, summaries: Sequence[StepSummary] | None = None
     out = []
     for summary in sorted(rec.steps if summaries is None else summaries, key=lambda s: s.step):
         window = summary.start_ns, summary.end_ns
+        if summary.comm_union_s is None:  # a GPU step not timed on the device: its communication is not known
+            out.append(untimed_step(rec.rank, summary))
+            continue
         result, blocked_s, agent_s = _overlap(_within(comm_u, window), _within(blocked_u, window),
                                               agent.get(summary.step, ()), window,
                                               stream_compute.get(summary.step))
@@ -104,20 +113,29 @@ def step_overlaps(rec: Recording, summaries: Sequence[StepSummary] | None = None
     return tuple(out)
 
 
+def untimed_step(rank: int, s: StepSummary) -> StepOverlap:
+    """A GPU step whose collectives were not timed on the device (Timing.LAUNCH): its length alone, every other
+    figure NaN (StepTable's None; the medians leave it out)."""
+    nan = math.nan
+    return StepOverlap(rank=rank, step=s.step, step_s=s.duration_s, comm_s=nan, comp_s=nan, overlap_s=nan,
+                       exposed_comm_s=nan, idle_s=nan, blocked_s=nan, agent_s=s.phase_s.get("agent", 0.0))
+
+
 def has_overlap(s: StepSummary) -> bool:
     """Whether the summary carries the overlap the agent computed (format 1.1 on)."""
-    return not (s.comp_s is None or s.overlap_s is None or s.exposed_comm_s is None or s.blocked_s is None)
+    return not (s.comp_s is None or s.overlap_s is None or s.exposed_comm_s is None or s.blocked_s is None
+                or s.comm_union_s is None)
 
 
 def overlap_of_summary(s: StepSummary) -> StepOverlap | None:
     """One step's overlap as the agent computed it as the step ended; None where the summary lacks it.
     The one-step reference of zeromon.analysis.step_table.summary_columns."""
-    comp, overlap, exposed, blocked = s.comp_s, s.overlap_s, s.exposed_comm_s, s.blocked_s
-    if comp is None or overlap is None or exposed is None or blocked is None:
+    comm, comp, overlap, exposed, blocked = s.comm_union_s, s.comp_s, s.overlap_s, s.exposed_comm_s, s.blocked_s
+    if comm is None or comp is None or overlap is None or exposed is None or blocked is None:
         return None
     step_s = s.duration_s
-    busy = s.comm_union_s + comp - overlap
-    return StepOverlap(rank=s.rank, step=s.step, step_s=step_s, comm_s=s.comm_union_s, comp_s=comp,
+    busy = comm + comp - overlap
+    return StepOverlap(rank=s.rank, step=s.step, step_s=step_s, comm_s=comm, comp_s=comp,
                        overlap_s=overlap, exposed_comm_s=exposed, idle_s=max(0.0, step_s - busy),
                        blocked_s=blocked, agent_s=s.phase_s.get("agent", 0.0))
 

@@ -206,6 +206,7 @@ def format_run_report(report: RunReport, all_ranks: bool = False) -> str:
     lines.append("(medians per step over the steps after the first; exposed = the step time communication "
                  "cost: the training thread's time blocked in collectives and waits (on GPU, communication not "
                  "hidden behind the stream's compute), and its share of the step)")
+    lines.extend(_device_timing_lines(report))
     warm = [r.warmup for r in report.ranks if r.warmup.collectives]
     if warm:
         lines.append(f"warm-up before the first step (in no step's numbers): {_span(w.collectives for w in warm)} "
@@ -227,6 +228,19 @@ def format_run_report(report: RunReport, all_ranks: bool = False) -> str:
         for f in report.findings:
             lines.extend(_finding_lines(f))
     return "\n".join(lines)
+
+
+def _device_timing_lines(report: RunReport) -> list[str]:
+    """Where a GPU run timed only some steps' communication on the device: which, and what the others lack."""
+    from zeromon.analysis.report import device_timed_steps
+
+    counts = [(device_timed_steps(r), len(r.steps)) for r in report.ranks]
+    if all(timed == steps for timed, steps in counts):
+        return []
+    said = _span(timed for timed, _ in counts) + " of " + _span(steps for _, steps in counts)
+    return [f"communication timed on the device: {said} steps per rank (the first two, then 1 in "
+            "ZEROMON_DEVICE_TIMING_EVERY); the others' collectives are recorded as launched, with no duration, "
+            "and their steps are left out of the communication medians and findings"]
 
 
 def _rank_line(r: RankReport) -> str:

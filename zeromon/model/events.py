@@ -49,6 +49,9 @@ class Timing(str, Enum):
     POLL = "poll"  # async, never waited on; seen complete by the agent's background thread
     CUDA_EVENT = "cuda_event"  # GPU: CUDA events on the stream around the collective
     NCCL_HOOK = "nccl_hook"  # GPU: ProcessGroupNCCL's on-completion hook
+    # GPU, a step not timed on the device (ZEROMON_DEVICE_TIMING_EVERY): the host times of its launch and of
+    # its wait; when it ran on the GPU is not known (no completion, no duration)
+    LAUNCH = "launch"
     UNKNOWN = "unknown"
 
 
@@ -282,7 +285,9 @@ class StepSummary:
     collectives: int | None
     comm_bytes: int | None  # sum of the larger of bytes in/out per collective
     comm_bytes_by_op: Mapping[str, int]
-    comm_union_s: float  # union of collective intervals (host or device clock)
+    # union of collective intervals (host or device clock); None: not known, a GPU step whose collectives
+    # were not timed on the device (Timing.LAUNCH)
+    comm_union_s: float | None
     blocked_s: float | None  # time the training thread was blocked in collectives
     peak_memory: int | None  # highest allocator (GPU) or RSS (CPU) reading seen in the step
     # Overlap within the step, as zeromon.analysis.step_overlap defines it, computed by the agent
@@ -295,7 +300,7 @@ class StepSummary:
     @property
     def overlap_ratio(self) -> float | None:
         """overlap / communication union, as HTA defines it; None without communication."""
-        if self.overlap_s is None or self.comm_union_s <= 0:
+        if self.overlap_s is None or self.comm_union_s is None or self.comm_union_s <= 0:
             return None
         return self.overlap_s / self.comm_union_s
 
