@@ -43,7 +43,12 @@ def test_nccl_collectives_memory_and_nvml_on_a_gpu(tmp_path: Path) -> None:
         rec = read_recording(os.path.join(sys.argv[1], "rank-0.jsonl"))
         print(json.dumps({
             "timings": sorted({e.timing for e in rec.collectives}),
-            "durations_ok": all(e.complete_ns is not None and e.complete_ns >= e.issue_ns for e in rec.collectives),
+            "timed_steps": sorted({e.step for e in rec.collectives if e.timing == "cuda_event"}),
+            "launched_steps": sorted({e.step for e in rec.collectives if e.timing == "launch"}),
+            "durations_ok": all(e.complete_ns is not None and e.complete_ns >= e.issue_ns
+                                for e in rec.collectives if e.timing == "cuda_event"),
+            "launched_ok": all(e.complete_ns is None for e in rec.collectives if e.timing == "launch"),
+            "unknown_comm_steps": sorted(s.step for s in rec.steps if s.comm_union_s is None),
             "allocated": [m.allocated for m in rec.memory][-1],
             "capacity": [m.capacity for m in rec.memory][-1],
             "optimizer_state": max(m.categories.get("optimizer_state", 0) for m in rec.memory),
@@ -51,11 +56,14 @@ def test_nccl_collectives_memory_and_nvml_on_a_gpu(tmp_path: Path) -> None:
             "steps": len(rec.steps),
         }))
     """))
-    out = run_python(script, str(tmp_path), str(free_port()), env=child_env())
+    out = run_python(script, str(tmp_path), str(free_port()), env=child_env(ZEROMON_DEVICE_TIMING_EVERY="3"))
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["timings"] == ["cuda_event"]
-    assert result["durations_ok"]
+    # Timed on the device: the first two steps and 1 in 3 after (step 3); steps 2 and 4 launched only.
+    assert result["timings"] == ["cuda_event", "launch"], result
+    assert result["timed_steps"] == [0, 1, 3] and result["launched_steps"] == [2, 4], result
+    assert result["unknown_comm_steps"] == [2, 4], result
+    assert result["durations_ok"] and result["launched_ok"]
     assert result["allocated"] > 0 and result["capacity"] > result["allocated"]
     # AdamW keeps two fp32 moments per parameter (plus a step scalar each).
     n_params = 1024 * 1024 + 1024 + 1024 + 1
@@ -122,7 +130,7 @@ def test_phases_and_overlap_on_the_gpu_clock(tmp_path: Path) -> None:
             "wait_set": all(e.wait_ns is not None for e in rec.collectives if e.step >= 1),
         }))
     """))
-    out = run_python(script, str(tmp_path), str(free_port()), env=child_env())
+    out = run_python(script, str(tmp_path), str(free_port()), env=child_env(ZEROMON_DEVICE_TIMING_EVERY="1"))
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["phase_timings"] == ["cuda_event"], r
@@ -167,7 +175,7 @@ def test_the_endpoint_serves_allocator_and_device_metrics_on_a_gpu(tmp_path: Pat
         print(json.dumps({"names": names, "memory": snapshot["memory"], "device": snapshot["device"],
                           "oom": snapshot["oom"], "metrics": metrics}))
     """))
-    out = run_python(script, str(tmp_path), str(free_port()), env=child_env())
+    out = run_python(script, str(tmp_path), str(free_port()), env=child_env(ZEROMON_DEVICE_TIMING_EVERY="1"))
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
     for name in ("zeromon_memory_allocated_bytes", "zeromon_memory_reserved_bytes", "zeromon_memory_capacity_bytes",
@@ -214,7 +222,7 @@ def test_ddp_buckets_are_waited_on_the_gpu_clock(tmp_path: Path) -> None:
             "capacity": [m.capacity for m in rec.memory][-1], "total": torch.cuda.mem_get_info()[1],
         }))
     """))
-    out = run_python(script, str(tmp_path), str(free_port()), env=child_env())
+    out = run_python(script, str(tmp_path), str(free_port()), env=child_env(ZEROMON_DEVICE_TIMING_EVERY="1"))
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["buckets"] >= 6, r  # at least one bucket a step
@@ -268,7 +276,7 @@ def test_an_explicit_step_loop_on_the_gpu_clock(tmp_path: Path) -> None:
             "hook_errors": rec.stats.hook_errors if rec.stats else None,
         }))
     """))
-    out = run_python(script, str(tmp_path), str(free_port()), env=child_env())
+    out = run_python(script, str(tmp_path), str(free_port()), env=child_env(ZEROMON_DEVICE_TIMING_EVERY="1"))
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["steps"] == list(range(6)), r
@@ -349,7 +357,7 @@ def test_a_progress_report_on_nccl_counts_the_groups_collectives_and_sees_one_st
         }))
         zeromon_agent.detach()
     """))
-    out = run_python(script, str(tmp_path), str(free_port()), env=child_env())
+    out = run_python(script, str(tmp_path), str(free_port()), env=child_env(ZEROMON_DEVICE_TIMING_EVERY="1"))
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     first, during, after = result["issued"]
