@@ -205,14 +205,17 @@ def _record_async(state: HotState, api: str, op: str, t0: int, t1: int, b_in: in
         pending = state.pending
         if len(pending) < state.pending_capacity:
             pending[id(result)] = seq
-            works = state.works
-            if len(works) < state.pending_capacity:
-                works[seq] = result
-            if cuda is UNTIMED:  # its wait needs no completion check (make_wait)
+            if cuda is None:  # timed on the host: looked at, at phase changes, for when it completed
+                works = state.works
+                if len(works) < state.pending_capacity:
+                    works[seq] = result
+            elif cuda is UNTIMED:  # its wait needs no completion check (make_wait)
                 state.device_timer.untimed_waits.add(seq)
-            elif cuda is not None:  # its wait is marked on the stream (make_wait)
+            else:  # its wait is marked on the stream (make_wait)
                 state.device_timer.awaiting.add(seq)
-        every = state.async_sample_every
+        # A completion callback times 1 in N collectives timed on the host; on a GPU the events do, or nothing
+        # does (a step not timed on the device: a callback through an NCCL Work's future costs more than events).
+        every = state.async_sample_every if cuda is None else 0
         if every:
             state.async_count += 1
             if state.async_count % every == 0:
