@@ -22,8 +22,8 @@ from zeromon.model import (
     RecordingWriter,
     RunInfo,
     StepSummary,
-    codec,
     iter_records,
+    kinds,
     read_recording,
     read_run,
 )
@@ -245,14 +245,14 @@ _plain_values = (st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False, a
 
 
 @settings(max_examples=300, deadline=None, derandomize=True, database=None)
-@given(cls=st.sampled_from(sorted(codec._FAST_KINDS, key=lambda cls: cls.__name__)), data=st.data())
+@given(cls=st.sampled_from(sorted(kinds._FAST_KINDS, key=lambda cls: cls.__name__)), data=st.data())
 def test_a_line_made_with_orjson_reads_back_as_json_s_line_does(cls: type, data: st.DataObject) -> None:
     """Whatever the values (a NaN, an integer past 64 bits, a key that is not a string, a lone surrogate):
     encode_line's line reads back to json's values, byte for byte once read and written again by json."""
     values = data.draw(st.sampled_from([_plain_values, _line_values]))
     record = cls(*(data.draw(values) for _ in dataclasses.fields(cls)))
-    line = codec.encode_line(record)
-    expected = codec.encode_record(record)
+    line = kinds.encode_line(record)
+    expected = kinds.encode_record(record)
     assert json.dumps(json.loads(line.decode("utf-8", "surrogatepass"))) == json.dumps(json.loads(expected))
 
 
@@ -263,12 +263,12 @@ def test_a_step_summary_s_line_is_orjson_s_and_without_it_json_s(monkeypatch: py
                           phase_s={"forward": 0.017578, "agent": 9.6363e-05}, collectives=11, comm_bytes=2_357_504,
                           comm_bytes_by_op={"all_gather": 1_478_656}, comm_union_s=0.02, blocked_s=0.02,
                           peak_memory=361_656_320, comp_s=0.028, overlap_s=1e-09, exposed_comm_s=0.02)
-    line = codec.encode_line(summary)
+    line = kinds.encode_line(summary)
     assert line == orjson.dumps(["step", *dataclasses.astuple(summary)]) and b"1e-9" in line  # orjson's spelling
-    assert json.loads(line) == json.loads(codec.encode_record(summary))
-    monkeypatch.setattr(codec, "_orjson", False)  # orjson not installed
-    assert codec.encode_line(summary) == codec.encode_record(summary).encode()
+    assert json.loads(line) == json.loads(kinds.encode_record(summary))
+    monkeypatch.setattr(kinds, "_orjson", False)  # orjson not installed
+    assert kinds.encode_line(summary) == kinds.encode_record(summary).encode()
     # A line with a null in it is json's, orjson or not: orjson writes a NaN as null.
-    monkeypatch.setattr(codec, "_orjson", None)
+    monkeypatch.setattr(kinds, "_orjson", None)
     unknown = dataclasses.replace(summary, comp_s=None, overlap_s=float("nan"))
-    assert codec.encode_line(unknown) == codec.encode_record(unknown).encode() and b"NaN" in codec.encode_line(unknown)
+    assert kinds.encode_line(unknown) == kinds.encode_record(unknown).encode() and b"NaN" in kinds.encode_line(unknown)

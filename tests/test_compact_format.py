@@ -43,6 +43,7 @@ from zeromon.model.events import (
     RunEnd,
     StepSummary,
 )
+from zeromon.model.recording import export_lines
 from zeromon.model.run_end import read_file_end
 from zeromon.model.schema import FieldType, field_types
 from zeromon.model.segments import (
@@ -52,10 +53,9 @@ from zeromon.model.segments import (
     SECTIONS,
     CompactWriter,
     _frame,
-    _header_of,
     _inflate,
-    _zdict,
-    export_lines,
+    dictionary_of,
+    header_of,
     iter_frames,
 )
 from zeromon_agent.config import load_config
@@ -143,11 +143,11 @@ def test_any_records_read_back_from_the_compact_form_as_from_json_lines(recs: li
 def _columnar_counts(path: Path) -> collections.Counter[str]:
     """The records a file holds as columns, by kind: its records segments' meta ("n")."""
     data = path.read_bytes()
-    header, start = _header_of(path, data)
+    header, start = header_of(path, data)
     counts: collections.Counter[str] = collections.Counter()
     for frame in iter_frames(data, start):
         if frame.kind == KIND_RECORDS and frame.payload is not None:
-            payload = _inflate(frame.payload, _zdict(header))
+            payload = _inflate(frame.payload, dictionary_of(header))
             meta_length, _ = SECTIONS.unpack_from(payload)
             counts.update(json.loads(payload[SECTIONS.size:SECTIONS.size + meta_length])["n"])
     return counts
@@ -213,17 +213,17 @@ def test_a_damaged_table_of_category_orders_is_a_damaged_segment(tmp_path: Path)
     path = tmp_path / "rank-0.zmr"
     _write(CompactWriter(path, 0, **HEADER), [_memory(0, {"activations": 1}), _memory(1, {})], set())
     data = path.read_bytes()
-    header, start = _header_of(path, data)
+    header, start = header_of(path, data)
     frame = next(frame for frame in iter_frames(data, start) if frame.kind == KIND_RECORDS)
     assert frame.payload is not None
-    payload = _inflate(frame.payload, _zdict(header))
+    payload = _inflate(frame.payload, dictionary_of(header))
     meta_length, columns_length = SECTIONS.unpack_from(payload)
     meta = json.loads(payload[SECTIONS.size:SECTIONS.size + meta_length])
     assert meta["tables"]["memory"]["categories"] == [[MEMORY_CATEGORIES.index("activations")], []]
     meta["tables"]["memory"]["categories"] = [[len(MEMORY_CATEGORIES)], []]
     raw = json.dumps(meta, separators=(",", ":")).encode()
     rest = payload[SECTIONS.size + meta_length:]
-    deflater = zlib.compressobj(6, zdict=_zdict(header))
+    deflater = zlib.compressobj(6, zdict=dictionary_of(header))
     damaged = deflater.compress(SECTIONS.pack(len(raw), columns_length) + raw + rest) + deflater.flush()
     path.write_bytes(data[:frame.offset] + _frame(KIND_RECORDS, damaged, frame.count))
     rec = read_recording(path)

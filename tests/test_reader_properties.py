@@ -32,7 +32,7 @@ from zeromon.analysis.report import build_report, rank_report
 from zeromon.analysis.step_overlap import blocked_intervals
 from zeromon.cli import main
 from zeromon.errors import ZeromonError
-from zeromon.model import codec
+from zeromon.model import codec, rows
 from zeromon.model.codec import KIND_OF, Recording, iter_records, make_header, read_recording, run_headers
 from zeromon.model.events import (
     CollectiveEvent,
@@ -329,7 +329,7 @@ def test_unknown_kinds_and_reasons_are_kept_under_a_bound(tmp_path: Path) -> Non
     lines = [Line(json.dumps([f"kind{i}", 1]), "unknown") for i in range(codec.UNKNOWN_KINDS_KEPT + 10)]
     path = tmp_path / "rank-0.jsonl"
     _write(path, lines + [Line('["phase", "x", 0, "forward", 1, 2]', "wrong")] * 5)
-    with mock.patch.object(codec, "LINE_ERRORS_KEPT", 3):
+    with mock.patch.object(rows, "LINE_ERRORS_KEPT", 3):  # read where SkippedLines counts
         rec = read_recording(path)
     assert len(rec.unknown_kinds) == codec.UNKNOWN_KINDS_KEPT
     assert len(rec.corrupt_lines) == 5 and len(rec.line_errors) == 3  # every line counted, 3 reasons kept

@@ -163,7 +163,7 @@ def test_the_json_report_is_written_a_rank_at_a_time_and_reads_as_the_whole_docu
     steps by orjson, or by json where orjson is not installed. A rank with no step and a folder name that
     JSON must escape are part of it."""
     if encoder == "json":
-        monkeypatch.setattr("zeromon.model.codec._orjson", False)  # as orjson_module finds no orjson
+        monkeypatch.setattr("zeromon.model.kinds._orjson", False)  # as orjson_module finds no orjson
     run = tmp_path / 'a "run"\nfolder'
     write_recording(run, events=4_000, samples=20)
     recordings = read_run(run)

@@ -19,7 +19,7 @@ from test_reader_properties import PROPERTIES
 from zeromon.analysis.report import analyze_rank
 from zeromon.errors import ZeromonError
 from zeromon.model import segment_batches
-from zeromon.model.codec import COMPACT_MAGIC, _Skipped, read_recording
+from zeromon.model.codec import COMPACT_MAGIC, SkippedLines, read_recording
 from zeromon.model.events import CollectiveEvent, Record, StepSummary
 from zeromon.model.segment_batches import iter_compact_batched
 from zeromon.model.segments import FRAME, CompactWriter, iter_compact_fields
@@ -30,7 +30,7 @@ def _walk(reader: Any, path: Path, checked_by_caller: type | None) -> tuple[Any,
     lines: list[int] = []
     errors: dict[int, str] = {}
     unknown: dict[str, int] = {}
-    fields = list(reader(path, _Skipped(lines, errors), unknown, checked_by_caller))
+    fields = list(reader(path, SkippedLines(lines, errors), unknown, checked_by_caller))
     return fields, lines, errors, unknown
 
 

@@ -16,7 +16,7 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 from test_compact_format import records
 
-from zeromon.model import codec
+from zeromon.model import kinds
 from zeromon.model.codec import FIELDS_OF, KIND_OF, json_default
 from zeromon.model.events import CollectiveEvent, MemorySample, PhaseSpan, Record
 from zeromon_agent.httpserver import json_response
@@ -111,7 +111,7 @@ def test_orjson_writes_the_endpoints_json_and_json_what_orjson_refuses(monkeypat
     assert body == '{"name":"é","share":null,"3":{"a":1}}\n'.encode()  # orjson's: UTF-8, NaN as null
     big = json_response(200, {"bytes": 2**70}).body  # past 64 bits: orjson refuses it, json writes it whole
     assert body != big and json.loads(big) == {"bytes": 2**70}
-    monkeypatch.setattr(codec, "_orjson", False)  # without orjson: json's line
+    monkeypatch.setattr(kinds, "_orjson", False)  # without orjson: json's line
     assert json_response(200, document).body == b'{"name":"\\u00e9","share":NaN,"3":{"a":1}}\n'
 
 

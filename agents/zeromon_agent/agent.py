@@ -17,8 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
-from zeromon.model.codec import RecordingWriter, rank_file_name
 from zeromon.model.events import END_DETACH, END_EXIT
+from zeromon.model.jsonl import RecordingWriter
+from zeromon.model.kinds import rank_file_name
 from zeromon.model.segments import CompactWriter
 from zeromon_agent import collectives, ddp
 from zeromon_agent.activations import SavedTensorMeter

@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from zeromon.model.attempts import ATTEMPT_KEY, attempt_folder, attempt_of, header_attempt, rank_of_file
-from zeromon.model.codec import RANK_FILE_SUFFIXES, rank_file_name, rank_file_paths
+from zeromon.model.kinds import RANK_FILE_SUFFIXES, rank_file_name
+from zeromon.model.run_files import rank_file_paths
 
 log = logging.getLogger("zeromon.agent")
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from zeromon.analysis.bandwidth import bus_factor, event_bandwidth
-from zeromon.model.codec import RecordingWriter
 from zeromon.model.events import (
     MAX_SPAN_S,
     CollectiveEvent,
@@ -32,6 +31,7 @@ from zeromon.model.events import (
     record_maker,
     span_ns,
 )
+from zeromon.model.jsonl import RecordingWriter
 from zeromon_agent.issuers import issuer_of
 from zeromon_agent.live_totals import Counted, CountedColumns, counted
 from zeromon_agent.recent import Unmade

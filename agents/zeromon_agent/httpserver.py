@@ -35,7 +35,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from zeromon.model.codec import json_default, orjson_module
+from zeromon.model.kinds import json_default, orjson_module
 
 _IDLE_WAKE_S = 5.0  # the I/O thread's wait with no connection open (stop() wakes it at once)
 

@@ -26,7 +26,6 @@ from typing import Any
 
 from zeromon.analysis.hang import progress_notice
 from zeromon.analysis.step_overlap import AGENT_PHASE, COMPUTE_PHASES, DEVICE_CLOCK, HOST_CLOCK
-from zeromon.model.codec import FIELDS_OF, RecordingWriter, orjson_module
 from zeromon.model.events import (
     PEAK_PHASES,
     AgentStats,
@@ -42,6 +41,8 @@ from zeromon.model.events import (
     StepSummary,
     record_maker,
 )
+from zeromon.model.jsonl import RecordingWriter
+from zeromon.model.kinds import FIELDS_OF, orjson_module
 from zeromon.model.progress import RESUMED, STALLED, RankProgress
 from zeromon_agent.collective_records import CollectiveRecords, Inflight, materialize
 from zeromon_agent.detail import DetailKeeper

@@ -24,7 +24,6 @@ from typing import Any
 from zeromon.analysis.comm_advice import overlap_findings_of_summaries
 from zeromon.analysis.findings import Finding
 from zeromon.analysis.oom import OomForecast, forecast
-from zeromon.model.codec import _GETTERS, FIELDS_OF, KIND_OF, Recording
 from zeromon.model.events import (
     AgentStats,
     DeviceSample,
@@ -35,7 +34,9 @@ from zeromon.model.events import (
     RunInfo,
     StepSummary,
 )
+from zeromon.model.kinds import FIELDS_OF, GETTERS, KIND_OF
 from zeromon.model.progress import LIVE, RankProgress
+from zeromon.model.recording import Recording
 from zeromon_agent.collective_records import unmade_type
 
 SCHEMA = "zeromon.snapshot/1"
@@ -186,7 +187,7 @@ _MAPPING_FIELDS = {cls: tuple(f.name for f in dataclasses.fields(cls) if str(f.t
 def record_dict(record: Record) -> dict[str, Any]:
     """A record's fields by name (mappings as plain dicts), as the recording's schema names them."""
     cls = type(record)
-    return _with_fields({}, cls, _GETTERS[cls](record))
+    return _with_fields({}, cls, GETTERS[cls](record))
 
 
 def _with_fields(out: dict[str, Any], cls: type, values: Any) -> dict[str, Any]:
@@ -270,5 +271,5 @@ def _event(cursor: int, entry: Any) -> dict[str, Any]:
         values: Any = entry
     else:
         cls = type(entry)
-        values = _GETTERS[cls](entry)
+        values = GETTERS[cls](entry)
     return _with_fields({"cursor": cursor, "kind": KIND_OF[cls]}, cls, values)

@@ -59,7 +59,7 @@ def _export_file(path: Path, target: Path | None) -> None:
     """One rank file's lines into ``target`` (None: stdout); its records skipped as corrupt said on stderr."""
     from zeromon.analysis.recording_summary import corrupt_lines_note
     from zeromon.errors import ZeromonError
-    from zeromon.model.segments import export_lines
+    from zeromon.model.recording import export_lines
 
     corrupt: list[int] = []
     errors: dict[int, str] = {}

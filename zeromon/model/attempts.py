@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zeromon.errors import ZeromonError
-from zeromon.model.codec import RunDirs, rank_file_paths, read_file_header, run_folders
+from zeromon.model.recording import read_file_header
 from zeromon.model.run_end import FileEnd, read_file_ends
+from zeromon.model.run_files import RunDirs, rank_file_paths, run_folders
 
 ATTEMPTS_DIR = "attempts"  # inside a run folder
 ATTEMPT_KEY = "attempt"  # in a rank file's header: torchelastic's restart count when the rank started

@@ -12,7 +12,7 @@ from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar, overload
 
-from zeromon.model.codec import FIELDS_OF
+from zeromon.model.kinds import FIELDS_OF
 
 R = TypeVar("R")
 NO_INT = -(2**63)  # None in the int columns

@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from zeromon.errors import ZeromonError
+from zeromon.model.recording import read_recording
+from zeromon.model.rows import collector_paused
 
 if TYPE_CHECKING:
-    from zeromon.model.codec import Recording
+    from zeromon.model.recording import Recording
 
 T = TypeVar("T")
 # Told (ranks done, ranks in all) as each rank's result comes back: a command's progress bar.
@@ -68,8 +70,6 @@ def _in_processes(files: list[Path], per_file: Callable[[Path], T], workers: int
     from concurrent.futures import ProcessPoolExecutor, as_completed
     from concurrent.futures.process import BrokenProcessPool
 
-    from zeromon.model.codec import collector_paused
-
     # fork: the workers start at once, zeromon imported. forkserver and spawn re-run the caller's
     # __main__ script in every worker (and fail where it is not a file: `python -`); their one
     # advantage, safety for a caller with threads, does not apply to these single-threaded commands.
@@ -100,7 +100,6 @@ def _in_processes(files: list[Path], per_file: Callable[[Path], T], workers: int
 def read_rank_file(path: Path) -> Recording:
     """A worker's read of one rank file: its step summaries as rows (a StepRecords), which the analyses
     and summaries read a field at a time; a file that cannot be read is a ZeromonError naming it."""
-    from zeromon.model.codec import read_recording
 
     try:
         return read_recording(path, steps_as_rows=True)

@@ -16,9 +16,13 @@ from pathlib import Path
 from typing import Any
 
 from zeromon.errors import ZeromonError
-from zeromon.model.codec import KIND_OF, MAX_LINE_CHARS, Recording, is_compact, read_header
 from zeromon.model.events import RunEnd
+from zeromon.model.jsonl import read_header
+from zeromon.model.kinds import KIND_OF, is_compact
+from zeromon.model.recording import Recording
+from zeromon.model.rows import MAX_LINE_CHARS
 from zeromon.model.schema import record_check
+from zeromon.model.segments import compact_tail_rows
 
 TAIL_BYTES = 64 * 1024
 _KIND = KIND_OF[RunEnd]
@@ -112,8 +116,6 @@ def read_file_end(path: str | Path) -> FileEnd:
     """The end of one rank file. Raises OSError when it cannot be read, ZeromonError for a bad header."""
     path = Path(path)
     if is_compact(path):
-        from zeromon.model.segments import compact_tail_rows
-
         header, lines = compact_tail_rows(path)
         return _file_end(header, lines)
     with open(path, "rb") as handle:

@@ -20,8 +20,8 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
-from zeromon.model.codec import MAX_LINE_CHARS, _Skipped, layouts_of
 from zeromon.model.events import StepSummary
+from zeromon.model.rows import MAX_LINE_CHARS, SkippedLines, layouts_of
 from zeromon.model.segments import (
     FRAME,
     KIND_RECORDS,
@@ -29,14 +29,14 @@ from zeromon.model.segments import (
     MAX_PAYLOAD_BYTES,
     SECTIONS,
     Frame,
-    _header_of,
-    _kinds,
-    _mapped,
-    _yield_segment,
-    _zdict,
+    dictionary_of,
     frame_fields,
+    header_of,
     iter_compact_fields,
     iter_frames,
+    kinds_of,
+    mapped,
+    yield_segment,
 )
 
 # How a segment without columns starts: the sections' lengths and its meta, as the writer spells them.
@@ -57,7 +57,7 @@ def _loads() -> Callable[[bytes], Any] | None:
     return loads
 
 
-def iter_compact_batched(path: Path, skipped: _Skipped, unknown_kinds: dict[str, int] | None,
+def iter_compact_batched(path: Path, skipped: SkippedLines, unknown_kinds: dict[str, int] | None,
                          checked_by_caller: type | None = None,
                          summaries: list[list[Any]] | None = None) -> Iterator[Fields]:
     """segments.iter_compact_fields, faster on files of many small row-only segments. ``summaries``: where
@@ -67,11 +67,11 @@ def iter_compact_batched(path: Path, skipped: _Skipped, unknown_kinds: dict[str,
     if loads is None:
         yield from iter_compact_fields(path, skipped, unknown_kinds, checked_by_caller)
         return
-    with _mapped(path) as buf:
-        header, start = _header_of(path, buf)
+    with mapped(path) as buf:
+        header, start = header_of(path, buf)
         layouts = layouts_of(header, checked_by_caller)
-        kinds = _kinds(header, checked_by_caller)
-        zdict = _zdict(header)
+        kinds = kinds_of(header, checked_by_caller)
+        zdict = dictionary_of(header)
         batch = _Batch(loads, layouts, len(kinds), skipped, unknown_kinds, summaries)
         pos, number, size = start, 0, len(buf)
         # The good frames, as iter_frames gives them, walked here (~1.5 µs a frame less, ~6,000 frames a
@@ -125,7 +125,7 @@ def _rows_only(payload: bytes, count: int, zdict: bytes) -> bytes | None:
 class _Batch:
     """Row-only segments waiting to be parsed together."""
 
-    def __init__(self, loads: Callable[[bytes], Any], layouts: dict[str, Any], n_kinds: int, skipped: _Skipped,
+    def __init__(self, loads: Callable[[bytes], Any], layouts: dict[str, Any], n_kinds: int, skipped: SkippedLines,
                  unknown_kinds: dict[str, int] | None, summaries: list[list[Any]] | None) -> None:
         self.loads, self.layouts, self.n_kinds = loads, layouts, n_kinds
         self.skipped, self.unknown_kinds, self.summaries = skipped, unknown_kinds, summaries
@@ -142,7 +142,7 @@ class _Batch:
         parsed = self._parse(segments, total)
         if parsed is None:  # as iter_compact_fields reads them, a segment at a time
             for number, count, rows in segments:
-                yield from _yield_segment((bytes(count), [[] for _ in range(self.n_kinds)], rows.split(b"\n")),
+                yield from yield_segment((bytes(count), [[] for _ in range(self.n_kinds)], rows.split(b"\n")),
                                           [], self.layouts, self.skipped, self.unknown_kinds, number)
             return
         kinds, by_kind = parsed

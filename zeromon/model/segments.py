@@ -37,23 +37,17 @@ from typing import Any, NamedTuple
 
 from zeromon.errors import ZeromonError
 from zeromon.model import columnar
-from zeromon.model.codec import (
-    _GETTERS,
+from zeromon.model.events import Record
+from zeromon.model.jsonl import RecordingWriter, read_header
+from zeromon.model.kinds import (
     COMPACT_MAGIC,
     FIELDS_OF,
+    GETTERS,
     KIND_OF,
-    MAX_LINE_CHARS,
     TYPE_OF,
-    RecordingWriter,
-    _layout,
-    _Skipped,
     encode_line,
-    encode_record,
-    layouts_of,
-    parse_rows,
-    read_header,
 )
-from zeromon.model.events import Record
+from zeromon.model.rows import MAX_LINE_CHARS, SkippedLines, layout_of, layouts_of, parse_rows
 
 COMPACT_VERSION = "2.1"  # 2.1: memory samples as columns (2.0 files read as they are)
 FRAME = struct.Struct("<2sBBIII")  # marker, kind, compression, payload length, record count, CRC-32
@@ -142,7 +136,7 @@ class CompactWriter(RecordingWriter):
         self.level = getattr(self, "level", ZLIB_LEVEL)
         self._order = bytearray()
         self._rows: list[bytes] = []
-        self._columns: dict[type, _Buffered] = {cls: _Buffered(code, fits, [], _GETTERS[cls], [])
+        self._columns: dict[type, _Buffered] = {cls: _Buffered(code, fits, [], GETTERS[cls], [])
                                                  for cls, (code, fits) in _FITS.items()}
 
     def _header_bytes(self, header: dict[str, Any]) -> bytes:
@@ -372,7 +366,7 @@ def iter_frames(buf: Any, pos: int, verify: bool = True) -> Iterator[Frame]:
 
 
 @contextmanager
-def _mapped(path: Path) -> Iterator[bytes]:
+def mapped(path: Path) -> Iterator[bytes]:
     """The file's bytes, read whole (~15 bytes a collective): not mapped, since a writer that cuts its
     file's tail (a full disk) would make a mapped reader's next look a SIGBUS."""
     try:
@@ -393,7 +387,7 @@ def _inflate(payload: bytes, zdict: bytes = b"") -> bytes:
     return data
 
 
-def _header_of(path: Path, buf: Any) -> tuple[dict[str, Any], int]:
+def header_of(path: Path, buf: Any) -> tuple[dict[str, Any], int]:
     """The checked header and the offset of the first records segment."""
     start = len(COMPACT_MAGIC)
     if len(buf) <= start:
@@ -421,7 +415,7 @@ def read_compact_header(path: Path) -> dict[str, Any]:
                 head += handle.read(min(FRAME.unpack_from(head, len(COMPACT_MAGIC))[3], os.fstat(handle.fileno()).st_size))
     except OSError as exc:
         raise ZeromonError(f"{path}: cannot open recording: {exc.strerror}") from None
-    return _header_of(path, head)[0]
+    return header_of(path, head)[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -431,16 +425,16 @@ class _Kind:
     name: str
     cls: type | None  # None: a kind this reader does not know (counted as unknown)
     spec: tuple[tuple[str, str, Any], ...] | None
-    layout: Any  # codec._Layout: the schema its records are checked against
+    layout: Any  # rows.Layout: the schema its records are checked against
 
 
-def _zdict(header: dict[str, Any]) -> bytes:
+def dictionary_of(header: dict[str, Any]) -> bytes:
     """The records segments' preset zlib dictionary, as the header gives it."""
     dictionary = header.get("dictionary")
     return dictionary.encode("utf-8", "surrogatepass") if isinstance(dictionary, str) else b""
 
 
-def _kinds(header: dict[str, Any], checked_by_caller: type | None) -> list[_Kind]:
+def kinds_of(header: dict[str, Any], checked_by_caller: type | None) -> list[_Kind]:
     raw = header.get("columns")
     kinds = []
     for name, spec_raw in (raw.items() if isinstance(raw, dict) else ()):
@@ -448,24 +442,24 @@ def _kinds(header: dict[str, Any], checked_by_caller: type | None) -> list[_Kind
         if cls is None or spec is None:
             kinds.append(_Kind(str(name), None, None, None))
         else:
-            kinds.append(_Kind(name, cls, spec, _layout(name, list(FIELDS_OF[cls]), checked_by_caller)))
+            kinds.append(_Kind(name, cls, spec, layout_of(name, list(FIELDS_OF[cls]), checked_by_caller)))
     return kinds
 
 
-def iter_compact_fields(path: Path, skipped: _Skipped, unknown_kinds: dict[str, int] | None,
+def iter_compact_fields(path: Path, skipped: SkippedLines, unknown_kinds: dict[str, int] | None,
                         checked_by_caller: type | None = None) -> Iterator[tuple[type, list[Any], int]]:
-    """codec._iter_fields for a compact file: (record type, values, record number) in write order."""
-    with _mapped(path) as buf:
-        header, start = _header_of(path, buf)
+    """recording.iter_fields for a compact file: (record type, values, record number) in write order."""
+    with mapped(path) as buf:
+        header, start = header_of(path, buf)
         layouts = layouts_of(header, checked_by_caller)
-        kinds = _kinds(header, checked_by_caller)
+        kinds = kinds_of(header, checked_by_caller)
         number = 0
         for frame in iter_frames(buf, start):
             if frame.payload is None or frame.kind == KIND_RECORDS:
-                number = yield from frame_fields(frame, _zdict(header), kinds, layouts, skipped, unknown_kinds, number)
+                number = yield from frame_fields(frame, dictionary_of(header), kinds, layouts, skipped, unknown_kinds, number)
 
 
-def frame_fields(frame: Frame, zdict: bytes, kinds: list[_Kind], layouts: dict[str, Any], skipped: _Skipped,
+def frame_fields(frame: Frame, zdict: bytes, kinds: list[_Kind], layouts: dict[str, Any], skipped: SkippedLines,
                  unknown_kinds: dict[str, int] | None, number: int) -> Generator[tuple[type, list[Any], int], None, int]:
     """iter_compact_fields of one records frame (damaged or not) whose records are numbered from
     ``number + 1``; returns the number of its last."""
@@ -481,7 +475,7 @@ def frame_fields(frame: Frame, zdict: bytes, kinds: list[_Kind], layouts: dict[s
             skipped.add(number + 1 + i, f"the segment at byte {frame.offset:,} is damaged ({exc}): "
                         f"{what}" if i == 0 else None)
         return number + max(1, damaged)
-    yield from _yield_segment(segment, kinds, layouts, skipped, unknown_kinds, number)
+    yield from yield_segment(segment, kinds, layouts, skipped, unknown_kinds, number)
     return number + len(segment[0])
 
 
@@ -518,8 +512,8 @@ def _segment_records(payload: bytes, kinds: list[_Kind], count: int) -> tuple[by
     return order, rows_of, rows
 
 
-def _yield_segment(segment: tuple[bytes, list[Any], list[bytes]], kinds: list[_Kind], layouts: dict[str, Any],
-                   skipped: _Skipped, unknown_kinds: dict[str, int] | None,
+def yield_segment(segment: tuple[bytes, list[Any], list[bytes]], kinds: list[_Kind], layouts: dict[str, Any],
+                   skipped: SkippedLines, unknown_kinds: dict[str, int] | None,
                    number: int) -> Iterator[tuple[type, list[Any], int]]:
     order, rows_of, rows = segment
     numbered: list[tuple[int, str]] = []
@@ -550,15 +544,15 @@ def _yield_segment(segment: tuple[bytes, list[Any], list[bytes]], kinds: list[_K
 def compact_tail_rows(path: Path) -> tuple[dict[str, Any], list[bytes]]:
     """The header and the JSON rows of the last good records segment (where a RunEnd is): the frames
     are walked by their lengths, without reading the segments before."""
-    with _mapped(path) as buf:
-        header, start = _header_of(path, buf)
+    with mapped(path) as buf:
+        header, start = header_of(path, buf)
         frames = [frame for frame in _walk_lengths(buf, start) if frame.kind == KIND_RECORDS]
         for frame in reversed(frames[-4:]):
             if _check(buf, frame.offset) is None:
                 continue
             payload = bytes(buf[frame.offset + FRAME.size:frame.offset + FRAME.size + FRAME.unpack_from(buf, frame.offset)[3]])
             try:
-                return header, _segment_records(_inflate(payload, _zdict(header)), _kinds(header, None), frame.count)[2]
+                return header, _segment_records(_inflate(payload, dictionary_of(header)), kinds_of(header, None), frame.count)[2]
             except (ValueError, zlib.error, struct.error, KeyError, IndexError, TypeError, RecursionError):
                 continue
     return header, []
@@ -580,20 +574,3 @@ def _walk_lengths(buf: bytes, pos: int) -> Iterator[Frame]:
     yield from (Frame(offset, kind, count, None) for offset, kind, count in last)
     if size - pos >= FRAME.size and FRAME.unpack_from(buf, pos)[0] != MARKER:  # not a partial last one
         yield from iter_frames(buf, pos, verify=False)
-
-
-def export_lines(path: Path, corrupt: list[int] | None = None,
-                 errors: dict[int, str] | None = None) -> Iterator[bytes]:
-    """Format 1.3's lines of a rank file of either form, each with its newline: the header the JSON-lines
-    writer writes, then a line per record that reads back; what was skipped as corrupt is left out, its
-    numbers put in ``corrupt`` and what was wrong in ``errors`` (iter_records)."""
-    from zeromon.model.codec import FORMAT_VERSION, iter_records, read_file_header
-
-    header = dict(read_file_header(path))
-    header["version"] = FORMAT_VERSION
-    header.pop("columns", None)
-    header.pop("dictionary", None)
-    yield json.dumps(header, separators=(",", ":")).encode() + b"\n"
-    for record in iter_records(path, corrupt, line_errors=errors):
-        yield encode_record(record).encode("utf-8", "surrogatepass") + b"\n"
-

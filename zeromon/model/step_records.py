@@ -12,8 +12,9 @@ import operator
 from collections.abc import Iterator, Sequence
 from typing import Any, overload
 
-from zeromon.model.codec import FIELDS_OF, collector_paused
 from zeromon.model.events import StepSummary
+from zeromon.model.kinds import FIELDS_OF
+from zeromon.model.rows import collector_paused
 
 _FIELDS = FIELDS_OF[StepSummary]
 _INDEX = {name: i for i, name in enumerate(_FIELDS)}
