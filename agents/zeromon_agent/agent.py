@@ -15,7 +15,7 @@ import time
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from zeromon.model.events import END_DETACH, END_EXIT
 from zeromon.model.jsonl import RecordingWriter
@@ -38,6 +38,9 @@ from zeromon_agent.phases import PhaseTracker
 from zeromon_agent.recorder import Recorder
 from zeromon_agent.signals import SigtermWatch, die_by
 from zeromon_agent.state import RAW_MEMORY, RAW_OOM, STATE, HotState, perf_ns
+
+if TYPE_CHECKING:
+    from zeromon_agent.figures import StepFigures
 
 log = logging.getLogger("zeromon.agent")
 
@@ -167,6 +170,7 @@ class Agent:
         self._ending: tuple[str, str | None] | None = None  # (RunEnd.how, detail) seen by the excepthook
         self._exit_status = 0  # of the last sys.exit() in the main thread
         self.endpoint: Any = None  # zeromon_agent.endpoint.AgentEndpoint while it serves
+        self._figures_live: Any = None  # snapshot.LiveData of latest_step_figures() where no endpoint serves
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self, model: Any = None, optimizer: Any = None, engine: Any = None) -> Agent:
@@ -490,6 +494,46 @@ class Agent:
             message = f"the HTTP endpoint did not start ({self.config.bind}, base port {self.config.port}): {exc}"
             log.warning("zeromon: rank %d: %s", self.rank, message)
             self.notice("warning", "endpoint", message)
+
+    # --- in-process readers -----------------------------------------------------------------------
+    def latest_step_figures(self) -> StepFigures | None:
+        """The newest step the agent has summarized and the memory outlook (figures.StepFigures), for
+        in-process readers such as the trainers' logging callbacks (zeromon_agent.integrations).
+
+        From any thread; never raises (an error is counted as a hook error) and never waits for another
+        reader: the views are shared with the endpoint and taken at most every snapshot.VIEW_TTL_S, and a
+        view being taken by a scrape answers the previous one. The recorder summarizes steps on its own
+        thread, so the newest step here trails the training by up to a pass (StepFigures.step names it).
+        None before the first summarized step, or when the agent is not recording."""
+        try:
+            live = self._live_data()
+            if live is None:
+                return None
+            self.recorder.watched()  # type: ignore[union-attr]  # a reader: passes come every LIVE_PASS_S
+            view = live.view_if_free()
+            if view is None:
+                return None
+            from zeromon_agent.figures import figures_of  # with the snapshot's analysis: only once asked
+
+            return figures_of(view, self.rank)
+        except Exception as exc:  # noqa: BLE001 - a reader's question must never stop the training
+            self.state.hook_error("step_figures", exc)
+            return None
+
+    def _live_data(self) -> Any:
+        """The endpoint's LiveData, else one of the agent's own (no endpoint); None without a recorder."""
+        if self.recorder is None or not self.started:
+            return None
+        live = getattr(self.endpoint, "live", None)
+        if live is not None:
+            return live
+        if self._figures_live is None:
+            from zeromon_agent.snapshot import Identity, LiveData
+
+            identity = Identity(rank=self.rank, local_rank=self.local_rank, world_size=self.world_size,
+                                host=os.uname().nodename, pid=os.getpid(), job=self.job, start_ns=time.time_ns())
+            self._figures_live = LiveData(self.recorder, identity)
+        return self._figures_live
 
     # --- run info ---------------------------------------------------------------------------------
     def _write_run_info(self) -> None:

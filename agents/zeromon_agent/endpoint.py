@@ -120,8 +120,10 @@ def launch_id() -> str:
 class AgentEndpoint:
     """One agent's endpoint: the server, its live data, and its entries in the registry."""
 
-    def __init__(self, server: HttpServer, entry: registry.EndpointEntry, user_entry: Path | None) -> None:
+    def __init__(self, server: HttpServer, entry: registry.EndpointEntry, user_entry: Path | None,
+                 live: LiveData | None = None) -> None:
         self.server = server
+        self.live = live  # what it serves from: the agent's in-process readers share its views
         self.entry = entry
         self.user_entry = user_entry  # its path in the user-level registry, None if it could not be written
 
@@ -183,7 +185,7 @@ class AgentEndpoint:
             except OSError as exc:
                 notice("warning", "endpoint", f"cannot register the endpoint in {path}: {exc.strerror or exc}")
         log.info("zeromon: rank %d endpoint on %s", rank, entry.url)
-        return cls(server, entry, paths[1] if paths[1] in written else None)
+        return cls(server, entry, paths[1] if paths[1] in written else None, live)
 
     def stop(self) -> None:
         """Stop serving; remove the user-level registry entry (the run folder's stays, as history)."""

@@ -27,15 +27,14 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 import zeromon_agent
-from zeromon.analysis.findings import Severity
 from zeromon.model.events import COLLECTIVE_OPS, MEMORY_CATEGORIES, ZeroMeaning
+from zeromon_agent.figures import RISK_LEVEL
 from zeromon_agent.live_totals import DURATION_BUCKETS, STEP_BUCKETS
 from zeromon_agent.snapshot import LiveData, View
 
 BASE_LABELS = ("rank", "local_rank", "host", "job")
 RENDER_TTL_S = 0.5
 _MAX_FORMATS = 4
-RISK_LEVEL = {Severity.OK: 0, Severity.INFO: 0, Severity.WARN: 1, Severity.CRITICAL: 2}
 _OPS = frozenset(COLLECTIVE_OPS)
 _MEANINGS = frozenset(m.value for m in ZeroMeaning)
 _CATEGORIES = frozenset(MEMORY_CATEGORIES)

@@ -111,11 +111,28 @@ class LiveData:
 
     def view(self) -> View:
         with self._lock:
-            now = time.monotonic()
-            if self._view is None or now - self._view_at >= VIEW_TTL_S:
-                self._view = self._take(now)
-                self._view_at = now
+            return self._fresh()
+
+    def view_if_free(self) -> View | None:
+        """The view as ``view()`` gives it, also taken again as soon as the recorder has published since
+        (one copy per pass at most), but never waiting for another thread's copy: while one is being made
+        elsewhere (a scrape), the previous view (None before the first). For the training thread."""
+        if not self._lock.acquire(blocking=False):
             return self._view
+        try:
+            return self._fresh(newer=True)
+        finally:
+            self._lock.release()
+
+    def _fresh(self, newer: bool = False) -> View:
+        """The cached view, taken again once older than VIEW_TTL_S, or (``newer``) once the recorder's cursor
+        has moved past it (self._lock held)."""
+        now = time.monotonic()
+        view = self._view
+        if view is None or now - self._view_at >= VIEW_TTL_S or (newer and self.recorder.cursor != view.cursor):
+            view = self._view = self._take(now)
+            self._view_at = now
+        return view
 
     def _take(self, now: float) -> View:
         rec = self.recorder
