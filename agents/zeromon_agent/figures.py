@@ -27,7 +27,7 @@ class StepFigures:
     rank: int
     step: int  # zeromon's index of the step, from 0 (the recording's StepSummary.step)
     step_s: float  # first phase start to optimizer step end
-    comm_s: float  # union of the step's collective intervals
+    comm_s: float | None  # union of the step's collective intervals; None: a GPU step not timed on the device
     exposed_comm_s: float | None  # communication not overlapped with computation (HTA's definition)
     overlap_ratio: float | None  # overlapped / all communication time
     comm_bytes: int | None  # sum of the larger of bytes in/out per collective
