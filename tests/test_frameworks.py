@@ -48,6 +48,9 @@ def _run(tmp_path: Path, script: str, *args: str, nproc: int = 2) -> tuple[list[
     for rec in recordings:
         assert rec.corrupt_lines == []
         assert rec.stats is not None and rec.stats.events_dropped == 0 and rec.stats.hook_errors == 0
+        for s in rec.steps:  # exposed communication is a part of the step's communication
+            assert s.exposed_comm_s is not None and s.comm_union_s is not None
+            assert s.exposed_comm_s <= s.comm_union_s + 1e-9, s
         assert len(rec.steps) == STEPS, [s.step for s in rec.steps]
         # zeromon saw every collective the process groups counted (tests/test_unseen_collectives.py: when not).
         assert not [n.message for n in rec.notices if n.source == "collectives"]

@@ -157,8 +157,8 @@ class AgentCollector(Collector):
         step_s = last.duration_s
         yield from self._gauge("zeromon_step", "Index of the last completed step, from 0 (zeromon_steps_total counts them).", last.step)
         yield from self._gauge("zeromon_last_step_duration_seconds", "Duration of the last completed step.", step_s)
-        yield from self._gauge("zeromon_step_comm_seconds", "Communication time (union of collective "
-                               "intervals) in the last completed step.", last.comm_union_s)
+        yield from self._gauge("zeromon_step_comm_seconds", "Communication time in the last completed step "
+                               "(overlapped + exposed: HTA's communication union).", last.comm_union_s)
         exposed = last.exposed_comm_s
         yield from self._gauge("zeromon_step_exposed_comm_seconds", "Communication not overlapped with "
                                "computation in the last completed step (HTA's definition).", exposed)

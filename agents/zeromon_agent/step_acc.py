@@ -166,18 +166,24 @@ def summarize(acc: StepAcc, rank: int, step: int, start_ns: int, end_ns: int) ->
         settle(acc)
         comm_ns = union_length(acc.intervals)
         host_ns = host_overlap_ns(acc.intervals, acc.blocked, (start_ns, end_ns), acc.agent) if host else None
+    # The step's communication as its overlap counts it (overlap + exposed: the collectives' intervals and, on the
+    # host, the thread's time blocked on them, in the window, less zeromon's own), so that exposed never exceeds
+    # it; where the overlap is not known, the collectives' intervals alone.
+    comm_s = seconds(acc.folded_union_ns + comm_ns)
     if host_ns is not None:
         comp_s, overlap_s, exposed_s = seconds(host_ns[0]), seconds(host_ns[1]), seconds(host_ns[2])
+        comm_s = seconds(host_ns[1] + host_ns[2])
     elif acc.overlap_known:
         overlap = overlap_in_step(acc.intervals, acc.blocked, (start_ns, end_ns), agent=acc.agent,
                                   stream_compute=acc.compute if acc.on_stream else None)
         comp_s, overlap_s, exposed_s = (round(overlap.comp_s, 9), round(overlap.overlap_s, 9),
                                         round(overlap.exposed_comm_s, 9))
+        comm_s = round(overlap.comm_s, 9)
     return _new_summary((
         rank, step, start_ns, end_ns,
         {k: v / 1e9 for k, v in acc.phase_ns.items()}, acc.collectives,  # phase_s: seconds() of each
         acc.comm_bytes, dict(acc.by_op),
-        seconds(acc.folded_union_ns + comm_ns),  # comm_union_s
+        comm_s,  # comm_union_s
         round(acc.blocked_s, 9), acc.peak_memory, comp_s, overlap_s, exposed_s,
     ))
 

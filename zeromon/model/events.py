@@ -285,8 +285,10 @@ class StepSummary:
     collectives: int | None
     comm_bytes: int | None  # sum of the larger of bytes in/out per collective
     comm_bytes_by_op: Mapping[str, int]
-    # union of collective intervals (host or device clock); None: not known, a GPU step whose collectives
-    # were not timed on the device (Timing.LAUNCH)
+    # communication time as the step's overlap counts it (overlap_s + exposed_comm_s: the union of the collectives'
+    # intervals and, on the host, of the time the thread was blocked on them, in the step, less zeromon's own);
+    # where the overlap is not known, the union of the collectives' intervals; None: a GPU step whose
+    # collectives were not timed on the device (Timing.LAUNCH)
     comm_union_s: float | None
     blocked_s: float | None  # time the training thread was blocked in collectives
     peak_memory: int | None  # highest allocator (GPU) or RSS (CPU) reading seen in the step
