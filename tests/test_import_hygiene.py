@@ -161,3 +161,29 @@ def test_the_layers_hold_as_import_contracts() -> None:
 def test_the_package_roots_load_lazily(package: str) -> None:
     imported = _imported_after(f"import {package}")
     assert not any(imported[m] for m in UI_MODULES), imported
+
+
+LIBRARY = (REPO / "zeromon", REPO / "agents" / "zeromon_agent", REPO / "dashboard" / "zeromon_dashboard")
+OWN_PACKAGES = ("zeromon", "zeromon_agent", "zeromon_dashboard")
+
+
+def borrowed_private_names(roots: tuple[Path, ...] = LIBRARY) -> list[str]:
+    """'file:line: module._name' for each underscore name a library module imports from another of zeromon's:
+    a name another module needs is public (or moves to the module both use)."""
+    import ast
+
+    found = []
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in OWN_PACKAGES:
+                    where = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+                    found += [f"{where}:{node.lineno}: {node.module}.{alias.name}"
+                              for alias in node.names if alias.name.startswith("_") and not alias.name.startswith("__")]
+    return found
+
+
+def test_no_module_borrows_another_modules_private_names(tmp_path: Path) -> None:
+    assert borrowed_private_names() == []
+    (tmp_path / "m.py").write_text("from zeromon.model.kinds import GETTERS, _dumps, __version__\n")  # the check sees one
+    assert borrowed_private_names((tmp_path,)) == [f"{tmp_path / 'm.py'}:1: zeromon.model.kinds._dumps"]

@@ -20,11 +20,12 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from zeromon_agent.version import __version__
+
 if TYPE_CHECKING:
     from zeromon_agent.agent import Agent
 
-__version__ = "0.1.0"
-__all__ = ["attach", "detach", "get_agent", "step"]
+__all__ = ["__version__", "attach", "detach", "get_agent", "step"]
 
 _agent: Agent | None = None
 _lock = threading.Lock()

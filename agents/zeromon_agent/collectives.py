@@ -446,10 +446,6 @@ def _set(owner: Any, name: str, value: Any) -> None:
     setattr(owner, name, value)
 
 
-def is_installed() -> bool:
-    return bool(_installed)
-
-
 def install(state: HotState = STATE) -> list[str]:
     """Patch torch.distributed (both modules) and Work.wait.
 

@@ -26,11 +26,11 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-import zeromon_agent
 from zeromon.model.events import COLLECTIVE_OPS, MEMORY_CATEGORIES, ZeroMeaning
 from zeromon_agent.figures import RISK_LEVEL
 from zeromon_agent.live_totals import DURATION_BUCKETS, STEP_BUCKETS
 from zeromon_agent.snapshot import LiveData, View
+from zeromon_agent.version import __version__
 
 BASE_LABELS = ("rank", "local_rank", "host", "job")
 RENDER_TTL_S = 0.5
@@ -105,7 +105,7 @@ class AgentCollector(Collector):
             "backend": (info.backend if info else None) or "unknown",
             "device": info.device if info else "unknown",
             "param_dtype": (info.param_dtype if info else None) or "unknown",
-            "zeromon_version": zeromon_agent.__version__,
+            "zeromon_version": __version__,
         })
         yield family
 

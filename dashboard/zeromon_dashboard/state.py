@@ -63,8 +63,3 @@ def state_search(state: PageState) -> str:
         pairs.append(("step", str(state.step + 1)))
     pairs.extend(state.extra)
     return "?" + urlencode(pairs, safe=",") if pairs else ""
-
-
-def page_href(prefix: str, page: str, search: str = "") -> str:
-    base = prefix.rstrip("/") + "/"
-    return base + ("" if page == "overview" else page) + search

@@ -35,9 +35,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zeromon.analysis.lint_schema import (
-    _ACCELERATE_TO_DEEPSPEED,
-    _INLINE_HINT,
     ACCELERATE_DEEPSPEED_KEYS,
+    ACCELERATE_TO_DEEPSPEED,
+    INLINE_HINT,
     RULES,
     SEVERITIES,
     STATIC_SCHEMA,
@@ -93,7 +93,7 @@ class LintReport:
 # ---------------------------------------------------------------------------------------------- helpers
 
 
-def _number(value: Any) -> float | None:
+def as_number(value: Any) -> float | None:
     """An int or float as written, finite (bools are not numbers here); None for anything else (NaN,
     Infinity and numbers past a float's range are ZL030's)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -105,37 +105,37 @@ def _number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _count(value: Any) -> int | None:
+def as_count(value: Any) -> int | None:
     """A count as YAML or JSON may write it: 4, 4.0, "4"; None when it is not one."""
     if isinstance(value, str):
         try:
             value = float(value)
         except ValueError:
             return None
-    number = _number(value)
+    number = as_number(value)
     return int(number) if number is not None and number == int(number) else None
 
 
-def _truthy(value: Any) -> bool:
+def truthy(value: Any) -> bool:
     return value is True or (isinstance(value, str) and value.strip().lower() == "true")
 
 
 def _enabled(config: Mapping[str, Any], section: str) -> bool:
     block = config.get(section)
-    return isinstance(block, Mapping) and _truthy(block.get("enabled"))
+    return isinstance(block, Mapping) and truthy(block.get("enabled"))
 
 
 def _elements(n: float) -> str:
     return f"{n:.3g}"
 
 
-def _nearest(key: str, known: Iterable[str]) -> str | None:
+def nearest_key(key: str, known: Iterable[str]) -> str | None:
     match = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
     return match[0] if match else None
 
 
 @dataclass(slots=True)
-class _Lint:
+class Lint:
     """One lint pass: the effective DeepSpeed config, how its key paths map to the file, the findings."""
 
     config: Mapping[str, Any]
@@ -154,7 +154,7 @@ class _Lint:
                 key = mapped
             else:  # a DeepSpeed key accelerate writes no value for: only a DeepSpeed file could change it
                 message = f"{message} (in the DeepSpeed config accelerate builds from this file)"
-                fix = f"{fix}; {_INLINE_HINT}"
+                fix = f"{fix}; {INLINE_HINT}"
         self.findings.append(LintFinding(rule, severity, key, message, fix, where))
 
     @property
@@ -172,7 +172,7 @@ class _Lint:
     @property
     def stage(self) -> int | None:
         value = self.zero.get("stage", 0)
-        stage = _count(value)
+        stage = as_count(value)
         return stage if stage is not None and 0 <= stage <= 3 else None
 
     def is_auto(self, value: Any) -> bool:
@@ -199,7 +199,7 @@ class _Lint:
 # ------------------------------------------------------------------------------------------------ rules
 
 
-def _check_keys(lint: _Lint, duplicate_keys: Iterable[str]) -> None:
+def _check_keys(lint: Lint, duplicate_keys: Iterable[str]) -> None:
     schema = lint.options.schema
     for path in duplicate_keys:
         lint.add("ZL023", "error", path, f"{path} appears more than once in the same object; DeepSpeed loads "
@@ -229,12 +229,12 @@ def _check_keys(lint: _Lint, duplicate_keys: Iterable[str]) -> None:
     walk(lint.config, "")
 
 
-def _unknown_key(lint: _Lint, section: str, key: str, path: str) -> None:
+def _unknown_key(lint: Lint, section: str, key: str, path: str) -> None:
     schema = lint.options.schema
     known = schema.sections[section]
     elsewhere = sorted(f"{s}.{key}" if s else key for s, keys in schema.sections.items()
                        if s != section and key in keys)
-    nearest = _nearest(key, known)
+    nearest = nearest_key(key, known)
     if elsewhere:  # "enabled" is in a dozen sections: name three
         more = f" or {len(elsewhere) - 3} other sections" if len(elsewhere) > 3 else ""
         hint = f"{key} belongs in {' or '.join(elsewhere[:3])}{more}"
@@ -242,9 +242,9 @@ def _unknown_key(lint: _Lint, section: str, key: str, path: str) -> None:
     elif nearest:
         hint = f"did you mean {section + '.' if section else ''}{nearest}?"
         fix = f"rename it to {nearest}"
-    elif key in ACCELERATE_DEEPSPEED_KEYS and key in _ACCELERATE_TO_DEEPSPEED:
-        hint = f"{key} is an accelerate key; in a DeepSpeed JSON it is {_ACCELERATE_TO_DEEPSPEED[key]}"
-        fix = f"use {_ACCELERATE_TO_DEEPSPEED[key]}"
+    elif key in ACCELERATE_DEEPSPEED_KEYS and key in ACCELERATE_TO_DEEPSPEED:
+        hint = f"{key} is an accelerate key; in a DeepSpeed JSON it is {ACCELERATE_TO_DEEPSPEED[key]}"
+        fix = f"use {ACCELERATE_TO_DEEPSPEED[key]}"
     else:
         hint = "no known key is close"
         fix = f"remove it, or check the spelling against DeepSpeed's config docs ({schema.origin})"
@@ -257,7 +257,7 @@ def _unknown_key(lint: _Lint, section: str, key: str, path: str) -> None:
                  f"{where}, so this setting has no effect", fix)
 
 
-def _check_values(lint: _Lint) -> None:
+def _check_values(lint: Lint) -> None:
     """ZL030: NaN and infinities anywhere; ZL031: the values DeepSpeed's config models refuse (their types
     and bounds, read as pydantic reads them), and the blocks DeepSpeed reads as objects; ZL032: the
     combinations their validators refuse."""
@@ -308,7 +308,7 @@ def non_finite_values(value: Any, path: str = "") -> Iterable[tuple[str, float]]
         yield path, value
 
 
-def add_non_finite(lint: _Lint, path: str, value: float, file: str | None = None) -> None:
+def add_non_finite(lint: Lint, path: str, value: float, file: str | None = None) -> None:
     lint.add("ZL030", "error", path, f"{path} is {_shown(value)} (NaN, Infinity, or a number too large for a float, such "
              "as 1e400): no setting means that, and DeepSpeed either refuses it or computes with it",
              "give a finite number", file)
@@ -333,7 +333,7 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _check_stage(lint: _Lint) -> None:
+def _check_stage(lint: Lint) -> None:
     if "stage" in lint.zero and lint.stage is None and not lint.is_auto(lint.zero["stage"]):
         lint.add("ZL021", "error", "zero_optimization.stage",
                  f"zero_optimization.stage is {lint.zero['stage']!r}; DeepSpeed accepts 0, 1, 2 or 3",
@@ -344,12 +344,12 @@ def _check_stage(lint: _Lint) -> None:
                  "ZeRO-3; DeepSpeed raises at start-up", "remove gradient_allreduce_op (default \"mean\")")
 
 
-def _check_zero3_save(lint: _Lint) -> None:
+def _check_zero3_save(lint: Lint) -> None:
     if lint.stage != 3:
         return
     _, value = lint.zero_get("stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
                              "stage3_gather_fp16_weights_on_model_save")
-    if _truthy(value) or (lint.options.hf and lint.is_auto(value)):
+    if truthy(value) or (lint.options.hf and lint.is_auto(value)):
         return
     state = "false" if value is not None else "not set (default false)"
     lint.add("ZL001", "warning", "zero_optimization.stage3_gather_16bit_weights_on_model_save",
@@ -361,7 +361,7 @@ def _check_zero3_save(lint: _Lint) -> None:
              "(accelerate: zero3_save_16bit_model: true)")
 
 
-def _check_batch(lint: _Lint) -> None:
+def _check_batch(lint: Lint) -> None:
     cfg, hf = lint.config, lint.options.hf
     names = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
     values: dict[str, int | None] = {}
@@ -371,7 +371,7 @@ def _check_batch(lint: _Lint) -> None:
         if raw is None or lint.is_auto(raw):
             values[name] = None
             continue
-        count = _count(raw) if not isinstance(raw, str) else None
+        count = as_count(raw) if not isinstance(raw, str) else None
         if count is None or count < 1:
             lint.add("ZL028", "error", name, f"{name} is {raw!r}; DeepSpeed needs a positive integer",
                      f"set {name} to an integer >= 1")
@@ -450,7 +450,7 @@ def _product(terms: list[tuple[str, int]]) -> str:
     return f"{text} = {total}"
 
 
-def _check_precision(lint: _Lint) -> None:
+def _check_precision(lint: Lint) -> None:
     fp16, bf16 = _enabled(lint.config, "fp16"), _enabled(lint.config, "bf16") or _enabled(lint.config, "bfloat16")
     if fp16 and bf16:
         lint.add("ZL007", "error", "bf16.enabled", "fp16 and bf16 are both enabled; DeepSpeed asserts \"bfloat16 "
@@ -467,21 +467,21 @@ def _check_precision(lint: _Lint) -> None:
                  "Hopper/H100 and newer; not V100 or T4); without bf16 keep dynamic loss scaling "
                  "(loss_scale 0, loss_scale_window 1000, initial_scale_power 16) and gradient clipping")
     block = lint.config.get("fp16")
-    scale = _number(block.get("loss_scale")) if isinstance(block, Mapping) else None
+    scale = as_number(block.get("loss_scale")) if isinstance(block, Mapping) else None
     if scale is not None and scale > 0:
         lint.add("ZL019", "info", "fp16.loss_scale",
                  f"fp16 with a static loss scale ({scale:g}): the scale never adapts, so gradients that overflow "
                  "at it are lost on every such step, and small ones underflow to zero",
                  "set loss_scale to 0 (dynamic loss scaling) unless a fixed scale is known to work")
     clip = lint.config.get("gradient_clipping")
-    if clip is None or (_number(clip) == 0):
+    if clip is None or (as_number(clip) == 0):
         lint.add("ZL019", "info", "gradient_clipping",
                  "fp16 without gradient clipping: a spike that survives loss scaling goes straight into the "
                  "weights (clipping bounds the update one step can make)",
                  "set \"gradient_clipping\": 1.0")
 
 
-def _check_overlap(lint: _Lint) -> None:
+def _check_overlap(lint: Lint) -> None:
     stage = lint.stage
     if not stage:
         return
@@ -504,7 +504,7 @@ def _check_overlap(lint: _Lint) -> None:
              f"set \"overlap_comm\": true{cost}")
 
 
-def _check_offload(lint: _Lint) -> None:
+def _check_offload(lint: Lint) -> None:
     schema = lint.options.schema
     for path, block, device in lint.offloads():
         pin = block.get("pin_memory")
@@ -532,7 +532,7 @@ def _check_offload(lint: _Lint) -> None:
                      "set the nvme path to a folder on a local NVMe drive")
 
 
-def _check_auto(lint: _Lint) -> None:
+def _check_auto(lint: Lint) -> None:
     if lint.options.hf:
         return
     # DeepSpeedConfigModel drops "auto" (in nested models too); a hand-read value keeps it
@@ -558,7 +558,7 @@ def _check_auto(lint: _Lint) -> None:
     walk(lint.config, "")
 
 
-def _check_stage_relevance(lint: _Lint) -> None:
+def _check_stage_relevance(lint: Lint) -> None:
     stage = lint.stage
     if stage is None or stage == 3:
         return
@@ -595,14 +595,14 @@ LIVE_PARAMS_MEMORY_SHARE = 0.40
 PREFETCH_MEMORY_SHARE = 0.10
 
 
-def _check_buckets(lint: _Lint) -> None:
+def _check_buckets(lint: Lint) -> None:
     stage = lint.stage
     if not stage:
         return
     names = ("reduce_bucket_size", "allgather_bucket_size") if stage < 3 else ("reduce_bucket_size",)
     sizes: dict[str, float] = {}
     for name in names:
-        value = _number(lint.zero.get(name))
+        value = as_number(lint.zero.get(name))
         if value is None:
             continue
         sizes[name] = value
@@ -613,7 +613,7 @@ def _check_buckets(lint: _Lint) -> None:
     memory = lint.options.gpu_memory_bytes
     if memory is None or stage >= 3:
         return
-    overlap = _truthy(lint.zero.get("overlap_comm")) or (
+    overlap = truthy(lint.zero.get("overlap_comm")) or (
         lint.zero.get("overlap_comm") is None and lint.options.schema.overlap_comm_default[stage])
     total = sum(sizes.get(n, 5e8) for n in names)  # 5e8: DeepSpeed's default for an unset bucket
     footprint = total * lint.element_bytes * (4.5 if overlap else 1)
@@ -626,7 +626,7 @@ def _check_buckets(lint: _Lint) -> None:
                  f"{BUCKET_MEMORY_SHARE:.0%}", "lower reduce_bucket_size and allgather_bucket_size (e.g. 2e8)")
 
 
-def _check_live_parameters(lint: _Lint) -> None:
+def _check_live_parameters(lint: Lint) -> None:
     memory = lint.options.gpu_memory_bytes
     if lint.stage != 3 or memory is None:
         return
@@ -636,7 +636,7 @@ def _check_live_parameters(lint: _Lint) -> None:
                                   (("stage3_prefetch_bucket_size", "prefetch_bucket_size"), 5e7,
                                    PREFETCH_MEMORY_SHARE)):
         key, raw = lint.zero_get(*names)
-        value = _number(raw)
+        value = as_number(raw)
         if value is None:
             value = default
         if value * nbytes > share * memory:
@@ -649,17 +649,17 @@ def _check_live_parameters(lint: _Lint) -> None:
                      "communication (DeepSpeed's config reference)")
 
 
-def _check_optimizer_params(lint: _Lint) -> None:
+def _check_optimizer_params(lint: Lint) -> None:
     optimizer = lint.config.get("optimizer")
     params = optimizer.get("params") if isinstance(optimizer, Mapping) else None
-    if isinstance(params, Mapping) and (_number(params.get("max_grad_norm")) or 0) > 0:
+    if isinstance(params, Mapping) and (as_number(params.get("max_grad_norm")) or 0) > 0:
         lint.add("ZL020", "warning", "optimizer.params.max_grad_norm",
                  "max_grad_norm in optimizer.params is not applied: DeepSpeed clips with its own "
                  "gradient_clipping and warns that this parameter is unsupported",
                  f"move it to \"gradient_clipping\": {params['max_grad_norm']}")
 
 
-def _check_zero2_fits(lint: _Lint, gpus: int | None, zero_init: bool) -> None:
+def _check_zero2_fits(lint: Lint, gpus: int | None, zero_init: bool) -> None:
     opts = lint.options
     if lint.stage != 3 or opts.params is None or gpus is None or opts.gpu_memory_bytes is None:
         return
@@ -721,7 +721,7 @@ def params_text(params: float) -> str:
     return f"{params:g}"
 
 
-def _run_rules(lint: _Lint, duplicate_keys: Iterable[str], gpus: int | None, zero_init: bool) -> None:
+def run_rules(lint: Lint, duplicate_keys: Iterable[str], gpus: int | None, zero_init: bool) -> None:
     _check_keys(lint, duplicate_keys)
     _check_values(lint)
     _check_stage(lint)
@@ -738,7 +738,7 @@ def _run_rules(lint: _Lint, duplicate_keys: Iterable[str], gpus: int | None, zer
     _check_zero2_fits(lint, gpus, zero_init)
 
 
-def _report(lint: _Lint) -> LintReport:
+def make_report(lint: Lint) -> LintReport:
     order = {s: i for i, s in enumerate(SEVERITIES)}
     findings = sorted(lint.findings, key=lambda f: (order[f.severity], f.id, f.key))
     opts = lint.options
@@ -750,6 +750,6 @@ def lint_deepspeed_config(config: Mapping[str, Any], options: LintOptions | None
                           duplicate_keys: Iterable[str] = ()) -> LintReport:
     """Lint a DeepSpeed JSON config (as ``deepspeed.initialize`` or, with ``options.hf``, the Trainer reads it)."""
     options = options or LintOptions()
-    lint = _Lint(config, options)
-    _run_rules(lint, duplicate_keys, options.world_size, zero_init=True)
-    return _report(lint)
+    lint = Lint(config, options)
+    run_rules(lint, duplicate_keys, options.world_size, zero_init=True)
+    return make_report(lint)

@@ -11,30 +11,30 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from zeromon.analysis.lint import (
+    Lint,
     LintOptions,
     LintReport,
-    _count,
-    _Lint,
-    _nearest,
-    _number,
-    _report,
-    _run_rules,
-    _truthy,
     add_non_finite,
+    as_count,
+    as_number,
+    make_report,
+    nearest_key,
     non_finite_values,
+    run_rules,
+    truthy,
 )
 from zeromon.analysis.lint_schema import (
-    _DEEPSPEED_TO_ACCELERATE,
     ACCELERATE_DEEPSPEED_KEYS,
     ACCELERATE_FILE_OWNED_KEYS,
+    DEEPSPEED_TO_ACCELERATE,
     ConfigSchema,
 )
 
 
-def _check_accumulation_agreement(lint: _Lint, accelerate_block: Mapping[str, Any]) -> None:
+def _check_accumulation_agreement(lint: Lint, accelerate_block: Mapping[str, Any]) -> None:
     acc_raw, ds_raw = accelerate_block.get("gradient_accumulation_steps"), lint.config.get(
         "gradient_accumulation_steps")
-    acc, ds = _count(acc_raw), _count(ds_raw)
+    acc, ds = as_count(acc_raw), as_count(ds_raw)
     if acc is None or ds_raw is None or lint.is_auto(ds_raw) or acc == ds:
         return
     lint.add("ZL005", "error", "deepspeed_config.gradient_accumulation_steps",
@@ -45,7 +45,7 @@ def _check_accumulation_agreement(lint: _Lint, accelerate_block: Mapping[str, An
 
 
 
-def _check_accelerate_block(lint: _Lint, accelerate: Mapping[str, Any], block: Mapping[str, Any],
+def _check_accelerate_block(lint: Lint, accelerate: Mapping[str, Any], block: Mapping[str, Any],
                             has_file: bool, relative_file: bool) -> None:
     distributed = str(accelerate.get("distributed_type", "")).upper()
     if distributed != "DEEPSPEED":
@@ -64,7 +64,7 @@ def _check_accelerate_block(lint: _Lint, accelerate: Mapping[str, Any], block: M
             hint = f"it is the DeepSpeed key {ds_path}, which accelerate does not pass on"
             fix = "put it in a DeepSpeed JSON and point deepspeed_config_file at it"
         else:
-            nearest = _nearest(str(key), ACCELERATE_DEEPSPEED_KEYS)
+            nearest = nearest_key(str(key), ACCELERATE_DEEPSPEED_KEYS)
             hint = f"did you mean {nearest}?" if nearest else "accelerate does not know it"
             fix = f"rename it to {nearest}" if nearest else "remove it"
         lint.add("ZL024", "warning", path, f"{path} is ignored by accelerate: {hint}", fix, file="accelerate")
@@ -101,7 +101,7 @@ def _deepspeed_path_of(schema: ConfigSchema, key: str) -> str | None:
 
 def accelerate_world(accelerate: Mapping[str, Any]) -> tuple[int | None, int | None]:
     """(num_processes, num_machines) from an accelerate config; num_processes counts every machine's."""
-    processes, machines = _count(accelerate.get("num_processes")), _count(accelerate.get("num_machines"))
+    processes, machines = as_count(accelerate.get("num_processes")), as_count(accelerate.get("num_machines"))
     return (processes if processes and processes > 0 else None), (machines if machines and machines > 0 else None)
 
 
@@ -110,13 +110,13 @@ def inline_deepspeed_config(block: Mapping[str, Any], mixed_precision: Any) -> d
     (DeepSpeedPlugin.__post_init__ and set_mixed_precision, accelerate 1.x)."""
     offload_opt = str(block.get("offload_optimizer_device", "none")).lower()
     offload_param = str(block.get("offload_param_device", "none")).lower()
-    gas = _count(block.get("gradient_accumulation_steps"))
+    gas = as_count(block.get("gradient_accumulation_steps"))
     stage = block.get("zero_stage", 2)  # accelerate's default
     zero: dict[str, Any] = {
-        "stage": _count(stage) if _count(stage) is not None else stage,
+        "stage": as_count(stage) if as_count(stage) is not None else stage,
         "offload_optimizer": {"device": offload_opt},
         "offload_param": {"device": offload_param},
-        "stage3_gather_16bit_weights_on_model_save": _truthy(block.get("zero3_save_16bit_model", False)),
+        "stage3_gather_16bit_weights_on_model_save": truthy(block.get("zero3_save_16bit_model", False)),
     }
     if offload_opt == "nvme":
         zero["offload_optimizer"]["nvme_path"] = block.get("offload_optimizer_nvme_path", "none")
@@ -126,7 +126,7 @@ def inline_deepspeed_config(block: Mapping[str, Any], mixed_precision: Any) -> d
                               "gradient_accumulation_steps": gas if gas is not None else "auto",
                               "zero_optimization": zero}
     clip = block.get("gradient_clipping")
-    if clip is not None and _number(clip) is not None:
+    if clip is not None and as_number(clip) is not None:
         config["gradient_clipping"] = clip
     precision = str(mixed_precision or "no").lower()
     config["fp16"] = {"enabled": precision == "fp16"}
@@ -149,17 +149,17 @@ def lint_accelerate_config(accelerate: Mapping[str, Any], deepspeed_file: Mappin
     nodes = options.nodes or machines
     opts = LintOptions(world_size=world, world_size_from=source, nodes=nodes, params=options.params,
                        gpu_memory_bytes=options.gpu_memory_bytes, hf=True, schema=options.schema)
-    zero_init = _truthy(block.get("zero3_init_flag", True))
+    zero_init = truthy(block.get("zero3_init_flag", True))
     if deepspeed_file is not None:
-        lint = _Lint(deepspeed_file, opts)
+        lint = Lint(deepspeed_file, opts)
         _check_accumulation_agreement(lint, block)
     else:
-        lint = _Lint(inline_deepspeed_config(block, accelerate.get("mixed_precision")), opts,
-                     key_map=_DEEPSPEED_TO_ACCELERATE, inline=True)
-    _run_rules(lint, duplicate_keys, world, zero_init)
+        lint = Lint(inline_deepspeed_config(block, accelerate.get("mixed_precision")), opts,
+                     key_map=DEEPSPEED_TO_ACCELERATE, inline=True)
+    run_rules(lint, duplicate_keys, world, zero_init)
     seen = {f.key for f in lint.findings if f.id == "ZL030" and f.file == "accelerate"}
     for path, value in non_finite_values(accelerate):  # num_processes: .nan, and what the inline config drops
         if path not in seen:
             add_non_finite(lint, path, value, file="accelerate")
     _check_accelerate_block(lint, accelerate, block, deepspeed_file is not None, relative_file)
-    return _report(lint)
+    return make_report(lint)

@@ -82,7 +82,7 @@ ACCELERATE_FILE_OWNED_KEYS = ("gradient_accumulation_steps", "gradient_clipping"
                               "offload_optimizer_device", "offload_param_device", "offload_param_nvme_path",
                               "offload_optimizer_nvme_path", "zero3_save_16bit_model")
 # accelerate key -> the DeepSpeed key it sets (accelerate's DeepSpeedPlugin.plugin_to_config_mapping).
-_ACCELERATE_TO_DEEPSPEED = {
+ACCELERATE_TO_DEEPSPEED = {
     "gradient_accumulation_steps": "gradient_accumulation_steps",
     "gradient_clipping": "gradient_clipping",
     "zero_stage": "zero_optimization.stage",
@@ -92,15 +92,15 @@ _ACCELERATE_TO_DEEPSPEED = {
     "offload_param_nvme_path": "zero_optimization.offload_param.nvme_path",
     "zero3_save_16bit_model": "zero_optimization.stage3_gather_16bit_weights_on_model_save",
 }
-_DEEPSPEED_TO_ACCELERATE = {ds: "deepspeed_config." + acc for acc, ds in _ACCELERATE_TO_DEEPSPEED.items()}
-_DEEPSPEED_TO_ACCELERATE.update({
+DEEPSPEED_TO_ACCELERATE = {ds: "deepspeed_config." + acc for acc, ds in ACCELERATE_TO_DEEPSPEED.items()}
+DEEPSPEED_TO_ACCELERATE.update({
     "fp16": "mixed_precision", "fp16.enabled": "mixed_precision", "bf16": "mixed_precision",
     "bf16.enabled": "mixed_precision",
     "zero_optimization.offload_optimizer": "deepspeed_config.offload_optimizer_device",
     "zero_optimization.offload_param": "deepspeed_config.offload_param_device",
 })
 
-_INLINE_HINT = ("accelerate's inline deepspeed_config cannot set this: write a DeepSpeed JSON and point "
+INLINE_HINT = ("accelerate's inline deepspeed_config cannot set this: write a DeepSpeed JSON and point "
                 "deepspeed_config_file at it")
 
 

@@ -180,11 +180,11 @@ def _say_source_error(error: str | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zeromon.commands.run import _check_bind
+    from zeromon.commands.addresses import check_bind
 
     _one_malloc_arena()  # before any thread starts
 
-    _check_bind(args.host, "--host")
+    check_bind(args.host, "--host")
     token = args.token if args.token is not None else os.environ.get("ZEROMON_TOKEN") or None
     from zeromon_dashboard.server import describe_bind_error, loopback, make_server
 

@@ -13,10 +13,10 @@ import time
 from pathlib import Path
 
 from zeromon.analysis.rank_ends import EXIT_RANK_DIED
+from zeromon.commands.addresses import check_bind
 from zeromon.errors import ZeromonError
 from zeromon.model.attempts import ATTEMPTS_DIR
 from zeromon.model.codec import rank_file_paths
-from zeromon.model.numbers import where
 from zeromon.model.registry import ENDPOINTS_DIR, pid_alive, read_entries
 
 NAME = "run"
@@ -203,7 +203,7 @@ def _endpoint_env(args: argparse.Namespace, cmd: list[str]) -> dict[str, str]:
     if not (config.enabled and config.endpoint):
         return endpoint_env
     bind_from = "--bind" if args.bind is not None else "ZEROMON_BIND"
-    _check_bind(config.bind, bind_from)
+    check_bind(config.bind, bind_from)
     ranks = _local_ranks(cmd)
     if config.port and ranks is not None and config.port + ranks - 1 > 65535:  # local rank L listens on base + L
         given = f"--port {config.port}" if args.port is not None else f"ZEROMON_PORT={config.port}"
@@ -215,27 +215,6 @@ def _endpoint_env(args: argparse.Namespace, cmd: list[str]) -> dict[str, str]:
               "this machine can read the metrics and snapshots", file=sys.stderr)
     return endpoint_env
 
-
-def _check_bind(address: str, flag: str) -> None:
-    """ZeromonError naming ``flag`` unless the ranks can listen on ``address``: the agent's own bind
-    (zeromon_agent.httpserver.bind), tried here on a free port."""
-    import errno
-    import socket
-
-    family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    given = f"{flag} {address}" if flag.startswith("--") else f"{flag}={address}"
-    hint = "e.g. 127.0.0.1 (the default), 0.0.0.0 (every interface) or an address of this machine"
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((address, 0))
-        except socket.gaierror as exc:
-            raise ZeromonError(f"{given}: neither an IP address nor a host name that resolves ({exc.strerror})",
-                               hint=hint) from None
-        except (TypeError, UnicodeError, ValueError):  # "encoding of hostname failed": no host name has it
-            raise ZeromonError(f"{where(flag, address)}: neither an IP address nor a host name", hint=hint) from None
-        except OSError as exc:
-            what = "not an address of this machine" if exc.errno == errno.EADDRNOTAVAIL else "cannot listen there"
-            raise ZeromonError(f"{given}: {what} ({exc.strerror})", hint=hint) from None
 
 
 def _local_ranks(cmd: list[str]) -> int | None:

@@ -1,0 +1,3 @@
+"""The agent's version (pyproject.toml's), which its endpoint and metrics report."""
+
+__version__ = "0.1.0"
