@@ -35,7 +35,18 @@ from zeromon.model.jsonl import RecordingWriter
 from zeromon_agent.issuers import issuer_of
 from zeromon_agent.live_totals import Counted, CountedColumns, counted
 from zeromon_agent.recent import Unmade
-from zeromon_agent.state import UNTIMED
+from zeromon_agent.state import (
+    AT_API,
+    AT_ASYNC,
+    AT_CUDA,
+    AT_GROUP,
+    AT_SAMPLED,
+    AT_SEQ,
+    AT_T0,
+    AT_T1,
+    AT_WORK,
+    UNTIMED,
+)
 from zeromon_agent.step_acc import (
     MAX_STEP_INTERVALS,
     StepAcc,
@@ -128,20 +139,20 @@ class CollectiveRecords:
         return acc
 
     def _on_collective(self, item: tuple[Any, ...]) -> None:
-        seq, async_op, work, cuda = item[1], item[10], item[11], item[14]
+        seq, async_op, work, cuda = item[AT_SEQ], item[AT_ASYNC], item[AT_WORK], item[AT_CUDA]
         launch = False
         if cuda is UNTIMED:  # issued in a step not timed on the device
             item = (*item[:14], None, *item[15:])
             cuda = None
-            launch = not self._on_host(item[9])
+            launch = not self._on_host(item[AT_GROUP])
             if launch and not async_op:
-                self._finalize(item, None, item[5] - item[4], _LAUNCH, wait_perf=item[4])
+                self._finalize(item, None, item[AT_T1] - item[AT_T0], _LAUNCH, wait_perf=item[AT_T0])
                 return
-        if not async_op or (work is None and not str(item[2]).startswith("funcol.")):
+        if not async_op or (work is None and not str(item[AT_API]).startswith("funcol.")):
             if cuda is not None and isinstance(cuda, tuple) and cuda[1] is not None:
                 self._inflight[seq] = Inflight(raw=item)  # resolved when its CUDA events complete
                 return
-            t0, t1 = item[4], item[5]
+            t0, t1 = item[AT_T0], item[AT_T1]
             self._finalize(item, t1, t1 - t0, _SYNC, wait_perf=t0)
             return
         entry = Inflight(raw=item, launch=launch)
@@ -183,11 +194,11 @@ class CollectiveRecords:
 
     def _try_finalize_async(self, seq: int, entry: Inflight, now: int | None = None) -> bool:
         item, wait = entry.raw, entry.wait
-        sampled = item[15]
+        sampled = item[AT_SAMPLED]
         if wait is None:
             return False
         _, _, w0, w1, done_before, cuda_end, cuda_wait, wait_step = wait
-        cuda = item[14]
+        cuda = item[AT_CUDA]
         if cuda is not None and self.cuda_timer is not None and cuda_end is not None:
             resolved = self.cuda_timer.resolve(cuda[0], cuda_end)
             if resolved is None and not (now is not None and now - w1 > CALLBACK_GRACE_NS):
@@ -232,23 +243,23 @@ class CollectiveRecords:
             if entry.wait is not None:
                 if self._try_finalize_async(seq, entry, now=now if not final else now + CALLBACK_GRACE_NS):
                     continue
-            cuda = item[14]
+            cuda = item[AT_CUDA]
             if cuda is not None and isinstance(cuda, tuple) and cuda[1] is not None and self.cuda_timer is not None:
                 resolved = self.cuda_timer.resolve(cuda[0], cuda[1])
                 if resolved is not None:
                     del self._inflight[seq]
                     # A synchronous collective on CUDA: the stream waits for it from start to end.
-                    self._finalize(item, None, item[5] - item[4], Timing.CUDA_EVENT.value,
-                                   unix_span=resolved, wait_perf=item[4],
+                    self._finalize(item, None, item[AT_T1] - item[AT_T0], Timing.CUDA_EVENT.value,
+                                   unix_span=resolved, wait_perf=item[AT_T0],
                                    stream_wait=(resolved[0], (resolved[1] - resolved[0]) / 1e9))
                 elif final:
                     del self._inflight[seq]
-                    self._finalize(item, item[5], item[5] - item[4], Timing.SYNC.value, wait_perf=item[4])
+                    self._finalize(item, item[AT_T1], item[AT_T1] - item[AT_T0], Timing.SYNC.value, wait_perf=item[AT_T0])
                 continue
             if entry.wait is not None:
                 continue
-            work = item[11]
-            age = now - item[4]
+            work = item[AT_WORK]
+            age = now - item[AT_T0]
             if work is not None and (age > _POLL_AFTER_NS or final):
                 if type(work) is weakref.ReferenceType:  # collectives._record_async: the Work held weakly
                     work = work()

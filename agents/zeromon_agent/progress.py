@@ -35,7 +35,18 @@ from zeromon.model.progress import (
     StackFrame,
 )
 from zeromon_agent import collectives
-from zeromon_agent.state import RAW_COLLECTIVE, HotState
+from zeromon_agent.state import (
+    AT_BYTES_IN,
+    AT_BYTES_OUT,
+    AT_DTYPE,
+    AT_GROUP,
+    AT_OP,
+    AT_PHASE,
+    AT_SEQ,
+    AT_STEP,
+    RAW_COLLECTIVE,
+    HotState,
+)
 from zeromon_agent.step_acc import meaning_of
 
 # The automatic threshold: a rank is suspect after the larger of these (ZEROMON_HANG_AFTER sets one).
@@ -184,10 +195,10 @@ def _dtype_name(dtype: Any) -> str:
 
 def call_of_raw(item: tuple[Any, ...], group: str, seq: int) -> CallInfo:
     """A raw collective record (state.RAW_COLLECTIVE) as a CallInfo, numbered ``seq`` in ``group``."""
-    op, b_in, b_out = item[3], item[6], item[7]
+    op, b_in, b_out = item[AT_OP], item[AT_BYTES_IN], item[AT_BYTES_OUT]
     nbytes = max(b_in, b_out)
-    return CallInfo(group=group, seq=seq, op=op, meaning=meaning_of(op, item[12], nbytes), bytes=nbytes,
-                    dtype=_dtype_name(item[8]), phase=item[12], step=item[13])
+    return CallInfo(group=group, seq=seq, op=op, meaning=meaning_of(op, item[AT_PHASE], nbytes), bytes=nbytes,
+                    dtype=_dtype_name(item[AT_DTYPE]), phase=item[AT_PHASE], step=item[AT_STEP])
 
 
 def _find(frame: types.FrameType | None, codes: frozenset[types.CodeType]) -> types.FrameType | None:
@@ -306,7 +317,7 @@ class ProgressWatch:
                 pass  # still reading its arguments: not in the call yet
             elif call_frame.f_code in _WAIT_CODES:
                 # A synchronous call's own wait is not one zeromon tracks (no seq): its call is further out.
-                raw = next((item for item in recent if item[1] == local.get("seq")), None)
+                raw = next((item for item in recent if item[AT_SEQ] == local.get("seq")), None)
                 if raw is not None:
                     call = self._call(raw, names, recent, in_flight_call=False)
             else:
@@ -325,7 +336,7 @@ class ProgressWatch:
               in_flight_call: bool) -> CallInfo:
         """``raw`` as a CallInfo numbered in its group: a call under way is the group's newest; a waited one is
         as many back as were issued in the group since."""
-        group_arg = raw[9]
+        group_arg = raw[AT_GROUP]
         pg = resolve_group(group_arg)
         name = names.get(pg, "") if pg is not None else ""
         if not name and isinstance(group_arg, tuple) and isinstance(group_arg[-1], str):
@@ -336,8 +347,8 @@ class ProgressWatch:
                 issued = int(pg._get_sequence_number_for_group())
             except Exception:  # noqa: BLE001
                 issued = 0
-            later = 0 if in_flight_call else sum(1 for item in recent if item[1] > raw[1] and
-                                                 resolve_group(item[9]) is pg)
+            later = 0 if in_flight_call else sum(1 for item in recent if item[AT_SEQ] > raw[AT_SEQ] and
+                                                 resolve_group(item[AT_GROUP]) is pg)
             seq = max(0, issued - later)
         return call_of_raw(raw, name, seq)
 
@@ -346,7 +357,7 @@ class ProgressWatch:
         """Every group of this process, with its newest recorded collective (``recent``, newest first)."""
         newest: dict[Any, tuple[Any, ...]] = {}  # pg -> its newest raw collective
         for raw in recent:
-            pg = resolve_group(raw[9])
+            pg = resolve_group(raw[AT_GROUP])
             if pg is not None and pg not in newest:
                 newest[pg] = raw
         pending = set(self.state.pending.values())
@@ -360,7 +371,7 @@ class ProgressWatch:
                 last = call_of_raw(item, name, max(0, state.issued - in_call))
                 waited = blocked is not None and blocked.waiting and blocked.call.group == name \
                     and blocked.call.seq == last.seq
-                done = not (item[1] in inflight or item[1] in pending or waited)
+                done = not (item[AT_SEQ] in inflight or item[AT_SEQ] in pending or waited)
                 state = dataclasses.replace(state, last=last, last_done=done)
             out.append(state)
         return tuple(sorted(out, key=lambda g: (len(g.group), g.group)))

@@ -567,7 +567,8 @@ class Recorder(CollectiveRecords):
             kind = item[0]
             if kind == RAW_COLLECTIVE:
                 # Synchronous, on the host, of a step not yet summarized (every collective on gloo): the
-                # fast path. _emitted_through moves only at the pass's end (_emit_steps).
+                # fast path. _emitted_through moves only at the pass's end (_emit_steps). Bare indices here, the
+                # hot loop's (state.AT_ASYNC, AT_CUDA, AT_STEP name them).
                 if item[10] or item[14] is not None or item[13] <= emitted or not finalize_sync(item):
                     self._on_collective(item)
             else:

@@ -27,6 +27,10 @@ RAW_MEMORY = 5  # (kind, phase, step, t, sample_fields)
 RAW_OOM = 6  # (kind, t, device, alloc_info, snapshot_path)
 RAW_STEP_START = 7  # (kind, step, t, cuda_event, phase)   zeromon_agent.step() opened step `step` at t
 RAW_AGENT = 8  # (kind, step, t0, t1, phase)   zeromon's own work on the training thread, back to `phase` at t1
+# The positions of a RAW_COLLECTIVE tuple's fields, for the code that reads one outside the recorder's hot loop
+# (which indexes by number: a module global costs a look-up per read, a number none).
+(AT_SEQ, AT_API, AT_OP, AT_T0, AT_T1, AT_BYTES_IN, AT_BYTES_OUT, AT_DTYPE, AT_GROUP, AT_ASYNC, AT_WORK, AT_PHASE,
+ AT_STEP, AT_CUDA, AT_SAMPLED, AT_CALLER) = range(1, 17)
 # Where each kind holds the perf_ns time it happened (its end): the newest record says when the training thread
 # last did something (zeromon_agent.progress).
 RAW_TIME_AT = {RAW_COLLECTIVE: 5, RAW_WAIT: 3, RAW_DONE: 2, RAW_SEEN_DONE: 2, RAW_PHASE: 2, RAW_STEP_END: 2,

@@ -9,12 +9,7 @@ terminal: the browser never sees a stack trace (Dash's debug mode is off unless 
 
 from __future__ import annotations
 
-import functools
 import logging
-import sys
-import traceback
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import dash
@@ -22,61 +17,14 @@ from dash import Dash, Input, Output, State, dcc, html
 
 from zeromon.views.run_data import Feed, RunData
 from zeromon_dashboard import pages
-from zeromon_dashboard.state import PAGES, PageState, parse_state
+from zeromon_dashboard.context import Context, failure_text, guarded
+from zeromon_dashboard.state import PAGES
 
 log = logging.getLogger("zeromon.dashboard")
 T = TypeVar("T")
 
 TITLES = {"overview": "Overview", "memory": "Memory", "communication": "Communication", "ranks": "Ranks",
           "hang": "Hang", "planner": "Planner", "trace": "Trace"}
-
-
-@dataclass(frozen=True, slots=True)
-class Context:
-    """What the pages' callbacks need besides the URL: the data and how the server was started."""
-
-    feed: Feed
-    app: Dash
-    refresh_s: float
-    allow_model_import: bool  # the planner may import MODULE:FACTORY (only when bound to loopback)
-
-    def data(self) -> RunData:
-        return self.feed.latest()
-
-    def href(self, page: str, search: str = "") -> str:
-        return str(self.app.get_relative_path("/" if page == "overview" else f"/{page}")) + search
-
-    def state(self, pathname: str | None, search: str | None) -> PageState:
-        path = self.app.strip_relative_path(pathname or "/") or ""
-        return parse_state("/" + str(path), search)
-
-
-def guarded(fallback: Callable[[Exception], T]) -> Callable[[Callable[..., T]], Callable[..., T]]:
-    """A callback that cannot fail in the browser: an exception becomes ``fallback(exc)`` (a message
-    in the page), and its traceback goes to the terminal. PreventUpdate passes through."""
-    def wrap(fn: Callable[..., T]) -> Callable[..., T]:
-        @functools.wraps(fn)
-        def inner(*args: Any, **kwargs: Any) -> T:
-            try:
-                return fn(*args, **kwargs)
-            except dash.exceptions.PreventUpdate:
-                raise
-            except Exception as exc:
-                print(f"zeromon dashboard: {fn.__name__} failed:", file=sys.stderr)
-                traceback.print_exc(file=sys.stderr)
-                return fallback(exc)
-        return inner
-    return wrap
-
-
-def failure_text(exc: Exception) -> str:
-    """The page's one line for a failed callback (the traceback is on the dashboard's terminal)."""
-    from zeromon.errors import ZeromonError
-
-    if isinstance(exc, ZeromonError):
-        return str(exc)
-    return f"This part of the page could not be drawn ({type(exc).__name__}: {exc}); the terminal that runs " \
-           "`zeromon dashboard` has the details."
 
 
 def _available(page: str, data: RunData) -> bool:

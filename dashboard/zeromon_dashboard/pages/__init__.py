@@ -7,14 +7,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from zeromon_dashboard.context import Context
 from zeromon_dashboard.state import PAGES, PageState, state_search
 
 if TYPE_CHECKING:
     from dash import Dash
 
     from zeromon.views.run_data import RunData
-    from zeromon_dashboard.app import Context
-
 
 def module(page: str) -> Any:
     return importlib.import_module(f"zeromon_dashboard.pages.{page}")

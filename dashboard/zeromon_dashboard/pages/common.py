@@ -4,17 +4,15 @@ the redraw guard (a page redraws when the feed's data or the URL changed, not on
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import dash
 from dash import Input, Output, State, dcc, html
 
 from zeromon.views.fleet import rank_rows, worst_row
 from zeromon.views.run_data import RunData
+from zeromon_dashboard.context import Context, guarded
 from zeromon_dashboard.state import PageState, state_search
-
-if TYPE_CHECKING:
-    from zeromon_dashboard.app import Context
 
 GRAPH_CONFIG: Any = {"displaylogo": False}
 
@@ -113,8 +111,6 @@ def register_redraw(app: dash.Dash, ctx: Context, page: str, outputs: Sequence[t
     """Redraw ``outputs`` ((id, property) pairs) on every tick and URL change when the data moved on.
     ``partial(state, data, drawn)``: the outputs when only some need drawing again (dash.no_update for
     the others), given the key of what is drawn; None to draw them all."""
-    from zeromon_dashboard.app import guarded
-
     @app.callback(*[Output(i, p) for i, p in outputs], Output(f"{page}-drawn", "data"),
                   Input("tick", "n_intervals"), Input("url", "search"), State("url", "pathname"),
                   State(f"{page}-drawn", "data"), prevent_initial_call=True)

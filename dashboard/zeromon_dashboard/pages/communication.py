@@ -25,6 +25,7 @@ from zeromon.analysis.bandwidth import (
 from zeromon.views.fleet import short_bytes
 from zeromon.views.run_data import RunData
 from zeromon.views.timeline import default_step, step_bytes, step_choices, step_series, step_timeline
+from zeromon_dashboard.context import Context, failure_text, guarded
 from zeromon_dashboard.figures.communication import (
     bandwidth_figure,
     bytes_figure,
@@ -46,8 +47,6 @@ from zeromon_dashboard.state import PageState, state_search
 
 if TYPE_CHECKING:
     from dash import Dash
-
-    from zeromon_dashboard.app import Context
 
 PAGE = "communication"
 STEP_ID = "communication-step"
@@ -137,8 +136,6 @@ def _draw_step(state: PageState, data: RunData) -> tuple[Any, ...]:
 
 
 def _fallback(exc: Exception) -> tuple[Any, ...]:
-    from zeromon_dashboard.app import failure_text
-
     text = failure_text(exc)
     return (empty("One step: computation and communication", text), empty("Exposed communication per step", text),
             empty("Bus bandwidth", text), [], empty("Bytes per step", text), dash.no_update, dash.no_update, text)
@@ -192,8 +189,6 @@ def _same_but_step(drawn: str | None, data: RunData, state: PageState, ctx: Cont
 
 
 def register(app: Dash, ctx: Context) -> None:
-    from zeromon_dashboard.app import guarded
-
     register_ranks_control(app, ctx, PAGE)
     register_redraw(app, ctx, PAGE, OUTPUTS, lambda state, data: _draw(state, data, peak_of(data, ctx.feed)),
                     _fallback, partial=lambda state, data, drawn: (

@@ -12,13 +12,12 @@ from dash import html
 
 from zeromon.views.hang import COLUMNS, HangView, hang_view
 from zeromon.views.run_data import RunData
+from zeromon_dashboard.context import Context, failure_text
 from zeromon_dashboard.pages.common import data_attrs, drawn_store, message, register_redraw, section
 from zeromon_dashboard.state import PageState
 
 if TYPE_CHECKING:
     from dash import Dash
-
-    from zeromon_dashboard.app import Context
 
 PAGE = "hang"
 
@@ -57,8 +56,6 @@ def _draw(state: PageState, data: RunData) -> tuple[Any, ...]:
 
 
 def _fallback(exc: Exception) -> tuple[Any, ...]:
-    from zeromon_dashboard.app import failure_text
-
     return message(failure_text(exc), "error"), "", "Stacks", ""
 
 

@@ -24,6 +24,7 @@ from zeromon.views.memory import (
     sample_columns,
 )
 from zeromon.views.run_data import RunData
+from zeromon_dashboard.context import Context, failure_text
 from zeromon_dashboard.figures.memory import MAX_RANK_ROWS, allocator_figure, imbalance_figure, stack_figure
 from zeromon_dashboard.figures.style import LEVEL_COLOURS, empty
 from zeromon_dashboard.pages.common import (
@@ -40,8 +41,6 @@ from zeromon_dashboard.state import PageState
 
 if TYPE_CHECKING:
     from dash import Dash
-
-    from zeromon_dashboard.app import Context
 
 PAGE = "memory"
 DEFAULT_RANKS = 2
@@ -115,8 +114,6 @@ def _draw(state: PageState, data: RunData) -> tuple[Any, ...]:
 
 
 def _fallback(exc: Exception) -> tuple[Any, ...]:
-    from zeromon_dashboard.app import failure_text
-
     text = failure_text(exc)
     return (empty("Memory over time by category", text), [], empty("Peak memory per rank", text),
             empty("Allocator: fragmentation, retries and OOMs", text))

@@ -22,6 +22,7 @@ from zeromon.views.overview import (
     rank_cells,
 )
 from zeromon.views.run_data import RunData
+from zeromon_dashboard.context import Context, failure_text
 from zeromon_dashboard.figures.overview import rank_grid
 from zeromon_dashboard.figures.style import empty
 from zeromon_dashboard.pages.common import data_attrs, drawn_store, graph, message, register_redraw, section
@@ -29,8 +30,6 @@ from zeromon_dashboard.state import PageState
 
 if TYPE_CHECKING:
     from dash import Dash
-
-    from zeromon_dashboard.app import Context
 
 PAGE = "overview"
 
@@ -96,8 +95,6 @@ def _draw(state: PageState, data: RunData, interval_s: float = 1.0, hang_href: s
 
 
 def _fallback(exc: Exception) -> tuple[Any, ...]:
-    from zeromon_dashboard.app import failure_text
-
     text = failure_text(exc)
     return (message(text, "error"), empty("OOM risk per rank", text), empty("Exposed communication per rank", text),
             "", "Findings", "")

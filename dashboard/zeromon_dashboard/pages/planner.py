@@ -33,6 +33,7 @@ from zeromon.views.planning import (
     recommendation_lines,
 )
 from zeromon.views.run_data import RunData
+from zeromon_dashboard.context import Context, failure_text, guarded
 from zeromon_dashboard.figures.planner import TITLE, plan_bars
 from zeromon_dashboard.figures.style import empty
 from zeromon_dashboard.pages.common import graph, message, section
@@ -40,8 +41,6 @@ from zeromon_dashboard.state import PageState, state_search
 
 if TYPE_CHECKING:
     from dash import Dash
-
-    from zeromon_dashboard.app import Context
 
 PAGE = "planner"
 FormValues = dict[str, Any]  # field -> str (text and choices) or bool (the two switches)
@@ -262,16 +261,12 @@ def _form_of(args: tuple[Any, ...]) -> FormValues:
 
 
 def _fallback(exc: Exception) -> tuple[Any, ...]:
-    from zeromon_dashboard.app import failure_text
-
     text = failure_text(exc)
     return (empty(TITLE, text), [], [], "", message(text, "error"), dash.no_update,
             *[dash.no_update] * len(FIELDS))
 
 
 def register(app: Dash, ctx: Context) -> None:
-    from zeromon_dashboard.app import guarded
-
     @app.callback(Output("url", "search", allow_duplicate=True), Output(f"{PAGE}-asked", "data"),
                   Input(f"{PAGE}-submit", "n_clicks"), *[Input(f"{PAGE}-{n}", "n_submit") for n in TEXT_FIELDS],
                   *[State(f"{PAGE}-{f.name}", "value") for f in FIELDS],

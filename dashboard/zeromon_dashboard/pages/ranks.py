@@ -24,6 +24,7 @@ from zeromon.views.ranks import (
     waits,
 )
 from zeromon.views.run_data import RunData
+from zeromon_dashboard.context import Context, failure_text, guarded
 from zeromon_dashboard.figures.ranks import (
     HEATMAP_TITLE,
     IMBALANCE_TITLE,
@@ -39,8 +40,6 @@ from zeromon_dashboard.state import PageState, state_search
 
 if TYPE_CHECKING:
     from dash import Dash
-
-    from zeromon_dashboard.app import Context
 
 PAGE = "ranks"
 
@@ -98,8 +97,6 @@ def _draw_new(data: RunData) -> _Drawn:
 
 
 def _fallback(exc: Exception) -> tuple[Any, ...]:
-    from zeromon_dashboard.app import failure_text
-
     text = failure_text(exc)
     return (empty(HEATMAP_TITLE, text), empty(WAITS_TITLE, text), "", empty(IMBALANCE_TITLE, text), "")
 
@@ -135,8 +132,6 @@ def clicked_step(point: dict[str, Any], heatmap: StepMatrix) -> tuple[int, int] 
 
 
 def register(app: Dash, ctx: Context) -> None:
-    from zeromon_dashboard.app import guarded
-
     register_redraw(app, ctx, PAGE, OUTPUTS, _draw, _fallback)
 
     @app.callback(Output("url", "pathname", allow_duplicate=True), Output("url", "search", allow_duplicate=True),

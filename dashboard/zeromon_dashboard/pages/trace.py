@@ -15,14 +15,13 @@ from dash import html
 from zeromon.analysis.trace_overlap import RankTraceOverlap
 from zeromon.views.run_data import RunData
 from zeromon.views.trace import TABLE_LEGEND, trace_notes, trace_rows
+from zeromon_dashboard.context import Context
 from zeromon_dashboard.figures.trace import trace_page_figures
 from zeromon_dashboard.pages.common import graph, message, section
 from zeromon_dashboard.state import PageState
 
 if TYPE_CHECKING:
     from dash import Dash
-
-    from zeromon_dashboard.app import Context
 
 PAGE = "trace"
 
