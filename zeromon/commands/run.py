@@ -300,8 +300,9 @@ def _watch(child: subprocess.Popen[bytes], out: Path) -> None:
 
 
 def _print_run_summary(out: Path, quiet: bool = False, quiet_when_empty: bool = False) -> bool:
-    """The run's summary on stderr (with --quiet, only how ranks died); whether a rank died or its
-    recording is incomplete."""
+    """The run's summary on stderr (with --quiet, only how ranks died and what their recordings lost);
+    whether a rank died. A recording that could not be written to its end (a full disk) is said, but is no
+    rank's death: the command's own status stands."""
     files = rank_file_paths(out)
     if not files:
         if quiet_when_empty:  # the job failed, and that was said
@@ -322,7 +323,7 @@ def _print_run_summary(out: Path, quiet: bool = False, quiet_when_empty: bool = 
         return False
     try:
         from zeromon.analysis.hang import ended_lines
-        from zeromon.analysis.rank_ends import end_lines, exit_status
+        from zeromon.analysis.rank_ends import end_lines
         from zeromon.analysis.recording_summary import format_summary, summarize_run
 
         summary = summarize_run(out, workers=1)  # here: after the TUI's threads (--tui), no fork
@@ -332,7 +333,7 @@ def _print_run_summary(out: Path, quiet: bool = False, quiet_when_empty: bool = 
                 print(f"zeromon: {line}", file=sys.stderr)
         else:
             print(format_summary(summary), file=sys.stderr)
-        return exit_status(summary.ends) != 0
+        return any(end.died for end in summary.ends)
     except ZeromonError as exc:
         print(f"zeromon: {exc}", file=sys.stderr)
         return False
