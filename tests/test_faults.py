@@ -245,7 +245,7 @@ def test_the_run_folder_removed_mid_run(tmp_path: Path, baseline: list[float]) -
     out = tmp_path / "run"
     result = zeromon_run(out, "--vanish", "4", "--sleep", "0.1")
     assert losses(result.stdout) == baseline
-    assert result.returncode == 3, result.stderr[-3000:]
+    assert result.returncode == 0, result.stderr[-3000:]  # the recordings are lost, no rank died
     assert "was removed while the run was going" in result.stderr
     assert "the file was removed while the run was writing it; the recording stops here" in result.stderr
 

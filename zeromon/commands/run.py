@@ -310,7 +310,7 @@ def _print_run_summary(out: Path, quiet: bool = False, quiet_when_empty: bool = 
         if not out.is_dir():
             print(f"zeromon: the run folder {out} was removed while the run was going: its recordings are lost",
                   file=sys.stderr)
-            return True
+            return False  # lost recordings, not a rank that died: the command's own status stands
         if quiet:
             return False
         unwritable = _unwritable(out)
