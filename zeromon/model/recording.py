@@ -79,8 +79,8 @@ _INTERNED_COLUMNS = tuple(i for i, name in enumerate(_COLLECTIVE_FIELDS)
 class CollectiveEvents(Sequence[CollectiveEvent]):
     """A read recording's collectives: columns, made into CollectiveEvent objects when first looked at.
 
-    The analyses read the columns; a million frozen events cost ~1.3 s and ~150 MB to make, which
-    only callers that ask for the events pay. Compares equal to a list of the same events.
+    The analyses read the columns; frozen events by the million are costly to make, in time and memory,
+    which only callers that ask for the events pay. Compares equal to a list of the same events.
     """
 
     __slots__ = ("_events", "columns")
@@ -194,8 +194,8 @@ def iter_records(path: str | Path, corrupt_lines: list[int] | None = None,
 
 
 # Collectives are gathered as rows and turned into columns this many at a time: the rows of a whole
-# million-event file would cost ~200 MB more at the peak, and a chunk this small is still in the CPU's
-# cache when its columns are checked and interned (50,000 rows a chunk read 30% slower).
+# file would raise the peak by all of them as objects, and a chunk this small is still in the CPU's
+# cache when its columns are checked and interned (much larger chunks read slower).
 _CHUNK_ROWS = 2048
 
 
@@ -205,7 +205,8 @@ def read_recording(path: str | Path, steps_as_rows: bool = False) -> Recording:
     Lines that are not records, or whose values break their schema (a string where the format has
     an integer), are skipped and named in ``corrupt_lines`` and ``line_errors``. Raises ZeromonError
     for a file that is not a recording. ``steps_as_rows``: the step summaries as a StepRecords, the
-    rows read (what `zeromon report` asks for: 10,000 summaries a rank cost ~12 ms to make)."""
+    rows read (what `zeromon report` asks for: it reads a few fields of each, and an object a step would
+    cost more)."""
     path = Path(path)
     rec = Recording(path=path, header=read_file_header(path))
     skipped = SkippedLines(rec.corrupt_lines, rec.line_errors)
@@ -224,8 +225,8 @@ def read_recording(path: str | Path, steps_as_rows: bool = False) -> Recording:
     rows: list[list[Any]] = []  # each a collective's values and, last, its line number
     width = len(_COLLECTIVE_FIELDS)
     check = record_check(CollectiveEvent, KIND_OF[CollectiveEvent])
-    # Checked a column at a time: the set of a column's types costs ~10 ns a value, each row's check
-    # ~0.3 µs; only a chunk with a bad value is checked row by row. The string columns are checked
+    # Checked a column at a time: the set of a column's types costs a value far less than each row's
+    # check would; only a chunk with a bad value is checked row by row. The string columns are checked
     # as they are interned, by the interned values' types (a handful): at no cost.
     interned_str = {i for i in _INTERNED_COLUMNS if check.fields[i].accepts == {str}}
     column_types = [(i, f.accepts) for i, f in enumerate(check.fields)
