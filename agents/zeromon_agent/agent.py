@@ -102,7 +102,7 @@ def shared_run_id() -> str | None:
     each wrote its recording: the first rank to ask puts a random id in the process group's store
     (the rendezvous store every rank already reached to join), the others read that one. compare_set
     neither waits for another rank nor blocks on one: a single round trip to the store, once, at the
-    agent's start (~25 µs to a TCPStore on the same host, measured). None without a process group, or with a store
+    agent's start. None without a process group, or with a store
     that does not answer: the recording then has no run id and readers compare job and world size."""
     try:
         import uuid
@@ -649,7 +649,7 @@ class Agent:
         self.categorizer.walk_still(model=self.model if self.model is not None else self.tracker.root,
                                     optimizer=self._walked_optimizer(), engine=self.engine)
         if self.meter is not None:
-            # Activations are counted in the walk steps only: the pack hook costs ~2 us per saved
+            # Activations are counted in the walk steps only: the pack hook is a cost per saved
             # tensor, so it follows the same budget.
             self.meter.start(self.categorizer.buffer_pointers())
         self.points.arm(self._walked_model())

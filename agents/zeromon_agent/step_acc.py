@@ -14,7 +14,7 @@ from zeromon.analysis.step_overlap import host_overlap_ns, overlap_in_step, unio
 from zeromon.model.events import StepSummary, ZeroMeaning, record_maker
 from zeromon_agent.issuers import DDP, DTENSOR, USER
 
-# A summary a step, its 14 slots set directly (record_maker: ~2 µs -> ~1 µs), in StepSummary's field order.
+# A summary a step, its 14 slots set directly (record_maker: cheaper), in StepSummary's field order.
 _new_summary = record_maker(StepSummary)
 _SCALAR_BYTES = 64  # all-reduces this small are flags and norms, not gradients
 # A step keeps at most this many collective intervals; beyond it they are folded into a running
@@ -67,8 +67,8 @@ class StepAcc:
     # The synchronous collectives of the recorder's batches (_finalize_sync_batch) not yet in ``intervals`` and
     # ``blocked``, as columns: issue_ns, complete_ns, issue_ns + span_ns(blocked_s), blocked_s. A step of
     # calls one after another inside its window is summarized from them as they are (summarize), without a
-    # pair of tuples a collective (~0.5 µs of the recorder's CPU a collective on the FSDP2 example, the
-    # garbage collector's share counted); anything else first moves them into the lists (settle).
+    # pair of tuples a collective (a cost on the recorder's thread, the garbage collector's share with
+    # it); anything else first moves them into the lists (settle).
     run_issue: list[int] = field(default_factory=list)
     run_complete: list[int] = field(default_factory=list)
     run_end: list[int] = field(default_factory=list)
@@ -100,10 +100,11 @@ def meaning_of(op: str, phase: str, nbytes: int, issuer: str | None = None) -> s
 
 
 def seconds(ns: int) -> float:
-    """round(ns / 1e9, 9) without round() (~0.3 µs with digits, twice a collective): for a whole number of
-    nanoseconds they are the same double. Where a double's spacing is under 1e-9 (below ~4e6 s), ns / 1e9
-    is the double nearest to ns·1e-9, which rounding to 9 decimals gives back; where it is over, the
-    9-decimal rounding is nearer to ns / 1e9 than half the spacing. tests/test_recorder_fast_path.py."""
+    """round(ns / 1e9, 9) without round() (round() with digits is slow, and this runs twice a collective): for
+    a whole number of nanoseconds they are the same double. Where a double's spacing is under 1e-9 (below
+    ~4e6 s), ns / 1e9 is the double nearest to ns·1e-9, which rounding to 9 decimals gives back; where it is
+    over, the 9-decimal rounding is nearer to ns / 1e9 than half the spacing.
+    tests/test_recorder_fast_path.py."""
     return ns / 1e9
 
 

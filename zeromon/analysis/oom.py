@@ -24,7 +24,7 @@ The peak still to come is the largest of:
 The trend is the Theil–Sen slope of the per-step peak over the last TREND_WINDOW_STEPS complete
 steps after WARMUP_STEPS. It counts as growth (a leak) only when the Mann–Kendall statistic says
 the peak rises consistently and it rose by more than noise: RSS creeps by a few MiB while the C
-allocator and Python settle (0.5% over 14 steps of the FSDP2 example); the GPU allocator's count
+allocator and Python settle; the GPU allocator's count
 is exact.
 
 Thresholds (the constants below): warn when a predicted peak passes 85% of capacity or a growing
@@ -68,9 +68,9 @@ CRITICAL_STEPS_TO_CAPACITY = 50
 WARN_SECONDS_TO_CAPACITY = 3600.0
 CRITICAL_SECONDS_TO_CAPACITY = 600.0
 # ... as far as a trend can be trusted: capacity at most this many trend windows ahead. RSS that
-# creeps 10 MiB over 13 steps of 0.09 s while the C allocator settles (a CPU ZeRO-3 run) would
-# otherwise be a leak due in 21 minutes, 1000 windows ahead; the 8 MiB leak of tests/test_oom.py is
-# due ~6 windows ahead.
+# creeps over a few short steps while the C allocator settles (a CPU ZeRO-3 run) would otherwise be a
+# leak due within the hour, though a thousand windows ahead; tests/test_oom.py's leak is due a few
+# windows ahead.
 TIME_HORIZON_MAX_WINDOWS = 100
 WARMUP_STEPS = 2  # step 0 allocates the optimizer state; step 1 may still fill allocator caches
 TREND_WINDOW_STEPS = 50

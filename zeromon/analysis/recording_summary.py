@@ -129,7 +129,7 @@ def summarize_recording(rec: Recording) -> RankSummary:
 
 def summarize_run(run_dir: RunDirs, workers: int | None = None, progress: OnProgress | None = None) -> RunSummary:
     """Each rank file read and summarized in a worker process (``workers``: map_rank_files'), only its
-    summary sent back: a 1,024-rank run of 10,000 steps read into this process would take ~12 GB."""
+    summary sent back: a large run's records would not fit in this process's memory."""
     headers = run_headers(run_dir)  # checked to be one run's before any file is read whole
     done = map_rank_files([path for path, _ in headers], _summarize_file, workers, progress, doing="summarizing")
     check_one_run([(path, header, info) for (path, header), (_, info, *_) in zip(headers, done, strict=True)])

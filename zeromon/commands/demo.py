@@ -103,7 +103,7 @@ def _ranks_env(scenario: Scenario) -> dict[str, str]:
         "CUDA_VISIBLE_DEVICES": "",
         "OMP_NUM_THREADS": "1",  # one thread a rank keeps the demo light on a few cores
         # glibc keeps freed memory resident once its mmap threshold adapts upward, and RSS (the level on
-        # CPU) then creeps ~1-2 MiB a step for a while, which the forecast rightly calls slow growth; a
+        # CPU) then creeps a little every step for a while, which the forecast rightly calls slow growth; a
         # fixed threshold makes RSS follow the live tensors, as a GPU allocator's count does.
         "MALLOC_MMAP_THRESHOLD_": "131072",
         **scenario.env,

@@ -99,7 +99,7 @@ def _run_report(args: argparse.Namespace) -> int:
         from zeromon.model.rank_pool import read_rank_file
 
         # The page plots the recordings themselves: those of the ranks the text shows first, read again here
-        # (16 at most: 1,024 ranks read into one process would take ~12 GB, and their lines no figure could hold).
+        # (16 at most: a large run's ranks would not fit one process, nor their lines a figure).
         plotted = _plotted_ranks(report)
         _write_html(args.html, render_html(report, [read_rank_file(Path(r.file)) for r in plotted], text))
     ends = _rank_ends(report, file_ends)

@@ -20,8 +20,8 @@ from zeromon.analysis.trace_overlap import RankTraceOverlap
 from zeromon.model.codec import Recording
 from zeromon.model.units import format_bytes
 
-# Categories far below the level they are part of (process RSS on CPU: a few MiB of parameters in
-# ~400 MiB) would be a flat line at zero on its axis: they get a plot of their own below it.
+# Categories far below the level they are part of (process RSS on CPU: a small model's parameters in
+# the whole process's memory) would be a flat line at zero on its axis: they get a plot of their own below it.
 SMALL_CATEGORIES_SHARE = 0.05
 
 

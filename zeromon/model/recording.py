@@ -193,9 +193,9 @@ def iter_records(path: str | Path, corrupt_lines: list[int] | None = None,
         yield cls(*values)
 
 
-# Collectives are gathered as rows and turned into columns this many at a time: the rows of a whole file
-# would be held at once at the peak, and a small chunk is still in the CPU's cache when its columns are
-# checked and interned (bench_analysis.py measured the chunk size).
+# Collectives are gathered as rows and turned into columns this many at a time: the rows of a whole
+# file would raise the peak by all of them as objects, and a chunk this small is still in the CPU's
+# cache when its columns are checked and interned (much larger chunks read slower).
 _CHUNK_ROWS = 2048
 
 

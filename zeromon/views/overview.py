@@ -56,8 +56,8 @@ def _exposed_level(share: float | None) -> str:
     return "critical" if share >= EXPOSED_SHARE_CRITICAL else "warn" if share >= EXPOSED_SHARE_WARN else "ok"
 
 
-# The last RunData's shares: the Overview's banner and its grid both ask, on every live refresh (256
-# ranks x a few hundred steps held: ~12 ms a time, measured in tests/bench/bench_dashboard.py).
+# The last RunData's shares: the Overview's banner and its grid both ask, on every live refresh (a cost
+# that grows with the ranks and steps held: tests/bench/bench_dashboard.py).
 _last_shares: tuple[RunData, dict[int, float]] | None = None
 
 

@@ -85,7 +85,7 @@ def _bar_trace(kind: str, name: str, bar: TimelineBars) -> go.Bar:
     if kind == "mark" and name == "blocked":  # over the phases it cuts out of compute: hatched, half height
         marker.update(color="rgba(0,0,0,0)", pattern={"shape": "/", "fgcolor": colour, "size": 6, "solidity": 0.5},
                       line={"width": 1, "color": colour})
-    # numpy arrays: plotly validates a list item by item (~0.1 s for ten thousand bars), an array at once
+    # numpy arrays: plotly validates a list item by item (slow for thousands of bars), an array at once
     return go.Bar(y=np.array(bar.rows, dtype=object), x=np.array(bar.lengths_ms), base=np.array(bar.starts_ms),
                   orientation="h", name=label, marker=marker,
                   width=0.45 if (kind, name) == ("mark", "blocked") else 0.8, hovertext=np.array(bar.hovers, dtype=object),
