@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_compact_format import HEADER, _collective
 
 from zeromon.model.codec import RecordingWriter, read_recording
 from zeromon.model.events import RunEnd
@@ -32,7 +33,6 @@ from zeromon.views.rank_detail import rank_title
 from zeromon.views.run_data import recording_data
 
 from conftest import REPO, child_env, torchrun_args, zeromon
-from test_compact_format import HEADER, _collective
 
 SCENARIO = REPO / "tests" / "scenarios" / "fault_train.py"
 RUN_TIMEOUT_S = 90
