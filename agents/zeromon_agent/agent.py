@@ -200,10 +200,13 @@ class Agent:
 
             self.state.cuda_timing = CudaTimer.create(torch)
         else:
-            self.capacity, capacity_note = cpu_capacity(local_ranks())
+            # Where no launcher says how many ranks this host runs and there are several in all, they are counted on
+            # the store once training runs (_count_local_ranks); until then the note claims no count.
+            counted_later = launched_local_ranks() is None and self.world_size > 1
+            self.capacity, capacity_note = cpu_capacity(None if counted_later else local_ranks())
             if self.config.cpu_capacity:
                 self.capacity, capacity_note = self.config.cpu_capacity, "capacity set by ZEROMON_CPU_CAPACITY"
-            elif launched_local_ranks() is None:  # counted on the store once training runs (_count_local_ranks)
+            elif counted_later:
                 self._local_count = LocalRankCount()
 
         writer = None
