@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -50,9 +51,9 @@ def run_scenario(tmp_path: Path, script: str, *args: str, launcher: str = "torch
             env.pop(name, None)
     if not enabled:
         env["ZEROMON_ENABLE"] = "0"
-        result = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     else:
-        result = zeromon("run", "--out", str(out), "--", *command, env=env, timeout=300)
+        command = [sys.executable, "-m", "zeromon", "run", "--out", str(out), "--", *command]
+    result = _run_bounded(command, env)
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-4000:])
     watches = [json.loads((out / f"watch-{rank}.json").read_text()) for rank in range(2)]
     if not enabled:
@@ -61,6 +62,20 @@ def run_scenario(tmp_path: Path, script: str, *args: str, launcher: str = "torch
     report = zeromon("report", "--json", str(out), timeout=120)
     assert report.returncode == 0, report.stderr[-3000:]
     return TrainerRun(out, result.stderr, read_run(out), watches, json.loads(report.stdout))
+
+
+def _run_bounded(command: list[str], env: dict[str, str], timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run ``command`` in a session of its own: past the timeout its whole tree goes (the ranks, a launcher's
+    children), not the first process alone."""
+    with subprocess.Popen(command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+            raise
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
 def check_recorded_whole(run: TrainerRun) -> None:
