@@ -88,12 +88,14 @@ def check_recorded_whole(run: TrainerRun) -> None:
 
 
 def check_named(run: TrainerRun, framework: str, strategy: str) -> None:
-    """The framework and strategy in the recording, the report and zeromon run's table (a row per rank)."""
+    """The framework and strategy in the recording, the report and zeromon run's table (a row per rank, with its
+    steps)."""
     for rec in run.recordings:
         assert rec.run_info is not None and rec.run_info.framework == framework, rec.run_info
     assert [(r["framework"], r["strategy"]) for r in run.report["ranks"]] == [(framework, strategy)] * 2
     rows = [line.split() for line in run.summary.splitlines() if re.match(r"\s+[01]\s+\S+\s+\S+\s+\d+\s", line)]
-    assert [row[:3] for row in rows] == [["0", framework, strategy], ["1", framework, strategy]], run.summary
+    # rank, framework, strategy, steps (as the trainer counts them: check_steps)
+    assert [row[:4] for row in rows] == [[str(rank), framework, strategy, str(STEPS)] for rank in (0, 1)], run.summary
 
 
 def check_steps(run: TrainerRun) -> None:
