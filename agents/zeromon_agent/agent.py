@@ -152,6 +152,7 @@ class Agent:
         self._framework_known = False
         self._ddp_checked: weakref.ref[Any] | None = None  # the root last looked at for DDP (inside wrappers)
         self._optimizer_announced = False
+        self._first_step_described = False  # the run info written again once the first step has ended
         self._walk_cost_s = 0.0
         self._last_walk_step = -(10**9)
         self._step_started: tuple[int, float] | None = None  # (step, perf_counter at its first forward)
@@ -207,10 +208,13 @@ class Agent:
             self.state.device_timing_every = self.config.device_timing_every
             self.state.time_step()
         else:
-            self.capacity, capacity_note = cpu_capacity(local_ranks())
+            # Where no launcher says how many ranks this host runs and there are several in all, they are counted on
+            # the store once training runs (_count_local_ranks); until then the note claims no count.
+            counted_later = launched_local_ranks() is None and self.world_size > 1
+            self.capacity, capacity_note = cpu_capacity(None if counted_later else local_ranks())
             if self.config.cpu_capacity:
                 self.capacity, capacity_note = self.config.cpu_capacity, "capacity set by ZEROMON_CPU_CAPACITY"
-            elif launched_local_ranks() is None:  # counted on the store once training runs (_count_local_ranks)
+            elif counted_later:
                 self._local_count = LocalRankCount()
 
         writer = None
@@ -614,6 +618,12 @@ class Agent:
             if started is not None and started[0] == self.state.step:
                 self._step_s = time.perf_counter() - started[1]  # first forward to optimizer step
             self.sample_memory("optimizer", categories=False)
+            if self.started and not self._first_step_described:
+                # What the first forward settles is read after it: FSDP2 keeps its root gathered after forward
+                # from its lazy init on. Under optimizer.step(closure) (Lightning's Trainer) the optimizer's
+                # start, the run info's last look, comes before that forward.
+                self._first_step_described = True
+                self._write_run_info()
 
     def _memory_point(self, what: str) -> None:
         self.tracker._boundary(what)
