@@ -496,6 +496,18 @@ def _horizon_text(severity: Severity, steps_to_capacity: float, seconds_to_capac
     return f"{severity.value}: capacity is {inside} away; {horizons}"
 
 
+def _steadiness(trend: _Trend) -> str:
+    """How steady the rise was, in plain words: the Theil–Sen slope and Mann–Kendall tau stay in the
+    docs (docs/definitions.md) and the finding's metrics, where a user can look them up."""
+    values, n = trend.values, len(trend.values)
+    rises = sum(b > a for a, b in zip(values, values[1:], strict=False))
+    if rises == n - 1:
+        return f"the typical rise over {n} steps: the peak rose in every step"
+    higher = sum(values[j] > values[i] for i in range(n) for j in range(i + 1, n)) / (n * (n - 1) / 2)
+    return (f"the typical rise over {n} steps: the peak rose in {rises} of {n - 1} steps, and a later step's peak "
+            f"was above an earlier one's in {higher:.0%} of pairs of steps")
+
+
 def _growth_finding(run: MemoryContext, trend: _Trend, steps_to_capacity: float | None, step_s: float | None,
                     walks: list[MemorySample]) -> Finding:
     seconds_to_capacity = steps_to_capacity * step_s if steps_to_capacity is not None and step_s else None
@@ -505,8 +517,8 @@ def _growth_finding(run: MemoryContext, trend: _Trend, steps_to_capacity: float 
     first, last = trend.steps[0], trend.steps[-1]
     evidence = [
         f"the per-step peak rose from {format_bytes(trend.values[0])} (step {step_number(first)}) to "
-        f"{format_bytes(trend.values[-1])} (step {step_number(last)}): {format_bytes(trend.slope)} per step "
-        f"(Theil–Sen over {len(trend.steps)} steps; Mann–Kendall tau {trend.tau:.2f})",
+        f"{format_bytes(trend.values[-1])} (step {step_number(last)}): {format_bytes(trend.slope)} per step, "
+        f"{_steadiness(trend)}",
     ]
     over = steps_to_capacity == 0
     if over:

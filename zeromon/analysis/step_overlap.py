@@ -43,6 +43,9 @@ from zeromon.model.codec import CollectiveColumns, Recording
 from zeromon.model.events import StepSummary, issue_interval, span_ns
 
 COMPUTE_PHASES = frozenset({"forward", "backward", "optimizer"})  # the stream's computation on GPU
+# Said wherever a CPU run's overlap shows: its 0 % is no fault of the run's sharding (docs/definitions.md).
+CPU_OVERLAP_NOTE = ("overlap on CPU (gloo): there are no GPU streams to overlap communication on, so an overlap "
+                    "near 0% is expected; the exposed share says what communication costs")
 AGENT_PHASE = "agent"
 DEVICE_CLOCK = "cuda_event"  # PhaseSpan.timing of a span on the GPU's clock
 HOST_CLOCK = "host"  # PhaseSpan.timing of a span on the host's clock (the training thread's)

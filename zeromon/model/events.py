@@ -29,6 +29,12 @@ class Phase(str, Enum):
     AGENT = "agent"  # zeromon's own work on the training thread (memory samples, category walks)
 
 
+def phase_words(phase: str) -> str:
+    """A phase as a user reads it: its own name, but "zeromon's own work" for the agent's (a word a user
+    would have to look up)."""
+    return "zeromon's own work" if phase == Phase.AGENT else phase
+
+
 class ZeroMeaning(str, Enum):
     """What a collective does for ZeRO/FSDP, where the framework and phase make it knowable."""
 
