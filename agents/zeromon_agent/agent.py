@@ -328,6 +328,12 @@ class Agent:
                 self.recorder.stop(how=how, detail=detail, progress=progress)
         except Exception as exc:  # noqa: BLE001
             log.warning("zeromon: error while stopping the agent's recorder: %r", exc)
+        # torch.distributed's own functions and Work.wait back, after the recorder's last drain: a training that
+        # goes on runs torch's code, not a wrapper's flag check (a name another module copied keeps the wrapper,
+        # which passes straight through once the state is off).
+        collectives.uninstall()
+        self.state.pending.clear()
+        self.state.works.clear()
         # After the recorder's last drain: a final scrape still sees the end of the run.
         endpoint, self.endpoint = self.endpoint, None
         if endpoint is not None:
