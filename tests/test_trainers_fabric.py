@@ -1,8 +1,10 @@
-"""Lightning Fabric under `zeromon run -- torchrun`, 2 gloo ranks on CPU, a tiny GPT-2 from its config
+"""Lightning Fabric under `zeromon run`, 2 gloo ranks on CPU, a tiny GPT-2 from its config
 (tests/scenarios/lightning_trainer.py --api fabric): DDP, which Fabric wraps as _FabricModule around
-DistributedDataParallel, and ModelParallelStrategy (FSDP2). Each run is checked as tests/trainer_checks.py says.
-Losses with the agent on and off are compared in tests/test_trainers_lightning.py alone (a baseline run costs as
-much as the run itself)."""
+DistributedDataParallel, under Fabric's own launcher (`python script.py`, devices=2: rank 0 starts rank 1, no
+LOCAL_WORLD_SIZE anywhere); ModelParallelStrategy (FSDP2) under torchrun. Between them and
+tests/test_trainers_lightning.py (DDP under torchrun, FSDP2 under Lightning's launcher) each strategy runs under
+each launcher once. Each run is checked as tests/trainer_checks.py says, losses with the agent and without it
+included."""
 
 from __future__ import annotations
 
@@ -18,15 +20,15 @@ pytest.importorskip("transformers")
 pytestmark = [pytest.mark.distributed, pytest.mark.trainers]
 
 
-@pytest.mark.parametrize(("strategy", "framework", "label", "meanings"), [
-    ("ddp", "ddp", "-", {("grad_all_reduce", "backward")}),
-    ("fsdp2", "fsdp2", "FULL_SHARD", {("param_all_gather", "forward"), ("param_all_gather", "backward"),
-                                      ("grad_reduce_scatter", "backward")}),
-])
-def test_fabric_under_torchrun(tmp_path: Path, strategy: str, framework: str, label: str,
-                               meanings: set[tuple[str, str]]) -> None:
-    run = run_scenario(tmp_path, "lightning_trainer.py", "--api", "fabric", "--strategy", strategy)
-    check_all(run, framework, label)
-    if framework == "fsdp2":
-        check_fsdp2_reshard_knob(run)
-    assert step_meanings(run) == [meanings] * 2
+def test_fabric_with_ddp_under_its_own_launcher(tmp_path: Path) -> None:
+    run = run_scenario(tmp_path, "lightning_trainer.py", "--api", "fabric", "--strategy", "ddp", launcher="fabric")
+    check_all(run, "ddp", "-")
+    assert step_meanings(run) == [{("grad_all_reduce", "backward")}] * 2
+
+
+def test_fabric_with_fsdp2_under_torchrun(tmp_path: Path) -> None:
+    run = run_scenario(tmp_path, "lightning_trainer.py", "--api", "fabric", "--strategy", "fsdp2")
+    check_all(run, "fsdp2", "FULL_SHARD")
+    check_fsdp2_reshard_knob(run)
+    assert step_meanings(run) == [{("param_all_gather", "forward"), ("param_all_gather", "backward"),
+                                   ("grad_reduce_scatter", "backward")}] * 2

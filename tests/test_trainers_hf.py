@@ -3,11 +3,9 @@
 HF integration); accelerate's FSDP does not run on CPU (the skip says why). Each run is checked as
 tests/trainer_checks.py says: the framework and strategy named, phases within the scenario's stopwatch, the steps
 as the Trainer counts them, HF's and accelerate's own collectives without ZeRO meanings, half the host's memory
-per rank, and no advice the resolved config already follows.
-
-Losses with the agent on and off are compared in tests/test_trainers_lightning.py alone, where the agent does the
-most to the training's own code (it wraps the closure the Trainer passes to optimizer.step): a baseline run costs
-as much as the run itself, and the suite's time is short."""
+per rank, no advice the resolved config already follows, and the same losses with the agent and without it (a
+second Trainer in the same ranks, after the agent is detached).
+"""
 
 from __future__ import annotations
 

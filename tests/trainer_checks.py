@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from zeromon.model import Recording, read_run
+from zeromon.model.run_end import read_file_end
 
 from conftest import REPO, child_env, torchrun_args, zeromon
 
@@ -38,10 +39,11 @@ class TrainerRun:
         return self.watches[rec.rank]
 
 
-def run_scenario(tmp_path: Path, script: str, *args: str, launcher: str = "torchrun",
-                 enabled: bool = True) -> TrainerRun:
-    """`zeromon run -- torchrun ... script` (or `-- python script`: the trainer starts its ranks itself)."""
-    out = tmp_path / ("run" if enabled else "baseline")
+def run_scenario(tmp_path: Path, script: str, *args: str, launcher: str = "torchrun") -> TrainerRun:
+    """`zeromon run -- torchrun ... script` (or `-- python script`: the trainer starts its ranks itself). Each
+    scenario trains twice in its ranks' processes: under the agent, then detached from it (check_losses_unchanged);
+    the recording is the first training's, ended at the detach."""
+    out = tmp_path / "run"
     scenario = (*args, "--steps", str(STEPS), "--out", str(out / "watch-{rank}.json"))
     command = (torchrun_args(2, SCENARIOS / script, *scenario) if launcher == "torchrun"
                else [sys.executable, str(SCENARIOS / script), *scenario])
@@ -49,16 +51,10 @@ def run_scenario(tmp_path: Path, script: str, *args: str, launcher: str = "torch
     if launcher != "torchrun":  # nothing says how many ranks this host runs: zeromon must count them
         for name in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
             env.pop(name, None)
-    if not enabled:
-        env["ZEROMON_ENABLE"] = "0"
-    else:
-        command = [sys.executable, "-m", "zeromon", "run", "--out", str(out), "--", *command]
+    command = [sys.executable, "-m", "zeromon", "run", "--out", str(out), "--", *command]
     result = _run_bounded(command, env)
     assert result.returncode == 0, (result.stdout[-3000:], result.stderr[-4000:])
     watches = [json.loads((out / f"watch-{rank}.json").read_text()) for rank in range(2)]
-    if not enabled:
-        assert not list(out.glob("rank-*")), "ZEROMON_ENABLE=0 recorded"
-        return TrainerRun(out, result.stderr, [], watches, {})
     report = zeromon("report", "--json", str(out), timeout=120)
     assert report.returncode == 0, report.stderr[-3000:]
     return TrainerRun(out, result.stderr, read_run(out), watches, json.loads(report.stdout))
@@ -203,11 +199,16 @@ def check_no_advice_already_followed(run: TrainerRun) -> None:
         assert not [r for r in remedies if _already_followed(r, knobs)], (knobs, remedies)
 
 
-def check_losses_unchanged(run: TrainerRun, baseline: TrainerRun) -> None:
-    """The same losses, bit for bit, with the agent and without it (ZEROMON_ENABLE=0)."""
-    for rank in range(2):
-        assert len(run.watches[rank]["losses"]) == STEPS
-        assert run.watches[rank]["losses"] == baseline.watches[rank]["losses"]
+def check_losses_unchanged(run: TrainerRun) -> None:
+    """The same losses, bit for bit (their repr), with the agent and without it: each rank trained the same model
+    from the same seeds twice, under the agent and after detaching it. The recording ended at the detach (its
+    end record says so) and so holds the first training alone."""
+    for rank, watch in enumerate(run.watches):
+        assert len(watch["losses"]) == STEPS
+        assert watch["losses"] == watch["losses_without_agent"], (rank, watch["losses"], watch["losses_without_agent"])
+    for rec in run.recordings:
+        end = read_file_end(rec.path).end
+        assert end is not None and end.how == "detach", end
 
 
 def check_all(run: TrainerRun, framework: str, strategy: str, optimizer_watch: str = "update") -> None:
@@ -218,6 +219,7 @@ def check_all(run: TrainerRun, framework: str, strategy: str, optimizer_watch: s
     check_phases(run, optimizer_watch)
     check_capacity_per_rank(run)
     check_no_advice_already_followed(run)
+    check_losses_unchanged(run)
 
 
 def check_fsdp2_reshard_knob(run: TrainerRun) -> None:

@@ -9,6 +9,7 @@ state told it is DeepSpeed's is handed to the Trainer (accelerator_config use_co
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 from pathlib import Path
@@ -18,7 +19,7 @@ import torch
 from transformers import TrainerCallback
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trainer_stopwatch import Stopwatch, teardown, tiny_gpt2, token_batches  # noqa: E402
+from trainer_stopwatch import Stopwatch, teardown, tiny_gpt2, token_batches, write  # noqa: E402
 
 MICRO_BATCH = 4
 
@@ -82,24 +83,40 @@ def main() -> None:
     else:
         extra = {"fsdp": "full_shard", "fsdp_config": {"transformer_layer_cls_to_wrap": ["GPT2Block"]}}
         watch.time_backwards()
-    model = tiny_gpt2()
-    watch.record_losses(model)
     world = int(os.environ["WORLD_SIZE"])
     data = Tokens(token_batches(args.steps * world, MICRO_BATCH))
-    training = TrainingArguments(
-        output_dir=os.path.join(os.path.dirname(args.out), "hf-output"), max_steps=args.steps,
-        per_device_train_batch_size=MICRO_BATCH, learning_rate=1e-3, use_cpu=True, report_to="none",
-        save_strategy="no", logging_steps=1, disable_tqdm=True, dataloader_num_workers=0, seed=0,
-        data_seed=0, **extra)
-    outer = OuterForwards(watch)
-    trainer = Trainer(model=model, args=training, train_dataset=data, callbacks=[outer])
-    outer.trainer = trainer
-    trainer.train()
-    rank = int(os.environ["RANK"])
-    watch.write(args.out, rank, global_step=trainer.state.global_step,
-                distributed_type=str(trainer.accelerator.distributed_type))
-    print(f"rank {rank} losses {watch.losses}", flush=True)
-    del trainer, model
+
+    def train() -> Any:
+        model = tiny_gpt2()
+        watch.record_losses(model)
+        training = TrainingArguments(
+            output_dir=os.path.join(os.path.dirname(args.out), "hf-output"), max_steps=args.steps,
+            per_device_train_batch_size=MICRO_BATCH, learning_rate=1e-3, use_cpu=True, report_to="none",
+            save_strategy="no", logging_steps=1, disable_tqdm=True, dataloader_num_workers=0, seed=0,
+            data_seed=0, **extra)
+        outer = OuterForwards(watch)
+        trainer = Trainer(model=model, args=training, train_dataset=data, callbacks=[outer])
+        outer.trainer = trainer
+        trainer.train()
+        return trainer
+
+    trainer = train()
+    taken = watch.taken(int(os.environ["RANK"]), global_step=trainer.state.global_step,
+                        distributed_type=str(trainer.accelerator.distributed_type))
+    del trainer
+    if args.strategy.startswith("zero"):
+        # The first TrainingArguments' DeepSpeed config, held globally by the HF integration, would make the
+        # second model's build a ZeRO-3 one (zero.Init): the second TrainingArguments sets its own. accelerate
+        # refuses a DeepSpeed plugin to a second Accelerator of the same state: the state (not the process
+        # group's PartialState) is made anew, as for the first.
+        from accelerate.state import AcceleratorState, GradientState
+        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+        unset_hf_deepspeed_config()
+        AcceleratorState._reset_state(reset_partial_state=False)
+        GradientState._reset_state()
+    gc.collect()
+    write(args.out, watch.again_without_agent(taken, train))
     teardown()
 
 

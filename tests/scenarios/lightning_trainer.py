@@ -1,7 +1,8 @@
 """Lightning's Trainer or Fabric on a tiny GPT-2, 2 CPU ranks on gloo, with DDP or ModelParallelStrategy (FSDP2):
 under torchrun (Lightning sees its environment) or under Lightning's own launcher (`python lightning_trainer.py`:
 rank 0 starts rank 1 itself, devices=2). Writes the stopwatch of tests/scenarios/trainer_stopwatch.py per rank,
-and the trainer's own step count.
+and the trainer's own step count. Each rank trains twice: under zeromon's agent, then detached from it, from the
+same seeds (its losses compared bit for bit).
 
 The Trainer runs forward and backward inside optimizer.step(closure); Fabric's loop here is the plain one."""
 
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from trainer_stopwatch import Stopwatch, teardown, tiny_gpt2, token_batches  # noqa: E402
+from trainer_stopwatch import Stopwatch, teardown, tiny_gpt2, token_batches, write  # noqa: E402
 
 MICRO_BATCH = 4
 
@@ -43,7 +44,7 @@ def strategy(name: str, api: str) -> Any:
     return ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1)
 
 
-def run_trainer(args: argparse.Namespace, watch: Stopwatch) -> tuple[int, int]:
+def run_trainer(args: argparse.Namespace, watch: Stopwatch) -> dict[str, Any]:
     import lightning as L
 
     class TinyGPT(L.LightningModule):
@@ -67,38 +68,48 @@ def run_trainer(args: argparse.Namespace, watch: Stopwatch) -> tuple[int, int]:
         def configure_optimizers(self) -> torch.optim.Optimizer:
             return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy(args.strategy, "trainer"),
-                        max_steps=args.steps, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=True,
-                        default_root_dir=args.root)
-    data = torch.utils.data.DataLoader(list(token_batches(args.steps * 2, MICRO_BATCH).reshape(-1, 32)),
-                                       batch_size=MICRO_BATCH)
-    trainer.fit(TinyGPT(), data)
-    return trainer.global_rank, trainer.global_step
+    def train() -> Any:
+        trainer = L.Trainer(accelerator="cpu", devices=2, strategy=strategy(args.strategy, "trainer"),
+                            max_steps=args.steps, logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=True,
+                            default_root_dir=args.root)
+        data = torch.utils.data.DataLoader(list(token_batches(args.steps * 2, MICRO_BATCH).reshape(-1, 32)),
+                                           batch_size=MICRO_BATCH)
+        trainer.fit(TinyGPT(), data)
+        return trainer
+
+    trainer = train()
+    # A second Trainer joins the process group the first one made (and, under Lightning's launcher, the rank it
+    # started): it launches nothing.
+    return watch.again_without_agent(watch.taken(trainer.global_rank, global_step=trainer.global_step), train)
 
 
-def run_fabric(args: argparse.Namespace, watch: Stopwatch) -> tuple[int, int]:
+def run_fabric(args: argparse.Namespace, watch: Stopwatch) -> dict[str, Any]:
     import lightning as L
 
     fabric = L.Fabric(accelerator="cpu", devices=2, strategy=strategy(args.strategy, "fabric"))
     fabric.launch()
-    model = tiny_gpt2()
-    watch.record_losses(model)
-    if args.strategy == "fsdp2":  # the optimizer is made over the sharded parameters
-        model = fabric.setup_module(model)
-        optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=1e-3))
-    else:
-        model, optimizer = fabric.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
-    watch.time_forwards(model)  # Fabric's _FabricModule, around DDP or the sharded model
-    batches = token_batches(args.steps, MICRO_BATCH, seed=1 + fabric.global_rank)
-    steps = 0
-    for tokens in batches:
-        loss = model(input_ids=tokens, labels=tokens).loss
-        fabric.backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-        steps += 1
-    return fabric.global_rank, steps
+
+    def train() -> int:  # one Fabric, a model and optimizer set up for each training
+        model = tiny_gpt2()
+        watch.record_losses(model)
+        if args.strategy == "fsdp2":  # the optimizer is made over the sharded parameters
+            model = fabric.setup_module(model)
+            optimizer = fabric.setup_optimizers(torch.optim.AdamW(model.parameters(), lr=1e-3))
+        else:
+            model, optimizer = fabric.setup(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+        watch.time_forwards(model)  # Fabric's _FabricModule, around DDP or the sharded model
+        steps = 0
+        for tokens in token_batches(args.steps, MICRO_BATCH, seed=1 + fabric.global_rank):
+            loss = model(input_ids=tokens, labels=tokens).loss
+            fabric.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            steps += 1
+        return steps
+
+    steps = train()
+    return watch.again_without_agent(watch.taken(fabric.global_rank, global_step=steps), train)
 
 
 def main() -> None:
@@ -113,9 +124,7 @@ def main() -> None:
     watch = Stopwatch()
     watch.time_updates()
     watch.time_backwards()
-    rank, steps = (run_trainer if args.api == "trainer" else run_fabric)(args, watch)
-    watch.write(args.out, rank, global_step=steps)
-    print(f"rank {rank} losses {watch.losses}", flush=True)
+    write(args.out, (run_trainer if args.api == "trainer" else run_fabric)(args, watch))
     teardown()
 
 

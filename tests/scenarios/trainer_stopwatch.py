@@ -96,13 +96,37 @@ class Stopwatch:
 
         model.register_forward_hook(post)
 
-    def write(self, path_template: str, rank: int, **extra: Any) -> None:
+    def taken(self, rank: int, **extra: Any) -> dict[str, Any]:
+        """What was measured so far, copied: a training after this adds nothing to it."""
         self._close_update()
-        path = path_template.format(rank=rank)
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(path, "w") as f:
-            json.dump({"rank": rank, **self.seconds, "losses": self.losses, "param_bytes": self.param_bytes,
-                       **extra}, f)
+        return {"rank": rank, **{kind: list(seconds) for kind, seconds in self.seconds.items()},
+                "losses": list(self.losses), "param_bytes": self.param_bytes, **extra}
+
+    def again_without_agent(self, taken: dict[str, Any], train: Callable[[], Any]) -> dict[str, Any]:
+        """``taken`` with the losses of ``train`` (the same training, built again from the same seeds) run after
+        zeromon's agent is detached, where one runs: its recording ends there (the end record written), and
+        torch's own functions and hooks are back (tests/test_agent_lifecycle.py)."""
+        detach_agent()
+        self.losses = []
+        train()
+        return {**taken, "losses_without_agent": self.losses}
+
+
+def write(path_template: str, taken: dict[str, Any]) -> None:
+    path = path_template.format(rank=taken["rank"])
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(taken, f)
+    print(f"rank {taken['rank']} losses with the agent {taken['losses']}, without it "
+          f"{taken.get('losses_without_agent')}", flush=True)
+
+
+def detach_agent() -> None:
+    try:
+        import zeromon_agent
+    except ImportError:  # run without zeromon: nothing to detach
+        return
+    zeromon_agent.detach()
 
 
 def tiny_gpt2(seed: int = 0) -> torch.nn.Module:
