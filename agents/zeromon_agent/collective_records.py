@@ -365,7 +365,7 @@ class CollectiveRecords:
             # Every CUDA event of this collective goes back to the pool, whichever path finished it.
             self.cuda_timer.release(*(cuda or ()), extra_event, wait_event)
             self.cuda_timer.awaiting.discard(seq)  # finalized without a wait (polled, or at exit)
-        if timing == _LAUNCH and self.cuda_timer is not None:
+        if async_op and self.cuda_timer is not None:  # one of a step not timed on the device, never waited on
             self.cuda_timer.untimed_waits.discard(seq)
         complete_ns: int | None
         offset = self.clock_offset_ns  # self.unix(), inline
