@@ -152,11 +152,26 @@ def fold(acc: StepAcc) -> None:
 
 def summarize(acc: StepAcc, rank: int, step: int, start_ns: int, end_ns: int) -> StepSummary:
     """The summary of a step that ended, its window [start_ns, end_ns) already on the Unix clock."""
+    comm_s: float | None = None
     comp_s = overlap_s = exposed_s = None
-    if acc.device_untimed:
-        return _new_summary((
-            rank, step, start_ns, end_ns, {k: v / 1e9 for k, v in acc.phase_ns.items()}, acc.collectives,
-            acc.comm_bytes, dict(acc.by_op), None, round(acc.blocked_s, 9), acc.peak_memory, None, None, None))
+    if not acc.device_untimed:  # a GPU step not timed on the device has no communication time nor overlap
+        comm_s, (comp_s, overlap_s, exposed_s) = _communication(acc, start_ns, end_ns)
+    return _new_summary((
+        rank, step, start_ns, end_ns,
+        {k: v / 1e9 for k, v in acc.phase_ns.items()}, acc.collectives,  # phase_s: seconds() of each
+        acc.comm_bytes, dict(acc.by_op),
+        comm_s,  # comm_union_s
+        round(acc.blocked_s, 9), acc.peak_memory, comp_s, overlap_s, exposed_s,
+    ))
+
+
+_Overlap = tuple[float | None, float | None, float | None]  # computation, overlap, exposed communication (s)
+
+
+def _communication(acc: StepAcc, start_ns: int, end_ns: int) -> tuple[float, _Overlap]:
+    """A step's communication seconds and its (computation, overlap, exposed communication), each None where not
+    known."""
+    comp_s = overlap_s = exposed_s = None
     host_ns: tuple[int, int, int] | None
     host = acc.overlap_known and end_ns > start_ns and not (acc.on_stream and acc.compute)
     sequential = _sequential_overlap_ns(acc, start_ns, end_ns) \
@@ -180,13 +195,7 @@ def summarize(acc: StepAcc, rank: int, step: int, start_ns: int, end_ns: int) ->
         comp_s, overlap_s, exposed_s = (round(overlap.comp_s, 9), round(overlap.overlap_s, 9),
                                         round(overlap.exposed_comm_s, 9))
         comm_s = round(overlap.comm_s, 9)
-    return _new_summary((
-        rank, step, start_ns, end_ns,
-        {k: v / 1e9 for k, v in acc.phase_ns.items()}, acc.collectives,  # phase_s: seconds() of each
-        acc.comm_bytes, dict(acc.by_op),
-        comm_s,  # comm_union_s
-        round(acc.blocked_s, 9), acc.peak_memory, comp_s, overlap_s, exposed_s,
-    ))
+    return comm_s, (comp_s, overlap_s, exposed_s)
 
 
 def _sequential_overlap_ns(acc: StepAcc, start_ns: int, end_ns: int) -> tuple[int, tuple[int, int, int]] | None:
