@@ -12,7 +12,8 @@ run's final state from the recording (the agents are gone by then, and the last 
 interval old).
 
 The hang verdict (zeromon.views.hang) is the app's reactive ``hang``: the banner and the hang screen (``h``)
-watch it and draw again only when it changes.
+watch it and draw again only when it changes. What the keys set (``paused``, ``sort``, ``rank_filter``) is
+reactive too: its watchers draw the screen, whichever key, header click or input changed it.
 """
 
 from __future__ import annotations
@@ -124,6 +125,10 @@ class ZeromonApp(App[None]):
     # Wide terminals put the sparklines and findings beside the table instead of under it.
     HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (150, "-wide")]
     hang: var[HangView | None] = var(None)  # the view's hang verdict, as shown (the banner, the hang screen)
+    # What the keys change; the screen is drawn again by their watchers, whichever key or widget set them.
+    paused: var[bool] = var(False, init=False)
+    sort: var[str] = var("rank", init=False)
+    rank_filter: var[RankFilter] = var(RankFilter(""), init=False)
     BINDINGS = [
         Binding("question_mark", "help", "help"),
         Binding("q", "quit", "quit"),
@@ -151,9 +156,6 @@ class ZeromonApp(App[None]):
         self.final_error: str | None = None  # why final_view() gave none
         self._final_asked = False
         self.view: FleetView | None = None
-        self.paused = False
-        self.sort = "rank"
-        self.rank_filter = RankFilter("")
         self.rows: list[RankRow] = []  # as shown: filtered and sorted
         self.findings: tuple[FindingItem, ...] = ()
         self.source_error: str | None = None  # latest() raised: shown, and the next tick tries again
@@ -353,12 +355,19 @@ class ZeromonApp(App[None]):
 
     def action_pause(self) -> None:
         self.paused = not self.paused
-        if hasattr(self.source, "paused"):
-            self.source.paused = self.paused
+
+    def watch_paused(self, paused: bool) -> None:
+        if hasattr(self.source, "paused"):  # a replay stops its clock with the screen
+            self.source.paused = paused
         self.draw()
 
     def action_cycle_sort(self) -> None:
         self.sort = SORT_NAMES[(SORT_NAMES.index(self.sort) + 1) % len(SORT_NAMES)]
+
+    def watch_sort(self) -> None:
+        self.draw()
+
+    def watch_rank_filter(self) -> None:
         self.draw()
 
     def action_filter(self) -> None:
@@ -374,7 +383,6 @@ class ZeromonApp(App[None]):
         field.display = False
         self.rank_filter = RankFilter("")
         self._main.query_one(RanksTable).focus()
-        self.draw()
 
     def action_speed(self, direction: int) -> None:
         speed = getattr(self.source, "speed", None)
@@ -398,7 +406,6 @@ class ZeromonApp(App[None]):
     def on_input_changed(self, event: Input.Changed) -> None:
         if event.input.id == "filter":
             self.rank_filter = RankFilter(event.value)
-            self.draw()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input.id == "filter":
@@ -413,7 +420,6 @@ class ZeromonApp(App[None]):
         sort = SORT_OF_COLUMN.get(event.column_key)
         if sort is not None:
             self.sort = sort
-            self.draw()
 
 
 def _as_ended(view: FleetView) -> FleetView:
