@@ -144,7 +144,7 @@ def straggler_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     200 MiB more."""
     out = tmp_path_factory.mktemp("straggler") / "run"
     result = subprocess.run(
-        torchrun_args(2, REPO / "tests" / "scenarios" / "straggler.py", "--delay", "0.1", "--steps", "6"),
+        torchrun_args(2, REPO / "tests" / "scenarios" / "straggler.py", "--delay", "0.1", "--steps", "14"),
         env=child_env(ZEROMON_OUT=str(out)), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return out
