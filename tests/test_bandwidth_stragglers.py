@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from zeromon.analysis.bandwidth import (
     format_share,
     size_bucket,
 )
+from zeromon.analysis.live_stragglers import straggler_finding
 from zeromon.analysis.stragglers import STEP_SKEW_SHARE, RankArrivals, analyze_imbalance, combine_imbalance
 from zeromon.model import CollectiveEvent, read_run
 
@@ -144,8 +146,9 @@ def test_exposed_communication_that_is_waiting_for_the_straggler_says_so(straggl
     assert finding["metrics"]["waited_share_of_exposed"] >= 0.5
     assert any("was waiting for rank 1 to reach the collective" in e for e in finding["evidence"])
     assert finding["remedies"][0].startswith("most of it is waiting for rank 1")
-    # Rank 1, the late one, waits for nobody: its findings say nothing of waiting.
-    assert not any("waiting for" in e for f in report["findings"] if f["rank"] == 1 for e in f["evidence"])
+    # Rank 1, the late one, is nobody's victim of a straggler: its findings name none (it may wait a little
+    # for rank 0 at the step's second all-reduce, which gloo's ranks leave in a fixed order).
+    assert not any("waiting for rank" in r for f in report["findings"] if f["rank"] == 1 for r in f["remedies"])
 
 
 # The warm-up far above the startup jitter of a loaded machine; steps enough to beat chance (STEPS).
@@ -227,3 +230,28 @@ def test_step_skew_from_a_few_steps_is_not_told_from_chance() -> None:
     result = combine_imbalance(_ranks_with_steps(times))
     assert result.step_skew_median is not None and result.step_skew_median >= STEP_SKEW_SHARE
     assert not [f for f in result.findings if f.kind == "step_skew"]
+
+
+@pytest.mark.distributed
+def test_a_healthy_run_beside_busy_processes_raises_no_straggler_or_skew_warning(tmp_path: Path) -> None:
+    """Two processes spin beside a healthy 2-rank run (the contention that made a coin flip read as a
+    critical straggler). The tests against chance allow a false alarm in under 1 in 100 such runs
+    (tests/bench/bench_finding_noise.py measures the rate); the old rule raised one in most of them."""
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        out = tmp_path / "run"
+        result = subprocess.run(
+            torchrun_args(2, REPO / "tests" / "scenarios" / "straggler.py", "--delay", "0", "--extra-mb", "0",
+                          "--steps", "20"),
+            env=child_env(ZEROMON_OUT=str(out)), capture_output=True, text=True, timeout=300)
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+    assert result.returncode == 0, result.stderr[-3000:]
+    recordings = read_run(out)
+    imbalance = analyze_imbalance(recordings)
+    assert imbalance.steady_steps == 19
+    alarms = [f for f in imbalance.findings if f.kind in ("straggler", "step_skew") and f.severity.rank >= 2]
+    assert not alarms, [(f.title, f.evidence) for f in alarms]
+    assert straggler_finding({r.rank: list(r.steps) for r in recordings}) is None

