@@ -23,6 +23,56 @@ TEST_REGISTRY = tempfile.mkdtemp(prefix="zeromon-test-registry-")
 EXAMPLES = REPO / "examples"
 
 
+# What the suite needs beyond `pip install -e ".[test]"`, which CI installs (.ci/run): a test that skips for one of
+# these runs in CI. Each: (words its skip reason holds, what installs it).
+_SETUP = "DS_BUILD_OPS=0 pip install \"torch==2.13.0\" -e \".[test,deepspeed,trainers]\""
+_SYSTEM = "sudo apt-get install prometheus tmux chromium chromium-driver"
+CI_COMPONENTS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("deepspeed",), _SETUP),
+    (("transformers", "lightning", "tensorboardx", "trainers extra"), _SETUP),
+    (("holistictraceanalysis", "'hta'"), _SETUP),
+    (("accelerate is not installed", "'accelerate'"), _SETUP),
+    (("tmux",), _SYSTEM),
+    (("prometheus", "promtool"), _SYSTEM),
+    (("chromium", "chromedriver", "browser"), _SYSTEM),
+)
+_missing_for_ci: dict[str, set[str]] = {}  # install command -> the tests it would run
+
+
+def _ci_install_for(reason: str) -> str | None:
+    """The command that installs what a skip's reason says is missing, where CI has it; None for a skip that CI
+    makes too (no GPU, a version-specific alternative)."""
+    low = reason.lower()
+    if "installed:" in low or "installed;" in low:  # "DeepSpeed 0.19 installed: its schema is read from it"
+        return None
+    for words, install in CI_COMPONENTS:
+        if any(word in low for word in words):
+            return install
+    return None
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and isinstance(report.longrepr, (tuple, list)) and len(report.longrepr) == 3:
+        install = _ci_install_for(str(report.longrepr[2]))
+        if install is not None:
+            _missing_for_ci.setdefault(install, set()).add(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Where a test skipped for a tool or package that CI installs: how many, and the command that installs it, so
+    that `python -m pytest` runs what CI runs. ZEROMON_REQUIRE_ALL=1 (CI) makes such a skip fail the run."""
+    if not _missing_for_ci:
+        return
+    terminalreporter.section("tests that CI runs and this machine skipped")
+    for install, tests in sorted(_missing_for_ci.items()):
+        terminalreporter.write_line(f"{len(tests)} skipped; to run them: {install}")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _missing_for_ci and os.environ.get("ZEROMON_REQUIRE_ALL", "") not in ("", "0") and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 def refuses_field(exc: Any, key: str) -> bool:
     """Whether a pydantic ValidationError refuses the field ``key`` itself: an error located at it, or at an
     item of it (("passes", 1)). A model validator's (loc ()) weighs several fields; an error inside a nested

@@ -132,6 +132,61 @@ def test_explicit_steps_with_two_optimizers(tmp_path: Path) -> None:
     assert all(set(s.phase_s) >= {"forward", "backward"} for s in rec.steps)
 
 
+def test_detach_gives_the_training_back_as_it_was_and_ends_the_recording(tmp_path: Path) -> None:
+    """After zeromon_agent.detach() the process runs torch's own code: torch.distributed's functions and
+    Work.wait, torch.autograd.backward, no hook of zeromon's on the model, on every module or on every optimizer;
+    the recording ends there ("detach"), and training on adds nothing to it (tests/test_trainers_*.py train
+    again in the same process without the agent, and compare the losses)."""
+    script = tmp_path / "detach.py"
+    script.write_text(textwrap.dedent("""
+        import json, os, sys, torch, torch.distributed as dist
+        import torch.distributed.distributed_c10d as c10d
+        import torch.nn.modules.module as module_mod
+        import torch.optim.optimizer as optim_mod
+        import zeromon_agent
+        dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{sys.argv[2]}")
+        def hooks(model):
+            return [len(h) for h in (model._forward_pre_hooks, model._forward_hooks, module_mod._global_forward_pre_hooks,
+                    module_mod._global_forward_hooks, optim_mod._global_optimizer_pre_hooks,
+                    optim_mod._global_optimizer_post_hooks)]
+        def train(model, opt):
+            for _ in range(3):
+                opt.zero_grad()
+                model(torch.ones(4, 8)).sum().backward()
+                opt.step(lambda: None)
+                dist.all_reduce(torch.ones(2))
+                dist.all_reduce(torch.ones(2), async_op=True).wait()
+        functions = (dist.all_reduce, c10d.all_reduce, c10d.Work.wait, torch.autograd.backward)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), 0.1)
+        before = hooks(model)
+        zeromon_agent.attach(model=model, optimizer=opt, out_dir=sys.argv[1])
+        wrapped = [f is not g for f, g in zip(functions, (dist.all_reduce, c10d.all_reduce, c10d.Work.wait,
+                                                          torch.autograd.backward))]
+        train(model, opt)
+        zeromon_agent.detach()
+        after = (dist.all_reduce, c10d.all_reduce, c10d.Work.wait, torch.autograd.backward)
+        ended = os.path.getsize(os.path.join(sys.argv[1], "rank-0.jsonl"))
+        train(model, opt)
+        print(json.dumps({"wrapped": wrapped, "restored": [f is g for f, g in zip(functions, after)],
+                          "hooks": [before, hooks(model)], "grown": os.path.getsize(
+                              os.path.join(sys.argv[1], "rank-0.jsonl")) - ended}))
+        dist.destroy_process_group()
+    """))
+    out = run_python(script, str(tmp_path), str(free_port()))
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["wrapped"] == [True] * 4  # the check below can fail
+    assert result["restored"] == [True] * 4
+    assert result["hooks"][1] == result["hooks"][0]
+    assert result["grown"] == 0
+    rec = read_recording(tmp_path / "rank-0.jsonl")
+    assert [s.step for s in rec.steps] == [0, 1, 2]
+    assert len(rec.collectives) == 6
+    end = read_file_end(tmp_path / "rank-0.jsonl").end
+    assert end is not None and end.how == "detach"
+
+
 def test_injection_chains_an_existing_sitecustomize(tmp_path: Path) -> None:
     # A user's own sitecustomize keeps working under `zeromon run`.
     user_site = tmp_path / "usersite"

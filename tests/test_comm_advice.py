@@ -58,3 +58,19 @@ def test_the_overlap_comm_remedy_and_zeromon_lint_agree_on_deepspeeds_defaults()
         for value in (True, False):
             written = overlap_remedies(deepspeed(stage, overlap_comm=value))
             assert any("overlap_comm" in r for r in written) is (not value)
+
+
+def test_fsdp2_is_not_told_to_stop_resharding_when_no_unit_reshards() -> None:
+    """reshard_after_forward=False on every unit (SHARD_GRAD_OP in FSDP1's words) already removes the backward
+    re-gather; with some units resharding ("mixed", FSDP2's default keeps only the root gathered) or all, the
+    remedy stands."""
+    def fsdp2(reshard: object) -> RunInfo:
+        return dataclasses.replace(deepspeed(3), framework="fsdp2", zero_stage=None, fsdp_strategy="FULL_SHARD",
+                                   knobs={"fsdp_units": 3, "forward_prefetch_units": 0,
+                                          "reshard_after_forward": reshard})
+
+    def told(info: RunInfo) -> bool:
+        return any("reshard_after_forward=True only where" in r for r in overlap_remedies(info))
+
+    assert not told(fsdp2(False))
+    assert told(fsdp2(True)) and told(fsdp2("mixed"))

@@ -176,6 +176,16 @@ def test_communication_draws_the_recorded_step_on_both_ranks(br: Any, fsdp2_dash
               elements=("comm-bandwidth-table",))
     screenshot(br, "communication")
     assert_clean_console(br, "communication")
+    # Each figure's legend clear of its x-axis title, as drawn.
+    for graph_id in ("comm-timeline", "comm-per-step"):
+        legend, axis_title = (br.driver.execute_script(
+            f"var e = document.querySelector('#{graph_id} {selector}'); "
+            "if (!e) return null; var r = e.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom];")
+            for selector in (".legend", ".g-xtitle"))
+        assert legend is not None and axis_title is not None, graph_id
+        apart = (legend[2] <= axis_title[0] or axis_title[2] <= legend[0] or legend[3] <= axis_title[1]
+                 or axis_title[3] <= legend[1])
+        assert apart, (graph_id, legend, axis_title)
     order = tuple(int(v.split()[-1]) for v in dropdown_values(br, "communication-ranks"))
     assert sorted(order) == [0, 1]  # the default: the worst rank first, and the other one
 
@@ -422,6 +432,7 @@ def test_exposed_banner_names_the_worst_rank_on_gloo_fsdp2(br: Any, fsdp2_dashbo
     shown = banner(br, "exposed")
     assert shown["level"] == expected.level and shown["rank"] == str(expected.rank)
     assert shown["text"] == expected.text and f"rank {expected.rank}" in shown["text"]
+    assert shown["text"].endswith(f"median of steps 2-{FSDP2_STEPS}")  # its window, the findings' own
     assert banner(br, "oom")["level"] == "ok"  # a few hundred MiB of the host's RAM share
 
 

@@ -118,6 +118,11 @@ def test_the_banners_speak_for_the_worst_rank(data: RunData) -> None:
     # gloo on CPU overlaps nothing: a third of the step is exposed, as the report's finding says.
     assert (banner.level == "critical") == ((shares[worst] or 0) >= EXPOSED_SHARE_CRITICAL)
     assert f"{shares[worst]:.0%}" in banner.text
+    # Its window said, the findings' own (the steps after the first, numbered from 1), and its ms the report's.
+    steps = len(data.histories[worst].steps)
+    assert banner.text.endswith(f" ms per step), median of steps 2-{steps}"), banner.text
+    exposed_s = next(r.median_exposed_comm_s for r in data.report.ranks if r.rank == worst)
+    assert exposed_s is not None and f"({exposed_s * 1e3:.1f} ms per step)" in banner.text
     memory = oom_banner(data)
     assert memory is not None and memory.level == "ok"  # a few hundred MiB of a host's RAM share
     assert "headroom" in memory.text and f"rank {memory.rank}" in memory.text

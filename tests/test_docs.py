@@ -39,9 +39,13 @@ def test_the_readme_is_a_page_in_the_order_a_newcomer_reads() -> None:
     first_block = re.search(r"```bash\n(.*?)```", text, flags=re.S)
     assert first_block is not None and text.index(first_block.group(0)) < text.index("## What zeromon answers")
     commands = [line.split("#")[0].strip() for line in first_block.group(1).splitlines() if line.strip()]
-    assert commands == ['pip install "torch==2.13.0" -e ".[test]"', "zeromon demo", "python -m pytest -q -n 2"]
-    # ... and CI runs that test command.
-    assert re.search(r"^python -m pytest -q -n 2 \|\|", (REPO / ".ci" / "run").read_text(), flags=re.M)
+    assert commands == ['DS_BUILD_OPS=0 pip install "torch==2.13.0" -e ".[test,deepspeed,trainers]"', "zeromon demo",
+                        "python -m pytest -q -n 2"]
+    # ... and CI runs that test command, with the extras that line installs (no more, no fewer).
+    ci = (REPO / ".ci" / "run").read_text()
+    assert re.search(r"^python -m pytest -q -n 2 \|\|", ci, flags=re.M)
+    ci_extras = {extra for group in re.findall(r'-e "\.\[([a-z,]+)\]"', ci) for extra in group.split(",")}
+    assert ci_extras == {"test", "deepspeed", "trainers"}
     # The screenshots are committed, and shown.
     for image in ("docs/images/tui.svg", "docs/images/dashboard.png"):
         assert f"]({image})" in text and (REPO / image).stat().st_size > 10_000

@@ -260,7 +260,7 @@ def test_the_oracle_measures_the_loop_it_claims(mode: str, runs: Callable[[str],
 
 def test_an_explicit_step_lasts_its_block(runs: Callable[[str], Run]) -> None:
     """zeromon_agent.step() around plain tensor code: each step, the first included, is the block."""
-    # Every step within 3% or 1 ms but one, which may be off by a GIL hand-over more (sys.getswitchinterval():
+    # Every step within the tolerance but one, which may be off by a GIL hand-over more (sys.getswitchinterval():
     # the recorder's thread holding the interpreter when the training thread takes its mark, on a loaded machine).
     switch_s = sys.getswitchinterval()
     for rank in runs("step_loop"):

@@ -217,6 +217,34 @@ def test_a_full_disk_keeps_the_end_record_while_other_ranks_take_every_block_fre
         assert seq - end.records_lost <= len(read_recording(path).collectives) < seq
 
 
+def test_a_disk_that_fills_at_the_last_flush_keeps_the_end_record(tmp_path: Path) -> None:
+    """The disk fills as close() flushes the last records with the end record among them (seen under load: a rank
+    read as killed): the end record is written over the file's last records, and counts what that flush lost. The
+    JSON-lines writer's buffer holds the last records here; the compact writer closes through the same code."""
+    with tmpfs(tmp_path / "small", "64k") as disk:
+        path = disk / "rank-1.jsonl"
+        writer = RecordingWriter(path, 1, **HEADER)
+        for seq in range(8):
+            writer.write(_collective(seq))
+        writer.flush()
+        fd = os.open(disk / "other-ranks", os.O_WRONLY | os.O_CREAT)
+        try:  # the other ranks take every block left
+            while True:
+                os.write(fd, b"x" * 1024)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        for seq in range(8, 24):  # in the writer's buffer, more than its file's last block has room for
+            writer.write(_collective(seq))
+        assert not writer.failed
+        writer.close(RunEnd(rank=1, t_ns=1, how="exit", last_step=4, records_lost=0, bytes_lost=0))
+        end = read_file_end(path).end
+        assert end is not None and end.how == "exit" and "No space left on device" in (end.write_error or "")
+        assert end.records_lost == writer.records_lost > 0 and end.bytes_lost == writer.bytes_lost > 0
+        assert len(read_recording(path).collectives) >= 24 - end.records_lost
+
+
 def test_attach_in_a_folder_that_cannot_be_made_records_nothing_and_says_so(
         tmp_path: Path, baseline: list[float]) -> None:
     blocker = tmp_path / "a-file"

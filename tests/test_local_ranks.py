@@ -4,6 +4,7 @@ Two real processes started by hand (RANK, WORLD_SIZE, MASTER_ADDR/PORT and nothi
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,10 @@ def test_ranks_started_without_a_launcher_share_the_hosts_memory(tmp_path: Path)
     for rec in recordings:
         said = [n.message for n in rec.notices if "counted on the process group's store" in n.message]
         assert len(said) == 1 and " / 2 local ranks = " in said[0], [n.message for n in rec.notices]
+        # Before the count, the device notice claims none (it said "/ 1 local rank", which nobody had said).
+        counts = re.findall(r" / (\d+) local ranks? = ", " ".join(n.message for n in rec.notices))
+        assert counts == ["2"], [n.message for n in rec.notices]
+        assert any("until the ranks on this host are counted" in n.message for n in rec.notices)
         capacities |= {m.capacity for m in rec.memory if m.step >= 2 and m.capacity is not None}
     first = [m.capacity for m in recordings[0].memory if m.capacity is not None][0]
     assert len(capacities) == 1 and capacities.pop() == first // 2  # the whole host at the start, then half

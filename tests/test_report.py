@@ -17,6 +17,7 @@ from zeromon.errors import ZeromonError
 from zeromon.exporters.html_report import MEANING_COLOURS, PHASE_COLOURS
 from zeromon.model import read_run
 from zeromon.model.codec import Recording
+from zeromon.model.events import phase_words
 from zeromon.sources.run_analysis import analyse_run
 
 from conftest import EXAMPLES, REPO, child_env, torchrun_args, zeromon
@@ -66,7 +67,7 @@ def test_text_and_html_report(run_dir: Path, tmp_path: Path) -> None:
     result = zeromon("report", str(run_dir), "--html", str(page))
     assert result.returncode == 0, result.stderr
     assert "rank  framework" in result.stdout and "fsdp2" in result.stdout
-    assert "exposed ms/step" in result.stdout
+    assert "exposed ms" in result.stdout
     text = result.stdout.splitlines()
     # The bandwidth table: by op, then size, each size a range of the bucket, each rate with its unit.
     start = text.index("bandwidth (nccl-tests busbw, median per op and message size):") + 1
@@ -90,7 +91,19 @@ def test_text_and_html_report(run_dir: Path, tmp_path: Path) -> None:
     assert "far above these levels, is not drawn" in html
     assert '"tickvals":[0,25,50,75,100]' in html  # the overlap axis: 0 to 100 %, its own ticks
     assert 'src="http' not in html, "self-contained: plotly.js is inlined, nothing is fetched"
-    assert len(html) > 1_000_000  # plotly.js itself is several MB
+    assert 1_000_000 < len(html) < 2_500_000  # plotly.js inlined packed: it is nearly all the page
+    # Each finding once (the text's findings are not repeated below the list), no text in a block that scrolls.
+    assert findings
+    for line in findings:
+        assert html.replace("&#x27;", "'").count(line.strip()) == 1, line
+    assert "<pre>" in html and "white-space:pre-wrap" in html
+    # One name per number: the exposed communication is "exposed ms" in report, summary and the page alike.
+    summary = zeromon("summary", str(run_dir)).stdout
+    for said in (result.stdout, summary, html):
+        assert "exposed ms" in said and "blocked ms" not in said and "exposed ms/step" not in said
+    # A CPU run says why its overlap is 0 %, where the overlap shows.
+    assert "no GPU streams to overlap communication on" in result.stdout and \
+        "no GPU streams to overlap communication on" in html
 
 
 def _bucket_lower_bound(label: str) -> int:
@@ -246,7 +259,9 @@ def test_html_colours_communication_by_meaning_and_numbers_steps_from_1(run_dir:
     comm = {t["name"].removeprefix("comm: "): t["marker"]["color"] for t in data if t["name"].startswith("comm: ")}
     phases = {t["name"].removeprefix("phase: "): t["marker"]["color"] for t in data if t["name"].startswith("phase: ")}
     assert {"param_all_gather", "grad_reduce_scatter"} <= set(comm) and {"forward", "backward"} <= set(phases)
-    assert comm == {m: MEANING_COLOURS[m] for m in comm} and phases == {p: PHASE_COLOURS[p] for p in phases}
+    by_words = {phase_words(p): colour for p, colour in PHASE_COLOURS.items()}  # "zeromon's own work", not "agent"
+    assert comm == {m: MEANING_COLOURS[m] for m in comm} and phases == {p: by_words[p] for p in phases}
+    assert "agent" not in phases
     assert not set(MEANING_COLOURS.values()) & set(PHASE_COLOURS.values())
     # Steps as training scripts count them: the timeline's step is the median one after the first, + 1.
     rank0 = read_run(run_dir)[0]
@@ -272,8 +287,11 @@ def test_summary_and_report_show_the_same_step_times(run_dir: Path) -> None:
         steady = sorted(s["step_s"] for s in rank["per_step"] if s["step"] >= 1)
         assert rank["median_step_s"] == pytest.approx((steady[1] + steady[2]) / 2)  # 4 steps after the first
         assert line.split()[4] == f"{rank['median_step_s'] * 1e3:.1f}", line
-    assert "(step ms, blocked ms and bytes per step: medians over the steps after the first, as in `zeromon " \
-           "report`)" in lines
+    assert "(step ms, exposed ms and bytes per step: medians over the steps after the first, as in `zeromon " \
+           "report`; exposed = the step time communication cost)" in lines
+    # The same exposed communication as the report's, under the same name.
+    for rank, line in zip(report["ranks"], lines[2:4], strict=True):
+        assert line.split()[5] == f"{rank['exposed_comm_s'] * 1e3:.1f}", line
 
 
 @pytest.mark.distributed

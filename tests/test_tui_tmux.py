@@ -109,6 +109,12 @@ def rows(screen: str) -> dict[int, str]:
     return out
 
 
+def _header(screen: str) -> list[str]:
+    """The ranks table's column names, as the screen shows them (a cut column shows cut)."""
+    line = next((line for line in screen.splitlines() if "rank" in line.split() and "state" in line.split()), "")
+    return line.strip("│ ").split()
+
+
 def header_step(screen: str) -> int | None:
     """The newest step the header shows (``step 7``, or ``step 6–7`` when the ranks differ)."""
     match = HEADER_STEP.search(screen)
@@ -198,6 +204,22 @@ def test_attach_replay_pauses_with_p_and_quits_with_q(recorded_run: Path, tmp_pa
         time.sleep(2.0)  # 1 s of the recording at x0.5: steps of ~0.1 s would have moved on
         assert pane.screen() == paused  # nothing moves while paused
         held = header_step(paused)
+        # The layout at the sizes a user has: at 160x45 the ranks table whole (its last column, host, too) and
+        # the findings as wide as the rest; at 80x24 both ranks' rows and the table's header still there.
+        pane.tmux("resize-window", "-t", "t", "-x", "160", "-y", "45")
+        def seen(check: Callable[[str], bool]) -> Callable[[], str | None]:
+            return lambda: s if check(s := pane.screen()) else None
+
+        wide = wait_for(seen(lambda s: _header(s)[-1:] == ["host"]), pane, 15,
+                        "the table's last column, host, whole at 160x45")
+        assert sorted(rows(wide)) == [0, 1], wide
+        border = next(line for line in wide.splitlines() if "findings (" in line)
+        assert border.rindex("╮") - border.index("╭") >= 100, wide  # room for a finding's line
+        pane.tmux("resize-window", "-t", "t", "-x", "80", "-y", "24")
+        # the first nine columns whole, the rest a sideways scroll away
+        small = wait_for(seen(lambda s: _header(s)[-1:] == ["state"] and sorted(rows(s)) == [0, 1]), pane, 15,
+                         "both rows at 80x24")
+        assert _header(small)[:2] == ["rank", "risk"] and max(map(len, small.splitlines())) <= 80, small
         pane.keys("p")
         wait_for(lambda: "PAUSED" not in pane.screen(), pane, 10, "the replay to resume")
         wait_for(lambda: (s := header_step(pane.screen())) is not None and (held is None or s > held), pane, 30,

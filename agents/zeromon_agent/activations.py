@@ -1,10 +1,10 @@
 """Activation bytes: what autograd saves for backward during the root module's forward, and how much
 of it is still alive later in the step.
 
-A ``saved_tensors_hooks`` pack hook sees every tensor saved for backward (~1 us each); storages are
+A ``saved_tensors_hooks`` pack hook sees every tensor saved for backward (a cost for each); storages are
 counted once; parameters and views of them (``weight.t()``) are left out, they are counted as
 parameters, and so are the model's buffers (given to ``start``). Each counted storage gets a weak
-reference whose callback subtracts it when the storage is freed (~1 us more per saved tensor), so
+reference whose callback subtracts it when the storage is freed (another cost per saved tensor), so
 ``alive_bytes`` is, at any moment of the backward, what of the forward's saved storages is still
 held, read in O(1). Activation checkpointing's own hooks take over inside checkpointed regions, so
 only what it keeps is counted, which is what the memory holds. Off with ZEROMON_ACTIVATIONS=0.

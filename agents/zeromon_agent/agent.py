@@ -102,7 +102,7 @@ def shared_run_id() -> str | None:
     each wrote its recording: the first rank to ask puts a random id in the process group's store
     (the rendezvous store every rank already reached to join), the others read that one. compare_set
     neither waits for another rank nor blocks on one: a single round trip to the store, once, at the
-    agent's start (~25 µs to a TCPStore on the same host, measured). None without a process group, or with a store
+    agent's start. None without a process group, or with a store
     that does not answer: the recording then has no run id and readers compare job and world size."""
     try:
         import uuid
@@ -152,6 +152,7 @@ class Agent:
         self._framework_known = False
         self._ddp_checked: weakref.ref[Any] | None = None  # the root last looked at for DDP (inside wrappers)
         self._optimizer_announced = False
+        self._first_step_described = False  # the run info written again once the first step has ended
         self._walk_cost_s = 0.0
         self._last_walk_step = -(10**9)
         self._step_started: tuple[int, float] | None = None  # (step, perf_counter at its first forward)
@@ -207,10 +208,13 @@ class Agent:
             self.state.device_timing_every = self.config.device_timing_every
             self.state.time_step()
         else:
-            self.capacity, capacity_note = cpu_capacity(local_ranks())
+            # Where no launcher says how many ranks this host runs and there are several in all, they are counted on
+            # the store once training runs (_count_local_ranks); until then the note claims no count.
+            counted_later = launched_local_ranks() is None and self.world_size > 1
+            self.capacity, capacity_note = cpu_capacity(None if counted_later else local_ranks())
             if self.config.cpu_capacity:
                 self.capacity, capacity_note = self.config.cpu_capacity, "capacity set by ZEROMON_CPU_CAPACITY"
-            elif launched_local_ranks() is None:  # counted on the store once training runs (_count_local_ranks)
+            elif counted_later:
                 self._local_count = LocalRankCount()
 
         writer = None
@@ -324,6 +328,12 @@ class Agent:
                 self.recorder.stop(how=how, detail=detail, progress=progress)
         except Exception as exc:  # noqa: BLE001
             log.warning("zeromon: error while stopping the agent's recorder: %r", exc)
+        # torch.distributed's own functions and Work.wait back, after the recorder's last drain: a training that
+        # goes on runs torch's code, not a wrapper's flag check (a name another module copied keeps the wrapper,
+        # which passes straight through once the state is off).
+        collectives.uninstall()
+        self.state.pending.clear()
+        self.state.works.clear()
         # After the recorder's last drain: a final scrape still sees the end of the run.
         endpoint, self.endpoint = self.endpoint, None
         if endpoint is not None:
@@ -614,6 +624,12 @@ class Agent:
             if started is not None and started[0] == self.state.step:
                 self._step_s = time.perf_counter() - started[1]  # first forward to optimizer step
             self.sample_memory("optimizer", categories=False)
+            if self.started and not self._first_step_described:
+                # What the first forward settles is read after it: FSDP2 keeps its root gathered after forward
+                # from its lazy init on. Under optimizer.step(closure) (Lightning's Trainer) the optimizer's
+                # start, the run info's last look, comes before that forward.
+                self._first_step_described = True
+                self._write_run_info()
 
     def _memory_point(self, what: str) -> None:
         self.tracker._boundary(what)
@@ -649,7 +665,7 @@ class Agent:
         self.categorizer.walk_still(model=self.model if self.model is not None else self.tracker.root,
                                     optimizer=self._walked_optimizer(), engine=self.engine)
         if self.meter is not None:
-            # Activations are counted in the walk steps only: the pack hook costs ~2 us per saved
+            # Activations are counted in the walk steps only: the pack hook is a cost per saved
             # tensor, so it follows the same budget.
             self.meter.start(self.categorizer.buffer_pointers())
         self.points.arm(self._walked_model())

@@ -3,7 +3,7 @@ in, a CollectiveEvent out, counted in its step and handed to the recording and t
 
 A mixin of Recorder (recorder.py), which owns the thread, the drain and the steps; split off by what it
 does, not by cost: method look-ups through the class are the same as on Recorder itself. A
-synchronous host collective (every one on gloo) takes _finalize_sync, ~2x cheaper than _finalize's
+synchronous host collective (every one on gloo) takes _finalize_sync, much cheaper than _finalize's
 general path; tests/test_recorder_fast_path.py checks that they agree.
 """
 
@@ -66,9 +66,9 @@ _POLL_AFTER_NS = 200_000_000
 # A sampled completion callback that has not fired this long after the wait is given up on.
 CALLBACK_GRACE_NS = 2_000_000_000
 _MAX_SHAPES = 4096  # collective call shapes whose derived fields are kept (an FSDP step repeats a few dozen)
-# Built once per record, so built with the slots set directly (record_maker: 1.3 -> 0.7 µs a collective).
+# Built once per record, so built with the slots set directly (record_maker).
 _new_collective = record_maker(CollectiveEvent)
-_SYNC, _UNKNOWN, _LAUNCH = Timing.SYNC.value, Timing.UNKNOWN.value, Timing.LAUNCH.value  # .value: ~0.1 µs a look
+_SYNC, _UNKNOWN, _LAUNCH = Timing.SYNC.value, Timing.UNKNOWN.value, Timing.LAUNCH.value  # .value read once
 # A batch's calls last less than this (MAX_SPAN_S, in ns: span_ns caps nothing) and are whole nanoseconds
 # that ns / 1e9 and back gives again (below 2**50), so their records go into the columns as they are.
 _BATCH_MAX_NS = int(MAX_SPAN_S * 1e9)
@@ -365,7 +365,7 @@ class CollectiveRecords:
             # Every CUDA event of this collective goes back to the pool, whichever path finished it.
             self.cuda_timer.release(*(cuda or ()), extra_event, wait_event)
             self.cuda_timer.awaiting.discard(seq)  # finalized without a wait (polled, or at exit)
-        if timing == _LAUNCH and self.cuda_timer is not None:
+        if async_op and self.cuda_timer is not None:  # one of a step not timed on the device, never waited on
             self.cuda_timer.untimed_waits.discard(seq)
         complete_ns: int | None
         offset = self.clock_offset_ns  # self.unix(), inline
@@ -400,7 +400,7 @@ class CollectiveRecords:
             acc.by_op[op] = acc.by_op.get(op, 0) + nbytes
             if timing == _LAUNCH:
                 acc.device_untimed = True
-            if last == step:  # the usual case, in one step: _account's work without its look-ups (~1 µs)
+            if last == step:  # the usual case, in one step: _account's work without its look-ups
                 if complete_ns is not None:
                     add_interval(acc, (issue_ns, max(issue_ns, complete_ns)))
                 blocked = event.blocked_interval_ns
@@ -426,7 +426,7 @@ class CollectiveRecords:
         """_finalize of a synchronous host collective of a step not yet summarized (every collective on
         gloo): the same event, record, live counts and step accounting, with what depends only on the
         call's shape (dtype name, group size, meaning, bus factor) looked up once per shape, and the
-        record's values handed to the writer as they are. ~2x cheaper than _finalize's general path
+        record's values handed to the writer as they are. Much cheaper than _finalize's general path
         (tests/test_recorder_fast_path.py checks they agree). False: not taken (an unhashable group)."""
         (_, seq, api, op, t0, t1, b_in, b_out, dtype, group, _, _, phase, step, _, _, caller) = item
         try:
@@ -529,7 +529,7 @@ class CollectiveRecords:
         acc.collectives += k
         acc.comm_bytes += sum(nbytes)
         by_op = acc.by_op
-        if k <= _FEW:  # a loop: a Counter costs ~2 µs to make
+        if k <= _FEW:  # a loop: a Counter costs more to make than a few additions
             get = by_op.get
             for op, size in zip(ops, nbytes, strict=True):
                 by_op[op] = get(op, 0) + size

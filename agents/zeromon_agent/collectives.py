@@ -13,8 +13,8 @@ What is patched, and why:
 - DeepSpeed's ``TorchBackend`` caches ``all_gather_into_tensor`` / ``reduce_scatter_tensor`` when it
   initializes: patch before that (``zeromon run`` does), or ``repatch_deepspeed()`` re-points the cache.
 
-Costs on the hot path (measured on this 2-core machine, see tests/bench): a wrapper adds well under
-1 us to a synchronous call. A completion callback on a gloo Work costs ~35 us end-to-end, so only
+Its cost on the hot path is a benchmark's (tests/bench/bench_collective_overhead.py,
+tests/bench/RESULTS.md). A completion callback on a gloo Work costs far more than the wrapper, so only
 every Nth async call gets one (ZEROMON_ASYNC_SAMPLE_EVERY); the others are timed by their wait.
 """
 
@@ -47,8 +47,8 @@ def _first_dtype(tensors: Any) -> Any:
 
 
 # Extractors: (bytes_in, bytes_out, dtype, group, async_op) from a call's arguments, by position or
-# keyword (DeepSpeed passes keywords). inspect.signature().bind would cost ~11 us per call; these
-# cost ~0.2 us. async_op is returned as passed (truthy); the recorder makes it a bool.
+# keyword (DeepSpeed passes keywords), written out: inspect.signature().bind would cost tens of times
+# more a call. async_op is returned as passed (truthy); the recorder makes it a bool.
 def _ex_inplace(group_pos: int, async_pos: int) -> Extract:
     def extract(a: tuple[Any, ...], k: dict[str, Any]) -> tuple[int, int, Any, Any, bool]:
         n = len(a)
@@ -230,8 +230,8 @@ def make_wrapper(fn: Callable[..., Any], api: str, op: str, extract: Extract,
                  state: HotState = STATE) -> Callable[..., Any]:
     """The recording wrapper of one collective API.
 
-    The synchronous path is written out inline (each Python call costs ~70 ns): two flag reads,
-    the extractor, two clock reads and one tuple appended to the bounded deque.
+    The synchronous path is written out inline (each Python call is a cost on the training thread): two flag
+    reads, the extractor, two clock reads and one tuple appended to the bounded deque.
     """
 
     @functools.wraps(fn)

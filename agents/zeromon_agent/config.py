@@ -24,7 +24,7 @@ FLUSH_SECONDS = Real(0.01, 3600.0, "seconds")  # below 10 ms the writer would wa
 ASYNC_SAMPLE_EVERY = Count(1, 10**6, zero="none")
 DEVICE_TIMING_EVERY = Count(1, 10**6)
 MEMORY_EVERY = Count(1, 10**6)
-DEVICE_SECONDS = Real(0.05, 3600.0, "seconds", zero="off")  # an NVML query costs ~1 ms: at most 20 a second
+DEVICE_SECONDS = Real(0.05, 3600.0, "seconds", zero="off")  # an NVML query is slow: at most 20 a second
 RECENT_EVENTS = Count(16, 2**20)
 HANG_SECONDS = Real(1.0, 7 * 86400.0, "seconds", zero="auto: the larger of 30 s and ten median steps; 300 s before the first step")
 
@@ -66,8 +66,8 @@ def _check_memory_every(value: object) -> int:
         raise ValueError(f"must be 'auto' (0) or {MEMORY_EVERY.accepts}") from None
 
 
-# The recording's form: "compact" (rank-<r>.zmr, format 2.x, ~12 bytes a collective) or "jsonl"
-# (rank-<r>.jsonl, format 1.3, ~230 bytes a collective, for tools that read the lines as they are written).
+# The recording's form: "compact" (rank-<r>.zmr, format 2.x, an order of magnitude smaller) or "jsonl"
+# (rank-<r>.jsonl, format 1.3, for tools that read the lines as they are written).
 RECORD_FORMATS = ("compact", "jsonl")
 
 
@@ -115,8 +115,8 @@ class AgentConfig:
     buffer_events: int = 65536  # raw ring-buffer capacity; beyond it the oldest are dropped and counted
     # The recording's flush: what a killed rank may lose. The recorder passes every second all the same (or
     # every flush, if shorter): the live views' age. A flush is a compact segment, which costs a cold start
-    # whatever it holds (~0.35 ms on the FSDP2 example: a segment a second took 3.9 µs a collective of the
-    # recorder's 12, one in 3-6 s 1.9-2.1; and longer segments compress better). TensorBoard's SummaryWriter
+    # whatever it holds, so the longer the interval, the less the recorder's thread spends a collective
+    # (tests/bench/bench_recorder_cpu.py), and longer segments compress better. TensorBoard's SummaryWriter
     # flushes every 120 s.
     flush_interval_s: float = 5.0
     max_disk: int = GIB  # a rank's recording: detail is thinned as it fills (zeromon_agent.detail)

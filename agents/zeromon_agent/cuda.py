@@ -159,12 +159,12 @@ class CudaTimer:
 def stream_reader(torch: Any) -> Callable[[], Any]:
     """A function giving what ``torch.cuda.current_stream()`` gives, in a few hundred ns.
 
-    ``Event.record()`` with no stream calls ``torch.cuda.current_stream()``, whose Python layers (the
-    device index's parsing, a new ``Stream`` object each call) measured 3.8 µs a call on an H200's host,
-    against 1.5 µs for the record itself: most of what the agent added to an NCCL launch
-    (docs/benchmarks.md). This one reads the stream's (id, device, type) from ``torch._C``, the same
-    calls ``current_stream`` makes, and keeps one ``Stream`` object per stream. It falls back to
-    ``current_stream`` where those calls are missing or give another stream, checked at the first call.
+    ``Event.record()`` with no stream calls ``torch.cuda.current_stream()``, whose Python layers (the device
+    index's parsing, a new ``Stream`` object each call) cost more than the record itself: most of what the
+    agent added to an NCCL launch (tests/bench/probe_nccl_launch.py). This one reads the stream's (id, device,
+    type) from ``torch._C``, the same calls ``current_stream`` makes, and keeps one ``Stream`` object per
+    stream. It falls back to ``current_stream`` where those calls are missing or give another stream, checked
+    at the first call.
     """
     public = torch.cuda.current_stream
     try:

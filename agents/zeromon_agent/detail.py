@@ -139,7 +139,7 @@ class DetailKeeper:
     def _stands_out(self, summary: StepSummary, judged: bool = True) -> bool:
         """Step time, exposed share or peak memory out of line with the steps before it. ``judged``
         False (nothing thinned: every step is kept): the step only joins the history (two medians of
-        64 steps cost ~6 µs a step, for an answer nobody reads)."""
+        64 steps a step would be a cost for an answer nobody reads)."""
         duration = summary.duration_s
         share = (summary.exposed_comm_s / duration
                  if summary.exposed_comm_s is not None and duration > 0 else None)

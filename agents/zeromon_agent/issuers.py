@@ -27,7 +27,7 @@ _ISSUER_PATHS = (
 _MODULE_CALL = "/torch/nn/modules/module.py"
 _MODULE = "module"
 # How many frames beyond the direct caller are looked at for a framework's: a shim is a function or two (a
-# wrapper and its decorator); each frame costs ~0.1 µs on the training thread, for collectives users issue.
+# wrapper and its decorator); each frame is a cost on the training thread, for collectives users issue.
 SHIM_DEPTH = 2
 _issuers: dict[str, str] = {}
 # The calling functions whose issuer is settled, with the file that stands for it: a framework's functions, and

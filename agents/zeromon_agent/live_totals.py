@@ -41,7 +41,7 @@ class StepTotals:
 
 
 # Collectives handed over but not yet counted: counted when the totals are read (a scrape) or when
-# this many wait (~1 MB), in one loop rather than a method call each as they come.
+# this many wait (a bound on their memory), in one loop rather than a method call each as they come.
 _UNCOUNTED_MAX = 4096
 
 # What the totals take of a collective: (op, meaning, bytes, time blocked, duration or None, busbw or None).

@@ -390,7 +390,7 @@ class PhaseTracker:
 class _RootHookGuard:
     """The root module's own ``register_forward_pre_hook`` / ``register_forward_hook`` (an instance
     attribute, found before the class's method): registers as asked, then puts zeromon's root hooks
-    back in place. Costs nothing at forward time; a registration costs ~1 us more."""
+    back in place. Costs nothing at forward time; a registration costs a little more."""
 
     __slots__ = ("module", "name", "tracker")
 

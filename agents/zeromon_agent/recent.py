@@ -3,8 +3,8 @@
 A batch of the recorder (a pass's synchronous collectives, its phase spans on the host) publishes its
 records as the columns it made them in (Unmade), and their rows (each record's values, which
 ``materialize`` makes a record of) are made only when a live client reads them: a run nobody watches
-makes none (a tuple a collective, ~0.3 µs of the recorder's CPU with the garbage collector's share, on
-the FSDP2 example: tests/bench/bench_recorder_cpu.py).
+makes none (a tuple a collective, with the garbage collector's share, of the recorder's CPU:
+tests/bench/bench_recorder_cpu.py).
 """
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 
 Everything that costs (dtype names, group sizes, ZeRO meaning, clock conversion, JSON, file I/O,
 NVML) happens here, off the training thread. The thread holds the GIL only in short bursts every
-pass (see LIVE_PASS_S); its own CPU time is measured and reported: 7.2-8.5 µs per recorded collective at
-240 collectives a step, 13-16 µs at the FSDP2 example's 11 (the machine's load moves it), every record counted
-(bench_recorder_cpu).
+pass (see LIVE_PASS_S); its own CPU time is measured and reported, every record counted
+(tests/bench/bench_recorder_cpu.py).
 A pass takes the synchronous collectives queued (every one on gloo) and the host's phase spans a column
 at a time (_finalize_sync_batch, _finish_host_spans), and what it publishes of them stays values until a
 client reads it (materialize).
@@ -76,9 +75,9 @@ log = logging.getLogger("zeromon.agent")
 _STEP_GRACE_NS = 2_000_000_000
 # Steps summarized before the recorded collectives are compared with the process groups' own counts.
 UNSEEN_CHECK_STEPS = 5
-# The drain gives the GIL away every 256 records (~1 ms of work; the interpreter's own switch interval is 5 ms).
-# Each give costs: the training thread runs meanwhile, and the drain comes back to cold caches (every 64
-# records: +0.7 µs a collective at the FSDP2 example's 11 a step, 5-6% of the drain; bench_recorder_cpu).
+# The drain gives the GIL away every 256 records, well within the interpreter's own switch interval.
+# Each give costs: the training thread runs meanwhile, and the drain comes back to cold caches (giving it
+# more often costs the drain measurably: tests/bench/bench_recorder_cpu.py).
 _YIELD_EVERY_MASK = 255
 # The first pass comes this soon: the run's info and first records reach the file (and live views) as
 # the training starts, not a whole flush interval later.
@@ -88,9 +87,8 @@ _FIRST_PASS_S = 0.2
 # async collectives (a Work never waited on is timed by a pass's poll; the queue holds it weakly, so that its
 # tensors do not outlive the training's references: collectives._record_async) or, on a GPU, the CUDA events
 # of the timing pool (4,096), and while the queues fill (a quarter of the raw one). Otherwise (host
-# collectives, nobody reading) one at each flush of the recording only: each pass pays a cold start (~1 ms on
-# the FSDP2 example: the recorder's thread took 12.0-12.2 µs a collective at a pass a second, 10.1-10.5 at
-# one every 2 s; bench_recorder_cpu).
+# collectives, nobody reading) one at each flush of the recording only: each pass pays a cold start, so the
+# fewer the passes, the less the recorder's thread spends a collective (tests/bench/bench_recorder_cpu.py).
 LIVE_PASS_S = 1.0
 WATCHED_S = 3.0
 _RECENT_RAW = 256  # raw records kept after their drain, for each group's newest collective (progress)
@@ -100,7 +98,7 @@ _KIND, _ASYNC, _STEP, _CUDA = (operator.itemgetter(i) for i in (0, 10, 13, 14)) 
 # A CUDA event (a phase boundary) the GPU has not reached this long after it was recorded is given
 # up on: its spans fall back to host times. Bounds the wait of a step summary on a stalled GPU.
 _MARK_GRACE_NS = 10_000_000_000
-# Built once per record, so built with the slots set directly (record_maker: ~2x cheaper than __init__).
+# Built once per record, so built with the slots set directly (record_maker: cheaper than __init__).
 _new_span = record_maker(PhaseSpan)
 _new_memory = record_maker(MemorySample)
 _MEMORY_ORDER = FIELDS_OF[MemorySample][4:]  # the fields the agent's sample dict holds, in order
@@ -187,7 +185,7 @@ class Recorder(CollectiveRecords):
         self._check_writer()  # a file that could not be made is said before the first step
         # The one module the thread's records need that the agent's import leaves out (a step summary's row,
         # a snapshot's JSON) is imported here, as the agent starts after init_process_group, not by this
-        # thread at the first step's end: an import there holds the GIL for ~1 ms while the training runs,
+        # thread at the first step's end: an import there holds the GIL while the training runs,
         # and the import lock that the training's own first-use imports take.
         orjson_module()
         self._thread = threading.Thread(target=self._run, name="zeromon-recorder", daemon=True)
@@ -559,7 +557,7 @@ class Recorder(CollectiveRecords):
         for index, item in enumerate(items):
             if index & _YIELD_EVERY_MASK == 0 and index:
                 # Hand the GIL back: a waiting training thread would otherwise wait until the
-                # interpreter's switch interval (5 ms) forces it, stretching whatever it was timing.
+                # interpreter's switch interval forces it, stretching whatever it was timing.
                 # What was published so far goes to live clients first: a long pass holds the lock
                 # (and the GIL) for 256 records' worth of live totals at a time, not for all of them.
                 self._release()
@@ -612,8 +610,8 @@ class Recorder(CollectiveRecords):
 
     # --- phases on the host (no GPU) -----------------------------------------------------------------
     # The same spans as the handlers above, made of plain values: the current phase is (phase, start perf_ns,
-    # step), a closed one (phase, step, start perf_ns, end perf_ns), no Mark nor Span a boundary (a step of
-    # the FSDP2 example has ~10 spans: ~0.5 µs each; tests/test_recorder_fast_path.py holds them equal).
+    # step), a closed one (phase, step, start perf_ns, end perf_ns), no Mark nor Span a boundary (a step has
+    # a span or more a phase, each an object otherwise; tests/test_recorder_fast_path.py holds them equal).
     # Steps' own boundaries stay Marks (StepAcc.start, .end: two a step).
     def _use_host_phases(self) -> None:
         self._on_phase, self._on_agent = self._on_phase_host, self._on_agent_host  # type: ignore[method-assign]
@@ -793,8 +791,8 @@ class Recorder(CollectiveRecords):
         keys = fields.keys()
         if keys == _MEMORY_FIELDS or keys == _MEMORY_FIELDS_WALKED:
             # The agent's usual fields (with or without the categories walked): the slots set directly, and
-            # the values handed to the compact writer as they are (no attribute getter: ~0.3 µs a sample).
-            # Live clients get the values, the record made when one reads it (materialize: ~0.7 µs a sample).
+            # the values handed to the compact writer as they are (no attribute getter). Live clients get
+            # the values, the record made when one reads it (materialize): a sample nobody reads makes none.
             sample: Any = (self.rank, step, phase, t_ns, *map(fields.__getitem__, _MEMORY_PLAIN),
                            fields.get("categories", {}))
             keeper, writer = self.keeper, self.writer

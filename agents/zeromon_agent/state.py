@@ -111,7 +111,7 @@ class HotState:
         self._logged: set[str] = set()
         # True while inside a recorded collective: deprecated aliases call the new names through
         # module globals, and only the outermost call is recorded. One flag for the process, not
-        # per thread (a thread-local costs ~95 ns a call): a collective that a second thread issues
+        # per thread (a thread-local's read would cost every call): a collective that a second thread issues
         # while the first is inside one passes through unrecorded.
         self.inside = False
         # On a GPU, the CudaTimer (device_timer) times the collectives and phases of one step in

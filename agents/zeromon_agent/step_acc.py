@@ -14,7 +14,7 @@ from zeromon.analysis.step_overlap import host_overlap_ns, overlap_in_step, unio
 from zeromon.model.events import StepSummary, ZeroMeaning, record_maker
 from zeromon_agent.issuers import DDP, DTENSOR, USER
 
-# A summary a step, its 14 slots set directly (record_maker: ~2 µs -> ~1 µs), in StepSummary's field order.
+# A summary a step, its 14 slots set directly (record_maker: cheaper), in StepSummary's field order.
 _new_summary = record_maker(StepSummary)
 _SCALAR_BYTES = 64  # all-reduces this small are flags and norms, not gradients
 # A step keeps at most this many collective intervals; beyond it they are folded into a running
@@ -67,8 +67,8 @@ class StepAcc:
     # The synchronous collectives of the recorder's batches (_finalize_sync_batch) not yet in ``intervals`` and
     # ``blocked``, as columns: issue_ns, complete_ns, issue_ns + span_ns(blocked_s), blocked_s. A step of
     # calls one after another inside its window is summarized from them as they are (summarize), without a
-    # pair of tuples a collective (~0.5 µs of the recorder's CPU a collective on the FSDP2 example, the
-    # garbage collector's share counted); anything else first moves them into the lists (settle).
+    # pair of tuples a collective (a cost on the recorder's thread, the garbage collector's share with
+    # it); anything else first moves them into the lists (settle).
     run_issue: list[int] = field(default_factory=list)
     run_complete: list[int] = field(default_factory=list)
     run_end: list[int] = field(default_factory=list)
@@ -100,10 +100,11 @@ def meaning_of(op: str, phase: str, nbytes: int, issuer: str | None = None) -> s
 
 
 def seconds(ns: int) -> float:
-    """round(ns / 1e9, 9) without round() (~0.3 µs with digits, twice a collective): for a whole number of
-    nanoseconds they are the same double. Where a double's spacing is under 1e-9 (below ~4e6 s), ns / 1e9
-    is the double nearest to ns·1e-9, which rounding to 9 decimals gives back; where it is over, the
-    9-decimal rounding is nearer to ns / 1e9 than half the spacing. tests/test_recorder_fast_path.py."""
+    """round(ns / 1e9, 9) without round() (round() with digits is slow, and this runs twice a collective): for
+    a whole number of nanoseconds they are the same double. Where a double's spacing is under 1e-9 (below
+    ~4e6 s), ns / 1e9 is the double nearest to ns·1e-9, which rounding to 9 decimals gives back; where it is
+    over, the 9-decimal rounding is nearer to ns / 1e9 than half the spacing.
+    tests/test_recorder_fast_path.py."""
     return ns / 1e9
 
 
@@ -151,11 +152,26 @@ def fold(acc: StepAcc) -> None:
 
 def summarize(acc: StepAcc, rank: int, step: int, start_ns: int, end_ns: int) -> StepSummary:
     """The summary of a step that ended, its window [start_ns, end_ns) already on the Unix clock."""
+    comm_s: float | None = None
     comp_s = overlap_s = exposed_s = None
-    if acc.device_untimed:
-        return _new_summary((
-            rank, step, start_ns, end_ns, {k: v / 1e9 for k, v in acc.phase_ns.items()}, acc.collectives,
-            acc.comm_bytes, dict(acc.by_op), None, round(acc.blocked_s, 9), acc.peak_memory, None, None, None))
+    if not acc.device_untimed:  # a GPU step not timed on the device has no communication time nor overlap
+        comm_s, (comp_s, overlap_s, exposed_s) = _communication(acc, start_ns, end_ns)
+    return _new_summary((
+        rank, step, start_ns, end_ns,
+        {k: v / 1e9 for k, v in acc.phase_ns.items()}, acc.collectives,  # phase_s: seconds() of each
+        acc.comm_bytes, dict(acc.by_op),
+        comm_s,  # comm_union_s
+        round(acc.blocked_s, 9), acc.peak_memory, comp_s, overlap_s, exposed_s,
+    ))
+
+
+_Overlap = tuple[float | None, float | None, float | None]  # computation, overlap, exposed communication (s)
+
+
+def _communication(acc: StepAcc, start_ns: int, end_ns: int) -> tuple[float, _Overlap]:
+    """A step's communication seconds and its (computation, overlap, exposed communication), each None where not
+    known."""
+    comp_s = overlap_s = exposed_s = None
     host_ns: tuple[int, int, int] | None
     host = acc.overlap_known and end_ns > start_ns and not (acc.on_stream and acc.compute)
     sequential = _sequential_overlap_ns(acc, start_ns, end_ns) \
@@ -179,13 +195,7 @@ def summarize(acc: StepAcc, rank: int, step: int, start_ns: int, end_ns: int) ->
         comp_s, overlap_s, exposed_s = (round(overlap.comp_s, 9), round(overlap.overlap_s, 9),
                                         round(overlap.exposed_comm_s, 9))
         comm_s = round(overlap.comm_s, 9)
-    return _new_summary((
-        rank, step, start_ns, end_ns,
-        {k: v / 1e9 for k, v in acc.phase_ns.items()}, acc.collectives,  # phase_s: seconds() of each
-        acc.comm_bytes, dict(acc.by_op),
-        comm_s,  # comm_union_s
-        round(acc.blocked_s, 9), acc.peak_memory, comp_s, overlap_s, exposed_s,
-    ))
+    return comm_s, (comp_s, overlap_s, exposed_s)
 
 
 def _sequential_overlap_ns(acc: StepAcc, start_ns: int, end_ns: int) -> tuple[int, tuple[int, int, int]] | None:

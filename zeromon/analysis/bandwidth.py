@@ -123,7 +123,7 @@ class BandwidthSamples:
     """The measured collectives of one (op, size bucket, group size).
 
     Each list is sorted, or made of sorted runs (several ranks' samples): the medians then sort in
-    linear time. A million samples sorted three times over cost ~0.5 s.
+    linear time, where sorting a large run's samples three times over would be a cost to notice.
     """
 
     seconds: list[float]

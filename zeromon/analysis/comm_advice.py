@@ -45,8 +45,9 @@ def overlap_remedies(info: RunInfo | None) -> tuple[str, ...]:
         if not knobs.get("forward_prefetch_units"):
             remedies.append("prefetch the next unit's all-gather in forward: "
                             "block.set_modules_to_forward_prefetch([next_block])")
-        remedies.append("keep reshard_after_forward=True only where memory needs it: False removes the "
-                        "backward re-gather (at the cost of holding unsharded parameters)")
+        if knobs.get("reshard_after_forward") is not False:  # True, or "mixed": the root alone kept gathered
+            remedies.append("keep reshard_after_forward=True only where memory needs it: False removes the "
+                            "backward re-gather (at the cost of holding unsharded parameters)")
     elif framework == "fsdp1":
         if not knobs.get("forward_prefetch"):
             remedies.append("forward_prefetch=True: issue the next all-gather before this unit's forward")

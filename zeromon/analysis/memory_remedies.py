@@ -81,30 +81,44 @@ def memory_remedies(run: MemoryContext, focus: set[str]) -> tuple[str, ...]:
     parameters (ZeRO-3's stage3_max_live_parameters and prefetch bucket), more sharding, offload,
     activation checkpointing, a smaller micro-batch, bf16; expandable segments first where
     fragmentation is the subject."""
-    info = run.info
-    framework = info.framework if info else "unknown"
-    stage = info.zero_stage if info else None
-    dtype = (info.param_dtype or "") if info else ""
-
     def wants(*topics: str) -> bool:
         return "all" in focus or any(t in focus for t in topics)
 
-    ds, fsdp = framework == "deepspeed", framework in ("fsdp1", "fsdp2")
     out: list[str] = []
     if run.on_gpu and "fragmentation" in focus:
         out.append("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set before the first CUDA allocation): "
                    "segments grow in place instead of caching fixed-size blocks, so freed memory serves larger "
                    "allocations")
-    if ds and stage == 3 and wants("gathers", "params"):
+    if wants("gathers", "params"):
+        out += _fewer_gathered(run)
+    if wants("params", "optimizer"):
+        out += _more_sharding(run)
+    out += _offload(run, wants("gathers", "params"), wants("optimizer", "params"))
+    if wants("activations"):
+        out += _smaller_activations(run)
+    if wants("activations", "gathers"):
+        out += _lower_precision(run)
+    return tuple(out)
+
+
+def _framework(run: MemoryContext) -> tuple[str, int | None]:
+    return (run.info.framework, run.info.zero_stage) if run.info else ("unknown", None)
+
+
+def _fewer_gathered(run: MemoryContext) -> list[str]:
+    """Fewer parameters gathered at once: ZeRO-3's live-parameter knobs, FSDP's resharding and units."""
+    framework, stage = _framework(run)
+    out = []
+    if framework == "deepspeed" and stage == 3:
         threshold, _ = number_knob(run.knob("stage3_param_persistence_threshold"), DS_DEFAULT_PARAM_PERSISTENCE_THRESHOLD)
         max_live, _ = number_knob(run.knob("stage3_max_live_parameters"), DS_DEFAULT_MAX_LIVE_PARAMETERS)
         out.append(f"lower stage3_param_persistence_threshold (now {threshold:.3g}; e.g. 1e4): parameters "
                    "smaller than it stay gathered on every rank")
         out.append(f"lower stage3_max_live_parameters (now {max_live:.3g}; e.g. {max_live / 2:.3g}): it bounds "
                    "the parameters gathered at once")
-    if fsdp and wants("gathers", "params"):
+    if framework in ("fsdp1", "fsdp2"):
         reshard = run.knob("reshard_after_forward")
-        strategy = info.fsdp_strategy if info else None
+        strategy = run.info.fsdp_strategy if run.info else None
         if framework == "fsdp2" and reshard is False:  # "mixed" is FSDP2's default: all but the root
             out.append("reshard_after_forward=True on the fully_shard units (now False): each unit's gathered "
                        "parameters are freed after its forward")
@@ -114,51 +128,74 @@ def memory_remedies(run: MemoryContext, focus: set[str]) -> tuple[str, ...]:
         units = run.knob("fsdp_units")
         out.append("smaller wrapping units (one per transformer block or smaller" + (f"; now {units} units" if units
                    else "") + "): the largest unit's gathered parameters bound the transient peak")
-    if wants("params", "optimizer"):
-        if ds and stage in _NEXT_STAGE:
-            out.append(f"a higher ZeRO stage: zero_optimization.stage {_NEXT_STAGE[stage]}")
-        elif framework in ("ddp", "none"):
-            out.append("shard the model state: FSDP2 fully_shard or DeepSpeed ZeRO-2/3 (each rank then keeps "
-                       "1/N of the optimizer state)")
-        elif framework == "fsdp1" and (info.fsdp_strategy if info else None) == "NO_SHARD":
-            out.append("sharding_strategy=FULL_SHARD or SHARD_GRAD_OP (NO_SHARD keeps the whole optimizer state "
-                       "on every rank)")
+    return out
+
+
+def _more_sharding(run: MemoryContext) -> list[str]:
+    """A higher ZeRO stage, or sharding where the model state is replicated."""
+    framework, stage = _framework(run)
+    if framework == "deepspeed" and stage in _NEXT_STAGE:
+        return [f"a higher ZeRO stage: zero_optimization.stage {_NEXT_STAGE[stage]}"]
+    if framework in ("ddp", "none"):
+        return ["shard the model state: FSDP2 fully_shard or DeepSpeed ZeRO-2/3 (each rank then keeps 1/N of the "
+                "optimizer state)"]
+    if framework == "fsdp1" and (run.info.fsdp_strategy if run.info else None) == "NO_SHARD":
+        return ["sharding_strategy=FULL_SHARD or SHARD_GRAD_OP (NO_SHARD keeps the whole optimizer state on every "
+                "rank)"]
+    return []
+
+
+def _offload(run: MemoryContext, params: bool, optimizer: bool) -> list[str]:
+    """Offload of what the config does not offload yet: ZeRO's to CPU (NVMe on a CPU run), FSDP's to CPU."""
+    framework, stage = _framework(run)
     offload_to = "cpu" if run.on_gpu else "nvme"
-    if ds and stage == 3 and wants("gathers", "params") and run.knob("offload_param") in (None, "none"):
+    out = []
+    if framework == "deepspeed" and stage == 3 and params and run.knob("offload_param") in (None, "none"):
         out.append(f'parameter offload: "offload_param": {{"device": "{offload_to}", "pin_memory": true}}')
-    if ds and stage and wants("optimizer", "params") and run.knob("offload_optimizer") in (None, "none"):
+    if framework == "deepspeed" and stage and optimizer and run.knob("offload_optimizer") in (None, "none"):
         out.append(f'optimizer offload: "offload_optimizer": {{"device": "{offload_to}", "pin_memory": true}}')
-    if fsdp and run.on_gpu and wants("optimizer", "params") and not fsdp_offloads(run):
+    if framework in ("fsdp1", "fsdp2") and run.on_gpu and optimizer and not fsdp_offloads(run):
         out.append("CPU offload of parameters, gradients and optimizer state: "
                    + ("fully_shard(..., offload_policy=CPUOffloadPolicy())" if framework == "fsdp2"
                       else "cpu_offload=CPUOffload(offload_params=True)"))
-    if wants("activations"):
-        activations = run.categories.get("activations")
-        now = f" (activations now {format_bytes(activations)})" if activations else ""
-        out.append("activation checkpointing" + now + ": " + (
-            "apply_activation_checkpointing or torch.utils.checkpoint around each block" if fsdp
-            else "model.gradient_checkpointing_enable() or torch.utils.checkpoint around each block")
-            + "; about half the activation memory for ~20% more compute")
-        micro, accum = run.knob("train_micro_batch_size_per_gpu"), run.knob("gradient_accumulation_steps")
-        if ds and micro is not None:
-            out.append(f"a smaller micro-batch: lower train_micro_batch_size_per_gpu (now {micro}) and raise "
-                       f"gradient_accumulation_steps (now {accum}) to keep train_batch_size")
-        else:
-            out.append("a smaller micro-batch with gradient accumulation to keep the global batch (activations "
-                       "scale with it)")
-    if wants("activations", "gathers"):
-        setting = _BF16_SETTING.get(framework, f'torch.autocast("{"cuda" if run.on_gpu else "cpu"}", '
-                                                'dtype=torch.bfloat16)')
-        if dtype == "float16":
-            out.append(f"bf16 instead of fp16 ({setting}): the same 2 bytes per value without loss scaling, "
-                       "and bf16's 8 exponent bits do not overflow or underflow where fp16's 5 do")
-        elif dtype == "float32":
-            halves = {"deepspeed": "parameters, gradients and activations (the fp32 master copy moves into the "
-                                   "optimizer state)",
-                      "fsdp1": "gathered parameters and activations",
-                      "fsdp2": "gathered parameters and activations"}.get(framework, "activations")
-            out.append(f"bf16 mixed precision ({setting}): halves {halves}")
-    return tuple(out)
+    return out
+
+
+def _smaller_activations(run: MemoryContext) -> list[str]:
+    """Activation checkpointing, and a smaller micro-batch that keeps the global batch."""
+    framework, _ = _framework(run)
+    activations = run.categories.get("activations")
+    now = f" (activations now {format_bytes(activations)})" if activations else ""
+    out = ["activation checkpointing" + now + ": " + (
+        "apply_activation_checkpointing or torch.utils.checkpoint around each block" if framework in ("fsdp1", "fsdp2")
+        else "model.gradient_checkpointing_enable() or torch.utils.checkpoint around each block")
+        + "; about half the activation memory for ~20% more compute"]
+    micro, accum = run.knob("train_micro_batch_size_per_gpu"), run.knob("gradient_accumulation_steps")
+    if framework == "deepspeed" and micro is not None:
+        out.append(f"a smaller micro-batch: lower train_micro_batch_size_per_gpu (now {micro}) and raise "
+                   f"gradient_accumulation_steps (now {accum}) to keep train_batch_size")
+    else:
+        out.append("a smaller micro-batch with gradient accumulation to keep the global batch (activations "
+                   "scale with it)")
+    return out
+
+
+def _lower_precision(run: MemoryContext) -> list[str]:
+    """bf16 where the run keeps fp32 or fp16 values."""
+    framework, _ = _framework(run)
+    dtype = (run.info.param_dtype or "") if run.info else ""
+    setting = _BF16_SETTING.get(framework, f'torch.autocast("{"cuda" if run.on_gpu else "cpu"}", '
+                                           'dtype=torch.bfloat16)')
+    if dtype == "float16":
+        return [f"bf16 instead of fp16 ({setting}): the same 2 bytes per value without loss scaling, "
+                "and bf16's 8 exponent bits do not overflow or underflow where fp16's 5 do"]
+    if dtype == "float32":
+        halves = {"deepspeed": "parameters, gradients and activations (the fp32 master copy moves into the "
+                               "optimizer state)",
+                  "fsdp1": "gathered parameters and activations",
+                  "fsdp2": "gathered parameters and activations"}.get(framework, "activations")
+        return [f"bf16 mixed precision ({setting}): halves {halves}"]
+    return []
 
 
 def untracked_remedies(run: MemoryContext, growing: bool) -> tuple[str, ...]:

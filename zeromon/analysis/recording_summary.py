@@ -40,7 +40,9 @@ class RankSummary:
     collectives: int
     # Median over the steps after the first of the bytes each step moved, per ZeRO meaning.
     bytes_per_step_by_meaning: dict[str, int] = field(default_factory=dict)
-    median_blocked_s: float | None = None
+    # The step time communication cost (docs/definitions.md), `zeromon report`'s "exposed ms"; None: not known
+    # for any step (a recording older than format 1.1).
+    median_exposed_comm_s: float | None = None
     peak_memory: int | None = None
     capacity: int | None = None
     last_categories: dict[str, int] = field(default_factory=dict)
@@ -74,17 +76,18 @@ def strategy_label(rec: Recording) -> str:
 
 def _step_columns(steps: Sequence[StepSummary]) -> tuple[Sequence[int], list[float], Sequence[float | None],
                                                           Sequence[int | None]]:
-    """(step, duration, blocked seconds, collectives) of each summary: a StepRecords' columns, no object made."""
+    """(step, duration, exposed communication seconds, collectives) of each summary: a StepRecords' columns, no
+    object made."""
     if isinstance(steps, StepRecords):
         starts, ends = steps.column("start_ns"), steps.column("end_ns")
         return (steps.column("step"), [(end - start) / 1e9 for start, end in zip(starts, ends, strict=True)],
-                steps.column("blocked_s"), steps.column("collectives"))
-    return ([s.step for s in steps], [s.duration_s for s in steps], [s.blocked_s for s in steps],
+                steps.column("exposed_comm_s"), steps.column("collectives"))
+    return ([s.step for s in steps], [s.duration_s for s in steps], [s.exposed_comm_s for s in steps],
             [s.collectives for s in steps])
 
 
 def summarize_recording(rec: Recording) -> RankSummary:
-    numbers, durations, blocked, step_collectives = _step_columns(rec.steps)
+    numbers, durations, exposed, step_collectives = _step_columns(rec.steps)
     # the steps after the first (all of them when there is one)
     steady = [i for i, number in enumerate(numbers) if number >= 1] or range(len(numbers))
     per_step: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
@@ -102,7 +105,7 @@ def summarize_recording(rec: Recording) -> RankSummary:
               if (level := m.allocated if m.allocated is not None else m.rss) is not None]
     with_categories = [m for m in rec.memory if len(m.categories) > 1]
     capacity = next((m.capacity for m in reversed(rec.memory) if m.capacity), None)
-    waits = [wait for i in steady if (wait := blocked[i]) is not None]
+    exposed_steady = [value for i in steady if (value := exposed[i]) is not None]
     info = rec.run_info
     return RankSummary(
         rank=rec.rank,
@@ -114,7 +117,7 @@ def summarize_recording(rec: Recording) -> RankSummary:
         collectives=len(columns) + sum(max(0, (n or 0) - counts[step])
                                        for step, n in zip(numbers, step_collectives, strict=True)),
         bytes_per_step_by_meaning=by_meaning,
-        median_blocked_s=statistics.median(waits) if waits else None,
+        median_exposed_comm_s=statistics.median(exposed_steady) if exposed_steady else None,
         peak_memory=max(levels) if levels else None,
         capacity=capacity,
         last_categories=dict(with_categories[-1].categories) if with_categories else {},
@@ -129,7 +132,7 @@ def summarize_recording(rec: Recording) -> RankSummary:
 
 def summarize_run(run_dir: RunDirs, workers: int | None = None, progress: OnProgress | None = None) -> RunSummary:
     """Each rank file read and summarized in a worker process (``workers``: map_rank_files'), only its
-    summary sent back: a 1,024-rank run of 10,000 steps read into this process would take ~12 GB."""
+    summary sent back: a large run's records would not fit in this process's memory."""
     headers = run_headers(run_dir)  # checked to be one run's before any file is read whole
     done = map_rank_files([path for path, _ in headers], _summarize_file, workers, progress, doing="summarizing")
     check_one_run([(path, header, info) for (path, header), (_, info, *_) in zip(headers, done, strict=True)])
@@ -182,7 +185,7 @@ def _off(value: float | int | None, median: float | None) -> float:
 
 def ranks_shown(ranks: Sequence[RankSummary], shown: int = RANKS_SHOWN) -> tuple[list[RankSummary], dict[str, float]]:
     """The ``shown`` ranks furthest from the run's typical rank, furthest first, and the medians over all
-    ranks of what that is measured by: the median step time, the time blocked in collectives (a late rank
+    ranks of what that is measured by: the median step time, the exposed communication (a late rank
     waits less; its peers wait for it) and the peak memory, each as a share of its median over the ranks."""
     medians = {name: statistics.median(present) if (present := [v for r in ranks if (v := get(r)) is not None])
                else None for name, get in _MEASURES.items()}
@@ -194,15 +197,15 @@ def ranks_shown(ranks: Sequence[RankSummary], shown: int = RANKS_SHOWN) -> tuple
 
 
 _MEASURES: dict[str, Callable[[RankSummary], float | int | None]] = {
-    "step ms": operator.attrgetter("median_step_s"), "blocked ms": operator.attrgetter("median_blocked_s"),
+    "step ms": operator.attrgetter("median_step_s"), "exposed ms": operator.attrgetter("median_exposed_comm_s"),
     "peak mem": operator.attrgetter("peak_memory")}
 
 
 def _rank_line(r: RankSummary) -> str:
     step_ms = f"{r.median_step_s * 1e3:.1f}" if r.median_step_s is not None else "-"
-    blocked = f"{r.median_blocked_s * 1e3:.1f}" if r.median_blocked_s is not None else "-"
+    exposed = f"{r.median_exposed_comm_s * 1e3:.1f}" if r.median_exposed_comm_s is not None else "-"
     meanings = ", ".join(f"{m}={format_bytes(b)}" for m, b in r.bytes_per_step_by_meaning.items()) or "-"
-    return (f"{r.rank:>4}  {r.framework:<10} {r.strategy:<14} {r.steps:>5} {step_ms:>8} {blocked:>10} "
+    return (f"{r.rank:>4}  {r.framework:<10} {r.strategy:<14} {r.steps:>5} {step_ms:>8} {exposed:>10} "
             f"{r.collectives:>11} {format_bytes(r.peak_memory):>11}  {meanings}")
 
 
@@ -228,19 +231,19 @@ def format_summary(summary: RunSummary, all_ranks: bool = False) -> str:
     lines = [f"zeromon: run {summary.run_dir} ({len(summary.ranks)} of {summary.world_size} ranks recorded)"]
     if summary.restarts.note is not None:
         lines.append(summary.restarts.note)
-    header = f"{'rank':>4}  {'framework':<10} {'strategy':<14} {'steps':>5} {'step ms':>8} {'blocked ms':>10} " \
+    header = f"{'rank':>4}  {'framework':<10} {'strategy':<14} {'steps':>5} {'step ms':>8} {'exposed ms':>10} " \
              f"{'collectives':>11} {'peak mem':>11}  bytes per step by meaning"
     summarised = not all_ranks and len(summary.ranks) > RANKS_SHOWN
     shown, medians = ranks_shown(summary.ranks) if summarised else (list(summary.ranks), {})
     if summarised:
-        lines.append(f"the {len(shown)} ranks furthest from the median of every rank (by step time, time blocked and "
-                     "peak memory), furthest first:")
+        lines.append(f"the {len(shown)} ranks furthest from the median of every rank (by step time, exposed "
+                     "communication and peak memory), furthest first:")
     lines.append(header)
     lines.extend(map(_rank_line, shown))
     if summarised:
         lines.append(_rest_line(summary, shown, medians))
-    lines.append("(step ms, blocked ms and bytes per step: medians over the steps after the first, as in "
-                 "`zeromon report`)")
+    lines.append("(step ms, exposed ms and bytes per step: medians over the steps after the first, as in "
+                 "`zeromon report`; exposed = the step time communication cost)")
     first = summary.ranks[0] if summary.ranks else None
     if first is not None and first.last_categories:
         cats = ", ".join(f"{k}={format_bytes(v)}" for k, v in first.last_categories.items() if v)

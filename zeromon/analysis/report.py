@@ -68,8 +68,8 @@ class RunReport:
         one rank at most, with each step of a rank's per_step on a line of its own.
 
         A rank's dict and its text are made as the rank is written and dropped after, its steps by orjson
-        (json.dump with indent is pure Python): the to_dict of 256 ranks x 10,000 steps, dumped whole, took
-        182 s and 1,744 MB (tests/bench/bench_fleet_report.py)."""
+        (json.dump with indent is pure Python): a large run's to_dict, dumped whole, is slow and holds the
+        whole report at once (tests/bench/bench_fleet_report.py)."""
         yield "{\n" + _members(self._head(), 1) + ',\n "ranks": ['
         for i, r in enumerate(self.ranks):
             yield ("," if i else "") + "\n" + _rank_json(r)
@@ -173,7 +173,8 @@ def _members(document: Mapping[str, Any], level: int) -> str:
 
 def _rank_json(r: RankReport) -> str:
     """One rank of the report's "ranks", indented as the list's item, each step of its per_step on a line.
-    The steps by orjson where it is installed (a dependency): 10,000 steps in ~3 ms, json's C encoder ~45 ms.
+    The steps by orjson where it is installed (a dependency), an order of magnitude faster than json's C
+    encoder.
     Either way one step follows another as "}, {" or "},{" only there: a step's dict holds numbers and null."""
     steps = _per_step(r)
     if not steps:
@@ -263,7 +264,7 @@ def rank_report(rec: Recording, capacity_bytes: int | None = None,
 class RankAnalysis:
     """One rank's share of the run's report, without its recording: what combine_report needs of it.
     Small enough to send back from the worker process that read the rank (`zeromon report` reads and
-    analyses the ranks in parallel): ~20 MB pickled for half a million collectives."""
+    analyses the ranks in parallel): its figures and samples, none of the records."""
 
     report: RankReport
     samples: SampleGroups  # its bandwidth samples, for the run's bandwidth table

@@ -43,6 +43,9 @@ from zeromon.model.codec import CollectiveColumns, Recording
 from zeromon.model.events import StepSummary, issue_interval, span_ns
 
 COMPUTE_PHASES = frozenset({"forward", "backward", "optimizer"})  # the stream's computation on GPU
+# Said wherever a CPU run's overlap shows: its 0 % is no fault of the run's sharding (docs/definitions.md).
+CPU_OVERLAP_NOTE = ("overlap on CPU (gloo): there are no GPU streams to overlap communication on, so an overlap "
+                    "near 0% is expected; the exposed share says what communication costs")
 AGENT_PHASE = "agent"
 DEVICE_CLOCK = "cuda_event"  # PhaseSpan.timing of a span on the GPU's clock
 HOST_CLOCK = "host"  # PhaseSpan.timing of a span on the host's clock (the training thread's)
@@ -209,8 +212,8 @@ def host_overlap_ns(comm: Iterable[Interval], blocked: Iterable[Interval], windo
     collectives (C) and blocked time less agent time, so with L the union length inside the window:
     comp = |W| - L(B+A), overlap = L(C+B+A) - L(B+A), exposed = L(B+A) - L(A). Three union lengths of
     de-duplicated intervals (a synchronous collective's [issue, completion] is its blocked interval too)
-    instead of overlap_in_step's ~25 merges, subtractions and clips: ~70 -> ~15 µs a step of 11
-    collectives. Exactly its integers (tests/test_step_overlap_fast.py); a window of no length: None."""
+    instead of overlap_in_step's ~25 merges, subtractions and clips: several times cheaper a step. Exactly its
+    integers (tests/test_step_overlap_fast.py); a window of no length: None."""
     lo, hi = window
     agent_set = set(agent)
     both = agent_set.union(blocked)

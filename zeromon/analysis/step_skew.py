@@ -1,9 +1,8 @@
 """Step times across ranks: how much they differ per step, who is slowest, each rank's median.
 
-At 1,024 ranks x 10,000 steps these are 10 million durations: a dict per step of a dict per rank
-(``step_times_python``) took 9.6 s and 843 MB more peak RSS in the process that combines the ranks;
-as one ranks x steps matrix, numpy takes 1.7 s and 258 MB (measured here; the engine chosen and
-measured against DuckDB and Polars: zeromon.analysis.step_table's docstring).
+A large run has millions of durations: a dict per step of a dict per rank (``step_times_python``)
+costs the process that combines the ranks several times the time and memory of one ranks x steps
+matrix in numpy (the engine chosen against DuckDB and Polars: zeromon.analysis.step_table's docstring).
 ``step_times_python`` is the per-value reference the matrix must equal (tests/test_fleet_report.py),
 and the path for ranks whose recordings repeat a step number (the matrix needs one value a step).
 """
@@ -35,7 +34,7 @@ def step_times_across_ranks(ranks: Sequence[int], arrays: Sequence[RankSteps], f
     import numpy as np
 
     steps = [np.asarray(a[0], dtype=np.int64) for a in arrays]
-    # Steps in rising order (as recorded) are distinct without np.unique's sort (~0.6 ms a rank of 10,000).
+    # Steps in rising order (as recorded) are distinct without np.unique's sort, a cost every rank would pay.
     if any(not (np.diff(s) > 0).all() and len(np.unique(s)) != len(s) for s in steps):
         return step_times_python(ranks, arrays, first_step)
     seconds = [np.asarray(a[1], dtype=np.float64) for a in arrays]

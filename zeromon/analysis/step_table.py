@@ -1,25 +1,21 @@
 """One rank's steps as columns: what `zeromon report` keeps of each step, for ten thousand steps.
 
-A rank of 10,000 steps made 10,000 StepOverlap objects, sent them pickled from the worker that read
-the rank (1.05 MB, ~0.1 s to load again) and kept them in the report: the report of 1,024 ranks x
-10,000 steps peaked at 6.2 GB over its processes and took 488 s (tests/bench/RESULTS.md). A StepTable holds the same numbers as nine numpy
-arrays (720 kB, loaded as one block each) and is still a sequence of StepOverlap for the clients that
-walk the steps (made one at a time, when looked at).
+A StepOverlap object a step, pickled by the worker that read the rank and kept in the report, makes a
+large run's report slow and its memory large (tests/bench/bench_fleet_report.py). A StepTable holds the
+same numbers as nine numpy arrays (loaded as one block each) and is still a sequence of StepOverlap for
+the clients that walk the steps (made one at a time, when looked at).
 
 Steps that have a summary but no detail (a bounded recording keeps collectives and phase spans for
 some steps only) take the overlap the agent computed as the step ended (StepSummary's comm_union_s,
 comp_s, overlap_s, exposed_comm_s, blocked_s); ``overlap_of_summary`` is the one-step reference of
 that arithmetic (zeromon.analysis.step_overlap), ``summary_columns`` the same for all steps at once.
 
-The engine, measured (tests/bench/engines_fleet.py on this shared 2-core machine, load ~2): numpy,
-already a dependency, against DuckDB 2.0.0 and Polars 2.1.0 on the report's hot operations. Per rank
-(10,000 steps: the derived columns and five medians) numpy 0.70 ms, Polars 0.90 ms, DuckDB 5.3 ms;
-across 1,024 ranks x 10,000 steps (per step the median, slowest and fastest; per rank the median)
-numpy 260 ms, Polars 220 ms, DuckDB 356 ms; importing them 0, 99-294 and 62-162 ms, in each worker.
-The cost that matters is the same for all three: making columns of a rank's StepSummary objects
-(~10 ms of the ~20 ms a rank's analysis takes). Polars' 40 ms across ranks does not pay for a new
-dependency (181 MB installed; DuckDB 68 MB), nor for matching the reference's choice among equal
-maxima (the first rank) in a group-by.
+The engine is numpy, already a dependency, chosen against DuckDB and Polars on the report's hot
+operations (tests/bench/engines_fleet.py: per rank the derived columns and five medians; across ranks,
+per step the median, slowest and fastest, per rank the median). Neither is faster by enough to matter,
+and each costs an import in every worker; the cost that matters is the same for all three, making
+columns of a rank's step summaries. Polars' small lead across ranks does not pay for a large new
+dependency, nor for matching the reference's choice among equal maxima (the first rank) in a group-by.
 """
 
 from __future__ import annotations
@@ -137,7 +133,7 @@ _AGENT = operator.methodcaller("get", "agent", 0.0)  # of a summary's phase_s: S
 def summary_columns(summaries: Sequence[StepSummary]) -> tuple[np.ndarray, np.ndarray]:
     """overlap_of_summary of every summary at once, as (steps, values) of a StepTable; the summaries
     must all have the overlap (has_overlap). A list of each field (step_column: of a StepRecords, no
-    object made), then numpy: ~3 ms for 10,000, where a getattr per field and step took 50."""
+    object made), then numpy: far cheaper than a getattr per field and step."""
     integers = np.array([step_column(summaries, name) for name in _INTEGERS], dtype=np.int64).reshape(3, -1)
     seconds = np.array([step_column(summaries, name) for name in _SECONDS], dtype=np.float64).reshape(5, -1)
     agent = np.fromiter(map(_AGENT, step_column(summaries, "phase_s")), np.float64, len(summaries))

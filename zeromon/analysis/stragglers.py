@@ -100,9 +100,9 @@ class RankArrivals:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class StepTimes(Sequence[tuple[int, float]]):
-    """(step, duration_s) of each step summary as two arrays: 10,000 steps pickle as 160 kB, not as
-    10,000 tuples (~1 GB in the process that combines 1,024 ranks). ``detail``: 1 where the recording
-    kept the step's collectives or phase spans (a bounded recording keeps some steps' only)."""
+    """(step, duration_s) of each step summary as two arrays: they pickle as their bytes, not as a tuple a
+    step, which the process that combines a large run's ranks would hold by the million. ``detail``: 1 where
+    the recording kept the step's collectives or phase spans (a bounded recording keeps some steps' only)."""
 
     steps: array
     seconds: array
@@ -166,7 +166,7 @@ def _step_times(summaries: Sequence[StepSummary], detail: set[int]) -> StepTimes
 
 
 def _packed(typecode: str, values: list[Any]) -> Sequence[Any]:
-    """The values as an array: a million of them pickle in milliseconds and take 8 MB, not ~32 MB."""
+    """The values as an array: they pickle as 8 bytes a value, not an object each."""
     try:
         return array(typecode, values)
     except (TypeError, OverflowError):  # a null or a float where an integer belongs: kept as read

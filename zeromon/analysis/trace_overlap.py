@@ -90,7 +90,7 @@ def runs_on_gpu(stream: int, correlation: int, name: str) -> bool:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class StreamEvents:
-    """The events with an ``args.stream`` other than -1, as columns (a 100 MB trace holds ~10^5)."""
+    """The events with an ``args.stream`` other than -1, as columns (a large trace holds many thousands)."""
 
     name_ids: array[int]  # into RankTrace.names
     streams: array[int]

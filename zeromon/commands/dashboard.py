@@ -28,7 +28,7 @@ _USAGE_HINT = ("zeromon dashboard   (the newest local run)   ·   zeromon dashbo
                "zeromon dashboard --trace traces/")
 DEFAULT_PORT = 8050
 # Recent collectives kept per rank from live agents, for the step timeline: a few steps of a large
-# FSDP model (~240 collectives a step); ~300 bytes each.
+# FSDP model (hundreds of collectives a step), a few hundred bytes each.
 LIVE_COLLECTIVES_KEPT = 2048
 
 
@@ -138,11 +138,10 @@ def _starting(run_dir: Path) -> bool:
 
 
 def _calm_the_collector() -> None:
-    """A full garbage collection walks every object the process holds: ~140 ms with a recording of
-    a million records loaded, in the middle of a page's refresh (tests/bench/bench_dashboard.py saw
-    one in every tenth live refresh). What exists once the data is loaded and the app built is frozen
-    out of them, and they run a tenth as often: a refresh's garbage is young and dies young (as the
-    TUI does, zeromon/tui/app.py)."""
+    """A full garbage collection walks every object the process holds, long with a large recording loaded, and
+    lands in the middle of a page's refresh (tests/bench/bench_dashboard.py). What exists once the data is
+    loaded and the app built is frozen out of them, and they run a tenth as often: a refresh's garbage is
+    young and dies young (as the TUI does, zeromon/tui/app.py)."""
     import gc
 
     gc.collect()
@@ -152,12 +151,11 @@ def _calm_the_collector() -> None:
 
 
 def _one_malloc_arena() -> None:
-    """One glibc malloc arena for the whole process (mallopt M_ARENA_MAX = 1). The server answers each
-    request on a thread of its own, and glibc gives threads arenas of their own (up to 8 per core):
-    what a page's drawing frees in one stays there, scattered over them. Measured with
-    tests/bench/bench_dashboard.py's 8 x 10,000-step recording: after its pages the process held
-    320 MB with an arena per thread, 270 MB with one. The price is a lock the GIL mostly takes
-    already. Nothing where there is no glibc."""
+    """One glibc malloc arena for the whole process (mallopt M_ARENA_MAX = 1). The server answers each request
+    on a thread of its own, and glibc gives threads arenas of their own (up to 8 per core): what a page's
+    drawing frees in one stays there, scattered over them, and the process holds more after its pages than
+    with one arena (tests/bench/bench_dashboard.py). The price is a lock the GIL mostly takes already. Nothing
+    where there is no glibc."""
     import ctypes
     import ctypes.util
 

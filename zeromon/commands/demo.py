@@ -71,11 +71,10 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else Path("zeromon-runs") / f"demo-{scenario.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     _say_intro(scenario, args.steps, tui, args.dashboard)
     with _environment(_ranks_env(scenario)):
-        if args.dashboard:
-            code = _train_with_dashboard(scenario, out, args.steps,
+        if args.dashboard:  # the verdict is printed while the dashboard serves, before Ctrl-C
+            return _train_with_dashboard(scenario, out, args.steps,
                                          DASHBOARD_PORT if args.port is None else args.port)
-        else:
-            code = _train(scenario, out, args.steps, tui=tui)
+        code = _train(scenario, out, args.steps, tui=tui)
     if code != 0:
         return code
     return _verdict(scenario, out)
@@ -103,7 +102,7 @@ def _ranks_env(scenario: Scenario) -> dict[str, str]:
         "CUDA_VISIBLE_DEVICES": "",
         "OMP_NUM_THREADS": "1",  # one thread a rank keeps the demo light on a few cores
         # glibc keeps freed memory resident once its mmap threshold adapts upward, and RSS (the level on
-        # CPU) then creeps ~1-2 MiB a step for a while, which the forecast rightly calls slow growth; a
+        # CPU) then creeps a little every step for a while, which the forecast rightly calls slow growth; a
         # fixed threshold makes RSS follow the live tensors, as a GPU allocator's count does.
         "MALLOC_MMAP_THRESHOLD_": "131072",
         **scenario.env,
@@ -146,7 +145,9 @@ def _train(scenario: Scenario, out: Path, steps: int, tui: bool) -> int:
 def _train_with_dashboard(scenario: Scenario, out: Path, steps: int, port: int) -> int:
     """`zeromon dashboard OUT` (the real command, in a child process) from the moment the ranks have
     registered (a run folder with neither agents nor a recording is refused: the dashboard needs
-    something to follow) while the training runs, and after it ends, on its final state, until Ctrl-C."""
+    something to follow) while the training runs, and after it ends, on its final state, until Ctrl-C.
+    Ctrl-C ends it with exit code 0, also while the verdict is still being made (it is then not printed,
+    and never made a second time: an import that Ctrl-C cut short cannot be repeated in one process)."""
     _check_port_free(port)  # said before a minute of training, not after
     out.mkdir(parents=True, exist_ok=True)
     started: list[subprocess.Popen[bytes]] = []

@@ -99,9 +99,10 @@ def _run_report(args: argparse.Namespace) -> int:
         from zeromon.model.rank_pool import read_rank_file
 
         # The page plots the recordings themselves: those of the ranks the text shows first, read again here
-        # (16 at most: 1,024 ranks read into one process would take ~12 GB, and their lines no figure could hold).
+        # (16 at most: a large run's ranks would not fit one process, nor their lines a figure).
         plotted = _plotted_ranks(report)
-        _write_html(args.html, render_html(report, [read_rank_file(Path(r.file)) for r in plotted], text))
+        _write_html(args.html, render_html(report, [read_rank_file(Path(r.file)) for r in plotted],
+                                                "\n".join(report_notes(report))))
     ends = _rank_ends(report, file_ends)
     restarts = _restarts(run, report)
     hang = recorded_verdict({rank: last for rank, _, last in kept}, [e.rank for e in ends if e.state == CUT_OFF])
@@ -189,7 +190,6 @@ BANDWIDTH_ROWS_SHOWN = 16
 def format_run_report(report: RunReport, all_ranks: bool = False) -> str:
     """The report's text: a line per rank and per finding up to RANKS_SHOWN ranks (or ``all_ranks``);
     past that the worst ranks first and the rest summarised (zeromon.views.report_summary)."""
-    from zeromon.analysis.recording_summary import corrupt_lines_note
     from zeromon.views.report_summary import RANKS_SHOWN, summarise_ranks
 
     summarised = not all_ranks and len(report.ranks) > RANKS_SHOWN
@@ -198,14 +198,35 @@ def format_run_report(report: RunReport, all_ranks: bool = False) -> str:
     if summary is not None:
         lines.append(f"the {len(summary.shown)} ranks furthest from the median rank (OOM risk first; --all-ranks "
                      "for every rank):")
-    lines.append(f"{'rank':>4}  {'framework':<9} {'strategy':<13} {'steps':>5} {'step ms':>8} {'exposed ms/step':>15} "
-                 f"{'exposed':>7} {'overlap':>7} {'peak mem':>11} {'capacity':>11} {'risk':<8} busbw")
+    lines.append(f"{'rank':>4}  {'framework':<9} {'strategy':<13} {'steps':>5} {'step ms':>8} {'exposed ms':>10} "
+                 f"{'exposed %':>9} {'overlap':>7} {'peak mem':>11} {'capacity':>11} {'risk':<8} busbw")
     lines.extend(_rank_line(r) for r in (summary.shown if summary is not None else report.ranks))
     if summary is not None and summary.rest:
         lines.append(_rest_line(summary))
+    lines.extend(report_notes(report))
+    if summary is not None:
+        lines.extend(_straggler_lines(summary))
+        lines.extend(_grouped_finding_lines(report))
+    else:
+        lines += ["", f"findings ({len(report.findings)}):" if report.findings else "findings: none"]
+        for f in report.findings:
+            lines.extend(_finding_lines(f))
+    return "\n".join(lines)
+
+
+def report_notes(report: RunReport) -> list[str]:
+    """What the report says between its rank table and its findings: what the columns mean, the warm-up and
+    teardown, corrupt lines and the bandwidth table (the text's, and the HTML page's under its table)."""
+    from zeromon.analysis.recording_summary import corrupt_lines_note
+
+    lines: list[str] = []
     lines.append("(medians per step over the steps after the first; exposed = the step time communication "
                  "cost: the training thread's time blocked in collectives and waits (on GPU, communication not "
                  "hidden behind the stream's compute), and its share of the step)")
+    if report.ranks and all(r.oom.device == "cpu" for r in report.ranks):
+        from zeromon.analysis.step_overlap import CPU_OVERLAP_NOTE
+
+        lines.append(CPU_OVERLAP_NOTE)
     lines.extend(_device_timing_lines(report))
     warm = [r.warmup for r in report.ranks if r.warmup.collectives]
     if warm:
@@ -220,14 +241,7 @@ def format_run_report(report: RunReport, all_ranks: bool = False) -> str:
     lines.extend(corrupt_lines_note(r.file, r.corrupt_lines, errors=r.line_errors)
                  for r in report.ranks if r.corrupt_lines)
     lines.extend(_bandwidth_lines(report))
-    if summary is not None:
-        lines.extend(_straggler_lines(summary))
-        lines.extend(_grouped_finding_lines(report))
-    else:
-        lines += ["", f"findings ({len(report.findings)}):" if report.findings else "findings: none"]
-        for f in report.findings:
-            lines.extend(_finding_lines(f))
-    return "\n".join(lines)
+    return lines
 
 
 def _device_timing_lines(report: RunReport) -> list[str]:
@@ -248,7 +262,7 @@ def _rank_line(r: RankReport) -> str:
 
     busbw = ", ".join(f"{op} {format_rate(bw)}" for op, bw in sorted(r.busbw_by_op.items())) or "-"
     return (f"{r.rank:>4}  {r.framework:<9} {r.strategy:<13} {len(r.steps):>5} {_ms(r.median_step_s):>8} "
-            f"{_ms(r.median_exposed_comm_s):>15} {_pct(r.median_exposed_share):>7} "
+            f"{_ms(r.median_exposed_comm_s):>10} {_pct(r.median_exposed_share):>9} "
             f"{_pct(r.median_overlap_ratio):>7} {format_bytes(r.peak_memory):>11} "
             f"{format_bytes(r.capacity):>11} {_risk(r):<8} {busbw}")
 

@@ -10,9 +10,9 @@ HELP = "summarize a recorded run folder"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("A first look at a recorded run: per rank, the framework and sharding, steps and their "
-                          "median time, time blocked in collectives, the collectives recorded, peak memory and the "
-                          "bytes each step moves by ZeRO meaning; then dropped events, corrupt lines and the "
-                          "agent's notes; and how each rank ended (the first to die first) and, for a run "
+                          "median time, exposed communication (the step time communication costs), the collectives "
+                          "recorded, peak memory and the bytes each step moves by ZeRO meaning; then dropped events, "
+                          "corrupt lines and the agent's notes; and how each rank ended (the first to die first) and, for a run "
                           "torchelastic restarted, when and why. `zeromon report` gives the whole analysis. "
                           "Exit status 3 (after printing everything) when a rank died (a signal, an exception, "
                           "or no end record) or its recording is incomplete; 2 for bad input.")

@@ -15,9 +15,9 @@ from zeromon.analysis.findings import Finding, Severity
 
 TRAIN_SCRIPT = Path(__file__).resolve().with_name("train.py")
 RANKS = 2
-DEFAULT_STEPS = 60  # ~20 s of training at ~0.32 s a step, after 5-10 s of start (torch, gloo)
+DEFAULT_STEPS = 60  # ~20 s of training at ~0.32 s a step, after torch's and gloo's start
 # The leak's capacity: small enough that 8 MiB a step reaches it within minutes (critical: within 10
-# minutes), large enough for a rank's starting RSS (~400 MiB with torch and a gloo group).
+# minutes), large enough for a rank's starting RSS (torch and a gloo group).
 LEAK_CAPACITY = "1536MiB"
 
 

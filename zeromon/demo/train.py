@@ -12,7 +12,7 @@ forward "computes" by sleeping ``compute_s`` (the compute a GPU would do, withou
 CPU); the scenarios:
 
 - healthy:   two layers of 256 as one FSDP2 unit, 300 ms of compute a step: its two collectives
-             (an all-gather, a reduce-scatter; 2-8 ms each on gloo on a busy machine) are a sliver;
+             (an all-gather, a reduce-scatter, each small on gloo) are a sliver;
 - leak:      healthy, and every step keeps ``leak_mib`` MiB more alive (tensors kept in a list, as
              a loop that keeps its outputs without ``.detach()`` leaks), against a small stated capacity;
 - exposed:   four layers of 768 gathered again in backward, 5 ms of compute: the all-gathers and
@@ -226,7 +226,7 @@ def _let_go_of_the_group() -> None:
 
 def _agree_to_stop(stop: bool) -> bool:
     """Whether any rank wants to stop (Ctrl-C, or rank 0's clock), agreed by all: each rank's own answer
-    would stop them at different steps. A 4-byte all-reduce, 1-5 ms on gloo on a busy machine: every
+    would stop them at different steps. A 4-byte all-reduce, not free on gloo: every
     STOP_CHECK_EVERY_STEPS steps, so that the healthy run's communication stays a sliver of its steps."""
     flag = torch.tensor([1.0 if stop else 0.0])
     dist.all_reduce(flag)

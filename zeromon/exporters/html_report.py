@@ -1,4 +1,4 @@
-"""`zeromon report --html FILE`: one self-contained page (plotly.js inlined) with the report's figures.
+"""`zeromon report --html FILE`: one self-contained page (plotly.js inlined, packed) with the report's figures.
 
 For a recording: memory over time by category, the communication/computation timeline of one step,
 overlap and exposed communication per step, and bus bandwidth by op and message size. For profiler
@@ -14,14 +14,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from zeromon.analysis.bandwidth import bucket_label, format_rate
-from zeromon.analysis.findings import Finding
-from zeromon.analysis.report import RunReport, finding_heading
+from zeromon.analysis.findings import Finding, Severity
+from zeromon.analysis.report import RankReport, RunReport, finding_heading
 from zeromon.analysis.trace_overlap import RankTraceOverlap
 from zeromon.model.codec import Recording
+from zeromon.model.events import phase_words
 from zeromon.model.units import format_bytes
 
-# Categories far below the level they are part of (process RSS on CPU: a few MiB of parameters in
-# ~400 MiB) would be a flat line at zero on its axis: they get a plot of their own below it.
+# Categories far below the level they are part of (process RSS on CPU: a small model's parameters in
+# the whole process's memory) would be a flat line at zero on its axis: they get a plot of their own below it.
 SMALL_CATEGORIES_SHARE = 0.05
 
 
@@ -172,7 +173,7 @@ def _figures(report: RunReport, recordings: Sequence[Recording]) -> list[tuple[s
         for span in first.phases:
             if span.step == step.step and span.phase != "other":
                 bars.setdefault(("phase", span.phase), TimelineBars()).add(
-                    "compute (phases)", span.start_ns - lo, span.end_ns - span.start_ns, span.phase)
+                    "compute (phases)", span.start_ns - lo, span.end_ns - span.start_ns, phase_words(span.phase))
         c = first.collective_columns()  # only the step's events are looked at, by index
         for i in [i for i, s in enumerate(c.step) if s == step.step and c.complete_ns[i] is not None]:
             issue, complete = c.issue_ns[i], c.complete_ns[i] or 0
@@ -182,7 +183,7 @@ def _figures(report: RunReport, recordings: Sequence[Recording]) -> list[tuple[s
         for (kind, name), bar in sorted(bars.items(), key=lambda item: _legend_order(*item[0])):
             colour = (PHASE_COLOURS if kind == "phase" else MEANING_COLOURS).get(name, OTHER_COLOURS[kind])
             timeline.add_trace(go.Bar(y=bar.rows, x=bar.lengths_ms, base=bar.starts_ms, orientation="h",
-                                      name=f"{kind}: {name}", marker_color=colour, hovertext=bar.hovers))
+                                      name=f"{kind}: {phase_words(name)}", marker_color=colour, hovertext=bar.hovers))
         timeline.update_layout(title=f"Rank {first.rank}, step {step.step + 1}: communication and computation (ms)",
                                barmode="overlay", xaxis_title="ms since the step began")
         if not bars:
@@ -304,33 +305,110 @@ def _findings_html(findings: Sequence[Finding]) -> str:
         for f in findings) or "<li>none</li>"
 
 
-def _page(source: str, subtitle: str, sections: str, figures: list[tuple[str, Any]]) -> str:
+def _packed_plotlyjs() -> str:
+    """plotly.js gzipped and in base64: the page unpacks it in the browser (DecompressionStream), offline,
+    at ~2/5 of its size; plotly.js is nearly all of a report page's weight."""
+    import base64
+    import gzip
+
     from plotly.offline import get_plotlyjs
 
+    global _packed
+    if _packed is None:
+        _packed = base64.b64encode(gzip.compress(get_plotlyjs().encode(), 6, mtime=0)).decode("ascii")
+    return _packed
+
+
+_packed: str | None = None
+# The figures' scripts run as the page is read, before plotly.js is unpacked: a stand-in Plotly notes
+# their calls, and the real one makes them once it has run.
+_LOADER = """<script type="text/javascript">
+(function () {
+  var calls = [];
+  window.Plotly = {newPlot: function () { calls.push(arguments); return Promise.resolve(); }};
+  function say(text) { document.getElementById("zeromon-plotly").textContent = text; }
+  if (!window.DecompressionStream) {
+    say("This browser cannot unpack the page's figures (DecompressionStream: Chrome 80, Firefox 113, " +
+        "Safari 16.4 or later); the text above is the whole report.");
+    return;
+  }
+  var bytes = Uint8Array.from(atob("%s"), function (c) { return c.charCodeAt(0); });
+  var js = new Response(new Blob([bytes]).stream().pipeThrough(new DecompressionStream("gzip"))).text();
+  var ready = new Promise(function (done) {
+    if (document.readyState === "loading") { document.addEventListener("DOMContentLoaded", done); } else { done(); }
+  });
+  Promise.all([js, ready]).then(function (got) {
+    var script = document.createElement("script");
+    script.textContent = got[0];
+    document.head.appendChild(script);
+    calls.forEach(function (call) { window.Plotly.newPlot.apply(window.Plotly, call); });
+  }).catch(function (error) { say("The page's figures could not be drawn: " + error); });
+})();
+</script>"""
+
+
+def _page(source: str, subtitle: str, sections: str, figures: list[tuple[str, Any]]) -> str:
     parts = [fig.to_html(full_html=False, include_plotlyjs=False, div_id=f"zeromon-{name}") for name, fig in figures]
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>zeromon report: {html.escape(source)}</title>
-<script type="text/javascript">{get_plotlyjs()}</script>
-<style>body{{font-family:sans-serif;margin:2em;max-width:1200px}} pre{{background:#f4f4f4;padding:1em;overflow:auto}}</style>
+{_LOADER % _packed_plotlyjs()}
+<style>body{{font-family:sans-serif;margin:2em;max-width:1200px}}
+pre{{background:#f4f4f4;padding:1em;white-space:pre-wrap;overflow-wrap:anywhere}}
+table{{border-collapse:collapse;font-size:0.9em}} th,td{{padding:0.2em 0.6em;text-align:right;vertical-align:top}}
+th{{border-bottom:1px solid #999}} td.text,th.text{{text-align:left}}</style>
 </head><body>
 <h1>zeromon report</h1><p>{html.escape(source)}: {html.escape(subtitle)}</p>
 {sections}
+<p id="zeromon-plotly"></p>
 {''.join(parts)}
 </body></html>
 """
 
 
-def render_html(report: RunReport, recordings: Sequence[Recording], text_summary: str) -> str:
-    """The page of `zeromon report --html`: the findings, the text, and figures of ``recordings`` (every rank's,
-    or, of a run of many, those the text shows first: the figures draw those ranks only)."""
+_RANK_COLUMNS = ("rank", "framework", "strategy", "steps", "step ms", "exposed ms", "exposed %", "overlap",
+                 "peak mem", "capacity", "risk", "busbw")
+_TEXT_COLUMNS = {"framework", "strategy", "risk", "busbw"}
+
+
+def _rank_cells(r: RankReport) -> tuple[str, ...]:
+    """A rank's row as the text report's table has it (zeromon.commands.report's columns)."""
+    def ms(seconds: float | None) -> str:
+        return "-" if seconds is None else f"{seconds * 1e3:.1f}"
+
+    def share(ratio: float | None) -> str:
+        return "-" if ratio is None else f"{100 * ratio:.0f}%"
+
+    busbw = ", ".join(f"{op} {format_rate(bw)}" for op, bw in sorted(r.busbw_by_op.items())) or "-"
+    risk = "-" if r.peak_memory is None and r.oom.risk is Severity.OK else r.oom.risk.value  # nothing forecast
+    return (str(r.rank), r.framework, r.strategy, str(len(r.steps)), ms(r.median_step_s), ms(r.median_exposed_comm_s),
+            share(r.median_exposed_share), share(r.median_overlap_ratio), format_bytes(r.peak_memory),
+            format_bytes(r.capacity), risk, busbw)
+
+
+def _rank_table(ranks: Sequence[RankReport]) -> str:
+    head = "".join(f'<th class="text">{name}</th>' if name in _TEXT_COLUMNS else f"<th>{name}</th>"
+                   for name in _RANK_COLUMNS)
+    rows = "".join("<tr>" + "".join(f'<td class="text">{html.escape(cell)}</td>' if name in _TEXT_COLUMNS
+                                    else f"<td>{html.escape(cell)}</td>"
+                                    for name, cell in zip(_RANK_COLUMNS, _rank_cells(r), strict=True)) + "</tr>"
+                   for r in ranks)
+    return f"<table><tr>{head}</tr>{rows}</table>"
+
+
+def render_html(report: RunReport, recordings: Sequence[Recording], notes: str) -> str:
+    """The page of `zeromon report --html`: each finding once, a table of the ranks the figures draw (every
+    rank's, or, of a run of many, those the text shows first), ``notes`` (the text report's lines between
+    its table and its findings) and the figures of ``recordings``."""
     step_ms = [r.median_step_s for r in report.ranks if r.median_step_s is not None]
     subtitle = f"{len(report.ranks)} ranks" + (f", median step {statistics.median(step_ms) * 1e3:.1f} ms"
                                                 if step_ms else "")
     if len(recordings) < len(report.ranks):
         subtitle += (f"; the figures draw the {len(recordings)} ranks furthest from the median rank "
                      f"({', '.join(str(rec.rank) for rec in recordings)})")
+    by_rank = {r.rank: r for r in report.ranks}
     sections = (f"<h2>Findings</h2><ul>{_findings_html(report.findings)}</ul>\n"
-                f"<h2>Per rank</h2><pre>{html.escape(text_summary)}</pre>")
+                f"<h2>Per rank</h2>{_rank_table([by_rank[rec.rank] for rec in recordings if rec.rank in by_rank])}"
+                f"<pre>{html.escape(notes)}</pre>")
     return _page(report.run_dir, subtitle, sections, _figures(report, recordings))
 
 

@@ -1,18 +1,14 @@
 """The columns of the compact recording format (2.1): a segment's collectives, phases and memory samples,
 a column per field.
 
-A 70B-class FSDP job issues ~240 collectives per step per rank; as JSON lines each costs 154-199
-bytes. As columns their values are mostly the same or a small step from the one before, and zlib
-squeezes them: each column holds 64-bit integers, delta-coded (a time minus the previous row's, or
-minus another field of the row: ``complete_ns - issue_ns``), and written byte plane by byte plane
-(all first bytes, then all second bytes, ...: the "shuffle" of Blosc and HDF5), so that the high
-bytes, zero in every row, become long runs. Strings are codes into the segment's own table,
-seconds are exact nanosecond integers. Measured on a real 80-layer FSDP2 recording (240 collectives
-per step, segments of one 0.2 s flush each, zlib level 6), all records counted: 12 bytes per collective
-as columns, 33 as zlib'd JSON rows (tests/bench/RESULTS.md, bench_recording_size); a first cut of the
-columns without the shuffle took 1.6 bytes more. Memory samples (2.1), in recordings of the examples'
-default model of 12 and 60 steps: 17 and 10 bytes each as columns in segments of 0.2 s, where their JSON
-rows (2.0) took 22 and 16; 11 and 7 against 19 and 16 in segments of 1 s.
+A 70B-class FSDP job issues hundreds of collectives per step per rank, each a JSON line of a couple of hundred
+bytes. As columns their values are mostly the same or a small step from the one before, and zlib squeezes
+them: each column holds 64-bit integers, delta-coded (a time minus the previous row's, or minus another field
+of the row: ``complete_ns - issue_ns``), and written byte plane by byte plane (all first bytes, then all
+second bytes, ...: the "shuffle" of Blosc and HDF5), so that the high bytes, zero in every row, become long
+runs. Strings are codes into the segment's own table, seconds are exact nanosecond integers. A collective then
+takes a fraction of its zlib'd JSON row, the shuffle a part of that gain, and a memory sample less than its
+JSON row (tests/bench/bench_recording_size.py, tests/bench/RESULTS.md).
 
 A record whose values a column cannot hold exactly (a float that is not whole nanoseconds, an
 integer past 64 bits, a value of another type) is written as its JSON row instead: what is read
@@ -38,8 +34,8 @@ from zeromon.model.events import MEMORY_CATEGORIES, CollectiveEvent, MemorySampl
 SECONDS_LIMIT = 1e9
 _WIDTH = 8  # bytes per value in memory: array('q')
 # A column is written in the fewest bytes per value that hold it (a width byte, then that many planes):
-# zlib reads fewer zero planes (the rewritten 80-layer recording: 13.0 -> 12.3 bytes per collective, the
-# flush 5.5 -> 4.8 µs a record).
+# zlib reads fewer zero planes, so the file is smaller and the flush cheaper
+# (tests/bench/bench_recording_size.py).
 _SIGNED = {1: "b", 2: "h", 4: "i", 8: "q"}
 _LIMITS = [(1, 2**7), (2, 2**15), (4, 2**31), (8, 2**63)]
 _LITTLE = sys.byteorder == "little"
@@ -88,14 +84,14 @@ _SIGNATURES_KEPT = 256  # type signatures a fit check remembers as good: a few p
 
 def fits(spec: Sequence[Sequence[Any]]) -> Callable[[tuple[Any, ...]], bool]:
     """A check that a record's values (in the spec's order) go into the columns exactly: their types, one
-    look-up of the tuple of their types among those already found good (~0.4 µs a collective, a tenth of
+    look-up of the tuple of their types among those already found good (a small part of
     what its JSON line costs to make; a new tuple is checked field by field), each float whole
-    nanoseconds, and each "map" a dict of the spec's names to integers (~0.3 µs for a memory sample's five
-    categories, nothing for an empty one). An integer past 64 bits passes here and fails in encode
+    nanoseconds, and each "map" a dict of the spec's names to integers (a cost per category, nothing for
+    an empty one). An integer past 64 bits passes here and fails in encode
     (OverflowError).
 
     Good signatures are remembered as they come, not made up front: a memory sample's eleven nullable
-    fields have 8,192 of them, 4 ms and ~1.6 MB to build in every training process."""
+    fields have 8,192 of them, too many to build in every training process."""
     accepted = tuple(frozenset(_TYPES[how]) for _, how, _ in spec)
     good: set[tuple[type, ...]] = set()
     seconds = [i for i, (_, how, _) in enumerate(spec) if how.startswith("ns")]
@@ -125,8 +121,8 @@ def _planes(values: Sequence[int]) -> bytes:
     """Integers as a width byte and their low ``width`` bytes, byte plane by byte plane (little-endian).
 
     The width from the list's own min and max (an array's would box every value again), then an array
-    of that width, whose bytes are those planes interleaved: ~6x cheaper than one of 8-byte values cut
-    into planes, and a flush encodes every column of every record (bench_recorder_cpu)."""
+    of that width, whose bytes are those planes interleaved: several times cheaper than one of 8-byte values
+    cut into planes, and a flush encodes every column of every record (tests/bench/bench_recorder_cpu.py)."""
     low, high = (min(values), max(values)) if values else (0, 0)
     if -(2**7) <= low and high < 2**7:  # _LIMITS, unrolled
         width = 1
@@ -271,7 +267,7 @@ def encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]],
 def _repeated(value: int, n: int) -> bytes:
     """_planes of [value, 0, 0, ...] (n values): a column of n rows that all hold ``value``, each minus the
     previous row's. Remembered: a rank, a capacity, a device's zero retries come back flush after flush
-    (~0.15 µs a look-up where making them costs 0.6-1 µs)."""
+    (a look-up costs a fraction of making them)."""
     if -(2**7) <= value < 2**7:  # _LIMITS, unrolled
         width = 1
     elif -(2**15) <= value < 2**15:

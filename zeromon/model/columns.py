@@ -88,12 +88,11 @@ class MappingColumn:
 class ColumnTable(Generic[R]):
     """One rank's records of one type in the order the agent published them, stored as columns.
 
-    A MemorySample with its categories costs ~1 KB as an object, a StepSummary ~900 bytes, a
-    PhaseSpan ~270; as columns, 50-200 bytes, in a handful of arrays per table rather than objects
-    per record or per field (each one more for the garbage collector to walk on every full
-    collection, which the TUI's redraws set off every few seconds). Records are made again when
-    looked at; ``window()`` keeps the last window's, so a view that moves one step on makes one
-    StepSummary, not 64.
+    A record costs several times as much as an object (a MemorySample with its categories most) as its values
+    take as columns, in a handful of arrays per table rather than objects per record or per field (each one
+    more for the garbage collector to walk on every full collection, which the TUI's redraws set off every few
+    seconds). Records are made again when looked at; ``window()`` keeps the last window's, so a view that
+    moves one step on makes one StepSummary, not 64.
     """
 
     def __init__(self, cls: type[R], records: Sequence[R], time_of: str) -> None:
@@ -181,7 +180,8 @@ class ColumnTable(Generic[R]):
         return self._field(*self._plan[self._fields[name]], i)
 
     def slice(self, start: int, stop: int) -> list[R]:
-        """Records start..stop, made column by column (a forecast's 2048 memory samples: 4x faster than one by one)."""
+        """Records start..stop, made column by column (a forecast's memory samples: much faster than one by
+        one)."""
         start, stop = max(0, start), min(stop, len(self.t_ns))
         if stop <= start:
             return []
@@ -331,7 +331,7 @@ def compact_column(values: Sequence[Any]) -> Sequence[Any]:
 
 
 # The narrowest array typecode that holds a column's integers: a rank number, a group size or a step
-# fits in 1-2 bytes, not 8 (the 8 x 10,000-step benchmark's collectives: ~40% smaller).
+# fits in 1-2 bytes, not 8, and a run's collectives hold millions of them.
 _INT_CODES = tuple((code, -(1 << (8 * array(code).itemsize - 1)), (1 << (8 * array(code).itemsize - 1)) - 1)
                    for code in ("b", "h", "i", "q"))
 

@@ -151,7 +151,13 @@ class RecordingWriter:
         """Flush, write ``end`` (the end record) last, close. After a failure, ``end`` is appended to
         what the file holds, on a line of its own, if the file system takes it now."""
         if end is not None and self._file is not None:
+            lost = (self.records_lost, self.bytes_lost)
             self.write(end)
+            self.flush()
+            if self._file is None:  # the disk filled at this last flush, and the end record went with it
+                end = _counted(end, self.records_lost - lost[0] - 1, self.bytes_lost - lost[1], self.error)
+                self.records_lost -= 1  # the end record itself is written after all, below
+                self._append_after_failure(end)
         elif end is not None:
             self._append_after_failure(end)
         if self._file is not None:
@@ -200,9 +206,7 @@ class RecordingWriter:
         end record too."""
         lost = (self.records_lost, self.bytes_lost)
         cut = self._tail_cut(size + _COUNTS_GROWTH)
-        if isinstance(end, RunEnd):
-            end = dataclasses.replace(end, records_lost=end.records_lost + self.records_lost - lost[0],
-                                      bytes_lost=end.bytes_lost + self.bytes_lost - lost[1])
+        end = _counted(end, self.records_lost - lost[0], self.bytes_lost - lost[1], self.error)
         data = self._end_bytes(end)
         fd = os.open(self.path, os.O_WRONLY)  # no O_CREAT, as _append
         try:
@@ -310,3 +314,12 @@ def _numbered_lines(handle: IO[str], skipped: SkippedLines) -> Iterator[tuple[in
                 skipped.add(lineno, _TOO_LONG)
                 continue
             yield lineno, line
+
+
+def _counted(end: Record, records: int, nbytes: int, error: str | None) -> Record:
+    """A RunEnd that counts ``records`` and ``nbytes`` more as lost, and says why the writing stopped (the end
+    records the agent makes before closing know nothing of what closing itself lost); other records as they are."""
+    if not isinstance(end, RunEnd):
+        return end
+    return dataclasses.replace(end, records_lost=end.records_lost + max(0, records),
+                               bytes_lost=end.bytes_lost + max(0, nbytes), write_error=end.write_error or error)

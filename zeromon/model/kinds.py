@@ -98,14 +98,14 @@ def encode_line(record: Record) -> bytes:
     """encode_record's line as the compact writer keeps it in a segment (UTF-8, lone surrogates kept). The
     JSON-lines writer and ``zeromon export`` write json's own line, the bytes people grep.
 
-    A step summary takes ~6 µs in json's encoder and ~0.5 µs in orjson's (a summary a step, on the agent's
-    background thread: bench_recorder_cpu), so the kinds in _FAST_KINDS go through orjson where it is
-    installed and the line it makes reads back as json's would: the same values, the floats in another
-    spelling of the same shortest digits (``1e-9`` for ``1e-09``), other characters than ASCII as UTF-8
-    rather than escaped. Where it could differ, json writes the line: a value orjson refuses (an integer past
-    64 bits, a key that is not a string, a lone surrogate) and any line with a ``null`` in it (orjson writes
-    NaN and infinities as null, which json writes as NaN and Infinity; a None, or the word in a string, takes
-    the slower way to the same line). tests/test_codec.py holds them to the same values."""
+    json's encoder takes an order of magnitude longer than orjson's on a step summary (a summary a step, on
+    the agent's background thread: tests/bench/bench_recorder_cpu.py), so the kinds in _FAST_KINDS go through
+    orjson where it is installed and the line it makes reads back as json's would: the same values, the floats
+    in another spelling of the same shortest digits (``1e-9`` for ``1e-09``), other characters than ASCII as
+    UTF-8 rather than escaped. Where it could differ, json writes the line: a value orjson refuses (an integer
+    past 64 bits, a key that is not a string, a lone surrogate) and any line with a ``null`` in it (orjson
+    writes NaN and infinities as null, which json writes as NaN and Infinity; a None, or the word in a string,
+    takes the slower way to the same line). tests/test_codec.py holds them to the same values."""
     row = record_row(record)
     if type(record) in _FAST_KINDS:
         orjson = _orjson if _orjson is not None else orjson_module()

@@ -265,7 +265,7 @@ POLL_SECONDS = Real(0.05, 86400.0, "seconds")  # a poller faster than 20 Hz only
 REFRESH_SECONDS = Real(0.25, 86400.0, "seconds")  # a dashboard refresh redraws every open browser
 REPLAY_SPEED = Real(0.001, 100000.0, "a speed factor")  # 1 = real time
 # How often a source's own thread polls or advances: the flags' ranges, and down to 10 ms for tests
-# and the replay's clock (a tick costs a view's rebuild: ~1 ms for 8 ranks).
+# and the replay's clock (a tick costs a view's rebuild).
 SOURCE_SECONDS = Real(0.01, 86400.0, "seconds")
 GPU_MEMORY = Size(MIB, PIB, "a device's memory")
 CAPACITY = Size(MIB, PIB, "a memory capacity")

@@ -2,8 +2,8 @@
 `zeromon summary` do with each rank (and the dashboard, through the report's analysis).
 
 Each worker reads a rank file, makes what the caller asked of it (an analysis, a summary) and sends that
-back; the records read never leave the worker. A 1,024-rank run of 10,000 steps holds ~12 M records:
-read into one process they take ~12 GB, where its per-rank results take megabytes.
+back; the records read never leave the worker. A large run's records would not fit in one process's
+memory, where its per-rank results are small.
 """
 
 from __future__ import annotations

@@ -194,45 +194,32 @@ def iter_records(path: str | Path, corrupt_lines: list[int] | None = None,
 
 
 # Collectives are gathered as rows and turned into columns this many at a time: the rows of a whole
-# million-event file would cost ~200 MB more at the peak, and a chunk this small is still in the CPU's
-# cache when its columns are checked and interned (50,000 rows a chunk read 30% slower).
+# file would raise the peak by all of them as objects, and a chunk this small is still in the CPU's
+# cache when its columns are checked and interned (much larger chunks read slower).
 _CHUNK_ROWS = 2048
 
 
-def read_recording(path: str | Path, steps_as_rows: bool = False) -> Recording:
-    """Read one rank file whole (its collectives as CollectiveEvents: columns, events on demand).
+class _CollectiveChunks:
+    """A recording's collectives, gathered as rows (``rows``: each a collective's values and, last, its line
+    number) and turned into checked, interned columns a chunk at a time (``flush``)."""
 
-    Lines that are not records, or whose values break their schema (a string where the format has
-    an integer), are skipped and named in ``corrupt_lines`` and ``line_errors``. Raises ZeromonError
-    for a file that is not a recording. ``steps_as_rows``: the step summaries as a StepRecords, the
-    rows read (what `zeromon report` asks for: 10,000 summaries a rank cost ~12 ms to make)."""
-    path = Path(path)
-    rec = Recording(path=path, header=read_file_header(path))
-    skipped = SkippedLines(rec.corrupt_lines, rec.line_errors)
-    steps: list[Any] = []
-    sinks: dict[type, Callable[[Any], None]] = {
-        PhaseSpan: rec.phases.append,
-        MemorySample: rec.memory.append,
-        DeviceSample: rec.device.append,
-        OomEvent: rec.ooms.append,
-        StepSummary: steps.append,
-        Notice: rec.notices.append,
-        ProgressReport: rec.progress.append,
-    }
-    columns: list[list[Any]] = [[] for _ in _COLLECTIVE_FIELDS]
-    interned: dict[str, str] = {}
-    rows: list[list[Any]] = []  # each a collective's values and, last, its line number
-    width = len(_COLLECTIVE_FIELDS)
-    check = record_check(CollectiveEvent, KIND_OF[CollectiveEvent])
-    # Checked a column at a time: the set of a column's types costs ~10 ns a value, each row's check
-    # ~0.3 µs; only a chunk with a bad value is checked row by row. The string columns are checked
-    # as they are interned, by the interned values' types (a handful): at no cost.
-    interned_str = {i for i in _INTERNED_COLUMNS if check.fields[i].accepts == {str}}
-    column_types = [(i, f.accepts) for i, f in enumerate(check.fields)
-                    if f.accepts is not None and i not in interned_str]
+    def __init__(self, skipped: SkippedLines) -> None:
+        self.skipped = skipped
+        self.rows: list[list[Any]] = []
+        self.columns: list[list[Any]] = [[] for _ in _COLLECTIVE_FIELDS]
+        self.width = len(_COLLECTIVE_FIELDS)
+        self._interned: dict[str, str] = {}
+        self._check = record_check(CollectiveEvent, KIND_OF[CollectiveEvent])
+        # Checked a column at a time (a set of a column's types is far cheaper than a check a row); only a
+        # chunk with a bad value is checked row by row. The string columns are checked as they are interned,
+        # by the interned values' types (a handful).
+        interned_str = {i for i in _INTERNED_COLUMNS if self._check.fields[i].accepts == {str}}
+        self._column_types = [(i, f.accepts) for i, f in enumerate(self._check.fields)
+                              if f.accepts is not None and i not in interned_str]
 
-    def intern(chunk: list[tuple[Any, ...]]) -> bool:
+    def _intern(self, chunk: list[tuple[Any, ...]]) -> bool:
         """One shared str per value in the string columns; False where one holds something else."""
+        interned = self._interned
         known = len(interned)
         try:
             for i in _INTERNED_COLUMNS:
@@ -244,22 +231,43 @@ def read_recording(path: str | Path, steps_as_rows: bool = False) -> Recording:
             del interned[value]
         return not bad
 
-    def flush_rows() -> None:
+    def flush(self) -> None:
+        """The rows gathered so far into the columns, the rows with a value their field does not take skipped."""
+        rows, width = self.rows, self.width
         chunk = list(zip(*rows, strict=True))
-        if not (all(set(map(type, chunk[i])) <= accepts for i, accepts in column_types) and intern(chunk)):
+        if not (all(set(map(type, chunk[i])) <= accepts for i, accepts in self._column_types) and self._intern(chunk)):
             kept = []
             for values in rows:
-                problem = check.problem(values[:width])
+                problem = self._check.problem(values[:width])
                 if problem is None:
                     kept.append(values)
                 else:
-                    skipped.add(values[width], problem)
+                    self.skipped.add(values[width], problem)
             chunk = list(zip(*kept, strict=True)) or [() for _ in range(width + 1)]
-            intern(chunk)
-        for column, column_values in zip(columns, chunk, strict=False):  # the last, the line numbers, dropped
+            self._intern(chunk)
+        for column, column_values in zip(self.columns, chunk, strict=False):  # the last, the line numbers, dropped
             column.extend(column_values)
         rows.clear()
 
+
+def read_recording(path: str | Path, steps_as_rows: bool = False) -> Recording:
+    """Read one rank file whole (its collectives as CollectiveEvents: columns, events on demand).
+
+    Lines that are not records, or whose values break their schema (a string where the format has
+    an integer), are skipped and named in ``corrupt_lines`` and ``line_errors``. Raises ZeromonError
+    for a file that is not a recording. ``steps_as_rows``: the step summaries as a StepRecords, the
+    rows read (what `zeromon report` asks for: a rank's thousands of summaries are not made into objects)."""
+    path = Path(path)
+    rec = Recording(path=path, header=read_file_header(path))
+    skipped = SkippedLines(rec.corrupt_lines, rec.line_errors)
+    steps: list[Any] = []
+    sinks: dict[type, Callable[[Any], None]] = {
+        PhaseSpan: rec.phases.append, MemorySample: rec.memory.append, DeviceSample: rec.device.append,
+        OomEvent: rec.ooms.append, StepSummary: steps.append, Notice: rec.notices.append,
+        ProgressReport: rec.progress.append,
+    }
+    collectives = _CollectiveChunks(skipped)
+    rows, width = collectives.rows, collectives.width  # the loop appends to them directly: a million a file
     with collector_paused():
         fields = iter_fields(path, skipped, rec.unknown_kinds, CollectiveEvent, steps if steps_as_rows else None)
         for cls, values, lineno in fields:
@@ -269,13 +277,13 @@ def read_recording(path: str | Path, steps_as_rows: bool = False) -> Recording:
                 values.append(lineno)
                 rows.append(values)
                 if len(rows) >= _CHUNK_ROWS:
-                    flush_rows()
+                    collectives.flush()
                 continue
             if cls is StepSummary and steps_as_rows:
                 steps.append(values)
                 continue
-            sink = sinks.get(cls)
             record = cls(*values)
+            sink = sinks.get(cls)
             if sink is not None:
                 sink(record)
             elif isinstance(record, RunInfo):
@@ -283,17 +291,13 @@ def read_recording(path: str | Path, steps_as_rows: bool = False) -> Recording:
             elif isinstance(record, AgentStats):
                 rec.stats = record
         if rows:
-            flush_rows()
-    rec.collectives = CollectiveEvents(CollectiveColumns(*columns))
-    if steps_as_rows:
-        rec.steps = StepRecords.of(steps)
-    else:
-        rec.steps = steps
+            collectives.flush()
+    rec.collectives = CollectiveEvents(CollectiveColumns(*collectives.columns))
+    rec.steps = StepRecords.of(steps) if steps_as_rows else steps
     if rec.line_errors:  # the collectives' are found a chunk at a time, after the lines that follow them
         rec.corrupt_lines.sort()
         rec.line_errors = dict(sorted(rec.line_errors.items()))
     return rec
-
 
 
 def export_lines(path: Path, corrupt: list[int] | None = None,

@@ -17,8 +17,8 @@ from zeromon.model.kinds import FIELDS_OF, TYPE_OF
 from zeromon.model.schema import RecordCheck, record_check
 
 # A line longer than this is skipped unread, its number reported: no record comes near it (a RunInfo
-# with a large config is a few kB), and parsing one costs ~15x its size in objects (a 50 MB line took
-# 750 MB). A first line longer than this is no recording's header.
+# with a large config is a few kB), and parsing one costs many times its size in objects. A first line
+# longer than this is no recording's header.
 MAX_LINE_CHARS = 4 * 2**20
 LINE_ERRORS_KEPT = 100  # lines whose reason Recording.line_errors keeps (corrupt_lines has them all)
 UNKNOWN_KINDS_KEPT = 32  # names of unknown record kinds counted in Recording.unknown_kinds
@@ -72,7 +72,7 @@ def layout_of(kind: str, names: list[str], unchecked: type | None = None) -> Lay
 
 
 def fast_loads() -> Callable[[str], Any]:
-    """orjson's loads, ~5x faster per line than json's, where it is installed. Imported here, by
+    """orjson's loads, several times faster per line than json's, where it is installed. Imported here, by
     readers only: the agent's process imports this module to write and needs no more than the stdlib."""
     try:
         import orjson
@@ -107,7 +107,7 @@ def parse_rows(lines: Iterable[tuple[int, str]], layouts: dict[str, Layout | Non
     """(record type, field values, number) of each numbered JSON row of a known kind whose values fit
     its schema (``layouts``: the kinds of the file's header); the others are skipped and counted."""
     loads = fast_loads()
-    # Per line: ~0.3 µs in orjson and as little as possible besides (a million lines per file).
+    # Per line: orjson's parse and as little as possible besides (a file can hold millions of lines).
     for lineno, line in lines:
         by_json = False
         try:

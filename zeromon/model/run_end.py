@@ -145,8 +145,8 @@ def _file_end(header: dict[str, Any], lines: list[bytes]) -> FileEnd:
 def recording_end(recording: Recording) -> FileEnd | None:
     """read_file_end of a read recording's file; None where it cannot be read (read_file_ends leaves it out).
     What `zeromon report` keeps of each rank beside its analysis (zeromon.sources.run_analysis): each
-    worker reads the end of the file it read, where the report's process read all 1,024 of them after
-    the analyses, one after another (~2 s)."""
+    worker reads the end of the file it has just read, so that the report's process does not read every
+    rank's end again, one after another, after the analyses."""
     try:
         return read_file_end(recording.path)
     except (OSError, ValueError, ZeromonError):

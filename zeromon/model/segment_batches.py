@@ -1,15 +1,14 @@
 """The compact form (2.x) read a batch of segments at a time: what `zeromon report` reads of a long run.
 
-The agent writes a segment per flush (1 s by default; 0.2 s before), so a rank of 10,000 steps of ~0.1 s
-has ~1,000 segments (~6,000 at 0.2 s), nearly all of them a few step summaries as JSON rows and nothing
-else. segments.iter_compact_fields
-reads each segment on its own (a Frame, its meta parsed, each row parsed and checked alone): ~115 ms a
-rank of the generated fleet run, where its JSON-lines file takes ~45 ms. Here the rows of consecutive
-row-only segments are parsed by one orjson call and each kind's values checked a column at a time (the
-set of a field's types against what its schema accepts, not a check per row). Every other segment (one
-with columns, a damaged one) and any batch with something unusual in it (a row that does not parse
-alone, another layout, a value its schema refuses) is read as iter_compact_fields reads it: the same
-(record type, values, number) come out in the same order (tests/test_segment_batches.py).
+The agent writes a segment per flush (1 s by default), so a long run's rank file has thousands of segments,
+nearly all of them a few step summaries as JSON rows and nothing else. segments.iter_compact_fields reads each
+segment on its own (a Frame, its meta parsed, each row parsed and checked alone), a cost per segment that
+makes such a file slower to read than its JSON-lines form would be. Here the rows of consecutive row-only
+segments are parsed by one orjson call and each kind's values checked a column at a time (the set of a field's
+types against what its schema accepts, not a check per row). Every other segment (one with columns, a damaged
+one) and any batch with something unusual in it (a row that does not parse alone, another layout, a value its
+schema refuses) is read as iter_compact_fields reads it: the same (record type, values, number) come out in
+the same order (tests/test_segment_batches.py).
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ from zeromon.model.segments import (
 # How a segment without columns starts: the sections' lengths and its meta, as the writer spells them.
 _NO_COLUMNS_META = b'{"n":{},"tables":{}}'
 _ROWS_ONLY = SECTIONS.pack(len(_NO_COLUMNS_META), 0) + _NO_COLUMNS_META
-# Rows parsed at once: ~2 MB of JSON (summaries of ~450 bytes), its objects freed before the next batch's.
+# Rows parsed at once: a few megabytes of JSON, its objects freed before the next batch's.
 BATCH_ROWS = 4096
 
 Fields = tuple[type, list[Any], int]
@@ -62,7 +61,7 @@ def iter_compact_batched(path: Path, skipped: SkippedLines, unknown_kinds: dict[
                          summaries: list[list[Any]] | None = None) -> Iterator[Fields]:
     """segments.iter_compact_fields, faster on files of many small row-only segments. ``summaries``: where
     the values of the step summaries of those segments go, in order, instead of being given one by one
-    (read_recording's rows; 10,000 records less to pass up, ~8 ms a rank); the other summaries are given."""
+    (read_recording's rows, which then are not passed up one by one); the other summaries are given."""
     loads = _loads()
     if loads is None:
         yield from iter_compact_fields(path, skipped, unknown_kinds, checked_by_caller)
@@ -74,8 +73,8 @@ def iter_compact_batched(path: Path, skipped: SkippedLines, unknown_kinds: dict[
         zdict = dictionary_of(header)
         batch = _Batch(loads, layouts, len(kinds), skipped, unknown_kinds, summaries)
         pos, number, size = start, 0, len(buf)
-        # The good frames, as iter_frames gives them, walked here (~1.5 µs a frame less, ~6,000 frames a
-        # rank); from the first that is not whole or whose CRC fails (a crash's cut, a damaged file),
+        # The good frames, as iter_frames gives them, walked here (no Frame made for each, and a rank has
+        # thousands); from the first that is not whole or whose CRC fails (a crash's cut, a damaged file),
         # iter_frames's walk finds the next.
         while size - pos >= FRAME.size:
             marker, kind, _, length, count, crc = FRAME.unpack_from(buf, pos)
@@ -106,7 +105,7 @@ def iter_compact_batched(path: Path, skipped: SkippedLines, unknown_kinds: dict[
 def _rows_only(payload: bytes, count: int, zdict: bytes) -> bytes | None:
     """The JSON rows of a good segment that holds nothing else, newline-separated; None for any other
     (columns, no records, a row too long to read, a damaged one): segments._segment_records's checks,
-    as few calls as they take (~6,000 segments a rank)."""
+    as few calls as they take (a rank has thousands of segments)."""
     inflater = zlib.decompressobj(zdict=zdict) if zdict else zlib.decompressobj()
     try:
         data = inflater.decompress(payload, MAX_PAYLOAD_BYTES)
@@ -192,7 +191,7 @@ class _Batch:
 
 def _fit(rows: Sequence[list[Any]], layout: Any) -> bool:
     """Whether every row has the fields its layout requires and values its schema accepts, checked a
-    field at a time: RecordCheck.problem's verdict on each row, ~20 ns a value instead of ~0.1 µs."""
+    field at a time: RecordCheck.problem's verdict on each row, for a fraction of its cost a value."""
     lengths = set(map(len, rows))
     if len(lengths) != 1 or min(lengths) < layout.required:
         return False

@@ -55,10 +55,8 @@ MARKER = b"ZS"
 KIND_HEADER, KIND_RECORDS = 0, 1
 ZLIB = 1
 SECTIONS = struct.Struct("<II")  # the meta JSON's length, the columns' length
-# zlib level 1: the columns compress as well at 1 as at 6 on the 80-layer FSDP2 recording (12 bytes a
-# collective at levels 1, 6 and 9, bench_recording_size); on the example's default model, in one 5 s
-# segment, level 1 takes 17.2 bytes a collective and 1.71 µs of the recorder's CPU, level 6 15.5 and 2.18
-# (the rows of a real run encoded again; level 6 was the default until the recorder's CPU came first).
+# zlib level 1: the columns compress nearly as well at 1 as at 6 or 9 (tests/bench/bench_recording_size.py),
+# and level 1 costs the recorder's thread less CPU, which comes first.
 ZLIB_LEVEL = 1
 # A segment holds at most this many records (a flush of a long-buffered drain is cut into several),
 # and a reader refuses one that inflates past MAX_PAYLOAD_BYTES: a damaged length is no zlib bomb.
@@ -80,12 +78,9 @@ _COLUMNS = {KIND_OF[cls]: [list(entry) for entry in spec] for cls, spec in colum
 def _dictionary() -> str:
     """zlib's preset dictionary of every records segment, written into the header ("dictionary"): the
     strings a segment repeats (its meta's keys and tables, the JSON rows' kinds), so that a segment of one
-    short flush need not spell them out once more. Measured on recordings written again with segments of
-    0.2 s: the 80-layer FSDP2 run from 15.0 to 13.0 bytes per collective, the example's default shape (11
-    collectives and 16 phase spans a step) from 47.0 to 43.9 (format 2.0). The memory samples' tables
-    (2.1): the default shape's 12 steps from 54.0 to 53.2, 60 steps from 30.7 to 30.3, the 80-layer run
-    from 12.9 to 12.6; the memory categories' names, which their JSON rows spelled and their columns do
-    not, no longer help (53.4, 30.3, 12.6 with them)."""
+    short flush need not spell them out once more: it makes short segments smaller
+    (tests/bench/bench_recording_size.py). The memory categories' names are left out: their columns do
+    not spell them."""
     from zeromon.model.events import COLLECTIVE_OPS, PEAK_PHASES, Phase, Timing, ZeroMeaning
 
     phases = [p.value for p in Phase]
@@ -112,7 +107,7 @@ class _Buffered(NamedTuple):
     values: Callable[[Any], tuple[Any, ...]]  # a record's values in its fields' order
     # Or the records of batches as the columns their writer had them in (write_columns): encode takes them as
     # they are, and no row is made (a tuple a collective, and zip(*rows) at the flush to turn them back into
-    # columns: ~0.4 µs a collective of the recorder's CPU with the garbage collector's share). A kind's
+    # columns, with the garbage collector's share, all on the recorder's thread). A kind's
     # records of a segment are one or the other: a record that comes the other way turns the batches into
     # rows (_settle), so that they stay in the order written.
     chunks: list[Sequence[Sequence[Any]]]
@@ -178,7 +173,7 @@ class CompactWriter(RecordingWriter):
 
     def write_values(self, cls: type, values: tuple[Any, ...]) -> bool:
         """write(cls(*values)) for a columnar kind whose values, in its fields' order, the caller has
-        already (the recorder's collectives: no attribute getter, ~0.4 µs a collective); False, nothing
+        already (the recorder's collectives: no attribute getter); False, nothing
         written, where they do not go into the columns: the caller writes the record."""
         code, fits, rows, _, chunks = self._columns[cls]
         if self._file is None or not fits(values):
@@ -407,7 +402,8 @@ def header_of(path: Path, buf: Any) -> tuple[dict[str, Any], int]:
 
 def read_compact_header(path: Path) -> dict[str, Any]:
     """The checked header, reading the header's segment only: `zeromon report` reads a header of every
-    rank file, twice, before the files (1,024 ranks of 10,000 steps: 2.7 GB read whole, ~0.7 s)."""
+    rank file, twice, before the files (read whole, a large run would be read twice over before its
+    analysis)."""
     try:
         with open(path, "rb") as handle:
             head = handle.read(len(COMPACT_MAGIC) + FRAME.size)
@@ -560,7 +556,8 @@ def compact_tail_rows(path: Path) -> tuple[dict[str, Any], list[bytes]]:
 
 def _walk_lengths(buf: bytes, pos: int) -> Iterator[Frame]:
     """iter_frames(verify=False), the whole frames with a marker kept as (offset, kind, count) only until
-    the last few: a rank of 10,000 steps has ~6,000 frames, and a Frame each cost the report ~2 ms a rank."""
+    the last few: a rank has thousands of frames, and a Frame each would be a cost the report pays for
+    nothing."""
     last: collections.deque[tuple[int, int, int]] = collections.deque(maxlen=8)
     size = len(buf)
     while size - pos >= FRAME.size:

@@ -1,9 +1,9 @@
 """A read recording's step summaries as the rows the reader checked: StepSummary objects made only
 when looked at, each field as a list when asked for (``step_column``).
 
-A rank of 10,000 steps made 10,000 StepSummary objects (~12 ms in the worker of `zeromon report` that
-read it, of the ~60 ms its file and its analysis take) for analyses that read a handful of fields of
-each: those read the fields' lists instead (``step_column``, the same values in the same order).
+An object a step would be a large share of what `zeromon report` spends on a rank, for analyses that
+read a handful of fields of each: those read the fields' lists instead (``step_column``, the same values
+in the same order).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class StepRecords(Sequence[StepSummary]):
 
     def column(self, name: str) -> Sequence[Any]:
         """Field ``name`` of every summary, in order, no object made: the rows are transposed once (one C
-        loop, ~2 ms for 10,000) for the ~17 columns an analysis asks for."""
+        loop) for the ~17 columns an analysis asks for."""
         if self._columns is None:
             self._columns = list(zip(*self.rows, strict=True)) if self.rows else [() for _ in _FIELDS]
         return self._columns[_INDEX[name]]

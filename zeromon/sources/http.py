@@ -27,7 +27,7 @@ MAX_BODY_BYTES = 32 * 2**20  # an answer larger than this is refused, not read w
 def _json_loads() -> Callable[[bytes], Any]:
     try:
         import orjson
-    except ImportError:  # a dependency; json is ~3x slower on a snapshot
+    except ImportError:  # a dependency; json is several times slower on a snapshot
         import json
 
         return json.loads
@@ -164,9 +164,9 @@ class _Exchange:
 class HttpFetcher:
     """Many HTTP/1.0 GETs at once, in the calling thread: non-blocking sockets and one selector.
 
-    One thread serves any number of agents, a slow or dead one costing a socket, not a thread: 64
-    agents a second cost ~30% less CPU than a pool of threads doing the same blocking requests
-    (no GIL hand-offs). ``wake()`` interrupts a ``wait()`` from another thread.
+    One thread serves any number of agents, a slow or dead one costing a socket, not a thread, and less CPU
+    than a pool of threads doing the same blocking requests (no GIL hand-offs). ``wake()`` interrupts a
+    ``wait()`` from another thread.
     """
 
     def __init__(self) -> None:

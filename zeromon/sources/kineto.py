@@ -4,8 +4,8 @@ Only what the overlap analysis needs is kept (``zeromon.analysis.trace_overlap.R
 events on a GPU stream (``args.stream``) as columns, the CPU-side events that launched them (by
 ``args.correlation``), the ``ProfilerStep#N`` annotations and the rank from ``distributedInfo``.
 The JSON is parsed by ijson's C backend (yajl) in 1 MiB chunks: memory is the kept columns plus
-one chunk of events, not a DataFrame of every event (HTA's loader builds one). A 100 MB trace
-imports in about a second (tests/bench/bench_trace_import.py).
+one chunk of events, not a DataFrame of every event (HTA's loader builds one). What an import costs
+is a benchmark's (tests/bench/bench_trace_import.py).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class _Collector:
         self.count = 0
 
     def add(self, events: Iterable[Any]) -> None:
-        # The hot loop of the import (~1 µs an event): locals, and function calls only off the common path.
+        # The hot loop of the import, run for every event: locals, and calls only off the common path.
         cols = self.cols
         launches = self.launches
         first_uncorrelated = self.first_uncorrelated
@@ -161,7 +161,7 @@ class _Reader:
 
 def _distributed_info(path: Path) -> dict[str, Any]:
     """``distributedInfo``: from the header (Kineto writes it before traceEvents), else a second pass
-    over the file (in C, ~0.3 s per 100 MB; single-GPU traces, which have none, pay it)."""
+    over the file (in C, cheap beside the import; single-GPU traces, which have none, pay it)."""
     import ijson
 
     info: dict[str, Any] = {}

@@ -12,7 +12,7 @@ A rank that stops answering stays in the view with its last data, ``alive=False`
 and the reason in ``error``; one that comes back is picked up, and so are agents that register in
 the run's folder later. Nothing a target answers, or fails to, raises out of ``latest()``.
 
-What one poll of a rank costs the client (~0.4 ms of CPU): one HTTP/1.0 request on a new
+What one poll of a rank costs the client (tests/bench/bench_live_source.py): one HTTP/1.0 request on a new
 connection (the endpoint serves one request per connection), one JSON parse, and new objects only
 for what changed: after the first poll it asks only for the steps that can have ended since
 (``?steps=``) and the events since its cursor (``?since=``), and reuses the steps it has.
@@ -134,7 +134,7 @@ class LiveSource:
             check_token(self.token, "--token" if token is not None else "ZEROMON_TOKEN")
         self.events = events  # read phase spans from the event stream (?since=)
         # Recent collectives kept per rank (RankView.recent_collectives), for the dashboard's step
-        # timeline; 0: none (the TUI), so that the ~3 µs of building each one is not spent for nothing.
+        # timeline; 0: none (the TUI), so that none is built for nothing.
         self.keep_collectives = max(0, int(keep_collectives)) if events else 0
         self._targets = [parse_target(t) for t in targets or ()]
         self._run_dir = Path(run_dir) if run_dir is not None else None

@@ -4,8 +4,8 @@
 time, and keeps per rank each kind of record sorted by the time the agent would have published it
 (a step at its end, a collective at its completion, a memory sample when taken), stored as columns
 (ColumnTable), with the collectives' running totals as prefix sums. A view at virtual time T is then a
-few bisections per rank, never a rescan. 256 ranks of 120 steps (768k records, 150 MB of files)
-take ~60 MB.
+few bisections per rank, never a rescan. As columns, a run takes less memory than its files take on
+disk.
 
 The clock starts at the run's first record when ``start()`` is called and runs at ``speed`` × wall
 time; ``paused`` stops it, ``seek()`` moves it. A background thread (never the caller's) rebuilds
@@ -82,9 +82,9 @@ BUSBW_WINDOW = 256  # recorder's recent bus-bandwidth samples per op
 PHASE_STEPS = 8  # phase spans of the last steps (the TUI's timeline draws 8)
 PHASES_MAX = 256  # and at most this many (before the first step: setup)
 ANALYSIS_EVERY_S = 1.0  # wall seconds between two OOM forecasts of a rank, like the endpoint's FORECAST_TTL_S
-# CPU one tick may spend on forecasts: one rank's costs ~2.5 ms at 360 memory samples (half of it
-# making the samples), ~7 ms at 2048; 256 ranks' are spread over the ticks, oldest first, so the
-# UI thread never waits long for the GIL (at most 8% of a core at 4 ticks a second).
+# CPU one tick may spend on forecasts: a rank's costs milliseconds (half of it making the samples), so
+# many ranks' are spread over the ticks, oldest first, and the UI thread never waits long for the GIL (at
+# most 8% of a core at 4 ticks a second).
 ANALYSIS_BUDGET_S = 0.02
 
 
@@ -668,8 +668,9 @@ def final_rank(recording: Recording) -> FinalRank:
 def final_view(run_dir: RunDirs, progress: OnProgress | None = None, workers: int | None = 1) -> FleetView:
     """A recorded run's final state: every rank as its recording ends (the TUI's view of an ended run), the
     same as ReplaySource(run_dir).view_at(duration_ns). Each rank is read and made into its FinalRank by one
-    of ``workers`` processes (map_rank_files'; 1, the default, all in this process) and none is held here:
-    a replay of 256 ranks x 10,000 steps holds ~0.6 GB of tables. ``progress``: told as each rank is read."""
+    of ``workers`` processes (map_rank_files'; 1, the default, all in this process) and none is held here: a
+    long run's replay holds every rank's tables, which the final state does not need. ``progress``: told as
+    each rank is read."""
     return final_view_of(run_dir, map_rank_files(replayed_files(run_dir), _final_rank_of_file, workers, progress))
 
 

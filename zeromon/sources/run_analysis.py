@@ -24,8 +24,8 @@ def analyse_run(run_dir: RunDirs, peak_busbw: float | None = None, capacity_byte
                 workers: int | None = None, progress: OnProgress | None = None) -> RunReport:
     """build_report(read_run(run_dir)), faster: each rank file is read and analysed in a worker
     process, ``workers`` at once (default: one per CPU, at most one per rank; 1: all in this
-    process), and only the ranks' analyses come back, to be combined here. A rank of half a million
-    collectives takes ~2.5 s of one core to read and analyse, and sends back ~20 MB."""
+    process), and only the ranks' analyses come back, to be combined here. A large rank's read and
+    analysis keep a core busy for seconds, and what comes back is far smaller than what was read."""
     return analyse_and_keep(run_dir, None, peak_busbw, capacity_bytes, workers, progress)[0]
 
 

@@ -69,8 +69,8 @@ SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 
 
 def _calm_the_collector() -> None:
-    """Full garbage collections walk Textual's render caches and every view held: ~100 ms each with
-    256 ranks, a frozen screen when one lands in a refresh. What exists after start-up (modules,
+    """Full garbage collections walk Textual's render caches and every view held, long enough with
+    many ranks to freeze the screen when one lands in a refresh. What exists after start-up (modules,
     the loaded replay) is frozen out of them, and they run a tenth as often (the default, 10,
     made 100): the TUI's garbage is young and dies young."""
     gc.collect()

@@ -3,8 +3,8 @@ that changed.
 
 Textual's DataTable re-renders every visible cell through Rich whenever any cell changes (its
 render cache is keyed on a table-wide update count): with live data every row changes every poll,
-and 60 visible rows of 12 columns cost ~80 ms a refresh. Here a row is one Strip built from plain
-strings (~20 µs), cached by its content, so a refresh of 256 ranks stays a few milliseconds.
+and a screenful of rows is a visible pause a refresh (tests/bench/bench_tui.py). Here a row is one
+Strip built from plain strings, cached by its content, so a refresh costs only the rows that changed.
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ class RankTable(ScrollView, can_focus=True):
 
     def _line(self, cells: Sequence[str], style: Style, scroll_x: int, width: int) -> Strip:
         """One row as one segment: the fixed columns, then the others from scroll_x, to the width.
-        (A Strip costs ~20 µs to make; joining and cropping per line would make five.)"""
+        (A Strip is the costly part; joining and cropping per line would make five.)"""
         gap = " " * GAP
         text = "".join(f"{set_cell_size(t, c.width)}{gap}" for c, t in zip(self.columns, cells, strict=True))
         fixed = self._fixed_width

@@ -50,8 +50,8 @@ _NUMBERS = ("allocated", "rss", "capacity", "reserved", "num_alloc_retries", "nu
 class SampleColumns:
     """One rank's memory samples in time order as arrays (NaN where a sample has no value), and the
     category walks among them: what the figures draw, made without a MemorySample per sample where
-    the history is stored as columns (a finished recording: 30,000 samples a rank made into objects
-    cost ~30 MB and ~0.15 s a rank on every draw)."""
+    the history is stored as columns (a finished recording: an object a sample would be made again, for
+    every rank, on every draw)."""
 
     t_ns: np.ndarray  # int64
     numbers: Mapping[str, np.ndarray]  # _NUMBERS: float64
@@ -128,7 +128,7 @@ def _table_walks(table: ColumnTable[MemorySample]) -> tuple[np.ndarray, tuple[st
 
 
 def _object_walks(samples: Sequence[MemorySample]) -> tuple[np.ndarray, tuple[str, ...], np.ndarray]:
-    # MemorySample.walked, inline: the property's generator costs ~0.2 µs a sample (6 ms per 30,000)
+    # MemorySample.walked, inline: the property's generator would be a cost for every sample
     index = [i for i, m in enumerate(samples) if len(m.categories) > ("activations" in m.categories)]
     names = _ordered_names(name for i in index for name in samples[i].categories)
     values = np.array([[samples[i].categories.get(name, 0) for i in index] for name in names],

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from zeromon.analysis.comm_advice import EXPOSED_SHARE_CRITICAL, EXPOSED_SHARE_WARN
 from zeromon.analysis.findings import Severity
+from zeromon.analysis.step_table import StepTable
 from zeromon.views.fleet import RankRow, duration, pct, rank_rows, short_bytes, worst_row
 from zeromon.views.run_data import RunData
 
@@ -56,8 +57,8 @@ def _exposed_level(share: float | None) -> str:
     return "critical" if share >= EXPOSED_SHARE_CRITICAL else "warn" if share >= EXPOSED_SHARE_WARN else "ok"
 
 
-# The last RunData's shares: the Overview's banner and its grid both ask, on every live refresh (256
-# ranks x a few hundred steps held: ~12 ms a time, measured in tests/bench/bench_dashboard.py).
+# The last RunData's shares: the Overview's banner and its grid both ask, on every live refresh (a cost
+# that grows with the ranks and steps held: tests/bench/bench_dashboard.py).
 _last_shares: tuple[RunData, dict[int, float]] | None = None
 
 
@@ -149,17 +150,37 @@ def exposed_banner(data: RunData) -> Banner | None:
     level = _exposed_level(share)
     head = {"critical": "Exposed communication CRITICAL", "warn": "Exposed communication",
             "ok": "Communication mostly hidden"}[level]
-    median_ms = None
+    median_s, window = _exposed_median(data, rank)
+    extra = f" ({median_s * 1e3:.1f} ms per step)" if median_s is not None else ""
+    return Banner("exposed", level, rank,
+                  f"{head}: rank {rank}, {pct(share)} of step time is communication not hidden behind compute{extra}"
+                  f", {window}")
+
+
+def _exposed_median(data: RunData, rank: int) -> tuple[float | None, str]:
+    """The rank's median exposed communication per step and the window it is the median of, in the words the
+    banner shows ("median of steps 2-20", steps from 1 as training scripts log them): the findings' window
+    (the steps after the first) for a recording, the steps the history holds when live."""
+    median_s: float | None = None
+    numbers: list[int] = []
     if data.report is not None:
-        median_ms = next((r.median_exposed_comm_s for r in data.report.ranks if r.rank == rank), None)
+        report = next((r for r in data.report.ranks if r.rank == rank), None)
+        if report is not None:
+            median_s = report.median_exposed_comm_s
+            steps = report.steps
+            numbers = steps.step.tolist() if isinstance(steps, StepTable) else [s.step for s in steps]
+            numbers = [n for n in numbers if n >= 1] or numbers  # the report's steady steps
     else:
         history = data.histories.get(rank)
-        values = [s.exposed_comm_s for s in (history.steps if history else ()) if s.step >= 1
-                  and s.exposed_comm_s is not None]
-        median_ms = statistics.median(values) if values else None
-    extra = f" ({median_ms * 1e3:.1f} ms per step)" if median_ms is not None else ""
-    return Banner("exposed", level, rank,
-                  f"{head}: rank {rank}, {pct(share)} of step time is communication not hidden behind compute{extra}")
+        held = list(history.steps) if history else []
+        exposed = [s for s in ([s for s in held if s.step >= 1] or held) if s.exposed_comm_s is not None]
+        median_s = statistics.median(s.exposed_comm_s for s in exposed if s.exposed_comm_s is not None) \
+            if exposed else None
+        numbers = [s.step for s in exposed]
+    if not numbers:
+        return median_s, "median over its steps"
+    first, last = min(numbers) + 1, max(numbers) + 1
+    return median_s, f"step {first}" if first == last else f"median of steps {first}-{last}"
 
 
 GRID_COLUMNS_MAX = 32

@@ -60,7 +60,7 @@ _STEP, _START, _END, _EXPOSED = (attrgetter("step"), attrgetter("start_ns"), att
 
 def _fill_row(data: RunData, history: RankHistory, cols: np.ndarray, matrix: StepMatrix, row: int) -> None:
     # Whole rows at a time (attrgetter over the summaries into numpy): a Python loop per summary
-    # costs ~3x more at 256 ranks x 1000 steps.
+    # costs several times more on a large run.
     steps, n = history.steps, len(history.steps)
     ends = np.fromiter(map(_END, steps), np.int64, n)
     assert matrix.end_ns is not None

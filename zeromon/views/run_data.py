@@ -72,7 +72,7 @@ class RankHistory:
         indices = self._by_step.get(step)
         if not indices:
             return []
-        # Only the step's own columns are made into events (~1 µs each): not the whole recording's.
+        # Only the step's own columns are made into events: not the whole recording's.
         values = [getattr(columns, name) for name in _COLLECTIVE_FIELDS]
         out = [CollectiveEvent(*(column[i] for column in values)) for i in indices]
         if self.until_ns is not None:
@@ -145,7 +145,7 @@ def recording_data(run_dir: RunDirs, version: int = 1, peak_busbw: float | None 
     history; 1: all in this process, which has threads running, where fork is not safe), which sends
     the report, each rank's compact history and the final view back one piece at a time: this
     process never holds the records read, the analyses' intermediates, or more than one piece in
-    transit (all at once, the 8 x 10,000-step benchmark's load peaked at ~410 MB here). ``progress``: told
+    transit (all at once, the peak here would grow with the run). ``progress``: told
     as each rank is analysed (by the loader, which shares this process's stderr)."""
     pieces = _load_pieces(run_dir, peak_busbw, capacity_bytes, 1, progress) if workers == 1 else _loaded_in_a_child(
         run_dir, peak_busbw, capacity_bytes, workers, progress)
@@ -282,7 +282,7 @@ def _loaded_in_a_child(run_dir: RunDirs, peak_busbw: float | None, capacity_byte
 
 
 def compact_history(rec: Recording) -> RankHistory:
-    """A finished recording's rank, stored as columns (~5x smaller than the records): each page makes the
+    """A finished recording's rank, stored as columns (far smaller than the records): each page makes the
     records it draws again."""
     return RankHistory(rank=rec.rank, memory=TableRecords(ColumnTable(MemorySample, rec.memory, "t_ns")),
                        steps=TableRecords(ColumnTable(StepSummary, rec.steps, "step")),
@@ -405,7 +405,7 @@ class ReplayFeed:
         """``progress``: told as each rank file is read (twice each: the collectives, then the replay's
         indexes); ``workers``: this feed's read of the collectives, and the replay's (ReplaySource). The
         collectives are read first: the workers forked for the replay's read then share (and a sum of RSS
-        counts again) only them, not every rank's tables (256 ranks: 1.8 GB at the peak the other way round)."""
+        counts again) only them, not every rank's tables, as they would the other way round."""
         from zeromon.model.rank_pool import map_rank_files
         from zeromon.sources.replay import ReplaySource, replayed_files
 

@@ -68,8 +68,8 @@ def _summary(history: RankHistory, step: int) -> StepSummary | None:
 
 
 def _step_range(history: RankHistory) -> tuple[int, int] | None:
-    """The history's first and last step index (a recording's from its stored keys: no record made;
-    10,000 StepSummaries made on every step change cost ~40 ms a rank)."""
+    """The history's first and last step index (a recording's from its stored keys: no record made,
+    where a StepSummary a step, made again on every step change, would be slow on a long run)."""
     steps = history.steps
     if isinstance(steps, TableRecords):
         keys = steps.table.t_ns
@@ -196,7 +196,7 @@ class StepBytes:
     by_meaning: Mapping[str, tuple[int, ...]]  # meaning -> bytes per step, aligned with steps
 
 
-# One entry per rank's columns: the sums cost one pass over every collective (~0.3 s for a million),
+# One entry per rank's columns: the sums cost one pass over every collective,
 # which a redraw for another step should not pay again.
 _BYTES_CACHE: dict[int, tuple[CollectiveColumns, int | None, StepBytes]] = {}
 

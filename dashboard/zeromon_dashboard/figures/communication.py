@@ -12,7 +12,7 @@ from tsdownsample import MinMaxLTTBDownsampler
 
 from zeromon.analysis.bandwidth import BandwidthRow, bucket_label, format_rate
 from zeromon.exporters.html_report import TimelineBars
-from zeromon.model.events import CollectiveEvent
+from zeromon.model.events import CollectiveEvent, phase_words
 from zeromon.views.fleet import short_bytes
 from zeromon.views.timeline import RankStep, StepBytes, StepSeries, StepTimeline
 from zeromon_dashboard.figures.style import (
@@ -29,6 +29,7 @@ POINTS_PER_TRACE = 2000  # a longer series is decimated (MinMaxLTTB keeps its pe
 MARK_COLOURS = {"overlap": "#31a354", "exposed": "#d62728", "blocked": "#636363"}
 _PHASE_ORDER = ("forward", "backward", "optimizer", "other", "agent")
 _ROW_PX = 26
+_LEGEND_ROW_PX = 20
 
 
 def _rows(rank: RankStep) -> tuple[str, str, str]:
@@ -56,7 +57,7 @@ def _band(rank: RankStep, origin: int, bars: dict[tuple[str, str], TimelineBars]
     for p in rank.phases:
         bars.setdefault(("phase", p.phase), TimelineBars()).add(
             compute, p.start_ns - origin, p.end_ns - p.start_ns,
-            _interval_hover(p.phase, rank.rank, p.start_ns, p.end_ns, origin))
+            _interval_hover(phase_words(p.phase), rank.rank, p.start_ns, p.end_ns, origin))
     for c in rank.collectives:
         if c.complete_ns is not None:
             bars.setdefault(("comm", c.meaning), TimelineBars()).add(comm, c.issue_ns - origin,
@@ -79,13 +80,13 @@ def _trace_order(key: tuple[str, str]) -> tuple[int, int, str]:
 def _bar_trace(kind: str, name: str, bar: TimelineBars) -> go.Bar:
     colour = (PHASE_COLOURS.get(name, OTHER_COLOURS["phase"]) if kind == "phase" else
               MEANING_COLOURS.get(name, OTHER_COLOURS["comm"]) if kind == "comm" else MARK_COLOURS[name])
-    label = {"phase": name, "comm": f"comm: {name}", "mark": {"blocked": "blocked (waiting)", "overlap": "overlap",
+    label = {"phase": phase_words(name), "comm": f"comm: {name}", "mark": {"blocked": "blocked (waiting)", "overlap": "overlap",
                                                               "exposed": "exposed comm"}.get(name, name)}[kind]
     marker: dict[str, Any] = {"color": colour, "line": {"width": 0}}
     if kind == "mark" and name == "blocked":  # over the phases it cuts out of compute: hatched, half height
         marker.update(color="rgba(0,0,0,0)", pattern={"shape": "/", "fgcolor": colour, "size": 6, "solidity": 0.5},
                       line={"width": 1, "color": colour})
-    # numpy arrays: plotly validates a list item by item (~0.1 s for ten thousand bars), an array at once
+    # numpy arrays: plotly validates a list item by item (slow for thousands of bars), an array at once
     return go.Bar(y=np.array(bar.rows, dtype=object), x=np.array(bar.lengths_ms), base=np.array(bar.starts_ms),
                   orientation="h", name=label, marker=marker,
                   width=0.45 if (kind, name) == ("mark", "blocked") else 0.8, hovertext=np.array(bar.hovers, dtype=object),
@@ -109,13 +110,16 @@ def timeline_figure(timeline: StepTimeline) -> go.Figure:
     notes += [f"rank {r.rank}: step had no collectives" for r in timeline.ranks if not r.collectives]
     notes += [f"rank {r.rank}: {n} collective{'s' if n > 1 else ''} without an observed completion, not drawn"
               for r in timeline.ranks if (n := sum(c.complete_ns is None for c in r.collectives))]
+    # The legend stands right of the plot, where no axis title is: below it, a paper-relative place ran into
+    # the x-axis title whenever the tick labels or the rows changed the plot's height. The height leaves it
+    # room for an entry a line.
     base_layout(fig, title + (f"<br><sup>{'; '.join(notes)}</sup>" if notes else ""),
-                height=140 + _ROW_PX * len(rows))
+                height=140 + max(_ROW_PX * len(rows), _LEGEND_ROW_PX * len(bars)))
     fig.update_layout(barmode="overlay", bargap=0.15, hovermode="closest",
                       xaxis={"title": "ms since the earliest chosen rank's step start", "rangemode": "tozero"},
                       yaxis={"categoryorder": "array", "categoryarray": rows, "autorange": "reversed",
                              "automargin": True},
-                      legend={"orientation": "h", "y": -0.12 - 40 / (140 + _ROW_PX * len(rows)), "x": 0},
+                      legend={"x": 1.01, "xanchor": "left", "y": 1, "yanchor": "top"},
                       meta={"step": timeline.step, "exposed_ms": {str(r.rank): r.exposed_s * 1e3 for r in timeline.ranks}})
     return fig
 

@@ -27,8 +27,8 @@ from zeromon_dashboard.figures.style import (
 )
 
 POINTS_PER_TRACE = 2000  # a longer series is decimated (MinMaxLTTB; its largest and smallest kept)
-# Drawn values in float32: 7 digits are more than a plot shows, and half the bytes sent (a page of
-# 4 ranks with allocator statistics sends ~0.7 MB, not ~1.5 MB).
+# Drawn values in float32: 7 digits are more than a plot shows, and half the bytes sent (a live page
+# sends its series again every second).
 SENT = np.float32
 MAX_RANK_ROWS = 4  # ranks drawn over time, one row each: more would be too short to read
 # A capacity more than this many times the highest value drawn would flatten the data to a line at
@@ -73,7 +73,7 @@ def _arrays(x: Sequence[float] | np.ndarray, y: Sequence[float | None] | np.ndar
 
 
 def _line(x: Sequence[float] | np.ndarray, y: Sequence[float | None] | np.ndarray, size: float) -> tuple[np.ndarray, np.ndarray]:
-    """Arrays, not lists: plotly checks a list value by value (~0.1 s for 20 traces of 2000 points)
+    """Arrays, not lists: plotly checks a list value by value (slow for a page of traces)
     and sends an array as one typed block, float32 (SENT) to halve it."""
     xs, ys = _arrays(x, y)
     index = decimated(xs, ys)

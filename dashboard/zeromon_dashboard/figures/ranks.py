@@ -54,8 +54,8 @@ def _evenly_spaced(values: np.ndarray) -> bool:
 
 
 def _smoothing(x: np.ndarray, y: np.ndarray, cells: int) -> str | bool:
-    """'fast' (one pixel per cell, scaled by the browser: a 256 × 1000 map draws in ~100 ms instead of
-    ~700) where plotly allows it (evenly spaced x and y) and the cells are many; no smoothing else."""
+    """'fast' (one pixel per cell, scaled by the browser: a large map draws several times faster) where
+    plotly allows it (evenly spaced x and y) and the cells are many; no smoothing else."""
     return "fast" if cells > FAST_DRAW_CELLS and _evenly_spaced(x) and _evenly_spaced(y) else False
 
 

@@ -20,8 +20,8 @@ LEVEL_COLOURS = {"ok": "#4daf4a", "warn": "#ff9f1c", "critical": "#d62728", "non
 FONT = {"family": "system-ui, -apple-system, Segoe UI, sans-serif", "size": 12}
 _GRID = "#ebf0f8"
 # plotly_white's look (white background, light grid, plotly's colours), built once: naming
-# template="plotly_white" builds and validates the whole template in every figure, ~10 ms each
-# (most of a live page's refresh); this one costs ~0.9 ms.
+# template="plotly_white" builds and validates the whole template in every figure, most of a live
+# page's refresh; this one costs a fraction of that.
 TEMPLATE = go.layout.Template(layout={
     "plot_bgcolor": "white", "paper_bgcolor": "white", "colorway": pio.templates["plotly"].layout.colorway,
     "xaxis": {"gridcolor": _GRID, "zerolinecolor": _GRID, "linecolor": _GRID, "automargin": True},
@@ -33,7 +33,7 @@ _TEMPLATE_DICT = {"layout": TEMPLATE.layout.to_plotly_json()}
 
 
 def blank() -> go.Figure:
-    """An empty figure on TEMPLATE (make_subplots' own would build plotly's default template: ~10 ms)."""
+    """An empty figure on TEMPLATE (make_subplots' own would build plotly's default template, every time)."""
     return go.Figure(layout={"template": TEMPLATE})
 
 
@@ -52,8 +52,8 @@ def layout_of(title: str, height: int | None = None, **more: Any) -> dict[str, A
 def figure_of(data: list[dict[str, Any]], layout: dict[str, Any]) -> go.Figure:
     """A figure made from plain dicts without plotly's validation, for the figures a live page redraws
     every second: building the Memory page's figures object by object (add_trace, update_layout,
-    make_subplots) took ~85 ms of its ~105 ms refresh, measured in tests/bench/bench_dashboard.py;
-    from dicts, ~5 ms. The dicts are the figure's JSON, so what the page receives is the same; the
+    make_subplots) is most of its refresh, and from dicts a small part (tests/bench/bench_dashboard.py).
+    The dicts are the figure's JSON, so what the page receives is the same; the
     tests that build them read the figure as ever."""
     return go.Figure({"data": data, "layout": layout}, _validate=False)
 
@@ -61,7 +61,7 @@ def figure_of(data: list[dict[str, Any]], layout: dict[str, Any]) -> go.Figure:
 @lru_cache(maxsize=64)
 def _rows_layout(heights: tuple[float, ...], spacing: float) -> dict[str, Any]:
     """make_subplots' layout (shared x axes, one column), made once for each shape: its domains,
-    axis links and title annotations (~10 ms a call)."""
+    axis links and title annotations (make_subplots is slow, and a page redraws every second)."""
     from plotly.subplots import make_subplots
 
     titles = [f"title {i}" for i in range(len(heights))]  # placeholders, one annotation each

@@ -65,8 +65,8 @@ class _Drawn:
 
 
 # The last data drawn: the page's drawing does not depend on the URL, so another tab, a return to
-# the page, the redraw after the layout and a click reuse it (~200 ms and 3 MB of figures at 256
-# ranks x 1000 steps). One entry: the feed's current data, held anyway.
+# the page, the redraw after the layout and a click reuse it (many ranks' figures are slow to
+# draw and large). One entry: the feed's current data, held anyway.
 _last: _Drawn | None = None
 
 
