@@ -140,7 +140,10 @@ def test_exposed_communication_that_is_waiting_for_the_straggler_says_so(straggl
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     (finding,) = [f for f in report["findings"] if f["kind"] == "poor_overlap" and f["rank"] == 0]
-    # Over the steps after the first, as the table's medians and the straggler findings.
+    # Over the steps after the first, as the table's medians and the straggler findings, and it says so.
+    steps = len(report["ranks"][0]["per_step"])
+    assert finding["evidence"][0].startswith(f"median over steps 2-{steps} (the first left out): exposed "
+                                             "communication "), finding["evidence"]
     waited = next(a["steady_waited_s"] for a in report["imbalance"]["arrivals"] if a["rank"] == 0)
     assert finding["metrics"]["waited_for_peers_s"] == pytest.approx(waited)
     assert finding["metrics"]["waited_share_of_exposed"] >= 0.5

@@ -85,19 +85,23 @@ def overlap_findings(rank: int, steps: Sequence[StepOverlap], info: RunInfo | No
     return overlap_findings_of_medians(rank, statistics.median(shares),
                                        statistics.median(ratios) if ratios else None,
                                        statistics.median(s.exposed_comm_s for s in steady),
-                                       statistics.median(s.step_s for s in steady), info)
+                                       statistics.median(s.step_s for s in steady), info,
+                                       window=(steady[0].step, steady[-1].step))
 
 
 def overlap_findings_of_medians(rank: int, share: float | None, ratio: float | None, exposed_s: float | None,
-                                step_s: float | None, info: RunInfo | None) -> tuple[Finding, ...]:
+                                step_s: float | None, info: RunInfo | None,
+                                window: tuple[int, int] | None = None) -> tuple[Finding, ...]:
     """overlap_findings from the medians over the steps after the first (a report's RankReport has them):
-    of the exposed share, the overlap ratio, the exposed seconds and the step time."""
+    of the exposed share, the overlap ratio, the exposed seconds and the step time; ``window``: the first
+    and last of those steps (recording indices), which the evidence names."""
     if share is None or exposed_s is None or step_s is None:
         return ()
     if share < EXPOSED_SHARE_WARN or (ratio is not None and ratio >= OVERLAP_RATIO_POOR):
         return ()
     exposed_ms, step_ms = exposed_s * 1e3, step_s * 1e3
-    evidence = [f"median exposed communication {exposed_ms:.1f} ms of a {step_ms:.1f} ms step ({share:.0%})"]
+    evidence = [f"median{_over(window)}: exposed communication {exposed_ms:.1f} ms of a {step_ms:.1f} ms step "
+                f"({share:.0%})"]
     if ratio is not None:
         evidence.append(f"median overlap ratio {ratio:.0%} (overlapped / all communication time)")
     return (Finding(
@@ -107,6 +111,16 @@ def overlap_findings_of_medians(rank: int, share: float | None, ratio: float | N
         metrics={"exposed_share": share, "exposed_comm_s": exposed_ms / 1e3,
                  **({"overlap_ratio": ratio} if ratio is not None else {})},
     ),)
+
+
+def _over(window: tuple[int, int] | None) -> str:
+    """' over steps 2-20 (the first left out)': the steps a median was taken over, numbered from 1 as
+    training scripts log them, so that it is not read as the last step's figure."""
+    if window is None:
+        return ""
+    first, last = window[0] + 1, window[1] + 1
+    steps = f"step {first}" if first == last else f"steps {first}-{last}"
+    return f" over {steps}" + (" (the first left out)" if window[0] >= 1 else "")
 
 
 def overlap_findings_of_summaries(rank: int, steps: Sequence[StepSummary],

@@ -280,7 +280,7 @@ def analyze_rank(rec: Recording, capacity_bytes: int | None = None) -> RankAnaly
         arrivals = rank_arrivals(rec)
     findings = report.oom.findings + overlap_findings_of_medians(
         rec.rank, report.median_exposed_share, report.median_overlap_ratio, report.median_exposed_comm_s,
-        report.median_step_s, rec.run_info)
+        report.median_step_s, rec.run_info, window=_table(report).steady_window())
     return RankAnalysis(report=report, samples=samples, arrivals=arrivals, run_info=rec.run_info, findings=findings)
 
 

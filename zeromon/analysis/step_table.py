@@ -97,6 +97,11 @@ class StepTable(Sequence[StepOverlap]):
         mask = self.step >= 1
         return mask if mask.any() else np.ones(len(self.step), dtype=bool)
 
+    def steady_window(self) -> tuple[int, int] | None:
+        """The first and last of the steady steps (recording indices), None without steps."""
+        steps = self.step[self.steady()]
+        return (int(steps.min()), int(steps.max())) if len(steps) else None
+
     def steady_sum(self, name: str) -> float:
         """Python's sum of the column over the steady steps, in step order (numpy's pairwise sum rounds
         differently, and the report's numbers stay those of the per-object code)."""

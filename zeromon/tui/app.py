@@ -56,6 +56,7 @@ from zeromon.views.fleet import (
     fleet_findings,
     header,
     no_agent_text,
+    on_cpu,
     rank_key,
     rank_rows,
     run_ended,
@@ -293,7 +294,8 @@ class ZeromonApp(App[None]):
         if self._due("trends", (self.rank_filter.text, len(view.ranks))):
             keys = {r.key for r in shown}
             main.query_one(TrendsPanel).show(trends(r for r in view.ranks if rank_key(r) in keys))
-        main.query_one(FindingsPanel).show(self.findings, any(r.steps or r.memory for r in view.ranks))
+        main.query_one(FindingsPanel).show(self.findings, any(r.steps or r.memory for r in view.ranks),
+                                             cpu=on_cpu(view.ranks))
 
     def notes(self, view: FleetView) -> tuple[list[str], list[str], str | None]:
         """(the view's settings, for the header's second line; what needs attention, highlighted; that

@@ -11,6 +11,7 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Label, Sparkline, Static
 
 from zeromon.analysis.findings import Severity
+from zeromon.analysis.step_overlap import CPU_OVERLAP_NOTE
 from zeromon.tui.rank_table import RankTable
 from zeromon.views.fleet import (
     COLUMNS,
@@ -138,20 +139,22 @@ class FindingsPanel(VerticalScroll):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._shown: tuple[tuple[FindingItem, ...], bool] | None = None
+        self._shown: tuple[tuple[FindingItem, ...], bool, bool] | None = None
 
     def compose(self):  # type: ignore[no-untyped-def]
         yield Static(Text("no findings", style="dim"), id="findings-text")
 
-    def show(self, items: Sequence[FindingItem], have_data: bool = True) -> None:
-        if (tuple(items), have_data) == self._shown:
+    def show(self, items: Sequence[FindingItem], have_data: bool = True, cpu: bool = False) -> None:
+        """``cpu``: the run trains on CPU, where a fine overlap is near 0 % (said with "look fine")."""
+        if (tuple(items), have_data, cpu) == self._shown:
             return
-        self._shown = (tuple(items), have_data)
+        self._shown = (tuple(items), have_data, cpu)
         self.border_title = f"findings ({len(items)}, newest first)"
         content: Text | Table
         if not items:
-            content = Text("no findings: memory, overlap and balance look fine" if have_data
-                           else "no findings yet: no rank has reported a step or memory sample", style="dim")
+            fine = "no findings: memory, overlap and balance look fine" + (f" ({CPU_OVERLAP_NOTE})" if cpu else "")
+            content = Text(fine if have_data else "no findings yet: no rank has reported a step or memory sample",
+                           style="dim")
         else:
             # A grid, so that wrapped evidence and remedies hang under their text, not under the marks.
             content = Table.grid(padding=(0, 1), expand=True)

@@ -507,6 +507,13 @@ class FindingItem:
         return f"{self.finding.title} (also rank{'s' if len(others) > 1 else ''} {listed})"
 
 
+def on_cpu(ranks: Iterable[RankView]) -> bool:
+    """Whether the run trains on CPU: every rank whose memory is known samples the host's (gloo, no GPU
+    streams, so its overlap is near 0 % by nature: CPU_OVERLAP_NOTE says so beside it)."""
+    devices = {r.memory.device for r in ranks if r.memory is not None}
+    return devices == {"cpu"}
+
+
 def fleet_findings(ranks: Sequence[RankView]) -> list[Finding]:
     """Every rank's findings, and those that need all ranks (straggler, memory imbalance)."""
     found = [f for r in ranks for f in r.findings]

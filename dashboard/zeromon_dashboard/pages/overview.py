@@ -11,7 +11,8 @@ from dash import dcc, html
 
 from zeromon.analysis.findings import Finding
 from zeromon.analysis.report import finding_heading
-from zeromon.views.fleet import RunClock, header, no_agent_text, rank_rows
+from zeromon.analysis.step_overlap import CPU_OVERLAP_NOTE
+from zeromon.views.fleet import RunClock, header, no_agent_text, on_cpu, rank_rows
 from zeromon.views.hang import hang_banner
 from zeromon.views.overview import (
     Banner,
@@ -74,10 +75,11 @@ def run_info(data: RunData) -> html.Table:
     return html.Table([html.Tr([html.Th(k), html.Td(v)]) for k, v in pairs], className="run-info", id="run-info")
 
 
-def findings_list(findings: Sequence[Finding]) -> Any:
+def findings_list(findings: Sequence[Finding], cpu: bool = False) -> Any:
+    """``cpu``: the run trains on CPU, where a fine overlap is near 0 % (said with "nothing stands out")."""
     if not findings:
-        return message("No findings: nothing stands out in memory, overlap or rank balance.", "ok",
-                       element_id="findings-none")
+        return message("No findings: nothing stands out in memory, overlap or rank balance."
+                       + (f" Note: {CPU_OVERLAP_NOTE}." if cpu else ""), "ok", element_id="findings-none")
     items = []
     for f in findings:
         body = [html.Li(f"evidence: {e}") for e in f.evidence] + [html.Li(f"remedy: {r}") for r in f.remedies]
@@ -91,7 +93,7 @@ def findings_list(findings: Sequence[Finding]) -> Any:
 def _draw(state: PageState, data: RunData, interval_s: float = 1.0, hang_href: str = "/hang") -> tuple[Any, ...]:
     cells = rank_cells(data)
     return (banners(data, interval_s, hang_href), rank_grid(cells, "risk"), rank_grid(cells, "exposed"), run_info(data),
-            f"Findings ({len(data.findings)})", findings_list(data.findings))
+            f"Findings ({len(data.findings)})", findings_list(data.findings, cpu=on_cpu(data.fleet.ranks)))
 
 
 def _fallback(exc: Exception) -> tuple[Any, ...]:
