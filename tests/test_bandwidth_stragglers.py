@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from zeromon.analysis.bandwidth import (
     format_share,
     size_bucket,
 )
+from zeromon.analysis.live_stragglers import straggler_finding
 from zeromon.analysis.stragglers import STEP_SKEW_SHARE, RankArrivals, analyze_imbalance, combine_imbalance
 from zeromon.model import CollectiveEvent, read_run
 
@@ -79,7 +81,9 @@ def test_bucket_labels_rates_and_shares_read_at_any_size() -> None:
     assert [format_share(r) for r in (0.42, 0.042, 0.004, 0.0004)] == ["42%", "4.2%", "0.4%", "<0.1%"]
 
 
-DELAY_S, STEPS, TEARDOWN = 0.1, 6, 3
+# 14 steps: 13 after the first, enough for a straggler between two ranks to beat chance (12 of 13 steps
+# at least) while a loaded machine may still deschedule it once.
+DELAY_S, STEPS, TEARDOWN = 0.1, 14, 3
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +123,10 @@ def test_straggler_and_memory_imbalance_are_named(straggler_run: Path) -> None:
     # The teardown's all-gathers (after the last step) are no step's: the window is the steps that ran.
     (straggler,) = [f for f in result.findings if f.kind == "straggler"]
     assert straggler.evidence[0].startswith(f"over steps 2-{steps} (the first left out")
-    assert f"in {straggler.metrics['steps_most_waited_for']:.0f} of {steps - 1} steps" in straggler.evidence[0]
+    assert f"computed longest (its step minus its time blocked in collectives) in " \
+           f"{straggler.metrics['steps_busiest']:.0f} of {straggler.metrics['steps']:.0f} steps" in straggler.evidence[0]
+    assert straggler.title.startswith("rank 0 waited ") and "for rank 1, " in straggler.title
+    assert "by chance" not in straggler.title and "that would happen" in straggler.evidence[0]
     text = zeromon("report", str(straggler_run)).stdout
     assert f"teardown after the last step (in no step's numbers): {TEARDOWN} collectives" in text, text
     assert result.memory_spread is not None and result.memory_spread > 0.1
@@ -142,11 +149,13 @@ def test_exposed_communication_that_is_waiting_for_the_straggler_says_so(straggl
     assert finding["metrics"]["waited_share_of_exposed"] >= 0.5
     assert any("was waiting for rank 1 to reach the collective" in e for e in finding["evidence"])
     assert finding["remedies"][0].startswith("most of it is waiting for rank 1")
-    # Rank 1, the late one, waits for nobody: its findings say nothing of waiting.
-    assert not any("waiting for" in e for f in report["findings"] if f["rank"] == 1 for e in f["evidence"])
+    # Rank 1, the late one, is nobody's victim of a straggler: its findings name none (it may wait a little
+    # for rank 0 at the step's second all-reduce, which gloo's ranks leave in a fixed order).
+    assert not any("waiting for rank" in r for f in report["findings"] if f["rank"] == 1 for r in f["remedies"])
 
 
-WARMUP_S, LATE_S, WARMUP_STEPS = 2.0, 0.05, 8  # the warm-up far above the startup jitter of a loaded machine
+# The warm-up far above the startup jitter of a loaded machine; steps enough to beat chance (STEPS).
+WARMUP_S, LATE_S, WARMUP_STEPS = 2.0, 0.05, 14
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +197,7 @@ def test_a_rank_late_only_in_its_first_step_is_not_a_straggler(warmup_run: Path)
     assert finding["metrics"]["caused_share"] == pytest.approx(finding["metrics"]["caused_wait_s"] / peer_step_s)
     assert finding["metrics"]["steps_most_waited_for"] == by_rank[0].steps_most_waited_for
     text = zeromon("report", str(warmup_run)).stdout
-    assert "rank 0 arrives last" in text and "rank 1 arrives last" not in text
+    assert "for rank 0, " in text and "for rank 1, " not in text
 
 
 def _ranks_with_steps(step_s: dict[int, list[float]]) -> list[RankArrivals]:
@@ -198,17 +207,54 @@ def _ranks_with_steps(step_s: dict[int, list[float]]) -> list[RankArrivals]:
 
 
 def test_step_skew_names_the_slowest_rank_with_numbers_and_threshold() -> None:
-    # Rank 2 is the slowest after the first step (which, far longer on rank 0, is left out).
-    times = {0: [1.0, 0.10, 0.10, 0.10, 0.10], 1: [0.2, 0.10, 0.11, 0.10, 0.10], 2: [0.2, 0.13, 0.12, 0.13, 0.10]}
+    # Rank 2 has the longest step in 11 of the 12 steps after the first (which, far longer on rank 0, is
+    # left out): between three ranks, chance does that about once in 7,000 runs.
+    times = {0: [1.0] + [0.10] * 12, 1: [0.2] + [0.10, 0.11] * 6, 2: [0.2] + [0.13] * 11 + [0.10]}
     result = combine_imbalance(_ranks_with_steps(times))
     (skew,) = [f for f in result.findings if f.kind == "step_skew"]
     assert skew.rank == 2 and "rank 2" in skew.title
-    assert result.median_step_s == pytest.approx({0: 0.10, 1: 0.10, 2: 0.125})
-    assert result.slowest_rank_counts[2] == 3
-    assert skew.evidence[0] == ("median step time over steps 2-5 (the first left out, as in the per-rank table): "
-                                "rank 2 125.0 ms (the longest step in 3 of 4 steps), rank 0 100.0 ms")
-    assert "threshold: (slowest - fastest) / median step time of 10%" in skew.evidence[1]
+    assert result.median_step_s == pytest.approx({0: 0.10, 1: 0.105, 2: 0.13})
+    assert result.slowest_rank_counts[2] == 11
+    assert skew.evidence[0] == ("over steps 2-13 (the first left out, as in the per-rank table): rank 2 had the "
+                                "longest step in 11 of 12 steps; were no rank slower than the others, one of the 3 "
+                                "ranks would do so about once in 7,100 runs")
+    assert skew.evidence[1] == "median step time: rank 2 130.0 ms, rank 0 100.0 ms"
+    assert "(slowest - fastest) / median step time of 10%" in skew.evidence[2]
     assert skew.metrics["threshold"] == STEP_SKEW_SHARE
     # Ranks whose steps agree after the first have no skew finding, whatever the first step took.
     even = {0: [1.0, 0.10, 0.10, 0.10], 1: [0.1, 0.10, 0.10, 0.10]}
     assert not [f for f in combine_imbalance(_ranks_with_steps(even)).findings if f.kind == "step_skew"]
+
+
+def test_step_skew_from_a_few_steps_is_not_told_from_chance() -> None:
+    """The old rule's case: rank 2 longest in 3 of 4 steps, 25% apart. Among three ranks, one of them does
+    that in about a third of runs by chance: no finding, however large the skew."""
+    times = {0: [1.0, 0.10, 0.10, 0.10, 0.10], 1: [0.2, 0.10, 0.11, 0.10, 0.10], 2: [0.2, 0.13, 0.12, 0.13, 0.10]}
+    result = combine_imbalance(_ranks_with_steps(times))
+    assert result.step_skew_median is not None and result.step_skew_median >= STEP_SKEW_SHARE
+    assert not [f for f in result.findings if f.kind == "step_skew"]
+
+
+@pytest.mark.distributed
+def test_a_healthy_run_beside_busy_processes_raises_no_straggler_or_skew_warning(tmp_path: Path) -> None:
+    """Two processes spin beside a healthy 2-rank run (the contention that made a coin flip read as a
+    critical straggler). The tests against chance allow a false alarm in under 1 in 100 such runs
+    (tests/bench/bench_finding_noise.py measures the rate); the old rule raised one in most of them."""
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        out = tmp_path / "run"
+        result = subprocess.run(
+            torchrun_args(2, REPO / "tests" / "scenarios" / "straggler.py", "--delay", "0", "--extra-mb", "0",
+                          "--steps", "20"),
+            env=child_env(ZEROMON_OUT=str(out)), capture_output=True, text=True, timeout=300)
+    finally:
+        for process in busy:
+            process.kill()
+            process.wait()
+    assert result.returncode == 0, result.stderr[-3000:]
+    recordings = read_run(out)
+    imbalance = analyze_imbalance(recordings)
+    assert imbalance.steady_steps == 19
+    alarms = [f for f in imbalance.findings if f.kind in ("straggler", "step_skew") and f.severity.rank >= 2]
+    assert not alarms, [(f.title, f.evidence) for f in alarms]
+    assert straggler_finding({r.rank: list(r.steps) for r in recordings}) is None

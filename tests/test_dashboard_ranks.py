@@ -20,6 +20,7 @@ from zeromon.analysis.report import finding_heading
 from zeromon.model.codec import Recording, read_run
 from zeromon.model.events import MemorySample, StepSummary
 from zeromon.sources.fleet import FleetView, RankView
+from zeromon.sources.live import STEPS_ASKED
 from zeromon.views.fleet import fleet_findings
 from zeromon.views.ranks import MAX_STEP_COLUMNS, binned, last_to_finish, memory_peaks, step_matrix, waits
 from zeromon.views.run_data import RankHistory, RunData, recording_data
@@ -144,7 +145,7 @@ def straggler_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     200 MiB more."""
     out = tmp_path_factory.mktemp("straggler") / "run"
     result = subprocess.run(
-        torchrun_args(2, REPO / "tests" / "scenarios" / "straggler.py", "--delay", "0.1", "--steps", "6"),
+        torchrun_args(2, REPO / "tests" / "scenarios" / "straggler.py", "--delay", "0.1", "--steps", "14"),
         env=child_env(ZEROMON_OUT=str(out)), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return out
@@ -223,7 +224,7 @@ def synthetic_run(ranks: int = 256, steps: int = 1000, slow_rank: int | None = 3
             longest = max(longest, duration)
         starts += int(longest * 1e6) + 1_000_000
     views = tuple(RankView(rank=r, target=f"node{r // 8}:9100", alive=True, stale_s=0.1, error=None,
-                           steps=tuple(per_rank[r][-8:]),
+                           steps=tuple(per_rank[r][-STEPS_ASKED:]),  # what a live source keeps
                            memory=_memory(r, 20 * GIB + (4 * GIB if r == extra_memory_rank else 0)))
                   for r in range(ranks))
     histories = {r: RankHistory(rank=r, memory=(views[r].memory,) if views[r].memory else (), steps=per_rank[r])

@@ -76,7 +76,10 @@ def test_a_generated_fleet_reads_as_one_run_and_its_report_names_the_stragglers_
     assert set(shown[1:3]) == set(roles.stragglers)  # furthest from the median exposed share after the risk
     stragglers = text[text.index("\nstragglers ("):].splitlines()[2:4]
     assert {int(line.split()[1].rstrip(":")) for line in stragglers} == set(roles.stragglers)
-    assert "arrives last" in text and f"rank {roles.stragglers[0]} arrives last" in text
+    # The straggler's finding leads with what the others lost, and their exposed communication with it.
+    assert re.search(rf"\] the other ranks waited [\d.]+ m?s for rank {roles.stragglers[0]}, \d+% of their step time",
+                     text), text
+    assert re.search(r"remedy: (most|\d+%) of it is waiting for ranks? [\d, ]*" + str(roles.stragglers[0]), text), text
     # The poor-overlap findings of (nearly) every rank, once per severity, with the ranks counted.
     assert "poor_overlap (as rank 0:" in text and "more: poor_overlap" in text
     assert 1 <= text.count("of step time is exposed communication") <= 2

@@ -15,8 +15,9 @@ from zeromon.model.events import RunInfo, StepSummary
 EXPOSED_SHARE_WARN = 0.10
 EXPOSED_SHARE_CRITICAL = 0.30
 OVERLAP_RATIO_POOR = 0.5
-# Exposed communication that is partly waiting for a late peer: said from this share of it on, and
-# the straggler put first among the remedies from the second (prefetching cannot hide a peer's lateness).
+# Exposed communication that is partly waiting for a late peer: said from this share of it on, with a
+# named straggler put first among the remedies (prefetching cannot hide a peer's lateness); from the
+# second share on, "most of it", and jitter put first where no rank is a straggler.
 WAITING_SHARE_NOTED = 0.2
 WAITING_SHARE_MOSTLY = 0.5
 # reduce_bucket_size and allgather_bucket_size when a config sets neither (elements).
@@ -133,8 +134,8 @@ def overlap_findings_of_summaries(rank: int, steps: Sequence[StepSummary],
 def with_waiting_for_peers(finding: Finding, exposed_s: float, waited_s: float,
                            late_ranks: Sequence[int]) -> Finding:
     """A poor-overlap finding that says how much of the rank's exposed communication was waiting for
-    a later peer (stragglers' waited time), and, when that is most of it, that the late rank is the
-    fix. ``exposed_s``: the rank's exposed communication over the steps the waiting was matched in
+    a later peer (stragglers' waited time), and, where a straggler is named, that the late rank is the
+    first fix. ``exposed_s``: the rank's exposed communication over the steps the waiting was matched in
     (the steps after the first); ``late_ranks``: the ranks found to be stragglers."""
     if finding.kind != "poor_overlap" or exposed_s <= 0 or waited_s <= 0:
         return finding
@@ -142,12 +143,13 @@ def with_waiting_for_peers(finding: Finding, exposed_s: float, waited_s: float,
     if share < WAITING_SHARE_NOTED:
         return finding
     late = [r for r in late_ranks if r != finding.rank]
-    whom = ("rank " + ", ".join(map(str, late))) if late else "later peers"
+    whom = (f"rank{'s' if len(late) > 1 else ''} " + ", ".join(map(str, late))) if late else "later peers"
     evidence = (*finding.evidence, f"{waited_s:.3f} s of its {exposed_s:.3f} s of exposed communication "
                                    f"({share:.0%}) was waiting for {whom} to reach the collective")
     remedies = finding.remedies
-    if share >= WAITING_SHARE_MOSTLY and late:
-        remedies = (f"most of it is waiting for {whom}: make {'that rank' if len(late) == 1 else 'them'} "
+    if late:  # a named straggler explains this much: it comes before any prefetching
+        much = "most" if share >= WAITING_SHARE_MOSTLY else f"{share:.0%}"
+        remedies = (f"{much} of it is waiting for {whom}: make {'that rank' if len(late) == 1 else 'them'} "
                     "faster first (see the straggler finding); prefetching or resharding cannot hide a peer's "
                     "lateness", *remedies)
     elif share >= WAITING_SHARE_MOSTLY:

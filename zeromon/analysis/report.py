@@ -187,6 +187,14 @@ def _rank_json(r: RankReport) -> str:
     return "  {\n   " + _members(_rank_head(r), 3).lstrip() + ",\n" + per_step + "\n  }"
 
 
+def _exposed_in(table: StepTable, steps: Sequence[int]) -> float:
+    """The rank's exposed communication in ``steps`` (those the waiting for peers was measured in: a
+    bounded recording keeps some steps' collectives only), all its steady steps where none is known."""
+    if not steps:
+        return table.steady_sum("exposed_comm_s")
+    return float(sum(table.column("exposed_comm_s")[np.isin(table.step, np.asarray(steps))].tolist()))
+
+
 def _table(r: RankReport) -> StepTable:
     return r.steps if isinstance(r.steps, StepTable) else StepTable.of(r.rank, r.steps)
 
@@ -286,7 +294,7 @@ def combine_report(ranks: Sequence[RankAnalysis], run_dir: str, peak_busbw: floa
     # step, is warm-up, not a reason to look at a peer).
     waited = {a.rank: a.steady_waited_s for a in imbalance.ranks}
     late = [f.rank for f in imbalance.findings if f.kind == "straggler" and f.rank is not None]
-    findings = [with_waiting_for_peers(f, _table(r.report).steady_sum("exposed_comm_s"),
+    findings = [with_waiting_for_peers(f, _exposed_in(_table(r.report), imbalance.waiting_steps),
                                        waited[r.report.rank], late)
                 for r in ranks for f in r.findings]
     findings.extend(imbalance.findings)

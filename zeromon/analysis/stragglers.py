@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from itertools import pairwise, repeat
 from typing import Any
 
+from zeromon.analysis.chance import CRITICAL_CHANCE, WARN_CHANCE, odds_in_words, wins_chance
 from zeromon.analysis.findings import Finding, Severity
 from zeromon.analysis.step_skew import step_times_across_ranks
 from zeromon.model.codec import Recording
@@ -29,17 +30,22 @@ from zeromon.model.events import StepSummary
 from zeromon.model.step_records import step_column
 from zeromon.model.units import format_bytes
 
-# A rank is a straggler when, over the steps after the first, the wait it causes its peers is at
-# least this share of their own step time, at least this many times the wait the other ranks cause
-# (everyone is last sometimes), and it made its peers wait the most in more than this share of those
-# steps (a persistent pattern, not one long wait).
+# A rank is a straggler when it computed longest (its step minus its time blocked in collectives) in
+# more steps than chance explains (zeromon.analysis.chance: WARN_CHANCE, CRITICAL_CHANCE) and its
+# peers' waiting for it cost them at least this share of their own step time (a warning), or the
+# second share (critical): both evidence and effect. Not "waited for most": a collective's ranks
+# leave it in a fixed order (gloo's rank 1 a few ms after rank 0), so in a healthy run one rank
+# reaches the next collective last in nearly every step without computing any longer.
 CAUSED_WAIT_SHARE = 0.05
-CAUSED_WAIT_DOMINANCE = 2.0
-STRAGGLER_STEPS_SHARE = 0.5
+CAUSED_WAIT_SHARE_CRITICAL = 0.20
+# And at least this much a step for each waiting peer: in a healthy run a rank can compute a little longer
+# in every step (rank 0's extra work), which is real but worth no one's time on a short CPU step.
+CAUSED_WAIT_MIN_STEP_S = 0.005
 # Memory imbalance: the spread of per-rank peaks over the largest, and a floor in bytes.
 MEMORY_IMBALANCE_SHARE = 0.10
 MEMORY_IMBALANCE_MIN_BYTES = 64 * 2**20
-# Step-time skew: (slowest − fastest) / median, per step.
+# Step-time skew: (slowest − fastest) / median, per step; said when one rank has the longest step in
+# more steps than chance explains.
 STEP_SKEW_SHARE = 0.10
 
 
@@ -57,6 +63,7 @@ class RankArrival:
     steady_caused_wait_s: float = 0.0
     steady_waited_s: float = 0.0
     steps_most_waited_for: int = 0
+    steps_busiest: int = 0  # steps in which it computed longest (step minus time blocked), of those with one
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +77,9 @@ class Imbalance:
     peak_memory: dict[int, int]  # per-rank peak level (allocator on GPU, RSS on CPU)
     memory_spread: float | None  # (max − min) / max of the peaks
     findings: tuple[Finding, ...]
+    # The steps after the first with matched collectives: where the waiting was measured (a bounded
+    # recording keeps some steps' collectives only), for comparing it with time measured per step.
+    waiting_steps: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,8 +190,10 @@ def combine_imbalance(parts: Sequence[RankArrivals]) -> Imbalance:
     steady_matched = sum(n for step, _, n in runs if step >= first_step)
     # One rank alone arrives last at nothing and waits for no one.
     alone: dict[str, Any] = {"last_arrivals": 0, "caused_wait_s": 0.0, "waited_s": 0.0}
-    tallies = _late_arrivals(tables, runs, first_step) if len(parts) > 1 else {}
-    steady_steps = len({step for step, _, _ in runs if step >= first_step})
+    tallies = _late_arrivals(tables, runs, first_step, _durations(parts, arrays, runs, first_step)) \
+        if len(parts) > 1 else {}
+    waiting_steps = tuple(sorted({step for step, _, _ in runs if step >= first_step}))
+    steady_steps = len(waiting_steps)
     arrivals_out = tuple(RankArrival(rank=r, matched=matched, steady_matched=steady_matched,
                                      **tallies.get(r, alone)) for r in ranks)
     times = step_times_across_ranks(ranks, arrays, first_step)
@@ -195,7 +207,7 @@ def combine_imbalance(parts: Sequence[RankArrivals]) -> Imbalance:
     findings = _findings(arrivals_out, window, peaks, spread, skews, median_step, dict(slowest))
     return Imbalance(ranks=arrivals_out, step_skew_median=statistics.median(skews) if skews else None,
                      slowest_rank_counts=dict(slowest), median_step_s=median_step, steady_steps=steady_steps,
-                     peak_memory=peaks, memory_spread=spread, findings=findings)
+                     peak_memory=peaks, memory_spread=spread, findings=findings, waiting_steps=waiting_steps)
 
 
 def _spans(part: RankArrivals) -> dict[tuple[int, str], tuple[int, int]]:
@@ -228,21 +240,40 @@ def _matched_runs(tables: Sequence[RankArrivals]) -> list[tuple[int, list[int], 
     return runs
 
 
+def _durations(parts: Sequence[RankArrivals], arrays: Sequence[tuple[Sequence[int], Sequence[float], Any]],
+               runs: list[tuple[int, list[int], int]], first_step: int) -> dict[int, dict[int, float]]:
+    """Per rank, the step times of the steps after the first with matched collectives (a few of 10,000
+    in a bounded recording: picked out with numpy, not a dict of every step)."""
+    import numpy as np
+
+    wanted = np.asarray(sorted({step for step, _, _ in runs if step >= first_step}), dtype=np.int64)
+    out = {}
+    for part, (steps, seconds, _) in zip(parts, arrays, strict=True):
+        steps_a = np.asarray(steps, dtype=np.int64)
+        keep = np.isin(steps_a, wanted)
+        out[part.rank] = dict(zip(steps_a[keep].tolist(), np.asarray(seconds, dtype=np.float64)[keep].tolist(),
+                                  strict=True))
+    return out
+
+
 def _late_arrivals(tables: Sequence[RankArrivals], runs: list[tuple[int, list[int], int]],
-                   first_step: int) -> dict[int, dict[str, Any]]:
+                   first_step: int, durations: dict[int, dict[int, float]]) -> dict[int, dict[str, Any]]:
     """Per rank, RankArrival's counts: how often it issued last, the wait that caused its peers and
     the time it waited for a later peer, over all steps and over those from ``first_step`` on; and in
-    how many of those steps its peers waited for it the most."""
+    how many of those steps its peers waited for it the most, and in how many it computed longest
+    (``durations``: each rank's step times, by step)."""
     n_ranks = len(tables)
     # [0]: the steps before first_step, [1]: from first_step on.
     last_by = [[0] * n_ranks, [0] * n_ranks]
     caused_by = [[0.0] * n_ranks, [0.0] * n_ranks]
     waited_by = [[0.0] * n_ranks, [0.0] * n_ranks]
     caused_in_step: dict[int, dict[int, float]] = defaultdict(dict)  # steady steps: rank -> wait it caused
+    blocked_in_step: dict[int, list[float]] = {}  # steady steps: each rank's time blocked in them
     for step, starts, n in runs:
         window = int(step >= first_step)
         last_w, caused_w, waited_w = last_by[window], caused_by[window], waited_by[window]
         in_step = caused_in_step[step] if window else None
+        blocked_step = blocked_in_step.setdefault(step, [0.0] * n_ranks) if window else None
         issue_runs = [t.issue_ns[start:start + n] for t, start in zip(tables, starts, strict=True)]
         blocked_runs = [t.blocked_s[start:start + n] for t, start in zip(tables, starts, strict=True)]
         # Half a million matched collectives: plain comparisons, no call per collective.
@@ -261,18 +292,39 @@ def _late_arrivals(tables: Sequence[RankArrivals], runs: list[tuple[int, list[in
                     caused += lost
                     waited_w[i] += lost
             caused_w[late] += caused
-            if in_step is not None and caused > 0:
-                in_step[late] = in_step.get(late, 0.0) + caused
+            if in_step is not None and blocked_step is not None:
+                for i, blocked in enumerate(blocks):
+                    blocked_step[i] += blocked
+                if caused > 0:
+                    in_step[late] = in_step.get(late, 0.0) + caused
     most = [0] * n_ranks
     for per_rank in caused_in_step.values():
         if per_rank:
             most[max(per_rank, key=per_rank.__getitem__)] += 1
+    busiest = _busiest(tables, blocked_in_step, durations)
     return {t.rank: {"last_arrivals": last_by[0][i] + last_by[1][i],
                      "caused_wait_s": caused_by[0][i] + caused_by[1][i],
                      "waited_s": waited_by[0][i] + waited_by[1][i],
                      "steady_last_arrivals": last_by[1][i], "steady_caused_wait_s": caused_by[1][i],
-                     "steady_waited_s": waited_by[1][i], "steps_most_waited_for": most[i]}
+                     "steady_waited_s": waited_by[1][i], "steps_most_waited_for": most[i],
+                     "steps_busiest": busiest[i]}
             for i, t in enumerate(tables)}
+
+
+def _busiest(tables: Sequence[RankArrivals], blocked_in_step: dict[int, list[float]],
+             durations: dict[int, dict[int, float]]) -> list[int]:
+    """In how many steps each rank computed longest (step time minus its time blocked in the step's
+    collectives); a step some rank has no time for, or with a tie, counts for none."""
+    counts = [0] * len(tables)
+    for step, blocked in blocked_in_step.items():
+        busy = [durations.get(t.rank, {}).get(step) for t in tables]
+        if any(b is None for b in busy):
+            continue
+        values = [b - w for b, w in zip(busy, blocked, strict=True)]  # type: ignore[operator]
+        top = max(values)
+        if values.count(top) == 1:
+            counts[values.index(top)] += 1
+    return counts
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,6 +335,14 @@ class _Window:
     last_step: int
     steps: int  # steps with matched collectives
     step_s: dict[int, float]  # per rank, the sum of its step times
+
+    def measured(self, collectives: bool = True) -> str:
+        """The window, and with ``collectives`` the steps of it the waiting was measured in, where not all
+        of them (a bounded recording keeps some steps' collectives)."""
+        notes = ["the first left out, as in the per-rank table"] if self.first_step else []
+        if collectives and 0 < self.steps < self.last_step - self.first_step + 1:
+            notes.append(f"the {self.steps:,} steps whose collectives were recorded")
+        return f"{self.label()} ({'; '.join(notes)})" if notes else self.label()
 
     def label(self) -> str:
         """'steps 2-12', numbered from 1 as training scripts log them."""
@@ -297,38 +357,7 @@ _STRAGGLER_REMEDIES = ("look for work only this rank does (logging, checkpointin
 
 def _findings(arrivals: tuple[RankArrival, ...], window: _Window, peaks: dict[int, int], spread: float | None,
               skews: list[float], median_step: dict[int, float], slowest: dict[int, int]) -> tuple[Finding, ...]:
-    findings = []
-    all_step_s = sum(window.step_s.values())
-    left_out = " (the first left out, as in the per-rank table)" if window.first_step else ""
-    for arrival in arrivals:
-        # The waiting peers' own time: the wait as a share of the time they spent in these steps.
-        peers_step_s = all_step_s - window.step_s.get(arrival.rank, 0.0)
-        if not arrival.steady_matched or not window.steps or peers_step_s <= 0:
-            continue
-        caused_share = arrival.steady_caused_wait_s / peers_step_s
-        others = [a.steady_caused_wait_s for a in arrivals if a.rank != arrival.rank]
-        typical = sum(others) / len(others) if others else 0.0
-        persistent = arrival.steps_most_waited_for > STRAGGLER_STEPS_SHARE * window.steps
-        if (caused_share >= CAUSED_WAIT_SHARE and arrival.steady_caused_wait_s >= CAUSED_WAIT_DOMINANCE * typical
-                and persistent):
-            share = arrival.steady_last_arrivals / arrival.steady_matched
-            findings.append(Finding(
-                kind="straggler", severity=Severity.WARN if caused_share < 0.2 else Severity.CRITICAL,
-                title=f"rank {arrival.rank} arrives last at {share:.0%} of collectives",
-                rank=arrival.rank,
-                evidence=(f"over {window.label()}{left_out}: last at {arrival.steady_last_arrivals} of "
-                          f"{arrival.steady_matched} matched collectives; its peers waited for it the most in "
-                          f"{arrival.steps_most_waited_for} of {window.steps} steps",
-                          f"its peers waited {arrival.steady_caused_wait_s:.3f} s for it in all "
-                          f"({caused_share:.1%} of their own step time)",
-                          f"threshold: peers waiting at least {CAUSED_WAIT_SHARE:.0%} of their step time for it, "
-                          f"{CAUSED_WAIT_DOMINANCE:g}x the wait the other ranks cause, in more than "
-                          f"{STRAGGLER_STEPS_SHARE:.0%} of the steps"),
-                remedies=_STRAGGLER_REMEDIES,
-                metrics={"last_share": share, "caused_wait_s": arrival.steady_caused_wait_s,
-                         "caused_share": caused_share, "steps_most_waited_for": float(arrival.steps_most_waited_for),
-                         "steps": float(window.steps)},
-            ))
+    findings = list(_straggler_findings(arrivals, window))
     if spread is not None and spread >= MEMORY_IMBALANCE_SHARE:
         high = max(peaks, key=lambda r: peaks[r])
         low = min(peaks, key=lambda r: peaks[r])
@@ -347,30 +376,101 @@ def _findings(arrivals: tuple[RankArrival, ...], window: _Window, peaks: dict[in
             ))
     skew = statistics.median(skews) if skews else None
     if skew is not None and skew >= STEP_SKEW_SHARE and len(median_step) > 1:
-        findings.append(_step_skew_finding(skew, len(skews), median_step, slowest, window, left_out,
-                                           straggler=any(f.kind == "straggler" for f in findings)))
+        found = _step_skew_finding(skew, median_step, slowest, window,
+                                   straggler=any(f.kind == "straggler" for f in findings))
+        findings.extend(found)
     return tuple(findings)
 
 
-def _step_skew_finding(skew: float, steps: int, median_step: dict[int, float], slowest: dict[int, int],
-                       window: _Window, left_out: str, straggler: bool) -> Finding:
-    slow = max(median_step, key=median_step.__getitem__)
-    fast = min(median_step, key=median_step.__getitem__)
-    times_slowest = slowest.get(slow, 0)
+def _seconds(value: float) -> str:
+    return f"{value:.0f} s" if value >= 10 else f"{value:.2f} s" if value >= 1 else f"{value * 1e3:.0f} ms"
+
+
+def _would(ranks: int) -> str:
+    """What chance would do, as the evidence says it: among many ranks, any of them could have."""
+    return "that would happen" if ranks == 2 else f"one of the {ranks:,} ranks would do so"
+
+
+def _straggler_findings(arrivals: tuple[RankArrival, ...], window: _Window) -> list[Finding]:
+    """The ranks that computed longest in more steps than chance explains, at a cost to the others worth a
+    user's time. One trial a step, not a collective: one late forward makes a rank last at all of a
+    step's collectives, which are not independent draws."""
+    # Each step with a time on every rank and no tie has exactly one rank that computed longest.
+    trials = sum(a.steps_busiest for a in arrivals)
+    chance = wins_chance({a.rank: a.steps_busiest for a in arrivals}, trials, len(arrivals))
+    all_step_s = sum(window.step_s.values())
+    found = []
+    for arrival in arrivals:
+        # The waiting peers' own time: the wait as a share of the time they spent in these steps.
+        peers_step_s = all_step_s - window.step_s.get(arrival.rank, 0.0)
+        if not arrival.steady_matched or not window.steps or peers_step_s <= 0:
+            continue
+        caused_share = arrival.steady_caused_wait_s / peers_step_s
+        odds = chance.get(arrival.rank, 1.0)
+        per_peer_step_s = arrival.steady_caused_wait_s / (len(arrivals) - 1) / window.steps
+        if odds >= WARN_CHANCE or caused_share < CAUSED_WAIT_SHARE or per_peer_step_s < CAUSED_WAIT_MIN_STEP_S:
+            continue
+        critical = odds < CRITICAL_CHANCE and caused_share >= CAUSED_WAIT_SHARE_CRITICAL
+        found.append(_straggler_finding(arrival, window, len(arrivals), trials, odds, caused_share, critical))
+    return found
+
+
+def _straggler_finding(arrival: RankArrival, window: _Window, ranks: int, trials: int, odds: float,
+                       caused_share: float, critical: bool) -> Finding:
+    """What the others lost and who made them lose it first; then what was tested, in words."""
+    peers, their = ("rank 0" if arrival.rank else "rank 1", "its") if ranks == 2 else ("the other ranks", "their")
+    per_peer_step_s = arrival.steady_caused_wait_s / (ranks - 1) / window.steps
+    share = arrival.steady_last_arrivals / arrival.steady_matched
     return Finding(
+        kind="straggler", severity=Severity.CRITICAL if critical else Severity.WARN,
+        title=(f"{peers} waited {_seconds(arrival.steady_caused_wait_s)} for rank {arrival.rank}, "
+               f"{caused_share:.0%} of {their} step time"),
+        rank=arrival.rank,
+        evidence=(f"over {window.measured()}: rank {arrival.rank} computed longest (its step minus its time "
+                  f"blocked in collectives) in {arrival.steps_busiest} of {trials} steps; were no rank slower than "
+                  "the others, "
+                  f"{_would(ranks)} {odds_in_words(odds)}",
+                  f"{peers} lost {per_peer_step_s * 1e3:.1f} ms a step waiting for it "
+                  f"({_seconds(arrival.steady_caused_wait_s)} in all, {caused_share:.1%} of {their} step time); it "
+                  f"arrived last at {arrival.steady_last_arrivals} of {arrival.steady_matched} matched collectives",
+                  f"a warning needs odds under 1 in {1 / WARN_CHANCE:,.0f} and a wait of at least "
+                  f"{CAUSED_WAIT_SHARE:.0%} of the others' step time and {CAUSED_WAIT_MIN_STEP_S * 1e3:.0f} ms a step; critical, under 1 in "
+                  f"{1 / CRITICAL_CHANCE:,.0f} and {CAUSED_WAIT_SHARE_CRITICAL:.0%}"),
+        remedies=_STRAGGLER_REMEDIES,
+        metrics={"last_share": share, "caused_wait_s": arrival.steady_caused_wait_s, "caused_share": caused_share,
+                 "caused_wait_per_step_s": per_peer_step_s,
+                 "steps_busiest": float(arrival.steps_busiest), "steps_most_waited_for":
+                 float(arrival.steps_most_waited_for), "steps": float(trials),
+                 "chance": odds},
+    )
+
+
+def _step_skew_finding(skew: float, median_step: dict[int, float], slowest: dict[int, int], window: _Window,
+                       straggler: bool) -> tuple[Finding, ...]:
+    """Step times that differ, with the rank whose step was the longest in more steps than chance
+    explains; none where the longest step moves from rank to rank (jitter, not a slow rank)."""
+    trials = sum(slowest.values())
+    chance = wins_chance(slowest, trials, len(median_step))
+    slow = min(chance, key=lambda r: (chance[r], -slowest[r], r), default=None)
+    if slow is None or chance[slow] >= WARN_CHANCE:
+        return ()
+    fast = min(median_step, key=median_step.__getitem__)
+    return (Finding(
         kind="step_skew", severity=Severity.INFO,
         title=f"step times differ by {skew:.0%} across ranks (median over steps); rank {slow} is the slowest",
         rank=slow,
-        evidence=(f"median step time over {window.label()}{left_out}: rank {slow} {median_step[slow] * 1e3:.1f} ms "
-                  f"(the longest step in {times_slowest} of {steps} steps), rank {fast} "
+        evidence=(f"over {window.measured(collectives=False)}: rank {slow} had the longest step in {slowest[slow]} of "
+                  f"{trials} steps; were no rank slower than the others, {_would(len(median_step))} "
+                  f"{odds_in_words(chance[slow])}",
+                  f"median step time: rank {slow} {median_step[slow] * 1e3:.1f} ms, rank {fast} "
                   f"{median_step[fast] * 1e3:.1f} ms",
-                  f"threshold: (slowest - fastest) / median step time of {STEP_SKEW_SHARE:.0%}, the median over "
-                  "steps",
+                  f"said from (slowest - fastest) / median step time of {STEP_SKEW_SHARE:.0%}, the median over "
+                  f"steps, with odds under 1 in {1 / WARN_CHANCE:,.0f}",
                   "data-parallel ranks wait for each other, so their step times should agree"),
         remedies=(("see the straggler finding for the rank that makes the others wait",) if straggler else
                   ("no rank makes the others wait in most steps: compare what each rank does between its "
                    "collectives (data loading, logging, uneven batches)",)),
         metrics={"median_skew": skew, "threshold": STEP_SKEW_SHARE, "slowest_median_step_s": median_step[slow],
-                 "fastest_median_step_s": median_step[fast], "slowest_steps": float(times_slowest),
-                 "steps": float(steps)},
-    )
+                 "fastest_median_step_s": median_step[fast], "slowest_steps": float(slowest[slow]),
+                 "steps": float(trials), "chance": chance[slow]},
+    ),)
