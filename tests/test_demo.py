@@ -23,7 +23,7 @@ from zeromon.demo import SCENARIOS
 
 from conftest import REPO, child_env, free_port, zeromon
 
-STEPS = "20"  # enough for every finding (a straggler needs 8 steps of every rank; a trend 7): ~7 s of training
+STEPS = "20"  # enough for every finding (a live straggler needs 10 steps of every rank; a trend 7)
 # What the TUI's findings panel says for each scenario (the live analyses' titles).
 ON_SCREEN = {
     "leak": re.compile(r"memory grows [\d.]+ MiB per step: capacity in ~\d+ steps"),
