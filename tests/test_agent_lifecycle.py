@@ -74,7 +74,7 @@ def test_a_sigterm_inside_the_main_threads_write_of_a_notice_ends_the_recording_
             agent = zeromon_agent.attach(out_dir=os.path.join(sys.argv[1], str(k)), endpoint=False)
             lines = []
             def tracer(frame, event, arg):
-                if event == "line" and agent._writing_depth:
+                if event == "line" and agent.exits.writing_depth:
                     lines.append(frame.f_lineno)
                     if len(lines) == k:
                         os.kill(os.getpid(), signal.SIGTERM)

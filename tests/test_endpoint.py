@@ -467,7 +467,7 @@ def test_port_falls_to_the_next_free_one_and_says_so(recorder: Recorder, tmp_pat
         port = endpoint.entry.port
         assert base < port <= base + 64
         assert fetch(endpoint.url, "/healthz")[0] == 200
-        notices = [n.message for n in recorder.notices if n.source == "endpoint"]
+        notices = [n.message for n in recorder.live.notices if n.source == "endpoint"]
         assert any(f"port {base}" in m and "is taken" in m and f"listens on {port}" in m for m in notices), notices
     finally:
         if endpoint is not None:

@@ -189,7 +189,7 @@ def test_a_wildcard_bind_without_a_token_is_a_warning_notice(tmp_path: Path) -> 
                                    address="0.0.0.0", base_port=0, token=None, registry_folder=tmp_path / "registry",
                                    notice=recorder.notice)
     try:
-        warned = [n for n in recorder.notices if n.source == "endpoint" and "without ZEROMON_TOKEN" in n.message]
+        warned = [n for n in recorder.live.notices if n.source == "endpoint" and "without ZEROMON_TOKEN" in n.message]
         assert len(warned) == 1 and warned[0].level == "warning" and "0.0.0.0" in warned[0].message
     finally:
         endpoint.stop()
@@ -202,7 +202,7 @@ def test_a_wildcard_bind_without_a_token_is_a_warning_notice(tmp_path: Path) -> 
                                    notice=recorder.notice)
     loopback.stop()
     recorder.stop()
-    assert len([n for n in recorder.notices if "without ZEROMON_TOKEN" in n.message]) == 1
+    assert len([n for n in recorder.live.notices if "without ZEROMON_TOKEN" in n.message]) == 1
 
 
 # --- any request at all (hypothesis) ---------------------------------------------------------------------

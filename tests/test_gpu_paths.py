@@ -67,7 +67,7 @@ def test_cuda_events_time_a_collective_without_host_sync() -> None:
     state.push((RAW_COLLECTIVE, 1, "all_reduce", "all_reduce", 100, 200, 4096, 4096, torch.bfloat16, None, False,
                 None, "backward", 0, pair, False, None))
     rec._drain(final=False)
-    (event,) = [r for _, r in rec.recent_records() if type(r).__name__ == "CollectiveEvent"]
+    (event,) = [r for _, r in rec.live.recent_records() if type(r).__name__ == "CollectiveEvent"]
     assert event.timing == "cuda_event"
     # Calibration recorded one more event 1.5 ms after the end event: start = ref - 3 ms, end = ref - 1.5 ms.
     assert event.complete_ns - event.issue_ns == 1_500_000
@@ -84,7 +84,7 @@ def test_async_collective_ends_at_its_wait_on_the_stream() -> None:
                 True, object(), "forward", 0, pair, False, None))
     state.push((RAW_WAIT, 7, 300, 900, False, timer.after_wait(), None, 0))  # no wait-start event: the pool ran dry
     rec._drain(final=False)
-    (event,) = [r for _, r in rec.recent_records() if type(r).__name__ == "CollectiveEvent"]
+    (event,) = [r for _, r in rec.live.recent_records() if type(r).__name__ == "CollectiveEvent"]
     assert event.timing == "cuda_event" and event.async_op
     assert event.complete_ns - event.issue_ns == 1_500_000
     assert event.blocked_s == pytest.approx(600e-9)

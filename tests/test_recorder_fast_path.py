@@ -171,16 +171,16 @@ def test_the_collectives_a_recorder_writes_and_publishes_are_the_plain_path_s(ra
         recorder.stop()
         expected = [_plain_event(3, recorder.clock_offset_ns, seq, raw) for seq, raw in enumerate(raws, start=1)]
         assert [r for r in iter_records(path) if isinstance(r, CollectiveEvent)] == expected
-        published = [(cursor, r) for cursor, r in recorder.recent_records() if isinstance(r, CollectiveEvent)]
+        published = [(cursor, r) for cursor, r in recorder.live.recent_records() if isinstance(r, CollectiveEvent)]
         assert [r for _, r in published] == expected
-        assert [cursor for cursor, _ in recorder.recent_records()] == list(range(1, recorder.cursor + 1))
+        assert [cursor for cursor, _ in recorder.live.recent_records()] == list(range(1, recorder.live.cursor + 1))
         totals = LiveTotals()
         for event in expected:
             duration = event.duration_s
             bandwidth = event_bandwidth(event) if duration else None
             totals.count_collective(event, duration, bandwidth[1] if bandwidth is not None else None)
-        assert recorder.totals.collectives == totals.collectives
-        assert {op: list(v) for op, v in recorder.totals.busbw.items()} == {op: list(v) for op, v in totals.busbw.items()}
+        assert recorder.live.totals.collectives == totals.collectives
+        assert {op: list(v) for op, v in recorder.live.totals.busbw.items()} == {op: list(v) for op, v in totals.busbw.items()}
 
 
 def _plain_encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]]) -> tuple[bytes, dict[str, list[Any]]]:
@@ -375,10 +375,10 @@ def test_the_synchronous_fast_path_records_summarizes_and_counts_what_the_genera
             fast, fast_recorder = _record_all(raws, path, 10**18, Path(tmp))
             assert [encode_record(r) for r in fast] == [encode_record(r) for r in plain], path
             assert any(isinstance(r, StepSummary) and r.collectives for r in fast)
-            assert [r for _, r in fast_recorder.recent_records()] == [r for _, r in plain_recorder.recent_records()]
-            assert fast_recorder.totals.collectives == plain_recorder.totals.collectives
-            assert {op: list(v) for op, v in fast_recorder.totals.busbw.items()} == \
-                {op: list(v) for op, v in plain_recorder.totals.busbw.items()}
+            assert [r for _, r in fast_recorder.live.recent_records()] == [r for _, r in plain_recorder.live.recent_records()]
+            assert fast_recorder.live.totals.collectives == plain_recorder.live.totals.collectives
+            assert {op: list(v) for op, v in fast_recorder.live.totals.busbw.items()} == \
+                {op: list(v) for op, v in plain_recorder.live.totals.busbw.items()}
             assert fast_recorder.events_finalized == plain_recorder.events_finalized == len(raws) + 1
 
 
@@ -532,7 +532,7 @@ def test_a_memory_sample_made_with_its_slots_set_is_the_constructor_s(values: li
     state.control.append((RAW_MEMORY, "backward", 4, 2000, {**fields, "unknown_field": 1}))  # refused, as before
     with pytest.raises(TypeError):
         recorder._drain(final=True)
-    made = [r for _, r in recorder.recent_records()] or list(map(materialize, recorder._unreleased))
+    made = [r for _, r in recorder.live.recent_records()] or list(map(materialize, recorder._unreleased))
     assert made == [MemorySample(rank=2, step=4, phase="forward", t_ns=1000 + recorder.clock_offset_ns, **fields)]
     assert encode_record(made[0]) == encode_record(MemorySample(rank=2, step=4, phase="forward",
                                                                t_ns=1000 + recorder.clock_offset_ns, **fields))
@@ -586,7 +586,7 @@ def test_host_phase_spans_finished_a_column_at_a_time_are_the_ones_finished_one_
         batch, batch_recorder = _record_phases(changes, cuts, True, Path(tmp))
         plain, plain_recorder = _record_phases(changes, cuts, False, Path(tmp))
     assert [encode_record(r) for r in batch] == [encode_record(r) for r in plain]
-    assert [r for _, r in batch_recorder.recent_records()] == [r for _, r in plain_recorder.recent_records()]
+    assert [r for _, r in batch_recorder.live.recent_records()] == [r for _, r in plain_recorder.live.recent_records()]
     if any(change == "step-end" for change, _ in changes):
         assert any(isinstance(r, StepSummary) for r in batch)
     if any(change != "step-end" and gap > 0 for change, gap in changes):  # a phase of some length closed

@@ -1,55 +1,32 @@
-"""The in-rank agent: wires the hooks, the memory sampler, the recorder and the exit handlers."""
+"""The in-rank agent: wires the hooks, the memory watch (memory_watch.py), the recorder and the exit handlers
+(exits.py), and says what the run is (its run info)."""
 
 from __future__ import annotations
 
-import atexit
-import contextlib
-import gc
 import logging
-import math
 import os
-import signal
 import sys
-import threading
 import time
 import weakref
-from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
-from zeromon.model.events import END_DETACH, END_EXIT
+from zeromon.model.events import END_DETACH
 from zeromon.model.jsonl import RecordingWriter
 from zeromon.model.kinds import rank_file_name
 from zeromon.model.segments import CompactWriter
 from zeromon_agent import collectives, ddp
-from zeromon_agent.activations import SavedTensorMeter
 from zeromon_agent.config import AgentConfig
-from zeromon_agent.memory import (
-    Categorizer,
-    CudaMemory,
-    LocalRankCount,
-    cpu_capacity,
-    launched_local_ranks,
-    local_ranks,
-    process_rss,
-)
-from zeromon_agent.peaks import MemoryPoints, PeakSearch
+from zeromon_agent.exits import ExitHandlers
+from zeromon_agent.memory_watch import MemoryWatch
 from zeromon_agent.phases import PhaseTracker
 from zeromon_agent.recorder import Recorder
-from zeromon_agent.signals import SigtermWatch, die_by
-from zeromon_agent.state import RAW_MEMORY, RAW_OOM, STATE, HotState, perf_ns
+from zeromon_agent.state import STATE, HotState
 
 if TYPE_CHECKING:
     from zeromon_agent.figures import StepFigures
 
 log = logging.getLogger("zeromon.agent")
-
-# A SIGTERM the main thread cannot handle (signals.SigtermWatch): the recording's end is written within this, or
-# the rank dies without it (launchers send SIGKILL after a grace period of their own, often 30 s).
-STOP_WITHIN_S = 3.0
-# Keep the category walk (and activation counting) under this share of step time when
-# ZEROMON_MEMORY_EVERY=auto.
-_WALK_BUDGET = 0.0025
 
 
 def _dist_identity() -> tuple[int, int, int, str | None]:
@@ -118,10 +95,6 @@ def shared_run_id() -> str | None:
         return None
 
 
-# The step at whose memory sample the ranks on this host are read from the store (memory.LocalRankCount):
-# every rank has joined by then, since the first steps' collectives needed them all.
-LOCAL_COUNT_STEP = 2
-
 class Agent:
     def __init__(self, config: AgentConfig, state: HotState = STATE) -> None:
         self.config = config
@@ -133,43 +106,15 @@ class Agent:
         self.job = config.job or default_job()
         self.run_dir = Path(config.out_dir) if config.out_dir else default_run_dir()
         self.tracker = PhaseTracker(state, on_boundary=self._on_boundary)
-        self.meter = SavedTensorMeter() if config.activations else None
-        self.categorizer = Categorizer()
-        self._walk_this_forward = False
-        # The moments of a walk step (peaks.MemoryPoints), reported through the tracker's guarded,
-        # timed boundary so that the time spent there is the agent's, not the forward's or backward's.
-        self.points = MemoryPoints(self._memory_point)
-        self.search = PeakSearch()
-        self._walk_spent_s = 0.0
+        # The moments of a walk step go through the tracker's guarded, timed boundary (_memory_point).
+        self.memory = MemoryWatch(config, state, self._training_objects, self._memory_point, self.notice)
         self.recorder: Recorder | None = None
-        self.cuda_memory: CudaMemory | None = None
-        self.device_name = "cpu"
-        self.capacity: int | None = None
-        # The ranks on this host where no launcher said (memory.LocalRankCount): joined at the first step's
-        # memory sample, read at LOCAL_COUNT_STEP's; None once done or not needed.
-        self._local_count: LocalRankCount | None = None
+        self.exits = ExitHandlers(self.stop, self._say_progress)
         self.started = False
         self._framework_known = False
         self._ddp_checked: weakref.ref[Any] | None = None  # the root last looked at for DDP (inside wrappers)
         self._optimizer_announced = False
         self._first_step_described = False  # the run info written again once the first step has ended
-        self._walk_cost_s = 0.0
-        self._last_walk_step = -(10**9)
-        self._step_started: tuple[int, float] | None = None  # (step, perf_counter at its first forward)
-        self._step_s: float | None = None
-        self._previous_sigterm: Any = None
-        self._pid = os.getpid()  # a forked child inherits the agent: it must not end its parent's recording
-        self._sigterm_watch: SigtermWatch | None = None  # stops the rank when its main thread cannot run the handler
-        self._stop_lock = threading.RLock()  # RLock: SIGTERM may arrive while atexit is stopping
-        # The thread inside stop() (threading.get_ident), and a SIGTERM that arrived there: acted on once the
-        # recording is ended (_on_sigterm).
-        self._stopping_thread: int | None = None
-        self._signal_after_stop: tuple[int, Any] | None = None
-        # The main thread inside one of the recorder's locked writes (_writing), and a SIGTERM that arrived there.
-        self._writing_depth = 0
-        self._signal_after_write: tuple[int, Any] | None = None
-        self._ending: tuple[str, str | None] | None = None  # (RunEnd.how, detail) seen by the excepthook
-        self._exit_status = 0  # of the last sys.exit() in the main thread
         self.endpoint: Any = None  # zeromon_agent.endpoint.AgentEndpoint while it serves
         self._figures_live: Any = None  # snapshot.LiveData of latest_step_figures() where no endpoint serves
 
@@ -200,22 +145,14 @@ class Agent:
         capacity_note = ""
         if torch.cuda.is_available():
             cuda_index = torch.cuda.current_device()
-            self.device_name = f"cuda:{cuda_index}"
-            self.cuda_memory = CudaMemory(cuda_index)
+            self.memory.use_cuda(cuda_index)
             from zeromon_agent.cuda import CudaTimer
 
             self.state.device_timer = CudaTimer.create(torch)
             self.state.device_timing_every = self.config.device_timing_every
             self.state.time_step()
         else:
-            # Where no launcher says how many ranks this host runs and there are several in all, they are counted on
-            # the store once training runs (_count_local_ranks); until then the note claims no count.
-            counted_later = launched_local_ranks() is None and self.world_size > 1
-            self.capacity, capacity_note = cpu_capacity(None if counted_later else local_ranks())
-            if self.config.cpu_capacity:
-                self.capacity, capacity_note = self.config.cpu_capacity, "capacity set by ZEROMON_CPU_CAPACITY"
-            elif counted_later:
-                self._local_count = LocalRankCount()
+            capacity_note = self.memory.use_cpu(self.world_size)
 
         writer = None
         if self.config.record:
@@ -248,8 +185,8 @@ class Agent:
         elif device is not None and not device.available:
             self.notice("warning", "nvml", device.reason)
         if cuda_index is not None:
-            self._setup_oom_observer(torch)
-        self.recorder.progress.model_of = self._walked_model
+            self.memory.observe_oom(torch, self.run_dir, self.rank)
+        self.recorder.progress.model_of = self.memory.walked_model
         self.recorder.start()
         self._start_endpoint()
 
@@ -259,9 +196,7 @@ class Agent:
         if self.tracker.root is None:
             self.tracker.watch_for_root()
         self._write_run_info()
-        atexit.register(self._at_exit)
-        self._install_sigterm()
-        self._install_excepthook()
+        self.exits.install()
         self.started = True
         self.state.enabled = True
         return self
@@ -289,39 +224,28 @@ class Agent:
     def stop(self, how: str = END_DETACH, detail: str | None = None) -> None:
         """Flush and close, ending the recording with how the rank ended (RunEnd.how; by default the
         agent was stopped on purpose). Safe to call more than once, from atexit or a signal handler."""
-        if os.getpid() != self._pid:
+        if self.exits.forked():
             return  # a forked child (a DataLoader worker): the recording and the endpoint are its parent's
-        with self._stop_lock:
+        with self.exits.stopping():  # a SIGTERM meanwhile goes as it would have gone, once the end is written
             if not self.started:
                 return
             self.started = False
             self.state.enabled = False
-            self._stopping_thread = threading.get_ident()
-            previous_sigterm = self._previous_sigterm
-            try:
-                self._stop_parts(how, detail)
-            finally:
-                self._stopping_thread = None
-        pending, self._signal_after_stop = self._signal_after_stop, None
-        if pending is not None:  # a SIGTERM that came during the stop: as it would have gone, now that the end is written
-            self._after_sigterm(previous_sigterm, *pending)
+            self._stop_parts(how, detail)
 
     def _stop_parts(self, how: str, detail: str | None) -> None:
         """stop()'s work, under its lock: the hooks off, the recording ended, the endpoint closed."""
         # Where the rank is, while the model is still known (the submodule a blocked collective serves).
         progress = self.recorder.final_progress(how) if self.recorder is not None else None
         try:
-            if self.meter is not None:
-                self.meter.stop()
-                self.meter.release()
-            self.points.close()
+            self.memory.close()
             self.tracker.close()
         except Exception as exc:  # noqa: BLE001
             log.warning("zeromon: error while stopping the agent: %r", exc)
         # The training's objects are let go, whatever the hooks' removal met: held on, a DDP or FSDP model kept
         # its process group past the script's destroy_process_group, and with it gloo's worker threads, which
         # then ran on into the interpreter's exit (where gloo can abort a finished rank).
-        self.categorizer.release()
+        self.memory.release()
         self.model = self.optimizer = self.engine = None
         try:
             if self.recorder is not None:
@@ -341,150 +265,17 @@ class Agent:
                 endpoint.stop()
             except Exception as exc:  # noqa: BLE001
                 log.warning("zeromon: error while stopping the endpoint: %r", exc)
-        if self._sigterm_watch is not None:
-            self._sigterm_watch.stop()
-        if self._previous_sigterm is not None and threading.current_thread() is threading.main_thread():
-            try:
-                signal.signal(signal.SIGTERM, self._previous_sigterm)
-            except (ValueError, OSError):
-                pass
-            self._previous_sigterm = None
-
-    def _at_exit(self) -> None:
-        """atexit: the interpreter is ending, after an uncaught exception if the hook below saw one."""
-        ending = self._ending
-        if ending is None and self._exit_status:
-            ending = (f"{END_EXIT} {self._exit_status}", None)
-        self.stop(*(ending if ending is not None else (END_EXIT, None)))
-        # What the stop let go of (a model, its process groups: often in reference cycles) is collected now, while
-        # the interpreter is whole; left to the finalization's collection, a group's gloo workers would still
-        # run there, where gloo can abort a rank that finished. A pause at exit only, never in training.
-        try:
-            gc.collect()
-        except Exception:  # noqa: BLE001, S110 - nothing at exit may fail because of zeromon
-            pass
-
-    def _install_excepthook(self) -> None:
-        """Note the exception that ends the script, for the end record; then the hook that was there
-        (the user's, or Python's, which prints the traceback) runs as before."""
-        previous = sys.excepthook
-
-        def excepthook(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
-            try:
-                if self._ending is None:
-                    self._ending = (f"exception {exc_type.__name__}", str(exc)[:500] or None)
-            except Exception:  # noqa: BLE001 - never in the way of the traceback
-                pass
-            previous(exc_type, exc, tb)
-
-        sys.excepthook = excepthook
-        self._install_exit_note()
-
-    def _install_exit_note(self) -> None:
-        """Note the status of sys.exit() in the main thread ("exit 1"; argparse's errors and `sys.exit(main())`
-        end this way), for the end record: atexit cannot see it, and a rank that exits 1 has failed. The
-        call goes on as before; the last call noted wins (a SystemExit caught, then sys.exit(0), is clean).
-        ``raise SystemExit(n)`` itself is not seen: it reads as a clean exit."""
-        previous = sys.exit
-
-        def exit(status: object = None) -> NoReturn:  # noqa: A001 - sys.exit's own name
-            try:
-                if threading.current_thread() is threading.main_thread():
-                    code = status if isinstance(status, int) or status is None else 1  # a message: status 1
-                    self._exit_status = int(code or 0)
-            except Exception:  # noqa: BLE001 - never in the way of the exit
-                pass
-            previous(status)  # type: ignore[arg-type]  # sys.exit takes any object (printed unless an int)
-            raise SystemExit(status)  # not reached: for a previous sys.exit that returned
-
-        sys.exit = exit
-
-    def _install_sigterm(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        try:
-            previous = signal.getsignal(signal.SIGTERM)
-            signal.signal(signal.SIGTERM, self._on_sigterm)
-            self._previous_sigterm = previous
-        except (ValueError, OSError):
-            return
-        watch = SigtermWatch(self._on_sigterm_blocked)
-        if watch.start():
-            self._sigterm_watch = watch
-
-    def _on_sigterm_blocked(self) -> None:
-        """A SIGTERM whose handler the main thread has not run (it is blocked in C code: a collective that does not
-        complete), from the signal watch's thread: what the handler would do, so that the rank stops as promptly
-        as it would without zeromon, its recording saying where it was."""
-        previous = self._previous_sigterm
-        if previous == signal.SIG_IGN:
-            return
-        if signal.getsignal(signal.SIGTERM) != self._on_sigterm:  # the program set its own handler since: its call
-            return
-        if callable(previous):  # the program's own handler runs once the main thread is back, as without zeromon
-            if self.recorder is not None:
-                self.recorder.say_progress("signal SIGTERM")
-            return
-        # The main thread may hold a lock the stop needs (blocked in C code inside a write): the rank dies by the
-        # signal after STOP_WITHIN_S all the same.
-        stopper = threading.Thread(target=self.stop, args=("signal SIGTERM",), name="zeromon-sigterm", daemon=True)
-        stopper.start()
-        stopper.join(STOP_WITHIN_S)
-        die_by(signal.SIGTERM)
-
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        if os.getpid() != self._pid:  # a forked child that inherited the handler: what SIGTERM did before zeromon
-            self._after_sigterm(self._previous_sigterm, signum, frame)
-            return
-        if self._sigterm_watch is not None:
-            self._sigterm_watch.handled()
-        if self._writing_depth:
-            # The main thread (where handlers run) holds a lock of the recorder's that stop() takes: stopping
-            # here would wait for it forever. Acted on as the write ends (_writing), microseconds later.
-            self._signal_after_write = (signum, frame)
-            return
-        if self._stopping_thread == threading.get_ident():
-            # This thread is inside stop() (atexit after an exception, say, as the launcher stops the other ranks):
-            # dying now would lose the end record it is writing. stop() acts on the signal once it is written.
-            self._signal_after_stop = (signum, frame)
-            return
-        previous = self._previous_sigterm
-        self.stop(f"signal {signal.Signals(signum).name}")  # flushes the recording and ends it
-        self._after_sigterm(previous, signum, frame)
-
-    @contextlib.contextmanager
-    def _writing(self) -> Iterator[None]:
-        """Around a record the main thread writes through the recorder's locks (a notice, the run info): a
-        SIGTERM whose handler runs inside is acted on once the locks are let go."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        self._writing_depth += 1
-        try:
-            yield
-        finally:
-            self._writing_depth -= 1
-            pending = self._signal_after_write if not self._writing_depth else None
-            if pending is not None:
-                self._signal_after_write = None
-                self._on_sigterm(*pending)
+        self.exits.uninstall()
 
     def notice(self, level: str, source: str, message: str) -> None:
         """A Notice in the recording and the live views (none without a recorder)."""
         if self.recorder is not None:
-            with self._writing():
+            with self.exits.writing():
                 self.recorder.notice(level, source, message)
 
-    @staticmethod
-    def _after_sigterm(previous: Any, signum: int, frame: Any) -> None:
-        """What SIGTERM did before zeromon's handler: the previous handler, nothing, or death by the signal."""
-        if callable(previous):
-            previous(signum, frame)
-        elif previous == signal.SIG_IGN:
-            return
-        else:  # default action: die by the same signal, as the launcher expects
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
+    def _say_progress(self, reason: str) -> None:
+        if self.recorder is not None:
+            self.recorder.say_progress(reason)
 
     def _start_endpoint(self) -> None:
         """Serve /metrics and the snapshot. Binding is immediate; any failure is a Notice, never an error."""
@@ -556,9 +347,9 @@ class Agent:
             framework = runinfo.detect(model=model, optimizer=optimizer, engine=engine)
             self._framework_known = framework["framework"] != "unknown"
             info = runinfo.build(self.rank, self.local_rank, self.world_size, self.job, self.backend,
-                                 self.device_name, framework)
+                                 self.memory.device_name, framework)
             if self.recorder is not None:
-                with self._writing():
+                with self.exits.writing():
                     self.recorder.set_run_info(info)
         except Exception as exc:  # noqa: BLE001
             self.state.hook_error("run_info", exc)
@@ -581,49 +372,27 @@ class Agent:
             self.engine = root
             self.tracker.watch_engine(root)
 
-    # --- memory -----------------------------------------------------------------------------------
-    # Every step: a sample (allocator totals or RSS) at the forward's, the backward's and the step's
-    # end. In a walk step (_walk_due: within _WALK_BUDGET of step time) also the categories: at the
-    # forward's end, and at the moments inside the forward and the backward that peaks.MemoryPoints
-    # names, keeping the highest of each: "forward_peak" and "backward_peak" samples. The highest is
-    # by the allocator's allocated bytes on GPU (one read per moment, a walk only at a new high) and
-    # by the categories' sum on CPU, which has no allocator count (a walk of what moves per moment).
+    # --- the phases' boundaries ------------------------------------------------------------------
     def _on_boundary(self, what: str) -> None:
-        if what == "forward_start":
-            step = self.state.step
-            if self._step_started is None or self._step_started[0] != step:
-                self._step_started = (step, time.perf_counter())
-            if not self._framework_known:
-                self._maybe_adopt_engine()
-                self._write_run_info()
-            self._finish_search()  # a forward with no backward after it (evaluation)
-            self._walk_this_forward = self._walk_due()
-            if self._walk_this_forward:
-                self._begin_search()
-            return
+        memory = self.memory
         if what == "forward_point" or what == "backward_point":
-            self._at_point()
-            return
-        if what == "forward_end":
-            if self._walk_this_forward:
-                self._end_forward_search()
-            else:
-                self.sample_memory("forward", categories=False)
-            self._walk_this_forward = False
+            memory.at_point()
+        elif what == "forward_start":
+            memory.time_step()
+            if not self._framework_known:
+                self._maybe_adopt_engine()  # before the walks, which look at the engine it finds
+                self._write_run_info()
+            memory.forward_start()
+        elif what == "forward_end":
+            memory.forward_end()
         elif what == "backward_end":
-            if self.search.best is not None:
-                self._end_backward_search()
-            else:
-                self.sample_memory("backward", categories=False)
+            memory.backward_end()
         elif what == "optimizer_start":
             if self.started and self.optimizer is None and not self._optimizer_announced:
                 self._optimizer_announced = True
                 self._write_run_info()  # the optimizer is known before it allocates its state
         elif what == "step_end":
-            started = self._step_started
-            if started is not None and started[0] == self.state.step:
-                self._step_s = time.perf_counter() - started[1]  # first forward to optimizer step
-            self.sample_memory("optimizer", categories=False)
+            memory.step_end()
             if self.started and not self._first_step_described:
                 # What the first forward settles is read after it: FSDP2 keeps its root gathered after forward
                 # from its lazy init on. Under optimizer.step(closure) (Lightning's Trainer) the optimizer's
@@ -634,215 +403,8 @@ class Agent:
     def _memory_point(self, what: str) -> None:
         self.tracker._boundary(what)
 
-    def _walk_due(self) -> bool:
-        """Whether this forward starts a walk step (at most one a step): the categories at its end and
-        the peaks of its forward and backward. ``_walk_cost_s`` is what the last walk step cost."""
-        step = self.state.step
-        if step >= 1 > self._last_walk_step:
-            return True  # the first step after the first optimizer step: its state exists from now on
-        if self.config.memory_every:
-            every = self.config.memory_every
-        elif self._step_s and self._walk_cost_s:
-            every = max(1, math.ceil(self._walk_cost_s / (_WALK_BUDGET * self._step_s)))
-        else:
-            every = 1
-        return step - self._last_walk_step >= every
-
-    def _walked_model(self) -> Any:
-        """The module whose FSDP2 units or blocks hold the moments (a DeepSpeed engine's module)."""
-        model = getattr(self.engine, "module", None) if self.engine is not None else None
-        if model is None:
-            model = self.model if self.model is not None else self.tracker.root
-        return model
-
-    def _begin_search(self) -> None:
-        w0 = time.perf_counter()
-        self._walk_spent_s = 0.0
-        self.search.begin_step()
-        self.search.begin_phase("forward")
-        # What holds still (parameter shards, buffers, optimizer state) once; each moment of this
-        # forward and its backward then walks only what moves.
-        self.categorizer.walk_still(model=self.model if self.model is not None else self.tracker.root,
-                                    optimizer=self._walked_optimizer(), engine=self.engine)
-        if self.meter is not None:
-            # Activations are counted in the walk steps only: the pack hook is a cost per saved
-            # tensor, so it follows the same budget.
-            self.meter.start(self.categorizer.buffer_pointers())
-        self.points.arm(self._walked_model())
-        self._walk_spent_s += time.perf_counter() - w0
-
-    def _at_point(self) -> None:
-        """A moment inside this walk step's forward or backward: kept if memory is the highest yet."""
-        search = self.search
-        if search.best is None or not search.wants():
-            return
-        w0 = time.perf_counter()
-        t = perf_ns()
-        try:
-            if self.cuda_memory is not None:
-                level = self.cuda_memory.allocated()
-                if level is None or level <= search.best.level:
-                    return
-                cats = self._categories(moving=True)
-            else:
-                cats = self._categories(moving=True)
-                level = sum(cats.values())
-                if level <= search.best.level:
-                    return
-            search.offer(level, t, self._memory_fields(cats))
-        finally:
-            self._walk_spent_s += time.perf_counter() - w0
-
-    def _end_forward_search(self) -> None:
-        """The forward's end (the ``forward`` sample, always walked) is its last moment; then the
-        forward's peak."""
-        w0 = time.perf_counter()
-        search = self.search
-        if self.meter is not None:
-            self.meter.stop()  # its alive bytes follow the frees through the backward
-        t = perf_ns()
-        fields = self._memory_fields(self._categories(moving=True))
-        self._last_walk_step = self.state.step
-        if search.best is not None:
-            search.wants()  # counted: the end is always looked at
-            level = self._level(fields)
-            if level is not None:
-                search.offer(level, t, fields)
-            peak = search.end_phase()
-            if peak is not None and peak.fields is not None:  # fields: for mypy; end_phase checks
-                self._push_memory("forward_peak", peak.t, peak.fields)
-            search.begin_phase("backward")
-        self._push_memory("forward", t, fields)
-        self._walk_spent_s += time.perf_counter() - w0
-
-    def _end_backward_search(self) -> None:
-        """The backward's end is its last moment (all gradients there), then the backward's peak."""
-        w0 = time.perf_counter()
-        self._at_point()
-        t = perf_ns()
-        fields = self._memory_fields({})
-        peak = self.search.end_phase()
-        if peak is not None and peak.fields is not None:
-            self._push_memory("backward_peak", peak.t, peak.fields)
-        self._push_memory("backward", t, fields)
-        self._walk_spent_s += time.perf_counter() - w0
-        self._finish_search()
-
-    def _finish_search(self) -> None:
-        if self.search.best is None and not self.points.armed:
-            return
-        self.search.end_step()
-        self.points.disarm()
-        if self.meter is not None:
-            self.meter.stop()
-            self.meter.release()
-        self._walk_cost_s = self._walk_spent_s
-
-    def _walked_optimizer(self) -> Any:
-        return self.optimizer if self.optimizer is not None else self.tracker.optimizer
-
-    def _categories(self, moving: bool) -> dict[str, int]:
-        if moving:
-            cats = self.categorizer.categorize_moving()
-        else:
-            cats = self.categorizer.categorize(model=self.model if self.model is not None else self.tracker.root,
-                                               optimizer=self._walked_optimizer(), engine=self.engine)
-        if self.meter is not None and self.points.armed:
-            cats["activations"] = self.meter.alive_bytes
-        return cats
-
-    def _level(self, fields: dict[str, Any]) -> int | None:
-        """What "highest" compares: allocated bytes on GPU, the categories' sum on CPU."""
-        if self.cuda_memory is not None:
-            return fields.get("allocated")
-        cats = fields.get("categories")
-        return sum(cats.values()) if cats else None
-
-    def sample_memory(self, phase: str, categories: bool, activations: int | None = None) -> None:
-        """Take a memory sample at the end of ``phase`` (with the category walk if asked)."""
-        t = perf_ns()
-        cats: dict[str, int] = {}
-        if categories:
-            w0 = time.perf_counter()
-            cats = self._categories(moving=False)
-            self._walk_cost_s = time.perf_counter() - w0
-            self._last_walk_step = self.state.step
-        if activations is not None:
-            cats["activations"] = activations
-        if self._local_count is not None:
-            self._count_local_ranks(self._local_count)
-        self._push_memory(phase, t, self._memory_fields(cats))
-
-    def _count_local_ranks(self, count: LocalRankCount) -> None:
-        """The host's share of its memory per rank where no launcher said how many ranks it runs: each rank
-        joins the count at its first sample, and reads it at LOCAL_COUNT_STEP (two store round trips, once)."""
-        try:
-            if not count.joined:
-                if not count.join():
-                    return
-            if self.state.step < LOCAL_COUNT_STEP:
-                return
-            self._local_count = None
-            ranks = count.read()
-            if ranks is None or ranks == 1:
-                return
-            self.capacity, note = cpu_capacity(ranks)
-            self.notice("info", "device", f"{note} (ranks on this host counted on the process group's store: "
-                        "the launcher set no LOCAL_WORLD_SIZE)")
-        except Exception as exc:  # noqa: BLE001 - the launcher's word (or 1) stands
-            self._local_count = None
-            self.state.hook_error("local_ranks", exc)
-
-    def _memory_fields(self, cats: dict[str, int]) -> dict[str, Any]:
-        """A MemorySample's fields now, with the categories ``cats`` (bytes; {}: none walked)."""
-        fields: dict[str, Any] = {"device": self.device_name, "allocated": None, "reserved": None,
-                                  "active": None, "peak_allocated": None, "peak_reserved": None,
-                                  "inactive_split": None, "num_alloc_retries": None, "num_ooms": None,
-                                  "capacity": self.capacity, "free": None, "rss": process_rss()}
-        if self.cuda_memory is not None:
-            fields.update(self.cuda_memory.totals())
-            fields["capacity"], fields["free"] = self.cuda_memory.capacity()
-        if cats:
-            allocated = fields["allocated"]
-            if allocated is not None and len(cats) > ("activations" in cats):
-                # On GPU the allocator's remainder: temporaries, caches, tensors outside the model.
-                cats["other"] = max(0, allocated - sum(v for k, v in cats.items() if k != "other"))
-            fields["categories"] = cats
-        return fields
-
-    def _push_memory(self, phase: str, t: int, fields: dict[str, Any]) -> None:
-        self.state.push_control((RAW_MEMORY, phase, self.state.step, t, fields))
-
-    def _setup_oom_observer(self, torch: Any) -> None:
-        from zeromon_agent import cuda
-
-        if self.config.memory_history:
-            try:
-                # A program that records the allocator's history already chose its own max_entries,
-                # context and stacks; calling _record_memory_history again would replace them. Its
-                # history serves the OOM snapshot as it is.
-                already = getattr(torch._C, "_cuda_isHistoryEnabled", None)
-                if already is not None and already():
-                    self.notice("info", "cuda", "allocator history already on: the program's settings are kept "
-                                "for the OOM snapshot")
-                else:
-                    torch.cuda.memory._record_memory_history(max_entries=100000)
-            except Exception as exc:  # noqa: BLE001
-                self.notice("warning", "cuda", f"allocator history unavailable: {exc}")
-
-        def on_oom(device: int, alloc: int, device_alloc: int, device_free: int) -> None:
-            try:
-                snapshot = None
-                if self.config.memory_history:
-                    path = str(self.run_dir / f"oom-snapshot-rank-{self.rank}-{int(time.time())}.pickle")
-                    snapshot = path if cuda.dump_snapshot(torch, path) else None
-                info = {"allocated": int(device_alloc), "requested": int(alloc), "free": int(device_free)}
-                self.state.push_control((RAW_OOM, perf_ns(), f"cuda:{device}", info, snapshot, self.state.phase,
-                                 self.state.step))
-            except Exception as exc:  # noqa: BLE001
-                self.state.hook_error("oom_observer", exc)
-
-        try:
-            cuda.attach_oom_observer(torch, on_oom)
-        except Exception as exc:  # noqa: BLE001
-            self.state.hook_error("oom_observer", exc)
+    def _training_objects(self) -> tuple[Any, Any, Any]:
+        """(model, optimizer, engine) that the memory walks look at: what attach gave, else what the hooks found."""
+        model = self.model if self.model is not None else self.tracker.root
+        optimizer = self.optimizer if self.optimizer is not None else self.tracker.optimizer
+        return model, optimizer, self.engine

@@ -9,8 +9,8 @@ at a time (_finalize_sync_batch, _finish_host_spans), and what it publishes of t
 client reads it (materialize).
 Collectives are finalized in collective_records.py (CollectiveRecords, a mixin of Recorder; a
 synchronous host collective takes its fast path, _finalize_sync); phases, steps, memory and the thread
-are here. Live clients get what a drain pass published in one hold of the lock (_release), not one per
-record; the totals count it when read.
+are here. Live clients read the recorder's LiveViews (live_views.py), which get what a drain pass published
+in one hold of their lock (_release), not one per record; the totals count it when read.
 """
 
 from __future__ import annotations
@@ -43,11 +43,11 @@ from zeromon.model.events import (
 from zeromon.model.jsonl import RecordingWriter
 from zeromon.model.kinds import FIELDS_OF, orjson_module
 from zeromon.model.progress import RESUMED, STALLED, RankProgress
-from zeromon_agent.collective_records import CollectiveRecords, Inflight, materialize
+from zeromon_agent.collective_records import CollectiveRecords, Inflight
 from zeromon_agent.detail import DetailKeeper
-from zeromon_agent.live_totals import Counted, CountedColumns, LiveTotals
+from zeromon_agent.live_totals import Counted, CountedColumns
+from zeromon_agent.live_views import LiveViews
 from zeromon_agent.progress import ProgressWatch, issued_in_all_groups
-from zeromon_agent.recent import RecentRecords
 from zeromon_agent.state import (
     RAW_AGENT,
     RAW_COLLECTIVE,
@@ -119,22 +119,10 @@ class Recorder(CollectiveRecords):
         self.cuda_timer = cuda_timer
         # perf_counter_ns -> Unix ns. One pair: the two clocks drift by parts per million at most.
         self.clock_offset_ns = time.time_ns() - time.perf_counter_ns()
-        self.lock = threading.Lock()  # guards the live views below for other threads (endpoint)
-        # What was published, oldest first, a record unmade where a batch left it so (recent_records); the newest
-        # is numbered ``cursor``, each before it one less (no (cursor, record) pair made a record)
-        self.recent = RecentRecords(recent_events)
-        self.recent_steps: collections.deque[StepSummary] = collections.deque(maxlen=512)
-        self.latest_memory: MemorySample | None = None
-        self.latest_device: DeviceSample | None = None
-        self.run_info: RunInfo | None = None
-        self.notices: list[Notice] = []
-        # Live views for the endpoint, also under self.lock: a cursor numbers every published record.
-        self.cursor = 0
-        # MemorySamples, or their values where the drain left them unmade: memory_samples()
-        self.memory_history: collections.deque[Any] = collections.deque(maxlen=2048)
-        self.totals = LiveTotals()
+        self.live = LiveViews(recent_events)  # what live clients read (the endpoint, latest_step_figures)
         self.events_finalized = 0
-        # Published by the drain, not yet handed to live clients (_release, at the end of each pass).
+        # Published by the drain, not yet handed to live clients (_release, at the end of each pass): on the
+        # recorder, not the views, so that the drain's loops append to them with one look-up a record.
         self._unreleased: list[Any] = []  # records, or the values of one left unmade (materialize), or Unmade
         self._unreleased_extra = 0  # the records of _unreleased's Unmade entries beyond one each
         self._unreleased_collectives: list[Counted | CountedColumns] = []
@@ -354,8 +342,7 @@ class Recorder(CollectiveRecords):
         self._write(ProgressReport(rank=self.rank, t_ns=report.t_ns, reason=report.reason, report=report.to_dict()))
 
     def _step_durations(self) -> list[float]:
-        with self.lock:
-            return [summary.duration_s for summary in itertools.islice(reversed(self.recent_steps), 64)]
+        return self.live.step_durations(64)
 
     def _check_writer(self) -> None:
         """Say once, in a Notice and the log, that the recording stopped being written."""
@@ -366,9 +353,8 @@ class Recorder(CollectiveRecords):
         message = (f"{writer.error}; the recording stops here (what follows is counted as lost: "
                    "zeromon_recording_lost_records_total); training and the live endpoint go on")
         log.warning("zeromon: rank %d: %s", self.rank, message)
-        record = Notice(rank=self.rank, t_ns=time.time_ns(), level="error", source="recording", message=message)
-        with self.lock:
-            self.notices.append(record)
+        self.live.add_notice(Notice(rank=self.rank, t_ns=time.time_ns(), level="error", source="recording",
+                                    message=message))
 
     def check_unseen_collectives(self) -> None:
         """Once, when UNSEEN_CHECK_STEPS steps are summarized: say so if the process groups counted far more
@@ -383,7 +369,8 @@ class Recorder(CollectiveRecords):
         recorded = self.state.seq
         if issued is None or issued - recorded < max(self._emitted_through + 1, recorded, 1):
             return
-        framework = self.run_info.framework if self.run_info is not None else "unknown"
+        run_info = self.live.run_info
+        framework = run_info.framework if run_info is not None else "unknown"
         self._recording_notice("warning", (
             f"the process groups counted {issued:,} collectives and zeromon recorded {recorded:,}: "
             f"{issued - recorded:,} were issued where its patch of torch.distributed does not see them (from C++: "
@@ -394,8 +381,7 @@ class Recorder(CollectiveRecords):
     def _recording_notice(self, level: str, message: str, source: str = "recording") -> None:
         """A Notice (about the recording itself, by default) from the recorder's thread (the drain lock held)."""
         record = Notice(rank=self.rank, t_ns=time.time_ns(), level=level, source=source, message=message)
-        with self.lock:
-            self.notices.append(record)
+        self.live.add_notice(record)
         if self.writer is not None:  # past ZEROMON_MAX_DISK too: it says so
             self.writer.write(record)
 
@@ -411,8 +397,7 @@ class Recorder(CollectiveRecords):
             record = Notice(rank=self.rank, t_ns=time.time_ns(), level="warning", source="hooks",
                             message=f"an error in zeromon's {where} hook: training goes on, zeromon's "
                                     "hook errors count it (and any more)")
-            with self.lock:
-                self.notices.append(record)
+            self.live.add_notice(record)
             self._write(record)
 
     # --- output -----------------------------------------------------------------------------------
@@ -444,33 +429,7 @@ class Recorder(CollectiveRecords):
         self._unreleased, self._unreleased_collectives, self._unreleased_steps, self._unreleased_memory = \
             [], [], [], []
         count, self._unreleased_extra = len(records) + self._unreleased_extra, 0
-        with self.lock:
-            self.recent.extend(records, count)  # unmade too
-            self.cursor += count
-            self.totals.count_collectives(collectives)  # counted when read (a scrape), or in bulk
-            for summary in steps:
-                self.recent_steps.append(summary)
-                self.totals.count_step(summary.duration_s)
-            if memory:
-                latest = materialize(memory[-1])
-                self.latest_memory = latest if isinstance(latest, MemorySample) else None
-                self.memory_history.extend(memory)  # unmade too: memory_samples()
-
-    def recent_records(self) -> list[tuple[int, Record]]:
-        """(cursor, record) of the records published last, each made now where a batch left it unmade."""
-        with self.lock:
-            entries, cursor = tuple(self.recent), self.cursor
-        return list(zip(range(cursor - len(entries) + 1, cursor + 1), map(materialize, entries), strict=True))
-
-    def memory_samples(self) -> list[MemorySample]:
-        """memory_history's samples, each made once (under the lock): a run nobody reads makes none."""
-        with self.lock:
-            history = self.memory_history
-            if any(type(entry) is tuple for entry in history):
-                made = list(map(materialize, history))
-                history.clear()
-                history.extend(made)
-            return list(history)
+        self.live.release(records, count, collectives, steps, memory)
 
     def stats(self) -> AgentStats:
         writer = self.writer
@@ -482,14 +441,12 @@ class Recorder(CollectiveRecords):
 
     def notice(self, level: str, source: str, message: str) -> None:
         record = Notice(rank=self.rank, t_ns=time.time_ns(), level=level, source=source, message=message)
-        with self.lock:
-            self.notices.append(record)
+        self.live.add_notice(record)
         with self._drain_lock:
             self._write(record)
 
     def set_run_info(self, info: RunInfo) -> None:
-        with self.lock:
-            self.run_info = info
+        self.live.set_run_info(info)
         with self._drain_lock:
             self._write(info)
 
@@ -818,8 +775,7 @@ class Recorder(CollectiveRecords):
 
     def _on_oom(self, item: tuple[Any, ...]) -> None:
         _, t, device, info, snapshot, phase, step = item
-        with self.lock:
-            self.totals.ooms += 1
+        self.live.count_oom()
         self._publish(OomEvent(rank=self.rank, step=step, phase=phase, t_ns=self.unix(t), device=device,
                                allocated=info.get("allocated"), requested=info.get("requested"),
                                free=info.get("free"), snapshot_path=snapshot))
@@ -836,6 +792,5 @@ class Recorder(CollectiveRecords):
             return
         sample = DeviceSample(rank=self.rank, t_ns=time.time_ns(), **reading)
         self._publish(sample)
-        with self.lock:
-            self.latest_device = sample
+        self.live.set_device(sample)
         self._release()

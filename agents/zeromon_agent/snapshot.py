@@ -1,6 +1,6 @@
 """What the endpoint serves, taken from the recorder: one consistent copy, and the snapshot JSON.
 
-``LiveData.view()`` copies the recorder's live state under ``recorder.lock`` (references and a
+``LiveData.view()`` copies the recorder's live state (live_views.LiveViews) under its lock (references and a
 few small tuples: tens of microseconds, so the recorder thread never waits long) and derives the
 rest outside the lock: bus bandwidth medians, the OOM forecast (``zeromon.analysis.oom.forecast``
 on a Recording of the live memory history, kept for FORECAST_TTL_S) and the findings. A view is
@@ -129,28 +129,29 @@ class LiveData:
         has moved past it (self._lock held)."""
         now = time.monotonic()
         view = self._view
-        if view is None or now - self._view_at >= VIEW_TTL_S or (newer and self.recorder.cursor != view.cursor):
+        if view is None or now - self._view_at >= VIEW_TTL_S or (newer and self.recorder.live.cursor != view.cursor):
             view = self._view = self._take(now)
             self._view_at = now
         return view
 
     def _take(self, now: float) -> View:
         rec = self.recorder
-        history = rec.memory_samples()
-        with rec.lock:
-            cursor = rec.cursor
-            run_info = rec.run_info
-            steps = tuple(rec.recent_steps)
-            memory = rec.latest_memory
-            device = rec.latest_device
-            notices = tuple(rec.notices)
-            recent = tuple(rec.recent)
+        live = rec.live
+        history = live.memory_samples()
+        with live.lock:
+            cursor = live.cursor
+            run_info = live.run_info
+            steps = tuple(live.recent_steps)
+            memory = live.latest_memory
+            device = live.latest_device
+            notices = tuple(live.notices)
+            recent = tuple(live.recent)
             rows = tuple(CollectiveRow(op, meaning, t.calls, t.bytes, t.seconds, t.timed_calls, t.blocked_s,
-                                       tuple(t.buckets)) for (op, meaning), t in rec.totals.collectives.items())
-            busbw_samples = {op: list(window) for op, window in rec.totals.busbw.items() if window}
-            step_totals = rec.totals.steps
+                                       tuple(t.buckets)) for (op, meaning), t in live.totals.collectives.items())
+            busbw_samples = {op: list(window) for op, window in live.totals.busbw.items() if window}
+            step_totals = live.totals.steps
             step_count, step_seconds, step_buckets = step_totals.count, step_totals.seconds, tuple(step_totals.buckets)
-            ooms = rec.totals.ooms
+            ooms = live.totals.ooms
         stats = rec.stats()
         if self.extra_cpu_s is not None:
             stats = dataclasses.replace(stats, cpu_time_s=round(stats.cpu_time_s + self.extra_cpu_s(), 6))

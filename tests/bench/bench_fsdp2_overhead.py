@@ -61,11 +61,11 @@ BREAKDOWN: tuple[tuple[str, str, str], ...] = (
     ("zeromon_agent.phases", "PhaseTracker._on_forward_post", "forward hook (phase, sample_memory)"),
     ("zeromon_agent.phases", "PhaseTracker._on_optimizer_pre", "optimizer pre-hook"),
     ("zeromon_agent.phases", "PhaseTracker._on_optimizer_post", "optimizer post-hook (step end, sample_memory)"),
-    ("zeromon_agent.agent", "Agent.sample_memory", "Agent.sample_memory (all calls)"),
+    ("zeromon_agent.memory_watch", "MemoryWatch.sample_memory", "MemoryWatch.sample_memory (all calls)"),
     ("zeromon_agent.memory", "Categorizer.walk_still", "  Categorizer.walk_still (what holds still, once a walk step)"),
     ("zeromon_agent.memory", "Categorizer.categorize_moving", "  Categorizer.categorize_moving (at each moment)"),
-    ("zeromon_agent.agent", "Agent._at_point", "Agent._at_point (the moments inside forward and backward)"),
-    ("zeromon_agent.agent", "process_rss", "  memory.process_rss (/proc/self/statm)"),
+    ("zeromon_agent.memory_watch", "MemoryWatch.at_point", "MemoryWatch.at_point (the moments inside forward and backward)"),
+    ("zeromon_agent.memory_watch", "process_rss", "  memory.process_rss (/proc/self/statm)"),
     ("zeromon_agent.activations", "SavedTensorMeter._pack", "saved-tensor pack hook (activations)"),
 )
 

@@ -132,7 +132,7 @@ def replay(path: Path, out: Path) -> tuple[float, int]:
             writer.flush()
             recorder.keeper.check_size()
     recorder.stop()  # the final pass's records, as at the rank's exit
-    recorder.totals.collectives  # noqa: B018 - the live totals' count of what waits, as in the run
+    recorder.live.totals.collectives  # noqa: B018 - the live totals' count of what waits, as in the run
     return time.thread_time() - cpu0, recorder.events_finalized
 
 
@@ -154,8 +154,8 @@ def child(result: str, example_args: list[str]) -> None:
         t0 = time.thread_time()
         agent.stop()
         t1 = time.thread_time()
-        with recorder.lock:
-            recorder.totals.collectives  # noqa: B018 - counts what waits, as a long run's recorder does
+        with recorder.live.lock:
+            recorder.live.totals.collectives  # noqa: B018 - counts what waits, as a long run's recorder does
         figures = {"final_drain_s": t1 - t0, "recorder_thread_s": recorder.cpu_time_s,
                    "endpoint_threads_s": server.cpu_time_s if server is not None else 0.0,
                    "live_counting_s": time.thread_time() - t1, "collectives": recorder.events_finalized}

@@ -87,14 +87,14 @@ def main() -> None:
 
     agent = zeromon_agent.attach(model=model, optimizer=optimizer, memory_every=1)
     allocated_at: list[int] = []
-    original = agent._at_point
+    original = agent.memory.at_point
 
     def at_point() -> None:  # the allocator's reading at each moment, before zeromon looks
-        if agent.search.best is not None and agent.state.step == 1:
+        if agent.memory.search.best is not None and agent.state.step == 1:
             allocated_at.append(torch.cuda.memory_allocated())
         original()
 
-    agent._at_point = at_point  # type: ignore[method-assign]
+    agent.memory.at_point = at_point  # type: ignore[method-assign]
     names = {module: name for name, module in model.named_modules()}
 
     sizes: dict[str, int] = {}

@@ -76,8 +76,8 @@ from zeromon.sources.fleet import CollectiveTotal, FleetView, RankView
 
 # What the live agent keeps, so that a replayed rank shows what its endpoint would have served.
 STEPS_SHOWN = 64  # LiveSource's STEPS_ASKED
-STEP_HISTORY = 512  # recorder.recent_steps
-MEMORY_HISTORY = 2048  # recorder.memory_history: the OOM forecast's input
+STEP_HISTORY = 512  # the agent's LiveViews.recent_steps
+MEMORY_HISTORY = 2048  # the agent's LiveViews.memory_history: the OOM forecast's input
 BUSBW_WINDOW = 256  # recorder's recent bus-bandwidth samples per op
 PHASE_STEPS = 8  # phase spans of the last steps (the TUI's timeline draws 8)
 PHASES_MAX = 256  # and at most this many (before the first step: setup)
