@@ -55,7 +55,7 @@ class HungRun:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append(line.rstrip("\n"))
-            if line.startswith("HUNG") and self.hung_at is None:
+            if "HUNG" in line and self.hung_at is None:  # a line of another rank's may share it
                 self.hung_at = time.monotonic()
 
     def wait_for_cue(self) -> None:

@@ -72,7 +72,10 @@ def spawn(world: int, master_port: str) -> None:
 
 
 def say(text: str) -> None:
-    print(text, flush=True)
+    # One write a line: under PYTHONUNBUFFERED, print() writes the text and its newline apart, and two ranks
+    # sharing the launcher's output then run together ("STEP 3HUNG"), hiding the test's cue.
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
 
 def main() -> None:
