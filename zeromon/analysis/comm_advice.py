@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from zeromon.analysis.findings import Finding, Severity
 from zeromon.analysis.lint_schema import STATIC_SCHEMA
 from zeromon.analysis.step_overlap import StepOverlap, overlap_of_summary
-from zeromon.model.events import RunInfo, StepSummary
+from zeromon.model.events import RunInfo, StepSummary, steps_label
 
 # Exposed communication worth a finding: a share of step time, with the overlap ratio below a bar.
 EXPOSED_SHARE_WARN = 0.10
@@ -118,9 +118,7 @@ def _over(window: tuple[int, int] | None) -> str:
     training scripts log them, so that it is not read as the last step's figure."""
     if window is None:
         return ""
-    first, last = window[0] + 1, window[1] + 1
-    steps = f"step {first}" if first == last else f"steps {first}-{last}"
-    return f" over {steps}" + (" (the first left out)" if window[0] >= 1 else "")
+    return f" over {steps_label(*window)}" + (" (the first left out)" if window[0] >= 1 else "")
 
 
 def overlap_findings_of_summaries(rank: int, steps: Sequence[StepSummary],

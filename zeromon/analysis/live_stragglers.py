@@ -24,7 +24,7 @@ from zeromon.analysis.stragglers import (
     MEMORY_IMBALANCE_MIN_BYTES,
     MEMORY_IMBALANCE_SHARE,
 )
-from zeromon.model.events import StepSummary
+from zeromon.model.events import StepSummary, steps_label
 from zeromon.model.units import format_bytes
 
 # The newest steps every rank has finished that the straggler test looks at, and the fewest it needs:
@@ -87,7 +87,7 @@ def straggler_finding(steps_by_rank: Mapping[int, Sequence[StepSummary]]) -> Fin
         kind="straggler", severity=Severity.CRITICAL if critical else Severity.WARN,
         title=f"{peers} wait {gap_s * 1e3:.1f} ms a step for rank {slow} ({share:.0%} of a step)",
         rank=slow, step=newest_common,
-        evidence=(f"over steps {common[0] + 1}-{common[-1] + 1}: rank {slow} was the busiest rank (step minus "
+        evidence=(f"over {steps_label(common[0], common[-1])}: rank {slow} was the busiest rank (step minus "
                   f"time blocked in collectives) in {wins.get(slow, 0)} of {trials} steps; were no rank slower "
                   f"than the others, {would} {odds_in_words(odds)}",
                   f"median busy time: rank {slow} {median_busy[slow] * 1e3:.1f} ms, the others "

@@ -26,7 +26,7 @@ from zeromon.analysis.chance import CRITICAL_CHANCE, WARN_CHANCE, odds_in_words,
 from zeromon.analysis.findings import Finding, Severity
 from zeromon.analysis.step_skew import step_times_across_ranks
 from zeromon.model.codec import Recording
-from zeromon.model.events import StepSummary
+from zeromon.model.events import StepSummary, steps_label
 from zeromon.model.step_records import step_column
 from zeromon.model.units import format_bytes
 
@@ -346,8 +346,7 @@ class _Window:
 
     def label(self) -> str:
         """'steps 2-12', numbered from 1 as training scripts log them."""
-        first, last = self.first_step + 1, self.last_step + 1
-        return f"step {first}" if first >= last else f"steps {first}-{last}"
+        return steps_label(self.first_step, self.last_step)
 
 
 _STRAGGLER_REMEDIES = ("look for work only this rank does (logging, checkpointing, evaluation on rank 0)",

@@ -278,6 +278,13 @@ def step_number(index: int) -> int:
     return index + 1
 
 
+def steps_label(first: int, last: int) -> str:
+    """'steps 2-12' (or 'step 5') for the recording's step indices ``first``..``last``, numbered as
+    training scripts log them."""
+    a, b = step_number(first), step_number(last)
+    return f"step {a}" if a >= b else f"steps {a}-{b}"
+
+
 @dataclass(frozen=True, slots=True)
 class StepSummary:
     """What one rank did in one step, aggregated by the agent as the step ends."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from zeromon.analysis.comm_advice import EXPOSED_SHARE_CRITICAL, EXPOSED_SHARE_WARN
 from zeromon.analysis.findings import Severity
 from zeromon.analysis.step_table import StepTable
+from zeromon.model.events import steps_label
 from zeromon.views.fleet import RankRow, duration, pct, rank_rows, short_bytes, worst_row
 from zeromon.views.run_data import RunData
 
@@ -179,8 +180,8 @@ def _exposed_median(data: RunData, rank: int) -> tuple[float | None, str]:
         numbers = [s.step for s in exposed]
     if not numbers:
         return median_s, "median over its steps"
-    first, last = min(numbers) + 1, max(numbers) + 1
-    return median_s, f"step {first}" if first == last else f"median of steps {first}-{last}"
+    label = steps_label(min(numbers), max(numbers))
+    return median_s, label if min(numbers) == max(numbers) else f"median of {label}"
 
 
 GRID_COLUMNS_MAX = 32

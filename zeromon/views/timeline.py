@@ -23,7 +23,7 @@ from zeromon.analysis.step_overlap import (
 )
 from zeromon.model.codec import CollectiveColumns
 from zeromon.model.columns import TableRecords
-from zeromon.model.events import CollectiveEvent, PhaseSpan, StepSummary
+from zeromon.model.events import CollectiveEvent, PhaseSpan, StepSummary, steps_label
 from zeromon.views.run_data import RankHistory, RunData
 
 
@@ -90,8 +90,7 @@ def _step_indices(records: Sequence[StepSummary] | Sequence[PhaseSpan]) -> set[i
 def _held(history: RankHistory) -> str:
     if not history.steps:
         return "no step yet"
-    first, last = history.steps[0].step + 1, history.steps[-1].step + 1
-    return f"step {first}" if first == last else f"steps {first}-{last}"
+    return steps_label(history.steps[0].step, history.steps[-1].step)
 
 
 def _near_window(history: RankHistory, step: int, window: Interval) -> list[CollectiveEvent]:
