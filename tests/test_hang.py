@@ -319,10 +319,13 @@ def test_a_rank_killed_while_its_peer_waits_is_named_first_and_the_failure_it_ca
 # --- no false alarm ------------------------------------------------------------------------------------------
 
 def test_slow_steps_and_a_checkpoint_shorter_than_the_threshold_raise_no_alarm(tmp_path: Path) -> None:
-    # Steps of over 1.5 s and a 3 s checkpoint on rank 1 (its peer waits for it meanwhile): at most ~4.5 s without
-    # progress, under a 6 s threshold.
+    # An 8 s checkpoint load on rank 1 before the first step (its peer waits in the broadcast meanwhile), then steps
+    # of over 1.5 s and a 3 s checkpoint save on rank 1: at most ~4.5 s without progress once the first step has
+    # ended, under a 6 s threshold. The setup is judged by the setup threshold (by default the larger of 300 s
+    # and that one): a threshold for steps would call the load hung.
     run = HungRun(tmp_path / "run", torchrun_args(2, SCENARIO, "--mode", "checkpoint", "--rank", "1", "--step", "2",
-                                                  "--stall", "3", "--steps", "4", "--step-sleep", "1.5"),
+                                                  "--stall", "3", "--steps", "4", "--step-sleep", "1.5",
+                                                  "--setup-stall", "8"),
                   hang_after=6.0)
     seen: list[dict[str, Any]] = []
     try:
@@ -334,7 +337,9 @@ def test_slow_steps_and_a_checkpoint_shorter_than_the_threshold_raise_no_alarm(t
         run.stop()
     assert run.proc.returncode == 0, "\n".join(run.lines[-30:])
     assert sum(1 for view in seen if view["ranks"]) >= 5, "too few live views to say anything"
-    assert not [view["hang"] for view in seen if view.get("hang") and view["hang"]["lines"]]
+    alarms = [(view["hang"]["lines"], [(r["rank"], r["state"], r["idle_s"], r["where"]) for r in view["hang"]["ranks"]])
+              for view in seen if view.get("hang") and view["hang"]["lines"]]
+    assert not alarms, "\n".join(map(str, alarms))
     for rank in (0, 1):
         recording = read_recording(run.out / f"rank-{rank}.jsonl")
         assert recording.progress == [] and not [n for n in recording.notices if n.source == "progress"]

@@ -4,15 +4,23 @@ it says so once per stall. Times are given, not waited for; the real runs are in
 from __future__ import annotations
 
 from zeromon.model.progress import RESUMED, STALLED
-from zeromon_agent.progress import STALL_FLOOR_S, STALL_SETUP_S, STALL_STEPS, ProgressWatch, is_program_code
+from zeromon_agent.progress import (
+    STALL_FLOOR_S,
+    STALL_SETUP_S,
+    STALL_STEPS,
+    ProgressWatch,
+    call_of_raw,
+    is_program_code,
+)
 from zeromon_agent.recorder import Recorder
-from zeromon_agent.state import RAW_PHASE, RAW_WAIT, HotState
+from zeromon_agent.state import RAW_COLLECTIVE, RAW_PHASE, RAW_WAIT, HotState
 
 S = 10**9
 
 
-def watch(durations: list[float], setting: float = 0.0) -> ProgressWatch:
-    return ProgressWatch(HotState(), rank=0, threshold_s=setting, step_durations=lambda: durations)
+def watch(durations: list[float], setting: float = 0.0, setup: float = 0.0) -> ProgressWatch:
+    return ProgressWatch(HotState(), rank=0, threshold_s=setting, step_durations=lambda: durations,
+                         setup_threshold_s=setup)
 
 
 def test_the_automatic_threshold_is_the_larger_of_30_s_and_ten_median_steps() -> None:
@@ -23,8 +31,17 @@ def test_the_automatic_threshold_is_the_larger_of_30_s_and_ten_median_steps() ->
     assert watch([9.0] * 3, setting=12.0).threshold() == 12.0  # ZEROMON_HANG_AFTER wins
 
 
+def test_setup_has_its_own_threshold_that_a_threshold_for_steps_does_not_shorten() -> None:
+    # A threshold chosen for steps (ZEROMON_HANG_AFTER=6) would call a long checkpoint load or compile hung: before
+    # the first step ends ZEROMON_HANG_AFTER_SETUP holds, by default the larger of 300 s and ZEROMON_HANG_AFTER.
+    assert watch([], setting=6.0).threshold() == STALL_SETUP_S
+    assert watch([], setting=900.0).threshold() == 900.0
+    assert watch([], setting=6.0, setup=20.0).threshold() == 20.0
+    assert watch([1.0], setting=6.0, setup=20.0).threshold() == 6.0  # the first step has ended
+
+
 def test_a_stall_is_said_once_and_its_end_once() -> None:
-    w = watch([], setting=5.0)
+    w = watch([0.1], setting=5.0)
     t0 = w.progress_perf
     said = [w.tick(t0, t0 + t * S) for t in (1, 4, 5, 6, 60)]  # nothing newer done since: no progress
     said += [w.tick(t0 + 61 * S, t0 + 61 * S), w.tick(t0 + 61 * S, t0 + 62 * S)]  # a collective at 61 s
@@ -33,7 +50,7 @@ def test_a_stall_is_said_once_and_its_end_once() -> None:
 
 def test_progress_is_when_the_training_thread_acted_not_when_it_was_looked_at() -> None:
     # The recorder's thread may look late (a loaded machine): a record made at 2 s, seen at 9 s, is progress at 2 s.
-    w = watch([], setting=5.0)
+    w = watch([0.1], setting=5.0)
     t0 = w.progress_perf
     assert w.tick(t0 + 2 * S, t0 + 9 * S) is None
     assert w.tick(t0 + 2 * S, t0 + 9 * S + 1) == STALLED  # 7 s since then: a stall, at once
@@ -62,3 +79,16 @@ def test_the_programs_own_frames_are_told_from_the_libraries() -> None:
     assert not is_program_code(threading.__file__)
     assert not is_program_code(__import__("zeromon_agent.progress").__file__)
     assert not is_program_code("<frozen importlib._bootstrap>")
+
+
+def test_a_collective_in_a_rank_report_has_the_meaning_its_issuer_gives_as_in_the_recording() -> None:
+    # A setup broadcast the script issues itself is no parameter broadcast, though its op and phase look like one
+    # (the hang verdict once said "broadcast #1 (param_broadcast)" for a user's broadcast of a loaded checkpoint).
+    def raw(op: str, phase: str, caller: str) -> tuple[object, ...]:
+        return (RAW_COLLECTIVE, 1, op, op, 0, 0, 64, 64, None, None, False, None, phase, -1, None, False, caller)
+
+    fsdp = "/site-packages/torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py"
+    assert call_of_raw(raw("all_gather", "forward", fsdp), "default", 1).meaning == "param_all_gather"
+    assert call_of_raw(raw("broadcast", "setup", "/home/me/train.py"), "default", 1).meaning == "unknown"
+    assert call_of_raw(raw("broadcast", "setup", "/site-packages/torch/distributed/utils.py"), "default",
+                       1).meaning == "param_broadcast"  # DDP's and FSDP's module-state broadcast

@@ -178,7 +178,8 @@ class Agent:
                                  recent_events=self.config.recent_events, device=device,
                                  device_interval_s=self.config.device_interval_s,
                                  cuda_timer=self.state.device_timer, max_disk=self.config.max_disk,
-                                 hang_after_s=self.config.hang_after_s)
+                                 hang_after_s=self.config.hang_after_s,
+                                 hang_after_setup_s=self.config.hang_after_setup_s)
         if cuda_index is None:
             self.notice("info", "device", "no CUDA device: NVML device metrics and allocator stats "
                         f"are unavailable; memory is process RSS and per-category bytes; {capacity_note}")

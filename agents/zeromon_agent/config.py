@@ -26,7 +26,8 @@ DEVICE_TIMING_EVERY = Count(1, 10**6)
 MEMORY_EVERY = Count(1, 10**6)
 DEVICE_SECONDS = Real(0.05, 3600.0, "seconds", zero="off")  # an NVML query is slow: at most 20 a second
 RECENT_EVENTS = Count(16, 2**20)
-HANG_SECONDS = Real(1.0, 7 * 86400.0, "seconds", zero="auto: the larger of 30 s and ten median steps; 300 s before the first step")
+HANG_SECONDS = Real(1.0, 7 * 86400.0, "seconds", zero="auto: the larger of 30 s and ten median steps")
+HANG_SETUP_SECONDS = Real(1.0, 7 * 86400.0, "seconds", zero="auto: 300 s, or ZEROMON_HANG_AFTER where that is longer")
 
 
 def _bool(text: str) -> bool:
@@ -136,6 +137,7 @@ class AgentConfig:
     token: str | None = field(default=None, repr=False)  # when set, every route needs "Authorization: Bearer <token>"
     registry: str | None = None  # user-level endpoint index; None: ~/.cache/zeromon/agents
     hang_after_s: float = 0.0  # no progress for this long makes a rank suspect; 0: auto (zeromon_agent.progress)
+    hang_after_setup_s: float = 0.0  # the same before the first step ends (loading, compiling); 0: auto
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +194,7 @@ ENV: dict[str, Setting] = {
     "token": _text("ZEROMON_TOKEN", "a secret string"),
     "registry": _folder("ZEROMON_REGISTRY"),
     "hang_after_s": _number("ZEROMON_HANG_AFTER", HANG_SECONDS),
+    "hang_after_setup_s": _number("ZEROMON_HANG_AFTER_SETUP", HANG_SETUP_SECONDS),
 }
 
 

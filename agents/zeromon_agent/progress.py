@@ -35,9 +35,11 @@ from zeromon.model.progress import (
     StackFrame,
 )
 from zeromon_agent import collectives
+from zeromon_agent.issuers import issuer_of
 from zeromon_agent.state import (
     AT_BYTES_IN,
     AT_BYTES_OUT,
+    AT_CALLER,
     AT_DTYPE,
     AT_GROUP,
     AT_OP,
@@ -197,7 +199,8 @@ def call_of_raw(item: tuple[Any, ...], group: str, seq: int) -> CallInfo:
     """A raw collective record (state.RAW_COLLECTIVE) as a CallInfo, numbered ``seq`` in ``group``."""
     op, b_in, b_out = item[AT_OP], item[AT_BYTES_IN], item[AT_BYTES_OUT]
     nbytes = max(b_in, b_out)
-    return CallInfo(group=group, seq=seq, op=op, meaning=meaning_of(op, item[AT_PHASE], nbytes), bytes=nbytes,
+    meaning = meaning_of(op, item[AT_PHASE], nbytes, issuer_of(item[AT_CALLER]))  # as the recording says it
+    return CallInfo(group=group, seq=seq, op=op, meaning=meaning, bytes=nbytes,
                     dtype=_dtype_name(item[AT_DTYPE]), phase=item[AT_PHASE], step=item[AT_STEP])
 
 
@@ -213,10 +216,11 @@ class ProgressWatch:
     """This rank's progress, seen from the recorder's thread, and its reports (RankProgress)."""
 
     def __init__(self, state: HotState, rank: int, threshold_s: float = 0.0,
-                 step_durations: Callable[[], list[float]] | None = None) -> None:
+                 step_durations: Callable[[], list[float]] | None = None, setup_threshold_s: float = 0.0) -> None:
         self.state = state
         self.rank = rank
         self.threshold_s = threshold_s  # 0: automatic (STALL_FLOOR_S, STALL_STEPS median steps)
+        self.setup_threshold_s = setup_threshold_s  # before the first step ends; 0: automatic (STALL_SETUP_S)
         self.step_durations = step_durations or list
         self.clock_offset_ns = time.time_ns() - time.perf_counter_ns()
         self.main_ident = threading.main_thread().ident
@@ -242,13 +246,14 @@ class ProgressWatch:
         return None
 
     def threshold(self) -> float:
-        """No progress for this long makes the rank suspect: the setting, else the larger of STALL_FLOOR_S and
-        STALL_STEPS median steps; STALL_SETUP_S before the first step has ended."""
-        if self.threshold_s:
-            return self.threshold_s
+        """No progress for this long makes the rank suspect. Before the first step has ended: the setup setting,
+        else the larger of STALL_SETUP_S and the training's setting (a threshold chosen for steps would call a
+        checkpoint's load hung). After: the setting, else the larger of STALL_FLOOR_S and STALL_STEPS median steps."""
         durations = self.step_durations()
         if not durations:
-            return STALL_SETUP_S
+            return self.setup_threshold_s or max(STALL_SETUP_S, self.threshold_s)
+        if self.threshold_s:
+            return self.threshold_s
         return max(STALL_FLOOR_S, STALL_STEPS * statistics.median(durations))
 
     # --- reports ---------------------------------------------------------------------------------------
@@ -324,7 +329,7 @@ class ProgressWatch:
                 state = self.state
                 raw = (RAW_COLLECTIVE, 0, local.get("api", ""), local.get("op", ""), t0, t0, local.get("b_in") or 0,
                        local.get("b_out") or 0, local.get("dtype"), local.get("group"), bool(local.get("async_op")),
-                       None, state.phase, state.step, None, False, None)
+                       None, state.phase, state.step, None, False, local.get("caller"))
                 call = self._call(raw, names, recent, in_flight_call=True)
             if call is not None and isinstance(t0, int):
                 return Blocked(call=call, waiting=call_frame.f_code in _WAIT_CODES, since_ns=t0 + self.clock_offset_ns,

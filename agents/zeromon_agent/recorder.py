@@ -109,7 +109,8 @@ _MEMORY_FIELDS, _MEMORY_FIELDS_WALKED = frozenset(_MEMORY_PLAIN), frozenset(_MEM
 class Recorder(CollectiveRecords):
     def __init__(self, state: HotState, rank: int, writer: RecordingWriter | None, flush_interval_s: float,
                  recent_events: int = 4096, device: Any = None, device_interval_s: float = 1.0,
-                 cuda_timer: Any = None, max_disk: int | None = None, hang_after_s: float = 0.0) -> None:
+                 cuda_timer: Any = None, max_disk: int | None = None, hang_after_s: float = 0.0,
+                 hang_after_setup_s: float = 0.0) -> None:
         self.state = state
         self.rank = rank
         self.writer = writer
@@ -147,7 +148,7 @@ class Recorder(CollectiveRecords):
         # the newest record drained happened: with what is queued, when the training thread last did something.
         self._recent_raw: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=_RECENT_RAW)
         self._drained_until = time.perf_counter_ns()
-        self.progress = ProgressWatch(state, rank, hang_after_s, self._step_durations)
+        self.progress = ProgressWatch(state, rank, hang_after_s, self._step_durations, hang_after_setup_s)
         self._groups_destroyed = state.groups_destroyed
         self._dtype_names: dict[Any, str] = {}
         self._shapes: dict[tuple[Any, ...], tuple[str, int, str, int, float | None, int]] = {}  # _shape

@@ -9,6 +9,8 @@ default group), then --per-step all-reduces on a subgroup when --subgroups is gi
 - ``subgroup``: (4 ranks, --subgroups) sleeps in data_loader_stall() before its subgroup's all-reduce;
 - ``checkpoint``: sleeps --stall seconds in save_checkpoint(), then goes on (a pause shorter than the threshold);
 - ``none``: nothing: a healthy run (with --step-sleep, one whose steps are slow).
+With --setup-stall, rank --rank first sleeps that long in load_checkpoint() while the others wait in the
+broadcast of what it loaded (a long setup, not a hang).
 The backend timeout is long (--timeout): a hang stays a hang until the test ends it. Prints "STEP <n>" as each
 step ends, and "HUNG" once the rank is about to hang (the test's cue). ``--spawn N`` starts N ranks of itself
 with the launcher's variables and only waits for them: a launcher that, unlike torchrun, does not stop the
@@ -33,6 +35,11 @@ from gloo_exit import leave
 
 def data_loader_stall(seconds: float) -> None:
     """A data loader that stops delivering (a dead worker, a stalled filesystem)."""
+    time.sleep(seconds)
+
+
+def load_checkpoint(seconds: float) -> None:
+    """A checkpoint read by one rank before the first step, then broadcast."""
     time.sleep(seconds)
 
 
@@ -87,6 +94,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--stall", type=float, default=3600.0)
     parser.add_argument("--step-sleep", type=float, default=0.0)
+    parser.add_argument("--setup-stall", type=float, default=0.0)
     parser.add_argument("--subgroups", action="store_true")
     parser.add_argument("--async-unshard", action="store_true", help="FSDP2's all-gathers async_op=True, waited on")
     parser.add_argument("--timeout", type=float, default=3600.0)
@@ -115,6 +123,10 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(8, 64)
     me = rank == args.rank
+    if args.setup_stall:
+        if me:
+            load_checkpoint(args.setup_stall)
+        dist.broadcast(torch.zeros(16), src=args.rank)
     for step in range(args.steps):
         if me and step == args.step:
             if args.mode == "stuck":

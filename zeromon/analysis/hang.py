@@ -14,8 +14,9 @@ progress records), from what every rank reported of itself (zeromon.model.progre
 - a job where no rank made progress for the threshold and none waits in a collective is **idle**: slow
   or paused as a whole (an evaluation, a filesystem), not hung.
 
-A rank is suspect only after its threshold without progress (the larger of 30 s and ten median steps
-by default, 5 minutes before the first step ends; ZEROMON_HANG_AFTER): a run whose steps are slow is not hung.
+A rank is suspect only after its threshold without progress (ZEROMON_HANG_AFTER, by default the larger of 30 s
+and ten median steps; before its first step ends ZEROMON_HANG_AFTER_SETUP, by default the larger of 5 minutes and
+ZEROMON_HANG_AFTER): a run whose steps are slow, or whose setup is long, is not hung.
 A rank its peers wait for is stuck when it has made no progress since they began to wait, behind when it has.
 """
 

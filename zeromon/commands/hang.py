@@ -28,8 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "others up (stuck outside any collective, behind, dead, or issuing another collective than its group's "
         "majority), the collective the others wait in and since when, then each rank's state and the Python stacks "
         "of the training threads, identical stacks together. A rank is suspect after its threshold without progress "
-        "(ZEROMON_HANG_AFTER, else the larger of 30 s and ten median steps, and 5 minutes before the first step ends). A run whose agents have ended is read "
-        "from its recording (the reports its ranks wrote when they stalled or were stopped). Exit status: 4 when the "
+        "(ZEROMON_HANG_AFTER, else the larger of 30 s and ten median steps; before the first step ends, "
+        "ZEROMON_HANG_AFTER_SETUP, else the larger of 5 minutes and ZEROMON_HANG_AFTER). A run whose agents have "
+        "ended is read from its recording (the reports its ranks wrote when they stalled or were stopped). Exit status: 4 when the "
         "job is hung, 3 when a rank died, 0 otherwise, 1 when no rank answered and nothing was recorded; 2 for bad "
         "input.")
     add_source_arguments(parser)
