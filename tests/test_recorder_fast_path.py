@@ -161,7 +161,7 @@ def test_the_collectives_a_recorder_writes_and_publishes_are_the_plain_path_s(ra
         path = Path(tmp) / "rank-3.zmr"
         state = HotState()
         recorder = Recorder(state, 3, CompactWriter(path, 3), 0.2)
-        recorder._group_sizes[None] = -1  # no process group in this process: its size is unknown
+        recorder.collectives._group_sizes[None] = -1  # no process group in this process: its size is unknown
         for seq, (op, phase, t0, length, b_in, b_out, dtype, step) in enumerate(raws, start=1):
             state.raw.append((RAW_COLLECTIVE, seq, f"{op}_x", op, t0, t0 + length, b_in, b_out, dtype, None, False,
                               None, phase, step, None, False, None))
@@ -335,21 +335,21 @@ def test_recent_records_hold_what_a_deque_of_the_rows_would(passes: list[list[in
 
 def _record_all(raws: list[tuple[Any, ...]], path: str, offset: int, tmp: Path) -> tuple[list[Any], Recorder]:
     """A Recorder fed synchronous collectives in steps 0-2 (and a late one of a summarized step), by
-    ``path``: "batch" (_finalize_sync_batch, a column at a time), "sync" (_finalize_sync, one at a time)
+    ``path``: "batch" (finalize_sync_batch, a column at a time), "sync" (finalize_sync, one at a time)
     or "plain" (_finalize); the records it wrote, but those stamped with the wall clock."""
     path_ = tmp / f"{path}.zmr"
     state = HotState()
     recorder = Recorder(state, 3, CompactWriter(path_, 3), 0.2)
     recorder.clock_offset_ns = offset
-    recorder._group_sizes[None] = 2  # a group of two: busbw has a bus factor
+    recorder.collectives._group_sizes[None] = 2  # a group of two: busbw has a bus factor
     if path == "batch":  # the path is taken, not left for the item-by-item one
-        batch = recorder._finalize_sync_batch
+        batch = recorder.collectives.finalize_sync_batch
         taken: list[bool] = []
-        recorder._finalize_sync_batch = lambda items: taken.append(batch(items)) or taken[-1]  # type: ignore[method-assign]
+        recorder.collectives.finalize_sync_batch = lambda items: taken.append(batch(items)) or taken[-1]  # type: ignore[method-assign]
     else:
-        recorder._finalize_sync_batch = lambda items: False  # type: ignore[method-assign]
+        recorder.collectives.finalize_sync_batch = lambda items: False  # type: ignore[method-assign]
     if path == "plain":
-        recorder._finalize_sync = lambda item: False  # type: ignore[method-assign]
+        recorder.collectives.finalize_sync = lambda item: False  # type: ignore[method-assign]
     for step in range(3):
         state.control.append((RAW_STEP_START, step, step * 2**38, None, "forward"))
         state.control.append((RAW_STEP_END, step, (step + 1) * 2**38, None, True))
@@ -386,14 +386,14 @@ def test_the_synchronous_fast_path_records_summarizes_and_counts_what_the_genera
 def _summaries_of(calls: list[tuple[int, int]], agent: list[tuple[int, int]], window: tuple[int, int],
                   path: str, tmp: Path) -> list[StepSummary]:
     """The summaries a Recorder makes of one step (``window``, perf_counter ns) of synchronous collectives
-    (``calls``: [t0, t1]) and agent spans, by ``path`` ("batch": _finalize_sync_batch, else _finalize)."""
+    (``calls``: [t0, t1]) and agent spans, by ``path`` ("batch": finalize_sync_batch, else _finalize)."""
     state = HotState()
     recorder = Recorder(state, 0, CompactWriter(tmp / f"{path}.zmr", 0), 0.2)
     recorder.clock_offset_ns = 10**18
-    recorder._group_sizes[None] = 2
+    recorder.collectives._group_sizes[None] = 2
     if path != "batch":
-        recorder._finalize_sync_batch = lambda items: False  # type: ignore[method-assign]
-        recorder._finalize_sync = lambda item: False  # type: ignore[method-assign]
+        recorder.collectives.finalize_sync_batch = lambda items: False  # type: ignore[method-assign]
+        recorder.collectives.finalize_sync = lambda item: False  # type: ignore[method-assign]
     state.control.append((RAW_STEP_START, 0, window[0], None, "forward"))
     state.control.extend((RAW_AGENT, 0, a0, a1, "forward") for a0, a1 in sorted(agent))
     state.control.append((RAW_STEP_END, 0, window[1], None, True))
@@ -532,7 +532,7 @@ def test_a_memory_sample_made_with_its_slots_set_is_the_constructor_s(values: li
     state.control.append((RAW_MEMORY, "backward", 4, 2000, {**fields, "unknown_field": 1}))  # refused, as before
     with pytest.raises(TypeError):
         recorder._drain(final=True)
-    made = [r for _, r in recorder.live.recent_records()] or list(map(materialize, recorder._unreleased))
+    made = [r for _, r in recorder.live.recent_records()] or list(map(materialize, recorder.out.records))
     assert made == [MemorySample(rank=2, step=4, phase="forward", t_ns=1000 + recorder.clock_offset_ns, **fields)]
     assert encode_record(made[0]) == encode_record(MemorySample(rank=2, step=4, phase="forward",
                                                                t_ns=1000 + recorder.clock_offset_ns, **fields))
@@ -545,19 +545,19 @@ _phase_change = st.tuples(st.sampled_from(["forward", "backward", "optimizer", "
 def _record_phases(changes: list[tuple[str, int]], cuts: set[int], batch: bool, tmp: Path) -> tuple[list[Any], Recorder]:
     """A Recorder (no GPU) fed phase changes, zeromon's own spans and step ends, drained at ``cuts``: its
     host spans made as tuples and finished a column at a time (``batch``), or made as Mark and Span objects
-    (the handlers a GPU's phases take) and finished one at a time (_finish_span, as before)."""
+    (the handlers a GPU's phases take) and finished one at a time (StepBook.finish_span, as before)."""
     state = HotState()
     path = tmp / f"phases-{batch}.zmr"
     recorder = Recorder(state, 1, CompactWriter(path, 1), 0.2)
     recorder.clock_offset_ns = 10**18
     if not batch:
-        for handler in ("_on_phase", "_on_agent", "_on_step_start", "_on_step_end"):
-            delattr(recorder, handler)  # the host's handlers (_use_host_phases) give way to the class's
+        for handler in ("on_phase", "on_agent", "on_step_start", "on_step_end"):
+            delattr(recorder.steps, handler)  # the host's handlers (_use_host_phases) give way to the class's
 
         def one_at_a_time(spans: list[Any]) -> None:
             for span in spans:
-                recorder._finish_span(span, span.start.perf + 10**18, span.end.perf + 10**18, "host")
-        recorder._finish_host_spans = one_at_a_time  # type: ignore[method-assign]
+                recorder.steps.finish_span(span, span.start.perf + 10**18, span.end.perf + 10**18, "host")
+        recorder.steps.finish_host_spans = one_at_a_time  # type: ignore[method-assign]
     t, step, phase = 1000, 0, "forward"
     state.control.append((RAW_STEP_START, 0, t, None, "forward"))
     for index, (change, gap) in enumerate(changes):

@@ -1,10 +1,10 @@
 """The recorder's collectives: a raw issue tuple (and its wait, completion callback or CUDA events)
-in, a CollectiveEvent out, counted in its step and handed to the recording and the live views.
+in, a CollectiveEvent out, counted in its step (StepBook) and handed to the recording and the live views
+(Outbox).
 
-A mixin of Recorder (recorder.py), which owns the thread, the drain and the steps; split off by what it
-does, not by cost: method look-ups through the class are the same as on Recorder itself. A
-synchronous host collective (every one on gloo) takes _finalize_sync, much cheaper than _finalize's
-general path; tests/test_recorder_fast_path.py checks that they agree.
+A synchronous host collective (every one on gloo) takes finalize_sync, or a batch of them
+finalize_sync_batch, much cheaper than _finalize's general path; tests/test_recorder_fast_path.py checks
+that they agree.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import itertools
 import operator
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -31,10 +31,8 @@ from zeromon.model.events import (
     record_maker,
     span_ns,
 )
-from zeromon.model.jsonl import RecordingWriter
 from zeromon_agent.issuers import issuer_of
-from zeromon_agent.live_totals import Counted, CountedColumns, counted
-from zeromon_agent.recent import Unmade
+from zeromon_agent.live_totals import counted
 from zeromon_agent.state import (
     AT_API,
     AT_ASYNC,
@@ -42,6 +40,7 @@ from zeromon_agent.state import (
     AT_GROUP,
     AT_SAMPLED,
     AT_SEQ,
+    AT_STEP,
     AT_T0,
     AT_T1,
     AT_WORK,
@@ -58,8 +57,9 @@ from zeromon_agent.step_acc import (
 )
 
 if TYPE_CHECKING:
-    from zeromon_agent.detail import DetailKeeper
+    from zeromon_agent.outbox import Outbox
     from zeromon_agent.state import HotState
+    from zeromon_agent.step_book import StepBook
 
 # An async collective nobody waits on is polled for completion after this long.
 _POLL_AFTER_NS = 200_000_000
@@ -108,37 +108,43 @@ class Inflight:
 
 
 class CollectiveRecords:
-    """Recorder's collective half. The attributes are Recorder's (set in its __init__)."""
+    """The collectives a recorder drains: those in flight until they complete, and each one's record."""
 
-    state: HotState
-    rank: int
-    writer: RecordingWriter | None
-    cuda_timer: Any
-    clock_offset_ns: int
-    keeper: DetailKeeper
-    events_finalized: int
-    _unreleased: list[Any]  # records, or the values of one left unmade (materialize), or Unmade
-    _unreleased_extra: int
-    _unreleased_collectives: list[Counted | CountedColumns]
-    _inflight: dict[int, Inflight]
-    _orphan_waits: dict[int, tuple[Any, ...]]
-    _orphan_done: dict[int, int]
-    _orphan_seen: dict[int, int]
-    _steps: dict[int, StepAcc]
-    _emitted_through: int
-    _group_sizes: dict[Any, int]
-    _group_hosts: dict[Any, bool]
-    _dtype_names: dict[Any, str]
-    _shapes: dict[tuple[Any, ...], tuple[str, int, str, int, float | None, int]]
-    _write_values: Any
+    def __init__(self, state: HotState, rank: int, cuda_timer: Any, clock_offset_ns: int, out: Outbox,
+                 steps: StepBook) -> None:
+        self.state = state
+        self.rank = rank
+        self.cuda_timer = cuda_timer
+        self.clock_offset_ns = clock_offset_ns  # perf_counter_ns -> Unix ns
+        self.out = out
+        self.steps = steps
+        # The outbox's and the book's parts the loops below touch a record, bound once (they stay the same objects).
+        self.keeper, self.writer = out.keeper, out.writer
+        self._records, self._counted, self._write_detail = out.records, out.collectives, out.write_detail
+        self._accs = steps.accs
+        self.events_finalized = 0
+        self.inflight: dict[int, Inflight] = {}  # by seq: async collectives, and a GPU's not resolved yet
+        # What came for a seq before its issue record was drained (the issue record still queued behind it).
+        self._orphan_waits: dict[int, tuple[Any, ...]] = {}
+        self._orphan_done: dict[int, int] = {}
+        self._orphan_seen: dict[int, int] = {}
+        # Kept by the process group's object (let go with it: forget_groups).
+        self._group_sizes: dict[Any, int] = {}
+        self._group_hosts: dict[Any, bool] = {}
+        self._shapes: dict[tuple[Any, ...], tuple[str, int, str, int, float | None, int]] = {}  # _shape
+        self._dtype_names: dict[Any, str] = {}
 
-    def _step_acc(self, step: int) -> StepAcc:
-        acc = self._steps.get(step)
-        if acc is None:
-            acc = self._steps[step] = StepAcc()
-        return acc
+    def forget_groups(self) -> None:
+        """Let go of the process groups kept by object (their sizes, and the shapes of calls on them)."""
+        self._group_sizes.clear()
+        self._group_hosts.clear()
+        self._shapes.clear()
 
-    def _on_collective(self, item: tuple[Any, ...]) -> None:
+    def inflight_steps(self) -> set[int]:
+        """The steps the collectives still in flight were issued in."""
+        return {entry.raw[AT_STEP] for entry in self.inflight.values()}
+
+    def on_collective(self, item: tuple[Any, ...]) -> None:
         seq, async_op, work, cuda = item[AT_SEQ], item[AT_ASYNC], item[AT_WORK], item[AT_CUDA]
         launch = False
         if cuda is UNTIMED:  # issued in a step not timed on the device
@@ -150,7 +156,7 @@ class CollectiveRecords:
                 return
         if not async_op or (work is None and not str(item[AT_API]).startswith("funcol.")):
             if cuda is not None and isinstance(cuda, tuple) and cuda[1] is not None:
-                self._inflight[seq] = Inflight(raw=item)  # resolved when its CUDA events complete
+                self.inflight[seq] = Inflight(raw=item)  # resolved when its CUDA events complete
                 return
             t0, t1 = item[AT_T0], item[AT_T1]
             self._finalize(item, t1, t1 - t0, _SYNC, wait_perf=t0)
@@ -160,12 +166,12 @@ class CollectiveRecords:
         done = self._orphan_done.pop(seq, None)
         entry.wait, entry.done_ns = wait, done
         entry.done_by = self._orphan_seen.pop(seq, None)
-        self._inflight[seq] = entry
+        self.inflight[seq] = entry
         self._try_finalize_async(seq, entry)
 
-    def _on_wait(self, item: tuple[Any, ...]) -> None:
+    def on_wait(self, item: tuple[Any, ...]) -> None:
         seq = item[1]
-        entry = self._inflight.get(seq)
+        entry = self.inflight.get(seq)
         if entry is None:
             if len(self._orphan_waits) < 65536:
                 self._orphan_waits[seq] = item  # the issue record is still in the queue behind it
@@ -173,9 +179,9 @@ class CollectiveRecords:
         entry.wait = item
         self._try_finalize_async(seq, entry)
 
-    def _on_done(self, item: tuple[Any, ...]) -> None:
+    def on_done(self, item: tuple[Any, ...]) -> None:
         seq = item[1]
-        entry = self._inflight.get(seq)
+        entry = self.inflight.get(seq)
         if entry is None:
             if len(self._orphan_done) < 65536:
                 self._orphan_done[seq] = item[2]
@@ -183,9 +189,9 @@ class CollectiveRecords:
         entry.done_ns = item[2]
         self._try_finalize_async(seq, entry)
 
-    def _on_seen_done(self, item: tuple[Any, ...]) -> None:
+    def on_seen_done(self, item: tuple[Any, ...]) -> None:
         seq = item[1]
-        entry = self._inflight.get(seq)
+        entry = self.inflight.get(seq)
         if entry is None:
             if len(self._orphan_seen) < 65536:
                 self._orphan_seen[seq] = item[2]
@@ -203,7 +209,7 @@ class CollectiveRecords:
             resolved = self.cuda_timer.resolve(cuda[0], cuda_end)
             if resolved is None and not (now is not None and now - w1 > CALLBACK_GRACE_NS):
                 return False
-            del self._inflight[seq]
+            del self.inflight[seq]
             if resolved is not None:
                 # The stream waited from the event before the wait to the one after it.
                 waited = self.cuda_timer.resolve_one(cuda_wait)
@@ -218,12 +224,12 @@ class CollectiveRecords:
         if cuda_wait is not None and self.cuda_timer is not None:
             self.cuda_timer.release(cuda_wait)  # its end event was not to be had (the pool ran dry)
         if entry.launch and entry.done_ns is None:  # a GPU collective's wait on the host: not its completion
-            del self._inflight[seq]
+            del self.inflight[seq]
             self._finalize(item, None, w1 - w0, _LAUNCH, wait_perf=w0, wait_step=wait_step)
             return True
         if sampled and entry.done_ns is None and (now is None or now - w1 < CALLBACK_GRACE_NS):
             return False  # the exact completion time is on its way
-        del self._inflight[seq]
+        del self.inflight[seq]
         blocked = w1 - w0
         if entry.done_ns is not None:
             self._finalize(item, entry.done_ns, blocked, Timing.CALLBACK.value, wait_perf=w0, wait_step=wait_step)
@@ -234,11 +240,11 @@ class CollectiveRecords:
             self._finalize(item, w1, blocked, Timing.WAIT.value, wait_perf=w0, wait_step=wait_step)
         return True
 
-    def _check_inflight(self, final: bool) -> None:
-        if not self._inflight:
+    def check_inflight(self, final: bool) -> None:
+        if not self.inflight:
             return
         now = time.perf_counter_ns()
-        for seq, entry in list(self._inflight.items()):
+        for seq, entry in list(self.inflight.items()):
             item = entry.raw
             if entry.wait is not None:
                 if self._try_finalize_async(seq, entry, now=now if not final else now + CALLBACK_GRACE_NS):
@@ -247,13 +253,13 @@ class CollectiveRecords:
             if cuda is not None and isinstance(cuda, tuple) and cuda[1] is not None and self.cuda_timer is not None:
                 resolved = self.cuda_timer.resolve(cuda[0], cuda[1])
                 if resolved is not None:
-                    del self._inflight[seq]
+                    del self.inflight[seq]
                     # A synchronous collective on CUDA: the stream waits for it from start to end.
                     self._finalize(item, None, item[AT_T1] - item[AT_T0], Timing.CUDA_EVENT.value,
                                    unix_span=resolved, wait_perf=item[AT_T0],
                                    stream_wait=(resolved[0], (resolved[1] - resolved[0]) / 1e9))
                 elif final:
-                    del self._inflight[seq]
+                    del self.inflight[seq]
                     self._finalize(item, item[AT_T1], item[AT_T1] - item[AT_T0], Timing.SYNC.value, wait_perf=item[AT_T0])
                 continue
             if entry.wait is not None:
@@ -269,7 +275,7 @@ class CollectiveRecords:
                 except Exception:  # noqa: BLE001
                     completed = True
                 if completed or final:
-                    del self._inflight[seq]
+                    del self.inflight[seq]
                     self._forget_pending(seq, work)
                     if entry.done_ns is not None:
                         self._finalize(item, entry.done_ns, 0, Timing.CALLBACK.value)
@@ -284,7 +290,7 @@ class CollectiveRecords:
                                        Timing.POLL.value if completed else Timing.UNKNOWN.value)
             elif work is None and (age > _POLL_AFTER_NS * 10 or final):
                 # A functional collective whose result was never waited on through wait_tensor.
-                del self._inflight[seq]
+                del self.inflight[seq]
                 self._finalize(item, None, 0, Timing.UNKNOWN.value)
 
     def _forget_pending(self, seq: int, work: Any) -> None:
@@ -391,10 +397,10 @@ class CollectiveRecords:
         self._publish_collective(event)
         # Counted in the step it was issued in; its time in every step it spans (waited on in a later
         # step, or issued in the warm-up and waited on in the first step).
-        emitted = self._emitted_through
+        emitted = self.steps.emitted_through
         last = max(step, wait_step if wait_step is not None else step)
         if step > emitted:
-            acc = self._step_acc(step)
+            acc = self.steps.acc(step)
             acc.collectives += 1
             acc.comm_bytes += nbytes
             acc.by_op[op] = acc.by_op.get(op, 0) + nbytes
@@ -412,17 +418,17 @@ class CollectiveRecords:
         if last > emitted:
             if timing == _LAUNCH:
                 for s in range(max(step, emitted + 1), last + 1):
-                    self._step_acc(s).device_untimed = True
+                    self.steps.acc(s).device_untimed = True
             if complete_ns is not None:
                 for s in range(max(step, emitted + 1), last + 1):
-                    add_interval(self._step_acc(s), (issue_ns, max(issue_ns, complete_ns)))
+                    add_interval(self.steps.acc(s), (issue_ns, max(issue_ns, complete_ns)))
             blocked = event.blocked_interval_ns
             issued = event.issue_interval_ns if async_op else None  # a synchronous call's is its wait
             for interval, into in ((blocked, last), (issued, step)):
                 if interval is not None and into > emitted:
-                    add_blocked(self._step_acc(into), interval)
+                    add_blocked(self.steps.acc(into), interval)
 
-    def _finalize_sync(self, item: tuple[Any, ...]) -> bool:
+    def finalize_sync(self, item: tuple[Any, ...]) -> bool:
         """_finalize of a synchronous host collective of a step not yet summarized (every collective on
         gloo): the same event, record, live counts and step accounting, with what depends only on the
         call's shape (dtype name, group size, meaning, bus factor) looked up once per shape, and the
@@ -447,11 +453,11 @@ class CollectiveRecords:
         # Live: event.duration_s, and event_bandwidth's busbw ((size / seconds) * factor, in its order).
         duration = max(0.0, blocked_s)
         busbw = size / blocked_s * factor if duration and factor is not None and size > 0 else None
-        self._unreleased.append(event)
-        self._unreleased_collectives.append((op, meaning, nbytes, blocked_s, duration, busbw))
-        acc = self._steps.get(step)
+        self._records.append(event)
+        self._counted.append((op, meaning, nbytes, blocked_s, duration, busbw))
+        acc = self._accs.get(step)
         if acc is None:
-            acc = self._steps[step] = StepAcc()
+            acc = self._accs[step] = StepAcc()
         acc.collectives += 1
         acc.comm_bytes += nbytes
         acc.by_op[op] = acc.by_op.get(op, 0) + nbytes
@@ -460,8 +466,8 @@ class CollectiveRecords:
             add_blocked(acc, (issue_ns, issue_ns + span_ns(blocked_s)))
         return True
 
-    def _finalize_sync_batch(self, items: list[tuple[Any, ...]]) -> bool:
-        """_finalize_sync of each of ``items`` (synchronous host collectives of steps not yet summarized, in
+    def finalize_sync_batch(self, items: list[tuple[Any, ...]]) -> bool:
+        """finalize_sync of each of ``items`` (synchronous host collectives of steps not yet summarized, in
         the order they were issued), a column at a time: the same records, live counts and step accounting
         (tests/test_recorder_fast_path.py), with the loops in C (zip, map) rather than one Python call and
         one record object a collective. The records handed to live clients are made when one reads them
@@ -505,8 +511,8 @@ class CollectiveRecords:
         # Live: (op, meaning, bytes, time blocked, duration, busbw) for the totals; the records, unmade.
         busbw = [size / seconds_ * factor if seconds_ > 0 and factor is not None and size > 0 else None
                  for size, seconds_, factor in zip(sizes, blocked, factors, strict=True)]
-        self._publish_unmade(columns, n)
-        self._unreleased_collectives.append([ops, meanings, nbytes, blocked, blocked, busbw])  # columns
+        self.out.publish_unmade(columns, n)
+        self._counted.append([ops, meanings, nbytes, blocked, blocked, busbw])  # columns
         # The steps: one run of each step's collectives at a time (a batch holds one step of a large model,
         # tens of a small one's).
         ends = list(map(_add, issue, map(int, map(_mul, blocked, _repeat(1e9, n)))))  # span_ns(blocked_s)
@@ -520,11 +526,11 @@ class CollectiveRecords:
 
     def _account_sync_run(self, step: int, ops: tuple[str, ...], nbytes: tuple[int, ...], issue: list[int],
                           complete: list[int], blocked: list[float], ends: list[int]) -> None:
-        """_finalize_sync's step accounting of a run of one step's synchronous collectives, in issue order
+        """finalize_sync's step accounting of a run of one step's synchronous collectives, in issue order
         (``ends``: each one's issue_ns + span_ns(blocked_s))."""
-        acc = self._steps.get(step)
+        acc = self._accs.get(step)
         if acc is None:
-            acc = self._steps[step] = StepAcc()
+            acc = self._accs[step] = StepAcc()
         k = len(ops)
         acc.collectives += k
         acc.comm_bytes += sum(nbytes)
@@ -536,7 +542,7 @@ class CollectiveRecords:
         else:
             for (op, size), count in collections.Counter(zip(ops, nbytes, strict=True)).items():  # first-seen order, as one by one
                 by_op[op] = by_op.get(op, 0) + size * count
-        if len(acc.intervals) + len(acc.run_issue) + k > MAX_STEP_INTERVALS:  # folded as it goes: one at a time, as _finalize_sync
+        if len(acc.intervals) + len(acc.run_issue) + k > MAX_STEP_INTERVALS:  # folded as it goes: one at a time, as finalize_sync
             for issue_ns, complete_ns, blocked_s, end_ns in zip(issue, complete, blocked, ends, strict=True):
                 add_interval(acc, (issue_ns, complete_ns))
                 if blocked_s > 0:
@@ -556,22 +562,6 @@ class CollectiveRecords:
                 acc.blocked = []
                 acc.overlap_known = False
 
-    def _publish_unmade(self, columns: tuple[Sequence[Any], ...], n: int) -> None:
-        """Publish a batch's ``n`` records for live clients as its columns: their rows are made when one reads
-        them (RecentRecords)."""
-        self._unreleased.append(Unmade(columns, n))
-        self._unreleased_extra += n - 1  # _release counts the records: an Unmade entry is n of them
-
-    def _write_detail(self, cls: type, values: tuple[Any, ...], record: Record, step: int) -> None:
-        """keeper.detail(record, step) (a step's detail, which ZEROMON_MAX_DISK may thin), with the
-        record's values handed to the compact writer as they are while nothing is thinned."""
-        keeper, writer = self.keeper, self.writer
-        if keeper.level:  # thinned: the keeper holds it until its step decides
-            keeper.detail(record, step)
-        elif writer is not None and keeper.admit() and not (self._write_values is not None
-                                                            and self._write_values(cls, values)):
-            writer.write(record)
-
     def _shape(self, op: str, phase: str, b_in: int, b_out: int, dtype: Any, group: Any,
                caller: Any) -> tuple[str, int, str, int, float | None, int]:
         """What a collective's record takes from its call's shape: (dtype name, group size, meaning,
@@ -586,9 +576,9 @@ class CollectiveRecords:
         return shape
 
     def _publish_collective(self, event: CollectiveEvent) -> None:
-        """_publish, and the running totals behind the live metrics (counted by _release)."""
+        """Outbox.publish of a step's detail, and the running totals behind the live metrics."""
         duration = event.duration_s if event.timing != _UNKNOWN else None
         bandwidth = event_bandwidth(event) if duration else None
         self.keeper.detail(event, event.step)
-        self._unreleased.append(event)
-        self._unreleased_collectives.append(counted(event, duration, bandwidth[1] if bandwidth is not None else None))
+        self._records.append(event)
+        self._counted.append(counted(event, duration, bandwidth[1] if bandwidth is not None else None))

@@ -4,13 +4,13 @@ Everything that costs (dtype names, group sizes, ZeRO meaning, clock conversion,
 NVML) happens here, off the training thread. The thread holds the GIL only in short bursts every
 pass (see LIVE_PASS_S); its own CPU time is measured and reported, every record counted
 (tests/bench/bench_recorder_cpu.py).
-A pass takes the synchronous collectives queued (every one on gloo) and the host's phase spans a column
-at a time (_finalize_sync_batch, _finish_host_spans), and what it publishes of them stays values until a
-client reads it (materialize).
-Collectives are finalized in collective_records.py (CollectiveRecords, a mixin of Recorder; a
-synchronous host collective takes its fast path, _finalize_sync); phases, steps, memory and the thread
-are here. Live clients read the recorder's LiveViews (live_views.py), which get what a drain pass published
-in one hold of their lock (_release), not one per record; the totals count it when read.
+
+A pass drains the queues and hands each raw record to its part: collectives to CollectiveRecords
+(collective_records.py: in flight until complete, then a record; every synchronous host collective a
+column at a time), phase and step boundaries to the StepBook (step_book.py: spans, each step's
+accumulator, its summary once whole), memory samples and OOMs here. What the parts make goes to the
+Outbox (outbox.py): the recording now, live clients (LiveViews, live_views.py) at the pass's end.
+The recorder also watches the rank's progress (ProgressWatch, progress.py) once a pass.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import time
 from typing import Any
 
 from zeromon.analysis.hang import progress_notice
-from zeromon.analysis.step_overlap import AGENT_PHASE, COMPUTE_PHASES, DEVICE_CLOCK, HOST_CLOCK
 from zeromon.model.events import (
     PEAK_PHASES,
     AgentStats,
@@ -32,23 +31,21 @@ from zeromon.model.events import (
     MemorySample,
     Notice,
     OomEvent,
-    PhaseSpan,
     ProgressReport,
-    Record,
     RunEnd,
     RunInfo,
-    StepSummary,
     record_maker,
 )
 from zeromon.model.jsonl import RecordingWriter
 from zeromon.model.kinds import FIELDS_OF, orjson_module
 from zeromon.model.progress import RESUMED, STALLED, RankProgress
-from zeromon_agent.collective_records import CollectiveRecords, Inflight
-from zeromon_agent.detail import DetailKeeper
-from zeromon_agent.live_totals import Counted, CountedColumns
+from zeromon_agent.collective_records import CollectiveRecords
 from zeromon_agent.live_views import LiveViews
+from zeromon_agent.outbox import Outbox
 from zeromon_agent.progress import ProgressWatch, issued_in_all_groups
 from zeromon_agent.state import (
+    AT_CUDA,
+    AT_SEQ,
     RAW_AGENT,
     RAW_COLLECTIVE,
     RAW_DONE,
@@ -62,17 +59,10 @@ from zeromon_agent.state import (
     RAW_WAIT,
     HotState,
 )
-from zeromon_agent.step_acc import (
-    Mark,
-    Span,
-    StepAcc,
-    summarize,
-)
+from zeromon_agent.step_book import StepBook
 
 log = logging.getLogger("zeromon.agent")
 
-# A step's summary waits this long for its in-flight async collectives.
-_STEP_GRACE_NS = 2_000_000_000
 # Steps summarized before the recorded collectives are compared with the process groups' own counts.
 UNSEEN_CHECK_STEPS = 5
 # The drain gives the GIL away every 256 records, well within the interpreter's own switch interval.
@@ -95,18 +85,16 @@ _RECENT_RAW = 256  # raw records kept after their drain, for each group's newest
 _CONTROL_CROWDED = 16384  # control records queued that bring a pass forward (the queue holds 65,536)
 _BATCH = 256  # synchronous collectives finalized a column at a time, between two gives of the GIL
 _KIND, _ASYNC, _STEP, _CUDA = (operator.itemgetter(i) for i in (0, 10, 13, 14))  # of a raw collective
-# A CUDA event (a phase boundary) the GPU has not reached this long after it was recorded is given
-# up on: its spans fall back to host times. Bounds the wait of a step summary on a stalled GPU.
-_MARK_GRACE_NS = 10_000_000_000
 # Built once per record, so built with the slots set directly (record_maker: cheaper than __init__).
-_new_span = record_maker(PhaseSpan)
 _new_memory = record_maker(MemorySample)
 _MEMORY_ORDER = FIELDS_OF[MemorySample][4:]  # the fields the agent's sample dict holds, in order
 _MEMORY_PLAIN = _MEMORY_ORDER[:-1]  # all but the categories, which a sample has when they were walked
 _MEMORY_FIELDS, _MEMORY_FIELDS_WALKED = frozenset(_MEMORY_PLAIN), frozenset(_MEMORY_ORDER)
 
 
-class Recorder(CollectiveRecords):
+class Recorder:
+    """One rank's recorder: the thread that drains the hooks' queues into its parts (the module's docstring)."""
+
     def __init__(self, state: HotState, rank: int, writer: RecordingWriter | None, flush_interval_s: float,
                  recent_events: int = 4096, device: Any = None, device_interval_s: float = 1.0,
                  cuda_timer: Any = None, max_disk: int | None = None, hang_after_s: float = 0.0,
@@ -118,41 +106,22 @@ class Recorder(CollectiveRecords):
         self.device = device  # NvmlDevice or None
         self.device_interval_s = device_interval_s
         self.cuda_timer = cuda_timer
-        # perf_counter_ns -> Unix ns. One pair: the two clocks drift by parts per million at most.
-        self.clock_offset_ns = time.time_ns() - time.perf_counter_ns()
         self.live = LiveViews(recent_events)  # what live clients read (the endpoint, latest_step_figures)
-        self.events_finalized = 0
-        # Published by the drain, not yet handed to live clients (_release, at the end of each pass): on the
-        # recorder, not the views, so that the drain's loops append to them with one look-up a record.
-        self._unreleased: list[Any] = []  # records, or the values of one left unmade (materialize), or Unmade
-        self._unreleased_extra = 0  # the records of _unreleased's Unmade entries beyond one each
-        self._unreleased_collectives: list[Counted | CountedColumns] = []
-        self._unreleased_steps: list[StepSummary] = []
-        self._unreleased_memory: list[MemorySample] = []
+        self.out = Outbox(writer, self.live, max_disk, lambda message: self._recording_notice("info", message))
+        self.keeper = self.out.keeper  # ZEROMON_MAX_DISK: which steps' collectives and phase spans go to the file
+        # perf_counter_ns -> Unix ns. One pair: the two clocks drift by parts per million at most.
+        offset = time.time_ns() - time.perf_counter_ns()
+        self.steps = StepBook(rank, offset, cuda_timer, self.out)
+        self.collectives = CollectiveRecords(state, rank, cuda_timer, offset, self.out, self.steps)
+        self.clock_offset_ns = offset
         self.cpu_time_s = 0.0
-        self._inflight: dict[int, Inflight] = {}
-        self._orphan_waits: dict[int, tuple[Any, ...]] = {}
-        self._orphan_done: dict[int, int] = {}
-        self._orphan_seen: dict[int, int] = {}
-        self._steps: dict[int, StepAcc] = {}
-        self._emitted_through = -1  # steps up to this one are summarized; later events skip them
-        self._unseen_checked = False  # check_unseen_collectives has looked
-        # (phase, its start, step): its start a Mark, or on the host (no GPU) its perf_ns (_on_phase_host)
-        self._phase: tuple[str, Any, int] | None = None
-        self._marks: list[Mark] = []  # boundaries whose CUDA event the GPU has not reached yet
-        # Closed, waiting for their marks: Spans, or on the host (phase, step, start, end) in perf_ns
-        self._spans: collections.deque[Any] = collections.deque()
-        self._group_sizes: dict[Any, int] = {}
-        self._group_hosts: dict[Any, bool] = {}
         # The newest raw collectives drained (they hold their groups: let go with them, _forget_groups), and when
         # the newest record drained happened: with what is queued, when the training thread last did something.
         self._recent_raw: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=_RECENT_RAW)
         self._drained_until = time.perf_counter_ns()
         self.progress = ProgressWatch(state, rank, hang_after_s, self._step_durations, hang_after_setup_s)
+        self._unseen_checked = False  # check_unseen_collectives has looked
         self._groups_destroyed = state.groups_destroyed
-        self._dtype_names: dict[Any, str] = {}
-        self._shapes: dict[tuple[Any, ...], tuple[str, int, str, int, float | None, int]] = {}  # _shape
-        self._write_values = getattr(writer, "write_values", None)  # the compact writer's
         self._last_device_ns = 0
         self._last_stats_ns = 0
         self._stop = threading.Event()
@@ -162,12 +131,20 @@ class Recorder(CollectiveRecords):
         self._drain_lock = threading.Lock()
         self._loss_said = False
         self._hook_places_said: set[str] = set()
-        if cuda_timer is None:  # no GPU, for the whole run: phases as plain tuples (_on_phase_host)
-            self._use_host_phases()
-        # ZEROMON_MAX_DISK: which steps' collectives and phase spans go to the file.
-        self.keeper = DetailKeeper(self._write, max_disk if writer is not None else None,
-                                   lambda: writer.bytes_written if writer is not None else None,
-                                   lambda message: self._recording_notice("info", message))
+
+    @property
+    def clock_offset_ns(self) -> int:
+        """perf_counter_ns -> Unix ns, for the recorder and its parts alike."""
+        return self._clock_offset_ns
+
+    @clock_offset_ns.setter
+    def clock_offset_ns(self, offset: int) -> None:
+        self._clock_offset_ns = self.steps.clock_offset_ns = self.collectives.clock_offset_ns = offset
+
+    @property
+    def events_finalized(self) -> int:
+        """The collectives recorded so far."""
+        return self.collectives.events_finalized
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -221,7 +198,7 @@ class Recorder(CollectiveRecords):
                 if writer is not None:
                     writer.write(self.stats())  # past ZEROMON_MAX_DISK too: the room for the end holds it
                     end = RunEnd(rank=self.rank, t_ns=time.time_ns(), how=how,
-                                 last_step=self._emitted_through if self._emitted_through >= 0 else None,
+                                 last_step=self.steps.emitted_through if self.steps.emitted_through >= 0 else None,
                                  records_lost=writer.records_lost, bytes_lost=writer.bytes_lost,
                                  detail=detail, write_error=writer.error)
                     writer.close(end)
@@ -274,7 +251,7 @@ class Recorder(CollectiveRecords):
                     now = time.perf_counter_ns()
                     if now - self._last_stats_ns > 10_000_000_000:
                         self._last_stats_ns = now
-                        self._write(self.stats())
+                        self.out.write(self.stats())
                     if self.writer is not None:
                         if flush:
                             last_flush = now
@@ -328,7 +305,8 @@ class Recorder(CollectiveRecords):
         recent = [item for item in queued + drained if item[0] == RAW_COLLECTIVE]
         # In flight: what the recorder has not seen complete, and what it has not drained yet of the collectives a
         # GPU times (their events say when they complete; a just-launched one usually has not).
-        inflight = set(self._inflight) | {item[1] for item in queued if item[0] == RAW_COLLECTIVE and item[14]}
+        inflight = set(self.collectives.inflight) | {item[AT_SEQ] for item in queued
+                                                       if item[0] == RAW_COLLECTIVE and item[AT_CUDA]}
         return self.progress.report(reason, recent, inflight, self.last_activity())
 
     def say_progress(self, reason: str) -> None:
@@ -340,7 +318,7 @@ class Recorder(CollectiveRecords):
                 self.writer.flush()
 
     def _write_progress(self, report: RankProgress) -> None:
-        self._write(ProgressReport(rank=self.rank, t_ns=report.t_ns, reason=report.reason, report=report.to_dict()))
+        self.out.write(ProgressReport(rank=self.rank, t_ns=report.t_ns, reason=report.reason, report=report.to_dict()))
 
     def _step_durations(self) -> list[float]:
         return self.live.step_durations(64)
@@ -363,12 +341,12 @@ class Recorder(CollectiveRecords):
         the patch of torch.distributed cannot see them (from C++: DDP's reducer of a DDP module not found in
         what zeromon watches, a builtin comm hook, an extension), and every figure and piece of advice leaves
         them out. A few unseen are usual (an object collective is two or three to the backend)."""
-        if self._unseen_checked or self._emitted_through + 1 < UNSEEN_CHECK_STEPS:
+        if self._unseen_checked or self.steps.emitted_through + 1 < UNSEEN_CHECK_STEPS:
             return
         self._unseen_checked = True
         issued = issued_in_all_groups()
         recorded = self.state.seq
-        if issued is None or issued - recorded < max(self._emitted_through + 1, recorded, 1):
+        if issued is None or issued - recorded < max(self.steps.emitted_through + 1, recorded, 1):
             return
         run_info = self.live.run_info
         framework = run_info.framework if run_info is not None else "unknown"
@@ -399,38 +377,11 @@ class Recorder(CollectiveRecords):
                             message=f"an error in zeromon's {where} hook: training goes on, zeromon's "
                                     "hook errors count it (and any more)")
             self.live.add_notice(record)
-            self._write(record)
+            self.out.write(record)
 
     # --- output -----------------------------------------------------------------------------------
     def unix(self, perf_ns: int) -> int:
         return perf_ns + self.clock_offset_ns
-
-    def _write(self, record: Record) -> None:
-        if self.writer is None:
-            return
-        if self.keeper.admit():  # past ZEROMON_MAX_DISK: counted, not written
-            self.writer.write(record)
-
-    def _publish(self, record: Record, detail_of: int | None = None) -> None:
-        """Write ``record`` (``detail_of``: a step's detail, which ZEROMON_MAX_DISK may thin) and queue it for
-        live clients (_release)."""
-        if detail_of is None:
-            self._write(record)
-        else:
-            self.keeper.detail(record, detail_of)
-        self._unreleased.append(record)
-
-    def _release(self) -> None:
-        """Hand live clients what this pass published, in one hold of the lock (not one a record): each
-        record numbered in order, the running totals counted, the latest samples kept."""
-        records, collectives, steps, memory = self._unreleased, self._unreleased_collectives, \
-            self._unreleased_steps, self._unreleased_memory
-        if not records:
-            return
-        self._unreleased, self._unreleased_collectives, self._unreleased_steps, self._unreleased_memory = \
-            [], [], [], []
-        count, self._unreleased_extra = len(records) + self._unreleased_extra, 0
-        self.live.release(records, count, collectives, steps, memory)
 
     def stats(self) -> AgentStats:
         writer = self.writer
@@ -444,12 +395,12 @@ class Recorder(CollectiveRecords):
         record = Notice(rank=self.rank, t_ns=time.time_ns(), level=level, source=source, message=message)
         self.live.add_notice(record)
         with self._drain_lock:
-            self._write(record)
+            self.out.write(record)
 
     def set_run_info(self, info: RunInfo) -> None:
         self.live.set_run_info(info)
         with self._drain_lock:
-            self._write(info)
+            self.out.write(info)
 
     # --- draining ---------------------------------------------------------------------------------
     def _drain(self, final: bool) -> None:
@@ -476,17 +427,17 @@ class Recorder(CollectiveRecords):
         if collectives and self._all_sync(collectives):  # every collective on gloo: a column at a time
             for start in range(0, len(collectives), _BATCH):
                 if start:
-                    self._release()  # as _dispatch does every 256 records
+                    self.out.release()  # as _dispatch does every 256 records
                     time.sleep(0)
                 batch = collectives[start:start + _BATCH]
-                if not self._finalize_sync_batch(batch):
+                if not self.collectives.finalize_sync_batch(batch):
                     self._dispatch(batch)
         else:
             self._dispatch(collectives)
-        self._check_inflight(final)
-        self._resolve_spans(final)
-        self._emit_steps(final)
-        self._release()
+        self.collectives.check_inflight(final)
+        self.steps.resolve_spans(final)
+        self.steps.emit_steps(final, self.collectives.inflight_steps())
+        self.out.release()
         if destroyed != self._groups_destroyed:
             self._groups_destroyed = destroyed
             self._forget_groups()
@@ -494,254 +445,43 @@ class Recorder(CollectiveRecords):
     def _forget_groups(self) -> None:
         """Let go of the process groups kept by object (their sizes, and the shapes of calls on them): after a
         destroy_process_group, and at the stop. They are found again at their next collective."""
-        self._group_sizes.clear()
-        self._group_hosts.clear()
-        self._shapes.clear()
+        self.collectives.forget_groups()
         self._recent_raw.clear()
 
     def _all_sync(self, items: list[tuple[Any, ...]]) -> bool:
         """Whether ``items`` are all synchronous host collectives of steps not yet summarized (the queue's
-        whole content on gloo): _finalize_sync_batch's, the checks made in C."""
+        whole content on gloo): CollectiveRecords.finalize_sync_batch's, the checks made in C."""
         return (set(map(_KIND, items)) == {RAW_COLLECTIVE} and not any(map(_ASYNC, items))
-                and set(map(_CUDA, items)) == {None} and min(map(_STEP, items)) > self._emitted_through)
+                and set(map(_CUDA, items)) == {None} and min(map(_STEP, items)) > self.steps.emitted_through)
 
     def _dispatch(self, items: list[tuple[Any, ...]]) -> None:
         """Each raw record in turn, by its kind."""
-        sleep, emitted, finalize_sync = time.sleep, self._emitted_through, self._finalize_sync
-        # The other kinds' handlers, as this recorder has them (host phases: _use_host_phases).
-        handlers = {RAW_PHASE: self._on_phase, RAW_MEMORY: self._on_memory, RAW_AGENT: self._on_agent,
-                    RAW_STEP_END: self._on_step_end, RAW_STEP_START: self._on_step_start, RAW_WAIT: self._on_wait,
-                    RAW_DONE: self._on_done, RAW_SEEN_DONE: self._on_seen_done, RAW_OOM: self._on_oom}
+        sleep, emitted, finalize_sync = time.sleep, self.steps.emitted_through, self.collectives.finalize_sync
+        # The other kinds' handlers (the StepBook's are the host's where there is no GPU).
+        steps, collectives = self.steps, self.collectives
+        handlers = {RAW_PHASE: steps.on_phase, RAW_MEMORY: self._on_memory, RAW_AGENT: steps.on_agent,
+                    RAW_STEP_END: steps.on_step_end, RAW_STEP_START: steps.on_step_start,
+                    RAW_WAIT: collectives.on_wait, RAW_DONE: collectives.on_done,
+                    RAW_SEEN_DONE: collectives.on_seen_done, RAW_OOM: self._on_oom}
         for index, item in enumerate(items):
             if index & _YIELD_EVERY_MASK == 0 and index:
                 # Hand the GIL back: a waiting training thread would otherwise wait until the
                 # interpreter's switch interval forces it, stretching whatever it was timing.
                 # What was published so far goes to live clients first: a long pass holds the lock
                 # (and the GIL) for 256 records' worth of live totals at a time, not for all of them.
-                self._release()
+                self.out.release()
                 sleep(0)
             kind = item[0]
             if kind == RAW_COLLECTIVE:
                 # Synchronous, on the host, of a step not yet summarized (every collective on gloo): the
-                # fast path. _emitted_through moves only at the pass's end (_emit_steps). Bare indices here, the
+                # fast path. emitted_through moves only at the pass's end (StepBook.emit_steps). Bare indices here, the
                 # hot loop's (state.AT_ASYNC, AT_CUDA, AT_STEP name them).
                 if item[10] or item[14] is not None or item[13] <= emitted or not finalize_sync(item):
-                    self._on_collective(item)
+                    collectives.on_collective(item)
             else:
                 handler = handlers.get(kind)
                 if handler is not None:
                     handler(item)
-
-    def _mark(self, t: int, event: Any) -> Mark:
-        mark = Mark(perf=t, event=event if self.cuda_timer is not None else None)
-        if mark.event is not None:
-            self._marks.append(mark)
-        return mark
-
-    def _on_phase(self, item: tuple[Any, ...]) -> None:
-        phase, t, step = item[1], item[2], item[3]
-        mark = self._mark(t, item[4] if len(item) > 4 else None)
-        self._close_phase(mark)
-        self._phase = (phase, mark, step)
-
-    def _close_phase(self, end: Mark) -> Span | None:
-        if self._phase is None:
-            return None
-        phase, start, step = self._phase
-        self._phase = None
-        if end.perf <= start.perf:
-            return None
-        span = Span(phase, step, start, end)
-        self._spans.append(span)
-        return span
-
-    def _on_agent(self, item: tuple[Any, ...]) -> None:
-        """zeromon's own work at a boundary: a span of the `agent` phase inside the current one (host
-        clock only: on the GPU the stream goes on meanwhile, and its spans are on the GPU's clock)."""
-        _, step, t0, t1, phase = item
-        if self._phase is None or (self.cuda_timer is not None and self.cuda_timer.active):
-            return
-        current, _, current_step = self._phase
-        self._close_phase(Mark(perf=t0))
-        self._spans.append(Span(AGENT_PHASE, current_step, Mark(perf=t0), Mark(perf=t1)))
-        self._phase = (current, Mark(perf=t1), current_step)
-
-    # --- phases on the host (no GPU) -----------------------------------------------------------------
-    # The same spans as the handlers above, made of plain values: the current phase is (phase, start perf_ns,
-    # step), a closed one (phase, step, start perf_ns, end perf_ns), no Mark nor Span a boundary (a step has
-    # a span or more a phase, each an object otherwise; tests/test_recorder_fast_path.py holds them equal).
-    # Steps' own boundaries stay Marks (StepAcc.start, .end: two a step).
-    def _use_host_phases(self) -> None:
-        self._on_phase, self._on_agent = self._on_phase_host, self._on_agent_host  # type: ignore[method-assign]
-        self._on_step_start, self._on_step_end = self._on_step_start_host, self._on_step_end_host  # type: ignore[method-assign]
-
-    def _on_phase_host(self, item: tuple[Any, ...]) -> None:
-        t = item[2]
-        current = self._phase
-        if current is not None and t > current[1]:
-            self._spans.append((current[0], current[2], current[1], t))
-        self._phase = (item[1], t, item[3])
-
-    def _on_agent_host(self, item: tuple[Any, ...]) -> None:
-        _, _, t0, t1, _ = item
-        current = self._phase
-        if current is None:
-            return
-        name, start, step = current
-        spans = self._spans
-        if t0 > start:
-            spans.append((name, step, start, t0))
-        spans.append((AGENT_PHASE, step, t0, t1))
-        self._phase = (name, t1, step)
-
-    def _on_step_start_host(self, item: tuple[Any, ...]) -> None:
-        _, step, t, _, phase = item
-        current = self._phase
-        if current is not None and t > current[1] and current[2] != step:  # a gap inside the step is none
-            self._spans.append((current[0], current[2], current[1], t))
-        self._phase = (phase, t, step)
-        self._step_acc(step).start = Mark(perf=t)
-
-    def _on_step_end_host(self, item: tuple[Any, ...]) -> None:
-        _, step, t, _, explicit = item
-        current = self._phase
-        if current is not None and t > current[1]:
-            self._spans.append((current[0], current[2], current[1], t))
-        self._phase = (current[0], t, step + 1) if current is not None and not explicit else None
-        acc = self._step_acc(step)
-        acc.end = Mark(perf=t)
-        acc.ended_at_perf = time.perf_counter_ns()
-
-    def _on_step_start(self, item: tuple[Any, ...]) -> None:
-        """zeromon_agent.step()'s entry: the step opens here; the time since the previous step's exit
-        belongs to no step."""
-        _, step, t, event, phase = item
-        mark = self._mark(t, event)
-        gap = self._close_phase(mark)
-        if gap is not None and gap.step == step and self._spans and self._spans[-1] is gap:
-            self._spans.pop()
-        self._phase = (phase, mark, step)
-        self._step_acc(step).start = mark
-
-    def _resolve_spans(self, final: bool) -> None:
-        """Turn closed phases into PhaseSpans, in order: on the GPU's clock once the GPU has reached
-        both of their boundaries, else (no GPU, given up, or at exit) on the host's."""
-        if self._marks:
-            timer, now = self.cuda_timer, time.perf_counter_ns()
-            waiting = []
-            for mark in self._marks:
-                unix = timer.resolve_one(mark.event)
-                if unix is None and not final and now - mark.perf < _MARK_GRACE_NS:
-                    waiting.append(mark)
-                    continue
-                timer.release(mark.event)
-                mark.event, mark.unix = None, unix
-            self._marks = waiting
-        spans, offset, finish = self._spans, self.clock_offset_ns, self._finish_span
-        if self.cuda_timer is None and spans:  # no GPU: every closed phase is on the host's clock, now
-            self._finish_host_spans(list(spans))
-            spans.clear()
-            return
-        while spans and spans[0].start.event is None and spans[0].end.event is None:  # neither pending
-            span = spans.popleft()
-            start, end = span.start, span.end
-            if start.unix is not None and end.unix is not None:
-                finish(span, start.unix, end.unix, "cuda_event")
-            else:
-                finish(span, start.perf + offset, end.perf + offset, HOST_CLOCK)
-
-    def _finish_host_spans(self, spans: list[tuple[str, int, int, int]]) -> None:
-        """_finish_span of each of ``spans`` (closed, in order) on the host's clock, a column at a time: the
-        same records and step accounting (tests/test_recorder_fast_path.py), the records handed to live
-        clients unmade (``materialize``), as _finalize_sync_batch does for collectives."""
-        k, offset, rank, emitted = len(spans), self.clock_offset_ns, self.rank, self._emitted_through
-        phases, steps, starts_perf, ends_perf = zip(*spans, strict=True)  # _on_phase_host's tuples
-        starts = list(map(operator.add, starts_perf, itertools.repeat(offset, k)))
-        ends = list(map(operator.add, ends_perf, itertools.repeat(offset, k)))
-        columns = ([rank] * k, steps, phases, starts, ends, [HOST_CLOCK] * k)
-        keeper, writer = self.keeper, self.writer
-        write_columns = getattr(writer, "write_columns", None)
-        columns_take = set(map(type, steps)) == {int} and set(map(type, phases)) == {str} \
-            and {*map(type, starts), *map(type, ends)} == {int}  # CompactWriter's fit check, for all
-        if keeper.level or not columns_take or write_columns is None:
-            for row, step in zip(zip(*columns, strict=True), steps, strict=True):
-                self._write_detail(PhaseSpan, row, _new_span(row), step)
-        elif keeper.admit(k) and not write_columns(PhaseSpan, columns, k) and writer is not None:
-            for row in zip(*columns, strict=True):
-                writer.write(_new_span(row))  # the file is gone: counted as lost
-        self._publish_unmade(columns, k)
-        # The steps: a run of one step's spans at a time (a pass holds a few steps, each ~10 spans).
-        get_acc, durations, start = self._step_acc, list(map(operator.sub, ends, starts)), 0
-        for step, run in itertools.groupby(steps):
-            end = start + len(list(run))
-            if step > emitted:
-                acc = get_acc(step)
-                phase_ns, run_phases = acc.phase_ns, phases[start:end]
-                for phase, duration in zip(run_phases, durations[start:end], strict=True):  # in order: the dict's
-                    phase_ns[phase] = phase_ns.get(phase, 0) + duration
-                if AGENT_PHASE in run_phases:
-                    acc.agent.extend(itertools.compress(zip(starts[start:end], ends[start:end], strict=True),
-                                                        map(AGENT_PHASE.__eq__, run_phases)))
-                first = min(starts[start:end])
-                if acc.start_ns is None or first < acc.start_ns:
-                    acc.start_ns = first
-            start = end
-
-    def _finish_span(self, span: Span, start_ns: int, end_ns: int, timing: str) -> None:
-        values = (self.rank, span.step, span.phase, start_ns, end_ns, timing)
-        record = _new_span(values)
-        self._write_detail(PhaseSpan, values, record, span.step)
-        self._unreleased.append(record)
-        if span.step > self._emitted_through:
-            acc = self._step_acc(span.step)
-            acc.phase_ns[span.phase] = acc.phase_ns.get(span.phase, 0) + end_ns - start_ns
-            if span.phase == AGENT_PHASE:
-                acc.agent.append((start_ns, end_ns))
-            elif timing == DEVICE_CLOCK:
-                acc.on_stream = True
-                if span.phase in COMPUTE_PHASES:
-                    acc.compute.append((start_ns, end_ns))
-            if acc.start_ns is None or start_ns < acc.start_ns:
-                acc.start_ns = start_ns
-
-    def _on_step_end(self, item: tuple[Any, ...]) -> None:
-        _, step, t, event, explicit = item
-        mark = self._mark(t, event)
-        phase = self._phase
-        self._close_phase(mark)
-        if phase is not None and not explicit:  # the next step starts where this one ends
-            self._phase = (phase[0], mark, step + 1)
-        acc = self._step_acc(step)
-        acc.end = mark
-        acc.ended_at_perf = time.perf_counter_ns()
-
-    def _emit_steps(self, final: bool) -> None:
-        now = time.perf_counter_ns()
-        inflight_steps = {entry.raw[13] for entry in self._inflight.values()}
-        unresolved_steps = {span.step for span in self._spans}
-        for step in sorted(self._steps):
-            acc = self._steps[step]
-            end = acc.end
-            if end is None:
-                break  # unfinished: a step that never ended is not summarized, nor any after it
-            if not final and (end.pending or (acc.start is not None and acc.start.pending)
-                              or step in unresolved_steps):
-                break  # its phases still wait for the GPU (bounded by _MARK_GRACE_NS)
-            if step in inflight_steps and not final and now - acc.ended_at_perf < _STEP_GRACE_NS:
-                break  # summaries go out in step order
-            del self._steps[step]
-            self._emitted_through = step
-            end_ns = end.unix if end.unix is not None else self.unix(end.perf)
-            if acc.start is not None:  # zeromon_agent.step(): the block's entry
-                start_ns = acc.start.unix if acc.start.unix is not None else self.unix(acc.start.perf)
-            else:
-                start_ns = acc.start_ns if acc.start_ns is not None else end_ns
-            start_ns = min(start_ns, end_ns)
-            summary = summarize(acc, self.rank, step, start_ns, end_ns)
-            self.keeper.step_done(summary)
-            self._write(summary)
-            self._unreleased.append(summary)
-            self._unreleased_steps.append(summary)
 
     def _on_memory(self, item: tuple[Any, ...]) -> None:
         _, phase, step, t, fields = item
@@ -753,31 +493,32 @@ class Recorder(CollectiveRecords):
             # the values, the record made when one reads it (materialize): a sample nobody reads makes none.
             sample: Any = (self.rank, step, phase, t_ns, *map(fields.__getitem__, _MEMORY_PLAIN),
                            fields.get("categories", {}))
-            keeper, writer = self.keeper, self.writer
+            out = self.out
+            keeper, writer, write_values = out.keeper, out.writer, out.write_values
             if keeper.level:  # thinned: the keeper holds the record until its step decides
                 keeper.detail(_new_memory(sample), step)
-            elif writer is not None and keeper.admit() and not (self._write_values is not None
-                                                                and self._write_values(MemorySample, sample)):
+            elif writer is not None and keeper.admit() and not (write_values is not None
+                                                                and write_values(MemorySample, sample)):
                 writer.write(_new_memory(sample))
             allocated, rss = fields["allocated"], fields["rss"]
         else:  # anything else: the constructor says what is wrong
             sample = MemorySample(rank=self.rank, step=step, phase=phase, t_ns=t_ns, **fields)
             self.keeper.detail(sample, step)
             allocated, rss = sample.allocated, sample.rss
-        self._unreleased.append(sample)
-        self._unreleased_memory.append(sample)
+        self.out.records.append(sample)
+        self.out.memory.append(sample)
         # The step's peak from the samples taken every step: those of the highest moments inside a
         # forward or backward come in walk steps only, and would make a sawtooth of the series.
-        if step > self._emitted_through and phase not in PEAK_PHASES:
+        if step > self.steps.emitted_through and phase not in PEAK_PHASES:
             level = allocated if allocated is not None else rss
-            acc = self._step_acc(step)
+            acc = self.steps.acc(step)
             if level is not None and (acc.peak_memory is None or level > acc.peak_memory):
                 acc.peak_memory = level
 
     def _on_oom(self, item: tuple[Any, ...]) -> None:
         _, t, device, info, snapshot, phase, step = item
         self.live.count_oom()
-        self._publish(OomEvent(rank=self.rank, step=step, phase=phase, t_ns=self.unix(t), device=device,
+        self.out.publish(OomEvent(rank=self.rank, step=step, phase=phase, t_ns=self.unix(t), device=device,
                                allocated=info.get("allocated"), requested=info.get("requested"),
                                free=info.get("free"), snapshot_path=snapshot))
 
@@ -792,6 +533,6 @@ class Recorder(CollectiveRecords):
         if reading is None:
             return
         sample = DeviceSample(rank=self.rank, t_ns=time.time_ns(), **reading)
-        self._publish(sample)
+        self.out.publish(sample)
         self.live.set_device(sample)
-        self._release()
+        self.out.release()

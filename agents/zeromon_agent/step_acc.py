@@ -64,7 +64,7 @@ class StepAcc:
     start: Mark | None = None  # zeromon_agent.step()'s entry, which opens the step
     end: Mark | None = None  # set when the step ended
     ended_at_perf: int = 0
-    # The synchronous collectives of the recorder's batches (_finalize_sync_batch) not yet in ``intervals`` and
+    # The synchronous collectives of the recorder's batches (CollectiveRecords.finalize_sync_batch) not yet in ``intervals`` and
     # ``blocked``, as columns: issue_ns, complete_ns, issue_ns + span_ns(blocked_s), blocked_s. A step of
     # calls one after another inside its window is summarized from them as they are (summarize), without a
     # pair of tuples a collective (a cost on the recorder's thread, the garbage collector's share with

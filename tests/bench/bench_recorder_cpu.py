@@ -122,7 +122,7 @@ def replay(path: Path, out: Path) -> tuple[float, int]:
                                         host="replay", pid=0, created_unix_ns=time.time_ns(), flush_interval_s=5.0,
                                         end_record=True)
     recorder = Recorder(state, 0, writer, 5.0)
-    recorder._group_sizes[_GROUP] = 2
+    recorder.collectives._group_sizes[_GROUP] = 2
     cpu0 = time.thread_time()
     for final, items, collectives in passes:
         state.control.extend(items)
@@ -279,7 +279,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--scale", type=float, default=1.0, help="multiply each shape's steps")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--capture", metavar="FOLDER", help="only capture rank 0's passes of one run of --shape "
+                        "into FOLDER/passes.pickle (for --replay in another tree: a before/after of the recorder)")
+    parser.add_argument("--shape", default="default", choices=[key for key, *_ in SHAPES.values()])
+    parser.add_argument("--replay", metavar="PICKLE", help="only replay captured passes through this tree's "
+                        "Recorder REPLAYS times and print the median µs per collective, then each replay's")
     args = parser.parse_args(argv)
+    if args.capture:
+        _, steps, shape, _ = next(v for v in SHAPES.values() if v[0] == args.shape)
+        Path(args.capture).mkdir(parents=True, exist_ok=True)
+        run(Path(args.capture) / "run", True, steps, shape, capture=Path(args.capture) / "passes.pickle")
+        return 0
+    if args.replay:
+        per = []
+        for _ in range(REPLAYS):
+            with tempfile.TemporaryDirectory(prefix="zeromon-bench-replay-") as out:
+                cpu_s, n = replay(Path(args.replay), Path(out))
+                per.append(cpu_s / n * 1e6)
+        print(f"{statistics.median(per):.2f}", " ".join(f"{v:.2f}" for v in per), f"({n:,} collectives)")
+        return 0
     rows: list[benchlib.Row] = []
     extra: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="zeromon-bench-recorder-") as tmp:
