@@ -73,7 +73,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     # The base interpreter, not this environment's: nothing of the test environment's packages is visible.
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     # torch pinned to the CPU build, as the README's install says: a bare dependency would resolve to CUDA's.
-    # --no-compile: Python compiles what the commands import as they import it, not all of torch first.
+    # --no-compile: the few processes this test starts compile what they import (each again, where
+    # PYTHONDONTWRITEBYTECODE is set), less than pip compiling all of torch first.
     _pip(venv / "bin" / "python", "install", "-q", "--no-compile", "torch==2.13.0", str(wheels[0]))
     home = root / "home"
     home.mkdir()
