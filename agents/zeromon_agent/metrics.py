@@ -234,7 +234,8 @@ class AgentCollector(Collector):
         yield from self._gauge("zeromon_progress_age_seconds", "Seconds since the rank last made progress (a "
                                "collective issued or completed, a phase or step boundary).", round(p.idle_s, 3))
         yield from self._gauge("zeromon_stall_threshold_seconds", "No progress for this long makes the rank "
-                               "suspect (ZEROMON_HANG_AFTER, else the larger of 30 s and ten median steps, 300 s before the first step).",
+                               "suspect (ZEROMON_HANG_AFTER, else the larger of 30 s and ten median steps; before the first "
+                               "step ends ZEROMON_HANG_AFTER_SETUP, else the larger of 300 s and ZEROMON_HANG_AFTER).",
                                p.threshold_s)
         yield from self._gauge("zeromon_stalled", "1 while the rank has made no progress for its threshold.",
                                1 if p.stalled else 0)
