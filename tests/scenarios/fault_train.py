@@ -43,6 +43,13 @@ import torch.distributed as dist
 from gloo_exit import leave
 
 
+def say(text: str) -> None:
+    # One write a line: under PYTHONUNBUFFERED, print() writes the text and its newline apart, and two ranks
+    # sharing the launcher's output could run their lines together.
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
 def inject(what: set[str]) -> None:
     from zeromon.model import codec
     from zeromon_agent import collectives, memory, snapshot, state
@@ -106,20 +113,20 @@ class _FullDisk:
 def scrape(agent: Any) -> None:
     endpoint = getattr(agent, "endpoint", None)
     if endpoint is None:
-        print("SCRAPE none", flush=True)
+        say("SCRAPE none")
         return
     try:
         with urllib.request.urlopen(endpoint.url + "/metrics", timeout=5) as answer:
-            print(f"SCRAPE {answer.status}", flush=True)
+            say(f"SCRAPE {answer.status}")
     except urllib.error.HTTPError as exc:
-        print(f"SCRAPE {exc.code}", flush=True)
+        say(f"SCRAPE {exc.code}")
     except OSError as exc:
-        print(f"SCRAPE error {exc}", flush=True)
+        say(f"SCRAPE error {exc}")
 
 
 def die(how: str, message: str) -> None:
     if how == "kill":  # when, on the recording's clock (unix ns), for the test of what a crash may lose
-        print(f"DYING {time.time_ns()}", flush=True)
+        say(f"DYING {time.time_ns()}")
     sys.stdout.flush()
     if how == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
@@ -188,7 +195,7 @@ def main() -> None:
         import zeromon_agent
 
         agent = zeromon_agent.attach(model=model, optimizer=optimizer)
-        print(f"ATTACHED rank {rank} started={agent.started}", flush=True)
+        say(f"ATTACHED rank {rank} started={agent.started}")
     die_rank, die_step, die_how = (args.die.split(":") + ["", "", ""])[:3] if args.die else ("-1", "-1", "")
     if args.attempt is not None and args.attempt != int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")):
         die_rank = "-1"
@@ -199,7 +206,7 @@ def main() -> None:
             die(die_how, args.message)
         if rank == 0 and step == args.vanish:
             shutil.rmtree(os.environ["ZEROMON_OUT"])
-            print(f"VANISHED at step {step}", flush=True)
+            say(f"VANISHED at step {step}")
         x = torch.randn(8, 16, generator=generator)
         y = x.sum(dim=1, keepdim=True)
         loss = torch.nn.functional.mse_loss(model(x), y)
@@ -223,7 +230,7 @@ def main() -> None:
         if args.sleep:
             time.sleep(args.sleep)
     if rank == 0:
-        print("LOSSES " + json.dumps(losses), flush=True)
+        say("LOSSES " + json.dumps(losses))
     if not args.no_init:
         dist.barrier()
         dist.destroy_process_group()
