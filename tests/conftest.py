@@ -51,25 +51,6 @@ def _ci_install_for(reason: str) -> str | None:
     return None
 
 
-# xdist gives each of its workers whole files (--dist loadfile), in the order collected (--no-loadscope-reorder,
-# pyproject.toml; xdist's own order, by number of tests, ran the few-test files of long real runs last, and one
-# worker ran them alone at the end). The files that take a minute or more of a full run here go first, the longest
-# first; the rest after them, those with more tests first, as xdist would have ordered them.
-SLOW_FILES = (
-    "test_demo.py", "test_faults.py", "test_frameworks.py", "test_exposed_oracle.py", "test_hang.py",
-    "test_dashboard_browser.py", "test_wheel.py", "test_agent_lifecycle.py", "test_coexistence.py",
-    "test_gloo_exit.py", "test_tui_tmux.py",
-)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    rank = {name: i for i, name in enumerate(SLOW_FILES)}
-    tests_in: dict[Path, int] = {}
-    for item in items:
-        tests_in[item.path] = tests_in.get(item.path, 0) + 1
-    items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), -tests_in[item.path], str(item.path)))
-
-
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.skipped and isinstance(report.longrepr, (tuple, list)) and len(report.longrepr) == 3:
         install = _ci_install_for(str(report.longrepr[2]))
