@@ -12,8 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 REPO = Path(__file__).resolve().parent.parent
+# Property tests judge what comes out, never how fast: no deadline for any of them (a loaded 2-core machine ran one
+# example of a lint property in 3.8 s; speed is measured in tests/bench/), and pytest-timeout stops a hang.
+settings.register_profile("zeromon", deadline=None)
+settings.load_profile("zeromon")
 # Tests stop zeromon's commands with SIGINT, as Ctrl-C does. A suite started in the background of a
 # non-interactive shell (`cmd &`) inherits SIGINT ignored, and so would every child (an ignored signal stays
 # ignored across exec): their Ctrl-C would do nothing. A handler here is reset to the default in each child.

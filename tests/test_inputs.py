@@ -34,7 +34,7 @@ from zeromon_agent.config import ENV, AgentConfig, load_config
 
 from conftest import REPO, child_env, refuses_field, torchrun_args, zeromon
 
-FAST = settings(max_examples=60, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 # Text a person might type for a number: real numbers, their edge cases, units, junk.
 number_words = st.sampled_from(["nan", "NaN", "inf", "-inf", "Infinity", "1e400", "-1e400", "1e-400", "0", "-0",
@@ -222,7 +222,7 @@ def _lint_cli(tmp_path: Path, name: str, data: bytes, capsys: pytest.CaptureFixt
     return code
 
 
-@settings(max_examples=80, deadline=3000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(config=configs)
 def test_lint_reports_any_json_config_as_findings(config: dict[str, Any], tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
@@ -243,7 +243,7 @@ def _leaves(value: Any) -> list[Any]:
     return [value]
 
 
-@settings(max_examples=40, deadline=3000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(block=st.dictionaries(st.sampled_from(["zero_stage", "gradient_accumulation_steps", "gradient_clipping",
                                               "offload_optimizer_device", "offload_param_device",
                                               "zero3_save_16bit_model", "deepspeed_config_file"]), scalars),
@@ -256,7 +256,7 @@ def test_lint_reports_any_accelerate_yaml_as_findings(block: dict[str, Any], pro
     _lint_cli(tmp_path, "acc.yaml", yaml.safe_dump(doc).encode(), capsys)
 
 
-@settings(max_examples=60, deadline=3000, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.one_of(st.binary(max_size=200), st.text(max_size=200).map(str.encode),
                       st.integers(1, 3000).map(lambda n: ("[" * n).encode()),
                       st.integers(1, 3000).map(lambda n: ('{"a":' * n + "1" + "}" * n).encode()),
