@@ -44,10 +44,16 @@ def test_the_callback_alone_sends_each_ranks_recorded_figures_to_report_to_and_l
         assert all(log["zeromon/step"] < log["global_step"] for log in with_figures)
         for log in with_figures:
             check_against_recording(log, steps, {"rel": 1e-9, "abs": 1e-12})
+        # Once a trainer step: the end of training's summary, logged at the last step again, gets no figures.
+        summary = [log for log in logs if "train_runtime" in log]
+        assert summary and not [key for log in summary for key in log if key.startswith("zeromon/")], summary
         if rec.rank == 0:
             # zeromon's callback moved itself ahead of report_to's, so TensorBoard has its keys at the log's own
-            # step (HF's integrations write training logs as "train/<key>").
-            scalars = {(step, tag): value for step, tag, value in tb_events(tmp_path / "tb-hf")}
+            # step (HF's integrations write training logs as "train/<key>"), one point a step and key.
+            events = tb_events(tmp_path / "tb-hf")
+            points = [(step, tag) for step, tag, _ in events if "zeromon/" in tag]
+            assert len(points) == len(set(points)), sorted(p for p in points if points.count(p) > 1)
+            scalars = {(step, tag): value for step, tag, value in events}
             for log in with_figures:
                 for key in ("zeromon/step", "zeromon/exposed_comm_s", "zeromon/exposed_comm_pct",
                             "zeromon/memory_headroom_bytes", "zeromon/oom_risk", "zeromon/findings"):

@@ -4,8 +4,8 @@
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[ZeromonCallback()])
 
 At ``on_train_begin`` it attaches the agent to the trainer's model (the outermost: DDP, FSDP or the
-DeepSpeed engine) and optimizer, starting it unless ``zeromon run`` already did. At every ``on_log``
-it adds the agent's newest figures to the logs under ``zeromon/`` (docs/trainers.md), so that the
+DeepSpeed engine) and optimizer, starting it unless ``zeromon run`` already did. At each trainer step's
+first ``on_log`` it adds the agent's newest figures to the logs under ``zeromon/`` (docs/trainers.md), so that the
 ``report_to`` integrations (TensorBoard, W&B, MLflow, ...) write them with the loss.
 
 The Trainer calls its callbacks in list order, ``report_to``'s integrations before those passed as
@@ -77,12 +77,13 @@ def _callback_class() -> type:
     from transformers.trainer_callback import CallbackHandler
 
     class ZeromonCallback(TrainerCallback):  # type: ignore[misc]  # transformers is untyped here
-        """Attaches the zeromon agent at train begin and adds its newest per-step figures to every log
+        """Attaches the zeromon agent at train begin and adds its newest per-step figures to each step's log
         (keys under ``prefix``, docs/trainers.md); new findings go to the ``zeromon.integrations.hf``
         logger as warnings, on the main process. Never raises into training."""
 
         def __init__(self, prefix: str = DEFAULT_PREFIX) -> None:
             self.report = TrainerReport(prefix)
+            self.figures_at: int | None = None  # the trainer step whose log carries the figures
 
         def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
                            **kwargs: Any) -> None:
@@ -106,7 +107,11 @@ def _callback_class() -> type:
             if logs is None:
                 return
             values, texts = self.report.read()
-            if values:
+            # Once a trainer step, with its first log: a later log at the same step (the end of training's summary,
+            # an evaluation) gets none, or a logger would keep two points of one key at one step.
+            step = getattr(state, "global_step", None)
+            if values and (step is None or step != self.figures_at):
+                self.figures_at = step
                 logs.update(values)
                 guarded("integration_history", lambda: _add_to_history(state, values), None)
             if texts and getattr(state, "is_world_process_zero", True):
