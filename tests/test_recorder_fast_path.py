@@ -339,8 +339,7 @@ def _record_all(raws: list[tuple[Any, ...]], path: str, offset: int, tmp: Path) 
     or "plain" (_finalize); the records it wrote, but those stamped with the wall clock."""
     path_ = tmp / f"{path}.zmr"
     state = HotState()
-    recorder = Recorder(state, 3, CompactWriter(path_, 3), 0.2)
-    recorder.clock_offset_ns = offset
+    recorder = Recorder(state, 3, CompactWriter(path_, 3), 0.2, clock_offset_ns=offset)
     recorder.collectives._group_sizes[None] = 2  # a group of two: busbw has a bus factor
     if path == "batch":  # the path is taken, not left for the item-by-item one
         batch = recorder.collectives.finalize_sync_batch
@@ -388,8 +387,7 @@ def _summaries_of(calls: list[tuple[int, int]], agent: list[tuple[int, int]], wi
     """The summaries a Recorder makes of one step (``window``, perf_counter ns) of synchronous collectives
     (``calls``: [t0, t1]) and agent spans, by ``path`` ("batch": finalize_sync_batch, else _finalize)."""
     state = HotState()
-    recorder = Recorder(state, 0, CompactWriter(tmp / f"{path}.zmr", 0), 0.2)
-    recorder.clock_offset_ns = 10**18
+    recorder = Recorder(state, 0, CompactWriter(tmp / f"{path}.zmr", 0), 0.2, clock_offset_ns=10**18)
     recorder.collectives._group_sizes[None] = 2
     if path != "batch":
         recorder.collectives.finalize_sync_batch = lambda items: False  # type: ignore[method-assign]
@@ -548,8 +546,7 @@ def _record_phases(changes: list[tuple[str, int]], cuts: set[int], batch: bool, 
     (the handlers a GPU's phases take) and finished one at a time (StepBook.finish_span, as before)."""
     state = HotState()
     path = tmp / f"phases-{batch}.zmr"
-    recorder = Recorder(state, 1, CompactWriter(path, 1), 0.2)
-    recorder.clock_offset_ns = 10**18
+    recorder = Recorder(state, 1, CompactWriter(path, 1), 0.2, clock_offset_ns=10**18)
     if not batch:
         for handler in ("on_phase", "on_agent", "on_step_start", "on_step_end"):
             delattr(recorder.steps, handler)  # the host's handlers (_use_host_phases) give way to the class's

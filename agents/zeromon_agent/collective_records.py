@@ -576,9 +576,8 @@ class CollectiveRecords:
         return shape
 
     def _publish_collective(self, event: CollectiveEvent) -> None:
-        """Outbox.publish of a step's detail, and the running totals behind the live metrics."""
+        """Published as its step's detail, and counted in the running totals behind the live metrics."""
         duration = event.duration_s if event.timing != _UNKNOWN else None
         bandwidth = event_bandwidth(event) if duration else None
-        self.keeper.detail(event, event.step)
-        self._records.append(event)
+        self.out.publish(event, detail_of=event.step)
         self._counted.append(counted(event, duration, bandwidth[1] if bandwidth is not None else None))

@@ -98,7 +98,7 @@ class Recorder:
     def __init__(self, state: HotState, rank: int, writer: RecordingWriter | None, flush_interval_s: float,
                  recent_events: int = 4096, device: Any = None, device_interval_s: float = 1.0,
                  cuda_timer: Any = None, max_disk: int | None = None, hang_after_s: float = 0.0,
-                 hang_after_setup_s: float = 0.0) -> None:
+                 hang_after_setup_s: float = 0.0, clock_offset_ns: int | None = None) -> None:
         self.state = state
         self.rank = rank
         self.writer = writer
@@ -109,11 +109,11 @@ class Recorder:
         self.live = LiveViews(recent_events)  # what live clients read (the endpoint, latest_step_figures)
         self.out = Outbox(writer, self.live, max_disk, lambda message: self._recording_notice("info", message))
         self.keeper = self.out.keeper  # ZEROMON_MAX_DISK: which steps' collectives and phase spans go to the file
-        # perf_counter_ns -> Unix ns. One pair: the two clocks drift by parts per million at most.
-        offset = time.time_ns() - time.perf_counter_ns()
-        self.steps = StepBook(rank, offset, cuda_timer, self.out)
-        self.collectives = CollectiveRecords(state, rank, cuda_timer, offset, self.out, self.steps)
-        self.clock_offset_ns = offset
+        # perf_counter_ns -> Unix ns, for the recorder and its parts alike (given: a test's fixed clock). One pair:
+        # the two clocks drift by parts per million at most.
+        self.clock_offset_ns = clock_offset_ns if clock_offset_ns is not None else time.time_ns() - time.perf_counter_ns()
+        self.steps = StepBook(rank, self.clock_offset_ns, cuda_timer, self.out)
+        self.collectives = CollectiveRecords(state, rank, cuda_timer, self.clock_offset_ns, self.out, self.steps)
         self.cpu_time_s = 0.0
         # The newest raw collectives drained (they hold their groups: let go with them, _forget_groups), and when
         # the newest record drained happened: with what is queued, when the training thread last did something.
@@ -131,15 +131,6 @@ class Recorder:
         self._drain_lock = threading.Lock()
         self._loss_said = False
         self._hook_places_said: set[str] = set()
-
-    @property
-    def clock_offset_ns(self) -> int:
-        """perf_counter_ns -> Unix ns, for the recorder and its parts alike."""
-        return self._clock_offset_ns
-
-    @clock_offset_ns.setter
-    def clock_offset_ns(self, offset: int) -> None:
-        self._clock_offset_ns = self.steps.clock_offset_ns = self.collectives.clock_offset_ns = offset
 
     @property
     def events_finalized(self) -> int:

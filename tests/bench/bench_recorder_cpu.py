@@ -136,6 +136,17 @@ def replay(path: Path, out: Path) -> tuple[float, int]:
     return time.thread_time() - cpu0, recorder.events_finalized
 
 
+def replays(path: Path) -> tuple[list[float], int]:
+    """REPLAYS replays of the captured passes in ``path``: the µs per collective of each, and the collectives."""
+    per: list[float] = []
+    n = 0
+    for _ in range(REPLAYS):
+        with tempfile.TemporaryDirectory(prefix="zeromon-bench-replay-") as out:
+            cpu_s, n = replay(path, Path(out))
+        per.append(cpu_s / n * 1e6)
+    return per, n
+
+
 def child(result: str, example_args: list[str]) -> None:
     """One rank: the example's main(), then the agent stopped here; the CPU figures into ``result``-<rank>.json."""
     sys.path.insert(0, str(benchlib.REPO_ROOT / "examples"))
@@ -214,12 +225,7 @@ def replay_row(tmp: Path, steps: int, shape: tuple[str, ...]) -> benchlib.Row:
     """One more run of the shape capturing rank 0's passes, and REPLAYS replays of them: the median."""
     capture = tmp / "passes.pickle"
     run(tmp / "capture", True, steps, shape, capture=capture)
-    per: list[float] = []
-    for i in range(REPLAYS):
-        out = tmp / f"replay-{i}"
-        out.mkdir()
-        cpu_s, n = replay(capture, out)
-        per.append(cpu_s / n * 1e6)
+    per, n = replays(capture)
     return benchlib.Row("recorder CPU", "the example's default: the recorder replaying rank 0's captured passes, per "
                         "collective", "µs", None, statistics.median(per), "-", None,
                         f"{n:,} collectives, one pass a flush as captured; median of {REPLAYS} replays in this process "
@@ -291,11 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         run(Path(args.capture) / "run", True, steps, shape, capture=Path(args.capture) / "passes.pickle")
         return 0
     if args.replay:
-        per = []
-        for _ in range(REPLAYS):
-            with tempfile.TemporaryDirectory(prefix="zeromon-bench-replay-") as out:
-                cpu_s, n = replay(Path(args.replay), Path(out))
-                per.append(cpu_s / n * 1e6)
+        per, n = replays(Path(args.replay))
         print(f"{statistics.median(per):.2f}", " ".join(f"{v:.2f}" for v in per), f"({n:,} collectives)")
         return 0
     rows: list[benchlib.Row] = []

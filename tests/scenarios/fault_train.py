@@ -41,13 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from gloo_exit import leave
-
-
-def say(text: str) -> None:
-    # One write a line: under PYTHONUNBUFFERED, print() writes the text and its newline apart, and two ranks
-    # sharing the launcher's output could run their lines together.
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
+from scenario_output import say
 
 
 def inject(what: set[str]) -> None:

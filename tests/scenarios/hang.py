@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.nn  # noqa: F401 - before the group: its default arguments would hold it (gloo_exit.py)
 from gloo_exit import leave
+from scenario_output import say
 
 
 def data_loader_stall(seconds: float) -> None:
@@ -76,13 +77,6 @@ def spawn(world: int, master_port: str) -> None:
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": master_port}) for r in range(world)]
     for rank in ranks:
         rank.wait()
-
-
-def say(text: str) -> None:
-    # One write a line: under PYTHONUNBUFFERED, print() writes the text and its newline apart, and two ranks
-    # sharing the launcher's output then run together ("STEP 3HUNG"), hiding the test's cue.
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
 
 
 def main() -> None:
