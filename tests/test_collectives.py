@@ -267,3 +267,30 @@ def test_an_async_collective_seen_done_at_a_phase_change_is_bounded_there(tmp_pa
         assert timing == "bound"
         assert length > 0 and before_wait > 0.03e9, (length, before_wait)
         assert before_forward >= -1e6, before_forward  # by the forward's start (1 ms for the clock pair)
+
+
+def test_a_wait_queued_behind_a_recorder_pass_is_not_lost_to_its_poll(tmp_path: Path) -> None:
+    """A recorder pass takes the queue, then looks for collectives long done and never waited on. A wait the
+    training entered between the two (its record queued behind the pass) is the collective's exposed time: the
+    pass must leave the collective to it, not finalize it as polled and drop the wait. A loaded CI machine hit
+    this window: one step's 12 ms wait went missing from its exposed communication."""
+    result = _run(tmp_path, """
+        out_dir, port = sys.argv[1], int(sys.argv[2])
+        init(port=port)
+        agent = zeromon_agent.attach(out_dir=out_dir, async_sample_every=0)
+        recorder = agent.recorder
+        x = torch.ones(1 << 10)
+        with recorder._drain_lock:                    # the recorder's own thread held off: this is its pass
+            work = dist.all_reduce(x, async_op=True)
+            recorder._drain(final=False)              # the pass takes the queue: the issue, no wait yet
+            time.sleep(0.3)                           # older than the poll's age, and done (world 1)
+            work.wait()                               # the training waits; its record queues behind the pass
+            recorder.collectives.check_inflight(False)  # the same pass, looking for collectives never waited on
+        zeromon_agent.detach()
+        rec = read_recording(os.path.join(out_dir, "rank-0.jsonl"))
+        print(json.dumps([[e.timing, e.wait_ns is not None, e.blocked_s] for e in rec.collectives if e.async_op]))
+    """)
+    assert len(result) == 1, result
+    timing, waited, blocked_s = result[0]
+    assert waited and timing == "bound", result  # done before its wait, which the recording keeps
+    assert blocked_s > 0, result

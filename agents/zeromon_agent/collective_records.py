@@ -274,6 +274,11 @@ class CollectiveRecords:
                     completed = True if work is None else bool(work.is_completed())
                 except Exception:  # noqa: BLE001
                     completed = True
+                if completed and not final and work is not None and not self._claim_pending(seq, work) \
+                        and age < _POLL_AFTER_NS + CALLBACK_GRACE_NS:
+                    if entry.done_by is None:
+                        entry.done_by = now  # seen done: a bound on its end, if the wait started later
+                    continue  # the training is in its wait, whose record is queued behind this pass's drain
                 if completed or final:
                     del self.inflight[seq]
                     self._forget_pending(seq, work)
@@ -289,9 +294,20 @@ class CollectiveRecords:
                         self._finalize(item, now if completed else None, 0,
                                        Timing.POLL.value if completed else Timing.UNKNOWN.value)
             elif work is None and (age > _POLL_AFTER_NS * 10 or final):
-                # A functional collective whose result was never waited on through wait_tensor.
+                # A functional collective whose result was never waited on through wait_tensor: its pending
+                # entry goes too (else a later tensor at the same address would take its wait).
                 del self.inflight[seq]
+                self._forget_pending(seq, None)
                 self._finalize(item, None, 0, Timing.UNKNOWN.value)
+
+    def _claim_pending(self, seq: int, work: Any) -> bool:
+        """Take ``seq`` from the hot path's pending waits, so that no wait of its Work is recorded after the poll
+        finalizes it; False where a wait took it first (or it was never there: a full table)."""
+        pending = self.state.pending
+        taken = pending.pop(id(work), None)  # one atomic step: the training thread's wait pops the same key
+        if taken is not None and taken != seq:
+            pending[id(work)] = taken
+        return taken == seq
 
     def _forget_pending(self, seq: int, work: Any) -> None:
         """Drop ``seq`` from the hot path's pending waits (by its Work's id; by value when the Work is gone)."""
