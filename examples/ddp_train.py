@@ -96,6 +96,7 @@ def train(args: argparse.Namespace, env: tinygpt.DistEnv, cfg: tinygpt.GPTConfig
             dist.all_gather(seen, torch.tensor([inputs.shape[0]]))
 
     update_s: list[float] = []  # --closure: the update's own stopwatch, around torch.optim.adam.adam (AdamW's)
+    besides_closure_s: list[float] = []  # --closure: optimizer.step(closure)'s time outside the closure
     if args.closure:
         from torch.optim import adam as adam_module
 
@@ -115,13 +116,20 @@ def train(args: argparse.Namespace, env: tinygpt.DistEnv, cfg: tinygpt.GPTConfig
             cfg, args.batch, seed=args.seed, rank=env.rank, step=step, device=env.device
         )
         if args.closure:
+            closure_ns = 0
+
             def closure() -> torch.Tensor:
+                nonlocal closure_ns
+                c0 = time.perf_counter_ns()
                 loss = ddp_model(inputs, targets)
                 trainer_gather(inputs)
                 loss.backward()
+                closure_ns = time.perf_counter_ns() - c0
                 return loss
 
+            s0 = time.perf_counter_ns()
             loss = optimizer.step(closure)
+            besides_closure_s.append((time.perf_counter_ns() - s0 - closure_ns) / 1e9)
             optimizer.zero_grad()
             return loss.detach()
         loss = ddp_model(inputs, targets)
@@ -157,6 +165,7 @@ def train(args: argparse.Namespace, env: tinygpt.DistEnv, cfg: tinygpt.GPTConfig
     )
     if args.closure:
         summary["update_s"] = update_s
+        summary["besides_closure_s"] = besides_closure_s
     tinygpt.write_summary(args.summary_json, env.rank, summary)
 
 

@@ -1,6 +1,6 @@
 """Real 2-rank gloo training runs under `zeromon run`: what each framework must be seen doing.
 
-Each case runs an example from examples/ through the real CLI (`zeromon run -- torchrun ...`), then
+Each case runs an example from examples/ through the real CLI (`zeromon run -- <launcher> ...`), then
 checks the recording against what the framework must do per step, using the sizes the example
 reports about its own model (--summary-json):
 - parameter all-gathers: the full parameter bytes once for the forward, plus once more for every
@@ -26,7 +26,7 @@ from zeromon.analysis.comm_advice import overlap_remedies
 from zeromon.analysis.step_overlap import step_overlaps
 from zeromon.model import Recording, read_run
 
-from conftest import EXAMPLES, child_env, torchrun_args, zeromon
+from conftest import EXAMPLES, child_env, ranks_args, zeromon
 
 pytestmark = pytest.mark.distributed
 
@@ -36,7 +36,7 @@ STEPS = 4
 def _run(tmp_path: Path, script: str, *args: str, nproc: int = 2) -> tuple[list[Recording], list[dict[str, Any]]]:
     out = tmp_path / "run"
     result = zeromon("run", "--quiet", "--out", str(out), "--",
-                     *torchrun_args(nproc, EXAMPLES / script, "--steps", str(STEPS),
+                     *ranks_args(nproc, EXAMPLES / script, "--steps", str(STEPS),
                                     "--summary-json", str(out / "summary-{rank}.json"), *args),
                      # A category walk every step (the default budget of ~0.25% of step time may skip
                      # the last steps of so short a run).
@@ -155,11 +155,15 @@ def test_ddp(tmp_path: Path) -> None:
         setup = [e for e in rec.collectives if e.phase == "setup" and e.meaning == "param_broadcast"]
         assert sum(e.bytes_in for e in setup) >= summary["param_bytes"]
         assert "param_all_gather" not in {e.meaning for e in rec.collectives}  # DDP gathers no parameters
-        update_s = summaries[rec.rank]["update_s"]
+        update_s, besides_s = summaries[rec.rank]["update_s"], summaries[rec.rank]["besides_closure_s"]
         optimizer_s = {s.step: s.phase_s.get("optimizer", 0.0) for s in rec.steps}
+        # The phase holds the update (its own stopwatch, around torch.optim.adam.adam) and Adam.step's Python
+        # around it, nothing else: no more than optimizer.step(closure)'s time outside the closure. (Against the
+        # update alone a loaded machine's Adam.step Python, its parameter lists, came to half the update again.)
         ratios = sorted(optimizer_s[step] / update_s[step] for step in range(1, STEPS))
-        # The phase holds the update and Adam.step's own Python around it (its parameter lists), nothing else.
-        assert 0.9 <= ratios[len(ratios) // 2] <= 1.5, (optimizer_s, update_s)
+        assert ratios[len(ratios) // 2] >= 0.9, (optimizer_s, update_s)
+        excess = sorted(optimizer_s[step] - besides_s[step] for step in range(1, STEPS))
+        assert excess[len(excess) // 2] <= 1e-3, (optimizer_s, besides_s)
         # broadcast_object_list is two broadcasts (its size, then its bytes); DDP's own is _broadcast_coalesced.
         trainer = [e for e in rec.collectives if e.api in ("all_gather", "broadcast")]
         assert len(trainer) == STEPS + 2 and {e.meaning for e in trainer} == {"unknown"}, trainer
@@ -285,7 +289,7 @@ def test_ddp_attached_by_the_script_itself(tmp_path: Path) -> None:
     import subprocess
 
     out = tmp_path / "run"
-    result = subprocess.run(torchrun_args(2, EXAMPLES / "ddp_train.py", "--steps", str(STEPS), "--zeromon"),
+    result = subprocess.run(ranks_args(2, EXAMPLES / "ddp_train.py", "--steps", str(STEPS), "--zeromon"),
                             env=child_env(ZEROMON_OUT=str(out)), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     for rec in read_run(out):
