@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ from zeromon.analysis.live_stragglers import straggler_finding
 from zeromon.analysis.stragglers import STEP_SKEW_SHARE, RankArrivals, analyze_imbalance, combine_imbalance
 from zeromon.model import CollectiveEvent, read_run
 
-from conftest import REPO, child_env, torchrun_args, zeromon
+from conftest import REPO, child_env, ranks_args, zeromon
 
 
 def _event(op: str, n: int, b_in: int, b_out: int, seconds: float, timing: str = "sync") -> CollectiveEvent:
@@ -92,7 +93,7 @@ def straggler_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     TEARDOWN all-gathers after its last step (HF Trainer's final gathers and logging)."""
     out = tmp_path_factory.mktemp("straggler")
     result = subprocess.run(
-        torchrun_args(2, REPO / "tests" / "scenarios" / "straggler.py", "--delay", str(DELAY_S), "--steps", str(STEPS),
+        ranks_args(2, REPO / "tests" / "scenarios" / "straggler.py", "--delay", str(DELAY_S), "--steps", str(STEPS),
                       "--teardown", str(TEARDOWN)),
         env=child_env(ZEROMON_OUT=str(out)), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -164,7 +165,7 @@ def warmup_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Rank 1 is late once, before its first step; rank 0 is a little late in every step, the real
     # straggler.
     out = tmp_path_factory.mktemp("warmup") / "run"
-    args = torchrun_args(2, REPO / "tests" / "scenarios" / "straggler.py", "--slow-rank", "0", "--delay", str(LATE_S),
+    args = ranks_args(2, REPO / "tests" / "scenarios" / "straggler.py", "--slow-rank", "0", "--delay", str(LATE_S),
                          "--extra-mb", "0", "--warmup-rank", "1", "--warmup-delay", str(WARMUP_S),
                          "--steps", str(WARMUP_STEPS))
     result = subprocess.run(args, env=child_env(ZEROMON_OUT=str(out)), capture_output=True, text=True, timeout=300)
@@ -240,14 +241,23 @@ def test_step_skew_from_a_few_steps_is_not_told_from_chance() -> None:
 def test_a_healthy_run_beside_busy_processes_raises_no_straggler_or_skew_warning(tmp_path: Path) -> None:
     """Two processes spin beside a healthy 2-rank run (the contention that made a coin flip read as a
     critical straggler). The tests against chance allow a false alarm in under 1 in 100 such runs
-    (tests/bench/bench_finding_noise.py measures the rate); the old rule raised one in most of them."""
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    (tests/bench/bench_finding_noise.py measures the rate); the old rule raised one in most of them.
+
+    All four share one CPU: contention the same for both ranks, as a healthy run's is. Spread over two cores
+    beside another test's run, the scheduler once kept rank 1 on the busier core for the whole run, and rank 0
+    waited 134 ms a step for it in 16 of 19 steps: a real straggler, made by the placement."""
+    one_cpu = {min(os.sched_getaffinity(0))}
+
+    def on_one_cpu() -> None:
+        os.sched_setaffinity(0, one_cpu)
+
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=on_one_cpu) for _ in range(2)]
     try:
         out = tmp_path / "run"
         result = subprocess.run(
-            torchrun_args(2, REPO / "tests" / "scenarios" / "straggler.py", "--delay", "0", "--extra-mb", "0",
-                          "--steps", "20"),
-            env=child_env(ZEROMON_OUT=str(out)), capture_output=True, text=True, timeout=300)
+            ranks_args(2, REPO / "tests" / "scenarios" / "straggler.py", "--delay", "0", "--extra-mb", "0",
+                       "--steps", "20"),
+            env=child_env(ZEROMON_OUT=str(out)), capture_output=True, text=True, timeout=300, preexec_fn=on_one_cpu)
     finally:
         for process in busy:
             process.kill()
