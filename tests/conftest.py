@@ -123,7 +123,16 @@ def zeromon(*args: str, env: dict[str, str] | None = None, timeout: float = 600,
 
 
 def torchrun_args(nproc: int, script: Path, *args: str) -> list[str]:
+    """``nproc`` ranks of ``script`` under torchrun: for the tests of what happens around the launcher (signals,
+    failed, killed or restarted ranks, exit codes)."""
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+            "--master-port", str(free_port()), str(script), *args]
+
+
+def ranks_args(nproc: int, script: Path, *args: str) -> list[str]:
+    """``nproc`` ranks of ``script`` with torchrun's environment, started by tests/launch_ranks.py, which does not
+    import torch: for the tests where the launcher plays no part (a third of a small run's CPU is torchrun's)."""
+    return [sys.executable, str(REPO / "tests" / "launch_ranks.py"), "--nproc-per-node", str(nproc),
             "--master-port", str(free_port()), str(script), *args]
 
 
@@ -137,6 +146,6 @@ def fsdp2_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real 2-rank FSDP2 run on gloo (the README's main job, 8 steps), recorded once per session for
     every test that reads a recording (the dashboard's figures and pages)."""
     out = tmp_path_factory.mktemp("fsdp2") / "run"
-    result = zeromon("run", "--out", str(out), "--", *torchrun_args(2, EXAMPLES / "fsdp2_train.py", "--steps", "8"))
+    result = zeromon("run", "--out", str(out), "--", *ranks_args(2, EXAMPLES / "fsdp2_train.py", "--steps", "8"))
     assert result.returncode == 0, result.stderr[-3000:]
     return out

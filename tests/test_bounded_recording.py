@@ -21,7 +21,7 @@ from zeromon.model.codec import Recording, read_run
 from zeromon.model.events import MemorySample, Notice, Record, StepSummary
 from zeromon_agent.detail import END_ROOM, LAST_STEPS, LEVELS, DetailKeeper
 
-from conftest import REPO, child_env, torchrun_args, zeromon
+from conftest import REPO, child_env, ranks_args, zeromon
 
 SCENARIO = REPO / "tests" / "scenarios" / "fault_train.py"
 SUMMARY_BYTES = 300
@@ -116,7 +116,7 @@ def test_a_real_run_stays_under_max_disk_and_reports_every_step(tmp_path: Path, 
     out = tmp_path / "run"
     # Passes of 0.2 s: a budget this small holds a few seconds of this fast run's detail, and a 1 s pass (the
     # default) of JSON lines writes past 20% of it before the first step is judged (it thins from there on).
-    run = zeromon("run", "--out", str(out), "--", *torchrun_args(2, SCENARIO, "--steps", str(steps)),
+    run = zeromon("run", "--out", str(out), "--", *ranks_args(2, SCENARIO, "--steps", str(steps)),
                   env=child_env(ZEROMON_MAX_DISK=str(max_disk), ZEROMON_FORMAT=form, ZEROMON_FLUSH_INTERVAL="0.2"),
                   timeout=240)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -16,7 +16,7 @@ import pytest
 
 from zeromon.model import read_run
 
-from conftest import REPO, child_env, torchrun_args
+from conftest import REPO, child_env, ranks_args
 from trainer_logs import ENV, FLOAT32, SCENARIO, STEPS, check_against_recording, check_recording, tb_events
 
 pytestmark = [pytest.mark.distributed, pytest.mark.trainers,
@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.trainers,
 def test_the_callback_alone_sends_each_ranks_recorded_figures_to_report_to_and_later_callbacks(
         tmp_path: Path) -> None:
     run = tmp_path / "run"
-    result = subprocess.run(torchrun_args(2, SCENARIO, "hf", str(tmp_path), "--steps", str(STEPS)),
+    result = subprocess.run(ranks_args(2, SCENARIO, "hf", str(tmp_path), "--steps", str(STEPS)),
                             env=child_env(ZEROMON_OUT=str(run), **ENV), cwd=REPO, capture_output=True, text=True,
                             timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]

@@ -16,7 +16,7 @@ import pytest
 
 from zeromon.model import read_run
 
-from conftest import child_env, torchrun_args, zeromon
+from conftest import child_env, ranks_args, zeromon
 from trainer_logs import ENV, FLOAT32, SCENARIO, STEPS, check_against_recording, check_recording, tb_events
 
 pytestmark = [pytest.mark.distributed, pytest.mark.trainers,
@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.trainers,
 def test_the_callback_under_zeromon_run_logs_the_recorded_figures_at_the_trainers_cadence(tmp_path: Path) -> None:
     run = tmp_path / "run"
     result = zeromon("run", "--quiet", "--out", str(run), "--",
-                     *torchrun_args(2, SCENARIO, "lightning", str(tmp_path), "--steps", str(STEPS)),
+                     *ranks_args(2, SCENARIO, "lightning", str(tmp_path), "--steps", str(STEPS)),
                      env=child_env(**ENV), timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     recordings = read_run(run)

@@ -175,15 +175,15 @@ def test_run_checks_the_endpoint_address_and_ports_before_launching(tmp_path: Pa
 def test_a_reused_out_folder_keeps_the_previous_run_aside(tmp_path: Path) -> None:
     import json
 
-    from conftest import REPO, torchrun_args
+    from conftest import REPO, ranks_args
 
     out = tmp_path / "run"
     scenario = REPO / "tests" / "scenarios" / "live_train.py"
     first = zeromon("run", "--quiet", "--out", str(out), "--",
-                    *torchrun_args(2, scenario, "--steps", "3", "--sleep", "0"))
+                    *ranks_args(2, scenario, "--steps", "3", "--sleep", "0"))
     assert first.returncode == 0, first.stderr
     second = zeromon("run", "--quiet", "--out", str(out), "--",
-                     *torchrun_args(1, scenario, "--steps", "3", "--sleep", "0"))
+                     *ranks_args(1, scenario, "--steps", "3", "--sleep", "0"))
     assert second.returncode == 0, second.stderr
     aside = [p for p in out.iterdir() if p.name.startswith("previous-")]
     assert len(aside) == 1 and f"moved to {aside[0]}" in second.stderr, second.stderr

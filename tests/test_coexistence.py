@@ -8,7 +8,7 @@ theirs stay as they are without it.
   and collectives are the same; its CUDA runtime rows also show zeromon's own calls (CUDA events
   for the GPU clock, mem_get_info).
 - DeepSpeed's comms logger in 2-rank ZeRO-2 and ZeRO-3 runs (tests/scenarios/coexist_deepspeed.py),
-  under `zeromon run` and plain torchrun: DeepSpeed logs the same ops, sizes and counts, and zeromon
+  under `zeromon run` and without it: DeepSpeed logs the same ops, sizes and counts, and zeromon
   records each of them once.
 - CUDA memory history (GPU only, tests/scenarios/coexist_memory_history.py): the program's own
   history settings and entries survive zeromon, with ZEROMON_MEMORY_HISTORY on and off.
@@ -28,16 +28,16 @@ import torch
 
 from zeromon.model import Recording, read_run
 
-from conftest import REPO, child_env, free_port, run_python, torchrun_args, zeromon
+from conftest import REPO, child_env, free_port, ranks_args, run_python, zeromon
 
 pytestmark = pytest.mark.distributed
 SCENARIOS = REPO / "tests" / "scenarios"
 
 
-def _torchrun(script: str, *args: str, env: dict[str, str]) -> None:
+def _launch(script: str, *args: str, env: dict[str, str]) -> None:
     """The scenario on 2 ranks; a rank that finishes leaves without the interpreter's finalization, where gloo
     could abort it after its training had ended (tests/scenarios/gloo_exit.py)."""
-    out = subprocess.run(torchrun_args(2, SCENARIOS / script, *args), env=env, capture_output=True, text=True,
+    out = subprocess.run(ranks_args(2, SCENARIOS / script, *args), env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
 
@@ -61,7 +61,7 @@ def profiler_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for mode in ("on", "off"):
         out = tmp_path_factory.mktemp(f"profiler-{mode}")
         args = ["--out", str(out), "--plain-steps", str(PLAIN_STEPS)] + (["--agent"] if mode == "on" else [])
-        _torchrun("coexist_profiler.py", *args, env=child_env(ZEROMON_OUT=str(out)))
+        _launch("coexist_profiler.py", *args, env=child_env(ZEROMON_OUT=str(out)))
         runs[mode] = out
     return runs
 
@@ -196,9 +196,9 @@ def test_deepspeed_comms_logger_is_unchanged_and_zeromon_records_each_call_once(
     args = ("--stage", str(stage), "--steps", str(DS_STEPS))
     # `zeromon run` patches torch.distributed before DeepSpeed caches its collectives, as users run it.
     result = zeromon("run", "--quiet", "--out", str(on), "--",
-                     *torchrun_args(2, SCENARIOS / "coexist_deepspeed.py", "--out", str(on), *args), timeout=300)
+                     *ranks_args(2, SCENARIOS / "coexist_deepspeed.py", "--out", str(on), *args), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    _torchrun("coexist_deepspeed.py", "--out", str(off), *args, env=child_env())
+    _launch("coexist_deepspeed.py", "--out", str(off), *args, env=child_env())
     recordings = read_run(on)
     assert [r.rank for r in recordings] == [0, 1]
     for rec in recordings:

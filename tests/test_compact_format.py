@@ -60,7 +60,7 @@ from zeromon.model.segments import (
 )
 from zeromon_agent.config import load_config
 
-from conftest import EXAMPLES, child_env, torchrun_args, zeromon
+from conftest import EXAMPLES, child_env, ranks_args, zeromon
 
 HEADER = {"job": "j", "world_size": 2, "end_record": True, "flush_interval_s": 0.2}
 FORMAT_2_0 = Path(__file__).parent / "data" / "compact-2.0"
@@ -417,7 +417,7 @@ def test_export_refuses_bad_input_in_one_line(tmp_path: Path, capsys: pytest.Cap
 def test_the_agent_writes_the_compact_form_that_summary_report_and_export_read(tmp_path: Path) -> None:
     """A real 2-rank FSDP2 run on gloo under `zeromon run`, with the agent's default form."""
     out = tmp_path / "run"
-    done = zeromon("run", "--out", str(out), "--", *torchrun_args(2, EXAMPLES / "fsdp2_train.py", "--steps", "3"),
+    done = zeromon("run", "--out", str(out), "--", *ranks_args(2, EXAMPLES / "fsdp2_train.py", "--steps", "3"),
                    env=child_env(ZEROMON_FORMAT=""))
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(p.name for p in out.glob("rank-*")) == ["rank-0.zmr", "rank-1.zmr"]

@@ -48,7 +48,7 @@ from zeromon.analysis.comm_advice import EXPOSED_SHARE_WARN
 from zeromon.views.overview import exposed_banner, oom_banner, rank_exposed_shares
 from zeromon.views.run_data import RunData, recording_data
 
-from conftest import REPO, child_env, free_port, torchrun_args, zeromon
+from conftest import REPO, child_env, free_port, ranks_args, zeromon
 
 # selenium 4.2 calls urllib3's deprecated HTTPResponse.getheader on every command
 pytestmark = pytest.mark.filterwarnings("ignore:HTTPResponse.getheader:DeprecationWarning")
@@ -449,7 +449,7 @@ def leak_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     capacity = 3 * int(baseline.stdout.split()[-1])
     out = tmp_path_factory.mktemp("leak") / "run"
     result = zeromon("run", "--quiet", "--out", str(out), "--",
-                     *torchrun_args(2, SCENARIOS / "oom_train.py", "--leak-mb", "16", "--steps", "12"),
+                     *ranks_args(2, SCENARIOS / "oom_train.py", "--leak-mb", "16", "--steps", "12"),
                      env=child_env(ZEROMON_CPU_CAPACITY=str(capacity)), timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return out
@@ -496,7 +496,7 @@ def healthy_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for attempt in range(3):
         out = tmp_path_factory.mktemp(f"hidden{attempt}")
         # A 2 MB all-reduce (not the mode's 16 MB) behind ~100 ms of forward.
-        result = subprocess.run(torchrun_args(2, SCENARIOS / "overlap_truth.py", "--mode", "hidden", "--steps", "5",
+        result = subprocess.run(ranks_args(2, SCENARIOS / "overlap_truth.py", "--mode", "hidden", "--steps", "5",
                                               "--numel", "500000", "--truth-dir", str(out)),
                                 env=child_env(ZEROMON_OUT=str(out), ZEROMON_ASYNC_SAMPLE_EVERY="1"),
                                 capture_output=True, text=True, timeout=300, cwd=REPO)
@@ -548,7 +548,7 @@ def test_a_live_page_follows_the_steps_and_says_when_the_run_ends(br: Any, tmp_p
     registry, run_dir, stop = tmp_path / "registry", tmp_path / "run", tmp_path / "STOP"
     log = tmp_path / "train.log"
     with log.open("wb") as out:  # a file, not a pipe: nobody reads it while the run trains
-        train = subprocess.Popen(torchrun_args(2, SCENARIOS / "live_train.py", "--stop-file", str(stop),
+        train = subprocess.Popen(ranks_args(2, SCENARIOS / "live_train.py", "--stop-file", str(stop),
                                                "--max-seconds", "150", "--sleep", "0.1"),
                                  env=child_env(ZEROMON_OUT=str(run_dir), ZEROMON_REGISTRY=str(registry),
                                                ZEROMON_JOB="dash-live"),

@@ -28,7 +28,7 @@ from zeromon_dashboard.figures.ranks import heatmap_figure, imbalance_figure, wa
 from zeromon_dashboard.pages import ranks as page
 from zeromon_dashboard.state import PageState
 
-from conftest import REPO, child_env, torchrun_args, zeromon
+from conftest import REPO, child_env, ranks_args, zeromon
 
 T0_NS = 1_700_000_000_000_000_000
 GIB = 2**30
@@ -145,7 +145,7 @@ def straggler_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     200 MiB more."""
     out = tmp_path_factory.mktemp("straggler") / "run"
     result = subprocess.run(
-        torchrun_args(2, REPO / "tests" / "scenarios" / "straggler.py", "--delay", "0.1", "--steps", "14"),
+        ranks_args(2, REPO / "tests" / "scenarios" / "straggler.py", "--delay", "0.1", "--steps", "14"),
         env=child_env(ZEROMON_OUT=str(out)), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return out

@@ -1,6 +1,6 @@
 """The agent's HTTP endpoint, scraped while a real 2-rank gloo FSDP2 run trains.
 
-One run (tests/scenarios/live_train.py under torchrun) serves most tests: /metrics values and labels,
+One run (tests/scenarios/live_train.py, 2 ranks) serves most tests: /metrics values and labels,
 the snapshot and its ``?since=`` cursor, OpenMetrics, promtool, hostile clients. The token, the
 port fallback and the read deadline are checked on an endpoint started in this process, in front of
 a real Recorder.
@@ -36,7 +36,7 @@ from zeromon_agent.httpserver import HttpServer, Response, bind
 from zeromon_agent.recorder import Recorder
 from zeromon_agent.state import HotState
 
-from conftest import REPO, child_env, free_port, torchrun_args
+from conftest import REPO, child_env, free_port, ranks_args
 
 SCENARIO = REPO / "tests" / "scenarios" / "live_train.py"
 OPENMETRICS = "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -142,7 +142,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
     base = _two_free_ports()
     env = child_env(ZEROMON_OUT=str(tmp / "run"), ZEROMON_REGISTRY=str(tmp / "registry"), ZEROMON_PORT=str(base),
                     ZEROMON_JOB="livetest", ZEROMON_RECENT_EVENTS="1024")
-    proc = subprocess.Popen(torchrun_args(2, SCENARIO, "--stop-file", str(tmp / "STOP"), "--max-seconds", "240"),
+    proc = subprocess.Popen(ranks_args(2, SCENARIO, "--stop-file", str(tmp / "STOP"), "--max-seconds", "240"),
                             env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run = LiveRun(proc, tmp / "run", tmp / "registry", tmp / "STOP", base)
     try:
@@ -320,7 +320,7 @@ def test_a_client_that_names_another_agent_gets_404(live: LiveRun) -> None:
     # Ports are reused from job to job: a scraper of a run that ended names the agent it means.
     entries = {e.rank: e for e in live.entries()}
     assert entries[0].agent_id and entries[0].agent_id != entries[1].agent_id
-    assert entries[0].launch_id and entries[0].launch_id == entries[1].launch_id  # one torchrun
+    assert entries[0].launch_id and entries[0].launch_id == entries[1].launch_id  # one launcher
     url, own = entries[0].url, entries[0].agent_id
     for path in ("/metrics", "/api/v1/snapshot", "/healthz"):
         assert fetch(url, f"{path}?agent={own}")[0] == 200, path
@@ -580,7 +580,7 @@ def test_endpoint_that_cannot_bind_is_a_notice_and_training_goes_on(tmp_path: Pa
     # 203.0.113.0/24 is TEST-NET-3: no interface here has it, so the bind fails.
     env = child_env(ZEROMON_OUT=str(tmp_path / "run"), ZEROMON_REGISTRY=str(tmp_path / "registry"),
                     ZEROMON_BIND="203.0.113.7")
-    done = subprocess.run(torchrun_args(1, SCENARIO, "--steps", "3", "--sleep", "0"), env=env, cwd=REPO,
+    done = subprocess.run(ranks_args(1, SCENARIO, "--steps", "3", "--sleep", "0"), env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
     rec = read_recording(tmp_path / "run" / "rank-0.jsonl")

@@ -36,7 +36,7 @@ import pytest
 from zeromon.analysis.step_overlap import step_overlaps
 from zeromon.model import read_run
 
-from conftest import REPO, child_env, torchrun_args
+from conftest import REPO, child_env, ranks_args
 
 pytestmark = pytest.mark.distributed
 
@@ -81,7 +81,7 @@ Run = list[list[Step]]  # per rank, per step
 
 
 def _run(mode: str, out: Path) -> Run:
-    result = subprocess.run(torchrun_args(2, SCENARIO, "--mode", mode, "--steps", str(STEPS), "--truth-dir", str(out)),
+    result = subprocess.run(ranks_args(2, SCENARIO, "--mode", mode, "--steps", str(STEPS), "--truth-dir", str(out)),
                             env=child_env(ZEROMON_OUT=str(out)), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     ranks = []
@@ -106,7 +106,7 @@ def _run(mode: str, out: Path) -> Run:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Run]]:
-    """One torchrun per mode, shared by the tests of that mode (a failed one is not run again)."""
+    """One run per mode, shared by the tests of that mode (a failed one is not run again)."""
     cache: dict[str, Run | str] = {}
 
     def get(mode: str) -> Run:

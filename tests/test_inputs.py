@@ -32,7 +32,7 @@ from zeromon.sources.live import LiveSource
 from zeromon.sources.replay import ReplaySource
 from zeromon_agent.config import ENV, AgentConfig, load_config
 
-from conftest import REPO, child_env, refuses_field, torchrun_args, zeromon
+from conftest import REPO, child_env, ranks_args, refuses_field, zeromon
 
 FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -365,7 +365,7 @@ def test_a_bad_setting_and_an_open_bind_are_notices_of_the_run(tmp_path: Path) -
     scenario = REPO / "tests" / "scenarios" / "live_train.py"
     env = child_env(ZEROMON_OUT=str(tmp_path / "run"), ZEROMON_FLUSH_INTERVAL="nan", ZEROMON_CPU_CAPACITY="24",
                     ZEROMON_BIND="0.0.0.0", ZEROMON_REGISTRY=str(tmp_path / "registry"))
-    done = subprocess.run(torchrun_args(1, scenario, "--steps", "3", "--sleep", "0"), env=env, cwd=REPO,
+    done = subprocess.run(ranks_args(1, scenario, "--steps", "3", "--sleep", "0"), env=env, cwd=REPO,
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ZEROMON_FLUSH_INTERVAL='nan'" in done.stderr and "Traceback" not in done.stderr

@@ -48,7 +48,7 @@ from zeromon.sources.fleet import RankView
 from zeromon.sources.live import LiveSource
 from zeromon.sources.promql import PrometheusFleet
 
-from conftest import REPO, child_env, free_port, torchrun_args
+from conftest import REPO, child_env, free_port, ranks_args
 
 HOST = os.uname().nodename
 
@@ -780,7 +780,7 @@ def test_real_run_discovered_polled_listed_and_stale_after_it_ends(tmp_path: Pat
     # Started before the run: it writes [] first and updates the file when the agents register.
     writer = subprocess.Popen([sys.executable, "-m", "zeromon", "targets", "--write", str(sd_file),
                                "--interval", "0.2"], env=env, cwd=REPO, stderr=subprocess.PIPE, text=True)
-    train = subprocess.Popen(torchrun_args(2, SCENARIO, "--stop-file", str(stop), "--max-seconds", "120"),
+    train = subprocess.Popen(ranks_args(2, SCENARIO, "--stop-file", str(stop), "--max-seconds", "120"),
                              env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     source = LiveSource(interval_s=0.25)  # no arguments: the newest local run, through the registry
     try:

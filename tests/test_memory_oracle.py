@@ -40,7 +40,7 @@ from zeromon.model import Recording, read_run
 from zeromon_agent.phases import PhaseTracker
 from zeromon_agent.state import HotState
 
-from conftest import REPO, child_env, torchrun_args
+from conftest import REPO, child_env, ranks_args
 
 SCENARIO = REPO / "tests" / "scenarios" / "memory_oracle.py"
 TRACKED_STEP = 1
@@ -56,7 +56,7 @@ AFTER_PRE_BACKWARD, BEFORE_POST_BACKWARD = "After Pre-Backward", "Before Post-Ba
 
 def _run(out: Path, agent: str) -> tuple[list[dict[str, Any]], list[Recording]]:
     out.mkdir(parents=True)
-    result = subprocess.run(torchrun_args(2, SCENARIO, "--out", str(out), "--agent", agent),
+    result = subprocess.run(ranks_args(2, SCENARIO, "--out", str(out), "--agent", agent),
                             env=child_env(ZEROMON_OUT=str(out), ZEROMON_ENDPOINT="0"),
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]

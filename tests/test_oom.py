@@ -38,7 +38,7 @@ from zeromon.analysis.oom import (
 from zeromon.model import MemorySample, OomEvent, Recording, RunInfo, StepSummary, read_run
 from zeromon.model.units import format_bytes
 
-from conftest import EXAMPLES, REPO, child_env, free_port, torchrun_args, zeromon
+from conftest import EXAMPLES, REPO, child_env, free_port, ranks_args, zeromon
 
 SCENARIO = REPO / "tests" / "scenarios" / "oom_train.py"
 MiB = 2**20
@@ -48,7 +48,7 @@ LEAK_MIB = 8
 # --- helpers ----------------------------------------------------------------------------------------
 
 def _record(out: Path, script: Path, *args: str, **env: str) -> tuple[list[Recording], str]:
-    result = zeromon("run", "--quiet", "--out", str(out), "--", *torchrun_args(2, script, *args),
+    result = zeromon("run", "--quiet", "--out", str(out), "--", *ranks_args(2, script, *args),
                      env=child_env(ZEROMON_MEMORY_EVERY="1", **env), timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     recordings = read_run(out)

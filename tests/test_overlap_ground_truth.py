@@ -17,14 +17,14 @@ import pytest
 from zeromon.analysis.step_overlap import StepOverlap, step_overlaps
 from zeromon.model import read_run
 
-from conftest import REPO, child_env, torchrun_args
+from conftest import REPO, child_env, ranks_args
 
 pytestmark = pytest.mark.distributed
 SCENARIO = REPO / "tests" / "scenarios" / "overlap_truth.py"
 
 
 def _run(tmp_path: Path, mode: str) -> list[tuple[StepOverlap, dict[str, Any]]]:
-    out = subprocess.run(torchrun_args(2, SCENARIO, "--mode", mode, "--truth-dir", str(tmp_path)),
+    out = subprocess.run(ranks_args(2, SCENARIO, "--mode", mode, "--truth-dir", str(tmp_path)),
                          # Every async completion gets its callback: exact intervals for the comparison.
                          env=child_env(ZEROMON_OUT=str(tmp_path), ZEROMON_ASYNC_SAMPLE_EVERY="1"),
                          capture_output=True, text=True, timeout=300)

@@ -1,6 +1,6 @@
 """ReplaySource: a real 2-rank gloo recording played back as FleetViews on a virtual clock.
 
-The recording is made once per module by the real CLI (`zeromon run -- torchrun ... fsdp2_train.py`);
+The recording is made once per module by the real CLI (`zeromon run -- <launcher> ... fsdp2_train.py`);
 the replay is then checked against what read_recording says the files hold.
 """
 
@@ -25,7 +25,7 @@ from zeromon.model.codec import Recording, read_recording, read_run
 from zeromon.sources.fleet import FleetView
 from zeromon.sources.replay import ReplaySource, final_view
 
-from conftest import EXAMPLES, child_env, torchrun_args, zeromon
+from conftest import EXAMPLES, child_env, ranks_args, zeromon
 
 STEPS = 8
 T = TypeVar("T")
@@ -35,7 +35,7 @@ T = TypeVar("T")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("replay") / "run"
     result = zeromon("run", "--quiet", "--out", str(out), "--",
-                     *torchrun_args(2, EXAMPLES / "fsdp2_train.py", "--steps", str(STEPS)),
+                     *ranks_args(2, EXAMPLES / "fsdp2_train.py", "--steps", str(STEPS)),
                      env=child_env(ZEROMON_ENDPOINT="0"), timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert sorted(p.name for p in out.glob("rank-*.jsonl")) == ["rank-0.jsonl", "rank-1.jsonl"]

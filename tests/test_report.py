@@ -20,14 +20,14 @@ from zeromon.model.codec import Recording
 from zeromon.model.events import phase_words
 from zeromon.sources.run_analysis import analyse_run
 
-from conftest import EXAMPLES, REPO, child_env, torchrun_args, zeromon
+from conftest import EXAMPLES, REPO, child_env, ranks_args, zeromon
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("report") / "run"
     result = zeromon("run", "--quiet", "--out", str(out), "--",
-                     *torchrun_args(2, EXAMPLES / "fsdp2_train.py", "--steps", "5", "--async-unshard"),
+                     *ranks_args(2, EXAMPLES / "fsdp2_train.py", "--steps", "5", "--async-unshard"),
                      env=child_env(ZEROMON_MEMORY_EVERY="1"), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return out

@@ -13,7 +13,7 @@ from zeromon.errors import ZeromonError
 from zeromon.model import read_run
 from zeromon.sources.run_analysis import analyse_run
 
-from conftest import EXAMPLES, REPO, torchrun_args, zeromon
+from conftest import EXAMPLES, REPO, ranks_args, zeromon
 
 A100_TRACE = REPO / "tests" / "data" / "kineto" / "a100-w2-rank0.json.gz"
 
@@ -22,7 +22,7 @@ A100_TRACE = REPO / "tests" / "data" / "kineto" / "a100-w2-rank0.json.gz"
 def fsdp2_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("inputs") / "fsdp2"
     result = zeromon("run", "--quiet", "--out", str(out), "--",
-                     *torchrun_args(2, EXAMPLES / "fsdp2_train.py", "--steps", "3"), timeout=600)
+                     *ranks_args(2, EXAMPLES / "fsdp2_train.py", "--steps", "3"), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return out
 
@@ -34,7 +34,7 @@ def plain_run(tmp_path_factory: pytest.TempPathFactory, fsdp2_run: Path) -> Path
     out = tmp_path_factory.mktemp("inputs") / "plain"
     job = json.loads((fsdp2_run / "rank-0.jsonl").open().readline())["job"]
     result = zeromon("run", "--quiet", "--job", job, "--out", str(out), "--",
-                     *torchrun_args(2, REPO / "tests" / "scenarios" / "straggler.py", "--steps", "2",
+                     *ranks_args(2, REPO / "tests" / "scenarios" / "straggler.py", "--steps", "2",
                                     "--extra-mb", "0"), timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return out

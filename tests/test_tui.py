@@ -63,7 +63,7 @@ from zeromon.views.rank_detail import (
     rank_title,
 )
 
-from conftest import REPO, child_env, free_port, torchrun_args
+from conftest import REPO, child_env, free_port, ranks_args
 
 T0 = 1_700_000_000_000_000_000  # the views' clock: fixed, so every screen is the same every run
 GIB = 2**30
@@ -913,7 +913,7 @@ def test_the_app_on_a_real_two_rank_run(tmp_path: Path) -> None:
     env = child_env(ZEROMON_OUT=str(run_dir), ZEROMON_REGISTRY=str(tmp_path / "registry"), ZEROMON_PORT="0",
                     ZEROMON_JOB="tui-e2e")
     run_dir.mkdir()
-    train = subprocess.Popen(torchrun_args(2, SCENARIO, "--stop-file", str(stop), "--max-seconds", "120"),
+    train = subprocess.Popen(ranks_args(2, SCENARIO, "--stop-file", str(stop), "--max-seconds", "120"),
                              env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     source = LiveSource(run_dir=run_dir, interval_s=0.25)
     app = ZeromonApp(source, refresh_s=0.2, interval_s=0.25)

@@ -23,7 +23,7 @@ from typing import TypeVar
 
 import pytest
 
-from conftest import REPO, child_env, torchrun_args, zeromon
+from conftest import REPO, child_env, ranks_args, zeromon
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None,
                                 reason="tmux is not installed (the CI installs it: .ci/run)")
@@ -144,7 +144,7 @@ def test_attach_watches_a_live_2_rank_run_and_quits_with_q(tmp_path: Path) -> No
     registry, run_dir, stop = tmp_path / "registry", tmp_path / "run", tmp_path / "STOP"
     env = child_env(ZEROMON_OUT=str(run_dir), ZEROMON_REGISTRY=str(registry), ZEROMON_PORT="0",
                     ZEROMON_JOB="tui-e2e")
-    train = subprocess.Popen(torchrun_args(2, SCENARIO, "--stop-file", str(stop), "--max-seconds", "150",
+    train = subprocess.Popen(ranks_args(2, SCENARIO, "--stop-file", str(stop), "--max-seconds", "150",
                                            "--sleep", "0.1"),
                              env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -182,7 +182,7 @@ def test_attach_watches_a_live_2_rank_run_and_quits_with_q(tmp_path: Path) -> No
 def recorded_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tui") / "run"
     result = zeromon("run", "--quiet", "--out", str(out), "--job", "tui-replay", "--",
-                     *torchrun_args(2, SCENARIO, "--steps", "30", "--sleep", "0.05"),
+                     *ranks_args(2, SCENARIO, "--steps", "30", "--sleep", "0.05"),
                      env=child_env(ZEROMON_ENDPOINT="0"), timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     return out
@@ -235,7 +235,7 @@ def test_run_tui_keys_work_at_once_and_the_end_shows_the_final_state(tmp_path: P
     the job finishes the screen says so, with the last step (from the recording), not a crash."""
     out = tmp_path / "run"
     command = zeromon_cli("run", "--quiet", "--out", str(out), "--job", "tui-end", "--tui", "--",
-                          *torchrun_args(2, SCENARIO, "--steps", "40", "--sleep", "0.1"))
+                          *ranks_args(2, SCENARIO, "--steps", "40", "--sleep", "0.1"))
     with tmux_pane(command, tui_env(ZEROMON_REGISTRY=str(tmp_path / "registry"), ZEROMON_PORT="0"),
                    tmp_path / "status") as pane:
         wait_for(lambda: "Waiting for the job's ranks to start and register" in pane.screen(), pane, 60,

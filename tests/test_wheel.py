@@ -46,6 +46,9 @@ class Installed:
         env = child_env(**extra)
         for name in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME"):
             env.pop(name, None)
+        # The fresh environment's bytecode is kept where this machine would not keep it (pip installed it
+        # --no-compile, below): its first processes compile torch, the demo's ranks read their bytecode.
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         env["PATH"] = os.pathsep.join([str(self.bin), env.get("PATH", "")])
         return env
 
@@ -73,8 +76,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
     # The base interpreter, not this environment's: nothing of the test environment's packages is visible.
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     # torch pinned to the CPU build, as the README's install says: a bare dependency would resolve to CUDA's.
-    # --no-compile: the few processes this test starts compile what they import (each again, where
-    # PYTHONDONTWRITEBYTECODE is set), less than pip compiling all of torch first.
+    # --no-compile: the few processes this test starts compile what they import, and keep it (Installed.env),
+    # less than pip compiling all of torch first.
     _pip(venv / "bin" / "python", "install", "-q", "--no-compile", "torch==2.13.0", str(wheels[0]))
     home = root / "home"
     home.mkdir()
