@@ -125,16 +125,17 @@ def test_bounded_buffer_drops_and_counts(tmp_path: Path) -> None:
     result = _run(tmp_path, """
         out_dir, port = sys.argv[1], int(sys.argv[2])
         init(port=port)
-        # A recorder that never drains (flush every hour, nobody reading): the buffer fills and then drops
-        # the oldest. Its first pass (0.2 s after the start) is let go by first; the next comes after 1 s.
+        # A recorder that cannot drain: the buffer fills and then drops the oldest. Its passes are held off by
+        # its lock (a pass comes once the buffer is a quarter full, and a loaded machine's loop outlasted the
+        # time between two of them), so the count does not depend on how fast the loop runs.
         agent = zeromon_agent.attach(out_dir=out_dir, buffer_events=1024, flush_interval_s=3600.0)
-        time.sleep(0.5)
         x = torch.ones(4)
-        for _ in range(3000):
-            dist.all_reduce(x)
-        state = agent.state
-        info = {"len": len(state.raw), "cap": state.raw_capacity, "dropped": state.dropped,
-                "recorded": state.recorded}
+        with agent.recorder._drain_lock:
+            for _ in range(3000):
+                dist.all_reduce(x)
+            state = agent.state
+            info = {"len": len(state.raw), "cap": state.raw_capacity, "dropped": state.dropped,
+                    "recorded": state.recorded}
         zeromon_agent.detach()
         rec = read_recording(os.path.join(out_dir, "rank-0.jsonl"))
         info["in_file"] = len(rec.collectives)
