@@ -48,6 +48,11 @@ def main() -> None:
     model = Work(args.delay if rank == args.slow_rank else 0.0)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     keep = torch.ones(args.extra_mb * 2**20 // 4) if rank == 0 else None  # noqa: F841 - held on purpose
+    if args.warmup_rank >= 0:
+        # The ranks leave their setup together (before the agent is attached: not recorded), so that the
+        # warm-up rank is late by --warmup-delay: building the optimizer takes 2 s of CPU here (its first
+        # import), and a loaded machine once made one rank's 2 s longer, absorbing most of the delay.
+        dist.barrier()
     zeromon_agent.attach(model=model, optimizer=opt)
     x = torch.randn(64, 256)
     for step in range(args.steps):
