@@ -311,11 +311,10 @@ class CollectiveRecords:
 
     def _forget_pending(self, seq: int, work: Any) -> None:
         """Drop ``seq`` from the hot path's pending waits (by its Work's id; by value when the Work is gone)."""
-        pending = self.state.pending
         if work is not None:
-            if pending.get(id(work)) == seq:
-                pending.pop(id(work), None)
+            self._claim_pending(seq, work)
             return
+        pending = self.state.pending
         for key in [key for key, value in list(pending.items()) if value == seq]:  # rare: a Work dropped unwaited
             pending.pop(key, None)
 
