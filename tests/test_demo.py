@@ -134,6 +134,13 @@ def test_no_tui_prints_the_findings_and_exits_0_when_the_finding_appeared(tmp_pa
     assert "zeromon demo: scenario straggler:" in result.stderr and "expect: a straggler" in result.stderr
     lines = result.stdout.splitlines()
     assert f"demo straggler: {STEPS} steps in " in lines[0]  # the training's own line (rank 0's)
+    # The table's bytes per step: FSDP2's gathers and reduce-scatters, and no meaning that a typical step lacks
+    # (the demo's 4-byte stop check every fourth step has a median of nothing: it once showed as "unknown=0 B").
+    rows = [line for line in result.stderr.splitlines() if re.match(r" +[01]  fsdp2 ", line)]  # `zeromon run`'s
+    assert len(rows) == 2, result.stderr
+    for row in rows:
+        meanings = dict(pair.split("=") for pair in row.split("  ")[-1].split(", "))
+        assert set(meanings) == {"param_all_gather", "grad_reduce_scatter"}, row
     lines = lines[next(i for i, line in enumerate(lines) if line.startswith(f"findings of {tmp_path / 'run'} (")):]
     assert any(re.match(r"  \[(warn|critical)\] rank 0 waited [\d.]+ m?s for rank 1, \d+% of its step time", line)
                for line in lines)

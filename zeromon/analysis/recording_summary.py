@@ -204,7 +204,8 @@ _MEASURES: dict[str, Callable[[RankSummary], float | int | None]] = {
 def _rank_line(r: RankSummary) -> str:
     step_ms = f"{r.median_step_s * 1e3:.1f}" if r.median_step_s is not None else "-"
     exposed = f"{r.median_exposed_comm_s * 1e3:.1f}" if r.median_exposed_comm_s is not None else "-"
-    meanings = ", ".join(f"{m}={format_bytes(b)}" for m, b in r.bytes_per_step_by_meaning.items()) or "-"
+    # A meaning whose median is nothing is not in a typical step (the demo's stop check, every fourth step).
+    meanings = ", ".join(f"{m}={format_bytes(b)}" for m, b in r.bytes_per_step_by_meaning.items() if b) or "-"
     return (f"{r.rank:>4}  {r.framework:<10} {r.strategy:<14} {r.steps:>5} {step_ms:>8} {exposed:>10} "
             f"{r.collectives:>11} {format_bytes(r.peak_memory):>11}  {meanings}")
 
