@@ -780,7 +780,8 @@ def test_real_run_discovered_polled_listed_and_stale_after_it_ends(tmp_path: Pat
     # Started before the run: it writes [] first and updates the file when the agents register.
     writer = subprocess.Popen([sys.executable, "-m", "zeromon", "targets", "--write", str(sd_file),
                                "--interval", "0.2"], env=env, cwd=REPO, stderr=subprocess.PIPE, text=True)
-    train = subprocess.Popen(ranks_args(2, SCENARIO, "--stop-file", str(stop), "--max-seconds", "120"),
+    train = subprocess.Popen(ranks_args(2, SCENARIO, "--stop-file", str(stop), "--max-seconds", "120",
+                                        "--linger-s", "5"),
                              env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     source = LiveSource(interval_s=0.25)  # no arguments: the newest local run, through the registry
     try:
@@ -816,6 +817,12 @@ def test_real_run_discovered_polled_listed_and_stale_after_it_ends(tmp_path: Pat
         assert "2 of 2 rank(s) answering" in capsys.readouterr().out
 
         stop.touch()
+        # The agents stop and write their recordings' ends; the processes go on (--linger-s): the ranks have ended,
+        # cleanly, which the source says before the processes exit, not "not answering" as if they could hang.
+        gone = wait_for(lambda: (v := source.latest()).alive == 0 and all(r.ended for r in v.ranks) and v,
+                        timeout_s=60, what="both ranks ended while their processes linger")
+        assert train.poll() is None, "the ranks exited before the source said they ended"
+        assert [r.died for r in gone.ranks] == [None, None]
         assert train.wait(timeout=120) == 0
         ended = wait_for(lambda: (v := source.latest()).alive == 0 and v, timeout_s=10, what="both ranks stale")
         assert [r.rank for r in ended.ranks] == [0, 1]  # stale, not dropped

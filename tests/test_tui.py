@@ -657,7 +657,7 @@ def test_a_job_that_finishes_shows_its_final_state_not_a_crash() -> None:
 
 
 def test_attach_to_a_run_whose_ranks_exited_shows_its_recordings_final_state() -> None:
-    """`zeromon attach --run DIR` (no job of its own): once every rank's process has exited, the final
+    """`zeromon attach --run DIR` (no job of its own): once every rank has ended, the final
     state comes from the recording, not from whatever the last poll caught."""
     def gone(view: FleetView) -> FleetView:
         return dataclasses.replace(view, ranks=tuple(dataclasses.replace(r, alive=False, ended=True)
@@ -678,7 +678,7 @@ def test_attach_to_a_run_whose_ranks_exited_shows_its_recordings_final_state() -
         await app.workers.wait_for_complete()
         await pilot.pause()
         head = text_of(app.screen.query_one(FleetHeader))
-        assert "run ended: every rank's process has exited — showing its final state (from the recording)" in head
+        assert "run ended: every rank has ended — showing its final state (from the recording)" in head
         assert "step 15" in head and asked == [1]
 
     run_app(source, body=body, final_view=final_view)
@@ -745,7 +745,7 @@ def test_live_source_tells_an_exited_rank_from_one_that_stopped_answering(tmp_pa
     assert all("connection refused" in (r.error or "") for r in view.ranks)
     rows = rank_rows(view)
     assert [r.state for r in rows] == ["ended", "down"]
-    assert rank_title(view.ranks[0]).endswith("ended: its process has exited")
+    assert rank_title(view.ranks[0]).endswith("ended: its recording is complete")
 
 
 def test_help_opens_and_closes_and_q_quits() -> None:
@@ -949,7 +949,7 @@ def test_the_app_on_a_real_two_rank_run(tmp_path: Path) -> None:
             await wait_until(pilot, lambda: table_column(app.screen.query_one(RanksTable), "state") == ["ended"] * 2,
                              "both ranks ended after the run ended", timeout_s=15)
             head = text_of(app.screen.query_one(FleetHeader))
-            assert "run ended: every rank's process has exited" in head and "still looking" not in head
+            assert "run ended: every rank has ended" in head and "still looking" not in head
 
     try:
         asyncio.run(go())

@@ -48,6 +48,7 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=128)
     parser.add_argument("--depth", type=int, default=3)
     parser.add_argument("--render-every-scrape", action="store_true")
+    parser.add_argument("--linger-s", type=float, default=0.0, help="go on this long after the agent stopped")
     args = parser.parse_args()
     if args.render_every_scrape:
         from zeromon_agent import metrics, snapshot
@@ -76,6 +77,7 @@ def main() -> None:
             break
     zeromon_agent.detach()
     dist.destroy_process_group()
+    time.sleep(args.linger_s)  # a process that outlives its agent (a teardown, an evaluation left unwatched)
 
 
 if __name__ == "__main__":

@@ -72,7 +72,8 @@ class RankView:
     world_size: int | None = None
     t_ns: int | None = None  # the agent's clock when it answered
     start_ns: int | None = None  # when the rank's agent started
-    ended: bool = False  # not answering because its process has exited (seen on its host): its data is its last
+    ended: bool = False  # not answering because it ended (its process exited, or its recording has its end;
+    # seen on its host): its data is its last
     # How it died, when it ended and its recording says so: "rank 1 died at step 276 (no end record; ...)"
     # (zeromon.analysis.rank_ends); None while alive, after a clean end, or where not known.
     died: str | None = None

@@ -115,6 +115,17 @@ def _died(slot: _Slot) -> str | None:
     return died_line(file_end, steps[-1].step if steps else None)
 
 
+def _recording_ended(entry: EndpointEntry) -> bool:
+    """Whether the rank's recording in its run folder (on this host) has its end record."""
+    from zeromon.model.codec import rank_file_path
+    from zeromon.model.run_end import read_file_end
+
+    try:
+        return read_file_end(rank_file_path(entry.run_dir, entry.rank)).end is not None
+    except (OSError, ValueError, ZeromonError):
+        return False
+
+
 class LiveSource:
     """Polls live agents (or Prometheus) in the background; ``latest()`` is the newest FleetView.
 
@@ -429,9 +440,15 @@ class LiveSource:
         return max(4, min(STEPS_ASKED, 2 * math.ceil(since_s / step_s) + 2))
 
     def _failed(self, slot: _Slot, error: str) -> None:
-        # A registered process that is gone ended (cleanly or not: the job's status tells); one that
-        # lives, or runs on another host, only stopped answering. One kill(pid, 0) per failed poll.
-        ended = slot.entry is not None and pid_alive(slot.entry) is False
+        # A registered process that is gone ended (cleanly or not: the job's status tells), and so did one whose
+        # recording has its end record: its agent stopped (at the process's exit, or detached), and nothing more
+        # will come from it, though the process may still be on its way out (its interpreter's teardown, the
+        # gloo threads: a second and more at every run's end, when all ranks read "not answering"). One that
+        # lives without an ended recording, or runs on another host, only stopped answering. One kill(pid, 0)
+        # per failed poll, and while the process lives a look at the end of its recording.
+        entry = slot.entry
+        alive = pid_alive(entry) if entry is not None else None
+        ended = alive is False or (alive is True and entry is not None and _recording_ended(entry))
         died = slot.died
         if ended and not slot.died_read:
             died = _died(slot)  # once: a tail read of its recording

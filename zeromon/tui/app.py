@@ -144,7 +144,7 @@ class ZeromonApp(App[None]):
         """``refresh_s``: how often the screen reads the source; ``interval_s``: how often the source
         polls (for the "still looking" message); ``job``: the state of the command `zeromon run --tui`
         runs; ``final_view``: the run's final state, asked once (on a worker thread) when that job has
-        ended, or, without a job, when every rank's process has exited."""
+        ended, or, without a job, when every rank has ended."""
         super().__init__()
         self.source = source
         self.refresh_s = refresh_s
@@ -337,7 +337,7 @@ class ZeromonApp(App[None]):
         elif run_ended(view):
             shown = ("showing its final state (from the recording)" if self.final is not None
                      else "showing the last data polled")
-            ended = f"run ended: every rank's process has exited — {shown}"
+            ended = f"run ended: every rank has ended — {shown}"
         elif view.ranks and not view.alive:
             why = next((r.error for r in view.ranks if r.error), None)
             alerts.append(f"no rank answers{f' ({why})' if why else ''}; still looking")

@@ -146,7 +146,7 @@ class RankRow:
     overlap: float | None
     exposed_s: float | None
     busbw: float | None
-    ended: bool = False  # its process has exited: its data is its last
+    ended: bool = False  # its process has exited, or its recording has its end: its data is its last
     died: bool = False  # it ended, and not cleanly (RankView.died says how): never taken for a finished run
     final: bool = False  # every rank has ended (the job or the replay finished): its data is the run's final state
     # What the hang verdict says of it while it answers (zeromon.views.hang): "stuck", "waiting", ...; None: ok

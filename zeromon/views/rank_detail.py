@@ -135,7 +135,7 @@ def rank_title(rank: RankView) -> str:
     # A rank that died says how, in the words `zeromon run` and `summary` use ("rank 1 died at step 276
     # (no end record; its last 1 s may be lost)"), not "ended" as a clean finish would.
     state = ("alive" if rank.alive else rank.died.removeprefix(f"{who} ") if rank.died
-             else "ended: its process has exited" if rank.ended
+             else "ended: its recording is complete" if rank.ended
              else "never answered" if rank.stale_s is None else f"stale for {duration(rank.stale_s)}")
     parts = [who, rank.host or "-", f"pid {rank.pid}" if rank.pid is not None else "", rank.target, state]
     if rank.error and not rank.alive and not rank.ended:  # an ended rank's "connection refused" says nothing more
