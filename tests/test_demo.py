@@ -20,6 +20,8 @@ import pytest
 from test_tui_tmux import Tmux, tui_env, wait_for, zeromon_cli
 
 from zeromon.demo import SCENARIOS
+from zeromon.model.registry import read_entry
+from zeromon.sources.live import LiveSource
 
 from conftest import REPO, child_env, free_port, zeromon
 
@@ -269,6 +271,40 @@ def test_ctrl_c_stops_the_training_at_a_step_end_with_every_rank_recorded_and_no
     assert match and 0 < int(match.group(1)) < 1000, stdout
     assert "Traceback" not in stderr and "died" not in stderr, stderr[-3000:]
     assert "zeromon: run " in stderr and "(2 of 2 ranks recorded)" in stderr
+    assert len(children) >= 3 and not _left_running(children)
+
+
+@pytest.mark.distributed
+def test_a_rank_killed_mid_run_stops_the_other_and_the_demo_says_which(tmp_path: Path) -> None:
+    # The demo's own launcher (not torchrun's): rank 0 would wait for the killed rank 1 in its next collective
+    # (gloo: 30 minutes); the launcher stops it, and `zeromon run` says which rank died.
+    out = tmp_path / "run"
+    demo = subprocess.Popen([sys.executable, "-m", "zeromon", "demo", "--no-tui", "--scenario", "healthy",
+                             "--steps", "1000", "--out", str(out)], env=child_env(), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    source: LiveSource | None = None
+    try:
+        entry = out / "endpoints" / "rank-1.json"
+        deadline = time.monotonic() + 90
+        while not entry.exists() and time.monotonic() < deadline and demo.poll() is None:
+            time.sleep(0.2)
+        source = LiveSource(run_dir=str(out), interval_s=0.25)
+        source.start()
+        while time.monotonic() < deadline and demo.poll() is None and not (
+                (view := source.latest()).alive == 2 and all(r.last_step for r in view.ranks)):
+            time.sleep(0.2)  # until both ranks have made a step
+        children = _descendants(demo.pid)
+        os.kill(read_entry(entry).pid, signal.SIGKILL)
+        stdout, stderr = demo.communicate(timeout=60)
+    finally:
+        if source is not None:
+            source.stop()
+        if demo.poll() is None:
+            os.killpg(demo.pid, signal.SIGKILL)
+            demo.wait()
+    assert demo.returncode != 0, stdout + stderr[-3000:]
+    assert "demo: rank 1 was killed by signal 9; stopping the other ranks" in stderr, stderr[-3000:]
+    assert "rank 1 died first" in stderr and "rank 0 died at step" in stderr, stderr[-3000:]  # SIGTERM'd by the launcher
     assert len(children) >= 3 and not _left_running(children)
 
 

@@ -89,7 +89,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Installed]:
 
 def test_the_wheel_ships_the_demo_the_bootstrap_and_the_front_ends_files(installed: Installed) -> None:
     names = set(zipfile.ZipFile(installed.wheel).namelist())
-    assert {"zeromon/demo/train.py", "zeromon/demo/__init__.py", "zeromon/commands/demo.py",
+    assert {"zeromon/demo/train.py", "zeromon/demo/training.py", "zeromon/demo/__init__.py", "zeromon/commands/demo.py",
             "zeromon/commands/doctor.py", "zeromon/tui/app.tcss", "zeromon_agent/bootstrap/site/sitecustomize.py",
             "zeromon_dashboard/assets/zeromon.css"} <= names
     assert not any(name.startswith(("tests/", "examples/")) for name in names)

@@ -1,8 +1,9 @@
 """`zeromon demo`'s scenarios as data: what each training does, the environment it runs in, and the
 finding zeromon must raise for it. The command and the tests read them here.
 
-The training itself is ``train.py`` beside this file, shipped in the package (so the demo runs from
-an installed wheel, with no checkout) and started as a script by torchrun; it imports torch only.
+The training itself is ``train.py`` beside this file (the launcher, which starts the ranks) and ``training.py``
+(what each rank runs), shipped in the package (so the demo runs from an installed wheel, with no checkout) and
+started as a script under `zeromon run`; they import torch only, and never zeromon.
 """
 
 from __future__ import annotations

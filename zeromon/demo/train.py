@@ -4,8 +4,10 @@
 
 It is an ordinary training script: it does not import zeromon. Under `zeromon run` the agent hooks
 it from outside (no code change), as it would any user's job. It starts its ranks itself
-(torch.multiprocessing, with the environment torchrun would give them), so that Ctrl-C stops them
-cleanly at the end of a step: torchrun answers Ctrl-C by killing its workers, with tracebacks.
+(multiprocessing's spawn, with the environment torchrun would give them), so that Ctrl-C stops them
+cleanly at the end of a step: torchrun answers Ctrl-C by killing its workers, with tracebacks. This
+launcher imports no torch (seconds before the first rank could start); each rank imports the training,
+``training.py`` beside this file.
 
 A stack of Linear layers sharded with FSDP2 (``fully_shard``), trained with AdamW on random data. A
 forward "computes" by sleeping ``compute_s`` (the compute a GPU would do, without loading a shared
@@ -29,25 +31,17 @@ same step.
 from __future__ import annotations
 
 import argparse
-import gc
-import importlib
 import itertools
+import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import socket
 import sys
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-import torch
-import torch.distributed as dist
-import torch.distributed.nn  # noqa: F401 - imported before the process group exists: see _let_go_of_the_group
-import torch.multiprocessing as mp
-from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+GRACE_S = 10.0  # a failed rank's peers get SIGTERM, then SIGKILL after this long (as torchrun does)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,27 +90,12 @@ def ctrl_c_handler(flag: Flag, say: str | None = None) -> Callable[[int, object]
     return handler
 
 
-STOP_CHECK_EVERY_STEPS = 4  # Ctrl-C stops the ranks within this many steps (~1.3 s at 0.32 s a step)
-
 SHAPES = {
     "healthy": Shape(width=256, layers=2, batch=16, compute_s=0.3),
     "leak": Shape(width=256, layers=2, batch=16, compute_s=0.3, leak_mib=8.0),
     "exposed": Shape(width=768, layers=4, batch=4, compute_s=0.005, per_layer=True, reshard=True),
     "straggler": Shape(width=256, layers=2, batch=16, compute_s=0.3, late_rank=1, late_s=0.1),
 }
-
-
-class Stack(nn.Module):
-    def __init__(self, shape: Shape, rank: int) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(nn.Linear(shape.width, shape.width) for _ in range(shape.layers))
-        self.sleep_s = shape.compute_s + (shape.late_s if rank == shape.late_rank else 0.0)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(self.sleep_s)
-        for layer in self.layers:
-            x = torch.relu(layer(x))
-        return x
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -126,17 +105,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=0.0, help="stop after this long (0: no limit)")
     parser.add_argument("--ranks", type=int, default=2)
     return parser.parse_args(argv)
-
-
-def build(shape: Shape, rank: int, world: int) -> nn.Module:
-    mesh = init_device_mesh("cpu", (world,))
-    torch.manual_seed(0)
-    model = Stack(shape, rank)
-    if shape.per_layer:
-        for layer in model.layers:
-            fully_shard(layer, mesh=mesh, reshard_after_forward=shape.reshard)
-    fully_shard(model, mesh=mesh, reshard_after_forward=shape.reshard)
-    return model
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -149,10 +117,41 @@ def main(argv: list[str] | None = None) -> int:
     # A handler, not KeyboardInterrupt: Ctrl-C comes twice (from the terminal, and forwarded by `zeromon run`),
     # and the second would land in the first one's handling.
     signal.signal(signal.SIGINT, ctrl_c_handler(Flag(), "demo: Ctrl-C: the ranks stop after this step"))
-    context = mp.start_processes(rank_main, args=(args, port), nprocs=args.ranks, join=False, start_method="spawn")
-    while not context.join():
-        pass
+    spawn = multiprocessing.get_context("spawn")
+    ranks = [spawn.Process(target=rank_main, args=(rank, args, port), name=f"demo-rank-{rank}")
+             for rank in range(args.ranks)]
+    for process in ranks:
+        process.start()
+    return wait_for_ranks(ranks)
+
+
+def wait_for_ranks(ranks: Sequence[multiprocessing.process.BaseProcess]) -> int:
+    """0 once every rank has exited cleanly. When one fails, the others would wait for it in their next
+    collective (gloo's timeout is 30 minutes): they get SIGTERM, then SIGKILL after GRACE_S, and this returns 1,
+    as torchrun does."""
+    running = list(ranks)
+    while running:
+        multiprocessing.connection.wait([process.sentinel for process in running])
+        for process in [p for p in running if p.exitcode is not None]:
+            running.remove(process)
+            if process.exitcode != 0:
+                code = process.exitcode or 0
+                how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+                print(f"demo: rank {ranks.index(process)} {how}; stopping the other ranks", file=sys.stderr,
+                      flush=True)
+                _stop(running)
+                return 1
     return 0
+
+
+def _stop(ranks: Sequence[multiprocessing.process.BaseProcess]) -> None:
+    for process in ranks:
+        process.terminate()
+    for process in ranks:
+        process.join(GRACE_S)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
 
 
 def rank_main(local_rank: int, args: argparse.Namespace, port: int) -> None:
@@ -162,75 +161,11 @@ def rank_main(local_rank: int, args: argparse.Namespace, port: int) -> None:
     # A KeyboardInterrupt between two collectives would leave the peer blocked in the next one (gloo's
     # timeout is 30 minutes): the ranks note Ctrl-C and agree to stop at the end of a step instead.
     signal.signal(signal.SIGINT, ctrl_c_handler(interrupted))
-    train(SHAPES[args.scenario], args, interrupted)
-    _let_go_of_the_group()  # train()'s model is unreferenced now: collected with its group
+    # The rank's training, beside this file: a spawned rank has this launcher's sys.path, this folder first.
+    import training
 
-
-def train(shape: Shape, args: argparse.Namespace, interrupted: Flag) -> None:
-    torch.set_num_threads(1)  # two ranks on a laptop's or a CI runner's few cores
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    model = build(shape, rank, world)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    kept: list[torch.Tensor] = []
-    leak_numel = int(shape.leak_mib * 2**20) // 4
-    started = time.monotonic()
-    step = 0
-    try:
-        while step < args.steps:
-            x = torch.randn(shape.batch, shape.width, generator=torch.Generator().manual_seed(step * world + rank))
-            model(x).square().mean().backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if leak_numel:
-                kept.append(torch.ones(leak_numel))  # filled: its pages are resident
-            step += 1
-            if step % STOP_CHECK_EVERY_STEPS:
-                continue
-            timed_out = args.seconds > 0 and rank == 0 and time.monotonic() - started >= args.seconds
-            if _agree_to_stop(timed_out or interrupted.is_set()):
-                break
-        if rank == 0:
-            why = " (stopped by Ctrl-C)" if interrupted.is_set() else ""
-            print(f"demo {args.scenario}: {step} steps in {time.monotonic() - started:.1f} s{why}", flush=True)
-    finally:
-        dist.destroy_process_group()
-
-
-# DTensor's caches that hold device meshes, and through them process groups (torch 2.13).
-DTENSOR_CACHES = (
-    ("torch.distributed.tensor.debug", "_clear_sharding_prop_cache"),
-    ("torch.distributed.tensor._collective_utils", "MeshTopoInfo.build_from_mesh.cache_clear"),
-    ("torch.distributed.tensor._redistribute", "_gen_transform_infos.cache_clear"),
-    ("torch.distributed.tensor._redistribute", "clear_redistribute_planner_cache"),
-)
-
-
-def _let_go_of_the_group() -> None:
-    """Drop what still holds the process group after destroy_process_group, so that its gloo worker threads
-    end once train() has returned, not during the interpreter's exit: a worker that drops a finished collective's
-    tensor there takes the GIL, which a finalizing Python answers with pthread_exit, and the rank dies by
-    SIGABRT ("terminate called without an active exception") after its training ended. The holders:
-    torch.distributed.nn's default arguments (``group=group.WORLD``, evaluated on its import, which building
-    the optimizer does: imported before init_process_group, they hold None) and DTENSOR_CACHES."""
-    for module_name, path in DTENSOR_CACHES:
-        try:
-            target: Any = importlib.import_module(module_name)
-            for name in path.split("."):
-                target = getattr(target, name)
-            target()
-        except (ImportError, AttributeError):  # another torch: its caches, if any, stay
-            pass
-    gc.collect()
-
-
-def _agree_to_stop(stop: bool) -> bool:
-    """Whether any rank wants to stop (Ctrl-C, or rank 0's clock), agreed by all: each rank's own answer
-    would stop them at different steps. A 4-byte all-reduce, not free on gloo: every
-    STOP_CHECK_EVERY_STEPS steps, so that the healthy run's communication stays a sliver of its steps."""
-    flag = torch.tensor([1.0 if stop else 0.0])
-    dist.all_reduce(flag)
-    return bool(flag.item() > 0)
+    training.train(SHAPES[args.scenario], args, interrupted)
+    training.let_go_of_the_group()  # train()'s model is unreferenced now: collected with its group
 
 
 if __name__ == "__main__":
