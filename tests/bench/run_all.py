@@ -163,14 +163,16 @@ def notes_lines(ordered: Sequence[tuple[benchlib.Row, int]], runs: int) -> list[
 
 
 def _sections(text: str) -> tuple[list[str], list[str], dict[str, list[str]]]:
-    """(the lines before the targets table's rows, its rows, the "## `command`" sections by heading)."""
+    """(the lines before the targets table's rows, its rows, the sections after it by heading, in order). A
+    "## `command`" section is a benchmark's, which a new measurement replaces; any other "## " section is
+    written by hand (a before-and-after, a study) and stays as it is."""
     lines = text.rstrip("\n").split("\n")
     first = lines.index("## Targets") + 4  # the heading, a blank line, the table's header and rule
     end = next(i for i in range(first, len(lines)) if not lines[i].startswith("|"))
     sections: dict[str, list[str]] = {}
     heading = None
     for line in lines[end:]:
-        if line.startswith("## `"):
+        if line.startswith("## "):
             heading = line
             sections[heading] = []
         elif heading is not None:
