@@ -13,18 +13,11 @@ from zeromon.errors import ZeromonError
 from zeromon.model import read_run
 from zeromon.sources.run_analysis import analyse_run
 
-from conftest import EXAMPLES, REPO, ranks_args, zeromon
+from conftest import REPO, ranks_args, zeromon
 
 A100_TRACE = REPO / "tests" / "data" / "kineto" / "a100-w2-rank0.json.gz"
 
-
-@pytest.fixture(scope="module")
-def fsdp2_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("inputs") / "fsdp2"
-    result = zeromon("run", "--quiet", "--out", str(out), "--",
-                     *ranks_args(2, EXAMPLES / "fsdp2_train.py", "--steps", "3"), timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out
+# fsdp2_run: conftest's, the session's one FSDP2 run (these tests read it and copy it, never change it).
 
 
 @pytest.fixture(scope="module")
