@@ -38,6 +38,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -147,8 +148,9 @@ def wait_for_ranks(ranks: Sequence[multiprocessing.process.BaseProcess]) -> int:
 def _stop(ranks: Sequence[multiprocessing.process.BaseProcess]) -> None:
     for process in ranks:
         process.terminate()
+    deadline = time.monotonic() + GRACE_S  # one grace period for all of them
     for process in ranks:
-        process.join(GRACE_S)
+        process.join(max(0.0, deadline - time.monotonic()))
         if process.exitcode is None:
             process.kill()
             process.join()
