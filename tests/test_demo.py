@@ -244,13 +244,24 @@ def test_dashboard_serves_the_run_on_loopback_with_the_scenarios_banner_until_ct
     assert not _left_running(children)
 
 
+def _long_healthy_demo(out: Path) -> subprocess.Popen[str]:
+    """`zeromon demo --no-tui` of the healthy scenario, long enough to be stopped, in its own process group, which
+    a test signals as a terminal's Ctrl-C does: every process in it."""
+    return subprocess.Popen([sys.executable, "-m", "zeromon", "demo", "--no-tui", "--scenario", "healthy",
+                             "--steps", "1000", "--out", str(out)], env=child_env(), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def _kill_left(demo: subprocess.Popen[str]) -> None:
+    if demo.poll() is None:
+        os.killpg(demo.pid, signal.SIGKILL)
+        demo.wait()
+
+
 @pytest.mark.distributed
 def test_ctrl_c_stops_the_training_at_a_step_end_with_every_rank_recorded_and_nothing_left(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    # Its own process group, which the test signals as a terminal's Ctrl-C does: every process in it.
-    demo = subprocess.Popen([sys.executable, "-m", "zeromon", "demo", "--no-tui", "--scenario", "healthy",
-                             "--steps", "1000", "--out", str(out)], env=child_env(), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    demo = _long_healthy_demo(out)
     try:
         deadline = time.monotonic() + 90
         while not (out / "rank-1.jsonl").exists() and time.monotonic() < deadline and demo.poll() is None:
@@ -260,9 +271,7 @@ def test_ctrl_c_stops_the_training_at_a_step_end_with_every_rank_recorded_and_no
         os.killpg(demo.pid, signal.SIGINT)
         stdout, stderr = demo.communicate(timeout=60)
     finally:
-        if demo.poll() is None:
-            os.killpg(demo.pid, signal.SIGKILL)
-            demo.wait()
+        _kill_left(demo)
     # 0; or 1 where a busy machine made a few steps' straggling a warning, which the demo says (CI under pytest
     # -n 2, before the straggler test asked for odds against chance): what this test is about holds either way.
     busy = demo.returncode == 1 and "a warning appeared in a healthy run; a machine much busier" in stdout
@@ -279,9 +288,7 @@ def test_a_rank_killed_mid_run_stops_the_other_and_the_demo_says_which(tmp_path:
     # The demo's own launcher (not torchrun's): rank 0 would wait for the killed rank 1 in its next collective
     # (gloo: 30 minutes); the launcher stops it, and `zeromon run` says which rank died.
     out = tmp_path / "run"
-    demo = subprocess.Popen([sys.executable, "-m", "zeromon", "demo", "--no-tui", "--scenario", "healthy",
-                             "--steps", "1000", "--out", str(out)], env=child_env(), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    demo = _long_healthy_demo(out)
     source: LiveSource | None = None
     try:
         entry = out / "endpoints" / "rank-1.json"
@@ -299,9 +306,7 @@ def test_a_rank_killed_mid_run_stops_the_other_and_the_demo_says_which(tmp_path:
     finally:
         if source is not None:
             source.stop()
-        if demo.poll() is None:
-            os.killpg(demo.pid, signal.SIGKILL)
-            demo.wait()
+        _kill_left(demo)
     assert demo.returncode != 0, stdout + stderr[-3000:]
     assert "demo: rank 1 was killed by signal 9; stopping the other ranks" in stderr, stderr[-3000:]
     assert "rank 1 died first" in stderr and "rank 0 died at step" in stderr, stderr[-3000:]  # SIGTERM'd by the launcher

@@ -1,9 +1,9 @@
 """`zeromon demo [--scenario S] [--dashboard | --no-tui]`: a real 2-rank training with a known problem,
 watched by zeromon, so that a newcomer sees what it finds before building a broken run of their own.
 
-The training (zeromon/demo/train.py and the ranks' training.py, shipped in the package) runs under `zeromon run`'s own code
-(its parser and cmd_run: the agent injected in every rank, the recording, the summary), on CPU with
-gloo, whatever the machine has.
+The training (zeromon/demo/train.py and the ranks' training.py, shipped in the package) runs under
+`zeromon run`'s own code (its parser and cmd_run: the agent injected in every rank, the recording, the
+summary), on CPU with gloo, whatever the machine has.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zeromon.errors import ZeromonError
 from zeromon.model.events import (
@@ -66,6 +66,9 @@ from zeromon.sources.http import (
     json_loads,
 )
 
+if TYPE_CHECKING:
+    from zeromon.model.run_end import FileEnd
+
 STEPS_ASKED = 64  # steps per snapshot (?steps=): the agent's default
 EVENTS_LIMIT = 2000  # events per poll (?limit=); a client further behind skips ahead
 PHASES_KEPT = 512  # recent phase spans kept per rank
@@ -93,37 +96,27 @@ class _Slot:
     due: float = 0.0  # time.monotonic() of its next poll
     in_flight: bool = False  # a request is out: a slow agent is not asked twice
     entry: EndpointEntry | None = None  # its registration, when found through one: its host and pid
-    ended: bool = False  # it stopped answering and its process is gone: the rank ended, it did not hang
+    ended: bool = False  # it stopped answering and its process is gone or its recording ended: it did not hang
     died: str | None = None  # how it died, from its recording's end, once it ended (rank_ends.died_line)
-    died_read: bool = False  # its recording's end was looked at (once)
 
 
-def _died(slot: _Slot) -> str | None:
-    """How an ended rank died, from the end of its recording in its run folder (on this host)."""
-    from zeromon.analysis.rank_ends import died_line
+def _recording_end(entry: EndpointEntry) -> FileEnd | None:
+    """The end of the rank's recording in its run folder (on this host); None where it cannot be read."""
     from zeromon.model.codec import rank_file_path
     from zeromon.model.run_end import read_file_end
 
-    entry = slot.entry
-    if entry is None:
-        return None
     try:
-        file_end = read_file_end(rank_file_path(entry.run_dir, entry.rank))
+        return read_file_end(rank_file_path(entry.run_dir, entry.rank))
     except (OSError, ValueError, ZeromonError):
         return None
+
+
+def _died(slot: _Slot, file_end: FileEnd) -> str | None:
+    """How an ended rank died, from the end of its recording (rank_ends.died_line); None for a clean end."""
+    from zeromon.analysis.rank_ends import died_line
+
     steps = slot.view.steps if slot.view is not None else ()
     return died_line(file_end, steps[-1].step if steps else None)
-
-
-def _recording_ended(entry: EndpointEntry) -> bool:
-    """Whether the rank's recording in its run folder (on this host) has its end record."""
-    from zeromon.model.codec import rank_file_path
-    from zeromon.model.run_end import read_file_end
-
-    try:
-        return read_file_end(rank_file_path(entry.run_dir, entry.rank)).end is not None
-    except (OSError, ValueError, ZeromonError):
-        return False
 
 
 class LiveSource:
@@ -444,17 +437,18 @@ class LiveSource:
         # recording has its end record: its agent stopped (at the process's exit, or detached), and nothing more
         # will come from it, though the process may still be on its way out (its interpreter's teardown, the
         # gloo threads: a second and more at every run's end, when all ranks read "not answering"). One that
-        # lives without an ended recording, or runs on another host, only stopped answering. One kill(pid, 0)
-        # per failed poll, and while the process lives a look at the end of its recording.
-        entry = slot.entry
-        alive = pid_alive(entry) if entry is not None else None
-        ended = alive is False or (alive is True and entry is not None and _recording_ended(entry))
-        died = slot.died
-        if ended and not slot.died_read:
-            died = _died(slot)  # once: a tail read of its recording
+        # lives without an ended recording, or runs on another host, only stopped answering. Until it has ended,
+        # one kill(pid, 0) per failed poll and, on this host, a tail read of its recording, which also says how
+        # it ended; once ended, it stays so until it answers again.
+        entry, died, ended = slot.entry, slot.died, slot.ended
+        if entry is not None and not ended:
+            alive = pid_alive(entry)
+            file_end = _recording_end(entry) if alive is not None else None
+            ended = alive is False or (file_end is not None and file_end.end is not None)
+            if ended:
+                died = _died(slot, file_end) if file_end is not None else None
         with self._lock:
-            slot.error, slot.ended = (died or error), ended
-            slot.died, slot.died_read = died, slot.died_read or ended
+            slot.error, slot.ended, slot.died = (died or error), ended, died
 
     def _read_events(self, slot: _Slot, doc: dict[str, Any]) -> None:
         """Phase spans from the events since the last poll; the cursor moves on (skipping ahead when far behind)."""
