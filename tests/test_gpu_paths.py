@@ -388,3 +388,44 @@ def perf_ns_now() -> int:
     import time
 
     return time.perf_counter_ns()
+
+
+def test_the_records_of_a_step_not_timed_on_the_device_leave_the_garbage_collectors_care() -> None:
+    """Mock (no GPU: torch.cuda's events are faked). Most of a GPU run's collectives are of steps not timed on the
+    device. Their raw records wait in the agent's queue for up to a second; a record the garbage collector tracks
+    is carried through its generations meanwhile, and makes its collections more frequent and longer, on the
+    training thread. A synchronous collective's record and an async one's wait record hold only objects it does
+    not track, so its first pass untracks them. (An async collective's record holds a weak reference to its Work,
+    which the collector tracks: the recorder polls a Work nobody waited on through it.)"""
+    import gc
+
+    from zeromon_agent.collectives import make_wait, make_wrapper
+
+    state = HotState()
+    state.enabled = True
+    state.device_timer = CudaTimer(_fake_torch(), pool_size=4)
+    state.device_timing_every = 4
+    state.step = 2
+    state.time_step()
+    assert state.cuda_timing is None
+
+    class Work:
+        def wait(self) -> bool:
+            return True
+
+        def is_completed(self) -> bool:
+            return True
+
+    group = object()
+    wrapped = make_wrapper(lambda tensor, async_op=False: Work() if async_op else None, "all_reduce", "all_reduce",
+                           lambda a, k: (4096, 4096, torch.bfloat16, group, k.get("async_op", False)), state=state)
+    wait = make_wait(Work.wait, state=state)
+    wrapped(_CudaTensor())
+    work = wrapped(_CudaTensor(), async_op=True)
+    wait(work)
+    sync_record, async_record, wait_record = state.raw
+    assert sync_record[0] == async_record[0] == RAW_COLLECTIVE and wait_record[0] == RAW_WAIT
+    gc.collect()
+    assert not gc.is_tracked(sync_record), [type(v) for v in sync_record if gc.is_tracked(v)]
+    assert not gc.is_tracked(wait_record), [type(v) for v in wait_record if gc.is_tracked(v)]
+    assert gc.is_tracked(async_record)  # its Work's weak reference

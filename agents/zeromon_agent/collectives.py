@@ -209,9 +209,7 @@ def _record_async(state: HotState, api: str, op: str, t0: int, t1: int, b_in: in
                 works = state.works
                 if len(works) < state.pending_capacity:
                     works[seq] = result
-            elif cuda is UNTIMED:  # its wait needs no completion check (make_wait)
-                state.device_timer.untimed_waits.add(seq)
-            else:  # its wait is marked on the stream (make_wait)
+            else:  # timed with CUDA events: its wait is marked on the stream (make_wait)
                 state.device_timer.awaiting.add(seq)
         # A completion callback times 1 in N collectives timed on the host; on a GPU the events do, or nothing
         # does (a step not timed on the device: a callback through an NCCL Work's future costs more than events).
@@ -261,7 +259,26 @@ def make_wrapper(fn: Callable[..., Any], api: str, op: str, extract: Extract,
             t1 = perf_ns()
             state.inside = False
         try:
-            if async_op:
+            if async_op and cuda is UNTIMED and result is not None:
+                # On a GPU, an async collective of a step not timed on the device (most of a GPU run's): written
+                # out, as the synchronous path is, without _record_async's call and branches (its cost on the host:
+                # tests/bench/bench_collective_overhead.py part (g); before and after a change: ab_gpu_paths.py).
+                state.seq = seq = state.seq + 1
+                try:
+                    work = weakref.ref(result)  # as _record_async holds it, and why
+                except TypeError:
+                    work = result
+                state.async_queued = True
+                pending = state.pending
+                if len(pending) < state.pending_capacity:
+                    pending[id(result)] = seq
+                    state.device_timer.untimed_waits.add(seq)  # its wait needs no completion check
+                raw = state.raw
+                if len(raw) >= state.raw_capacity:
+                    state.dropped += 1
+                raw.append((RAW_COLLECTIVE, seq, api, op, t0, t1, b_in, b_out, dtype, group, True, work,
+                            state.phase, state.step, cuda, False, caller))
+            elif async_op:
                 if cuda is not None and cuda is not UNTIMED:
                     cuda = state.device_timer.end(cuda, result is not None)
                 _record_async(state, api, op, t0, t1, b_in, b_out, dtype, group, async_op, result, cuda, caller)
@@ -293,22 +310,35 @@ def make_wait(orig_wait: Callable[..., Any], state: HotState = STATE) -> Callabl
         seq = pending.pop(id(self), None)
         if seq is None:
             return orig_wait(self, *args, **kwargs)
-        state.works.pop(seq, None)
         timer = state.device_timer
-        untimed = False
         if timer is not None:
+            untimed = timer.untimed_waits
+            if seq in untimed:
+                # A GPU collective of a step not timed on the device (most of a GPU run's): no event, and no
+                # completion check (on NCCL, Work.is_completed queries an event: a launch's cost).
+                untimed.discard(seq)
+                t0 = perf_ns()
+                try:
+                    return orig_wait(self, *args, **kwargs)
+                finally:
+                    t1 = perf_ns()
+                    try:
+                        raw = state.raw
+                        if len(raw) >= state.raw_capacity:
+                            state.dropped += 1
+                        raw.append((RAW_WAIT, seq, t0, t1, False, None, None, state.step))
+                    except Exception as exc:  # noqa: BLE001
+                        state.hook_error("Work.wait", exc)
             if seq in timer.awaiting:  # a collective timed with CUDA events
                 timer.awaiting.discard(seq)
             else:
-                untimed = seq in timer.untimed_waits
-                timer.untimed_waits.discard(seq)
                 timer = None
+        state.works.pop(seq, None)
         stream = cuda_start = None
         try:
             # Whether it was done before the wait times a collective without events; one timed by the two
-            # events of its wait does not need it, nor one of a step not timed on the device (on NCCL,
-            # Work.is_completed queries an event: a launch's cost).
-            done_before = False if untimed or (timer is not None and timer.can_mark(2)) else self.is_completed()
+            # events of its wait does not need it.
+            done_before = False if timer is not None and timer.can_mark(2) else self.is_completed()
             if timer is not None:
                 stream = timer.current_stream()
                 cuda_start = timer.mark(stream)  # where the stream begins to wait

@@ -37,16 +37,11 @@ RAW_TIME_AT = {RAW_COLLECTIVE: 5, RAW_WAIT: 3, RAW_DONE: 2, RAW_SEEN_DONE: 2, RA
                RAW_MEMORY: 3, RAW_OOM: 1, RAW_STEP_START: 2, RAW_AGENT: 3}
 
 
-class _Untimed:
-    """The mark of a collective issued in a step not timed on the device (HotState.time_step)."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "UNTIMED"
-
-
-UNTIMED: Any = _Untimed()
+# The mark of a collective issued in a step not timed on the device (HotState.time_step), compared by identity. A
+# string, not an instance of a class of its own: the garbage collector tracks such an instance, and with it every
+# raw tuple holding it, which then goes through the collector's generations until the recorder drains it; a tuple
+# holding only untracked objects is untracked at the collector's first look.
+UNTIMED: Any = "UNTIMED"
 
 
 def timed_step(step: int, every: int) -> bool:

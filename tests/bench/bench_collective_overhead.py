@@ -18,6 +18,11 @@
     (a 60 µs gloo all-reduce adds several times (a)'s figure on some machines): each call timed alone.
 (e) (c)'s pieces around (b)'s real synchronous call, the bare call alternating with each piece call by
     call: which piece a real call pays for.
+(g) the GPU paths' Python, on the host (runs anywhere): (a)'s no-op, returning a completed c10d Work when async
+    (a real Work and its real wait), called with a stand-in CUDA tensor, the agent's state as on a GPU in a
+    step timed on the device (a ``CudaTimer`` over stand-in events: a record is an empty Python call) and in
+    one not timed on it. What it shows is the Python that (f)'s rows pay around the launch, without the
+    CUDA driver's share (a real event's record, torch's stream look-up), which only (f) measures.
 (f) GPU only (skipped without CUDA and NCCL): (b) with NCCL on a 16-element CUDA tensor, world size 1,
     the host's cost of each call (a launch: the GPU runs it later). The agent's wrapper there also
     records two CUDA events on the stream (``CudaTimer``; one more at an async call's wait), which a
@@ -327,6 +332,10 @@ def bench_nccl(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
                          "ns", med[f"{kind} original"], mixed, f"added <= {target:.0f} ns", added <= target,
                          "the two rows above, weighted as a long run mixes them"),
         ]
+        # What another ZEROMON_DEVICE_TIMING_EVERY would cost, from the same two rows (a choice to make on them).
+        rows += [benchlib.Row("collective (NCCL, world 1, GPU)", f"{label}, were 1 step in {other} timed", "ns",
+                              med[f"{kind} original"], (timed + (other - 1) * plain) / other, "", None,
+                              "the same two rows, weighted") for other in (16, 32) if other != every]
     rows += [
         benchlib.Row("collective (NCCL, world 1, GPU)", "all_reduce sync launch, agent disabled", "ns",
                      med["sync original"], med["sync patched, disabled"], "", None),
@@ -334,6 +343,107 @@ def bench_nccl(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
                      drainer.ns_per_event, "", None,
                      f"{drainer.events:,} events; dropped {state.dropped}; event pool empty {timer.exhausted} times"),
     ]
+    return rows
+
+
+# --- (g) the GPU paths' Python on the host ------------------------------------------------------------
+
+class StandInCudaTensor:
+    """What the agent reads of a CUDA tensor: its size, dtype and ``is_cuda`` (no GPU here)."""
+
+    __slots__ = ("nbytes", "dtype", "is_cuda")
+
+    def __init__(self) -> None:
+        self.nbytes, self.dtype, self.is_cuda = 64, torch.float32, True
+
+
+class StandInEvent:
+    """A CUDA event whose record is an empty Python call: the driver's share of a real one is (f)'s to measure."""
+
+    __slots__ = ()
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        pass
+
+    def record(self, stream: Any = None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, other: Any) -> float:
+        return 0.0
+
+
+def stand_in_torch() -> Any:
+    """As much of ``torch`` as CudaTimer reads, over stand-in events; no private stream API (the public call is a
+    constant here), so the timer reads the stream through ``torch.cuda.current_stream``."""
+    from types import SimpleNamespace
+
+    cuda = SimpleNamespace(Event=StandInEvent, is_available=lambda: True, current_stream=lambda: "stream")
+    return SimpleNamespace(cuda=cuda, _C=SimpleNamespace())
+
+
+def bench_gpu_paths_on_host(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
+    from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
+
+    from zeromon_agent.cuda import CudaTimer
+    from zeromon_agent.state import UNTIMED
+
+    done: torch.futures.Future[None] = torch.futures.Future()
+    done.set_result(None)
+
+    def launch(tensor: Any, op: Any = None, group: Any = None, async_op: bool = False) -> Any:
+        """An NCCL launch's host side without its work: a sync call returns None, an async one a fresh Work."""
+        return _create_work_from_future(done) if async_op else None
+
+    state = HotState()
+    timer = CudaTimer(stand_in_torch(), pool_size=8192)  # a round's timed async calls take three events each
+    state.device_timer = state.cuda_timing = timer
+    wrapped = collectives.make_wrapper(launch, "all_reduce", "all_reduce", collectives.DIST_SPECS["all_reduce"][1],
+                                       state)
+    original_wait = c10d.Work.wait
+    tensor = StandInCudaTensor()
+    drainer = Drainer(state, out_dir, cuda_timer=timer)
+
+    def untimed(run: Callable[[int], int]) -> Callable[[int], int]:
+        def go(n: int) -> int:
+            state.cuda_timing, state.untimed = None, UNTIMED
+            try:
+                return run(n)
+            finally:
+                state.cuda_timing, state.untimed = timer, None
+
+        return go
+
+    variants = {
+        "sync, no agent": loop(launch, tensor),
+        "sync, timed step": with_enabled(state, True, loop(wrapped, tensor)),
+        "sync, untimed step": untimed(with_enabled(state, True, loop(wrapped, tensor))),
+        "async, no agent": loop(lambda t: original_wait(launch(t, async_op=True)), tensor),
+        "async, timed step": with_enabled(state, True, loop(lambda t: wrapped(t, async_op=True).wait(), tensor)),
+        "async, untimed step": untimed(with_enabled(state, True,
+                                                    loop(lambda t: wrapped(t, async_op=True).wait(), tensor))),
+    }
+    c10d.Work.wait = collectives.make_wait(original_wait, state)  # type: ignore[method-assign]
+    try:
+        per_call = benchlib.interleaved(variants, rounds, calls, between=drainer)
+    finally:
+        c10d.Work.wait = original_wait  # type: ignore[method-assign]
+    drainer.close()
+    med = {name: benchlib.median(values) for name, values in per_call.items()}
+    note = f"{rounds} rounds x {calls} calls; {benchlib.load_note()}"
+    rows = []
+    for kind, label in (("sync", "sync launch"), ("async", "async launch + wait")):
+        for step in ("timed", "untimed"):
+            rows.append(benchlib.Row("collective (GPU paths, host share)", f"{label}, a step {step.replace('untimed', 'not timed')} on the device", "ns",
+                                     med[f"{kind}, no agent"], med[f"{kind}, {step} step"], "", None, note))
+    rows.append(benchlib.Row("collective (GPU paths, host share)", "recorder drain per event (background thread)", "ns",
+                             None, drainer.ns_per_event, "", None,
+                             f"{drainer.events:,} events; dropped {state.dropped}; event pool empty {timer.exhausted} times"))
     return rows
 
 
@@ -511,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
                         "a multiple of 16")
     parser.add_argument("--piece-calls", type=int, default=6000, help="timed calls of each variant (e)")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON (run_all.py reads them)")
-    parser.add_argument("--parts", default="abcdef", help="which parts to run, as letters (e.g. f: the GPU's alone)")
+    parser.add_argument("--parts", default="abcdefg", help="which parts to run, as letters (e.g. f: the GPU's alone)")
     args = parser.parse_args(argv)
     if args.gloo_calls % 16:
         parser.error("--gloo-calls must be a multiple of 16 (the default callback sampling period)")
@@ -543,6 +653,11 @@ def main(argv: list[str] | None = None) -> int:
         rows += cold
     if "e" in parts:
         rows += real_pieces
+    if "g" in parts:
+        with tempfile.TemporaryDirectory(prefix="zeromon-bench-") as tmp:
+            host_share = bench_gpu_paths_on_host(args.rounds, args.calls, Path(tmp) / "gpu-paths")
+        benchlib.print_rows("(g) the GPU paths' Python on the host: stand-in events, a completed c10d Work", host_share)
+        rows += host_share
     if "f" not in parts:
         pass
     elif torch.cuda.is_available() and dist.is_nccl_available():
