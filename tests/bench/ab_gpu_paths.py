@@ -16,12 +16,20 @@ moves a call (the same script's baseline 60 to 98 ns from one run to the next). 
 runs in a shuffled order every round (benchlib.interleaved), so the drift falls on both alike. The other
 version's ``zeromon_agent`` is loaded as ``zeromon_agent_before``, a copy with its imports renamed, so that each
 side runs its own hot path, state, event timer and recorder (which drains its side between rounds, untimed).
+
+The two sides share one garbage collector, which a change to what the hot path leaves tracked moves for both:
+without a collection between loops, a change that left untimed steps' records untracked measured +0.4-0.7 µs on
+the timed steps' async calls here (four runs, either version loaded as the other), and nothing when each version
+ran in its own process. So every loop
+starts with ``gc.collect(1)`` (untimed): its young generations empty, each loop pays for the collections its own
+calls bring about, not for what the variant before it left.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib
 import re
 import shutil
@@ -95,6 +103,7 @@ class Side:
             state.enabled = True
             if not timed:
                 state.cuda_timing, state.untimed = None, self.untimed
+            gc.collect(1)  # each loop starts with empty young generations (the module's docstring)
             try:
                 t0 = perf_ns()
                 if is_async:
@@ -121,6 +130,7 @@ ORIGINAL_WAIT = c10d.Work.wait
 
 def bare(launch: Callable[..., Any], tensor: Any, is_async: bool) -> Callable[[int], int]:
     def run(n: int) -> int:
+        gc.collect(1)
         t0 = perf_ns()
         if is_async:
             for _ in range(n):
