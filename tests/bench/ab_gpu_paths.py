@@ -12,7 +12,7 @@ sync and async with its wait, in a step timed on the device and in one not timed
   the script (its tensors are on the CPU, so no step is timed on the device there).
 
 Why one process: this machine's speed drifts between processes, and within minutes, by more than such a change
-moves a call (the same script's baseline 60 to 98 ns from one run to the next). Here every variant of both sides
+moves a call (part (g)'s baseline took 59 ns in one run and 98 ns in the next). Here every variant of both sides
 runs in a shuffled order every round (benchlib.interleaved), so the drift falls on both alike. The other
 version's ``zeromon_agent`` is loaded as ``zeromon_agent_before``, a copy with its imports renamed, so that each
 side runs its own hot path, state, event timer and recorder (which drains its side between rounds, untimed).
@@ -20,9 +20,8 @@ side runs its own hot path, state, event timer and recorder (which drains its si
 The two sides share one garbage collector, which a change to what the hot path leaves tracked moves for both:
 without a collection between loops, a change that left untimed steps' records untracked measured +0.4-0.7 µs on
 the timed steps' async calls here (four runs, either version loaded as the other), and nothing when each version
-ran in its own process. So every loop
-starts with ``gc.collect(1)`` (untimed): its young generations empty, each loop pays for the collections its own
-calls bring about, not for what the variant before it left.
+ran in its own process. So every loop starts with ``gc.collect(1)`` (untimed): with its young generations empty,
+each loop pays for the collections its own calls bring about, not for what the variant before it left.
 """
 
 from __future__ import annotations
