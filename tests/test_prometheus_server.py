@@ -663,7 +663,12 @@ def _check_recorded_series(server: PrometheusServer, job: str, run: str) -> None
     for rule in rules:
         static = rule.get("labels", {})
         selector = ",".join(f'{k}="{v}"' for k, v in static.items())
-        for _attempt in range(5):  # a scrape written between the rule's evaluation and its timestamp
+        # A scrape that started before an evaluation and was written after it (slow on a loaded machine: its
+        # samples carry the scrape's start) changes what the expression gives at that time, never what was
+        # recorded: such an evaluation stays unequal, so a failed attempt waits for the next one (every 1 s).
+        for attempt in range(8):
+            if attempt:
+                time.sleep(1.5)
             stamped = server.query(f"timestamp({rule['record']}{{{selector}}})")
             if not stamped:
                 break  # nothing recorded: the expression must say nothing either (checked below)
