@@ -147,6 +147,7 @@ def test_ddp(tmp_path: Path) -> None:
     # the closure is the optimizer's phase, within the script's stopwatch of it.
     recordings, summaries = _run(tmp_path, "ddp_train.py", "--wrap", "--trainer-traffic", "--closure")
     summary = summaries[0]
+    waited_s = 0.0
     for rec in recordings:
         assert rec.run_info is not None and rec.run_info.framework == "ddp"
         assert _steady(rec, "grad_all_reduce", "bytes_in") == {summary["grad_reduce_bytes_full"]}
@@ -177,11 +178,14 @@ def test_ddp(tmp_path: Path) -> None:
         waited_by_step: dict[int, float] = defaultdict(float)
         for e in reduces:  # a bucket done before backward's compute ended was waited on for nothing
             waited_by_step[e.step] += max(0, e.complete_ns - e.wait_ns) / 1e9  # type: ignore[operator]
-        assert sum(waited_by_step.values()) > 0
+        waited_s += sum(waited_by_step.values())
         for o in step_overlaps(rec):
             if o.step in waited_by_step:
                 assert o.exposed_comm_s >= 0.99 * waited_by_step[o.step] - 1e-6, (o, waited_by_step[o.step])
         assert rec.stats is not None and rec.stats.hook_errors == 0
+    # Some rank waited for a bucket (the check above is not empty): the rank ahead waits for its peer's last
+    # bucket. A rank behind its peer in every step can find every bucket done by its wait (CI saw one such rank).
+    assert waited_s > 0
 
 
 def _deepspeed_available() -> bool:
