@@ -184,7 +184,8 @@ def test_ddp(tmp_path: Path) -> None:
                 assert o.exposed_comm_s >= 0.99 * waited_by_step[o.step] - 1e-6, (o, waited_by_step[o.step])
         assert rec.stats is not None and rec.stats.hook_errors == 0
     # Some rank waited for a bucket (the check above is not empty): the rank ahead waits for its peer's last
-    # bucket. A rank behind its peer in every step can find every bucket done by its wait (CI saw one such rank).
+    # bucket. A rank behind its peer in every step can find every bucket done by its wait (a clean-clone CI run
+    # here had a rank with 0 s in all four steps).
     assert waited_s > 0
 
 
