@@ -58,7 +58,7 @@ import torch.distributed.distributed_c10d as c10d
 from zeromon.model.codec import RecordingWriter
 from zeromon_agent import collectives
 from zeromon_agent.recorder import Recorder
-from zeromon_agent.state import HotState, perf_ns
+from zeromon_agent.state import UNTIMED, HotState, perf_ns
 
 MICRO_TARGET_NS = 1000.0  # the issue: <= 1 us added on the synchronous path
 ASYNC_TARGET_NS = 5000.0  # the issue: <= 5 us added on the async path
@@ -81,6 +81,19 @@ def loop(fn: Callable[[Any], Any], arg: Any) -> Callable[[int], int]:
         return perf_ns() - t0
 
     return run
+
+
+def in_untimed_step(state: HotState, timer: Any, run: Callable[[int], int]) -> Callable[[int], int]:
+    """``run`` in a step not timed on the device (HotState.time_step's state for it), then back to a timed one."""
+
+    def go(n: int) -> int:
+        state.cuda_timing, state.untimed = None, UNTIMED
+        try:
+            return run(n)
+        finally:
+            state.cuda_timing, state.untimed = timer, None
+
+    return go
 
 
 def with_enabled(state: HotState, enabled: bool, run: Callable[[int], int]) -> Callable[[int], int]:
@@ -266,7 +279,6 @@ def bench_nccl(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
     recorder resolves the round's events and gives them back to the pool."""
     from zeromon_agent.config import AgentConfig
     from zeromon_agent.cuda import CudaTimer
-    from zeromon_agent.state import UNTIMED
 
     torch.cuda.set_device(0)
     state = HotState()
@@ -289,25 +301,16 @@ def bench_nccl(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
 
         orig_sync, patched_sync, orig_async, patched_async = all_reduce_calls(original, original_wait, patched)
 
-        def untimed(run: Callable[[int], int]) -> Callable[[int], int]:
-            """``run`` in a step not timed on the device (HotState.time_step's state for it)."""
-            def go(n: int) -> int:
-                state.cuda_timing, state.untimed = None, UNTIMED
-                try:
-                    return run(n)
-                finally:
-                    state.cuda_timing, state.untimed = timer, None
-
-            return go
-
         variants = {
             "sync original": loop(orig_sync, tensor),
             "sync patched, timed step": with_enabled(state, True, loop(patched_sync, tensor)),
-            "sync patched, untimed step": untimed(with_enabled(state, True, loop(patched_sync, tensor))),
+            "sync patched, untimed step": in_untimed_step(state, timer,
+                                                          with_enabled(state, True, loop(patched_sync, tensor))),
             "sync patched, disabled": with_enabled(state, False, loop(patched_sync, tensor)),
             "async original": loop(orig_async, tensor),
             "async patched, timed step": with_enabled(state, True, loop(patched_async, tensor)),
-            "async patched, untimed step": untimed(with_enabled(state, True, loop(patched_async, tensor))),
+            "async patched, untimed step": in_untimed_step(state, timer,
+                                                           with_enabled(state, True, loop(patched_async, tensor))),
         }
         per_call = benchlib.interleaved(variants, rounds, calls, between=between)
         torch.cuda.synchronize()
@@ -391,7 +394,6 @@ def bench_gpu_paths_on_host(rounds: int, calls: int, out_dir: Path) -> list[benc
     from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
 
     from zeromon_agent.cuda import CudaTimer
-    from zeromon_agent.state import UNTIMED
 
     done: torch.futures.Future[None] = torch.futures.Future()
     done.set_result(None)
@@ -409,24 +411,14 @@ def bench_gpu_paths_on_host(rounds: int, calls: int, out_dir: Path) -> list[benc
     tensor = StandInCudaTensor()
     drainer = Drainer(state, out_dir, cuda_timer=timer)
 
-    def untimed(run: Callable[[int], int]) -> Callable[[int], int]:
-        def go(n: int) -> int:
-            state.cuda_timing, state.untimed = None, UNTIMED
-            try:
-                return run(n)
-            finally:
-                state.cuda_timing, state.untimed = timer, None
-
-        return go
-
     variants = {
         "sync, no agent": loop(launch, tensor),
         "sync, timed step": with_enabled(state, True, loop(wrapped, tensor)),
-        "sync, untimed step": untimed(with_enabled(state, True, loop(wrapped, tensor))),
+        "sync, untimed step": in_untimed_step(state, timer, with_enabled(state, True, loop(wrapped, tensor))),
         "async, no agent": loop(lambda t: original_wait(launch(t, async_op=True)), tensor),
         "async, timed step": with_enabled(state, True, loop(lambda t: wrapped(t, async_op=True).wait(), tensor)),
-        "async, untimed step": untimed(with_enabled(state, True,
-                                                    loop(lambda t: wrapped(t, async_op=True).wait(), tensor))),
+        "async, untimed step": in_untimed_step(
+            state, timer, with_enabled(state, True, loop(lambda t: wrapped(t, async_op=True).wait(), tensor))),
     }
     c10d.Work.wait = collectives.make_wait(original_wait, state)  # type: ignore[method-assign]
     try:
