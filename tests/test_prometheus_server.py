@@ -353,7 +353,7 @@ class PrometheusServer:
     """A `prometheus` process on a free loopback port with its own storage, for one test."""
 
     def __init__(self, folder: Path, targets_file: Path, token_file: Path | None = None,
-                 rule_files: tuple[Path, ...] = (ALERTS, RULES)) -> None:
+                 rule_files: tuple[Path, ...] = (ALERTS, RULES), evaluation_interval: str = "1s") -> None:
         self.folder = folder
         self.log = folder / "prometheus.log"
         scrape: dict[str, Any] = {"job_name": "zeromon", "honor_labels": True,
@@ -362,7 +362,7 @@ class PrometheusServer:
             scrape["authorization"] = {"credentials_file": str(token_file)}
         self.query_log = folder / "queries.log"  # every query Prometheus answers, one JSON line each
         config = {
-            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s",
+            "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": evaluation_interval,
                        "query_log_file": str(self.query_log)},
             "rule_files": [str(f) for f in rule_files],
             "scrape_configs": [scrape],
@@ -435,10 +435,10 @@ def prometheus_servers(tmp_path: Path) -> Iterator[Callable[..., PrometheusServe
     servers: list[PrometheusServer] = []
 
     def start(targets_file: Path, token_file: Path | None = None,
-              rule_files: tuple[Path, ...] = (ALERTS, RULES)) -> PrometheusServer:
+              rule_files: tuple[Path, ...] = (ALERTS, RULES), evaluation_interval: str = "1s") -> PrometheusServer:
         folder = tmp_path / f"prometheus-{len(servers)}"
         folder.mkdir()
-        server = PrometheusServer(folder, targets_file, token_file, rule_files)
+        server = PrometheusServer(folder, targets_file, token_file, rule_files, evaluation_interval)
         servers.append(server)
         server.start()
         return server
@@ -531,7 +531,8 @@ def test_prometheus_scrapes_a_real_2_rank_run_through_zeromon_targets(
     targets = tmp_path / "zeromon-targets.json"
     writer: subprocess.Popen[str] | None = None
     try:
-        server = prometheus(targets, token_file)  # starts while the ranks import torch; no targets yet
+        # starts while the ranks import torch; no targets yet
+        server = prometheus(targets, token_file, evaluation_interval=EVALUATION_BESIDE_SCRAPES)
         _wait_for(lambda: len(list((run_dir / "endpoints").glob("rank-*.json"))) == 2, 120,
                   "both ranks' endpoints", train)
 
@@ -655,33 +656,55 @@ def _values(result: list[dict[str, Any]], leave_out: Mapping[str, str]) -> dict[
             float(s["value"][1]) for s in result}
 
 
+# Not a multiple of the 1 s scrape interval: each evaluation meets the scrapes at another phase (_check_recorded_series).
+EVALUATION_BESIDE_SCRAPES = "1370ms"
+
+
+def _scrapes(server: PrometheusServer, run: str, window: str) -> list[tuple[float, float]]:
+    """Each scrape of the run's targets in the window: (its samples' timestamp, which is when it started; how long it took)."""
+    return [(float(ts), float(seconds)) for series in server.query(f'scrape_duration_seconds{{zeromon_run="{run}"}}[{window}]')
+            for ts, seconds in series["values"]]
+
+
 def _check_recorded_series(server: PrometheusServer, job: str, run: str) -> None:
     """Each recorded series holds its rule's expression over the per-rank series Prometheus scraped, at
-    the time the rule was evaluated (asked again at that time: the same samples, the same value)."""
+    the time the rule was evaluated (asked again at that time: the same samples, the same value).
+
+    Only an evaluation that no scrape overlapped can be asked again. A scrape's samples carry its start, and
+    are written when it ends: one that started before an evaluation and ended after it is in the expression
+    asked later at that time, never in what was recorded (CI saw `job:zeromon_step:min` recorded 18, computed
+    23: five steps, one scrape). Prometheus scrapes and evaluates each at a fixed phase of its interval, so
+    with equal intervals a slow scrape overlaps every evaluation; the server of this test evaluates every
+    1.37 s (`EVALUATION_BESIDE_SCRAPES`), so that evaluations slide across the scrapes."""
     rules = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
     assert server.query(f'job:zeromon_ranks:count{{job="{job}", zeromon_run="{run}"}}'), "rules evaluated"
+    margin = 0.1  # from a scrape's end to its samples' commit, and the clock's rounding to milliseconds
     for rule in rules:
         static = rule.get("labels", {})
         selector = ",".join(f'{k}="{v}"' for k, v in static.items())
-        # A scrape that started before an evaluation and was written after it (slow on a loaded machine: its
-        # samples carry the scrape's start) changes what the expression gives at that time, never what was
-        # recorded: such an evaluation stays unequal, so a failed attempt waits for the next one (every 1 s).
-        for attempt in range(8):
-            if attempt:
-                time.sleep(1.5)
-            stamped = server.query(f"timestamp({rule['record']}{{{selector}}})")
-            if not stamped:
-                break  # nothing recorded: the expression must say nothing either (checked below)
-            at = stamped[0]["value"][1]
-            recorded = server.query(f"{rule['record']}{{{selector}}}", time=at)
-            computed = server.query(rule["expr"], time=at)
-            if _values(recorded, static) == _values(computed, static):
+        deadline = time.monotonic() + 30
+        while True:
+            history = server.query(f"{rule['record']}{{{selector}}}[20s]")
+            scrapes = _scrapes(server, run, "25s")
+            evaluations: dict[float, list[dict[str, Any]]] = {}
+            for series in history:
+                for ts, value in series["values"]:
+                    evaluations.setdefault(float(ts), []).append({"metric": series["metric"], "value": [ts, value]})
+            clean = [at for at in sorted(evaluations)
+                     if not any(started <= at < started + seconds + margin for started, seconds in scrapes)][-3:]
+            if clean or not evaluations or time.monotonic() > deadline:
                 break
-        else:
-            raise AssertionError(f"{rule['record']}: recorded {_values(recorded, static)} "
-                                 f"!= computed {_values(computed, static)}")
-        if not stamped:
+            time.sleep(1)
+        if not evaluations:  # nothing recorded: the expression must say nothing either
             assert not server.query(rule["expr"]), f"{rule['record']}: recorded nothing where the expression has data"
+            continue
+        assert clean, (f"{rule['record']}: a scrape overlapped each of its evaluations at {sorted(evaluations)}; "
+                       f"the scrapes (start, seconds): {scrapes}")
+        for at in clean:
+            computed = server.query(rule["expr"], time=f"{at:.3f}")
+            assert _values(evaluations[at], static) == _values(computed, static), (
+                f"{rule['record']} at {at:.3f}: recorded {_values(evaluations[at], static)} != computed "
+                f"{_values(computed, static)}; no scrape overlapped it: {scrapes}")
     # The job's numbers as a 2-rank CPU run has them.
     def one(expr: str) -> float:
         result = server.query(expr)
