@@ -109,6 +109,64 @@ def with_enabled(state: HotState, enabled: bool, run: Callable[[int], int]) -> C
     return wrapped
 
 
+def phase_boundaries(state: HotState, timer: Any, rounds: int, calls: int, out_dir: Path,
+                     sync: Callable[[], None] | None = None) -> dict[str, list[float]]:
+    """Per-call ns of phase boundaries as a step's hooks make them (PhaseTracker.set_phase, alternating two
+    phases) in a step timed on the device (an event on the stream each) and in one not, and of an empty loop of the
+    same length (without zeromon there is no boundary). Run on their own after the collectives' variants: a round
+    of boundaries leaves a step of ``calls`` spans for the recorder, which would weigh on the collectives' rounds.
+    Between rounds the step ends (PhaseTracker.end_step: the recorder closes its spans and gives their CUDA events
+    back to the pool). The timer is marked active, as a run's first CUDA collective does."""
+    from zeromon_agent.phases import PhaseTracker
+
+    tracker = PhaseTracker(state)
+    timer.active = True
+    phases = ("forward", "backward")
+    drainer = Drainer(state, out_dir, cuda_timer=timer)
+
+    def boundaries(n: int) -> int:
+        set_phase = tracker.set_phase
+        t0 = perf_ns()
+        for i in range(n):
+            set_phase(phases[i & 1])
+        return perf_ns() - t0
+
+    def between() -> None:
+        state.enabled = True
+        try:
+            tracker.end_step()
+        finally:
+            state.enabled = False
+        if sync is not None:
+            sync()
+        drainer()
+
+    variants = {
+        "empty loop": loop(lambda _: None, None),
+        "phase boundary, timed step": with_enabled(state, True, boundaries),
+        "phase boundary, untimed step": in_untimed_step(state, timer, with_enabled(state, True, boundaries)),
+    }
+    per_call = benchlib.interleaved(variants, rounds, calls, between=between)
+    drainer.close()
+    return per_call
+
+
+def phase_rows(benchmark: str, med: dict[str, float], every: int | None, note: str) -> list[benchlib.Row]:
+    """The phase boundary's rows: its cost in a step timed on the device and in one not, over an empty loop of
+    the same length (without zeromon there is no boundary), and a long run's mean at 1 step in ``every``."""
+    base = med["empty loop"]
+    timed, plain = med["phase boundary, timed step"], med["phase boundary, untimed step"]
+    rows = [benchlib.Row(benchmark, "phase boundary (set_phase), a step timed on the device", "ns", base, timed, "",
+                         None, f"an event on the stream; {note}"),
+            benchlib.Row(benchmark, "phase boundary (set_phase), a step not timed on the device", "ns", base, plain,
+                         "", None, "no event")]
+    if every is not None:
+        rows.append(benchlib.Row(benchmark, f"phase boundary (set_phase), 1 step in {every} timed", "ns", base,
+                                 (timed + (every - 1) * plain) / every, "", None,
+                                 "the two rows above, weighted; a step has 4-6 boundaries"))
+    return rows
+
+
 class Drainer:
     """Drains the state's raw buffer with a real Recorder (file writer included), timing the drain."""
 
@@ -315,6 +373,7 @@ def bench_nccl(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
         per_call = benchlib.interleaved(variants, rounds, calls, between=between)
         torch.cuda.synchronize()
         drainer.close()
+        per_call |= phase_boundaries(state, timer, rounds, calls, out_dir / "phases", torch.cuda.synchronize)
 
     med = {name: benchlib.median(values) for name, values in per_call.items()}
     note = f"{rounds} rounds x {calls} calls; {benchlib.load_note()}; {torch.cuda.get_device_name(0)}"
@@ -339,6 +398,7 @@ def bench_nccl(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
         rows += [benchlib.Row("collective (NCCL, world 1, GPU)", f"{label}, were 1 step in {other} timed", "ns",
                               med[f"{kind} original"], (timed + (other - 1) * plain) / other, "", None,
                               "the same two rows, weighted") for other in (16, 32) if other != every]
+    rows += phase_rows("collective (NCCL, world 1, GPU)", med, every, note)
     rows += [
         benchlib.Row("collective (NCCL, world 1, GPU)", "all_reduce sync launch, agent disabled", "ns",
                      med["sync original"], med["sync patched, disabled"], "", None),
@@ -426,6 +486,7 @@ def bench_gpu_paths_on_host(rounds: int, calls: int, out_dir: Path) -> list[benc
     finally:
         c10d.Work.wait = original_wait  # type: ignore[method-assign]
     drainer.close()
+    per_call |= phase_boundaries(state, timer, rounds, calls, out_dir / "phases")
     med = {name: benchlib.median(values) for name, values in per_call.items()}
     note = f"{rounds} rounds x {calls} calls; {benchlib.load_note()}"
     rows = []
@@ -433,6 +494,7 @@ def bench_gpu_paths_on_host(rounds: int, calls: int, out_dir: Path) -> list[benc
         for step in ("timed", "untimed"):
             rows.append(benchlib.Row("collective (GPU paths, host share)", f"{label}, a step {step.replace('untimed', 'not timed')} on the device", "ns",
                                      med[f"{kind}, no agent"], med[f"{kind}, {step} step"], "", None, note))
+    rows += phase_rows("collective (GPU paths, host share)", med, None, note)
     rows.append(benchlib.Row("collective (GPU paths, host share)", "recorder drain per event (background thread)", "ns",
                              None, drainer.ns_per_event, "", None,
                              f"{drainer.events:,} events; dropped {state.dropped}; event pool empty {timer.exhausted} times"))
