@@ -284,7 +284,9 @@ def test_a_wait_queued_behind_a_recorder_pass_is_not_lost_to_its_poll(tmp_path: 
         with recorder._drain_lock:                    # the recorder's own thread held off: this is its pass
             work = dist.all_reduce(x, async_op=True)
             recorder._drain(final=False)              # the pass takes the queue: the issue, no wait yet
-            time.sleep(0.3)                           # older than the poll's age, and done (world 1)
+            time.sleep(0.3)                           # older than the poll's age
+            while not work.is_completed():            # and done (a loaded machine can hold gloo's thread back)
+                time.sleep(0.001)
             work.wait()                               # the training waits; its record queues behind the pass
             recorder.collectives.check_inflight(False)  # the same pass, looking for collectives never waited on
         zeromon_agent.detach()
