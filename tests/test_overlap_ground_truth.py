@@ -72,13 +72,16 @@ def test_async_all_reduce_hidden_behind_longer_compute(tmp_path: Path) -> None:
     assert sorted(hidden)[len(hidden) // 2] >= 0.8, "the scenario must mostly hide the all-reduce"
     # Every step within half its communication, and most within 10%: on a loaded 2-core machine the
     # script's own completion callback (the truth) runs late in an odd step (seen in a CI run).
-    agree = 0
+    off = []
     for m, t in pairs:
         for measured, truth in ((m.comm_s, t["comm_s"]), (m.exposed_comm_s, t["exposed_s"]), (m.overlap_s, t["overlap_s"])):
             assert abs(measured - truth) <= 0.5 * t["comm_s"], (m, t)
-        agree += all(_close(a, b, t["comm_s"]) for a, b in ((m.comm_s, t["comm_s"]), (m.exposed_comm_s, t["exposed_s"]),
-                                                             (m.overlap_s, t["overlap_s"])))
-    assert agree >= 0.75 * len(pairs), (agree, len(pairs))
+        if not all(_close(a, b, t["comm_s"]) for a, b in ((m.comm_s, t["comm_s"]), (m.exposed_comm_s, t["exposed_s"]),
+                                                          (m.overlap_s, t["overlap_s"]))):
+            off.append(f"rank {m.rank} step {m.step}: comm {m.comm_s * 1e3:.1f} / {t['comm_s'] * 1e3:.1f} ms, exposed "
+                       f"{m.exposed_comm_s * 1e3:.1f} / {t['exposed_s'] * 1e3:.1f}, overlap {m.overlap_s * 1e3:.1f} / "
+                       f"{t['overlap_s'] * 1e3:.1f} (measured / truth)")
+    assert len(off) <= 0.25 * len(pairs), f"{len(off)} of {len(pairs)} steps off by over 10%:\n" + "\n".join(off)
 
 
 def test_async_all_reduce_partly_hidden(tmp_path: Path) -> None:
