@@ -672,8 +672,8 @@ def _check_recorded_series(server: PrometheusServer, job: str, run: str) -> None
 
     Only an evaluation that no scrape overlapped can be asked again. A scrape's samples carry its start, and
     are written when it ends: one that started before an evaluation and ended after it is in the expression
-    asked later at that time, never in what was recorded (CI saw `job:zeromon_step:min` recorded 18, computed
-    23: five steps, one scrape). Prometheus scrapes and evaluates each at a fixed phase of its interval, so
+    asked later at that time, never in what was recorded (a CI run saw the minimum step recorded one scrape
+    behind). Prometheus scrapes and evaluates each at a fixed phase of its interval, so
     with equal intervals a slow scrape overlaps every evaluation; the server of this test evaluates every
     1.37 s (`EVALUATION_BESIDE_SCRAPES`), so that evaluations slide across the scrapes."""
     rules = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]

@@ -151,6 +151,11 @@ def phase_boundaries(state: HotState, timer: Any, rounds: int, calls: int, out_d
     return per_call
 
 
+def weighted(timed: float, plain: float, every: int) -> float:
+    """A long run's mean per call when 1 step in ``every`` is timed on the device (the first two are too few to count)."""
+    return (timed + (every - 1) * plain) / every
+
+
 def phase_rows(benchmark: str, med: dict[str, float], every: int | None, note: str) -> list[benchlib.Row]:
     """The phase boundary's rows: its cost in a step timed on the device and in one not, over an empty loop of
     the same length (without zeromon there is no boundary), and a long run's mean at 1 step in ``every``."""
@@ -162,7 +167,7 @@ def phase_rows(benchmark: str, med: dict[str, float], every: int | None, note: s
                          "", None, "no event")]
     if every is not None:
         rows.append(benchlib.Row(benchmark, f"phase boundary (set_phase), 1 step in {every} timed", "ns", base,
-                                 (timed + (every - 1) * plain) / every, "", None,
+                                 weighted(timed, plain, every), "", None,
                                  "the two rows above, weighted; a step has 4-6 boundaries"))
     return rows
 
@@ -382,8 +387,7 @@ def bench_nccl(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
                                  ("async", NCCL_ASYNC_TARGET_NS, "an event at the launch, two at the wait")):
         label = "all_reduce sync launch" if kind == "sync" else "all_reduce async+wait"
         timed, plain = med[f"{kind} patched, timed step"], med[f"{kind} patched, untimed step"]
-        # A long run's mean: 1 step in `every` timed (the first two steps are too few to count).
-        mixed = (timed + (every - 1) * plain) / every
+        mixed = weighted(timed, plain, every)
         added = mixed - med[f"{kind} original"]
         rows += [
             benchlib.Row("collective (NCCL, world 1, GPU)", f"{label}, a step timed on the device", "ns",
@@ -396,7 +400,7 @@ def bench_nccl(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
         ]
         # What another ZEROMON_DEVICE_TIMING_EVERY would cost, from the same two rows (a choice to make on them).
         rows += [benchlib.Row("collective (NCCL, world 1, GPU)", f"{label}, were 1 step in {other} timed", "ns",
-                              med[f"{kind} original"], (timed + (other - 1) * plain) / other, "", None,
+                              med[f"{kind} original"], weighted(timed, plain, other), "", None,
                               "the same two rows, weighted") for other in (16, 32) if other != every]
     rows += phase_rows("collective (NCCL, world 1, GPU)", med, every, note)
     rows += [

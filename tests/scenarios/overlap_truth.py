@@ -52,8 +52,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     # The truth's completion time and the agent's are two Python callbacks on gloo's thread, one after the other:
-    # between them the training thread can hold the GIL for up to the switch interval (5 ms by default), over 10%
-    # of a 20 ms all-reduce (a loaded CI run: 3 steps of 10 off by more). 0.5 ms keeps that hand-over small.
+    # between them the training thread can hold the GIL for up to the switch interval, which at its default is
+    # not small next to the 10% tolerance of a short all-reduce. A tenth of it keeps that hand-over small.
     sys.setswitchinterval(0.0005)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
