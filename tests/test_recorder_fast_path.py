@@ -12,6 +12,8 @@ import itertools
 import operator
 import sys
 import tempfile
+import types
+import weakref
 from array import array
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,9 +21,11 @@ from typing import Any
 from unittest import mock
 
 import pytest
+import torch
 from hypothesis import given
 from hypothesis import strategies as st
 from test_reader_properties import INT64, PROPERTIES
+from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
 
 from zeromon.analysis.bandwidth import event_bandwidth
 from zeromon.model.codec import encode_record, iter_records
@@ -46,6 +50,7 @@ from zeromon.model.events import (
 from zeromon.model.segments import CompactWriter, _joined
 from zeromon_agent import step_acc
 from zeromon_agent.collective_records import materialize
+from zeromon_agent.cuda import CudaTimer
 from zeromon_agent.live_totals import BUSBW_WINDOW, DURATION_BUCKETS, CollectiveTotals, LiveTotals
 from zeromon_agent.live_totals import counted as live_counted
 from zeromon_agent.recent import RecentRecords, Unmade
@@ -57,6 +62,8 @@ from zeromon_agent.state import (
     RAW_PHASE,
     RAW_STEP_END,
     RAW_STEP_START,
+    RAW_WAIT,
+    UNTIMED,
     HotState,
 )
 from zeromon_agent.step_acc import meaning_of, seconds
@@ -588,3 +595,76 @@ def test_host_phase_spans_finished_a_column_at_a_time_are_the_ones_finished_one_
         assert any(isinstance(r, StepSummary) for r in batch)
     if any(change != "step-end" and gap > 0 for change, gap in changes):  # a phase of some length closed
         assert any(isinstance(r, PhaseSpan) for r in batch)
+
+
+class _StandInEvent:
+    """A CUDA event that is never recorded here: a recorder on a GPU holds a CudaTimer over them."""
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        pass
+
+
+def _record_launches(raws: list[tuple[Any, ...]], fast: bool, tmp: Path) -> tuple[list[Any], Recorder]:
+    """A Recorder on a GPU (a CudaTimer) fed the collectives of steps not timed on the device (UNTIMED), sync and
+    async, each async one's wait in its own step or the next, then a late one of a summarized step; with
+    finalize_launch taken or refused (``fast``). The records it wrote, but those stamped with the wall clock."""
+    path = tmp / f"{fast}.zmr"
+    state = HotState()
+    timer = CudaTimer(types.SimpleNamespace(cuda=types.SimpleNamespace(Event=_StandInEvent)), pool_size=1)
+    recorder = Recorder(state, 3, CompactWriter(path, 3), 0.2, cuda_timer=timer, clock_offset_ns=10**18)
+    recorder.collectives._group_sizes[None] = 2
+    recorder.collectives._group_hosts[None] = False  # an NCCL group: its collectives are the GPU's
+    launch = recorder.collectives.finalize_launch
+    taken: list[bool] = []
+    recorder.collectives.finalize_launch = (  # type: ignore[method-assign]
+        lambda *args: taken.append(launch(*args)) or taken[-1]) if fast else (lambda *args: False)
+    for step in range(4):
+        state.control.append((RAW_STEP_START, step, step * 2**38, None, "forward"))
+        state.control.append((RAW_STEP_END, step, (step + 1) * 2**38, None, True))
+    waits, works = [], []
+    done: torch.futures.Future[None] = torch.futures.Future()
+    done.set_result(None)
+    for seq, (op, phase, t0, length, b_in, b_out, dtype, step, is_async, wait_later, blocked) in enumerate(raws, 1):
+        t0 = step * 2**38 + t0 % 2**37
+        work = None
+        if is_async:  # held weakly, as the hot path holds it
+            works.append(_create_work_from_future(done))
+            work = weakref.ref(works[-1])
+        state.raw.append((RAW_COLLECTIVE, seq, f"{op}_x", op, t0, t0 + length, b_in, b_out, dtype, None, is_async,
+                          work, phase, step, UNTIMED, False, None))
+        if is_async:
+            timer.untimed_waits.add(seq)
+            wait_step = step + wait_later
+            w0 = wait_step * 2**38 + (t0 + length) % 2**37
+            waits.append((RAW_WAIT, seq, w0, w0 + blocked, False, None, None, wait_step))
+    state.raw.extend(waits)
+    recorder._drain(final=False)  # the steps are summarized: the next one's collective is late
+    assert not fast or any(taken) == any(not is_async or not later for *_, is_async, later, _ in raws)
+    state.raw.append((RAW_COLLECTIVE, len(raws) + 1, "all_reduce_x", "all_reduce", 5, 9, 4, 4, None, None, False,
+                      None, "backward", 0, UNTIMED, False, None))
+    recorder.stop()
+    assert not timer.untimed_waits
+    wall_clock = ("AgentStats", "RunEnd", "Notice")
+    return [r for r in iter_records(path) if type(r).__name__ not in wall_clock], recorder
+
+
+_raw_launch = st.tuples(st.sampled_from(_OPS), st.sampled_from(_PHASES), st.integers(0, 2**36),
+                        st.integers(0, 2**33), st.integers(0, 2**20), st.integers(0, 2**20),
+                        st.sampled_from([None, "float32", "torch.bfloat16"]), st.integers(0, 2), st.booleans(),
+                        st.sampled_from([0, 0, 0, 1]), st.integers(0, 2**33))
+
+
+@PROPERTIES
+@given(raws=st.lists(_raw_launch, min_size=1, max_size=40))
+def test_a_gpu_step_not_timed_on_the_device_records_summarizes_and_counts_what_the_general_path_does(
+        raws: list[tuple[Any, ...]]) -> None:
+    raws = sorted(raws, key=operator.itemgetter(7))  # issued step by step
+    with tempfile.TemporaryDirectory() as tmp:
+        plain, plain_recorder = _record_launches(raws, False, Path(tmp))
+        fast, fast_recorder = _record_launches(raws, True, Path(tmp))
+    assert [encode_record(r) for r in fast] == [encode_record(r) for r in plain]
+    assert {r.timing for r in fast if isinstance(r, CollectiveEvent)} == {"launch"}
+    assert any(isinstance(r, StepSummary) and r.collectives for r in fast)
+    assert [r for _, r in fast_recorder.live.recent_records()] == [r for _, r in plain_recorder.live.recent_records()]
+    assert fast_recorder.live.totals.collectives == plain_recorder.live.totals.collectives
+    assert fast_recorder.events_finalized == plain_recorder.events_finalized == len(raws) + 1

@@ -148,12 +148,14 @@ class CollectiveRecords:
         seq, async_op, work, cuda = item[AT_SEQ], item[AT_ASYNC], item[AT_WORK], item[AT_CUDA]
         launch = False
         if cuda is UNTIMED:  # issued in a step not timed on the device
-            item = (*item[:14], None, *item[15:])
-            cuda = None
             launch = not self._on_host(item[AT_GROUP])
             if launch and not async_op:
-                self._finalize(item, None, item[AT_T1] - item[AT_T0], _LAUNCH, wait_perf=item[AT_T0])
+                t0 = item[AT_T0]
+                if not self.finalize_launch(item, item[AT_T1] - t0, t0, None):
+                    self._finalize((*item[:14], None, *item[15:]), None, item[AT_T1] - t0, _LAUNCH, wait_perf=t0)
                 return
+            item = (*item[:14], None, *item[15:])
+            cuda = None
         if not async_op or (work is None and not str(item[AT_API]).startswith("funcol.")):
             if cuda is not None and isinstance(cuda, tuple) and cuda[1] is not None:
                 self.inflight[seq] = Inflight(raw=item)  # resolved when its CUDA events complete
@@ -225,7 +227,8 @@ class CollectiveRecords:
             self.cuda_timer.release(cuda_wait)  # its end event was not to be had (the pool ran dry)
         if entry.launch and entry.done_ns is None:  # a GPU collective's wait on the host: not its completion
             del self.inflight[seq]
-            self._finalize(item, None, w1 - w0, _LAUNCH, wait_perf=w0, wait_step=wait_step)
+            if not self.finalize_launch(item, w1 - w0, w0, wait_step):
+                self._finalize(item, None, w1 - w0, _LAUNCH, wait_perf=w0, wait_step=wait_step)
             return True
         if sampled and entry.done_ns is None and (now is None or now - w1 < CALLBACK_GRACE_NS):
             return False  # the exact completion time is on its way
@@ -479,6 +482,54 @@ class CollectiveRecords:
         add_interval(acc, (issue_ns, complete_ns if complete_ns > issue_ns else issue_ns))
         if blocked_s > 0:  # event.blocked_interval_ns
             add_blocked(acc, (issue_ns, issue_ns + span_ns(blocked_s)))
+        return True
+
+    def finalize_launch(self, item: tuple[Any, ...], blocked_ns: int, wait_perf: int, wait_step: int | None) -> bool:
+        """_finalize of a GPU collective of a step not timed on the device (timing ``launch``: its host times, no
+        completion), issued, and waited on if async, in one step not yet summarized: most of a GPU run's
+        collectives. The same record, live counts and step accounting (tests/test_recorder_fast_path.py), with
+        what depends only on the call's shape looked up once per shape, as finalize_sync does: _finalize's
+        general path cost the recorder thread several times more, and that thread's time is the training's
+        where the host is the bottleneck (the GIL: tests/bench/bench_gpu_drain.py). ``blocked_ns`` from
+        ``wait_perf``: the call (sync) or its wait (async), the step it waited in ``wait_step``. False, nothing
+        done: not taken (a step summarized already, a wait in a later step, an unhashable group)."""
+        (_, seq, api, op, t0, t1, b_in, b_out, dtype, group, async_op, _, phase, step, _, _, caller) = item
+        if step <= self.steps.emitted_through or (wait_step is not None and wait_step != step):
+            return False
+        try:
+            shape = self._shapes.get((op, phase, b_in, b_out, dtype, group, caller))
+        except TypeError:
+            return False
+        if shape is None:
+            shape = self._shape(op, phase, b_in, b_out, dtype, group, caller)
+        dtype_name, group_size, meaning, nbytes, _, _ = shape
+        async_op = bool(async_op)
+        if async_op and self.cuda_timer is not None:  # as _finalize: its wait needs no completion check now
+            self.cuda_timer.untimed_waits.discard(seq)
+        offset = self.clock_offset_ns
+        issue_ns, wait_ns = t0 + offset, wait_perf + offset
+        blocked_s, issue_s = seconds(blocked_ns), seconds(t1 - t0)
+        values = (seq, self.rank, step, phase, op, api, b_in, b_out, dtype_name, group_size, async_op, issue_ns,
+                  None, blocked_s, _LAUNCH, meaning, wait_ns, issue_s)
+        event = _new_collective(values)
+        self.events_finalized += 1
+        self._write_detail(CollectiveEvent, values, event, step)
+        # Live: no duration, so no bandwidth; the time it cost its caller (event.thread_blocked_s): an async
+        # call's issue too.
+        issued = async_op and issue_s > 0
+        self._records.append(event)
+        self._counted.append((op, meaning, nbytes, blocked_s + issue_s if issued else blocked_s, None, None))
+        acc = self._accs.get(step)
+        if acc is None:
+            acc = self._accs[step] = StepAcc()
+        acc.collectives += 1
+        acc.comm_bytes += nbytes
+        acc.by_op[op] = acc.by_op.get(op, 0) + nbytes
+        acc.device_untimed = True
+        if blocked_s > 0:  # event.blocked_interval_ns
+            add_blocked(acc, (wait_ns, wait_ns + span_ns(blocked_s)))
+        if issued:  # event.issue_interval_ns
+            add_blocked(acc, (issue_ns, issue_ns + span_ns(issue_s)))
         return True
 
     def finalize_sync_batch(self, items: list[tuple[Any, ...]]) -> bool:

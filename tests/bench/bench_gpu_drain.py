@@ -1,0 +1,207 @@
+"""What the recorder thread costs a GPU run per collective, measured on the host (runs anywhere).
+
+    python tests/bench/bench_gpu_drain.py [--passes 9] [--calls 2000] [--json out.json]
+
+The hot path's share of a collective is bench_collective_overhead.py's (parts f and g). The rest of what the
+agent does with a collective runs on its recorder thread: the drain that turns the raw tuples into records,
+writes them and counts them. That thread needs the GIL. Where the training thread is the bottleneck (a
+host-bound loop: small models, many small collectives), the GIL is what both wait for, so the drain's
+time is the training's too.
+
+(a) the drain, by path: a real ``Recorder`` (not started) writing a real compact recording drains ``--calls``
+    collectives at a time, issued through the real wrapper with the agent's state as on a GPU: a stand-in CUDA
+    tensor, a ``CudaTimer`` over stand-in events (bench_collective_overhead's part g), in a step not timed on the
+    device (timing ``launch``, most of a GPU run's steps) and in a timed one; and, for comparison, a gloo
+    group's synchronous calls (the host path and its column-at-a-time batch). Steps of 100 collectives,
+    started and ended as the phase tracker does, so that each pass summarizes its steps. The figure: the
+    pass's thread CPU (``time.thread_time_ns``) per collective, the median of ``--passes``.
+(b) the whole agent on a host-bound loop: a loop of small tensor operations (the GIL held, as Python issuing
+    kernels holds it) with an async collective and its wait every ``--work`` operations, the collective's launch
+    a small matrix product (the GIL released, as an NCCL launch's C++ releases it) returning a real c10d Work.
+    With the agent: its wrapper, its wait and its recorder thread, started, passing every second as on a GPU.
+    Without: the same loop, unwrapped. A run's time ends when the agent has stopped: the collectives its
+    recorder had not drained by then are drained at the stop, on the training's thread. Runs alternate, a run
+    without and one with making a pair; the figure added is the median of the pairs' differences (on this
+    shared machine a run's time moves by a fifth from one run to the next, their difference less).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import benchlib
+import torch
+import torch.distributed.distributed_c10d as c10d
+from bench_collective_overhead import StandInCudaTensor, stand_in_torch
+from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
+
+from zeromon.model.segments import CompactWriter
+from zeromon_agent import collectives
+from zeromon_agent.cuda import CudaTimer
+from zeromon_agent.recorder import Recorder
+from zeromon_agent.state import RAW_STEP_END, RAW_STEP_START, UNTIMED, HotState, perf_ns
+
+STEP_CALLS = 100  # collectives a step in (a)
+BENCHMARK = "recorder (GPU paths, host share)"
+
+_done: torch.futures.Future[None] = torch.futures.Future()
+_done.set_result(None)
+
+
+def launch(tensor: Any, op: Any = None, group: Any = None, async_op: bool = False) -> Any:
+    """An NCCL launch's host side without its work: None when synchronous, a completed c10d Work when async."""
+    return _create_work_from_future(_done) if async_op else None
+
+
+# --- (a) the drain, by path -----------------------------------------------------------------------------
+
+PATHS = {  # name -> (on a GPU, timed on the device, async with its wait)
+    "gloo sync (the host path)": (False, False, False),
+    "sync, a step not timed on the device": (True, False, False),
+    "async + wait, a step not timed on the device": (True, False, True),
+    "sync, a step timed on the device": (True, True, False),
+    "async + wait, a step timed on the device": (True, True, True),
+}
+
+
+def drain_per_collective(gpu: bool, timed: bool, is_async: bool, passes: int, calls: int, out_dir: Path) -> float:
+    """The recorder's thread CPU per collective drained (ns), the median of ``passes`` passes."""
+    state = HotState()
+    state.raw_capacity = max(state.raw_capacity, 4 * calls)
+    timer = CudaTimer(stand_in_torch(), pool_size=4 * calls) if gpu else None
+    state.device_timer = timer
+    state.cuda_timing, state.untimed = (timer, None) if timed else (None, UNTIMED if gpu else None)
+    wrapped = collectives.make_wrapper(launch, "all_reduce", "all_reduce", collectives.DIST_SPECS["all_reduce"][1],
+                                       state)
+    wait = collectives.make_wait(c10d.Work.wait, state)
+    writer = CompactWriter(out_dir / f"{gpu}-{timed}-{is_async}.zmr", 0)
+    recorder = Recorder(state, 0, writer, flush_interval_s=1.0, cuda_timer=timer)
+    tensor = StandInCudaTensor()
+    state.enabled = True
+    step = 0
+
+    def fill() -> None:
+        nonlocal step
+        for _ in range(calls // STEP_CALLS):
+            state.step = step
+            state.control.append((RAW_STEP_START, step, perf_ns(), None, "forward"))
+            for _ in range(STEP_CALLS):
+                if is_async:
+                    wait(wrapped(tensor, async_op=True))
+                else:
+                    wrapped(tensor)
+            state.control.append((RAW_STEP_END, step, perf_ns(), None, True))
+            step += 1
+
+    per_pass = []
+    for index in range(passes + 1):
+        fill()
+        t0 = time.thread_time_ns()
+        recorder._drain(final=False)
+        writer.flush()
+        if index:  # the first pass warms the caches of call shapes and groups
+            per_pass.append((time.thread_time_ns() - t0) / calls)
+    state.enabled = False
+    recorder.stop()
+    if state.dropped:
+        raise SystemExit(f"{state.dropped} collectives dropped: raise the raw buffer's capacity")
+    return statistics.median(per_pass)
+
+
+def bench_drain(passes: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
+    rows = []
+    for name, (gpu, timed, is_async) in PATHS.items():
+        ns = drain_per_collective(gpu, timed, is_async, passes, calls, out_dir)
+        rows.append(benchlib.Row(BENCHMARK, f"recorder drain per collective: {name}", "ns", None, ns, "", None,
+                                 f"thread CPU, median of {passes} passes of {calls:,} collectives; {benchlib.load_note()}"))
+        print(f"  {rows[-1].measure}: {ns:,.0f} ns", flush=True)
+    return rows
+
+
+# --- (b) the whole agent on a host-bound loop ----------------------------------------------------------------
+
+def host_bound_run(agent: bool, collectives_n: int, work: int, out_dir: Path) -> float:
+    """ns per collective of a host-bound loop, with the whole agent (its recorder thread started) or without."""
+    a, b, x = torch.randn(48, 48), torch.randn(48, 48), torch.zeros(4)
+
+    def gil_free_launch(tensor: Any, op: Any = None, group: Any = None, async_op: bool = False) -> Any:
+        torch.mm(a, b)  # the launch's C++, the GIL released
+        return _create_work_from_future(_done)
+
+    state = HotState()
+    timer = CudaTimer(stand_in_torch(), pool_size=64)
+    state.device_timer, state.cuda_timing, state.untimed = timer, None, UNTIMED  # a step not timed on the device
+    call: Callable[..., Any] = gil_free_launch
+    wait = c10d.Work.wait
+    recorder = None
+    if agent:
+        call = collectives.make_wrapper(gil_free_launch, "all_reduce", "all_reduce",
+                                        collectives.DIST_SPECS["all_reduce"][1], state)
+        wait = collectives.make_wait(wait, state)
+        writer = CompactWriter(out_dir / f"loop-{time.monotonic_ns()}.zmr", 0)
+        recorder = Recorder(state, 0, writer, flush_interval_s=5.0, cuda_timer=timer)
+        recorder.start()
+        state.enabled = True
+    tensor = StandInCudaTensor()
+    t0 = perf_ns()
+    for i in range(collectives_n):
+        if i % STEP_CALLS == 0:
+            state.step = i // STEP_CALLS
+        for _ in range(work):
+            x.add_(1)
+        wait(call(tensor, async_op=True))
+    state.enabled = False
+    if recorder is not None:
+        recorder.stop()  # its last drain, on this thread: what the run's passes left
+    return (perf_ns() - t0) / collectives_n
+
+
+def bench_host_bound(runs: int, collectives_n: int, work: int, out_dir: Path) -> list[benchlib.Row]:
+    torch.set_num_threads(1)
+    host_bound_run(True, 2000, work, out_dir)  # warm both
+    host_bound_run(False, 2000, work, out_dir)
+    pairs = []
+    for _ in range(runs):  # a run without, then one with: their difference moves less than either
+        pairs.append((host_bound_run(False, collectives_n, work, out_dir),
+                      host_bound_run(True, collectives_n, work, out_dir)))
+    without = statistics.median(w for w, _ in pairs)
+    added = sorted(a - w for w, a in pairs)
+    quartiles = statistics.quantiles(added, n=4)
+    note = (f"{collectives_n:,} collectives a run, {work} small operations between them; {runs} pairs of runs, "
+            f"added: the median of the pairs' differences (quartiles {quartiles[0]:,.0f}-{quartiles[2]:,.0f} ns); "
+            f"{benchlib.load_note()}")
+    return [benchlib.Row(BENCHMARK, "host-bound loop, async + wait in steps not timed on the device: time per "
+                         "collective, the whole agent", "ns", without, without + statistics.median(added), "", None,
+                         note)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--passes", type=int, default=9, help="drain passes a path (a)")
+    parser.add_argument("--calls", type=int, default=2000, help="collectives a pass (a)")
+    parser.add_argument("--runs", type=int, default=15, help="runs with and without the agent (b)")
+    parser.add_argument("--loop-collectives", type=int, default=8000, help="collectives a run (b)")
+    parser.add_argument("--work", type=int, default=30, help="small operations between two collectives (b)")
+    parser.add_argument("--parts", default="ab", help="which parts to run, as letters")
+    parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON (run_all.py reads them)")
+    args = parser.parse_args(argv)
+    rows: list[benchlib.Row] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if "a" in args.parts:
+            rows += bench_drain(args.passes, args.calls, Path(tmp))
+        if "b" in args.parts:
+            rows += bench_host_bound(args.runs, args.loop_collectives, args.work, Path(tmp))
+    benchlib.print_rows("the recorder's cost per collective of a GPU run, on the host", rows)
+    benchlib.write_rows(args.json, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
