@@ -604,54 +604,72 @@ class _StandInEvent:
         pass
 
 
-def _record_launches(raws: list[tuple[Any, ...]], fast: bool, tmp: Path) -> tuple[list[Any], Recorder]:
+def _record_launches(raws: list[tuple[Any, ...]], path: str, tmp: Path,
+                     early: int | None = None) -> tuple[list[Any], Recorder]:
     """A Recorder on a GPU (a CudaTimer) fed the collectives of steps not timed on the device (UNTIMED), sync and
-    async, each async one's wait in its own step or the next, then a late one of a summarized step; with
-    finalize_launch taken or refused (``fast``). The records it wrote, but those stamped with the wall clock."""
-    path = tmp / f"{fast}.zmr"
+    async, on an NCCL group or a gloo one, each async one's wait in its own step or the next, then a late one of
+    a summarized step; by ``path``: "batch" (finalize_launches, a column at a time), "single" (finalize_launch, one
+    at a time) or "plain" (_finalize). ``early``: the seq of an async one with a wait in a pass before its call too
+    (the general path pairs it with that one). The records it wrote, but those stamped with the wall clock."""
+    file = tmp / f"{path}.zmr"
     state = HotState()
     timer = CudaTimer(types.SimpleNamespace(cuda=types.SimpleNamespace(Event=_StandInEvent)), pool_size=1)
-    recorder = Recorder(state, 3, CompactWriter(path, 3), 0.2, cuda_timer=timer, clock_offset_ns=10**18)
-    recorder.collectives._group_sizes[None] = 2
-    recorder.collectives._group_hosts[None] = False  # an NCCL group: its collectives are the GPU's
-    launch = recorder.collectives.finalize_launch
-    taken: list[bool] = []
-    recorder.collectives.finalize_launch = (  # type: ignore[method-assign]
-        lambda *args: taken.append(launch(*args)) or taken[-1]) if fast else (lambda *args: False)
+    recorder = Recorder(state, 3, CompactWriter(file, 3), 0.2, cuda_timer=timer, clock_offset_ns=10**18)
+    collectives = recorder.collectives
+    collectives._group_sizes.update({None: 2, "gloo": 2})
+    collectives._group_hosts.update({None: False, "gloo": True})  # NCCL's collectives are the GPU's, gloo's the host's
+    finalized: list[int] = []
+    if path == "batch":  # the path is taken, not left for the item-by-item one
+        rows = collectives._finalize_launch_rows
+        collectives._finalize_launch_rows = lambda batch: finalized.append(len(batch)) or rows(batch)  # type: ignore[method-assign]
+    else:
+        collectives.finalize_launches = lambda items, dispatch: dispatch(items)  # type: ignore[method-assign]
+    if path == "single":
+        single = collectives.finalize_launch
+        collectives.finalize_launch = lambda *args: finalized.append(single(*args)) or finalized[-1]  # type: ignore[method-assign]
+    elif path == "plain":
+        collectives.finalize_launch = lambda *args: False  # type: ignore[method-assign]
+    if early is not None:
+        state.raw.append((RAW_WAIT, early, 2**40, 2**40 + 5, False, None, None, raws[early - 1][7]))
+        recorder._drain(final=False)
     for step in range(4):
         state.control.append((RAW_STEP_START, step, step * 2**38, None, "forward"))
         state.control.append((RAW_STEP_END, step, (step + 1) * 2**38, None, True))
     waits, works = [], []
     done: torch.futures.Future[None] = torch.futures.Future()
     done.set_result(None)
-    for seq, (op, phase, t0, length, b_in, b_out, dtype, step, is_async, wait_later, blocked) in enumerate(raws, 1):
+    for seq, (op, phase, t0, length, b_in, b_out, dtype, step, is_async, wait_later, blocked, group) in enumerate(
+            raws, 1):
         t0 = step * 2**38 + t0 % 2**37
         work = None
         if is_async:  # held weakly, as the hot path holds it
             works.append(_create_work_from_future(done))
             work = weakref.ref(works[-1])
-        state.raw.append((RAW_COLLECTIVE, seq, f"{op}_x", op, t0, t0 + length, b_in, b_out, dtype, None, is_async,
+        state.raw.append((RAW_COLLECTIVE, seq, f"{op}_x", op, t0, t0 + length, b_in, b_out, dtype, group, is_async,
                           work, phase, step, UNTIMED, False, None))
         if is_async:
             timer.untimed_waits.add(seq)
             wait_step = step + wait_later
             w0 = wait_step * 2**38 + (t0 + length) % 2**37
             waits.append((RAW_WAIT, seq, w0, w0 + blocked, False, None, None, wait_step))
+        if seq % 3 == 0 and waits:  # a wait among the calls after it
+            state.raw.append(waits.pop(0))
     state.raw.extend(waits)
     recorder._drain(final=False)  # the steps are summarized: the next one's collective is late
-    assert not fast or any(taken) == any(not is_async or not later for *_, is_async, later, _ in raws)
+    takes = any(group is None and (not is_async or not later) for *_, is_async, later, _, group in raws)
+    assert path == "plain" or bool(finalized and any(finalized)) == takes
     state.raw.append((RAW_COLLECTIVE, len(raws) + 1, "all_reduce_x", "all_reduce", 5, 9, 4, 4, None, None, False,
                       None, "backward", 0, UNTIMED, False, None))
     recorder.stop()
     assert not timer.untimed_waits
     wall_clock = ("AgentStats", "RunEnd", "Notice")
-    return [r for r in iter_records(path) if type(r).__name__ not in wall_clock], recorder
+    return [r for r in iter_records(file) if type(r).__name__ not in wall_clock], recorder
 
 
 _raw_launch = st.tuples(st.sampled_from(_OPS), st.sampled_from(_PHASES), st.integers(0, 2**36),
                         st.integers(0, 2**33), st.integers(0, 2**20), st.integers(0, 2**20),
                         st.sampled_from([None, "float32", "torch.bfloat16"]), st.integers(0, 2), st.booleans(),
-                        st.sampled_from([0, 0, 0, 1]), st.integers(0, 2**33))
+                        st.sampled_from([0, 0, 0, 1]), st.integers(0, 2**33), st.sampled_from([None, None, "gloo"]))
 
 
 @PROPERTIES
@@ -660,11 +678,24 @@ def test_a_gpu_step_not_timed_on_the_device_records_summarizes_and_counts_what_t
         raws: list[tuple[Any, ...]]) -> None:
     raws = sorted(raws, key=operator.itemgetter(7))  # issued step by step
     with tempfile.TemporaryDirectory() as tmp:
-        plain, plain_recorder = _record_launches(raws, False, Path(tmp))
-        fast, fast_recorder = _record_launches(raws, True, Path(tmp))
-    assert [encode_record(r) for r in fast] == [encode_record(r) for r in plain]
-    assert {r.timing for r in fast if isinstance(r, CollectiveEvent)} == {"launch"}
-    assert any(isinstance(r, StepSummary) and r.collectives for r in fast)
-    assert [r for _, r in fast_recorder.live.recent_records()] == [r for _, r in plain_recorder.live.recent_records()]
-    assert fast_recorder.live.totals.collectives == plain_recorder.live.totals.collectives
-    assert fast_recorder.events_finalized == plain_recorder.events_finalized == len(raws) + 1
+        plain, plain_recorder = _record_launches(raws, "plain", Path(tmp))
+        for path in ("single", "batch"):
+            fast, fast_recorder = _record_launches(raws, path, Path(tmp))
+            assert [encode_record(r) for r in fast] == [encode_record(r) for r in plain], path
+            assert any(isinstance(r, StepSummary) and r.collectives for r in fast)
+            assert [r for _, r in fast_recorder.live.recent_records()] == \
+                [r for _, r in plain_recorder.live.recent_records()]
+            assert fast_recorder.live.totals.collectives == plain_recorder.live.totals.collectives
+            assert fast_recorder.events_finalized == plain_recorder.events_finalized == len(raws) + 1
+    assert "launch" in {r.timing for r in plain if isinstance(r, CollectiveEvent)} or all(
+        group == "gloo" or (is_async and later) for *_, is_async, later, _, group in raws)
+
+
+def test_a_pass_of_more_launches_than_one_batch_takes_is_finalized_as_one_by_one(tmp_path: Path) -> None:
+    raws = [(_OPS[i % 4], _PHASES[i % 3], 1000 * i, 50 + i, 4096, 4096 * (1 + i % 2), "float32", i // 300,
+             i % 2 == 1, 0, 7 * i, "gloo" if i in (100, 701) else None) for i in range(900)]
+    for early in (None, 302):  # and with one async call waited on in a pass before it too
+        plain, _ = _record_launches(raws, "plain", tmp_path, early)
+        batch, _ = _record_launches(raws, "batch", tmp_path, early)
+        assert [encode_record(r) for r in batch] == [encode_record(r) for r in plain]
+        assert sum(isinstance(r, CollectiveEvent) for r in batch) == 901

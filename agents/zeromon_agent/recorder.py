@@ -423,6 +423,8 @@ class Recorder:
                 batch = collectives[start:start + _BATCH]
                 if not self.collectives.finalize_sync_batch(batch):
                     self._dispatch(batch)
+        elif collectives and self.cuda_timer is not None:  # on a GPU: its steps not timed on the device a column at a time
+            self.collectives.finalize_launches(collectives, self._dispatch)
         else:
             self._dispatch(collectives)
         self.collectives.check_inflight(final)

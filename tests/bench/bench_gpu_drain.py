@@ -38,6 +38,7 @@ from typing import Any
 
 import benchlib
 import torch
+import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from bench_collective_overhead import StandInCudaTensor, stand_in_torch
 from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
@@ -182,6 +183,71 @@ def bench_host_bound(runs: int, collectives_n: int, work: int, out_dir: Path) ->
                          note)]
 
 
+def bench_host_bound_real(runs: int, collectives_n: int, work: int, out_dir: Path) -> list[benchlib.Row]:
+    """(b) with a real all-reduce: NCCL on GPU 0 (world size 1) and the agent's real CUDA events, steps timed on
+    the device as a run times them (the first two and 1 in ZEROMON_DEVICE_TIMING_EVERY after); without a GPU,
+    gloo on the CPU (which checks the script: no step is timed on a device there)."""
+    from bench_collective_overhead import world_of_one
+
+    from zeromon_agent.config import AgentConfig
+
+    cuda = torch.cuda.is_available() and dist.is_nccl_available()
+    device, backend = ("cuda", "nccl") if cuda else ("cpu", "gloo")
+    if cuda:
+        torch.cuda.set_device(0)
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    state = HotState()
+    timer = CudaTimer.create(torch) if cuda else None
+    state.device_timer = timer
+    state.device_timing_every = AgentConfig().device_timing_every
+    original, original_wait = c10d.all_reduce, c10d.Work.wait
+    x, tensor = torch.zeros(4, device=device), torch.zeros(16, device=device)
+
+    def run(agent: bool) -> float:
+        call, wait = (dist.all_reduce, c10d.Work.wait) if agent else (original, original_wait)
+        recorder = None
+        if agent:
+            writer = CompactWriter(out_dir / f"real-{time.monotonic_ns()}.zmr", 0)
+            recorder = Recorder(state, 0, writer, flush_interval_s=5.0, cuda_timer=timer)
+            recorder.start()
+            state.enabled = True
+        t0 = perf_ns()
+        for i in range(collectives_n):
+            if i % STEP_CALLS == 0:  # a step: as the phase tracker opens one (time_step: timed on the device or not)
+                if i:
+                    state.push_control((RAW_STEP_END, state.step, perf_ns(), None, True))
+                state.step = i // STEP_CALLS
+                state.time_step()
+                state.push_control((RAW_STEP_START, state.step, perf_ns(), None, "forward"))
+            for _ in range(work):
+                x.add_(1)
+            wait(call(tensor, async_op=True))
+        state.push_control((RAW_STEP_END, state.step, perf_ns(), None, True))
+        sync()
+        state.enabled = False
+        if recorder is not None:
+            recorder.stop()
+        return (perf_ns() - t0) / collectives_n
+
+    with world_of_one(backend, state):
+        original(tensor)
+        sync()  # NCCL's communicator is made at the first call: outside the timing
+        run(True)
+        run(False)
+        pairs = [(run(False), run(True)) for _ in range(runs)]
+    without = statistics.median(w for w, _ in pairs)
+    added = sorted(a - w for w, a in pairs)
+    quartiles = statistics.quantiles(added, n=4)
+    where = torch.cuda.get_device_name(0) if cuda else "gloo on the CPU: no step timed on a device"
+    note = (f"{collectives_n:,} collectives a run, {work} small operations between them, 1 step in "
+            f"{state.device_timing_every} timed on the device; {runs} pairs of runs, added: the median of the pairs' "
+            f"differences (quartiles {quartiles[0]:,.0f}-{quartiles[2]:,.0f} ns); event pool empty "
+            f"{timer.exhausted if timer is not None else 0} times; {where}; {benchlib.load_note()}")
+    return [benchlib.Row(f"recorder ({backend}, world 1{', GPU' if cuda else ''})",
+                         "host-bound loop, a real all_reduce async + wait: time per collective, the whole agent",
+                         "ns", without, without + statistics.median(added), "", None, note)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--passes", type=int, default=9, help="drain passes a path (a)")
@@ -189,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=15, help="runs with and without the agent (b)")
     parser.add_argument("--loop-collectives", type=int, default=8000, help="collectives a run (b)")
     parser.add_argument("--work", type=int, default=30, help="small operations between two collectives (b)")
+    parser.add_argument("--real", action="store_true", help="(b) with a real all-reduce: NCCL on a GPU, else gloo")
     parser.add_argument("--parts", default="ab", help="which parts to run, as letters")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON (run_all.py reads them)")
     args = parser.parse_args(argv)
@@ -197,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
         if "a" in args.parts:
             rows += bench_drain(args.passes, args.calls, Path(tmp))
         if "b" in args.parts:
-            rows += bench_host_bound(args.runs, args.loop_collectives, args.work, Path(tmp))
+            bench = bench_host_bound_real if args.real else bench_host_bound
+            rows += bench(args.runs, args.loop_collectives, args.work, Path(tmp))
     benchlib.print_rows("the recorder's cost per collective of a GPU run, on the host", rows)
     benchlib.write_rows(args.json, rows)
     return 0

@@ -42,6 +42,9 @@ JOBS: tuple[Job, ...] = (
     Job("bench_recorder_cpu.py", (),
         "2-rank FSDP2 example (default and 80 blocks) under `zeromon run`: the agent's background CPU per "
         "recorded collective, and the process's CPU per collective with the agent off vs on"),
+    Job("bench_gpu_drain.py", (),
+        "the recorder's drain per collective of a GPU run's paths (stand-in CUDA tensor and events, a real compact "
+        "recording), and the whole agent on a host-bound loop, where the recorder thread's GIL time is the training's"),
     Job("bench_agent_memory.py", (),
         "1M gloo all_reduce recorded, 100 per step: the recorder keeps up"),
     Job("bench_agent_memory.py", ("--driver", "noop"),
