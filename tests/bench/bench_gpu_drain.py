@@ -185,8 +185,9 @@ def bench_host_bound(runs: int, collectives_n: int, work: int, out_dir: Path) ->
 
 def bench_host_bound_real(runs: int, collectives_n: int, work: int, out_dir: Path) -> list[benchlib.Row]:
     """(b) with a real all-reduce: NCCL on GPU 0 (world size 1) and the agent's real CUDA events, steps timed on
-    the device as a run times them (the first two and 1 in ZEROMON_DEVICE_TIMING_EVERY after); without a GPU,
-    gloo on the CPU (which checks the script: no step is timed on a device there)."""
+    the device as a run times them (the first two and 1 in ZEROMON_DEVICE_TIMING_EVERY after), no phase marks (the
+    collectives' share alone); without a GPU, gloo on the CPU (which checks the script: no step is timed on a
+    device there)."""
     from bench_collective_overhead import world_of_one
 
     from zeromon_agent.config import AgentConfig
