@@ -58,8 +58,10 @@ from zeromon_agent.recorder import Recorder
 from zeromon_agent.state import (
     RAW_AGENT,
     RAW_COLLECTIVE,
+    RAW_DONE,
     RAW_MEMORY,
     RAW_PHASE,
+    RAW_SEEN_DONE,
     RAW_STEP_END,
     RAW_STEP_START,
     RAW_WAIT,
@@ -604,26 +606,30 @@ class _StandInEvent:
         pass
 
 
-def _record_launches(raws: list[tuple[Any, ...]], path: str, tmp: Path,
-                     early: int | None = None) -> tuple[list[Any], Recorder]:
-    """A Recorder on a GPU (a CudaTimer) fed the collectives of steps not timed on the device (UNTIMED), sync and
-    async, on an NCCL group or a gloo one, each async one's wait in its own step or the next, then a late one of
-    a summarized step; by ``path``: "batch" (finalize_launches, a column at a time), "single" (finalize_launch, one
-    at a time) or "plain" (_finalize). ``early``: the seq of an async one with a wait in a pass before its call too
-    (the general path pairs it with that one). The records it wrote, but those stamped with the wall clock."""
+def _record_pass(raws: list[tuple[Any, ...]], path: str, tmp: Path, early: int | None = None,
+                 gpu: bool = True) -> tuple[list[Any], Recorder]:
+    """A Recorder fed collectives, sync and async, each async one's wait in its own step or the next, then a late
+    one of a summarized step. On a GPU (``gpu``: a CudaTimer), of steps not timed on the device (UNTIMED) on an
+    NCCL group ("nccl") or a gloo one ("gloo"), or timed on the host ("host": a gloo group's in a timed step);
+    without, all on the host. A host one's wait found it done or not, it may have had a completion callback
+    (sampled), and a callback's or a phase change's record may come before its wait. By ``path``: "batch"
+    (finalize_pass, a column at a time), "single" (finalize_launch, one at a time) or "plain" (_finalize).
+    ``early``: the seq of an async one with a wait in a pass before its call too (the general path pairs it with
+    that one). The records it wrote, but those stamped with the wall clock."""
     file = tmp / f"{path}.zmr"
     state = HotState()
-    timer = CudaTimer(types.SimpleNamespace(cuda=types.SimpleNamespace(Event=_StandInEvent)), pool_size=1)
+    timer = CudaTimer(types.SimpleNamespace(cuda=types.SimpleNamespace(Event=_StandInEvent)), pool_size=1) if gpu \
+        else None
     recorder = Recorder(state, 3, CompactWriter(file, 3), 0.2, cuda_timer=timer, clock_offset_ns=10**18)
     collectives = recorder.collectives
     collectives._group_sizes.update({None: 2, "gloo": 2})
     collectives._group_hosts.update({None: False, "gloo": True})  # NCCL's collectives are the GPU's, gloo's the host's
     finalized: list[int] = []
     if path == "batch":  # the path is taken, not left for the item-by-item one
-        rows = collectives._finalize_launch_rows
-        collectives._finalize_launch_rows = lambda batch: finalized.append(len(batch)) or rows(batch)  # type: ignore[method-assign]
+        rows = collectives._finalize_rows
+        collectives._finalize_rows = lambda batch: finalized.append(len(batch)) or rows(batch)  # type: ignore[method-assign]
     else:
-        collectives.finalize_launches = lambda items, dispatch: dispatch(items)  # type: ignore[method-assign]
+        collectives.finalize_pass = lambda items, dispatch: dispatch(items)  # type: ignore[method-assign]
     if path == "single":
         single = collectives.finalize_launch
         collectives.finalize_launch = lambda *args: finalized.append(single(*args)) or finalized[-1]  # type: ignore[method-assign]
@@ -638,64 +644,76 @@ def _record_launches(raws: list[tuple[Any, ...]], path: str, tmp: Path,
     waits, works = [], []
     done: torch.futures.Future[None] = torch.futures.Future()
     done.set_result(None)
-    for seq, (op, phase, t0, length, b_in, b_out, dtype, step, is_async, wait_later, blocked, group) in enumerate(
-            raws, 1):
+    for seq, (op, phase, t0, length, b_in, b_out, dtype, step, is_async, wait_later, blocked, where, done_before,
+              sampled, extra) in enumerate(raws, 1):
+        where = where if gpu else "host"
         t0 = step * 2**38 + t0 % 2**37
         work = None
         if is_async:  # held weakly, as the hot path holds it
             works.append(_create_work_from_future(done))
             work = weakref.ref(works[-1])
-        state.raw.append((RAW_COLLECTIVE, seq, f"{op}_x", op, t0, t0 + length, b_in, b_out, dtype, group, is_async,
-                          work, phase, step, UNTIMED, False, None))
+        host = where == "host"
+        state.raw.append((RAW_COLLECTIVE, seq, f"{op}_x", op, t0, t0 + length, b_in, b_out, dtype,
+                          None if where == "nccl" else "gloo", is_async, work, phase, step, None if host else UNTIMED,
+                          host and is_async and sampled, None))
         if is_async:
-            timer.untimed_waits.add(seq)
+            if not host:
+                timer.untimed_waits.add(seq)  # type: ignore[union-attr]
             wait_step = step + wait_later
-            w0 = wait_step * 2**38 + (t0 + length) % 2**37
-            waits.append((RAW_WAIT, seq, w0, w0 + blocked, False, None, None, wait_step))
+            w0 = wait_step * 2**38 + (t0 + length + blocked // 3) % 2**37  # a gap between the call and its wait
+            if host and extra is not None:  # a completion callback's or a phase change's, before the wait
+                waits.append((RAW_DONE if extra == "done" else RAW_SEEN_DONE, seq, t0 + length + 1))
+            waits.append((RAW_WAIT, seq, w0, w0 + blocked, host and done_before, None, None, wait_step))
         if seq % 3 == 0 and waits:  # a wait among the calls after it
             state.raw.append(waits.pop(0))
     state.raw.extend(waits)
     recorder._drain(final=False)  # the steps are summarized: the next one's collective is late
-    takes = any(group is None and (not is_async or not later) for *_, is_async, later, _, group in raws)
-    assert path == "plain" or bool(finalized and any(finalized)) == takes
+    single_takes = gpu and any(where == "nccl" and (not is_async or not later)
+                               for *_, is_async, later, _, where, _, _, _ in raws)
+    takes = single_takes or any(is_async and not later and (where == "host" or not gpu) and not sampled
+                                and extra is None for *_, is_async, later, _, where, _, sampled, extra in raws)
+    assert path == "plain" or bool(finalized and any(finalized)) == (takes if path == "batch" else single_takes)
     state.raw.append((RAW_COLLECTIVE, len(raws) + 1, "all_reduce_x", "all_reduce", 5, 9, 4, 4, None, None, False,
-                      None, "backward", 0, UNTIMED, False, None))
+                      None, "backward", 0, UNTIMED if gpu else None, False, None))
     recorder.stop()
-    assert not timer.untimed_waits
+    assert timer is None or not timer.untimed_waits
     wall_clock = ("AgentStats", "RunEnd", "Notice")
     return [r for r in iter_records(file) if type(r).__name__ not in wall_clock], recorder
 
 
-_raw_launch = st.tuples(st.sampled_from(_OPS), st.sampled_from(_PHASES), st.integers(0, 2**36),
-                        st.integers(0, 2**33), st.integers(0, 2**20), st.integers(0, 2**20),
-                        st.sampled_from([None, "float32", "torch.bfloat16"]), st.integers(0, 2), st.booleans(),
-                        st.sampled_from([0, 0, 0, 1]), st.integers(0, 2**33), st.sampled_from([None, None, "gloo"]))
+_raw_pass = st.tuples(st.sampled_from(_OPS), st.sampled_from(_PHASES), st.integers(0, 2**36),
+                      st.integers(0, 2**33), st.integers(0, 2**20), st.integers(0, 2**20),
+                      st.sampled_from([None, "float32", "torch.bfloat16"]), st.integers(0, 2), st.booleans(),
+                      st.sampled_from([0, 0, 0, 1]), st.integers(0, 2**33), st.sampled_from(["nccl", "gloo", "host"]),
+                      st.booleans(), st.sampled_from([False, False, True]), st.sampled_from([None, None, "done", "seen"]))
 
 
 @PROPERTIES
-@given(raws=st.lists(_raw_launch, min_size=1, max_size=40))
-def test_a_gpu_step_not_timed_on_the_device_records_summarizes_and_counts_what_the_general_path_does(
-        raws: list[tuple[Any, ...]]) -> None:
+@given(raws=st.lists(_raw_pass, min_size=1, max_size=40), gpu=st.booleans())
+def test_a_pass_finalized_in_columns_records_summarizes_and_counts_what_the_general_path_does(
+        raws: list[tuple[Any, ...]], gpu: bool) -> None:
     raws = sorted(raws, key=operator.itemgetter(7))  # issued step by step
     with tempfile.TemporaryDirectory() as tmp:
-        plain, plain_recorder = _record_launches(raws, "plain", Path(tmp))
+        plain, plain_recorder = _record_pass(raws, "plain", Path(tmp), gpu=gpu)
         for path in ("single", "batch"):
-            fast, fast_recorder = _record_launches(raws, path, Path(tmp))
+            fast, fast_recorder = _record_pass(raws, path, Path(tmp), gpu=gpu)
             assert [encode_record(r) for r in fast] == [encode_record(r) for r in plain], path
             assert any(isinstance(r, StepSummary) and r.collectives for r in fast)
             assert [r for _, r in fast_recorder.live.recent_records()] == \
                 [r for _, r in plain_recorder.live.recent_records()]
             assert fast_recorder.live.totals.collectives == plain_recorder.live.totals.collectives
+            assert {op: list(v) for op, v in fast_recorder.live.totals.busbw.items()} == \
+                {op: list(v) for op, v in plain_recorder.live.totals.busbw.items()}
             assert fast_recorder.events_finalized == plain_recorder.events_finalized == len(raws) + 1
-    assert "launch" in {r.timing for r in plain if isinstance(r, CollectiveEvent)} or all(
-        group == "gloo" or (is_async and later) for *_, is_async, later, _, group in raws)
 
 
-def test_a_pass_of_more_launches_than_one_batch_takes_is_finalized_as_one_by_one(tmp_path: Path) -> None:
+def test_a_pass_of_more_collectives_than_one_batch_takes_is_finalized_as_one_by_one(tmp_path: Path) -> None:
+    where = {100: "gloo", 701: "gloo", **{i: "host" for i in range(450, 456)}}
     raws = [(_OPS[i % 4], _PHASES[i % 3], 1000 * i, 50 + i, 4096, 4096 * (1 + i % 2), "float32", i // 300,
-             i % 2 == 1, 0, 7 * i, "gloo" if i in (100, 701) else None) for i in range(900)]
+             i % 2 == 1, 0, 7 * i, where.get(i, "nccl"), i % 3 == 0, False, None) for i in range(900)]
     for early in (None, 302):  # and with one async call waited on in a pass before it too
-        plain, _ = _record_launches(raws, "plain", tmp_path, early)
-        batch, _ = _record_launches(raws, "batch", tmp_path, early)
+        plain, _ = _record_pass(raws, "plain", tmp_path, early)
+        batch, _ = _record_pass(raws, "batch", tmp_path, early)
         assert [encode_record(r) for r in batch] == [encode_record(r) for r in plain]
         assert sum(isinstance(r, CollectiveEvent) for r in batch) == 901
+    assert {r.timing for r in batch if isinstance(r, CollectiveEvent)} >= {"launch", "bound", "wait"}

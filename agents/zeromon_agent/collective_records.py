@@ -4,7 +4,8 @@ in, a CollectiveEvent out, counted in its step (StepBook) and handed to the reco
 
 A synchronous host collective (every one on gloo) takes finalize_sync, or a batch of them
 finalize_sync_batch, much cheaper than _finalize's general path; so does a GPU collective of a step not
-timed on the device (finalize_launch, or a pass's finalize_launches). tests/test_recorder_fast_path.py
+timed on the device (finalize_launch), and a pass of those and of async host collectives with their waits
+(finalize_pass). tests/test_recorder_fast_path.py
 checks that they agree. The recorder's thread needs the GIL for all of it, so in a host-bound loop its time
 is the training's (tests/bench/bench_gpu_drain.py).
 """
@@ -22,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from zeromon.analysis.bandwidth import bus_factor, event_bandwidth
+from zeromon.analysis.bandwidth import MEASURED_TIMINGS, bus_factor, event_bandwidth
 from zeromon.model.events import (
     MAX_SPAN_S,
     CollectiveEvent,
@@ -47,6 +48,8 @@ from zeromon_agent.state import (
     AT_T1,
     AT_WORK,
     RAW_COLLECTIVE,
+    RAW_DONE,
+    RAW_SEEN_DONE,
     RAW_WAIT,
     UNTIMED,
 )
@@ -73,12 +76,14 @@ _MAX_SHAPES = 4096  # collective call shapes whose derived fields are kept (an F
 # Built once per record, so built with the slots set directly (record_maker).
 _new_collective = record_maker(CollectiveEvent)
 _SYNC, _UNKNOWN, _LAUNCH = Timing.SYNC.value, Timing.UNKNOWN.value, Timing.LAUNCH.value  # .value read once
+_BOUND, _WAIT = Timing.BOUND.value, Timing.WAIT.value
+_MEASURED = MEASURED_TIMINGS
 # A batch's calls last less than this (MAX_SPAN_S, in ns: span_ns caps nothing) and are whole nanoseconds
 # that ns / 1e9 and back gives again (below 2**50), so their records go into the columns as they are.
 _BATCH_MAX_NS = int(MAX_SPAN_S * 1e9)
 _add, _sub, _mul, _truediv = operator.add, operator.sub, operator.mul, operator.truediv
 _BATCH = 256  # a batch's launches finalized between two gives of the GIL (the recorder's _BATCH)
-_WAITED_LATER: Any = object()  # _plan_launches: an async launch finalized at its wait, further on
+_WAITED_LATER: Any = object()  # _plan_columns: an async collective finalized at its wait, further on
 _PLAN_YIELD = 1024  # records planned between two gives of the GIL (about half a millisecond)
 _FEW = 32  # a step's run of collectives this short is counted by op in a loop, a longer one by a Counter
 _repeat = itertools.repeat
@@ -539,19 +544,22 @@ class CollectiveRecords:
             add_blocked(acc, (issue_ns, issue_ns + span_ns(issue_s)))
         return True
 
-    def finalize_launches(self, items: list[tuple[Any, ...]], dispatch: Callable[[list[tuple[Any, ...]]], None]) -> None:
-        """A pass's raw collectives and waits on a GPU. The collectives of steps not timed on the device (timing
-        ``launch``: most of a GPU run's) are finalized a column at a time, as finalize_sync_batch finalizes gloo's:
-        a synchronous one at its call, an async one at its wait, when that wait is in this pass and step. The
-        other records go through ``dispatch`` (the general path) in their place, in runs. Records, live counts
+    def finalize_pass(self, items: list[tuple[Any, ...]], dispatch: Callable[[list[tuple[Any, ...]]], None]) -> None:
+        """A pass's raw collectives and waits, finalized a column at a time where they can be, as finalize_sync_batch
+        finalizes a pass of gloo's synchronous ones:
+        - a GPU collective of a step not timed on the device (timing ``launch``: most of a GPU run's), a
+          synchronous one at its call, an async one at its wait in this pass and step;
+        - an async collective timed on the host (gloo's: DDP's buckets), at its wait in this pass and step, when no
+          completion callback or phase change timed it (timing ``bound`` or ``wait``).
+        The other records go through ``dispatch`` (the general path) in their place, in runs. Records, live counts
         and step accounting are those of the general path (tests/test_recorder_fast_path.py)."""
-        plan = self._plan_launches(items)
-        rows: list[tuple[Any, ...]] = []  # launches to finalize, or
+        plan = self._plan_columns(items)
+        rows: list[tuple[Any, ...]] = []  # collectives to finalize, or
         general: list[tuple[Any, ...]] = []  # records for the general path: one of the two is empty
         for index, (item, planned) in enumerate(zip(items, plan, strict=True)):
             if index and not index % _BATCH:  # what came before, and the GIL, handed on every 256 records
                 if rows:
-                    self._finalize_launch_rows(rows)
+                    self._finalize_rows(rows)
                     rows = []
                 if general:
                     dispatch(general)
@@ -560,7 +568,7 @@ class CollectiveRecords:
                 time.sleep(0)
             if planned is None:
                 if rows:
-                    self._finalize_launch_rows(rows)
+                    self._finalize_rows(rows)
                     rows = []
                 general.append(item)
                 continue
@@ -570,91 +578,126 @@ class CollectiveRecords:
             if planned is not _WAITED_LATER:
                 rows.append(planned)
         if rows:
-            self._finalize_launch_rows(rows)
+            self._finalize_rows(rows)
         if general:
             dispatch(general)
 
-    def _plan_launches(self, items: list[tuple[Any, ...]]) -> list[Any]:
-        """For each of ``items``: (raw, blocked ns, wait's perf ns, shape) where finalize_launches finalizes a
-        collective, _WAITED_LATER at an async one finalized at its wait, None for the general path."""
+    def _plan_columns(self, items: list[tuple[Any, ...]]) -> list[Any]:
+        """For each of ``items``: (raw, blocked ns, the wait's perf ns, shape, completion perf ns or None, timing)
+        where finalize_pass finalizes a collective, _WAITED_LATER at an async one finalized at its wait, None
+        for the general path."""
         emitted, shapes, on_host, new_shape = self.steps.emitted_through, self._shapes, self._on_host, self._shape
         # What came for a seq before its issue record: the general path's on_collective takes it.
         early_waits, early_done, early_seen = self._orphan_waits, self._orphan_done, self._orphan_seen
         early = bool(early_waits or early_done or early_seen)
         plan: list[Any] = [None] * len(items)
-        issued: dict[int, tuple[int, Any]] = {}  # seq -> (index, shape) of an async launch, until its wait
+        issued: dict[int, tuple[int, Any]] = {}  # seq -> (index, shape) of an async collective, until its wait
         for index, item in enumerate(items):
             if index and not index % _PLAN_YIELD:
                 time.sleep(0)  # the GIL, to the training (nothing here is the training thread's)
             kind = item[0]
             if kind == RAW_COLLECTIVE:
-                (_, seq, _, op, t0, t1, b_in, b_out, dtype, group, async_op, work, phase, step, cuda, _,
+                (_, seq, _, op, t0, t1, b_in, b_out, dtype, group, async_op, work, phase, step, cuda, sampled,
                  caller) = item
                 # The values the columns take as they are (finalize_sync_batch's checks, an item at a time).
-                if cuda is not UNTIMED or type(step) is not int or step <= emitted or type(t0) is not int \
-                        or type(t1) is not int or not 0 <= t1 - t0 < _BATCH_MAX_NS or type(b_in) is not int \
-                        or type(b_out) is not int or type(phase) is not str:
+                if type(step) is not int or step <= emitted or type(t0) is not int or type(t1) is not int \
+                        or not 0 <= t1 - t0 < _BATCH_MAX_NS or type(b_in) is not int or type(b_out) is not int \
+                        or type(phase) is not str:
                     continue
-                key = (op, phase, b_in, b_out, dtype, group, caller)
-                try:
-                    shape = shapes.get(key)
-                except TypeError:  # an unhashable group
-                    continue
-                if on_host(group):  # a gloo group of a GPU job: its host times are its own
-                    continue
-                if shape is None:
-                    shape = new_shape(*key)
-                if not async_op:
-                    plan[index] = (item, t1 - t0, t0, shape)
-                elif work is not None and not (early and (seq in early_waits or seq in early_done or seq in early_seen)):
-                    issued[seq] = (index, shape)  # (an async call without a Work is finalized at its call: _finalize's)
+                if cuda is UNTIMED:
+                    if not async_op or work is not None:
+                        key = (op, phase, b_in, b_out, dtype, group, caller)
+                        try:
+                            shape = shapes.get(key)
+                        except TypeError:  # an unhashable group
+                            continue
+                        if on_host(group):  # a gloo group of a GPU job: its host times are its own
+                            continue
+                        if shape is None:
+                            shape = new_shape(*key)
+                        if not async_op:
+                            plan[index] = (item, t1 - t0, t0, shape, None, _LAUNCH)
+                        elif not (early and (seq in early_waits or seq in early_done or seq in early_seen)):
+                            issued[seq] = (index, shape)
+                elif cuda is None and async_op and work is not None and not sampled \
+                        and not (early and (seq in early_waits or seq in early_done or seq in early_seen)):
+                    key = (op, phase, b_in, b_out, dtype, group, caller)
+                    try:
+                        shape = shapes.get(key)
+                    except TypeError:
+                        continue
+                    issued[seq] = (index, shape if shape is not None else new_shape(*key))
             elif kind == RAW_WAIT:
                 at = issued.pop(item[1], None)
                 if at is None:
                     continue
                 index_at, shape = at
-                w0, w1, raw = item[2], item[3], items[index_at]
-                if item[7] == raw[AT_STEP] and type(w0) is int and type(w1) is int and 0 <= w1 - w0 < _BATCH_MAX_NS:
-                    plan[index_at] = _WAITED_LATER
-                    plan[index] = (raw, w1 - w0, w0, shape)
+                _, _, w0, w1, done_before, cuda_end, cuda_wait, wait_step = item
+                raw = items[index_at]
+                if wait_step != raw[AT_STEP] or type(w0) is not int or type(w1) is not int \
+                        or not 0 <= w1 - w0 < _BATCH_MAX_NS or cuda_end is not None or cuda_wait is not None:
+                    continue
+                plan[index_at] = _WAITED_LATER
+                if raw[AT_CUDA] is UNTIMED:
+                    plan[index] = (raw, w1 - w0, w0, shape, None, _LAUNCH)
+                elif done_before:  # done by the wait's start (_try_finalize_async's bound)
+                    plan[index] = (raw, w1 - w0, w0, shape, w0, _BOUND)
+                else:
+                    plan[index] = (raw, w1 - w0, w0, shape, w1, _WAIT)
+            elif kind == RAW_DONE or kind == RAW_SEEN_DONE:
+                issued.pop(item[1], None)  # its time is the general path's to use: the call and its wait go there
         return plan
 
-    def _finalize_launch_rows(self, rows: list[tuple[Any, ...]]) -> None:
-        """finalize_launch of each of ``rows`` ((raw, blocked ns, wait's perf ns, shape), in the order the general
-        path finalizes them), a column at a time."""
+    def _finalize_rows(self, rows: list[tuple[Any, ...]]) -> None:
+        """finalize_launch, or _finalize of an async host collective at its wait, of each of ``rows`` (_plan_columns'
+        tuples, in the order the general path finalizes them), a column at a time."""
         n = len(rows)
-        raws, blocked_ns, wait_perf, shapes = zip(*rows, strict=True)
+        raws, blocked_ns, wait_perf, shapes, completions, timings = zip(*rows, strict=True)
         (_, seqs, apis, ops, t0s, t1s, b_ins, b_outs, _, _, asyncs, _, phases, steps, _, _, _) = zip(*raws, strict=True)
-        dtype_names, group_sizes, meanings, nbytes, _, _ = zip(*shapes, strict=True)
+        dtype_names, group_sizes, meanings, nbytes, factors, sizes = zip(*shapes, strict=True)
         offset = self.clock_offset_ns
         issue = list(map(_add, t0s, _repeat(offset, n)))
+        complete = [None if c is None else c + offset for c in completions]
         waits = list(map(_add, wait_perf, _repeat(offset, n)))
         blocked = list(map(_truediv, blocked_ns, _repeat(1e9, n)))  # seconds(): ns / 1e9
         issue_s = list(map(_truediv, map(_sub, t1s, t0s), _repeat(1e9, n)))
         is_async = list(map(bool, asyncs))
         columns = (seqs, [self.rank] * n, steps, phases, ops, apis, b_ins, b_outs, dtype_names, group_sizes, is_async,
-                   issue, [None] * n, blocked, [_LAUNCH] * n, meanings, waits, issue_s)
+                   issue, complete, blocked, timings, meanings, waits, issue_s)
         if self.cuda_timer is not None:  # as _finalize: their waits need no completion check now
             self.cuda_timer.untimed_waits.difference_update(seqs)
         self._write_columns(columns, steps, n)
-        # Live: no duration, so no bandwidth; the time each cost its caller (thread_blocked_s: an async call's
-        # issue too).
+        # Live, as _publish_collective counts: the duration where the completion is known, event_bandwidth's busbw
+        # where it is measured, and the time each cost its caller (thread_blocked_s: an async call's issue too).
+        durations: list[float | None] = []
+        busbw: list[float | None] = []
+        for issue_ns, complete_ns, timing, factor, size in zip(issue, complete, timings, factors, sizes, strict=True):
+            if complete_ns is None:
+                durations.append(None)
+                busbw.append(None)
+                continue
+            seconds_ = (complete_ns - issue_ns) / 1e9
+            durations.append(max(0.0, seconds_))
+            busbw.append(size / seconds_ * factor if seconds_ > 0 and timing in _MEASURED and factor is not None
+                         and size > 0 else None)
         thread_blocked = [b + s if a and s > 0 else b for b, s, a in zip(blocked, issue_s, is_async, strict=True)]
-        nothing = [None] * n
         self.out.publish_unmade(columns, n)
-        self._counted.append([ops, meanings, nbytes, thread_blocked, nothing, nothing])  # columns
+        self._counted.append([ops, meanings, nbytes, thread_blocked, durations, busbw])  # columns
         accs, acc_step = self._accs, None
         acc = StepAcc()  # replaced at the first row
-        for step, op, size, wait_ns, blocked_s, async_op, issue_ns, issued_s in zip(
-                steps, ops, nbytes, waits, blocked, is_async, issue, issue_s, strict=True):
+        for step, op, size, issue_ns, complete_ns, wait_ns, blocked_s, async_op, issued_s, timing in zip(
+                steps, ops, nbytes, issue, complete, waits, blocked, is_async, issue_s, timings, strict=True):
             if step != acc_step:
                 found = accs.get(step)
                 acc = accs[step] = StepAcc() if found is None else found
-                acc.device_untimed = True
                 acc_step = step
             acc.collectives += 1
             acc.comm_bytes += size
             acc.by_op[op] = acc.by_op.get(op, 0) + size
+            if timing == _LAUNCH:
+                acc.device_untimed = True
+            else:
+                add_interval(acc, (issue_ns, complete_ns if complete_ns > issue_ns else issue_ns))
             if blocked_s > 0:  # event.blocked_interval_ns
                 add_blocked(acc, (wait_ns, wait_ns + span_ns(blocked_s)))
             if async_op and issued_s > 0:  # event.issue_interval_ns

@@ -423,10 +423,8 @@ class Recorder:
                 batch = collectives[start:start + _BATCH]
                 if not self.collectives.finalize_sync_batch(batch):
                     self._dispatch(batch)
-        elif collectives and self.cuda_timer is not None:  # on a GPU: its steps not timed on the device a column at a time
-            self.collectives.finalize_launches(collectives, self._dispatch)
-        else:
-            self._dispatch(collectives)
+        elif collectives:  # what of the rest can be, a column at a time (a GPU's launches, async host collectives)
+            self.collectives.finalize_pass(collectives, self._dispatch)
         self.collectives.check_inflight(final)
         self.steps.resolve_spans(final)
         self.steps.emit_steps(final, self.collectives.inflight_steps())

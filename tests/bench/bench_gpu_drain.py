@@ -11,8 +11,8 @@ time is the training's too.
 (a) the drain, by path: a real ``Recorder`` (not started) writing a real compact recording drains ``--calls``
     collectives at a time, issued through the real wrapper with the agent's state as on a GPU: a stand-in CUDA
     tensor, a ``CudaTimer`` over stand-in events (bench_collective_overhead's part g), in a step not timed on the
-    device (timing ``launch``, most of a GPU run's steps) and in a timed one; and, for comparison, a gloo
-    group's synchronous calls (the host path and its column-at-a-time batch). Steps of 100 collectives,
+    device (timing ``launch``, most of a GPU run's steps) and in a timed one; and a gloo group's calls, sync and
+    async with their waits (the host path; 1 async call in 16 gets a completion callback, ZEROMON_ASYNC_SAMPLE_EVERY). Steps of 100 collectives,
     started and ended as the phase tracker does, so that each pass summarizes its steps. The figure: the
     pass's thread CPU (``time.thread_time_ns``) per collective, the median of ``--passes``.
 (b) the whole agent on a host-bound loop: a loop of small tensor operations (the GIL held, as Python issuing
@@ -65,6 +65,7 @@ def launch(tensor: Any, op: Any = None, group: Any = None, async_op: bool = Fals
 
 PATHS = {  # name -> (on a GPU, timed on the device, async with its wait)
     "gloo sync (the host path)": (False, False, False),
+    "gloo async + wait (the host path: DDP's buckets)": (False, False, True),
     "sync, a step not timed on the device": (True, False, False),
     "async + wait, a step not timed on the device": (True, False, True),
     "sync, a step timed on the device": (True, True, False),
