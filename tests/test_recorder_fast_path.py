@@ -613,7 +613,7 @@ def _record_pass(raws: list[tuple[Any, ...]], path: str, tmp: Path, early: int |
     NCCL group ("nccl") or a gloo one ("gloo"), or timed on the host ("host": a gloo group's in a timed step);
     without, all on the host. A host one's wait found it done or not, it may have had a completion callback
     (sampled), and a callback's or a phase change's record may come before its wait. By ``path``: "batch"
-    (finalize_pass, a column at a time), "single" (finalize_launch, one at a time) or "plain" (_finalize).
+    (finalize_pass, a column at a time) or "plain" (the general path: _finalize).
     ``early``: the seq of an async one with a wait in a pass before its call too (the general path pairs it with
     that one). The records it wrote, but those stamped with the wall clock."""
     file = tmp / f"{path}.zmr"
@@ -630,11 +630,6 @@ def _record_pass(raws: list[tuple[Any, ...]], path: str, tmp: Path, early: int |
         collectives._finalize_rows = lambda batch: finalized.append(len(batch)) or rows(batch)  # type: ignore[method-assign]
     else:
         collectives.finalize_pass = lambda items, dispatch: dispatch(items)  # type: ignore[method-assign]
-    if path == "single":
-        single = collectives.finalize_launch
-        collectives.finalize_launch = lambda *args: finalized.append(single(*args)) or finalized[-1]  # type: ignore[method-assign]
-    elif path == "plain":
-        collectives.finalize_launch = lambda *args: False  # type: ignore[method-assign]
     if early is not None:
         state.raw.append((RAW_WAIT, early, 2**40, 2**40 + 5, False, None, None, raws[early - 1][7]))
         recorder._drain(final=False)
@@ -668,11 +663,10 @@ def _record_pass(raws: list[tuple[Any, ...]], path: str, tmp: Path, early: int |
             state.raw.append(waits.pop(0))
     state.raw.extend(waits)
     recorder._drain(final=False)  # the steps are summarized: the next one's collective is late
-    single_takes = gpu and any(where == "nccl" and (not is_async or not later)
-                               for *_, is_async, later, _, where, _, _, _ in raws)
-    takes = single_takes or any(is_async and not later and (where == "host" or not gpu) and not sampled
-                                and extra is None for *_, is_async, later, _, where, _, sampled, extra in raws)
-    assert path == "plain" or bool(finalized and any(finalized)) == (takes if path == "batch" else single_takes)
+    takes = any(gpu and where == "nccl" and (not is_async or not later)
+                or is_async and not later and (where == "host" or not gpu) and not sampled and extra is None
+                for *_, is_async, later, _, where, _, sampled, extra in raws)
+    assert path == "plain" or bool(finalized) == takes
     state.raw.append((RAW_COLLECTIVE, len(raws) + 1, "all_reduce_x", "all_reduce", 5, 9, 4, 4, None, None, False,
                       None, "backward", 0, UNTIMED if gpu else None, False, None))
     recorder.stop()
@@ -695,16 +689,15 @@ def test_a_pass_finalized_in_columns_records_summarizes_and_counts_what_the_gene
     raws = sorted(raws, key=operator.itemgetter(7))  # issued step by step
     with tempfile.TemporaryDirectory() as tmp:
         plain, plain_recorder = _record_pass(raws, "plain", Path(tmp), gpu=gpu)
-        for path in ("single", "batch"):
-            fast, fast_recorder = _record_pass(raws, path, Path(tmp), gpu=gpu)
-            assert [encode_record(r) for r in fast] == [encode_record(r) for r in plain], path
-            assert any(isinstance(r, StepSummary) and r.collectives for r in fast)
-            assert [r for _, r in fast_recorder.live.recent_records()] == \
-                [r for _, r in plain_recorder.live.recent_records()]
-            assert fast_recorder.live.totals.collectives == plain_recorder.live.totals.collectives
-            assert {op: list(v) for op, v in fast_recorder.live.totals.busbw.items()} == \
-                {op: list(v) for op, v in plain_recorder.live.totals.busbw.items()}
-            assert fast_recorder.events_finalized == plain_recorder.events_finalized == len(raws) + 1
+        fast, fast_recorder = _record_pass(raws, "batch", Path(tmp), gpu=gpu)
+        assert [encode_record(r) for r in fast] == [encode_record(r) for r in plain]
+        assert any(isinstance(r, StepSummary) and r.collectives for r in fast)
+        assert [r for _, r in fast_recorder.live.recent_records()] == \
+            [r for _, r in plain_recorder.live.recent_records()]
+        assert fast_recorder.live.totals.collectives == plain_recorder.live.totals.collectives
+        assert {op: list(v) for op, v in fast_recorder.live.totals.busbw.items()} == \
+            {op: list(v) for op, v in plain_recorder.live.totals.busbw.items()}
+        assert fast_recorder.events_finalized == plain_recorder.events_finalized == len(raws) + 1
 
 
 def test_a_pass_of_more_collectives_than_one_batch_takes_is_finalized_as_one_by_one(tmp_path: Path) -> None:

@@ -3,10 +3,9 @@ in, a CollectiveEvent out, counted in its step (StepBook) and handed to the reco
 (Outbox).
 
 A synchronous host collective (every one on gloo) takes finalize_sync, or a batch of them
-finalize_sync_batch, much cheaper than _finalize's general path; so does a GPU collective of a step not
-timed on the device (finalize_launch), and a pass of those and of async host collectives with their waits
-(finalize_pass). tests/test_recorder_fast_path.py
-checks that they agree. The recorder's thread needs the GIL for all of it, so in a host-bound loop its time
+finalize_sync_batch, much cheaper than _finalize's general path; a pass of GPU collectives of steps not
+timed on the device and of async host collectives with their waits takes finalize_pass, a column at a time
+where it can. tests/test_recorder_fast_path.py checks that they agree. The recorder's thread needs the GIL for all of it, so in a host-bound loop its time
 is the training's (tests/bench/bench_gpu_drain.py).
 """
 
@@ -77,12 +76,11 @@ _MAX_SHAPES = 4096  # collective call shapes whose derived fields are kept (an F
 _new_collective = record_maker(CollectiveEvent)
 _SYNC, _UNKNOWN, _LAUNCH = Timing.SYNC.value, Timing.UNKNOWN.value, Timing.LAUNCH.value  # .value read once
 _BOUND, _WAIT = Timing.BOUND.value, Timing.WAIT.value
-_MEASURED = MEASURED_TIMINGS
 # A batch's calls last less than this (MAX_SPAN_S, in ns: span_ns caps nothing) and are whole nanoseconds
 # that ns / 1e9 and back gives again (below 2**50), so their records go into the columns as they are.
 _BATCH_MAX_NS = int(MAX_SPAN_S * 1e9)
 _add, _sub, _mul, _truediv = operator.add, operator.sub, operator.mul, operator.truediv
-_BATCH = 256  # a batch's launches finalized between two gives of the GIL (the recorder's _BATCH)
+_BATCH = 256  # records finalize_pass goes through between two gives of the GIL (the recorder's _BATCH)
 _WAITED_LATER: Any = object()  # _plan_columns: an async collective finalized at its wait, further on
 _PLAN_YIELD = 1024  # records planned between two gives of the GIL (about half a millisecond)
 _FEW = 32  # a step's run of collectives this short is counted by op in a loop, a longer one by a Counter
@@ -160,14 +158,12 @@ class CollectiveRecords:
         seq, async_op, work, cuda = item[AT_SEQ], item[AT_ASYNC], item[AT_WORK], item[AT_CUDA]
         launch = False
         if cuda is UNTIMED:  # issued in a step not timed on the device
-            launch = not self._on_host(item[AT_GROUP])
-            if launch and not async_op:
-                t0 = item[AT_T0]
-                if not self.finalize_launch(item, item[AT_T1] - t0, t0, None):
-                    self._finalize((*item[:14], None, *item[15:]), None, item[AT_T1] - t0, _LAUNCH, wait_perf=t0)
-                return
             item = (*item[:14], None, *item[15:])
             cuda = None
+            launch = not self._on_host(item[AT_GROUP])
+            if launch and not async_op:
+                self._finalize(item, None, item[AT_T1] - item[AT_T0], _LAUNCH, wait_perf=item[AT_T0])
+                return
         if not async_op or (work is None and not str(item[AT_API]).startswith("funcol.")):
             if cuda is not None and isinstance(cuda, tuple) and cuda[1] is not None:
                 self.inflight[seq] = Inflight(raw=item)  # resolved when its CUDA events complete
@@ -239,8 +235,7 @@ class CollectiveRecords:
             self.cuda_timer.release(cuda_wait)  # its end event was not to be had (the pool ran dry)
         if entry.launch and entry.done_ns is None:  # a GPU collective's wait on the host: not its completion
             del self.inflight[seq]
-            if not self.finalize_launch(item, w1 - w0, w0, wait_step):
-                self._finalize(item, None, w1 - w0, _LAUNCH, wait_perf=w0, wait_step=wait_step)
+            self._finalize(item, None, w1 - w0, _LAUNCH, wait_perf=w0, wait_step=wait_step)
             return True
         if sampled and entry.done_ns is None and (now is None or now - w1 < CALLBACK_GRACE_NS):
             return False  # the exact completion time is on its way
@@ -496,54 +491,6 @@ class CollectiveRecords:
             add_blocked(acc, (issue_ns, issue_ns + span_ns(blocked_s)))
         return True
 
-    def finalize_launch(self, item: tuple[Any, ...], blocked_ns: int, wait_perf: int, wait_step: int | None) -> bool:
-        """_finalize of a GPU collective of a step not timed on the device (timing ``launch``: its host times, no
-        completion), issued, and waited on if async, in one step not yet summarized: most of a GPU run's
-        collectives. The same record, live counts and step accounting (tests/test_recorder_fast_path.py), with
-        what depends only on the call's shape looked up once per shape, as finalize_sync does: _finalize's
-        general path cost the recorder thread several times more, and that thread's time is the training's
-        where the host is the bottleneck (the GIL: tests/bench/bench_gpu_drain.py). ``blocked_ns`` from
-        ``wait_perf``: the call (sync) or its wait (async), the step it waited in ``wait_step``. False, nothing
-        done: not taken (a step summarized already, a wait in a later step, an unhashable group)."""
-        (_, seq, api, op, t0, t1, b_in, b_out, dtype, group, async_op, _, phase, step, _, _, caller) = item
-        if step <= self.steps.emitted_through or (wait_step is not None and wait_step != step):
-            return False
-        try:
-            shape = self._shapes.get((op, phase, b_in, b_out, dtype, group, caller))
-        except TypeError:
-            return False
-        if shape is None:
-            shape = self._shape(op, phase, b_in, b_out, dtype, group, caller)
-        dtype_name, group_size, meaning, nbytes, _, _ = shape
-        async_op = bool(async_op)
-        if async_op and self.cuda_timer is not None:  # as _finalize: its wait needs no completion check now
-            self.cuda_timer.untimed_waits.discard(seq)
-        offset = self.clock_offset_ns
-        issue_ns, wait_ns = t0 + offset, wait_perf + offset
-        blocked_s, issue_s = seconds(blocked_ns), seconds(t1 - t0)
-        values = (seq, self.rank, step, phase, op, api, b_in, b_out, dtype_name, group_size, async_op, issue_ns,
-                  None, blocked_s, _LAUNCH, meaning, wait_ns, issue_s)
-        event = _new_collective(values)
-        self.events_finalized += 1
-        self._write_detail(CollectiveEvent, values, event, step)
-        # Live: no duration, so no bandwidth; the time it cost its caller (event.thread_blocked_s): an async
-        # call's issue too.
-        issued = async_op and issue_s > 0
-        self._records.append(event)
-        self._counted.append((op, meaning, nbytes, blocked_s + issue_s if issued else blocked_s, None, None))
-        acc = self._accs.get(step)
-        if acc is None:
-            acc = self._accs[step] = StepAcc()
-        acc.collectives += 1
-        acc.comm_bytes += nbytes
-        acc.by_op[op] = acc.by_op.get(op, 0) + nbytes
-        acc.device_untimed = True
-        if blocked_s > 0:  # event.blocked_interval_ns
-            add_blocked(acc, (wait_ns, wait_ns + span_ns(blocked_s)))
-        if issued:  # event.issue_interval_ns
-            add_blocked(acc, (issue_ns, issue_ns + span_ns(issue_s)))
-        return True
-
     def finalize_pass(self, items: list[tuple[Any, ...]], dispatch: Callable[[list[tuple[Any, ...]]], None]) -> None:
         """A pass's raw collectives and waits, finalized a column at a time where they can be, as finalize_sync_batch
         finalizes a pass of gloo's synchronous ones:
@@ -604,29 +551,27 @@ class CollectiveRecords:
                         or not 0 <= t1 - t0 < _BATCH_MAX_NS or type(b_in) is not int or type(b_out) is not int \
                         or type(phase) is not str:
                     continue
-                if cuda is UNTIMED:
-                    if not async_op or work is not None:
-                        key = (op, phase, b_in, b_out, dtype, group, caller)
-                        try:
-                            shape = shapes.get(key)
-                        except TypeError:  # an unhashable group
-                            continue
-                        if on_host(group):  # a gloo group of a GPU job: its host times are its own
-                            continue
-                        if shape is None:
-                            shape = new_shape(*key)
-                        if not async_op:
-                            plan[index] = (item, t1 - t0, t0, shape, None, _LAUNCH)
-                        elif not (early and (seq in early_waits or seq in early_done or seq in early_seen)):
-                            issued[seq] = (index, shape)
-                elif cuda is None and async_op and work is not None and not sampled \
-                        and not (early and (seq in early_waits or seq in early_done or seq in early_seen)):
-                    key = (op, phase, b_in, b_out, dtype, group, caller)
-                    try:
-                        shape = shapes.get(key)
-                    except TypeError:
-                        continue
-                    issued[seq] = (index, shape if shape is not None else new_shape(*key))
+                launch = cuda is UNTIMED
+                # A launch, sync or async (not one without a Work: _finalize takes those at their call); an async
+                # host one whose completion callback is not to be waited for.
+                if not (launch and (not async_op or work is not None)
+                        or cuda is None and async_op and work is not None and not sampled):
+                    continue
+                if async_op and early and (seq in early_waits or seq in early_done or seq in early_seen):
+                    continue
+                key = (op, phase, b_in, b_out, dtype, group, caller)
+                try:
+                    shape = shapes.get(key)
+                except TypeError:  # an unhashable group
+                    continue
+                if launch and on_host(group):  # a gloo group of a GPU job: its host times are its own
+                    continue
+                if shape is None:
+                    shape = new_shape(*key)
+                if async_op:
+                    issued[seq] = (index, shape)
+                else:
+                    plan[index] = (item, t1 - t0, t0, shape, None, _LAUNCH)
             elif kind == RAW_WAIT:
                 at = issued.pop(item[1], None)
                 if at is None:
@@ -649,8 +594,8 @@ class CollectiveRecords:
         return plan
 
     def _finalize_rows(self, rows: list[tuple[Any, ...]]) -> None:
-        """finalize_launch, or _finalize of an async host collective at its wait, of each of ``rows`` (_plan_columns'
-        tuples, in the order the general path finalizes them), a column at a time."""
+        """_finalize of each of ``rows`` (_plan_columns' tuples, in the order the general path finalizes them), a
+        column at a time."""
         n = len(rows)
         raws, blocked_ns, wait_perf, shapes, completions, timings = zip(*rows, strict=True)
         (_, seqs, apis, ops, t0s, t1s, b_ins, b_outs, _, _, asyncs, _, phases, steps, _, _, _) = zip(*raws, strict=True)
@@ -678,7 +623,7 @@ class CollectiveRecords:
                 continue
             seconds_ = (complete_ns - issue_ns) / 1e9
             durations.append(max(0.0, seconds_))
-            busbw.append(size / seconds_ * factor if seconds_ > 0 and timing in _MEASURED and factor is not None
+            busbw.append(size / seconds_ * factor if seconds_ > 0 and timing in MEASURED_TIMINGS and factor is not None
                          and size > 0 else None)
         thread_blocked = [b + s if a and s > 0 else b for b, s, a in zip(blocked, issue_s, is_async, strict=True)]
         self.out.publish_unmade(columns, n)
