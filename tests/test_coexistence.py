@@ -27,6 +27,8 @@ import pytest
 import torch
 
 from zeromon.model import Recording, read_run
+from zeromon_agent.config import AgentConfig
+from zeromon_agent.state import timed_step
 
 from conftest import REPO, child_env, free_port, ranks_args, run_python, zeromon
 
@@ -162,11 +164,21 @@ def test_the_profiler_on_a_gpu_sees_the_same_ops_kernels_and_collectives(tmp_pat
         for n in differ:
             if n.split("|", 1)[-1] in ZEROMON_CUDA_CALLS:
                 assert on[key].get(n, 0) > off[key].get(n, 0), n  # added by zeromon, never taken away
-    # zeromon records the profiled steps as it records the plain ones, on the GPU's clock.
+    # zeromon records the profiled steps as it records the plain ones: the same collectives every step, on the
+    # GPU's clock in the steps timed on the device (the first two, then 1 in ZEROMON_DEVICE_TIMING_EVERY: none
+    # other of these 8 at the default) and as launched in the others.
     assert on["zeromon_steps"] == list(range(PLAIN_STEPS + PROFILED_STEPS)) and on["hook_errors"] == 0, on
-    per_step = on["zeromon_per_step"]
-    assert all(per_step[str(s)] == per_step["1"] for s in range(PLAIN_STEPS + PROFILED_STEPS)), per_step
-    assert sum(per_step["1"].values()) == 4 and all(k.endswith("|cuda_event") for k in per_step["1"]), per_step
+    every = AgentConfig().device_timing_every
+    timings, calls = {}, {}
+    for step, counts in on["zeromon_per_step"].items():
+        timings[int(step)] = {key.rsplit("|", 1)[1] for key in counts}
+        calls[int(step)] = Counter()
+        for key, n in counts.items():
+            calls[int(step)][key.rsplit("|", 1)[0]] += n
+    assert all(calls[s] == calls[1] for s in range(PLAIN_STEPS + PROFILED_STEPS)), calls
+    assert sum(calls[1].values()) == 4, calls
+    expected = {s: {"cuda_event" if timed_step(s, every) else "launch"} for s in range(PLAIN_STEPS + PROFILED_STEPS)}
+    assert timings == expected and {"launch"} in expected.values(), timings
 
 
 # --- DeepSpeed's comms logger ----------------------------------------------------------------------

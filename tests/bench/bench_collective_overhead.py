@@ -542,11 +542,11 @@ def wrapper_pieces(state: HotState, tensor: torch.Tensor) -> dict[str, Callable[
         if len(raw) >= state.raw_capacity:
             state.dropped += 1
         raw.append((0, seq, "all_reduce", "all_reduce", 1, 2, 64, 64, dtype, None, False, None,
-                    state.phase, state.step, None, False))
+                    state.phase, state.step, None, False, None))
 
     def piece_push(_: Any) -> None:
         state.push((0, 1, "all_reduce", "all_reduce", 1, 2, 64, 64, dtype, None, False, None, "x", 0, None,
-                    False))
+                    False, None))
 
     return {"extract": piece_extract, "clock": piece_clock, "flags": piece_flags, "record": piece_record,
             "push": piece_push}
