@@ -9,6 +9,7 @@ one is present.
 
 from __future__ import annotations
 
+import itertools
 import sys
 import types
 from typing import Any
@@ -16,11 +17,12 @@ from typing import Any
 import pytest
 import torch
 
+from zeromon_agent.config import AgentConfig
 from zeromon_agent.cuda import CudaTimer, attach_oom_observer, stream_reader
 from zeromon_agent.device import NvmlDevice
 from zeromon_agent.memory import CudaMemory
 from zeromon_agent.recorder import Recorder
-from zeromon_agent.state import RAW_COLLECTIVE, RAW_WAIT, HotState
+from zeromon_agent.state import RAW_COLLECTIVE, RAW_WAIT, HotState, timed_step
 
 
 class _FakeEvent:
@@ -388,6 +390,27 @@ def perf_ns_now() -> int:
     import time
 
     return time.perf_counter_ns()
+
+
+def test_a_short_run_is_timed_on_the_device_densely_and_a_long_run_at_one_step_in_n() -> None:
+    """The default schedule: a 100-step check has its communication timed on a dozen steps and more, while a long
+    run pays for 1 step in ZEROMON_DEVICE_TIMING_EVERY (what part (f) of tests/bench/bench_collective_overhead.py
+    weighs); every=1 times every step, and a small N is kept from the start."""
+    every = AgentConfig().device_timing_every
+    assert every >= 16  # the long-run cost part (f) measures is set by it
+
+    def timed(first: int, last: int, n: int) -> list[int]:
+        return [step for step in range(first, last) if timed_step(step, n)]
+
+    assert timed(-1, 2, every) == [-1, 0, 1]
+    assert len(timed(0, 100, every)) >= 12
+    long_run = len(timed(0, 1_000_000, every)) / 1_000_000
+    assert 1 / every <= long_run < 1.01 / every, long_run
+    assert timed(0, 300, 1) == list(range(300))
+    assert timed(0, 300, 4) == [0, 1] + list(range(4, 300, 4))
+    # No gap between the dense start and the long run's spacing, and none wider than N.
+    steps = timed(0, 10_000, every)
+    assert max(b - a for a, b in itertools.pairwise(steps)) == every
 
 
 def test_the_records_of_a_step_not_timed_on_the_device_leave_the_garbage_collectors_care() -> None:

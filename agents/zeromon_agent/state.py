@@ -44,11 +44,22 @@ RAW_TIME_AT = {RAW_COLLECTIVE: 5, RAW_WAIT: 3, RAW_DONE: 2, RAW_SEEN_DONE: 2, RA
 UNTIMED: Any = "UNTIMED"
 
 
+# A run's first steps are timed on the device more densely than the rest: a run of a few hundred steps gets its
+# communication medians and findings from dozens of steps, while a long run pays what 1 step in
+# ZEROMON_DEVICE_TIMING_EVERY costs (a timed step's events cost a collective several times an untimed step's
+# Python: tests/bench/bench_collective_overhead.py part (f)). A function of the step alone, so that every rank
+# times the same steps.
+EARLY_STEPS = 256
+EARLY_EVERY = 8
+
+
 def timed_step(step: int, every: int) -> bool:
     """Whether ``step`` is timed on the device with ZEROMON_DEVICE_TIMING_EVERY=``every``: the warm-up (-1), the
-    first two steps (the first is compared with none: the report's medians start at step 1), then every
-    ``every``-th step."""
-    return step < 2 or every <= 1 or step % every == 0
+    first two steps (the first is compared with none: the report's medians start at step 1), then 1 in
+    ``min(every, EARLY_EVERY)`` up to step EARLY_STEPS and 1 in ``every`` from there."""
+    if step < 2 or every <= 1:
+        return True
+    return step % (min(every, EARLY_EVERY) if step < EARLY_STEPS else every) == 0
 
 
 class HotState:

@@ -336,8 +336,8 @@ def bench_gloo(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
 
 def bench_nccl(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
     """(b) on a CUDA tensor with NCCL: the host's cost of launching the collective, with and without
-    the agent, in a step timed on the device (CUDA events) and in one that is not (the default times the
-    first two steps and 1 in ZEROMON_DEVICE_TIMING_EVERY after: the cost a run pays is the two mixed).
+    the agent, in a step timed on the device (CUDA events) and in one that is not (a long run times 1 step in
+    ZEROMON_DEVICE_TIMING_EVERY: the cost it pays is the two mixed; zeromon_agent.state.timed_step).
     Every round ends with ``torch.cuda.synchronize()`` (untimed), so the launch queue never fills and the
     recorder resolves the round's events and gives them back to the pool."""
     from zeromon_agent.config import AgentConfig
@@ -401,7 +401,7 @@ def bench_nccl(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
         # What another ZEROMON_DEVICE_TIMING_EVERY would cost, from the same two rows (a choice to make on them).
         rows += [benchlib.Row("collective (NCCL, world 1, GPU)", f"{label}, were 1 step in {other} timed", "ns",
                               med[f"{kind} original"], weighted(timed, plain, other), "", None,
-                              "the same two rows, weighted") for other in (16, 32) if other != every]
+                              "the same two rows, weighted") for other in (8, 16, 32, 64) if other != every]
     rows += phase_rows("collective (NCCL, world 1, GPU)", med, every, note)
     rows += [
         benchlib.Row("collective (NCCL, world 1, GPU)", "all_reduce sync launch, agent disabled", "ns",

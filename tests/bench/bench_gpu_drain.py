@@ -47,7 +47,7 @@ from zeromon.model.segments import CompactWriter
 from zeromon_agent import collectives
 from zeromon_agent.cuda import CudaTimer
 from zeromon_agent.recorder import Recorder
-from zeromon_agent.state import RAW_STEP_END, RAW_STEP_START, UNTIMED, HotState, perf_ns
+from zeromon_agent.state import EARLY_STEPS, RAW_STEP_END, RAW_STEP_START, UNTIMED, HotState, perf_ns
 
 STEP_CALLS = 100  # collectives a step in (a)
 BENCHMARK = "recorder (GPU paths, host share)"
@@ -186,7 +186,7 @@ def bench_host_bound(runs: int, collectives_n: int, work: int, out_dir: Path) ->
 
 def bench_host_bound_real(runs: int, collectives_n: int, work: int, out_dir: Path) -> list[benchlib.Row]:
     """(b) with a real all-reduce: NCCL on GPU 0 (world size 1) and the agent's real CUDA events, steps timed on
-    the device as a run times them (the first two and 1 in ZEROMON_DEVICE_TIMING_EVERY after), no phase marks (the
+    the device as a long run times them (1 in ZEROMON_DEVICE_TIMING_EVERY, from step EARLY_STEPS), no phase marks (the
     collectives' share alone); without a GPU, gloo on the CPU (which checks the script: no step is timed on a
     device there)."""
     from bench_collective_overhead import world_of_one
@@ -218,7 +218,7 @@ def bench_host_bound_real(runs: int, collectives_n: int, work: int, out_dir: Pat
             if i % STEP_CALLS == 0:  # a step: as the phase tracker opens one (time_step: timed on the device or not)
                 if i:
                     state.push_control((RAW_STEP_END, state.step, perf_ns(), None, True))
-                state.step = i // STEP_CALLS
+                state.step = EARLY_STEPS + i // STEP_CALLS  # past the dense start: a long run's mix
                 state.time_step()
                 state.push_control((RAW_STEP_START, state.step, perf_ns(), None, "forward"))
             for _ in range(work):
@@ -242,7 +242,7 @@ def bench_host_bound_real(runs: int, collectives_n: int, work: int, out_dir: Pat
     quartiles = statistics.quantiles(added, n=4)
     where = torch.cuda.get_device_name(0) if cuda else "gloo on the CPU: no step timed on a device"
     note = (f"{collectives_n:,} collectives a run, {work} small operations between them, 1 step in "
-            f"{state.device_timing_every} timed on the device; {runs} pairs of runs, added: the median of the pairs' "
+            f"{state.device_timing_every} timed on the device (steps from {EARLY_STEPS}); {runs} pairs of runs, added: the median of the pairs' "
             f"differences (quartiles {quartiles[0]:,.0f}-{quartiles[2]:,.0f} ns); event pool empty "
             f"{timer.exhausted if timer is not None else 0} times; {where}; {benchlib.load_note()}")
     return [benchlib.Row(f"recorder ({backend}, world 1{', GPU' if cuda else ''})",
