@@ -253,8 +253,9 @@ def _device_timing_lines(report: RunReport) -> list[str]:
         return []
     said = _span(timed for timed, _ in counts) + " of " + _span(steps for _, steps in counts)
     return [f"communication timed on the device: {said} steps per rank (the first two, then 1 in "
-            "ZEROMON_DEVICE_TIMING_EVERY); the others' collectives are recorded as launched, with no duration, "
-            "and their steps are left out of the communication medians and findings"]
+            "ZEROMON_DEVICE_TIMING_EVERY, and no fewer than 1 in 8 before step 256; =1 times every step); the "
+            "others' collectives are recorded as launched, with no duration, and their steps are left out of the "
+            "communication medians and findings"]
 
 
 def _rank_line(r: RankReport) -> str:
