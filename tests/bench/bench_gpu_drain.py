@@ -18,16 +18,19 @@ time is the training's too.
 (b) the whole agent on a host-bound loop: a loop of small tensor operations (the GIL held, as Python issuing
     kernels holds it) with an async collective and its wait every ``--work`` operations, the collective's launch
     a small matrix product (the GIL released, as an NCCL launch's C++ releases it) returning a real c10d Work.
-    With the agent: its wrapper, its wait and its recorder thread, started, passing every second as on a GPU.
-    Without: the same loop, unwrapped. A run's time ends when the agent has stopped: the collectives its
-    recorder had not drained by then are drained at the stop, on the training's thread. Runs alternate, a run
-    without and one with making a pair; the figure added is the median of the pairs' differences (on this
-    shared machine a run's time moves by a fifth from one run to the next, their difference less).
+    Three runs a round, in a shuffled order: without the agent (the same loop, unwrapped); its hot path alone
+    (its wrapper and wait; the recorder not started, what they queued drained after the clock stops); and the
+    whole agent (its recorder thread started, passing every second as on a GPU; the run's time ends when the agent
+    has stopped, so the collectives its recorder had not drained by then are drained at the stop, on the
+    training's thread). The figures added are the medians of the rounds' differences to their run without (on a
+    shared machine a run's time moves by a fifth from one run to the next, their differences less). The whole
+    agent's row less the hot path's is the recorder's share.
 """
 
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 import tempfile
@@ -129,8 +132,13 @@ def bench_drain(passes: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
 
 # --- (b) the whole agent on a host-bound loop ----------------------------------------------------------------
 
-def host_bound_run(agent: bool, collectives_n: int, work: int, out_dir: Path) -> float:
-    """ns per collective of a host-bound loop, with the whole agent (its recorder thread started) or without."""
+# (b)'s three variants of a run: without the agent; its hot path alone (its wrapper and wait, the recorder not
+# started: what they queued is drained after the clock stops); the whole agent, its recorder thread started.
+WITHOUT, HOT_PATH, AGENT = "without", "hot path", "agent"
+
+
+def host_bound_run(mode: str, collectives_n: int, work: int, out_dir: Path) -> float:
+    """ns per collective of a host-bound loop, run as ``mode`` says (WITHOUT, HOT_PATH or AGENT)."""
     a, b, x = torch.randn(48, 48), torch.randn(48, 48), torch.zeros(4)
 
     def gil_free_launch(tensor: Any, op: Any = None, group: Any = None, async_op: bool = False) -> Any:
@@ -143,13 +151,14 @@ def host_bound_run(agent: bool, collectives_n: int, work: int, out_dir: Path) ->
     call: Callable[..., Any] = gil_free_launch
     wait = c10d.Work.wait
     recorder = None
-    if agent:
+    if mode != WITHOUT:
         call = collectives.make_wrapper(gil_free_launch, "all_reduce", "all_reduce",
                                         collectives.DIST_SPECS["all_reduce"][1], state)
         wait = collectives.make_wait(wait, state)
         writer = CompactWriter(out_dir / f"loop-{time.monotonic_ns()}.zmr", 0)
         recorder = Recorder(state, 0, writer, flush_interval_s=5.0, cuda_timer=timer)
-        recorder.start()
+        if mode == AGENT:
+            recorder.start()
         state.enabled = True
     tensor = StandInCudaTensor()
     t0 = perf_ns()
@@ -160,28 +169,50 @@ def host_bound_run(agent: bool, collectives_n: int, work: int, out_dir: Path) ->
             x.add_(1)
         wait(call(tensor, async_op=True))
     state.enabled = False
-    if recorder is not None:
-        recorder.stop()  # its last drain, on this thread: what the run's passes left
-    return (perf_ns() - t0) / collectives_n
+    if mode == AGENT:
+        recorder.stop()  # type: ignore[union-attr]  # its last drain, on this thread: what the run's passes left
+    elapsed = perf_ns() - t0
+    if mode == HOT_PATH:
+        recorder.stop()  # type: ignore[union-attr]  # the drain, after the clock
+    return elapsed / collectives_n
+
+
+def host_bound_rows(runs: list[dict[str, float]], label: str, note: str,
+                    benchmark: str = BENCHMARK) -> list[benchlib.Row]:
+    """(b)'s rows from its runs, each a {mode: ns per collective} of one run of each mode: the hot path's and the
+    whole agent's time per collective, each the run without plus the median of the differences to it."""
+    without = statistics.median(r[WITHOUT] for r in runs)
+    rows = []
+    for mode, what in ((HOT_PATH, "the hot path alone (its records drained after the clock)"),
+                       (AGENT, "the whole agent")):
+        added = sorted(r[mode] - r[WITHOUT] for r in runs)
+        quartiles = statistics.quantiles(added, n=4)
+        rows.append(benchlib.Row(benchmark, f"{label}: time per collective, {what}", "ns", without,
+                                 without + statistics.median(added), "", None,
+                                 f"{note}; added: the median of {len(runs)} runs' differences (quartiles "
+                                 f"{quartiles[0]:,.0f}-{quartiles[2]:,.0f} ns); {benchlib.load_note()}"))
+    return rows
+
+
+def alternated(run: Callable[[str], float], runs: int) -> list[dict[str, float]]:
+    """``runs`` rounds of a run of each mode, in a shuffled order each round (a run's time moves by a fifth from
+    one to the next on a shared machine, their differences less)."""
+    rng = random.Random(0)
+    order = [WITHOUT, HOT_PATH, AGENT]
+    out = []
+    for _ in range(runs):
+        rng.shuffle(order)
+        out.append({mode: run(mode) for mode in order})
+    return out
 
 
 def bench_host_bound(runs: int, collectives_n: int, work: int, out_dir: Path) -> list[benchlib.Row]:
     torch.set_num_threads(1)
-    host_bound_run(True, 2000, work, out_dir)  # warm both
-    host_bound_run(False, 2000, work, out_dir)
-    pairs = []
-    for _ in range(runs):  # a run without, then one with: their difference moves less than either
-        pairs.append((host_bound_run(False, collectives_n, work, out_dir),
-                      host_bound_run(True, collectives_n, work, out_dir)))
-    without = statistics.median(w for w, _ in pairs)
-    added = sorted(a - w for w, a in pairs)
-    quartiles = statistics.quantiles(added, n=4)
-    note = (f"{collectives_n:,} collectives a run, {work} small operations between them; {runs} pairs of runs, "
-            f"added: the median of the pairs' differences (quartiles {quartiles[0]:,.0f}-{quartiles[2]:,.0f} ns); "
-            f"{benchlib.load_note()}")
-    return [benchlib.Row(BENCHMARK, "host-bound loop, async + wait in steps not timed on the device: time per "
-                         "collective, the whole agent", "ns", without, without + statistics.median(added), "", None,
-                         note)]
+    for mode in (AGENT, HOT_PATH, WITHOUT):  # warm all three
+        host_bound_run(mode, 2000, work, out_dir)
+    results = alternated(lambda mode: host_bound_run(mode, collectives_n, work, out_dir), runs)
+    return host_bound_rows(results, "host-bound loop, async + wait in steps not timed on the device",
+                           f"{collectives_n:,} collectives a run, {work} small operations between them")
 
 
 def bench_host_bound_real(runs: int, collectives_n: int, work: int, out_dir: Path) -> list[benchlib.Row]:
@@ -205,13 +236,14 @@ def bench_host_bound_real(runs: int, collectives_n: int, work: int, out_dir: Pat
     original, original_wait = c10d.all_reduce, c10d.Work.wait
     x, tensor = torch.zeros(4, device=device), torch.zeros(16, device=device)
 
-    def run(agent: bool) -> float:
-        call, wait = (dist.all_reduce, c10d.Work.wait) if agent else (original, original_wait)
+    def run(mode: str) -> float:
+        call, wait = (original, original_wait) if mode == WITHOUT else (dist.all_reduce, c10d.Work.wait)
         recorder = None
-        if agent:
+        if mode != WITHOUT:
             writer = CompactWriter(out_dir / f"real-{time.monotonic_ns()}.zmr", 0)
             recorder = Recorder(state, 0, writer, flush_interval_s=5.0, cuda_timer=timer)
-            recorder.start()
+            if mode == AGENT:
+                recorder.start()
             state.enabled = True
         t0 = perf_ns()
         for i in range(collectives_n):
@@ -227,27 +259,26 @@ def bench_host_bound_real(runs: int, collectives_n: int, work: int, out_dir: Pat
         state.push_control((RAW_STEP_END, state.step, perf_ns(), None, True))
         sync()
         state.enabled = False
-        if recorder is not None:
-            recorder.stop()
-        return (perf_ns() - t0) / collectives_n
+        if mode == AGENT:
+            recorder.stop()  # type: ignore[union-attr]  # its last drain, on this thread: what the run's passes left
+        elapsed = perf_ns() - t0
+        if mode == HOT_PATH:
+            recorder.stop()  # type: ignore[union-attr]  # the drain, after the clock
+        return elapsed / collectives_n
 
     with world_of_one(backend, state):
         original(tensor)
         sync()  # NCCL's communicator is made at the first call: outside the timing
-        run(True)
-        run(False)
-        pairs = [(run(False), run(True)) for _ in range(runs)]
-    without = statistics.median(w for w, _ in pairs)
-    added = sorted(a - w for w, a in pairs)
-    quartiles = statistics.quantiles(added, n=4)
+        for mode in (AGENT, HOT_PATH, WITHOUT):  # warm all three
+            run(mode)
+        results = alternated(run, runs)
     where = torch.cuda.get_device_name(0) if cuda else "gloo on the CPU: no step timed on a device"
-    note = (f"{collectives_n:,} collectives a run, {work} small operations between them, 1 step in "
-            f"{state.device_timing_every} timed on the device (steps from {EARLY_STEPS}); {runs} pairs of runs, added: the median of the pairs' "
-            f"differences (quartiles {quartiles[0]:,.0f}-{quartiles[2]:,.0f} ns); event pool empty "
-            f"{timer.exhausted if timer is not None else 0} times; {where}; {benchlib.load_note()}")
-    return [benchlib.Row(f"recorder ({backend}, world 1{', GPU' if cuda else ''})",
-                         "host-bound loop, a real all_reduce async + wait: time per collective, the whole agent",
-                         "ns", without, without + statistics.median(added), "", None, note)]
+    return host_bound_rows(
+        results, "host-bound loop, a real all_reduce async + wait",
+        f"{collectives_n:,} collectives a run, {work} small operations between them, 1 step in "
+        f"{state.device_timing_every} timed on the device (steps from {EARLY_STEPS}); event pool empty "
+        f"{timer.exhausted if timer is not None else 0} times; {where}",
+        f"recorder ({backend}, world 1{', GPU' if cuda else ''})")
 
 
 def main(argv: list[str] | None = None) -> int:
