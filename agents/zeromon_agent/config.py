@@ -123,9 +123,8 @@ class AgentConfig:
     max_disk: int = GIB  # a rank's recording: detail is thinned as it fills (zeromon_agent.detail)
     async_sample_every: int = 16  # 1 in N async collectives gets an exact completion callback; 0: none
     # GPU: the steps whose collectives and phases are timed with CUDA events: the first two, 1 in 8 up to step 256,
-    # then 1 in N (zeromon_agent.state.timed_step); the others cost a collective no event (docs/agent.md). At 32 a
-    # long run's timed steps add 0.2 µs (sync) and 0.3-0.4 µs (async) to an untimed step's cost a collective on an H200
-    # (tests/gpu-runs/2026-11-27-h200-issue33.md)
+    # then 1 in N (zeromon_agent.state.timed_step); the others cost a collective no event (docs/agent.md). 32: a long
+    # run's timed steps add a fraction of a µs to an untimed step's cost a collective (tests/bench/RESULTS.md)
     device_timing_every: int = 32
     memory_every: int = 0  # category walk every N steps; 0 = auto (<= ~1% of step time)
     activations: bool = True

@@ -137,6 +137,27 @@ def bench_drain(passes: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
 WITHOUT, HOT_PATH, AGENT = "without", "hot path", "agent"
 
 
+def time_run(mode: str, state: HotState, timer: CudaTimer | None, path: Path, loop: Callable[[], None],
+             collectives_n: int) -> float:
+    """ns per collective of ``loop`` (already given its calls for ``mode``), with the agent's state and recorder as
+    ``mode`` has them: the whole agent's last drain inside the clock, the hot path's after it."""
+    recorder = None
+    if mode != WITHOUT:
+        recorder = Recorder(state, 0, CompactWriter(path, 0), flush_interval_s=5.0, cuda_timer=timer)
+        if mode == AGENT:
+            recorder.start()
+        state.enabled = True
+    t0 = perf_ns()
+    loop()
+    state.enabled = False
+    if recorder is not None and mode == AGENT:
+        recorder.stop()  # its last drain, on this thread: what the run's passes left
+    elapsed = perf_ns() - t0
+    if recorder is not None and mode == HOT_PATH:
+        recorder.stop()  # the drain, after the clock
+    return elapsed / collectives_n
+
+
 def host_bound_run(mode: str, collectives_n: int, work: int, out_dir: Path) -> float:
     """ns per collective of a host-bound loop, run as ``mode`` says (WITHOUT, HOT_PATH or AGENT)."""
     a, b, x = torch.randn(48, 48), torch.randn(48, 48), torch.zeros(4)
@@ -150,31 +171,21 @@ def host_bound_run(mode: str, collectives_n: int, work: int, out_dir: Path) -> f
     state.device_timer, state.cuda_timing, state.untimed = timer, None, UNTIMED  # a step not timed on the device
     call: Callable[..., Any] = gil_free_launch
     wait = c10d.Work.wait
-    recorder = None
     if mode != WITHOUT:
         call = collectives.make_wrapper(gil_free_launch, "all_reduce", "all_reduce",
                                         collectives.DIST_SPECS["all_reduce"][1], state)
         wait = collectives.make_wait(wait, state)
-        writer = CompactWriter(out_dir / f"loop-{time.monotonic_ns()}.zmr", 0)
-        recorder = Recorder(state, 0, writer, flush_interval_s=5.0, cuda_timer=timer)
-        if mode == AGENT:
-            recorder.start()
-        state.enabled = True
     tensor = StandInCudaTensor()
-    t0 = perf_ns()
-    for i in range(collectives_n):
-        if i % STEP_CALLS == 0:
-            state.step = i // STEP_CALLS
-        for _ in range(work):
-            x.add_(1)
-        wait(call(tensor, async_op=True))
-    state.enabled = False
-    if mode == AGENT:
-        recorder.stop()  # type: ignore[union-attr]  # its last drain, on this thread: what the run's passes left
-    elapsed = perf_ns() - t0
-    if mode == HOT_PATH:
-        recorder.stop()  # type: ignore[union-attr]  # the drain, after the clock
-    return elapsed / collectives_n
+
+    def loop() -> None:
+        for i in range(collectives_n):
+            if i % STEP_CALLS == 0:
+                state.step = i // STEP_CALLS
+            for _ in range(work):
+                x.add_(1)
+            wait(call(tensor, async_op=True))
+
+    return time_run(mode, state, timer, out_dir / f"loop-{time.monotonic_ns()}.zmr", loop, collectives_n)
 
 
 def host_bound_rows(runs: list[dict[str, float]], label: str, note: str,
@@ -238,33 +249,22 @@ def bench_host_bound_real(runs: int, collectives_n: int, work: int, out_dir: Pat
 
     def run(mode: str) -> float:
         call, wait = (original, original_wait) if mode == WITHOUT else (dist.all_reduce, c10d.Work.wait)
-        recorder = None
-        if mode != WITHOUT:
-            writer = CompactWriter(out_dir / f"real-{time.monotonic_ns()}.zmr", 0)
-            recorder = Recorder(state, 0, writer, flush_interval_s=5.0, cuda_timer=timer)
-            if mode == AGENT:
-                recorder.start()
-            state.enabled = True
-        t0 = perf_ns()
-        for i in range(collectives_n):
-            if i % STEP_CALLS == 0:  # a step: as the phase tracker opens one (time_step: timed on the device or not)
-                if i:
-                    state.push_control((RAW_STEP_END, state.step, perf_ns(), None, True))
-                state.step = EARLY_STEPS + i // STEP_CALLS  # past the dense start: a long run's mix
-                state.time_step()
-                state.push_control((RAW_STEP_START, state.step, perf_ns(), None, "forward"))
-            for _ in range(work):
-                x.add_(1)
-            wait(call(tensor, async_op=True))
-        state.push_control((RAW_STEP_END, state.step, perf_ns(), None, True))
-        sync()
-        state.enabled = False
-        if mode == AGENT:
-            recorder.stop()  # type: ignore[union-attr]  # its last drain, on this thread: what the run's passes left
-        elapsed = perf_ns() - t0
-        if mode == HOT_PATH:
-            recorder.stop()  # type: ignore[union-attr]  # the drain, after the clock
-        return elapsed / collectives_n
+
+        def loop() -> None:
+            for i in range(collectives_n):
+                if i % STEP_CALLS == 0:  # a step: as the phase tracker opens one (time_step: timed on the device or not)
+                    if i:
+                        state.push_control((RAW_STEP_END, state.step, perf_ns(), None, True))
+                    state.step = EARLY_STEPS + i // STEP_CALLS  # past the dense start: a long run's mix
+                    state.time_step()
+                    state.push_control((RAW_STEP_START, state.step, perf_ns(), None, "forward"))
+                for _ in range(work):
+                    x.add_(1)
+                wait(call(tensor, async_op=True))
+            state.push_control((RAW_STEP_END, state.step, perf_ns(), None, True))
+            sync()
+
+        return time_run(mode, state, timer, out_dir / f"real-{time.monotonic_ns()}.zmr", loop, collectives_n)
 
     with world_of_one(backend, state):
         original(tensor)
@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--passes", type=int, default=9, help="drain passes a path (a)")
     parser.add_argument("--calls", type=int, default=2000, help="collectives a pass (a)")
-    parser.add_argument("--runs", type=int, default=15, help="runs with and without the agent (b)")
+    parser.add_argument("--runs", type=int, default=15, help="rounds of a run of each variant (b)")
     parser.add_argument("--loop-collectives", type=int, default=8000, help="collectives a run (b)")
     parser.add_argument("--work", type=int, default=30, help="small operations between two collectives (b)")
     parser.add_argument("--real", action="store_true", help="(b) with a real all-reduce: NCCL on a GPU, else gloo")
