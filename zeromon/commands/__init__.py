@@ -13,6 +13,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "zeromon.commands.summary",
     "zeromon.commands.lint",
     "zeromon.commands.plan",
+    "zeromon.commands.whatif",
     "zeromon.commands.report",
     "zeromon.commands.export",
     "zeromon.commands.targets",

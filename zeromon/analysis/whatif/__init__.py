@@ -1,0 +1,7 @@
+"""`zeromon whatif`: what a change (resharding, overlap, bandwidth, micro-batch) would do to this run's step
+time and peak memory, predicted from its own recording, with the replay's error beside it."""
+
+from zeromon.analysis.whatif.answer import Figures, Refused, WhatIf, what_if
+from zeromon.analysis.whatif.changes import Change, ChangeError, parse_change
+
+__all__ = ["Change", "ChangeError", "Figures", "Refused", "WhatIf", "parse_change", "what_if"]

@@ -1,0 +1,160 @@
+"""A rank's training thread as a chain of segments, read from its recording: [Note: the replay's chain].
+
+[Note: the replay's chain]
+A rank's training thread, from the start of its first replayed step to the end of its last, is a
+sequence of segments, each either its own (compute in a phase, zeromon's own work, the call that
+issues an async collective) or bound to its peers (a synchronous collective, a wait on an async one).
+Its own segments keep their measured length; a bound segment ends when its collective completes, which
+the replay decides from every rank's issue (zeromon.analysis.whatif.replay). The compute between two
+bound segments is the gap between them on the thread's clock, less zeromon's own spans within it.
+
+Collectives are matched across ranks as the straggler analysis matches them: by step, op, group size
+and occurrence within the step (data-parallel ranks issue the same collectives in the same order).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from zeromon.analysis.bandwidth import bus_factor
+from zeromon.model.codec import Recording
+from zeromon.model.events import Phase, StepSummary, span_ns
+
+# Segment kinds. COMPUTE, AGENT and ISSUE last their measured time; SYNC and WAIT until their collective
+# completes (SYNC: the call issues it, then blocks); STEP_START and STEP_END mark a step's ends (no time).
+COMPUTE = "compute"
+AGENT = "agent"
+ISSUE = "issue"
+SYNC = "sync"
+WAIT = "wait"
+STEP_START = "step_start"
+STEP_END = "step_end"
+
+CollectiveKey = tuple[int, str, int, int]  # (step, op, group_size, occurrence of that op and size in the step)
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    kind: str
+    seconds: float  # measured: the segment's length on the thread (for SYNC and WAIT, the time blocked)
+    step: int
+    phase: str  # the phase the segment ran in (compute), or the collective's
+    key: CollectiveKey | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveShape:
+    """What a matched collective is, the same on every rank: its op, group, full array size (nccl-tests'
+    S) and what it is for."""
+
+    op: str
+    group_size: int
+    array_bytes: int
+    meaning: str
+    async_op: bool
+
+    @property
+    def bus_bytes(self) -> float:
+        """S times the op's bus factor: the bytes a link carries, the fit's variable."""
+        return self.array_bytes * (bus_factor(self.op, self.group_size) or 1.0)
+
+
+@dataclass(frozen=True, slots=True)
+class RankChain:
+    rank: int
+    start_ns: int  # the start of its first replayed step
+    segments: tuple[Segment, ...]
+    issue_ns: dict[CollectiveKey, int]  # when each collective was issued (the call's start), measured
+    complete_ns: dict[CollectiveKey, int]  # when it completed on this rank, where that was measured exactly
+    shapes: dict[CollectiveKey, CollectiveShape]
+
+
+# Completion times measured exactly on the host (zeromon.analysis.bandwidth.MEASURED_TIMINGS, less the
+# device's clocks: a GPU run's chain is the stream's, not the thread's).
+EXACT_HOST_TIMINGS = frozenset({"sync", "wait", "callback"})
+
+
+def _array_bytes(op: str, bytes_in: int, bytes_out: int) -> int:
+    if op == "all_gather":
+        return bytes_out
+    return bytes_in if op == "reduce_scatter" else max(bytes_in, bytes_out)
+
+
+def rank_chain(rec: Recording, steps: Sequence[int]) -> RankChain:
+    """The chain of ``steps`` (consecutive step indices, each with its summary and detail) of one rank."""
+    wanted = set(steps)
+    summaries = sorted((s for s in rec.steps if s.step in wanted), key=lambda s: s.step)
+    blocks: list[tuple[int, int, int, Segment]] = []  # (start, order, end, segment): order breaks ties
+    columns = rec.collective_columns()
+    occurrences: Counter[tuple[int, str, int]] = Counter()
+    issue_ns: dict[CollectiveKey, int] = {}
+    complete_ns: dict[CollectiveKey, int] = {}
+    shapes: dict[CollectiveKey, CollectiveShape] = {}
+    for i in sorted(range(len(columns)), key=columns.seq.__getitem__):
+        step = columns.step[i]
+        if step not in wanted:
+            continue
+        op, size = columns.op[i], columns.group_size[i]
+        key = (step, op, size, occurrences[(step, op, size)])
+        occurrences[(step, op, size)] += 1
+        start, phase, blocked = columns.issue_ns[i], columns.phase[i], columns.blocked_s[i]
+        issue_ns[key] = start
+        if columns.timing[i] in EXACT_HOST_TIMINGS and columns.complete_ns[i] is not None:
+            complete_ns[key] = columns.complete_ns[i]  # type: ignore[assignment]
+        shapes[key] = CollectiveShape(op, size, _array_bytes(op, columns.bytes_in[i], columns.bytes_out[i]),
+                                      columns.meaning[i], bool(columns.async_op[i]))
+        if not columns.async_op[i]:
+            blocks.append((start, 1, start + span_ns(blocked), Segment(SYNC, blocked, step, phase, key)))
+            continue
+        issue_s = columns.issue_s[i] or 0.0
+        blocks.append((start, 1, start + span_ns(issue_s), Segment(ISSUE, issue_s, step, phase, key)))
+        wait = columns.wait_ns[i]
+        if wait is not None:
+            blocks.append((wait, 2, wait + span_ns(blocked), Segment(WAIT, blocked, step, phase, key)))
+    phase_marks: list[tuple[int, str]] = []
+    for span in rec.phases:
+        if span.step not in wanted:
+            continue
+        if span.phase == Phase.AGENT:
+            blocks.append((span.start_ns, 0, span.end_ns, Segment(AGENT, span.duration_s, span.step, span.phase)))
+        else:
+            phase_marks.append((span.start_ns, span.phase))
+    for summary in summaries:
+        blocks.append((summary.start_ns, -1, summary.start_ns, Segment(STEP_START, 0.0, summary.step, "")))
+        blocks.append((summary.end_ns, -2, summary.end_ns, Segment(STEP_END, 0.0, summary.step, "")))
+    blocks.sort(key=lambda b: (b[0], b[1]))
+    phase_marks.sort()
+    return RankChain(rank=rec.rank, start_ns=summaries[0].start_ns if summaries else 0,
+                     segments=tuple(_with_compute(blocks, phase_marks, summaries)),
+                     issue_ns=issue_ns, complete_ns=complete_ns, shapes=shapes)
+
+
+def _with_compute(blocks: list[tuple[int, int, int, Segment]], phase_marks: list[tuple[int, str]],
+                  summaries: Sequence[StepSummary]) -> list[Segment]:
+    """The blocks in time order with the thread's time between them as compute segments, one per phase it
+    crosses. Blocks that overlap the one before (a wait inside zeromon's span) start where it ended."""
+    segments: list[Segment] = []
+    if not summaries:
+        return segments
+    cursor, step = summaries[0].start_ns, summaries[0].step
+    marks = iter(phase_marks)
+    mark = next(marks, None)
+    phase = Phase.OTHER.value
+    for begin, _, end, segment in blocks:
+        while mark is not None and mark[0] <= begin:
+            if mark[0] > cursor:
+                segments.append(Segment(COMPUTE, (mark[0] - cursor) / 1e9, step, phase))
+                cursor = mark[0]
+            phase = mark[1]
+            mark = next(marks, None)
+        if begin > cursor:
+            segments.append(Segment(COMPUTE, (begin - cursor) / 1e9, step, phase))
+        if segment.kind in (AGENT, ISSUE):
+            segment = Segment(segment.kind, max(0, end - max(begin, cursor)) / 1e9, segment.step, segment.phase,
+                              segment.key)
+        segments.append(segment)
+        cursor = max(cursor, end)
+        step = segment.step if segment.kind in (STEP_START, STEP_END) else step
+    return segments

@@ -1,0 +1,158 @@
+"""The changes `zeromon whatif` answers, as the user writes them (``reshard_after_forward=false``,
+``comm=hidden``, ``bandwidth=x2``, ``micro_batch=x2``), and what each does to the chains and the memory.
+
+Each change is applied to what the recording shows, as the framework would change it:
+- ``reshard_after_forward=false`` (FSDP2; FSDP1's ``sharding_strategy=SHARD_GRAD_OP``): the backward's
+  re-gathers of the parameters go (the collectives whose meaning is ``param_all_gather`` in the backward),
+  and each unit's gathered parameters stay from its forward to its backward: the unsharded parameters
+  at the forward's end and in the backward are every unit's, the bytes the forward gathered in a step.
+- ``comm=hidden``: every collective takes no time; waiting for a later peer stays (overlap cannot hide it).
+- ``bandwidth=xK``: each collective's transfer (beta x bus bytes of its fit) K times faster.
+- ``micro_batch=xK``: the forward's and backward's compute and the activations K times; the collectives,
+  the optimizer and the rest of the step as they were.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from zeromon.analysis.tracked_memory import TrackedSample
+from zeromon.analysis.whatif.chain import COMPUTE, ISSUE, SYNC, WAIT, CollectiveKey, RankChain
+from zeromon.model.events import Phase, RunInfo, ZeroMeaning
+
+
+class ChangeError(ValueError):
+    """A change that is written wrong, or that this run cannot take: the message names it and says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    kind: str  # one of KINDS
+    value: str  # "false", "hidden", or a factor's number
+    text: str  # as the user wrote it
+
+    @property
+    def factor(self) -> float:
+        return float(self.value)
+
+
+KINDS = ("reshard_after_forward", "sharding_strategy", "comm", "bandwidth", "micro_batch")
+# Answered by a later version; named here so that the message says so rather than "unknown".
+NOT_YET = ("zero_stage", "grad_accum", "world_size")
+_FACTOR = re.compile(r"^x?(\d+(\.\d*)?|\.\d+)$")
+
+
+def parse_change(text: str) -> Change:
+    name, eq, value = text.partition("=")
+    name, value = name.strip(), value.strip()
+    if not eq or not name or not value:
+        raise ChangeError(f"{text!r}: a change is NAME=VALUE, e.g. reshard_after_forward=false, comm=hidden, "
+                          "bandwidth=x2, micro_batch=x2")
+    if name in NOT_YET:
+        raise ChangeError(f"{text!r}: {name} is not answered yet (this version answers {', '.join(KINDS)})")
+    if name not in KINDS:
+        raise ChangeError(f"{text!r}: unknown change {name!r} (known: {', '.join(KINDS)})")
+    if name == "comm":
+        if value != "hidden":
+            raise ChangeError(f"{text!r}: comm takes 'hidden' (every collective overlapped)")
+        return Change(name, value, text)
+    if name == "reshard_after_forward":
+        if value.lower() not in ("true", "false"):
+            raise ChangeError(f"{text!r}: reshard_after_forward takes true or false")
+        return Change(name, value.lower(), text)
+    if name == "sharding_strategy":
+        if value.upper() not in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"):
+            raise ChangeError(f"{text!r}: sharding_strategy takes FULL_SHARD, SHARD_GRAD_OP or NO_SHARD")
+        return Change(name, value.upper(), text)
+    match = _FACTOR.match(value)
+    if not match or float(match.group(1)) <= 0:
+        raise ChangeError(f"{text!r}: {name} takes a factor greater than 0, e.g. {name}=x2 or {name}=x0.5")
+    return Change(name, str(float(match.group(1))), text)
+
+
+def keeps_parameters_gathered(change: Change, info: RunInfo | None) -> bool:
+    """Whether the change is "keep each unit's parameters from its forward to its backward" for this run's
+    framework; a ChangeError where the run cannot take it (another framework, or already so)."""
+    framework = info.framework if info is not None else "unknown"
+    if change.kind == "reshard_after_forward":
+        if framework != "fsdp2":
+            raise ChangeError(f"{change.text!r}: reshard_after_forward is FSDP2's (fully_shard); this run is "
+                              f"{framework}" + (" (FSDP1: sharding_strategy=SHARD_GRAD_OP)" if framework == "fsdp1"
+                                               else ""))
+        if change.value == "true":
+            raise ChangeError(f"{change.text!r}: adding the backward's re-gathers is not answered yet; "
+                              "reshard_after_forward=false is")
+        if info is not None and info.knobs.get("reshard_after_forward") is False:
+            raise ChangeError(f"{change.text!r}: this run already keeps its parameters gathered after the forward")
+        return True
+    if framework != "fsdp1":
+        raise ChangeError(f"{change.text!r}: sharding_strategy is FSDP1's; this run is {framework}"
+                          + (" (FSDP2: reshard_after_forward=false)" if framework == "fsdp2" else ""))
+    current = info.fsdp_strategy if info is not None else None
+    if change.value != "SHARD_GRAD_OP" or current not in ("FULL_SHARD", None):
+        raise ChangeError(f"{change.text!r}: from {current or 'this strategy'} to {change.value} is not answered "
+                          "yet; FULL_SHARD to SHARD_GRAD_OP is")
+    return True
+
+
+def regathers(chain: RankChain) -> set[CollectiveKey]:
+    """The backward's re-gathers of parameters that the forward gathered and resharded."""
+    return {key for key, shape in chain.shapes.items()
+            if shape.meaning == ZeroMeaning.PARAM_ALL_GATHER and _phase_of(chain, key) == Phase.BACKWARD}
+
+
+def _phase_of(chain: RankChain, key: CollectiveKey) -> str:
+    return next((s.phase for s in chain.segments if s.key == key), "")
+
+
+def without(chain: RankChain, keys: set[CollectiveKey]) -> RankChain:
+    """The chain less the segments of these collectives."""
+    if not keys:
+        return chain
+    return dataclasses.replace(
+        chain, segments=tuple(s for s in chain.segments if s.key not in keys or s.kind not in (SYNC, ISSUE, WAIT)),
+        issue_ns={k: v for k, v in chain.issue_ns.items() if k not in keys},
+        complete_ns={k: v for k, v in chain.complete_ns.items() if k not in keys},
+        shapes={k: v for k, v in chain.shapes.items() if k not in keys})
+
+
+def scaled_compute(chain: RankChain, factor: float, phases: Sequence[str]) -> RankChain:
+    """The chain with its compute in ``phases`` ``factor`` times as long."""
+    return dataclasses.replace(chain, segments=tuple(
+        dataclasses.replace(s, seconds=s.seconds * factor) if s.kind == COMPUTE and s.phase in phases else s
+        for s in chain.segments))
+
+
+def gathered_bytes_per_step(chain: RankChain) -> int:
+    """The bytes of parameters the forward gathers in a step (its param_all_gather outputs), the median
+    over the chain's steps: every unit's unsharded parameters."""
+    by_step: dict[int, int] = {}
+    for key, shape in chain.shapes.items():
+        if shape.meaning == ZeroMeaning.PARAM_ALL_GATHER and _phase_of(chain, key) == Phase.FORWARD:
+            by_step[key[0]] = by_step.get(key[0], 0) + shape.array_bytes
+    values = sorted(by_step.values())
+    return values[len(values) // 2] if values else 0
+
+
+def kept_gathered(sample: TrackedSample, unsharded_bytes: int) -> TrackedSample:
+    """A sample as it would read with each unit's parameters kept from its forward to its backward: from the
+    forward's end through the backward every unit's unsharded parameters are held, and the backward
+    gathers nothing (no all-gather buffer)."""
+    if sample.phase not in ("forward", "forward_peak", "backward_peak", "backward"):
+        return sample
+    categories = dict(sample.categories)
+    categories["unsharded_params"] = max(categories.get("unsharded_params", 0), unsharded_bytes)
+    if sample.phase.startswith("backward"):
+        categories.pop("all_gather_buffers", None)
+    return dataclasses.replace(sample, categories=categories)
+
+
+def scaled_activations(sample: TrackedSample, factor: float) -> TrackedSample:
+    categories: Mapping[str, int] = sample.categories
+    if "activations" not in categories:
+        return sample
+    return dataclasses.replace(sample, categories={
+        **categories, "activations": int(round(categories["activations"] * factor))})
