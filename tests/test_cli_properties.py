@@ -35,7 +35,7 @@ CLEAN_CONFIG = str(REPO / "tests" / "data" / "lint" / "clean.json")
 # What each command needs besides the flag under test, so that the flag is what decides.
 BASE: dict[str, list[str]] = {
     "run": ["--", sys.executable, "-c", "pass"], "summary": ["."], "lint": [CLEAN_CONFIG], "plan": ["--params", "7B"],
-    "report": ["."], "export": ["."], "targets": [], "live": ["--once", "127.0.0.1:1"], "hang": ["127.0.0.1:1"], "attach": ["127.0.0.1:1"], "dashboard": [],
+    "report": ["."], "whatif": [".", "comm=hidden"], "export": ["."], "targets": [], "live": ["--once", "127.0.0.1:1"], "hang": ["127.0.0.1:1"], "attach": ["127.0.0.1:1"], "dashboard": [],
     "demo": ["--no-tui"], "doctor": [],
 }
 # Flags whose value is a command line of its own, or that need another flag to mean anything.

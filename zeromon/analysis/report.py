@@ -25,6 +25,7 @@ from zeromon.analysis.recording_summary import strategy_label
 from zeromon.analysis.step_overlap import StepOverlap, WarmUp, teardown, warmup
 from zeromon.analysis.step_table import StepTable, step_table
 from zeromon.analysis.stragglers import Imbalance, RankArrivals, combine_imbalance, rank_arrivals
+from zeromon.analysis.tracked_memory import peak_tracked_bytes
 from zeromon.model.codec import Recording, collector_paused, orjson_module
 from zeromon.model.events import RunInfo
 
@@ -49,6 +50,9 @@ class RankReport:
     line_errors: Mapping[int, str] = field(default_factory=dict)  # what was wrong with some (Recording.line_errors)
     warmup: WarmUp = WarmUp(collectives=0, bytes=0, blocked_s=0.0)  # before the first step
     teardown: WarmUp = WarmUp(collectives=0, bytes=0, blocked_s=0.0)  # after the last step that ended
+    # The peak of the sum of the tracked memory categories (zeromon.analysis.tracked_memory): what `zeromon
+    # whatif` predicts; None before the agent's first walk of the categories.
+    peak_tracked_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +143,7 @@ def _rank_head(r: RankReport) -> dict[str, Any]:
         "exposed_comm_share": r.median_exposed_share,
         "blocked_s": r.median_blocked_s,
         "peak_memory_bytes": r.peak_memory,
+        "peak_tracked_bytes": r.peak_tracked_bytes,
         "capacity_bytes": r.capacity,
         "busbw_bytes_per_s": r.busbw_by_op,
         "temporal_breakdown": _temporal_breakdown(r),
@@ -257,6 +262,7 @@ def rank_report(rec: Recording, capacity_bytes: int | None = None,
         line_errors=dict(rec.line_errors),
         warmup=warmup(rec.collective_columns()),
         teardown=teardown(rec.collective_columns(), -1 if steps.last_step is None else steps.last_step),
+        peak_tracked_bytes=peak_tracked_bytes(rec.memory),
     )
 
 

@@ -25,7 +25,6 @@ from zeromon.analysis.whatif.chain import (
     RankChain,
     Segment,
 )
-from zeromon.analysis.whatif.fit import channel_order
 
 
 class ChainsDoNotMatch(ValueError):
@@ -82,7 +81,7 @@ def replay(chains: Sequence[RankChain], seconds: Mapping[CollectiveKey, Mapping[
     for c in chains:
         for key in c.issue_ns:
             participants[key] = participants.get(key, 0) + 1
-    queue = channel_order(chains[0])
+    queue = _issue_order(chains[0])
     issued: dict[CollectiveKey, list[float]] = {}
     done: dict[tuple[CollectiveKey, int], float] = {}
     starts: dict[CollectiveKey, float] = {}
@@ -105,6 +104,11 @@ def replay(chains: Sequence[RankChain], seconds: Mapping[CollectiveKey, Mapping[
             stuck = next(r for r in runners if not r.finished)
             raise ChainsDoNotMatch(f"rank {stuck.chain.rank} waits for {_key_words(stuck.segment.key)}, which "
                                    "not every rank issued in the same order")
+
+
+def _issue_order(chain: RankChain) -> list[CollectiveKey]:
+    """The collectives in the order the chain issues them: the order its group runs them in."""
+    return [s.key for s in chain.segments if s.kind in (SYNC, ISSUE) and s.key is not None]
 
 
 def _key_words(key: CollectiveKey | None) -> str:

@@ -1,0 +1,238 @@
+"""`zeromon whatif`: the model's pieces against cases computed by hand, every refusal, the JSON's keys, and a
+real 2-rank FSDP2 pair (reshard_after_forward true, predicted false, run false for real)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import EXAMPLES, ranks_args, zeromon
+from zeromon.analysis.whatif import ChangeError, Refused, parse_change, what_if
+from zeromon.analysis.whatif.chain import COMPUTE, ISSUE, STEP_END, STEP_START, SYNC, WAIT, RankChain, Segment
+from zeromon.analysis.whatif.fit import fit_line
+from zeromon.analysis.whatif.replay import ChainsDoNotMatch, replay
+from zeromon.cli import main
+from zeromon.model.codec import Recording
+from zeromon.model.events import CollectiveEvent, MemorySample, PhaseSpan, RunInfo, StepSummary
+
+MS = 1e-3
+KEY = (0, "all_reduce", 2, 0)
+
+
+def _chain(rank: int, segments: list[Segment], start_ns: int = 0) -> RankChain:
+    keys = {s.key for s in segments if s.key is not None}
+    return RankChain(rank=rank, start_ns=start_ns, segments=tuple(segments), issue_ns=dict.fromkeys(keys, 0),
+                     complete_ns={}, shapes={})
+
+
+def _step(*middle: Segment) -> list[Segment]:
+    return [Segment(STEP_START, 0.0, 0, ""), *middle, Segment(STEP_END, 0.0, 0, "")]
+
+
+def test_a_late_peer_makes_the_early_rank_wait_and_the_transfer_starts_at_its_issue() -> None:
+    early = _chain(0, _step(Segment(COMPUTE, 10 * MS, 0, "forward"), Segment(SYNC, 0.0, 0, "forward", KEY),
+                            Segment(COMPUTE, 5 * MS, 0, "backward")))
+    late = _chain(1, _step(Segment(COMPUTE, 30 * MS, 0, "forward"), Segment(SYNC, 0.0, 0, "forward", KEY),
+                           Segment(COMPUTE, 5 * MS, 0, "backward")))
+    result = replay([early, late], {KEY: {0: 4 * MS, 1: 4 * MS}})
+    (s0,), (s1,) = result.steps[0], result.steps[1]
+    assert s0.step_s == pytest.approx(39 * MS) and s1.step_s == pytest.approx(39 * MS)
+    assert s0.waiting_s == pytest.approx(20 * MS) and s0.transfer_s == pytest.approx(4 * MS)
+    assert s1.waiting_s == pytest.approx(0.0) and s1.transfer_s == pytest.approx(4 * MS)
+    hidden = replay([early, late], {KEY: {0: 0.0, 1: 0.0}})
+    assert hidden.steps[0][0].step_s == pytest.approx(35 * MS)
+    assert hidden.steps[0][0].waiting_s == pytest.approx(20 * MS)  # overlap cannot hide a late peer
+
+
+def test_a_groups_async_collectives_run_one_after_the_other_from_their_last_issue() -> None:
+    second = (0, "all_gather", 2, 0)
+
+    def rank(r: int) -> RankChain:
+        return _chain(r, _step(Segment(ISSUE, 1 * MS, 0, "forward", KEY), Segment(ISSUE, 1 * MS, 0, "forward", second),
+                               Segment(COMPUTE, 2 * MS, 0, "forward"), Segment(WAIT, 0.0, 0, "forward", KEY),
+                               Segment(WAIT, 0.0, 0, "forward", second)))
+
+    result = replay([rank(0), rank(1)], {KEY: {0: 5 * MS, 1: 5 * MS}, second: {0: 3 * MS, 1: 3 * MS}})
+    # the first starts at its issue (0) and ends at 5; the second, issued at 1, waits for the first: 5 + 3 = 8
+    (step,) = result.steps[0]
+    assert step.step_s == pytest.approx(8 * MS)
+    assert step.compute_s == pytest.approx(2 * MS) and step.transfer_s == pytest.approx(6 * MS)
+    assert result.collective_start_s[second] == pytest.approx(5 * MS)
+
+
+def test_collectives_issued_in_another_order_by_a_peer_are_named() -> None:
+    other = (0, "all_gather", 2, 0)
+    first = _chain(0, _step(Segment(SYNC, 0.0, 0, "forward", KEY), Segment(SYNC, 0.0, 0, "forward", other)))
+    second = _chain(1, _step(Segment(SYNC, 0.0, 0, "forward", other), Segment(SYNC, 0.0, 0, "forward", KEY)))
+    with pytest.raises(ChainsDoNotMatch, match=r"rank 0 waits for step 1's all_reduce #1 \(group of 2\)"):
+        replay([first, second], {KEY: {0: MS, 1: MS}, other: {0: MS, 1: MS}})
+
+
+def test_the_fit_recovers_a_line_through_known_points() -> None:
+    points = [(x, 0.001 + 2e-9 * x) for x in (1e4, 1e5, 1e6, 4e6) for _ in range(3)]
+    fit = fit_line(points, "all_gather", 2)
+    assert fit.alpha_s == pytest.approx(0.001) and fit.beta_s_per_byte == pytest.approx(2e-9)
+    assert fit.busbw_bytes_per_s == pytest.approx(5e8) and fit.residual_pct == pytest.approx(0.0, abs=1e-9)
+    assert fit.seconds(2e6) == pytest.approx(0.005)  # outside the buckets seen: the line
+    assert not fit.single_size and fit.samples == 12
+
+
+def test_one_size_is_a_bandwidth_through_the_origin_and_a_negative_intercept_refits_through_it() -> None:
+    single = fit_line([(1e6, 0.002), (1e6, 0.004)])
+    assert single.single_size and single.alpha_s == 0.0 and single.beta_s_per_byte == pytest.approx(3e-9)
+    steep = fit_line([(1e5, 0.0001), (1e6, 0.003)])  # the line through both crosses 0 below zero
+    assert steep.alpha_s == 0.0 and steep.beta_s_per_byte > 0
+    assert steep.beta_s_per_byte == pytest.approx((1e5 * 0.0001 + 1e6 * 0.003) / (1e10 + 1e12))
+
+
+def test_within_a_size_bucket_the_time_is_the_buckets_mean() -> None:
+    # Small collectives that cost far more than the line through the large ones says.
+    points = [(512.0, 0.0005), (512.0, 0.0007), (1e5, 0.0006), (1e6, 0.002), (1e6, 0.002)]
+    fit = fit_line(points)
+    assert fit.seconds(512.0) == pytest.approx(0.0006)
+    assert fit.seconds(1e5) == pytest.approx(0.0006)
+    assert fit.residual_pct < fit.line_residual_pct
+
+
+@pytest.mark.parametrize("text, message", [
+    ("comm", "a change is NAME=VALUE"),
+    ("comm=visible", "comm takes 'hidden'"),
+    ("bandwidth=fast", "bandwidth takes a factor greater than 0"),
+    ("micro_batch=x0", "micro_batch takes a factor greater than 0"),
+    ("reshard_after_forward=maybe", "takes true or false"),
+    ("sharding_strategy=HYBRID", "FULL_SHARD, SHARD_GRAD_OP or NO_SHARD"),
+    ("world_size=8", "world_size is not answered yet"),
+    ("learning_rate=2", "unknown change 'learning_rate'"),
+])
+def test_a_change_written_wrong_is_refused_naming_it(text: str, message: str) -> None:
+    with pytest.raises(ChangeError, match=message):
+        parse_change(text)
+    assert parse_change("bandwidth=x2").factor == 2.0 and parse_change("micro_batch=0.5").factor == 0.5
+
+
+# --- synthetic recordings: two ranks, a synchronous all-reduce in each step ---------------------------------
+
+
+def _recording(rank: int, steps: int = 6, *, framework: str = "fsdp2", timing: str = "sync", group_size: int = 2,
+               detail_every: int = 1) -> Recording:
+    step_ns = 10_000_000
+    collectives, phases, summaries, memory = [], [], [], []
+    for step in range(steps):
+        start = step * step_ns
+        summaries.append(StepSummary(rank=rank, step=step, start_ns=start, end_ns=start + step_ns,
+                                     phase_s={"forward": 0.01}, collectives=1, comm_bytes=1 << 20,
+                                     comm_bytes_by_op={"all_reduce": 1 << 20}, comm_union_s=0.002,
+                                     blocked_s=0.002, peak_memory=None))
+        if step % detail_every:
+            continue
+        phases.append(PhaseSpan(rank=rank, step=step, phase="forward", start_ns=start, end_ns=start + step_ns))
+        collectives.append(CollectiveEvent(
+            seq=step, rank=rank, step=step, phase="forward", op="all_reduce", api="all_reduce", bytes_in=1 << 20,
+            bytes_out=1 << 20, dtype="float32", group_size=group_size, async_op=False, issue_ns=start + 5_000_000,
+            complete_ns=start + 7_000_000, blocked_s=0.002, timing=timing, meaning="grad_all_reduce",
+            wait_ns=start + 5_000_000, issue_s=0.002))
+        memory.append(MemorySample(rank=rank, step=step, phase="forward", t_ns=start + 9_000_000, device="cpu",
+                                   allocated=None, reserved=None, active=None, peak_allocated=None,
+                                   peak_reserved=None, inactive_split=None, num_alloc_retries=None, num_ooms=None,
+                                   capacity=1 << 30, free=None, rss=None,
+                                   categories={"sharded_params": 1000, "activations": 5000 + rank}))
+    info = RunInfo(rank=rank, local_rank=rank, world_size=2, host="h", pid=1, job="j", framework=framework,
+                   framework_version=None, torch_version=None, backend="gloo", device="cpu", zero_stage=None,
+                   fsdp_strategy=None, param_dtype=None, reduce_dtype=None, optimizer=None)
+    return Recording(path=Path(f"rank-{rank}.jsonl"), header={"rank": rank}, collectives=collectives, phases=phases,
+                     memory=memory, steps=summaries, run_info=info)
+
+
+def _pair(**kwargs: object) -> list[Recording]:
+    return [_recording(0, **kwargs), _recording(1, **kwargs)]  # type: ignore[arg-type]
+
+
+def test_the_unchanged_replay_gives_back_a_regular_runs_step_and_peak() -> None:
+    answer = what_if(_pair(), [parse_change("comm=hidden")])
+    assert answer.measured.median_step_s == pytest.approx(0.010)
+    assert answer.replay.median_step_s == pytest.approx(0.010) and answer.replay_error_pct == pytest.approx(0.0)
+    assert answer.predicted.median_step_s == pytest.approx(0.008)  # the 2 ms all-reduce hidden
+    assert answer.measured.peak_tracked_bytes == 6001 == answer.predicted.peak_tracked_bytes
+
+
+def test_a_larger_micro_batch_scales_the_forwards_compute_and_the_activations() -> None:
+    answer = what_if(_pair(), [parse_change("micro_batch=x2")])
+    assert answer.predicted.median_step_s == pytest.approx(0.018)  # 8 ms of forward twice, the 2 ms as it was
+    assert answer.predicted.peak_tracked_bytes == 1000 + 2 * 5001
+
+
+def test_a_faster_network_shortens_only_the_transfer() -> None:
+    answer = what_if(_pair(), [parse_change("bandwidth=x2")])
+    assert answer.predicted.median_step_s == pytest.approx(0.009)  # one size: all of its 2 ms is transfer
+
+
+@pytest.mark.parametrize("pair, change, message", [
+    (dict(detail_every=10), "comm=hidden", "consecutive steps with their detail"),
+    (dict(timing="launch"), "comm=hidden", "not timed on the device"),
+    (dict(timing="cuda_event"), "comm=hidden", "a GPU run's chain is its stream's"),
+    (dict(group_size=4), "comm=hidden", "groups of \\[4\\] ranks among 2"),
+    (dict(steps=3), "comm=hidden", "at least 4 are needed"),
+    (dict(framework="deepspeed"), "reshard_after_forward=false", "reshard_after_forward is FSDP2's"),
+    (dict(framework="fsdp2"), "sharding_strategy=SHARD_GRAD_OP", "sharding_strategy is FSDP1's"),
+    (dict(framework="fsdp2"), "reshard_after_forward=false", "no re-gather of parameters in the backward"),
+    (dict(framework="fsdp2"), "reshard_after_forward=true", "not answered yet"),
+])
+def test_what_one_recording_cannot_support_is_refused_with_the_reason(pair: dict[str, object], change: str,
+                                                                      message: str) -> None:
+    with pytest.raises((Refused, ChangeError), match=message):
+        what_if(_pair(**pair), [parse_change(change)])
+
+
+def test_a_collective_far_outside_the_sizes_measured_is_refused() -> None:
+    recordings = _pair()
+    for rec in recordings:  # the last step's all-reduce, 8 times larger and with no measured completion
+        last = rec.collectives[-1]
+        rec.collectives[-1] = CollectiveEvent(**{**{f: getattr(last, f) for f in last.__slots__},  # type: ignore[index]
+                                                 "bytes_in": 8 << 20, "bytes_out": 8 << 20, "timing": "bound"})
+    with pytest.raises(Refused, match="more than 2x outside the sizes measured"):
+        what_if(recordings, [parse_change("comm=hidden")])
+
+
+# --- a real pair: FSDP2 with reshard_after_forward true, predicted false, and run false ---------------------
+
+
+@pytest.fixture(scope="module")
+def fsdp2_kept_gathered(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The README's main job (tests/conftest.py's fsdp2_run) with each block's parameters kept gathered."""
+    out = tmp_path_factory.mktemp("fsdp2-kept") / "run"
+    result = zeromon("run", "--out", str(out), "--", *ranks_args(2, EXAMPLES / "fsdp2_train.py", "--steps", "8",
+                                                               "--no-reshard-after-forward"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def test_a_real_fsdp2_run_predicts_the_kept_gathered_runs_peak_and_a_shorter_step(
+        fsdp2_run: Path, fsdp2_kept_gathered: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["whatif", str(fsdp2_run), "reshard_after_forward=false", "--json"]) == 0
+    answer = json.loads(capsys.readouterr().out)
+    assert {"measured", "replay", "predicted", "assumptions", "validated_error_pct"} <= answer.keys()
+    for part in ("measured", "replay", "predicted"):
+        assert {"median_step_s", "peak_tracked_bytes"} <= answer[part].keys()
+    assert "error_pct" in answer["replay"] and answer["validated_error_pct"] == {"reshard_after_forward": None}
+    # The memory is bytes the agent counted, the same on every run of the same model: exact.
+    assert main(["report", str(fsdp2_kept_gathered), "--json"]) == 0
+    real = json.loads(capsys.readouterr().out)
+    assert answer["predicted"]["peak_tracked_bytes"] == max(r["peak_tracked_bytes"] for r in real["ranks"])
+    assert answer["predicted"]["peak_tracked_bytes"] > answer["measured"]["peak_tracked_bytes"]
+    # The step: the backward's re-gathers gone, shorter than the same model's replay of the run as it was (how
+    # close to the real run is the benchmark's to say: tests/bench/bench_whatif.py).
+    assert answer["predicted"]["median_step_s"] < answer["replay"]["median_step_s"]
+    assert answer["predicted"]["transfer_s"] < answer["replay"]["transfer_s"]
+    assert abs(answer["replay"]["error_pct"]) < 5.0  # the unchanged run through its own collectives' times
+    assert main(["whatif", str(fsdp2_run), "comm=hidden"]) == 0
+    text = capsys.readouterr().out
+    assert "replay (unchanged)" in text and "fit all_gather (group of 2)" in text
+
+
+def test_the_command_refuses_bad_input_with_exit_2(fsdp2_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["whatif", str(fsdp2_run), "zero_stage=3"]) == 2
+    assert "zero_stage is not answered yet" in capsys.readouterr().err
+    assert main(["whatif", str(fsdp2_run), "sharding_strategy=SHARD_GRAD_OP"]) == 2
+    assert "sharding_strategy is FSDP1's; this run is fsdp2" in capsys.readouterr().err
