@@ -25,7 +25,10 @@ from typing import Any
 import torch
 from torch import nn
 
-STEP_SLEEP_S = 0.03
+# At least one pass of the agent's thread a step (ZEROMON_FLUSH_INTERVAL=0.1, tests/trainer_logs.py), so that the
+# tests' "figures at the trainer's cadence" does not hang on how fast the trainer's own step is: with 0.03 s a
+# Lightning step took ~43 ms here, and the figures changed every other step.
+STEP_SLEEP_S = 0.1
 
 
 class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
