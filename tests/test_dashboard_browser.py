@@ -402,6 +402,40 @@ def test_the_planner_answers_the_form_as_zeromon_plan_does(br: Any, fsdp2_dashbo
 
 @needs_browser
 @pytest.mark.distributed
+def test_the_planner_predicts_a_change_from_the_run_as_zeromon_whatif_does(br: Any, fsdp2_dashboard: Dashboard,
+                                                                          fsdp2_run: Path) -> None:
+    open_page(br, fsdp2_dashboard.page("planner"), graphs=("planner-whatif-step",),
+              elements=("planner-whatif-submit",))
+    assert (br.find_element("#planner-whatif-changes").get_attribute("value")
+            == "reshard_after_forward=false")  # an FSDP2 run's likely question, filled in
+    br.find_element("#planner-whatif-submit").click()
+    summary = wait_until(lambda: text_of(br, "planner-whatif-summary-text"), 60, "the prediction",
+                         lambda: page_text(br)[-3000:])
+    cli = zeromon("whatif", str(fsdp2_run), "reshard_after_forward=false", "--json", timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    answer = json.loads(cli.stdout)
+    assert summary.startswith("reshard_after_forward=false: a step ")
+    step = {t["meta"]["part"]: t for t in figure(br, "planner-whatif-step")["data"]
+            if (t.get("meta") or {}).get("kind") == "step"}
+    assert step["compute"]["x"] == ["measured", "replay", "predicted"]
+    # The same model on the same recording: the replay's and the prediction's parts are the CLI's.
+    for part in ("compute", "transfer", "waiting"):
+        assert step[part]["customdata"][1:] == pytest.approx([answer["replay"][f"{part}_s"],
+                                                             answer["predicted"][f"{part}_s"]])
+    memory = [t for t in figure(br, "planner-whatif-memory")["data"] if (t.get("meta") or {}).get("kind") == "category"]
+    assert sum(t["customdata"][1] for t in memory) == answer["predicted"]["peak_tracked_bytes"]
+    assert sum(t["customdata"][0] for t in memory) == answer["measured"]["peak_tracked_bytes"]
+    screenshot(br, "planner-whatif")
+    _type_into(br, "planner-whatif-changes", "zero_stage=3")
+    br.find_element("#planner-whatif-submit").click()
+    wait_until(lambda: "zero_stage is not answered yet" in (text_of(br, "planner-whatif-summary-text") or ""), 60,
+               "the refusal", lambda: page_text(br)[-3000:])
+    assert_clean_console(br, "the planner's prediction")
+    assert_no_traceback(fsdp2_dashboard)
+
+
+@needs_browser
+@pytest.mark.distributed
 def test_the_planner_names_the_bad_flag_and_shows_no_traceback(br: Any, fsdp2_dashboard: Dashboard) -> None:
     open_page(br, fsdp2_dashboard.page("planner"), graphs=("planner-bars",), elements=("planner-submit",))
     _type_into(br, "planner-gpu_memory", "80")

@@ -156,6 +156,7 @@ def test_parallel_report_equals_the_in_process_one(run_dir: Path) -> None:
     assert [e["how"] for e in ends] == ["exit", "exit"] and not any(e["died"] or e["incomplete"] for e in ends)
     assert document.pop("first_died") is None and document.pop("restarts")["count"] == 0  # and from the folder
     assert document.pop("hang") is None  # no rank stalled
+    assert document.pop("remedies_predicted")  # `zeromon whatif`'s, beside the analysis (tests/test_whatif.py)
     assert document == json.loads(json.dumps(expected, default=str))
 
 

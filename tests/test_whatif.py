@@ -229,6 +229,17 @@ def test_a_real_fsdp2_run_predicts_the_kept_gathered_runs_peak_and_a_shorter_ste
     assert main(["whatif", str(fsdp2_run), "comm=hidden"]) == 0
     text = capsys.readouterr().out
     assert "replay (unchanged)" in text and "fit all_gather (group of 2)" in text
+    # The report's remedy, with the same prediction.
+    main(["report", str(fsdp2_run), "--json"])
+    (remedy,) = [r for r in json.loads(capsys.readouterr().out)["remedies_predicted"]
+                 if r["change"] == "reshard_after_forward=false"]
+    assert remedy["refused"] is None
+    assert remedy["peak_tracked_delta_bytes"] == (answer["predicted"]["peak_tracked_bytes"]
+                                                  - answer["measured"]["peak_tracked_bytes"])
+    assert remedy["step_delta_s"] == pytest.approx(answer["predicted"]["median_step_s"]
+                                                   - answer["replay"]["median_step_s"])
+    main(["report", str(fsdp2_run)])
+    assert "  remedy: reshard_after_forward=false: predicted -" in capsys.readouterr().out
 
 
 def test_the_command_refuses_bad_input_with_exit_2(fsdp2_run: Path, capsys: pytest.CaptureFixture[str]) -> None:

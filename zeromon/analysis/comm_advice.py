@@ -22,6 +22,11 @@ WAITING_SHARE_NOTED = 0.2
 WAITING_SHARE_MOSTLY = 0.5
 # reduce_bucket_size and allgather_bucket_size when a config sets neither (elements).
 DEEPSPEED_BUCKET_DEFAULT = 5e8
+RESHARD_REMEDY = ("keep reshard_after_forward=True only where memory needs it: False removes the backward re-gather "
+                  "(at the cost of holding unsharded parameters)")
+MICRO_BATCH_REMEDY = "a larger micro-batch (or gradient accumulation) gives each collective more compute to hide behind"
+# The remedies `zeromon whatif` answers, with the change it answers them as (zeromon.analysis.whatif.changes).
+REMEDY_CHANGES = {RESHARD_REMEDY: "reshard_after_forward=false", MICRO_BATCH_REMEDY: "micro_batch=x2"}
 
 
 def _deepspeed_overlap_comm(knobs: dict[str, object], stage: int | None) -> bool:
@@ -46,8 +51,7 @@ def overlap_remedies(info: RunInfo | None) -> tuple[str, ...]:
             remedies.append("prefetch the next unit's all-gather in forward: "
                             "block.set_modules_to_forward_prefetch([next_block])")
         if knobs.get("reshard_after_forward") is not False:  # True, or "mixed": the root alone kept gathered
-            remedies.append("keep reshard_after_forward=True only where memory needs it: False removes the "
-                            "backward re-gather (at the cost of holding unsharded parameters)")
+            remedies.append(RESHARD_REMEDY)
     elif framework == "fsdp1":
         if not knobs.get("forward_prefetch"):
             remedies.append("forward_prefetch=True: issue the next all-gather before this unit's forward")
@@ -70,7 +74,7 @@ def overlap_remedies(info: RunInfo | None) -> tuple[str, ...]:
                             "fewer, larger collectives")
     elif framework == "ddp":
         remedies.append("bucket_cap_mb: buckets that are too large start reducing late in backward")
-    remedies.append("a larger micro-batch (or gradient accumulation) gives each collective more compute to hide behind")
+    remedies.append(MICRO_BATCH_REMEDY)
     return tuple(remedies)
 
 

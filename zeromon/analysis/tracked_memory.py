@@ -22,6 +22,11 @@ class TrackedSample:
     step: int
     phase: str  # MemorySample.phase: the phase that just ended, or forward_peak / backward_peak
     categories: Mapping[str, int]  # without "other"
+    # The walk its categories other than its own came from: its step, phase and moment (the sample's own when it
+    # is a walk). What a change does to a category depends on when the walk counted it.
+    walk_step: int = 0
+    walk_phase: str = ""
+    walk_t_ns: int = 0
 
     @property
     def total(self) -> int:
@@ -30,15 +35,15 @@ class TrackedSample:
 
 def tracked_samples(samples: Sequence[MemorySample]) -> Iterator[TrackedSample]:
     """Each sample from the first walk on, with every category it holds or the last walk held."""
-    walk: Mapping[str, int] | None = None
+    walk: MemorySample | None = None
     for sample in samples:
         if sample.walked:
-            walk = sample.categories
+            walk = sample
         if walk is None:
             continue
-        categories = {k: v for k, v in walk.items() if k != UNTRACKED} | {
+        categories = {k: v for k, v in walk.categories.items() if k != UNTRACKED} | {
             k: v for k, v in sample.categories.items() if k != UNTRACKED}
-        yield TrackedSample(sample.step, sample.phase, categories)
+        yield TrackedSample(sample.step, sample.phase, categories, walk.step, walk.phase, walk.t_ns)
 
 
 def peak_tracked(samples: Sequence[MemorySample]) -> TrackedSample | None:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from zeromon.analysis.trace_overlap import RankTraceOverlap
     from zeromon.model.codec import RunDirs
     from zeromon.model.run_end import FileEnd
+    from zeromon.sources.whatif_remedies import RemedyPrediction
     from zeromon.views.report_summary import RanksShown
 
 NAME = "report"
@@ -105,17 +106,24 @@ def _run_report(args: argparse.Namespace) -> int:
                                                 "\n".join(report_notes(report))))
     ends = _rank_ends(report, file_ends)
     restarts = _restarts(run, report)
+    from zeromon.sources.whatif_remedies import remedy_predictions
+
+    predictions = remedy_predictions(run, report.findings, len(report.ranks))
+    capacity_bytes = capacity or next((r.capacity for r in report.ranks if r.capacity), None)
     hang = recorded_verdict({rank: last for rank, _, last in kept}, [e.rank for e in ends if e.state == CUT_OFF])
     if args.json:
         ended = [dataclasses.asdict(e) | {"died": e.died, "incomplete": e.incomplete} for e in ends]
         first = end_order(ends).first
         sys.stdout.writelines(report.json_chunks({  # a rank at a time
             "ends": ended, "first_died": first.rank if first is not None else None, "restarts": restarts.to_dict(),
-            "hang": hang.to_dict() if hang is not None else None}))
+            "hang": hang.to_dict() if hang is not None else None,
+            "remedies_predicted": [p.to_dict(capacity_bytes) for p in predictions]}))
     else:
         if restarts.note is not None:
             print(restarts.note)
         print(text)
+        if predictions:
+            print("\n".join(remedy_lines(predictions, capacity_bytes)))
         lines = ended_lines(hang) + end_lines(ends)
         if lines:
             print("\nhow the ranks ended:")
@@ -212,6 +220,31 @@ def format_run_report(report: RunReport, all_ranks: bool = False) -> str:
         for f in report.findings:
             lines.extend(_finding_lines(f))
     return "\n".join(lines)
+
+
+def remedy_lines(predictions: Sequence[RemedyPrediction], capacity: int | None) -> list[str]:
+    """A line per remedy that `zeromon whatif` answers: its predicted step and peak, or why there is none."""
+    lines = ["", "remedies predicted from this run (`zeromon whatif RUN_DIR CHANGE` for the whole answer):"]
+    for p in predictions:
+        if p.answer is None:
+            lines.append(f"  remedy: {p.change}: not predicted: {p.refused}")
+            continue
+        replay, peak = p.answer.replay.median_step_s, p.answer.predicted.peak_tracked_bytes
+        step = ("step -" if p.step_delta_s is None or replay is None
+                else f"predicted {p.step_delta_s * 1e3:+.1f} ms a step ({100.0 * p.step_delta_s / replay:+.0f}%)")
+        memory = "" if p.peak_delta_bytes is None else (
+            f", {'+' if p.peak_delta_bytes >= 0 else '-'}{format_bytes(abs(p.peak_delta_bytes))} peak")
+        if capacity and peak is not None:
+            left = capacity - peak
+            memory += (f", fits with {format_bytes(left)} left" if left >= 0
+                       else f", does not fit: {format_bytes(-left)} over")
+        micro = next((c.factor for c in p.answer.changes if c.kind == "micro_batch"), None)
+        if micro and p.step_delta_s is not None and replay:  # K times the samples a step: the time a sample
+            step += f", {100.0 * ((replay + p.step_delta_s) / micro / replay - 1):+.0f}% a sample"
+        error = p.answer.replay_error_pct
+        lines.append(f"  remedy: {p.change}: {step}{memory}"
+                     + ("" if error is None else f" (the model's replay of the run: {error:+.1f}%)"))
+    return lines
 
 
 def report_notes(report: RunReport) -> list[str]:

@@ -106,6 +106,7 @@ class RunData:
     finished: bool = False  # the run (or the replay) has ended: this is its final state
     position_s: float | None = None  # a replay's position
     duration_s: float | None = None  # a replay's length
+    run_dir: RunDirs | None = None  # a recording's folder (or folders): what `zeromon whatif` reads again
 
     @property
     def live(self) -> bool:
@@ -165,7 +166,7 @@ def recording_data(run_dir: RunDirs, version: int = 1, peak_busbw: float | None 
         fleet = _all_ended(fleet)
     return RunData(kind="recording", source=f"recording {run_name(run_dir)}", version=version, fleet=fleet,
                    histories=dict(sorted(histories.items())), report=report, findings=report.findings,
-                   finished=finished)
+                   finished=finished, run_dir=run_dir)
 
 
 def _load_pieces(run_dir: RunDirs, peak_busbw: float | None, capacity_bytes: int | None,

@@ -33,9 +33,11 @@ from zeromon.views.planning import (
     recommendation_lines,
 )
 from zeromon.views.run_data import RunData
+from zeromon.views.whatif import what_if_of_run, what_if_view
 from zeromon_dashboard.context import Context, failure_text, guarded
 from zeromon_dashboard.figures.planner import TITLE, plan_bars
 from zeromon_dashboard.figures.style import empty
+from zeromon_dashboard.figures.whatif import MEMORY_TITLE, STEP_TITLE, memory_stacks, step_waterfall
 from zeromon_dashboard.pages.common import graph, message, section
 from zeromon_dashboard.state import PageState, state_search
 
@@ -252,7 +254,51 @@ def layout(state: PageState, data: RunData, ctx: Context) -> Any:
         section("Memory per GPU", graph(f"{PAGE}-bars", bars)),
         section("Recommendation", html.Div(rec, id=f"{PAGE}-recommendation")),
         section("Per stage", grid),
+        whatif_section(data),
     ], id="page-planner")
+
+
+# --- from this run: zeromon whatif ------------------------------------------------------------------------------
+
+WHATIF = f"{PAGE}-whatif"
+WHATIF_PROMPT = "Press predict: the run's recording is read again and replayed with the change."
+
+
+def default_change(data: RunData) -> str:
+    """The change the run's framework most likely asks about: keeping the parameters gathered for FSDP."""
+    info = next((r for r in (data.report.ranks if data.report is not None else ())), None)
+    framework = info.framework if info is not None else ""
+    return {"fsdp2": "reshard_after_forward=false", "fsdp1": "sharding_strategy=SHARD_GRAD_OP"}.get(framework,
+                                                                                                  "comm=hidden")
+
+
+def whatif_section(data: RunData) -> html.Section:
+    title = "From this run (zeromon whatif): a change's step time and peak memory"
+    if data.run_dir is None:
+        return section(title, message("Open a recorded run (zeromon dashboard RUN_DIR) to predict a change from it: "
+                                      "reshard_after_forward=false, comm=hidden, bandwidth=x2, micro_batch=x2.",
+                                      element_id=f"{WHATIF}-summary"), element_id=WHATIF)
+    form_row = html.Div([
+        dcc.Input(id=f"{WHATIF}-changes", type="text", value=default_change(data), debounce=False,
+                  placeholder="reshard_after_forward=false comm=hidden bandwidth=x2 micro_batch=x2",
+                  style={"width": "32em"}),
+        html.Button("predict", id=f"{WHATIF}-submit", n_clicks=0),
+    ], className="form-row")
+    return section(title, form_row, message(WHATIF_PROMPT, element_id=f"{WHATIF}-summary"),
+                   graph(f"{WHATIF}-step", empty(STEP_TITLE, WHATIF_PROMPT)),
+                   graph(f"{WHATIF}-memory", empty(MEMORY_TITLE, WHATIF_PROMPT)), element_id=WHATIF)
+
+
+def predicted(data: RunData, text: str | None) -> tuple[Any, Any, Any]:
+    """The summary, the step's waterfall and the memory's stacks for the changes typed (space-separated)."""
+    if data.run_dir is None:
+        raise dash.exceptions.PreventUpdate
+    try:
+        view = what_if_view(what_if_of_run(data.run_dir, (text or "").split()))
+    except ZeromonError as exc:
+        return (message(exc.message, "error", element_id=f"{WHATIF}-summary-text"),
+                empty(STEP_TITLE, "no prediction"), empty(MEMORY_TITLE, "no prediction"))
+    return (message(view.summary, element_id=f"{WHATIF}-summary-text"), step_waterfall(view), memory_stacks(view))
 
 
 def _form_of(args: tuple[Any, ...]) -> FormValues:
@@ -267,6 +313,16 @@ def _fallback(exc: Exception) -> tuple[Any, ...]:
 
 
 def register(app: Dash, ctx: Context) -> None:
+    @app.callback(Output(f"{WHATIF}-summary", "children"), Output(f"{WHATIF}-step", "figure"),
+                  Output(f"{WHATIF}-memory", "figure"), Input(f"{WHATIF}-submit", "n_clicks"),
+                  Input(f"{WHATIF}-changes", "n_submit"), State(f"{WHATIF}-changes", "value"),
+                  prevent_initial_call=True)
+    @guarded(lambda exc: (message(failure_text(exc), "error"), dash.no_update, dash.no_update))
+    def predict(clicks: int | None, submits: int | None, text: str | None) -> tuple[Any, Any, Any]:
+        if not clicks and not submits:  # the form just rendered
+            raise dash.exceptions.PreventUpdate
+        return predicted(ctx.data(), text)
+
     @app.callback(Output("url", "search", allow_duplicate=True), Output(f"{PAGE}-asked", "data"),
                   Input(f"{PAGE}-submit", "n_clicks"), *[Input(f"{PAGE}-{n}", "n_submit") for n in TEXT_FIELDS],
                   *[State(f"{PAGE}-{f.name}", "value") for f in FIELDS],

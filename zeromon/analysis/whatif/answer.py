@@ -21,6 +21,7 @@ from zeromon.analysis.whatif.chain import CollectiveKey, RankChain, rank_chain
 from zeromon.analysis.whatif.changes import (
     Change,
     ChangeError,
+    finished_units,
     gathered_bytes_per_step,
     keeps_parameters_gathered,
     kept_gathered,
@@ -221,9 +222,12 @@ def _apply(change: Change, info: Any, model: _Model, chains: tuple[RankChain, ..
         unsharded = gathered_bytes_per_step(chains[0])
         assumptions.append(f"{change.text}: the backward's {len(gone) // len(_steps_of(gone))} re-gathers a step go; "
                            f"every unit's unsharded parameters ({unsharded:,} bytes, what the forward gathers) are "
-                           "held from the forward's end through the backward; their copies' compute is kept")
+                           "held from the forward's end, each until its backward ends (its gradients' reduce-scatter); "
+                           "the gathers' copies' compute is kept")
+        by_rank = {c.rank: c for c in model.chains}
         return (tuple(without(c, gone) for c in chains), seconds_of,
-                {r: tuple(kept_gathered(s, unsharded) for s in samples) for r, samples in memory.items()})
+                {r: tuple(kept_gathered(s, unsharded, finished_units(by_rank[r], s.walk_step, s.walk_t_ns))
+                          if r in by_rank else s for s in samples) for r, samples in memory.items()})
     if change.kind == "comm":
         assumptions.append("comm=hidden: every collective takes no time; waiting for a later peer stays")
         return chains, lambda m: {k: dict.fromkeys(v, 0.0) for k, v in seconds_of(m).items()}, memory

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from zeromon.analysis.bandwidth import bus_factor
 from zeromon.model.codec import Recording
@@ -69,6 +69,7 @@ class RankChain:
     issue_ns: dict[CollectiveKey, int]  # when each collective was issued (the call's start), measured
     complete_ns: dict[CollectiveKey, int]  # when it completed on this rank, where that was measured exactly
     shapes: dict[CollectiveKey, CollectiveShape]
+    phases: dict[CollectiveKey, str] = field(default_factory=dict)  # the phase each was issued in
 
 
 # Completion times measured exactly on the host (zeromon.analysis.bandwidth.MEASURED_TIMINGS, less the
@@ -92,6 +93,7 @@ def rank_chain(rec: Recording, steps: Sequence[int]) -> RankChain:
     issue_ns: dict[CollectiveKey, int] = {}
     complete_ns: dict[CollectiveKey, int] = {}
     shapes: dict[CollectiveKey, CollectiveShape] = {}
+    phases: dict[CollectiveKey, str] = {}
     for i in sorted(range(len(columns)), key=columns.seq.__getitem__):
         step = columns.step[i]
         if step not in wanted:
@@ -101,6 +103,7 @@ def rank_chain(rec: Recording, steps: Sequence[int]) -> RankChain:
         occurrences[(step, op, size)] += 1
         start, phase, blocked = columns.issue_ns[i], columns.phase[i], columns.blocked_s[i]
         issue_ns[key] = start
+        phases[key] = phase
         if columns.timing[i] in EXACT_HOST_TIMINGS and columns.complete_ns[i] is not None:
             complete_ns[key] = columns.complete_ns[i]  # type: ignore[assignment]
         shapes[key] = CollectiveShape(op, size, _array_bytes(op, columns.bytes_in[i], columns.bytes_out[i]),
@@ -128,7 +131,7 @@ def rank_chain(rec: Recording, steps: Sequence[int]) -> RankChain:
     phase_marks.sort()
     return RankChain(rank=rec.rank, start_ns=summaries[0].start_ns if summaries else 0,
                      segments=tuple(_with_compute(blocks, phase_marks, summaries)),
-                     issue_ns=issue_ns, complete_ns=complete_ns, shapes=shapes)
+                     issue_ns=issue_ns, complete_ns=complete_ns, shapes=shapes, phases=phases)
 
 
 def _with_compute(blocks: list[tuple[int, int, int, Segment]], phase_marks: list[tuple[int, str]],

@@ -105,7 +105,7 @@ def regathers(chain: RankChain) -> set[CollectiveKey]:
 
 
 def _phase_of(chain: RankChain, key: CollectiveKey) -> str:
-    return next((s.phase for s in chain.segments if s.key == key), "")
+    return chain.phases.get(key, "")
 
 
 def without(chain: RankChain, keys: set[CollectiveKey]) -> RankChain:
@@ -116,7 +116,8 @@ def without(chain: RankChain, keys: set[CollectiveKey]) -> RankChain:
         chain, segments=tuple(s for s in chain.segments if s.key not in keys or s.kind not in (SYNC, ISSUE, WAIT)),
         issue_ns={k: v for k, v in chain.issue_ns.items() if k not in keys},
         complete_ns={k: v for k, v in chain.complete_ns.items() if k not in keys},
-        shapes={k: v for k, v in chain.shapes.items() if k not in keys})
+        shapes={k: v for k, v in chain.shapes.items() if k not in keys},
+        phases={k: v for k, v in chain.phases.items() if k not in keys})
 
 
 def scaled_compute(chain: RankChain, factor: float, phases: Sequence[str]) -> RankChain:
@@ -137,17 +138,32 @@ def gathered_bytes_per_step(chain: RankChain) -> int:
     return values[len(values) // 2] if values else 0
 
 
-def kept_gathered(sample: TrackedSample, unsharded_bytes: int) -> TrackedSample:
+def kept_gathered(sample: TrackedSample, unsharded_bytes: int, finished_bytes: int) -> TrackedSample:
     """A sample as it would read with each unit's parameters kept from its forward to its backward: from the
-    forward's end through the backward every unit's unsharded parameters are held, and the backward
-    gathers nothing (no all-gather buffer)."""
-    if sample.phase not in ("forward", "forward_peak", "backward_peak", "backward"):
+    forward's end every unit's unsharded parameters are held, less, in the backward, those of the units whose
+    backward had finished (``finished_bytes``: resharded after their gradients' reduce-scatter), and the backward
+    gathers nothing (no all-gather buffer). Judged by the walk that counted the sample's categories."""
+    if sample.walk_phase not in ("forward", "forward_peak", "backward_peak", "backward"):
         return sample
     categories = dict(sample.categories)
-    categories["unsharded_params"] = max(categories.get("unsharded_params", 0), unsharded_bytes)
-    if sample.phase.startswith("backward"):
+    held = unsharded_bytes
+    if sample.walk_phase.startswith("backward"):
         categories.pop("all_gather_buffers", None)
+        held = unsharded_bytes - finished_bytes
+    categories["unsharded_params"] = max(categories.get("unsharded_params", 0), held)
     return dataclasses.replace(sample, categories=categories)
+
+
+def finished_units(chain: RankChain, step: int, t_ns: int) -> int:
+    """The unsharded bytes of the units whose backward had finished by ``t_ns`` in ``step``: as many as the
+    gradients' reduce-scatters issued by then, taken from the forward's gathers in reverse (the backward runs
+    the units in the reverse order)."""
+    forward = sorted((chain.issue_ns[k], shape.array_bytes) for k, shape in chain.shapes.items()
+                     if k[0] == step and shape.meaning == ZeroMeaning.PARAM_ALL_GATHER
+                     and chain.phases.get(k) == Phase.FORWARD)
+    done = sum(1 for k, shape in chain.shapes.items()
+               if k[0] == step and shape.meaning == ZeroMeaning.GRAD_REDUCE_SCATTER and chain.issue_ns[k] <= t_ns)
+    return sum(size for _, size in forward[len(forward) - done:]) if done else 0
 
 
 def scaled_activations(sample: TrackedSample, factor: float) -> TrackedSample:

@@ -1,0 +1,91 @@
+"""`zeromon whatif`'s answer as the dashboard draws it: a step's waterfall (compute, transfer, waiting for peers)
+and the memory by category at the peak, measured beside replayed beside predicted, as plain data."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from zeromon.analysis.whatif import ChangeError, Refused, WhatIf, parse_change, what_if
+from zeromon.errors import ZeromonError
+from zeromon.model.codec import RunDirs
+from zeromon.model.run_files import read_run
+
+
+@dataclass(frozen=True, slots=True)
+class StepBar:
+    label: str  # "measured", "replay", "predicted"
+    parts: Mapping[str, float]  # seconds: "compute", "transfer", "waiting" (measured: "compute", "exposed")
+    step_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBar:
+    label: str
+    categories: Mapping[str, int]  # bytes at the peak
+    total: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIfView:
+    changes: str
+    steps: tuple[StepBar, ...]
+    memory: tuple[MemoryBar, ...]
+    capacity: int | None
+    summary: str  # one sentence: the predicted step and peak against the measured
+    replay_error_pct: float | None
+
+
+def what_if_of_run(run: RunDirs, change_texts: Sequence[str]) -> WhatIf:
+    """The answer, or a ZeromonError whose message says what is wrong with the change or what the recording
+    cannot support."""
+    changes = []
+    try:
+        changes = [parse_change(text) for text in change_texts if text.strip()]
+    except ChangeError as exc:
+        raise ZeromonError(f"change {exc}") from exc
+    if not changes:
+        raise ZeromonError("give a change, e.g. reshard_after_forward=false, comm=hidden, bandwidth=x2, micro_batch=x2")
+    try:
+        return what_if(read_run(run), changes)
+    except ChangeError as exc:
+        raise ZeromonError(f"change {exc}") from exc
+    except Refused as exc:
+        raise ZeromonError(f"cannot answer from this recording: {exc}") from exc
+
+
+def what_if_view(answer: WhatIf) -> WhatIfView:
+    measured, replay, predicted = answer.measured, answer.replay, answer.predicted
+    steps = (
+        StepBar("measured", {"compute": measured.compute_s or 0.0, "exposed": measured.exposed_s or 0.0},
+                measured.median_step_s),
+        *(StepBar(label, {"compute": f.compute_s or 0.0, "transfer": f.transfer_s or 0.0,
+                          "waiting": f.waiting_s or 0.0}, f.median_step_s)
+          for label, f in (("replay", replay), ("predicted", predicted))),
+    )
+    memory = tuple(MemoryBar(label, dict(f.peak_categories), f.peak_tracked_bytes)
+                   for label, f in (("measured", measured), ("predicted", predicted)))
+    return WhatIfView(changes=", ".join(c.text for c in answer.changes), steps=steps, memory=memory,
+                      capacity=answer.capacity_bytes, summary=_summary(answer),
+                      replay_error_pct=answer.replay_error_pct)
+
+
+def _summary(answer: WhatIf) -> str:
+    replay, predicted = answer.replay.median_step_s, answer.predicted.median_step_s
+    words = [", ".join(c.text for c in answer.changes) + ":"]
+    if replay and predicted is not None:
+        words.append(f"a step {predicted * 1e3:.1f} ms against the replay's {replay * 1e3:.1f} ms "
+                     f"({100.0 * (predicted - replay) / replay:+.1f}%)")
+    error = answer.replay_error_pct
+    if error is not None:
+        words.append(f"(the replay is {error:+.1f}% from the measured run)")
+    before, after = answer.measured.peak_tracked_bytes, answer.predicted.peak_tracked_bytes
+    if before is not None and after is not None:
+        from zeromon.model.units import format_bytes
+
+        words.append(f"; peak tracked memory {format_bytes(before)} -> {format_bytes(after)}")
+        if answer.capacity_bytes:
+            left = answer.capacity_bytes - after
+            words.append(f"(fits with {format_bytes(left)} left)" if left >= 0
+                         else f"(DOES NOT FIT: {format_bytes(-left)} over)")
+    return " ".join(words).replace(" ;", ";")
