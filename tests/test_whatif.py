@@ -215,7 +215,8 @@ def test_a_real_fsdp2_run_predicts_the_kept_gathered_runs_peak_and_a_shorter_ste
     assert {"measured", "replay", "predicted", "assumptions", "validated_error_pct"} <= answer.keys()
     for part in ("measured", "replay", "predicted"):
         assert {"median_step_s", "peak_tracked_bytes"} <= answer[part].keys()
-    assert "error_pct" in answer["replay"] and answer["validated_error_pct"] == {"reshard_after_forward": None}
+    assert "error_pct" in answer["replay"]
+    assert answer["validated_error_pct"]["reshard_after_forward"].keys() == {"median_step_s", "peak_tracked_bytes"}
     # The memory is bytes the agent counted, the same on every run of the same model: exact.
     assert main(["report", str(fsdp2_kept_gathered), "--json"]) == 0
     real = json.loads(capsys.readouterr().out)

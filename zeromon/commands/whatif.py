@@ -106,8 +106,10 @@ def format_what_if(answer: WhatIf, run_dir: str, capacity: int | None) -> str:
         lines.append(f"fit {fit.op} (group of {fit.group_size}): {fit.alpha_s * 1e3:.3f} ms + bytes at {bandwidth}, "
                      f"{fit.samples} samples, residual {fit.residual_pct:.0f}% of the mean time")
     for kind, pct in answer.validated_error_pct.items():
-        lines.append(f"validated: {kind}: " + ("not yet checked against real runs" if pct is None
-                                               else f"within {pct:.1f}% of real runs (tests/bench/bench_whatif.py)"))
+        lines.append(f"validated: {kind}: " + (
+            "not checked against real runs" if pct is None
+            else f"off real CPU runs by up to {pct['median_step_s']:.1f}% on the step and "
+                 f"{pct['peak_tracked_bytes']:.1f}% on the peak (the benchmark's medians: docs/whatif.md)"))
     lines.append("assumptions:")
     lines.extend(f"  - {a}" for a in answer.assumptions)
     return "\n".join(lines)
