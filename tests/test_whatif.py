@@ -70,6 +70,32 @@ def test_collectives_issued_in_another_order_by_a_peer_are_named() -> None:
         replay([first, second], {KEY: {0: MS, 1: MS}, other: {0: MS, 1: MS}})
 
 
+def test_resharding_gathers_each_unit_but_the_root_again_before_its_backward() -> None:
+    from zeromon.analysis.whatif.chain import CollectiveShape
+    from zeromon.analysis.whatif.changes import with_regathers
+
+    gathers = [(0, "all_gather", 2, i) for i in range(3)]  # the root's, then two blocks', in forward order
+    reductions = [(0, "reduce_scatter", 2, i) for i in range(3)]  # the blocks' in reverse, the root's last
+    segments = _step(*[Segment(SYNC, 0.0, 0, "forward", k) for k in gathers], Segment(COMPUTE, MS, 0, "backward"),
+                     Segment(SYNC, 0.0, 0, "backward", reductions[0]), Segment(COMPUTE, MS, 0, "backward"),
+                     Segment(SYNC, 0.0, 0, "backward", reductions[1]), Segment(COMPUTE, MS, 0, "backward"),
+                     Segment(SYNC, 0.0, 0, "backward", reductions[2]))
+    shapes = {k: CollectiveShape("all_gather", 2, 1000 * (i + 1), "param_all_gather", False)
+              for i, k in enumerate(gathers)}
+    shapes |= {k: CollectiveShape("reduce_scatter", 2, 500, "grad_reduce_scatter", False) for k in reductions}
+    order = [*gathers, *reductions]
+    chain = RankChain(rank=0, start_ns=0, segments=tuple(segments), issue_ns={k: i for i, k in enumerate(order)},
+                      complete_ns={}, shapes=shapes, phases={k: "forward" if k in gathers else "backward"
+                                                             for k in order})
+    after, added = with_regathers(chain)
+    assert [(k, shape.array_bytes) for k, shape in added.items()] == [((0, "all_gather", 2, 3), 3000),
+                                                                      ((0, "all_gather", 2, 4), 2000)]
+    backward = [(s.kind, s.key) for s in after.segments if s.phase == "backward"]
+    assert backward == [("sync", (0, "all_gather", 2, 3)), ("compute", None), ("sync", reductions[0]),
+                        ("sync", (0, "all_gather", 2, 4)), ("compute", None), ("sync", reductions[1]),
+                        ("compute", None), ("sync", reductions[2])]  # the root's backward: no gather
+
+
 def test_the_fit_recovers_a_line_through_known_points() -> None:
     points = [(x, 0.001 + 2e-9 * x) for x in (1e4, 1e5, 1e6, 4e6) for _ in range(3)]
     fit = fit_line(points, "all_gather", 2)
@@ -103,13 +129,30 @@ def test_within_a_size_bucket_the_time_is_the_buckets_mean() -> None:
     ("micro_batch=x0", "micro_batch takes a factor greater than 0"),
     ("reshard_after_forward=maybe", "takes true or false"),
     ("sharding_strategy=HYBRID", "FULL_SHARD, SHARD_GRAD_OP or NO_SHARD"),
-    ("world_size=8", "world_size is not answered yet"),
+    ("grad_accum=8", "grad_accum is not answered yet"),
+    ("world_size=0", "world_size takes a number of ranks, 1 or more"),
     ("learning_rate=2", "unknown change 'learning_rate'"),
 ])
 def test_a_change_written_wrong_is_refused_naming_it(text: str, message: str) -> None:
     with pytest.raises(ChangeError, match=message):
         parse_change(text)
     assert parse_change("bandwidth=x2").factor == 2.0 and parse_change("micro_batch=0.5").factor == 0.5
+
+
+def test_the_remedies_whatif_answers_are_named_by_the_change_they_are_answered_as() -> None:
+    from zeromon.analysis.comm_advice import overlap_remedies
+    from zeromon.analysis.remedy_changes import remedy_change
+
+    def info(framework: str, **knobs: object) -> RunInfo:
+        return RunInfo(rank=0, local_rank=0, world_size=2, host="h", pid=1, job="j", framework=framework,
+                       framework_version=None, torch_version=None, backend="nccl", device="cuda:0", zero_stage=None,
+                       fsdp_strategy=None, param_dtype=None, reduce_dtype=None, optimizer=None, knobs=knobs)
+
+    answered = {remedy_change(r) for r in overlap_remedies(info("fsdp2", reshard_after_forward="mixed"))}
+    assert answered == {"reshard_after_forward=false", "micro_batch=x2", None}
+    assert remedy_change("sharding_strategy=FULL_SHARD (now SHARD_GRAD_OP): parameters are sharded between forward "
+                         "and backward too") == "sharding_strategy=FULL_SHARD"
+    assert remedy_change("sharding_strategy=FULL_SHARD (now NO_SHARD): ...") is None  # not answered: refused
 
 
 # --- synthetic recordings: two ranks, a synchronous all-reduce in each step ---------------------------------
@@ -168,7 +211,22 @@ def test_a_faster_network_shortens_only_the_transfer() -> None:
     assert answer.predicted.median_step_s == pytest.approx(0.009)  # one size: all of its 2 ms is transfer
 
 
+def test_more_ranks_move_each_collective_by_its_fit_and_shard_the_state_finer() -> None:
+    answer = what_if(_pair(), [parse_change("world_size=4")])
+    # an all-reduce's bus factor 2(n-1)/n: 1 at 2 ranks, 1.5 at 4; one size, so all of its 2 ms is per bus byte
+    assert answer.predicted.median_step_s == pytest.approx(0.011)
+    assert answer.predicted.peak_tracked_bytes == 500 + 5001  # FSDP's sharded parameters 1/4 instead of 1/2
+
+
+def test_one_rank_has_no_collective_and_holds_the_whole_state() -> None:
+    answer = what_if(_pair(), [parse_change("world_size=1")])
+    assert answer.predicted.median_step_s == pytest.approx(0.008)
+    assert answer.predicted.peak_tracked_bytes == 2000 + 5001
+    assert answer.predicted.transfer_s == 0.0 and answer.predicted.waiting_s == 0.0
+
+
 @pytest.mark.parametrize("pair, change, message", [
+    (dict(), "world_size=2", "already has 2 ranks"),
     (dict(detail_every=10), "comm=hidden", "consecutive steps with their detail"),
     (dict(timing="launch"), "comm=hidden", "not timed on the device"),
     (dict(timing="cuda_event"), "comm=hidden", "a GPU run's chain is its stream's"),
@@ -177,7 +235,8 @@ def test_a_faster_network_shortens_only_the_transfer() -> None:
     (dict(framework="deepspeed"), "reshard_after_forward=false", "reshard_after_forward is FSDP2's"),
     (dict(framework="fsdp2"), "sharding_strategy=SHARD_GRAD_OP", "sharding_strategy is FSDP1's"),
     (dict(framework="fsdp2"), "reshard_after_forward=false", "no re-gather of parameters in the backward"),
-    (dict(framework="fsdp2"), "reshard_after_forward=true", "not answered yet"),
+    (dict(framework="fsdp2"), "reshard_after_forward=true", "this run already reshards after the forward"),
+    (dict(framework="fsdp1"), "sharding_strategy=NO_SHARD", "is not answered yet; FULL_SHARD to SHARD_GRAD_OP"),
 ])
 def test_what_one_recording_cannot_support_is_refused_with_the_reason(pair: dict[str, object], change: str,
                                                                       message: str) -> None:
@@ -248,3 +307,37 @@ def test_the_command_refuses_bad_input_with_exit_2(fsdp2_run: Path, capsys: pyte
     assert "zero_stage is not answered yet" in capsys.readouterr().err
     assert main(["whatif", str(fsdp2_run), "sharding_strategy=SHARD_GRAD_OP"]) == 2
     assert "sharding_strategy is FSDP1's; this run is fsdp2" in capsys.readouterr().err
+
+
+def test_a_live_run_is_answered_from_its_recording_so_far(tmp_path: Path) -> None:
+    """`zeromon whatif` on the folder of a run still training: the steps every rank has written so far."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import child_env
+    from zeromon.model.run_files import read_run
+
+    out = tmp_path / "run"
+    train = subprocess.Popen([sys.executable, "-m", "zeromon", "run", "--quiet", "--out", str(out), "--",
+                              *ranks_args(2, EXAMPLES / "fsdp2_train.py", "--steps", "2000")],
+                             env=child_env(ZEROMON_FLUSH_INTERVAL="0.2"), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            try:
+                if len(read_run(out)) == 2 and min(len(r.steps) for r in read_run(out)) >= 8:
+                    break
+            except Exception:  # noqa: BLE001 - the folder and its headers are still being made
+                continue
+        result = zeromon("whatif", str(out), "comm=hidden", "--json", timeout=120)
+        assert train.poll() is None, "the run ended before it was asked: make it longer"
+    finally:
+        train.send_signal(signal.SIGTERM)
+        train.wait(timeout=60)
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    assert len(answer["steps"]) >= 8 and answer["predicted"]["median_step_s"] < answer["replay"]["median_step_s"]

@@ -44,14 +44,20 @@ class Pair:
     change: str
     b_flags: tuple[str, ...]
     a_flags: tuple[str, ...] = ()
+    b_ranks: int = 2  # the ranks B runs on (A always on 2)
 
 
 PAIRS = {
     "fsdp2-reshard": Pair("fsdp2-reshard", "fsdp2_train.py", "reshard_after_forward=false",
                           ("--no-reshard-after-forward",)),
+    "fsdp2-reshard-back": Pair("fsdp2-reshard-back", "fsdp2_train.py", "reshard_after_forward=true", (),
+                               ("--no-reshard-after-forward",)),
     "fsdp2-micro": Pair("fsdp2-micro", "fsdp2_train.py", "micro_batch=x2", ("--micro-x2",)),
+    "fsdp2-world1": Pair("fsdp2-world1", "fsdp2_train.py", "world_size=1", (), b_ranks=1),
     "fsdp1-shard-grad-op": Pair("fsdp1-shard-grad-op", "fsdp1_train.py", "sharding_strategy=SHARD_GRAD_OP",
                                 ("--strategy", "SHARD_GRAD_OP")),
+    "fsdp1-full-shard": Pair("fsdp1-full-shard", "fsdp1_train.py", "sharding_strategy=FULL_SHARD", (),
+                             ("--strategy", "SHARD_GRAD_OP")),
 }
 TARGETS = {"replay": 5.0, "step": 10.0, "peak": 10.0, "tau": 0.8}
 
@@ -65,10 +71,10 @@ def _flags(shape: list[str], extra: tuple[str, ...]) -> list[str]:
     return [*flags, *extra]
 
 
-def _record(out: Path, script: str, flags: list[str], steps: int) -> Path:
+def _record(out: Path, script: str, flags: list[str], steps: int, ranks: int = 2) -> Path:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "zeromon", "run", "--out", str(out), "--", sys.executable, str(LAUNCH),
-               "--nproc-per-node", "2", "--master-port", str(free_port()), str(EXAMPLES / script),
+               "--nproc-per-node", str(ranks), "--master-port", str(free_port()), str(EXAMPLES / script),
                "--steps", str(steps), *flags]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     if result.returncode != 0:
@@ -114,10 +120,11 @@ def main() -> int:
                 runs: dict[str, list[dict]] = {"replay": [], "step": [], "peak": [], "aa": []}
                 predicted_b, measured_b, measured_a = [], [], []
                 for round_ in range(args.rounds):
-                    jobs = [("a1", pair.a_flags), ("a2", pair.a_flags), ("b", pair.b_flags)]
+                    jobs = [("a1", pair.a_flags, 2), ("a2", pair.a_flags, 2), ("b", pair.b_flags, pair.b_ranks)]
                     rng.shuffle(jobs)
                     folders = {label: _record(Path(tmp) / f"{shape_name}-{pair.name}-{round_}-{label}", pair.script,
-                                              _flags(shape, flags), args.steps) for label, flags in jobs}
+                                              _flags(shape, flags), args.steps, ranks)
+                               for label, flags, ranks in jobs}
                     answer = _whatif(folders["a1"], pair.change)
                     b = _whatif(folders["b"], "comm=hidden")["measured"]
                     a2 = _whatif(folders["a2"], "comm=hidden")["measured"]
@@ -135,9 +142,10 @@ def main() -> int:
                        "b_step_ms": 1e3 * statistics.median(measured_b),
                        "b_predicted_ms": 1e3 * statistics.median(predicted_b)}
                 rows.append(row)
-                orders.append((statistics.median(predicted_b), statistics.median(measured_b)))
-                if len(orders) == 1:  # A, once a shape: the configs are A and each pair's B
-                    orders.append((statistics.median(measured_a), statistics.median(measured_a)))
+                if not pair.a_flags:  # the order judged: the shape's default config A and each change of it
+                    orders.append((statistics.median(predicted_b), statistics.median(measured_b)))
+                    if len(orders) == 1:
+                        orders.append((statistics.median(measured_a), statistics.median(measured_a)))
                 _print_row(row)
             tau = _kendall_tau([p for p, _ in orders], [m for _, m in orders])
             met = "met" if tau >= TARGETS["tau"] else f"MISSED by {TARGETS['tau'] - tau:.2f}"

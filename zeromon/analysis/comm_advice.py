@@ -25,8 +25,6 @@ DEEPSPEED_BUCKET_DEFAULT = 5e8
 RESHARD_REMEDY = ("keep reshard_after_forward=True only where memory needs it: False removes the backward re-gather "
                   "(at the cost of holding unsharded parameters)")
 MICRO_BATCH_REMEDY = "a larger micro-batch (or gradient accumulation) gives each collective more compute to hide behind"
-# The remedies `zeromon whatif` answers, with the change it answers them as (zeromon.analysis.whatif.changes).
-REMEDY_CHANGES = {RESHARD_REMEDY: "reshard_after_forward=false", MICRO_BATCH_REMEDY: "micro_batch=x2"}
 
 
 def _deepspeed_overlap_comm(knobs: dict[str, object], stage: int | None) -> bool:

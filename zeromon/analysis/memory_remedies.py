@@ -15,6 +15,9 @@ from typing import Any
 from zeromon.model.events import MemorySample, RunInfo
 from zeromon.model.units import format_bytes
 
+RESHARD_MEMORY_REMEDY = ("reshard_after_forward=True on the fully_shard units (now False): each unit's gathered "
+                         "parameters are freed after its forward")
+FULL_SHARD_REMEDY = "sharding_strategy=FULL_SHARD"
 # DeepSpeed's values when the config leaves them out.
 DS_DEFAULT_MAX_LIVE_PARAMETERS = 1_000_000_000
 DS_DEFAULT_PARAM_PERSISTENCE_THRESHOLD = 100_000
@@ -120,11 +123,10 @@ def _fewer_gathered(run: MemoryContext) -> list[str]:
         reshard = run.knob("reshard_after_forward")
         strategy = run.info.fsdp_strategy if run.info else None
         if framework == "fsdp2" and reshard is False:  # "mixed" is FSDP2's default: all but the root
-            out.append("reshard_after_forward=True on the fully_shard units (now False): each unit's gathered "
-                       "parameters are freed after its forward")
+            out.append(RESHARD_MEMORY_REMEDY)
         if framework == "fsdp1" and strategy in ("SHARD_GRAD_OP", "NO_SHARD", "_HYBRID_SHARD_ZERO2"):
-            out.append(f"sharding_strategy=FULL_SHARD (now {strategy}): parameters are sharded between forward "
-                       "and backward too")
+            out.append(f"{FULL_SHARD_REMEDY} (now {strategy}): parameters are sharded between forward and backward "
+                       "too")
         units = run.knob("fsdp_units")
         out.append("smaller wrapping units (one per transformer block or smaller" + (f"; now {units} units" if units
                    else "") + "): the largest unit's gathered parameters bound the transient peak")

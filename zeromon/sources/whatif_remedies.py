@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from zeromon.analysis.comm_advice import REMEDY_CHANGES
 from zeromon.analysis.findings import Finding
+from zeromon.analysis.remedy_changes import remedy_change
 from zeromon.analysis.whatif import ChangeError, Refused, WhatIf, parse_change, what_if
 from zeromon.model.codec import RunDirs
 from zeromon.model.run_files import read_run
@@ -55,8 +55,9 @@ def answered_remedies(findings: Sequence[Finding]) -> list[tuple[str, str]]:
     seen: dict[str, str] = {}
     for finding in findings:
         for remedy in finding.remedies:
-            if remedy in REMEDY_CHANGES and remedy not in seen:
-                seen[remedy] = REMEDY_CHANGES[remedy]
+            change = remedy_change(remedy)
+            if change is not None and remedy not in seen:
+                seen[remedy] = change
     return list(seen.items())
 
 

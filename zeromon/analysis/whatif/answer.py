@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from zeromon.analysis.bandwidth import bus_factor
 from zeromon.analysis.tracked_memory import TrackedSample, tracked_samples
 from zeromon.analysis.whatif.chain import CollectiveKey, RankChain, rank_chain
 from zeromon.analysis.whatif.changes import (
@@ -26,8 +27,13 @@ from zeromon.analysis.whatif.changes import (
     keeps_parameters_gathered,
     kept_gathered,
     regathers,
+    rescaled_shards,
+    resharded,
     scaled_activations,
     scaled_compute,
+    sharded_categories,
+    step_units,
+    with_regathers,
     without,
 )
 from zeromon.analysis.whatif.fit import CollectiveFit, filled_transfers, fit_collectives, measured_transfers
@@ -43,9 +49,11 @@ SIZE_RANGE = 2.0
 # checked against real runs: tests/bench/bench_whatif.py's medians over rounds, the worse of its two model shapes
 # (RESULTS.md). None where it was not: no CPU run can make communication free or the network faster.
 VALIDATED_ERROR_PCT: Mapping[str, Mapping[str, float] | None] = {
-    "reshard_after_forward": {"median_step_s": 6.8, "peak_tracked_bytes": 0.63},
-    "sharding_strategy": {"median_step_s": 10.4, "peak_tracked_bytes": 0.0},
+    # both ways: =false from a run that reshards (6.8%, 0.63%) and =true from one that does not (14.2%, 1.78%)
+    "reshard_after_forward": {"median_step_s": 14.2, "peak_tracked_bytes": 1.78},
+    "sharding_strategy": {"median_step_s": 10.4, "peak_tracked_bytes": 3.18},
     "micro_batch": {"median_step_s": 23.5, "peak_tracked_bytes": 1.28},
+    "world_size": {"median_step_s": 9.3, "peak_tracked_bytes": 3.42},  # from 2 ranks to 1
     "comm": None,
     "bandwidth": None,
 }
@@ -221,7 +229,8 @@ def _apply(change: Change, info: Any, model: _Model, chains: tuple[RankChain, ..
            memory: Mapping[int, tuple[TrackedSample, ...]], assumptions: list[str],
            ) -> tuple[tuple[RankChain, ...], SecondsOf, Mapping[int, tuple[TrackedSample, ...]]]:
     if change.kind in ("reshard_after_forward", "sharding_strategy"):
-        keeps_parameters_gathered(change, info)
+        if not keeps_parameters_gathered(change, info):
+            return _resharded(change, model, chains, seconds_of, memory, assumptions)
         gone = regathers(chains[0])
         if not gone:
             raise ChangeError(f"{change.text!r}: the recording shows no re-gather of parameters in the backward")
@@ -242,12 +251,91 @@ def _apply(change: Change, info: Any, model: _Model, chains: tuple[RankChain, ..
         assumptions.append(f"{change.text}: each collective's transfer (its fit's bus bytes / bus bandwidth) "
                            f"{factor:g} times faster, its fixed cost and its noise as measured")
         return chains, lambda m: _faster(m, seconds_of(m), factor), memory
+    if change.kind == "world_size":
+        return _other_world(change, info, model, chains, seconds_of, memory, assumptions)
     factor = change.factor
     assumptions.append(f"{change.text}: forward and backward compute and activations {factor:g} times, the "
                        "collectives, the optimizer and the rest of the step as measured")
     phases = (Phase.FORWARD.value, Phase.BACKWARD.value)
     return (tuple(scaled_compute(c, factor, phases) for c in chains), seconds_of,
             {r: tuple(scaled_activations(s, factor) for s in samples) for r, samples in memory.items()})
+
+
+def _resharded(change: Change, model: _Model, chains: tuple[RankChain, ...], seconds_of: SecondsOf,
+               memory: Mapping[int, tuple[TrackedSample, ...]], assumptions: list[str],
+               ) -> tuple[tuple[RankChain, ...], SecondsOf, Mapping[int, tuple[TrackedSample, ...]]]:
+    """Each unit but the root resharded after its forward: its parameters gathered again in its backward."""
+    if regathers(chains[0]):
+        raise ChangeError(f"{change.text!r}: the recording already shows re-gathers of parameters in the backward")
+    made = [with_regathers(c) for c in chains]
+    added = made[0][1]
+    if not added:
+        raise ChangeError(f"{change.text!r}: the recording shows no unit besides the root to reshard")
+    steps = {k[0] for k in added}
+    first = min(steps)
+    units = step_units(chains[0], first)
+    root = chains[0].shapes[units.forward_gathers[0]].array_bytes
+    unit = max(chains[0].shapes[k].array_bytes for k in units.forward_gathers[1:])
+    assumptions.append(f"{change.text}: {len(added) // len(steps)} re-gathers a step in the backward, each unit but "
+                       "the root's gathered again before the compute that ends in its gradients' reduce-scatter, "
+                       "timed by the fit of its forward gather's size; the root's parameters "
+                       f"({root:,} bytes) held, and one unit's ({unit:,} bytes) besides at the forward's peak and "
+                       "in the backward, with its gather's buffer")
+
+    def seconds(m: _Model) -> dict[CollectiveKey, dict[int, float]]:
+        out = seconds_of(m)
+        for key, shape in added.items():
+            fit = m.fits.get((shape.op, shape.group_size))
+            out[key] = dict.fromkeys((c.rank for c in m.chains), fit.seconds(shape.bus_bytes) if fit else 0.0)
+        return out
+
+    return (tuple(c for c, _ in made), seconds,
+            {r: tuple(resharded(s, root, unit) for s in samples) for r, samples in memory.items()})
+
+
+def _other_world(change: Change, info: Any, model: _Model, chains: tuple[RankChain, ...], seconds_of: SecondsOf,
+                 memory: Mapping[int, tuple[TrackedSample, ...]], assumptions: list[str],
+                 ) -> tuple[tuple[RankChain, ...], SecondsOf, Mapping[int, tuple[TrackedSample, ...]]]:
+    """The same per-rank batch on ``after`` ranks: the world's collectives over ``after`` ranks (at one, none),
+    the sharded memory 1/``after``."""
+    before, after = len(model.chains), int(change.value)
+    if after == before:
+        raise ChangeError(f"{change.text!r}: the run already has {before} ranks")
+    world_keys = {k for k, shape in chains[0].shapes.items() if shape.group_size == before}
+    categories = sharded_categories(info)
+    scaled_memory = {r: tuple(rescaled_shards(s, categories, before, after) for s in samples)
+                     for r, samples in memory.items()}
+    sharded = f"; {', '.join(categories)} 1/{after} instead of 1/{before}" if categories else ""
+    if after == 1:
+        assumptions.append(f"{change.text}: every collective over the world goes (a group of one moves nothing)"
+                           f"{sharded}; compute as measured (the same per-rank batch)")
+        return tuple(without(c, world_keys) for c in chains), seconds_of, scaled_memory
+    shapes = chains[0].shapes
+    for key in world_keys:
+        fit = model.fits.get((shapes[key].op, before))
+        new_bus = shapes[key].array_bytes * (bus_factor(shapes[key].op, after) or 1.0)
+        if fit is None:
+            raise Refused(f"no {shapes[key].op} had its time measured: nothing to fit it over {after} ranks from")
+        if not fit.min_bus_bytes / SIZE_RANGE <= new_bus <= fit.max_bus_bytes * SIZE_RANGE:
+            raise Refused(f"over {after} ranks a {shapes[key].op} moves {new_bus:,.0f} bus bytes, more than "
+                          f"{SIZE_RANGE:g}x outside the sizes measured ({fit.min_bus_bytes:,.0f} to "
+                          f"{fit.max_bus_bytes:,.0f})")
+    assumptions.append(f"{change.text}: the world's collectives over {after} ranks, each its measured time moved "
+                       f"by its fit's difference at its new bus bytes (the bus bandwidth measured at {before} "
+                       f"ranks holds at {after}){sharded}; compute as measured (the same per-rank batch); each "
+                       f"recorded rank stands for {after / before:g} of the new world's (waiting for peers as "
+                       "measured: more ranks may wait longer)")
+
+    def seconds(m: _Model) -> dict[CollectiveKey, dict[int, float]]:
+        out = seconds_of(m)
+        for key in world_keys:
+            fit = m.fits[(shapes[key].op, before)]
+            moved = (fit.seconds(shapes[key].array_bytes * (bus_factor(shapes[key].op, after) or 1.0))
+                     - fit.seconds(shapes[key].bus_bytes))
+            out[key] = {rank: max(0.0, s + moved) for rank, s in out[key].items()}
+        return out
+
+    return chains, seconds, scaled_memory
 
 
 def _steps_of(keys: set[CollectiveKey]) -> set[int]:

@@ -1,11 +1,13 @@
 """The changes `zeromon whatif` answers, as the user writes them (``reshard_after_forward=false``,
-``comm=hidden``, ``bandwidth=x2``, ``micro_batch=x2``), and what each does to the chains and the memory.
+``comm=hidden``, ``bandwidth=x2``, ``micro_batch=x2``, ``world_size=8``), and what each does to the chains and
+the memory.
 
 Each change is applied to what the recording shows, as the framework would change it:
 - ``reshard_after_forward=false`` (FSDP2; FSDP1's ``sharding_strategy=SHARD_GRAD_OP``): the backward's
   re-gathers of the parameters go (the collectives whose meaning is ``param_all_gather`` in the backward),
-  and each unit's gathered parameters stay from its forward to its backward: the unsharded parameters
-  at the forward's end and in the backward are every unit's, the bytes the forward gathered in a step.
+  and each unit's gathered parameters stay from its forward until its backward ends. ``=true`` (FSDP1's
+  ``FULL_SHARD``) the other way: each unit but the root gathered again before its backward.
+- ``world_size=N``: the world's collectives over N ranks, the sharded state 1/N.
 - ``comm=hidden``: every collective takes no time; waiting for a later peer stays (overlap cannot hide it).
 - ``bandwidth=xK``: each collective's transfer (beta x bus bytes of its fit) K times faster.
 - ``micro_batch=xK``: the forward's and backward's compute and the activations K times; the collectives,
@@ -20,7 +22,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from zeromon.analysis.tracked_memory import TrackedSample
-from zeromon.analysis.whatif.chain import COMPUTE, ISSUE, SYNC, WAIT, CollectiveKey, RankChain
+from zeromon.analysis.whatif.chain import (
+    COMPUTE,
+    ISSUE,
+    SYNC,
+    WAIT,
+    CollectiveKey,
+    CollectiveShape,
+    RankChain,
+    Segment,
+)
 from zeromon.model.events import Phase, RunInfo, ZeroMeaning
 
 
@@ -39,9 +50,9 @@ class Change:
         return float(self.value)
 
 
-KINDS = ("reshard_after_forward", "sharding_strategy", "comm", "bandwidth", "micro_batch")
+KINDS = ("reshard_after_forward", "sharding_strategy", "comm", "bandwidth", "micro_batch", "world_size")
 # Answered by a later version; named here so that the message says so rather than "unknown".
-NOT_YET = ("zero_stage", "grad_accum", "world_size")
+NOT_YET = ("zero_stage", "grad_accum")
 _FACTOR = re.compile(r"^x?(\d+(\.\d*)?|\.\d+)$")
 
 
@@ -67,6 +78,10 @@ def parse_change(text: str) -> Change:
         if value.upper() not in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"):
             raise ChangeError(f"{text!r}: sharding_strategy takes FULL_SHARD, SHARD_GRAD_OP or NO_SHARD")
         return Change(name, value.upper(), text)
+    if name == "world_size":
+        if not value.isdigit() or int(value) < 1:
+            raise ChangeError(f"{text!r}: world_size takes a number of ranks, 1 or more")
+        return Change(name, str(int(value)), text)
     match = _FACTOR.match(value)
     if not match or float(match.group(1)) <= 0:
         raise ChangeError(f"{text!r}: {name} takes a factor greater than 0, e.g. {name}=x2 or {name}=x0.5")
@@ -74,28 +89,29 @@ def parse_change(text: str) -> Change:
 
 
 def keeps_parameters_gathered(change: Change, info: RunInfo | None) -> bool:
-    """Whether the change is "keep each unit's parameters from its forward to its backward" for this run's
-    framework; a ChangeError where the run cannot take it (another framework, or already so)."""
+    """True where the change keeps each unit's parameters from its forward to its backward (the backward's
+    re-gathers go), False where it reshards them after the forward (re-gathers come); a ChangeError where the run
+    cannot take it (another framework, or already so)."""
     framework = info.framework if info is not None else "unknown"
     if change.kind == "reshard_after_forward":
         if framework != "fsdp2":
             raise ChangeError(f"{change.text!r}: reshard_after_forward is FSDP2's (fully_shard); this run is "
-                              f"{framework}" + (" (FSDP1: sharding_strategy=SHARD_GRAD_OP)" if framework == "fsdp1"
-                                               else ""))
-        if change.value == "true":
-            raise ChangeError(f"{change.text!r}: adding the backward's re-gathers is not answered yet; "
-                              "reshard_after_forward=false is")
-        if info is not None and info.knobs.get("reshard_after_forward") is False:
-            raise ChangeError(f"{change.text!r}: this run already keeps its parameters gathered after the forward")
-        return True
+                              f"{framework}" + (" (FSDP1: sharding_strategy=SHARD_GRAD_OP or FULL_SHARD)"
+                                               if framework == "fsdp1" else ""))
+        kept_now = info is not None and info.knobs.get("reshard_after_forward") is False
+        if kept_now == (change.value == "false"):
+            raise ChangeError(f"{change.text!r}: this run already " + (
+                "keeps its parameters gathered after the forward" if kept_now else "reshards after the forward"))
+        return change.value == "false"
     if framework != "fsdp1":
         raise ChangeError(f"{change.text!r}: sharding_strategy is FSDP1's; this run is {framework}"
-                          + (" (FSDP2: reshard_after_forward=false)" if framework == "fsdp2" else ""))
-    current = info.fsdp_strategy if info is not None else None
-    if change.value != "SHARD_GRAD_OP" or current not in ("FULL_SHARD", None):
-        raise ChangeError(f"{change.text!r}: from {current or 'this strategy'} to {change.value} is not answered "
-                          "yet; FULL_SHARD to SHARD_GRAD_OP is")
-    return True
+                          + (" (FSDP2: reshard_after_forward)" if framework == "fsdp2" else ""))
+    current = (info.fsdp_strategy if info is not None else None) or ""
+    moves = {("FULL_SHARD", "SHARD_GRAD_OP"): True, ("SHARD_GRAD_OP", "FULL_SHARD"): False}
+    if (current, change.value) not in moves:
+        raise ChangeError(f"{change.text!r}: from {current or 'an unknown strategy'} to {change.value} is not "
+                          "answered yet; FULL_SHARD to SHARD_GRAD_OP and back are")
+    return moves[(current, change.value)]
 
 
 def regathers(chain: RankChain) -> set[CollectiveKey]:
@@ -118,6 +134,84 @@ def without(chain: RankChain, keys: set[CollectiveKey]) -> RankChain:
         complete_ns={k: v for k, v in chain.complete_ns.items() if k not in keys},
         shapes={k: v for k, v in chain.shapes.items() if k not in keys},
         phases={k: v for k, v in chain.phases.items() if k not in keys})
+
+
+@dataclass(frozen=True, slots=True)
+class Units:
+    """A step's sharding units as its collectives show them: the forward's gathers in order (the first is the
+    root's, which FSDP keeps gathered through the backward) and the backward's gradient reduce-scatters."""
+
+    forward_gathers: tuple[CollectiveKey, ...]
+    backward_reductions: tuple[CollectiveKey, ...]
+
+
+def step_units(chain: RankChain, step: int) -> Units:
+    def in_order(meaning: str, phase: str) -> tuple[CollectiveKey, ...]:
+        keys = [k for k, shape in chain.shapes.items()
+                if k[0] == step and shape.meaning == meaning and chain.phases.get(k) == phase]
+        return tuple(sorted(keys, key=chain.issue_ns.__getitem__))
+
+    return Units(in_order(ZeroMeaning.PARAM_ALL_GATHER, Phase.FORWARD),
+                 in_order(ZeroMeaning.GRAD_REDUCE_SCATTER, Phase.BACKWARD))
+
+
+def with_regathers(chain: RankChain) -> tuple[RankChain, dict[CollectiveKey, CollectiveShape]]:
+    """The chain with each unit but the root gathered again at the start of its backward (before the compute
+    that ends in its gradients' reduce-scatter): the backward runs the units in the reverse order. The new
+    collectives' shapes are their forward gathers'."""
+    added: dict[CollectiveKey, CollectiveShape] = {}
+    plan: dict[int, list[tuple[CollectiveKey | None, CollectiveKey]]] = {}  # step -> (after which RS, the new AG)
+    for step in sorted({k[0] for k in chain.shapes}):
+        units = step_units(chain, step)
+        if not units.forward_gathers:
+            continue
+        if len(units.forward_gathers) != len(units.backward_reductions):
+            raise ChangeError(f"step {step + 1}: {len(units.forward_gathers)} gathers in the forward and "
+                              f"{len(units.backward_reductions)} gradient reduce-scatters in the backward: its units "
+                              "cannot be told apart")
+        occurrence = sum(1 for k in chain.shapes if k[0] == step and k[1] == "all_gather")
+        steps_plan = []
+        backward_units = list(reversed(units.forward_gathers))
+        for i, gather in enumerate(backward_units):
+            if gather == units.forward_gathers[0]:
+                continue  # the root: kept gathered
+            key = (step, "all_gather", gather[2], occurrence)
+            occurrence += 1
+            added[key] = chain.shapes[gather]
+            steps_plan.append((units.backward_reductions[i - 1] if i else None, key))
+        plan[step] = steps_plan
+    segments: list[Segment] = []
+    started: set[int] = set()
+    for segment in chain.segments:
+        todo = plan.get(segment.step, [])
+        if segment.phase == Phase.BACKWARD and segment.step not in started and segment.kind == COMPUTE:
+            started.add(segment.step)
+            segments.extend(_gather(key, segment.step) for after, key in todo if after is None)
+        segments.append(segment)
+        if segment.kind in (SYNC, ISSUE) and segment.key is not None:
+            segments.extend(_gather(key, segment.step) for after, key in todo if after == segment.key)
+    issue = dict(chain.issue_ns) | dict.fromkeys(added, 0)
+    return dataclasses.replace(chain, segments=tuple(segments), issue_ns=issue,
+                               shapes=dict(chain.shapes) | added,
+                               phases=dict(chain.phases) | dict.fromkeys(added, Phase.BACKWARD.value)), added
+
+
+def _gather(key: CollectiveKey, step: int) -> Segment:
+    return Segment(SYNC, 0.0, step, Phase.BACKWARD.value, key)
+
+
+def resharded(sample: TrackedSample, root_bytes: int, unit_bytes: int) -> TrackedSample:
+    """A sample as it would read with each unit resharded after its forward: the root's parameters held, and one
+    unit's besides at the forward's peak and in the backward, where that unit's gather has its buffer."""
+    phase = sample.walk_phase
+    if phase not in ("forward", "forward_peak", "backward_peak", "backward"):
+        return sample
+    categories = dict(sample.categories)
+    held = root_bytes if phase == "forward" else root_bytes + unit_bytes
+    categories["unsharded_params"] = min(categories.get("unsharded_params", 0), held)
+    if phase.startswith("backward"):
+        categories["all_gather_buffers"] = max(categories.get("all_gather_buffers", 0), unit_bytes)
+    return dataclasses.replace(sample, categories=categories)
 
 
 def scaled_compute(chain: RankChain, factor: float, phases: Sequence[str]) -> RankChain:
@@ -164,6 +258,31 @@ def finished_units(chain: RankChain, step: int, t_ns: int) -> int:
     done = sum(1 for k, shape in chain.shapes.items()
                if k[0] == step and shape.meaning == ZeroMeaning.GRAD_REDUCE_SCATTER and chain.issue_ns[k] <= t_ns)
     return sum(size for _, size in forward[len(forward) - done:]) if done else 0
+
+
+def sharded_categories(info: RunInfo | None) -> tuple[str, ...]:
+    """The memory categories each rank holds 1/N of, N its data-parallel ranks: FSDP's and ZeRO-3's parameters,
+    gradients and optimizer state; ZeRO-2's gradients and optimizer state; ZeRO-1's optimizer state; none in
+    DDP (the ZeRO paper's model-state memory)."""
+    framework = info.framework if info is not None else "unknown"
+    if framework in ("fsdp1", "fsdp2"):
+        strategy = info.fsdp_strategy if info is not None else None
+        return () if strategy == "NO_SHARD" else ("sharded_params", "sharded_grads", "optimizer_state")
+    if framework == "deepspeed":
+        stage = info.zero_stage if info is not None else None
+        return {1: ("optimizer_state",), 2: ("sharded_grads", "optimizer_state"),
+                3: ("sharded_params", "sharded_grads", "optimizer_state")}.get(stage or 0, ())
+    return ()
+
+
+def rescaled_shards(sample: TrackedSample, categories: Sequence[str], before: int, after: int) -> TrackedSample:
+    """A sample with the sharded categories of ``before`` ranks held by ``after``; at one rank, no all-gather
+    buffer (FSDP2 still reduces its gradients through its reduce-scatter buffer there: measured)."""
+    scaled = {name: (int(round(value * before / after)) if name in categories else value)
+              for name, value in sample.categories.items()}
+    if after == 1:
+        scaled.pop("all_gather_buffers", None)
+    return dataclasses.replace(sample, categories=scaled)
 
 
 def scaled_activations(sample: TrackedSample, factor: float) -> TrackedSample:
