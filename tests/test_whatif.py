@@ -129,8 +129,9 @@ def test_within_a_size_bucket_the_time_is_the_buckets_mean() -> None:
     ("micro_batch=x0", "micro_batch takes a factor greater than 0"),
     ("reshard_after_forward=maybe", "takes true or false"),
     ("sharding_strategy=HYBRID", "FULL_SHARD, SHARD_GRAD_OP or NO_SHARD"),
-    ("grad_accum=8", "grad_accum is not answered yet"),
-    ("world_size=0", "world_size takes a number of ranks, 1 or more"),
+    ("zero_stage=2", "zero_stage is not answered yet"),
+    ("grad_accum=x2", "grad_accum takes a whole number, 1 or more"),
+    ("world_size=0", "world_size takes a whole number, 1 or more"),
     ("learning_rate=2", "unknown change 'learning_rate'"),
 ])
 def test_a_change_written_wrong_is_refused_naming_it(text: str, message: str) -> None:
@@ -218,6 +219,15 @@ def test_more_ranks_move_each_collective_by_its_fit_and_shard_the_state_finer() 
     assert answer.predicted.peak_tracked_bytes == 500 + 5001  # FSDP's sharded parameters 1/4 instead of 1/2
 
 
+@pytest.mark.parametrize("framework, step_s", [("fsdp2", 0.020), ("ddp", 0.018)])
+def test_accumulation_repeats_the_micro_batch_and_reduces_where_the_framework_does(framework: str,
+                                                                                   step_s: float) -> None:
+    answer = what_if(_pair(framework=framework), [parse_change("grad_accum=2")])
+    # FSDP reduces in every micro-batch: two 10 ms micro-batches; DDP under no_sync at the last only: 8 + 10 ms
+    assert answer.predicted.median_step_s == pytest.approx(step_s)
+    assert answer.predicted.peak_tracked_bytes == answer.measured.peak_tracked_bytes
+
+
 def test_one_rank_has_no_collective_and_holds_the_whole_state() -> None:
     answer = what_if(_pair(), [parse_change("world_size=1")])
     assert answer.predicted.median_step_s == pytest.approx(0.008)
@@ -242,6 +252,11 @@ def test_what_one_recording_cannot_support_is_refused_with_the_reason(pair: dict
                                                                       message: str) -> None:
     with pytest.raises((Refused, ChangeError), match=message):
         what_if(_pair(**pair), [parse_change(change)])
+
+
+def test_a_run_missing_a_ranks_recording_is_refused() -> None:
+    with pytest.raises(Refused, match="1 of the run's 2 ranks were recorded here"):
+        what_if(_pair()[:1], [parse_change("comm=hidden")])
 
 
 def test_a_collective_far_outside_the_sizes_measured_is_refused() -> None:

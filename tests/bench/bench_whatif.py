@@ -56,6 +56,12 @@ PAIRS = {
     "fsdp2-world1": Pair("fsdp2-world1", "fsdp2_train.py", "world_size=1", (), b_ranks=1),
     "fsdp1-shard-grad-op": Pair("fsdp1-shard-grad-op", "fsdp1_train.py", "sharding_strategy=SHARD_GRAD_OP",
                                 ("--strategy", "SHARD_GRAD_OP")),
+    "ds2-accum": Pair("ds2-accum", "deepspeed_train.py", "grad_accum=2", ("--stage", "2", "--grad-accum", "2"),
+                      ("--stage", "2")),
+    "ds3-accum": Pair("ds3-accum", "deepspeed_train.py", "grad_accum=2", ("--stage", "3", "--grad-accum", "2"),
+                      ("--stage", "3")),
+    "ds2-micro": Pair("ds2-micro", "deepspeed_train.py", "micro_batch=x2", ("--stage", "2", "--micro-x2"),
+                      ("--stage", "2")),
     "fsdp1-full-shard": Pair("fsdp1-full-shard", "fsdp1_train.py", "sharding_strategy=FULL_SHARD", (),
                              ("--strategy", "SHARD_GRAD_OP")),
 }

@@ -15,13 +15,13 @@ if TYPE_CHECKING:
     from zeromon.analysis.whatif import Figures, WhatIf
 
 NAME = "whatif"
-HELP = ("predict what a change (resharding, overlap, bandwidth, micro-batch, world size) does to step time and "
-        "peak memory")
+HELP = ("predict what a change (resharding, overlap, bandwidth, micro-batch, accumulation, world size) does to "
+        "step time and peak memory")
 
 _CHANGES_HELP = ("reshard_after_forward=false|true (FSDP2), sharding_strategy=SHARD_GRAD_OP|FULL_SHARD (FSDP1), "
                  "comm=hidden (every collective overlapped: the step's lower bound), bandwidth=xK (a K times faster "
-                 "network), micro_batch=xK (K times the micro-batch), world_size=N (N ranks at the same per-rank batch); several "
-                 "apply together")
+                 "network), micro_batch=xK (K times the micro-batch), grad_accum=N (N micro-batches a step), world_size=N (N ranks "
+                 "at the same per-rank batch); several apply together")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "tracked memory categories. Refuses, saying why, what one recording cannot support. "
                           "docs/whatif.md. Exit status 2 for bad input or a refusal.")
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a run folder written by `zeromon run --out RUN_DIR`")
-    parser.add_argument("changes", metavar="CHANGE", nargs="+", help=_CHANGES_HELP)
+    parser.add_argument("changes", metavar="CHANGE", nargs="+",
+                        help=f"{_CHANGES_HELP}. A word without '=' is another folder of the same run (each node's "
+                             "--out)")
     parser.add_argument("--json", action="store_true",
                         help="one JSON object: measured, replay (with error_pct), predicted, assumptions, "
                              "validated_error_pct")
@@ -47,11 +49,15 @@ def run(args: argparse.Namespace) -> int:
     from zeromon.commands.source_flags import run_folder_words
     from zeromon.model.run_files import read_run
 
+    folders = [args.run_dir, *(word for word in args.changes if "=" not in word)]
     try:
-        changes = [parse_change(text) for text in args.changes]
+        changes = [parse_change(text) for text in args.changes if "=" in text]
     except ChangeError as exc:
         raise ZeromonError(f"zeromon whatif: CHANGE {exc}", hint=f"CHANGE is one of: {_CHANGES_HELP}") from exc
-    run_dir = run_folder_words([args.run_dir], "RUN_DIR")
+    if not changes:
+        raise ZeromonError("zeromon whatif: give a CHANGE (NAME=VALUE) after RUN_DIR", hint=f"CHANGE is one of: "
+                                                                                          f"{_CHANGES_HELP}")
+    run_dir = run_folder_words(folders, "RUN_DIR")
     recordings = read_run(run_dir)
     try:
         answer = what_if(recordings, changes)

@@ -22,10 +22,12 @@ from zeromon.analysis.whatif.chain import CollectiveKey, RankChain, rank_chain
 from zeromon.analysis.whatif.changes import (
     Change,
     ChangeError,
+    accumulated,
     finished_units,
     gathered_bytes_per_step,
     keeps_parameters_gathered,
     kept_gathered,
+    reduces_every_micro_batch,
     regathers,
     rescaled_shards,
     resharded,
@@ -54,6 +56,7 @@ VALIDATED_ERROR_PCT: Mapping[str, Mapping[str, float] | None] = {
     "sharding_strategy": {"median_step_s": 10.4, "peak_tracked_bytes": 3.18},
     "micro_batch": {"median_step_s": 23.5, "peak_tracked_bytes": 1.28},
     "world_size": {"median_step_s": 9.3, "peak_tracked_bytes": 3.42},  # from 2 ranks to 1
+    "grad_accum": None,
     "comm": None,
     "bandwidth": None,
 }
@@ -108,7 +111,7 @@ class WhatIf:
             "assumptions": list(self.assumptions),
             "validated_error_pct": self.validated_error_pct,
             "capacity_bytes": self.capacity_bytes,
-            "steps": [s for s in self.steps],
+            "steps": list(self.steps),
             "fits": [{"op": f.op, "group_size": f.group_size, "alpha_s": f.alpha_s,
                       "busbw_bytes_per_s": f.busbw_bytes_per_s, "samples": f.samples,
                       "residual_pct": f.residual_pct, "line_residual_pct": f.line_residual_pct,
@@ -136,10 +139,15 @@ def what_if(recordings: Sequence[Recording], changes: Sequence[Change]) -> WhatI
     """The answer for ``changes`` applied together; Refused or ChangeError where the recording cannot say."""
     if not recordings:
         raise Refused("no rank recordings")
+    world = max((r.run_info.world_size for r in recordings if r.run_info is not None), default=len(recordings))
+    if len(recordings) < world:
+        raise Refused(f"{len(recordings)} of the run's {world} ranks were recorded here: the ranks' collectives are "
+                      "replayed together, so every rank's recording is needed (a run on several nodes: give "
+                      "each node's folder)")
     _refuse_device_timing(recordings)
     steps = replayable_steps(recordings)
     chains = tuple(rank_chain(r, steps) for r in recordings)
-    _refuse_subgroups(chains, recordings)
+    _refuse_subgroups(chains)
     first = measured_transfers(chains)
     if not first and any(c.shapes for c in chains):
         raise Refused("no collective's completion was measured on every rank: nothing to fit its time from")
@@ -195,7 +203,7 @@ def _refuse_device_timing(recordings: Sequence[Recording]) -> None:
                           "(a CPU run)")
 
 
-def _refuse_subgroups(chains: Sequence[RankChain], recordings: Sequence[Recording]) -> None:
+def _refuse_subgroups(chains: Sequence[RankChain]) -> None:
     world = len(chains)
     sizes = {shape.group_size for c in chains for shape in c.shapes.values()}
     if sizes - {1, world}:
@@ -253,6 +261,8 @@ def _apply(change: Change, info: Any, model: _Model, chains: tuple[RankChain, ..
         return chains, lambda m: _faster(m, seconds_of(m), factor), memory
     if change.kind == "world_size":
         return _other_world(change, info, model, chains, seconds_of, memory, assumptions)
+    if change.kind == "grad_accum":
+        return _accumulated(change, info, chains, seconds_of, memory, assumptions)
     factor = change.factor
     assumptions.append(f"{change.text}: forward and backward compute and activations {factor:g} times, the "
                        "collectives, the optimizer and the rest of the step as measured")
@@ -291,6 +301,36 @@ def _resharded(change: Change, model: _Model, chains: tuple[RankChain, ...], sec
 
     return (tuple(c for c, _ in made), seconds,
             {r: tuple(resharded(s, root, unit) for s in samples) for r, samples in memory.items()})
+
+
+def _accumulated(change: Change, info: Any, chains: tuple[RankChain, ...], seconds_of: SecondsOf,
+                 memory: Mapping[int, tuple[TrackedSample, ...]], assumptions: list[str],
+                 ) -> tuple[tuple[RankChain, ...], SecondsOf, Mapping[int, tuple[TrackedSample, ...]]]:
+    """``grad_accum`` micro-batches a step from a run without accumulation."""
+    micro_batches = int(change.value)
+    current = info.knobs.get("gradient_accumulation_steps") if info is not None else None
+    if isinstance(current, int) and current > 1:
+        raise ChangeError(f"{change.text!r}: this run accumulates {current} micro-batches already; grad_accum is "
+                          "answered from a run without accumulation")
+    if micro_batches == 1:
+        raise ChangeError(f"{change.text!r}: this run has no accumulation already")
+    every = reduces_every_micro_batch(info)
+    made = [accumulated(c, micro_batches, every) for c in chains]
+    copies = made[0][1]
+    assumptions.append(f"{change.text}: each step's forward, backward and the rest before the optimizer "
+                       f"{micro_batches} times, each copy's compute and collectives as measured, the optimizer once; "
+                       + ("the gradients reduced in every micro-batch (the framework does, without no_sync)"
+                          if every else "the gradients reduced at the last micro-batch only (no_sync; "
+                                        "DeepSpeed ZeRO-0/1)")
+                       + "; memory as measured (the gradients accumulate in place)")
+
+    def seconds(m: _Model) -> dict[CollectiveKey, dict[int, float]]:
+        out = seconds_of(m)
+        for new, old in copies.items():
+            out[new] = dict(out[old])
+        return out
+
+    return tuple(c for c, _ in made), seconds, memory
 
 
 def _other_world(change: Change, info: Any, model: _Model, chains: tuple[RankChain, ...], seconds_of: SecondsOf,

@@ -25,6 +25,8 @@ from zeromon.analysis.tracked_memory import TrackedSample
 from zeromon.analysis.whatif.chain import (
     COMPUTE,
     ISSUE,
+    STEP_END,
+    STEP_START,
     SYNC,
     WAIT,
     CollectiveKey,
@@ -50,9 +52,9 @@ class Change:
         return float(self.value)
 
 
-KINDS = ("reshard_after_forward", "sharding_strategy", "comm", "bandwidth", "micro_batch", "world_size")
+KINDS = ("reshard_after_forward", "sharding_strategy", "comm", "bandwidth", "micro_batch", "world_size", "grad_accum")
 # Answered by a later version; named here so that the message says so rather than "unknown".
-NOT_YET = ("zero_stage", "grad_accum")
+NOT_YET = ("zero_stage",)
 _FACTOR = re.compile(r"^x?(\d+(\.\d*)?|\.\d+)$")
 
 
@@ -78,9 +80,9 @@ def parse_change(text: str) -> Change:
         if value.upper() not in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"):
             raise ChangeError(f"{text!r}: sharding_strategy takes FULL_SHARD, SHARD_GRAD_OP or NO_SHARD")
         return Change(name, value.upper(), text)
-    if name == "world_size":
+    if name in ("world_size", "grad_accum"):
         if not value.isdigit() or int(value) < 1:
-            raise ChangeError(f"{text!r}: world_size takes a number of ranks, 1 or more")
+            raise ChangeError(f"{text!r}: {name} takes a whole number, 1 or more")
         return Change(name, str(int(value)), text)
     match = _FACTOR.match(value)
     if not match or float(match.group(1)) <= 0:
@@ -258,6 +260,70 @@ def finished_units(chain: RankChain, step: int, t_ns: int) -> int:
     done = sum(1 for k, shape in chain.shapes.items()
                if k[0] == step and shape.meaning == ZeroMeaning.GRAD_REDUCE_SCATTER and chain.issue_ns[k] <= t_ns)
     return sum(size for _, size in forward[len(forward) - done:]) if done else 0
+
+
+def reduces_every_micro_batch(info: RunInfo | None) -> bool:
+    """Whether the framework reduces the gradients in every micro-batch of an accumulation (FSDP1 and FSDP2
+    without no_sync, DeepSpeed ZeRO-2 and ZeRO-3) or at its boundary only (DDP under no_sync, ZeRO-0 and 1)."""
+    framework = info.framework if info is not None else "unknown"
+    if framework == "deepspeed":
+        return (info.zero_stage if info is not None else None) in (2, 3)
+    return framework in ("fsdp1", "fsdp2")
+
+
+_GRADIENT_REDUCTIONS = (ZeroMeaning.GRAD_ALL_REDUCE, ZeroMeaning.GRAD_REDUCE_SCATTER)
+
+
+def accumulated(chain: RankChain, micro_batches: int, every_micro_batch: bool,
+                ) -> tuple[RankChain, dict[CollectiveKey, CollectiveKey]]:
+    """The chain with each step's part before its optimizer (forward, backward, the rest) run ``micro_batches``
+    times, then the optimizer once. The copies before the last hold every collective of that part, but the
+    gradients' reductions where the framework reduces at the boundary only; each copy is a new collective, mapped
+    to the one it copies."""
+    copies: dict[CollectiveKey, CollectiveKey] = {}
+    occurrences: dict[tuple[int, str, int], int] = {}
+    for key in chain.shapes:
+        occurrences[key[:3]] = max(occurrences.get(key[:3], 0), key[3] + 1)
+    segments: list[Segment] = []
+    micro: list[Segment] = []
+    in_micro = False
+    for segment in chain.segments:
+        if segment.kind == STEP_START:
+            segments.append(segment)
+            micro, in_micro = [], True
+            continue
+        if in_micro and (segment.phase == Phase.OPTIMIZER or segment.kind == STEP_END):
+            for _ in range(micro_batches - 1):
+                segments.extend(_copied(micro, chain, every_micro_batch, copies, occurrences))
+            segments.extend(micro)
+            in_micro = False
+        (micro if in_micro else segments).append(segment)
+    shapes = dict(chain.shapes) | {new: chain.shapes[old] for new, old in copies.items()}
+    return dataclasses.replace(
+        chain, segments=tuple(segments), shapes=shapes,
+        issue_ns=dict(chain.issue_ns) | {new: chain.issue_ns[old] for new, old in copies.items()},
+        phases=dict(chain.phases) | {new: chain.phases.get(old, "") for new, old in copies.items()}), copies
+
+
+def _copied(micro: Sequence[Segment], chain: RankChain, every_micro_batch: bool,
+            copies: dict[CollectiveKey, CollectiveKey], occurrences: dict[tuple[int, str, int], int]) -> list[Segment]:
+    renamed: dict[CollectiveKey, CollectiveKey] = {}
+    out = []
+    for segment in micro:
+        key = segment.key
+        if key is None:
+            out.append(segment)
+            continue
+        if not every_micro_batch and chain.shapes[key].meaning in _GRADIENT_REDUCTIONS:
+            continue
+        if key not in renamed:
+            if segment.kind == WAIT:
+                continue  # waited on here, issued before the copied part: not copied
+            renamed[key] = (*key[:3], occurrences[key[:3]])  # type: ignore[assignment]
+            occurrences[key[:3]] += 1
+            copies[renamed[key]] = key
+        out.append(dataclasses.replace(segment, key=renamed[key]))
+    return out
 
 
 def sharded_categories(info: RunInfo | None) -> tuple[str, ...]:
