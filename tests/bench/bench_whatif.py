@@ -153,6 +153,8 @@ def main() -> int:
                     if len(orders) == 1:
                         orders.append((statistics.median(measured_a), statistics.median(measured_a)))
                 _print_row(row)
+            if len(orders) < 2:
+                continue  # no pair changed the shape's default config: no order to judge
             tau = _kendall_tau([p for p, _ in orders], [m for _, m in orders])
             met = "met" if tau >= TARGETS["tau"] else f"MISSED by {TARGETS['tau'] - tau:.2f}"
             print(f"{shape_name}: Kendall tau of predicted vs measured step order over {len(orders)} configs: "

@@ -11,10 +11,13 @@ from zeromon.analysis.findings import Finding
 from zeromon.analysis.remedy_changes import remedy_change
 from zeromon.analysis.whatif import ChangeError, Refused, WhatIf, parse_change, what_if
 from zeromon.model.codec import RunDirs
-from zeromon.model.run_files import read_run
+from zeromon.model.run_files import rank_files, read_run
+from zeromon.model.units import format_bytes
 
-# The replay holds every rank's chain at once: past this, `zeromon whatif` is the way (it says so).
+# The replay holds every rank's chain at once, and reads the recordings again: past these, `zeromon whatif` is the
+# way (the report says so), so that a large run's report costs what it did.
 MAX_RANKS = 64
+MAX_RECORDING_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,8 +68,11 @@ def remedy_predictions(run: RunDirs, findings: Sequence[Finding], ranks: int) ->
     remedies = answered_remedies(findings)
     if not remedies:
         return []
-    if ranks > MAX_RANKS:
-        return [RemedyPrediction(remedy, change, None, f"not predicted in the report past {MAX_RANKS} ranks: "
+    size = sum(path.stat().st_size for path in rank_files(run))
+    if ranks > MAX_RANKS or size > MAX_RECORDING_BYTES:
+        why = (f"past {MAX_RANKS} ranks" if ranks > MAX_RANKS
+               else f"for a recording of {format_bytes(size)} (past {format_bytes(MAX_RECORDING_BYTES)})")
+        return [RemedyPrediction(remedy, change, None, f"not predicted in the report {why}: "
                                                        f"`zeromon whatif RUN_DIR {change}` answers it")
                 for remedy, change in remedies]
     recordings = read_run(run)

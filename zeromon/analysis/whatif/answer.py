@@ -43,8 +43,10 @@ from zeromon.analysis.whatif.replay import ChainsDoNotMatch, Replay, replay
 from zeromon.model.codec import Recording
 from zeromon.model.events import DEVICE_TIMINGS, Phase, StepSummary, Timing
 
-# The least steps after the first, with their detail on every rank, to answer from.
+# The least steps after the first, with their detail on every rank, to answer from; and the most replayed (the
+# last of the stretch): enough for a median, and a long run's answer costs no more than a short one's.
 MIN_STEPS = 3
+MAX_STEPS = 64
 # A collective whose size is this many times outside the sizes its fit saw is not predicted.
 SIZE_RANGE = 2.0
 # What each change kind missed by, as a share of the real run's median step and tracked peak, when it was
@@ -54,9 +56,9 @@ VALIDATED_ERROR_PCT: Mapping[str, Mapping[str, float] | None] = {
     # both ways: =false from a run that reshards (6.8%, 0.63%) and =true from one that does not (14.2%, 1.78%)
     "reshard_after_forward": {"median_step_s": 14.2, "peak_tracked_bytes": 1.78},
     "sharding_strategy": {"median_step_s": 10.4, "peak_tracked_bytes": 3.18},
-    "micro_batch": {"median_step_s": 23.5, "peak_tracked_bytes": 1.28},
+    "micro_batch": {"median_step_s": 31.5, "peak_tracked_bytes": 1.28},  # at a micro-batch of 2 (docs/whatif.md)
     "world_size": {"median_step_s": 9.3, "peak_tracked_bytes": 3.42},  # from 2 ranks to 1
-    "grad_accum": None,
+    "grad_accum": {"median_step_s": 8.4, "peak_tracked_bytes": 0.0},  # DeepSpeed ZeRO-2 and ZeRO-3
     "comm": None,
     "bandwidth": None,
 }
@@ -173,7 +175,8 @@ def what_if(recordings: Sequence[Recording], changes: Sequence[Change]) -> WhatI
 
 
 def replayable_steps(recordings: Sequence[Recording]) -> list[int]:
-    """The longest stretch of consecutive steps that every rank summarized and kept the detail of."""
+    """The last MAX_STEPS of the longest stretch of consecutive steps that every rank summarized and kept the
+    detail of."""
     common: set[int] | None = None
     for rec in recordings:
         summarized = {s.step for s in rec.steps if s.step >= 0}
@@ -189,7 +192,7 @@ def replayable_steps(recordings: Sequence[Recording]) -> list[int]:
         raise Refused(f"the ranks share {len(best)} consecutive steps with their detail (collectives and phases); "
                       f"at least {MIN_STEPS + 1} are needed (the disk budget thins a long run's detail: "
                       "ZEROMON_MAX_DISK, docs/recording-format.md)")
-    return best
+    return best[-MAX_STEPS:]
 
 
 def _refuse_device_timing(recordings: Sequence[Recording]) -> None:
