@@ -204,6 +204,7 @@ def test_the_unchanged_replay_gives_back_a_regular_runs_step_and_peak() -> None:
 def test_a_larger_micro_batch_scales_the_forwards_compute_and_the_activations() -> None:
     answer = what_if(_pair(), [parse_change("micro_batch=x2")])
     assert answer.predicted.median_step_s == pytest.approx(0.018)  # 8 ms of forward twice, the 2 ms as it was
+    assert answer.samples_factor == 2.0 and answer.per_sample_change_pct == pytest.approx(-10.0)  # 18 / 2 vs 10
     assert answer.predicted.peak_tracked_bytes == 1000 + 2 * 5001
 
 
@@ -315,6 +316,28 @@ def test_a_real_fsdp2_run_predicts_the_kept_gathered_runs_peak_and_a_shorter_ste
                                                    - answer["replay"]["median_step_s"])
     main(["report", str(fsdp2_run)])
     assert "  remedy: reshard_after_forward=false: predicted -" in capsys.readouterr().out
+
+
+def test_any_two_changes_apply_together_in_either_order(fsdp2_run: Path) -> None:
+    import itertools
+
+    from zeromon.model.run_files import read_run
+
+    from zeromon.analysis.whatif.answer import APPLY_ORDER
+    from zeromon.analysis.whatif.changes import KINDS
+
+    assert sorted(APPLY_ORDER) == sorted(KINDS)  # every change kind has its place in the order
+    recordings = read_run(fsdp2_run)
+    kinds = ["reshard_after_forward=false", "comm=hidden", "bandwidth=x2", "micro_batch=x2", "grad_accum=2",
+             "world_size=4", "world_size=1"]
+    for first, second in itertools.permutations(kinds, 2):
+        if first.split("=")[0] == second.split("=")[0]:
+            continue
+        answer = what_if(recordings, [parse_change(first), parse_change(second)])
+        again = what_if(recordings, [parse_change(second), parse_change(first)])
+        assert answer.predicted.median_step_s == pytest.approx(again.predicted.median_step_s), (first, second)
+        assert answer.predicted.peak_tracked_bytes == again.predicted.peak_tracked_bytes, (first, second)
+        assert answer.predicted.median_step_s is not None and answer.predicted.median_step_s > 0, (first, second)
 
 
 def test_the_command_refuses_bad_input_with_exit_2(fsdp2_run: Path, capsys: pytest.CaptureFixture[str]) -> None:

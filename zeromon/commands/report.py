@@ -238,9 +238,8 @@ def remedy_lines(predictions: Sequence[RemedyPrediction], capacity: int | None) 
             left = capacity - peak
             memory += (f", fits with {format_bytes(left)} left" if left >= 0
                        else f", does not fit: {format_bytes(-left)} over")
-        micro = next((c.factor for c in p.answer.changes if c.kind == "micro_batch"), None)
-        if micro and p.step_delta_s is not None and replay:  # K times the samples a step: the time a sample
-            step += f", {100.0 * ((replay + p.step_delta_s) / micro / replay - 1):+.0f}% a sample"
+        if p.answer.samples_factor != 1.0 and p.answer.per_sample_change_pct is not None:
+            step += f", {p.answer.per_sample_change_pct:+.0f}% a sample"
         error = p.answer.replay_error_pct
         lines.append(f"  remedy: {p.change}: {step}{memory}"
                      + ("" if error is None else f" (the model's replay of the run: {error:+.1f}%)"))

@@ -97,6 +97,9 @@ def format_what_if(answer: WhatIf, run_dir: str, capacity: int | None) -> str:
              _row("measured", measured),
              _row("replay (unchanged)", answer.replay, "" if error is None else f" ({error:+.1f}%)"),
              _row("predicted", predicted, _change_pct(predicted.median_step_s, answer.replay.median_step_s))]
+    if answer.samples_factor != 1.0 and answer.per_sample_change_pct is not None:
+        lines.append(f"a step trains on {answer.samples_factor:g} times the samples: "
+                     f"{answer.per_sample_change_pct:+.1f}% a sample")
     if predicted.peak_tracked_bytes is not None and measured.peak_tracked_bytes is not None:
         delta = predicted.peak_tracked_bytes - measured.peak_tracked_bytes
         fits = ""
