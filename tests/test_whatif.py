@@ -321,10 +321,9 @@ def test_a_real_fsdp2_run_predicts_the_kept_gathered_runs_peak_and_a_shorter_ste
 def test_any_two_changes_apply_together_in_either_order(fsdp2_run: Path) -> None:
     import itertools
 
-    from zeromon.model.run_files import read_run
-
     from zeromon.analysis.whatif.answer import APPLY_ORDER
     from zeromon.analysis.whatif.changes import KINDS
+    from zeromon.model.run_files import read_run
 
     assert sorted(APPLY_ORDER) == sorted(KINDS)  # every change kind has its place in the order
     recordings = read_run(fsdp2_run)
