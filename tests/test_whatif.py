@@ -255,6 +255,16 @@ def test_what_one_recording_cannot_support_is_refused_with_the_reason(pair: dict
         what_if(_pair(**pair), [parse_change(change)])
 
 
+def test_more_ranks_from_a_one_rank_run_are_refused() -> None:
+    import dataclasses
+
+    alone = _recording(0, group_size=1)
+    assert alone.run_info is not None
+    alone = dataclasses.replace(alone, run_info=dataclasses.replace(alone.run_info, world_size=1))
+    with pytest.raises(Refused, match="a 1-rank run issues no collective over the world"):
+        what_if([alone], [parse_change("world_size=2")])
+
+
 def test_a_run_missing_a_ranks_recording_is_refused() -> None:
     with pytest.raises(Refused, match="1 of the run's 2 ranks were recorded here"):
         what_if(_pair()[:1], [parse_change("comm=hidden")])

@@ -144,6 +144,9 @@ def _other_world(change: Change, info: Any, model: RunModel, chains: tuple[RankC
     before, after = len(model.chains), int(change.value)
     if after == before:
         raise ChangeError(f"{change.text!r}: the run already has {before} ranks")
+    if before == 1:
+        raise Refused(f"{change.text!r}: a 1-rank run issues no collective over the world, so none can be rescaled "
+                      "or fitted: record it on 2 ranks or more")
     world_keys = {k for k, shape in chains[0].shapes.items() if shape.group_size == before}
     categories = sharded_categories(info)
     scaled_memory = {r: tuple(rescaled_shards(s, categories, before, after) for s in samples)
