@@ -38,9 +38,14 @@ def bus_factor(op: str, n: int) -> float | None:
 
 def array_bytes(event: CollectiveEvent) -> int:
     """S in nccl-tests' terms: the full array's size."""
-    if event.op == "all_gather":
-        return event.bytes_out
-    return event.bytes_in if event.op == "reduce_scatter" else max(event.bytes_in, event.bytes_out)
+    return array_size(event.op, event.bytes_in, event.bytes_out)
+
+
+def array_size(op: str, bytes_in: int, bytes_out: int) -> int:
+    """S of a collective given by its op and sizes (the gathered output, the reduce-scatter's whole input)."""
+    if op == "all_gather":
+        return bytes_out
+    return bytes_in if op == "reduce_scatter" else max(bytes_in, bytes_out)
 
 
 def event_bandwidth(event: CollectiveEvent) -> tuple[float, float] | None:

@@ -9,7 +9,7 @@ activations in every sample: a sample that is no walk takes the other categories
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from zeromon.model.events import MemorySample
@@ -46,9 +46,14 @@ def tracked_samples(samples: Sequence[MemorySample]) -> Iterator[TrackedSample]:
         yield TrackedSample(sample.step, sample.phase, categories, walk.step, walk.phase, walk.t_ns)
 
 
+def highest(samples: Iterable[TrackedSample]) -> TrackedSample | None:
+    """The sample whose tracked bytes are the highest (the first of equals); None without one."""
+    return max(samples, key=lambda s: s.total, default=None)
+
+
 def peak_tracked(samples: Sequence[MemorySample]) -> TrackedSample | None:
-    """The sample whose tracked bytes are the highest (the first of equals); None before any walk."""
-    return max(tracked_samples(samples), key=lambda s: s.total, default=None)
+    """The recording's highest sample; None before the agent's first walk."""
+    return highest(tracked_samples(samples))
 
 
 def peak_tracked_bytes(samples: Sequence[MemorySample]) -> int | None:

@@ -224,23 +224,22 @@ def format_run_report(report: RunReport, all_ranks: bool = False) -> str:
 
 def remedy_lines(predictions: Sequence[RemedyPrediction], capacity: int | None) -> list[str]:
     """A line per remedy that `zeromon whatif` answers: its predicted step and peak, or why there is none."""
+    from zeromon.views.whatif import capacity_words, delta_words
+
     lines = ["", "remedies predicted from this run (`zeromon whatif RUN_DIR CHANGE` for the whole answer):"]
     for p in predictions:
         if p.answer is None:
             lines.append(f"  remedy: {p.change}: not predicted: {p.refused}")
             continue
-        replay, peak = p.answer.replay.median_step_s, p.answer.predicted.peak_tracked_bytes
-        step = ("step -" if p.step_delta_s is None or replay is None
-                else f"predicted {p.step_delta_s * 1e3:+.1f} ms a step ({100.0 * p.step_delta_s / replay:+.0f}%)")
-        memory = "" if p.peak_delta_bytes is None else (
-            f", {'+' if p.peak_delta_bytes >= 0 else '-'}{format_bytes(abs(p.peak_delta_bytes))} peak")
-        if capacity and peak is not None:
-            left = capacity - peak
-            memory += (f", fits with {format_bytes(left)} left" if left >= 0
-                       else f", does not fit: {format_bytes(-left)} over")
-        if p.answer.samples_factor != 1.0 and p.answer.per_sample_change_pct is not None:
-            step += f", {p.answer.per_sample_change_pct:+.0f}% a sample"
-        error = p.answer.replay_error_pct
+        answer = p.answer
+        step = ("step -" if answer.step_delta_s is None or answer.step_change_pct is None
+                else f"predicted {answer.step_delta_s * 1e3:+.1f} ms a step ({answer.step_change_pct:+.0f}%)")
+        memory = "" if answer.peak_delta_bytes is None else f", {delta_words(answer.peak_delta_bytes)} peak"
+        fits = capacity_words(answer.left_bytes(capacity))
+        memory += f", {fits}" if fits else ""
+        if answer.samples_factor != 1.0 and answer.per_sample_change_pct is not None:
+            step += f", {answer.per_sample_change_pct:+.0f}% a sample"
+        error = answer.replay_error_pct
         lines.append(f"  remedy: {p.change}: {step}{memory}"
                      + ("" if error is None else f" (the model's replay of the run: {error:+.1f}%)"))
     return lines

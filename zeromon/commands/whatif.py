@@ -45,27 +45,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from zeromon.analysis.whatif import ChangeError, Refused, parse_change, what_if
     from zeromon.commands.source_flags import run_folder_words
-    from zeromon.model.run_files import read_run
+    from zeromon.views.whatif import what_if_of_run
 
     folders = [args.run_dir, *(word for word in args.changes if "=" not in word)]
-    try:
-        changes = [parse_change(text) for text in args.changes if "=" in text]
-    except ChangeError as exc:
-        raise ZeromonError(f"zeromon whatif: CHANGE {exc}", hint=f"CHANGE is one of: {_CHANGES_HELP}") from exc
-    if not changes:
-        raise ZeromonError("zeromon whatif: give a CHANGE (NAME=VALUE) after RUN_DIR", hint=f"CHANGE is one of: "
-                                                                                          f"{_CHANGES_HELP}")
     run_dir = run_folder_words(folders, "RUN_DIR")
-    recordings = read_run(run_dir)
     try:
-        answer = what_if(recordings, changes)
-    except ChangeError as exc:
-        raise ZeromonError(f"zeromon whatif: CHANGE {exc}") from exc
-    except Refused as exc:
-        raise ZeromonError(f"zeromon whatif: {args.run_dir}: cannot answer from this recording: {exc}",
-                           hint="docs/whatif.md says what one recording can answer") from exc
+        answer = what_if_of_run(run_dir, [word for word in args.changes if "=" in word])
+    except ZeromonError as exc:
+        raise ZeromonError(f"zeromon whatif: {exc.message}", hint=exc.hint) from exc
     capacity = args.capacity or answer.capacity_bytes
     if args.json:
         print(json.dumps(answer.to_dict() | {"capacity_bytes": capacity}, indent=1))
@@ -78,38 +66,29 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.1f}"
 
 
-def _change_pct(value: float | None, reference: float | None) -> str:
-    if value is None or not reference:
-        return ""
-    return f" ({100.0 * (value - reference) / reference:+.1f}%)"
-
-
 def _row(label: str, figures: Figures, step_note: str = "") -> str:
     return (f"{label:<22} {_ms(figures.median_step_s) + step_note:>18} {_ms(figures.compute_s):>9} "
             f"{_ms(figures.transfer_s):>9} {_ms(figures.waiting_s):>9} {format_bytes(figures.peak_tracked_bytes):>12}")
 
 
 def format_what_if(answer: WhatIf, run_dir: str, capacity: int | None) -> str:
+    from zeromon.views.whatif import capacity_words, delta_words
+
     measured, predicted = answer.measured, answer.predicted
     error = answer.replay_error_pct
     lines = [f"{run_dir}: {', '.join(c.text for c in answer.changes)}",
              f"{'':<22} {'step (ms)':>18} {'compute':>9} {'transfer':>9} {'waiting':>9} {'peak tracked':>12}",
              _row("measured", measured),
              _row("replay (unchanged)", answer.replay, "" if error is None else f" ({error:+.1f}%)"),
-             _row("predicted", predicted, _change_pct(predicted.median_step_s, answer.replay.median_step_s))]
+             _row("predicted", predicted, "" if answer.step_change_pct is None else f" ({answer.step_change_pct:+.1f}%)")]
     if answer.samples_factor != 1.0 and answer.per_sample_change_pct is not None:
         lines.append(f"a step trains on {answer.samples_factor:g} times the samples: "
                      f"{answer.per_sample_change_pct:+.1f}% a sample")
-    if predicted.peak_tracked_bytes is not None and measured.peak_tracked_bytes is not None:
-        delta = predicted.peak_tracked_bytes - measured.peak_tracked_bytes
-        fits = ""
-        if capacity:
-            left = capacity - predicted.peak_tracked_bytes
-            fits = (f", fits with {format_bytes(left)} left of {format_bytes(capacity)}" if left >= 0
-                    else f", DOES NOT FIT: {format_bytes(-left)} over {format_bytes(capacity)}")
+    if answer.peak_delta_bytes is not None:
+        fits = capacity_words(answer.left_bytes(capacity))
         lines.append(f"peak tracked memory: {format_bytes(measured.peak_tracked_bytes)} -> "
-                     f"{format_bytes(predicted.peak_tracked_bytes)} ({'+' if delta >= 0 else '-'}"
-                     f"{format_bytes(abs(delta))}){fits}")
+                     f"{format_bytes(predicted.peak_tracked_bytes)} ({delta_words(answer.peak_delta_bytes)})"
+                     + (f", {fits} (capacity {format_bytes(capacity or answer.capacity_bytes)})" if fits else ""))
     lines.append("the predicted step's change is against the replay (the model against itself); the replay's "
                  "error against the measured run is in brackets")
     for fit in answer.fits:

@@ -27,30 +27,14 @@ class RemedyPrediction:
     answer: WhatIf | None
     refused: str | None  # why there is no answer
 
-    @property
-    def step_delta_s(self) -> float | None:
-        if self.answer is None or self.answer.predicted.median_step_s is None \
-                or self.answer.replay.median_step_s is None:
-            return None
-        return self.answer.predicted.median_step_s - self.answer.replay.median_step_s
-
-    @property
-    def peak_delta_bytes(self) -> int | None:
-        if self.answer is None or self.answer.predicted.peak_tracked_bytes is None \
-                or self.answer.measured.peak_tracked_bytes is None:
-            return None
-        return self.answer.predicted.peak_tracked_bytes - self.answer.measured.peak_tracked_bytes
-
     def to_dict(self, capacity: int | None) -> dict[str, Any]:
         answer = self.answer
-        replay = answer.replay.median_step_s if answer is not None else None
-        peak = answer.predicted.peak_tracked_bytes if answer is not None else None
         return {"remedy": self.remedy, "change": self.change, "refused": self.refused,
-                "step_delta_s": self.step_delta_s,
-                "step_delta_pct": None if self.step_delta_s is None or not replay else 100.0 * self.step_delta_s / replay,
-                "peak_tracked_delta_bytes": self.peak_delta_bytes,
-                "left_bytes": capacity - peak if capacity and peak is not None else None,
-                "replay_error_pct": answer.replay_error_pct if answer is not None else None}
+                "step_delta_s": answer.step_delta_s if answer else None,
+                "step_delta_pct": answer.step_change_pct if answer else None,
+                "peak_tracked_delta_bytes": answer.peak_delta_bytes if answer else None,
+                "left_bytes": answer.left_bytes(capacity) if answer else None,
+                "replay_error_pct": answer.replay_error_pct if answer else None}
 
 
 def answered_remedies(findings: Sequence[Finding]) -> list[tuple[str, str]]:

@@ -12,19 +12,20 @@ when it was checked against real runs (VALIDATED_ERROR_PCT).
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from zeromon.analysis.tracked_memory import TrackedSample, tracked_samples
+from zeromon.analysis.step_table import step_table
+from zeromon.analysis.tracked_memory import TrackedSample, highest, tracked_samples
 from zeromon.analysis.whatif.apply import apply_change
 from zeromon.analysis.whatif.chain import CollectiveKey, RankChain, rank_chain
 from zeromon.analysis.whatif.changes import Change
-from zeromon.analysis.whatif.fit import CollectiveFit, filled_transfers, fit_collectives, measured_transfers
+from zeromon.analysis.whatif.fit import CollectiveFit, fit_collectives, measured_transfers
 from zeromon.analysis.whatif.model import SIZE_RANGE, Refused, RunModel, SecondsOf
 from zeromon.analysis.whatif.replay import ChainsDoNotMatch, Replay, replay
 from zeromon.model.codec import Recording
-from zeromon.model.events import DEVICE_TIMINGS, StepSummary, Timing
+from zeromon.model.events import DEVICE_TIMINGS, Timing
 
 # The least steps after the first, with their detail on every rank, to answer from; and the most replayed (the
 # last of the stretch): enough for a median, and a long run's answer costs no more than a short one's.
@@ -74,6 +75,28 @@ class WhatIf:
     fits: tuple[CollectiveFit, ...]
     assumptions: tuple[str, ...]
     capacity_bytes: int | None
+
+    @property
+    def step_delta_s(self) -> float | None:
+        """The predicted median step less the replay's: the model against itself."""
+        predicted, replay = self.predicted.median_step_s, self.replay.median_step_s
+        return None if predicted is None or replay is None else predicted - replay
+
+    @property
+    def step_change_pct(self) -> float | None:
+        return _error_pct(self.predicted.median_step_s, self.replay.median_step_s)
+
+    @property
+    def peak_delta_bytes(self) -> int | None:
+        """The predicted peak of the tracked categories less the measured one."""
+        predicted, measured = self.predicted.peak_tracked_bytes, self.measured.peak_tracked_bytes
+        return None if predicted is None or measured is None else predicted - measured
+
+    def left_bytes(self, capacity: int | None = None) -> int | None:
+        """What the predicted peak leaves of ``capacity`` (the recording's own by default); negative: over it."""
+        capacity = capacity or self.capacity_bytes
+        peak = self.predicted.peak_tracked_bytes
+        return None if not capacity or peak is None else capacity - peak
 
     @property
     def samples_factor(self) -> float:
@@ -143,7 +166,7 @@ def what_if(recordings: Sequence[Recording], changes: Sequence[Change]) -> WhatI
     if not first and any(c.shapes for c in chains):
         raise Refused("no collective's completion was measured on every rank: nothing to fit its time from")
     fits = fit_collectives(chains, first)
-    model = RunModel(chains, fits, filled_transfers(chains, fits),
+    model = RunModel(chains, fits, measured_transfers(chains, fits),
                    {r.rank: tuple(tracked_samples(r.memory)) for r in recordings})
     assumptions = [f"{len(steps)} steps replayed ({_steps_words(steps)}), from their start on every rank as "
                    "measured",
@@ -160,7 +183,7 @@ def what_if(recordings: Sequence[Recording], changes: Sequence[Change]) -> WhatI
                                                         assumptions)
     predicted = _run(model, chains_after, seconds_of(model), memory_after)
     capacity = next((m.capacity for r in recordings for m in reversed(r.memory) if m.capacity), None)
-    return WhatIf(changes=tuple(changes), measured=_measured(recordings, model), replay=base,
+    return WhatIf(changes=tuple(changes), measured=_measured(recordings, model, base), replay=base,
                   predicted=predicted, steps=tuple(steps), fits=tuple(fits.values()),
                   assumptions=tuple(assumptions), capacity_bytes=capacity)
 
@@ -250,34 +273,27 @@ def _refuse_unseen_sizes(model: RunModel, chains: Sequence[RankChain]) -> None:
 
 def _figures(result: Replay, memory: Mapping[int, tuple[TrackedSample, ...]]) -> Figures:
     peak, categories = _peak(memory)
-    return Figures(median_step_s=result.median_step_s(), peak_tracked_bytes=peak, peak_categories=categories,
+    return Figures(median_step_s=result.median_of("step_s"), peak_tracked_bytes=peak, peak_categories=categories,
                    compute_s=result.median_of("compute_s"), transfer_s=result.median_of("transfer_s"),
                    waiting_s=result.median_of("waiting_s"), exposed_s=result.median_of("exposed_s"))
 
 
 def _peak(memory: Mapping[int, Sequence[TrackedSample]]) -> tuple[int | None, Mapping[str, int]]:
-    best: TrackedSample | None = None
-    for samples in memory.values():
-        for sample in samples:
-            if best is None or sample.total > best.total:
-                best = sample
+    """The highest sample over the ranks: its tracked bytes and categories."""
+    best = highest(s for samples in memory.values() for s in samples)
     return (None, {}) if best is None else (best.total, dict(best.categories))
 
 
-def _measured(recordings: Sequence[Recording], model: RunModel) -> Figures:
-    """The run as recorded, by the same definitions (its steps after the first, as `zeromon report`)."""
+def _measured(recordings: Sequence[Recording], model: RunModel, base: Figures) -> Figures:
+    """The run as recorded: the median step and exposed communication by `zeromon report`'s own tables; the
+    compute is the replay's, which keeps every compute segment as measured."""
+    tables = [step_table(rec) for rec in recordings]
     peak, categories = _peak(model.memory)
-    return Figures(median_step_s=_median_of_ranks(recordings, lambda s: s.duration_s),
-                   peak_tracked_bytes=peak, peak_categories=categories,
-                   compute_s=_median_of_ranks(recordings, lambda s: s.duration_s - (s.blocked_s or 0.0)),
-                   exposed_s=_median_of_ranks(recordings, lambda s: s.exposed_comm_s))
+    return Figures(median_step_s=_median_over_ranks(t.steady_median("step_s") for t in tables),
+                   peak_tracked_bytes=peak, peak_categories=categories, compute_s=base.compute_s,
+                   exposed_s=_median_over_ranks(t.steady_median("exposed_comm_s") for t in tables))
 
 
-def _median_of_ranks(recordings: Sequence[Recording], value: Callable[[StepSummary], float | None]) -> float | None:
-    medians = []
-    for rec in recordings:
-        steps = [s for s in rec.steps if s.step >= 1] or list(rec.steps)
-        values = [v for s in steps if (v := value(s)) is not None]
-        if values:
-            medians.append(statistics.median(values))
-    return statistics.median(medians) if medians else None
+def _median_over_ranks(medians: Iterable[float | None]) -> float | None:
+    known = [m for m in medians if m is not None]
+    return statistics.median(known) if known else None

@@ -4,10 +4,9 @@ zeromon.analysis.whatif.changes)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from zeromon.analysis.bandwidth import bus_factor
 from zeromon.analysis.tracked_memory import TrackedSample
 from zeromon.analysis.whatif.chain import CollectiveKey, CollectiveShape, RankChain
 from zeromon.analysis.whatif.changes import (
@@ -36,36 +35,53 @@ Applied = tuple[tuple[RankChain, ...], SecondsOf, Mapping[int, tuple[TrackedSamp
 
 
 def apply_change(change: Change, info: Any, model: RunModel, chains: tuple[RankChain, ...], seconds_of: SecondsOf,
-           memory: Mapping[int, tuple[TrackedSample, ...]], assumptions: list[str],
-           ) -> Applied:
+                 memory: Mapping[int, tuple[TrackedSample, ...]], assumptions: list[str]) -> Applied:
+    """The chains, the collectives' times and the memory samples with ``change`` applied to them (what earlier
+    changes left); the change's assumption appended to ``assumptions``."""
     if change.kind in ("reshard_after_forward", "sharding_strategy"):
-        if not keeps_parameters_gathered(change, info):
-            return _resharded(change, model, chains, seconds_of, memory, assumptions)
-        gone = regathers(chains[0])
-        if not gone:
-            raise ChangeError(f"{change.text!r}: the recording shows no re-gather of parameters in the backward")
-        unsharded = gathered_bytes_per_step(model.chains[0])
-        assumptions.append(f"{change.text}: the backward's {len(gone) // len(_steps_of(gone))} re-gathers a step go; "
-                           f"every unit's unsharded parameters ({unsharded:,} bytes, what the forward gathers) are "
-                           "held from the forward's end, each until its backward ends (its gradients' reduce-scatter); "
-                           "the gathers' copies' compute is kept")
-        by_rank = {c.rank: c for c in model.chains}
-        return (tuple(without(c, gone) for c in chains), seconds_of,
-                {r: tuple(kept_gathered(s, unsharded, finished_units(by_rank[r], s.walk_step, s.walk_t_ns))
-                          if r in by_rank else s for s in samples) for r, samples in memory.items()})
-    if change.kind == "comm":
-        assumptions.append("comm=hidden: every collective takes no time; waiting for a later peer stays")
-        return chains, lambda m: {k: dict.fromkeys(v, 0.0) for k, v in seconds_of(m).items()}, memory
-    if change.kind == "bandwidth":
-        factor = change.factor
-        assumptions.append(f"{change.text}: each collective's transfer (its fit's bus bytes / bus bandwidth) "
-                           f"{factor:g} times faster, its fixed cost and its noise as measured")
-        shapes = dict(chains[0].shapes)
-        return chains, lambda m: _faster(m, shapes, seconds_of(m), factor), memory
-    if change.kind == "world_size":
-        return _other_world(change, info, model, chains, seconds_of, memory, assumptions)
-    if change.kind == "grad_accum":
-        return _accumulated(change, info, chains, seconds_of, memory, assumptions)
+        if keeps_parameters_gathered(change, info):
+            return _kept_gathered(change, info, model, chains, seconds_of, memory, assumptions)
+        return _resharded(change, info, model, chains, seconds_of, memory, assumptions)
+    return _HANDLERS[change.kind](change, info, model, chains, seconds_of, memory, assumptions)
+
+
+def _kept_gathered(change: Change, info: Any, model: RunModel, chains: tuple[RankChain, ...],
+                   seconds_of: SecondsOf, memory: Mapping[int, tuple[TrackedSample, ...]],
+                   assumptions: list[str]) -> Applied:
+    """Each unit's parameters kept from its forward to its backward: the backward's re-gathers go."""
+    gone = regathers(chains[0])
+    if not gone:
+        raise ChangeError(f"{change.text!r}: the recording shows no re-gather of parameters in the backward")
+    unsharded = gathered_bytes_per_step(model.chains[0])
+    assumptions.append(f"{change.text}: the backward's {len(gone) // len({k[0] for k in gone})} re-gathers a step "
+                       f"go; every unit's unsharded parameters ({unsharded:,} bytes, what the forward gathers) are "
+                       "held from the forward's end, each until its backward ends (its gradients' reduce-scatter); "
+                       "the gathers' copies' compute is kept")
+    by_rank = {c.rank: c for c in model.chains}
+    return (tuple(without(c, gone) for c in chains), seconds_of,
+            {r: tuple(kept_gathered(s, unsharded, finished_units(by_rank[r], s.walk_step, s.walk_t_ns))
+                      if r in by_rank else s for s in samples) for r, samples in memory.items()})
+
+
+def _hidden(change: Change, info: Any, model: RunModel, chains: tuple[RankChain, ...], seconds_of: SecondsOf,
+            memory: Mapping[int, tuple[TrackedSample, ...]], assumptions: list[str]) -> Applied:
+    assumptions.append("comm=hidden: every collective takes no time; waiting for a later peer stays")
+    return chains, lambda m: {k: dict.fromkeys(v, 0.0) for k, v in seconds_of(m).items()}, memory
+
+
+def _faster_network(change: Change, info: Any, model: RunModel, chains: tuple[RankChain, ...],
+                    seconds_of: SecondsOf, memory: Mapping[int, tuple[TrackedSample, ...]],
+                    assumptions: list[str]) -> Applied:
+    factor = change.factor
+    assumptions.append(f"{change.text}: each collective's transfer (its fit's bus bytes / bus bandwidth) "
+                       f"{factor:g} times faster, its fixed cost and its noise as measured")
+    shapes = dict(chains[0].shapes)
+    return chains, lambda m: _faster(m, shapes, seconds_of(m), factor), memory
+
+
+def _larger_micro_batch(change: Change, info: Any, model: RunModel, chains: tuple[RankChain, ...],
+                        seconds_of: SecondsOf, memory: Mapping[int, tuple[TrackedSample, ...]],
+                        assumptions: list[str]) -> Applied:
     factor = change.factor
     assumptions.append(f"{change.text}: forward and backward compute and activations {factor:g} times, the "
                        "collectives, the optimizer and the rest of the step as measured")
@@ -74,9 +90,8 @@ def apply_change(change: Change, info: Any, model: RunModel, chains: tuple[RankC
             {r: tuple(scaled_activations(s, factor) for s in samples) for r, samples in memory.items()})
 
 
-def _resharded(change: Change, model: RunModel, chains: tuple[RankChain, ...], seconds_of: SecondsOf,
-               memory: Mapping[int, tuple[TrackedSample, ...]], assumptions: list[str],
-               ) -> Applied:
+def _resharded(change: Change, info: Any, model: RunModel, chains: tuple[RankChain, ...], seconds_of: SecondsOf,
+               memory: Mapping[int, tuple[TrackedSample, ...]], assumptions: list[str]) -> Applied:
     """Each unit but the root resharded after its forward: its parameters gathered again in its backward."""
     if regathers(chains[0]):
         raise ChangeError(f"{change.text!r}: the recording already shows re-gathers of parameters in the backward")
@@ -106,9 +121,8 @@ def _resharded(change: Change, model: RunModel, chains: tuple[RankChain, ...], s
             {r: tuple(resharded(s, root, unit) for s in samples) for r, samples in memory.items()})
 
 
-def _accumulated(change: Change, info: Any, chains: tuple[RankChain, ...], seconds_of: SecondsOf,
-                 memory: Mapping[int, tuple[TrackedSample, ...]], assumptions: list[str],
-                 ) -> Applied:
+def _accumulated(change: Change, info: Any, model: RunModel, chains: tuple[RankChain, ...], seconds_of: SecondsOf,
+                 memory: Mapping[int, tuple[TrackedSample, ...]], assumptions: list[str]) -> Applied:
     """``grad_accum`` micro-batches a step from a run without accumulation."""
     micro_batches = int(change.value)
     current = info.knobs.get("gradient_accumulation_steps") if info is not None else None
@@ -137,8 +151,7 @@ def _accumulated(change: Change, info: Any, chains: tuple[RankChain, ...], secon
 
 
 def _other_world(change: Change, info: Any, model: RunModel, chains: tuple[RankChain, ...], seconds_of: SecondsOf,
-                 memory: Mapping[int, tuple[TrackedSample, ...]], assumptions: list[str],
-                 ) -> Applied:
+                 memory: Mapping[int, tuple[TrackedSample, ...]], assumptions: list[str]) -> Applied:
     """The same per-rank batch on ``after`` ranks: the world's collectives over ``after`` ranks (at one, none),
     the sharded memory 1/``after``."""
     before, after = len(model.chains), int(change.value)
@@ -159,7 +172,7 @@ def _other_world(change: Change, info: Any, model: RunModel, chains: tuple[RankC
     shapes = chains[0].shapes
     for key in world_keys:
         fit = model.fits.get((shapes[key].op, before))
-        new_bus = shapes[key].array_bytes * (bus_factor(shapes[key].op, after) or 1.0)
+        new_bus = shapes[key].bus_bytes_over(after)
         if fit is None:
             raise Refused(f"no {shapes[key].op} had its time measured: nothing to fit it over {after} ranks from")
         if not fit.min_bus_bytes / SIZE_RANGE <= new_bus <= fit.max_bus_bytes * SIZE_RANGE:
@@ -176,16 +189,11 @@ def _other_world(change: Change, info: Any, model: RunModel, chains: tuple[RankC
         out = seconds_of(m)
         for key in world_keys:
             fit = m.fits[(shapes[key].op, before)]
-            moved = (fit.seconds(shapes[key].array_bytes * (bus_factor(shapes[key].op, after) or 1.0))
-                     - fit.seconds(shapes[key].bus_bytes))
+            moved = fit.seconds(shapes[key].bus_bytes_over(after)) - fit.seconds(shapes[key].bus_bytes)
             out[key] = {rank: max(0.0, s + moved) for rank, s in out[key].items()}
         return out
 
     return chains, seconds, scaled_memory
-
-
-def _steps_of(keys: set[CollectiveKey]) -> set[int]:
-    return {k[0] for k in keys} or {0}
 
 
 def _faster(model: RunModel, shapes: Mapping[CollectiveKey, CollectiveShape],
@@ -199,3 +207,8 @@ def _faster(model: RunModel, shapes: Mapping[CollectiveKey, CollectiveShape],
         saved = fit.beta_s_per_byte * shapes[key].bus_bytes * (1.0 - 1.0 / factor) if fit is not None else 0.0
         out[key] = {rank: max(0.0, s - saved) for rank, s in by_rank.items()}
     return out
+
+
+_HANDLERS: Mapping[str, Callable[..., Applied]] = {
+    "comm": _hidden, "bandwidth": _faster_network, "micro_batch": _larger_micro_batch, "grad_accum": _accumulated,
+    "world_size": _other_world}

@@ -18,9 +18,9 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from zeromon.analysis.bandwidth import bus_factor
+from zeromon.analysis.bandwidth import MEASURED_TIMINGS, array_size, bus_factor
 from zeromon.model.codec import Recording
-from zeromon.model.events import Phase, StepSummary, span_ns
+from zeromon.model.events import DEVICE_TIMINGS, Phase, StepSummary, span_ns
 
 # Segment kinds. COMPUTE, AGENT and ISSUE last their measured time; SYNC and WAIT until their collective
 # completes (SYNC: the call issues it, then blocks); STEP_START and STEP_END mark a step's ends (no time).
@@ -58,7 +58,11 @@ class CollectiveShape:
     @property
     def bus_bytes(self) -> float:
         """S times the op's bus factor: the bytes a link carries, the fit's variable."""
-        return self.array_bytes * (bus_factor(self.op, self.group_size) or 1.0)
+        return self.bus_bytes_over(self.group_size)
+
+    def bus_bytes_over(self, ranks: int) -> float:
+        """The bus bytes of the same collective over ``ranks`` ranks."""
+        return self.array_bytes * (bus_factor(self.op, ranks) or 1.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,15 +76,9 @@ class RankChain:
     phases: dict[CollectiveKey, str] = field(default_factory=dict)  # the phase each was issued in
 
 
-# Completion times measured exactly on the host (zeromon.analysis.bandwidth.MEASURED_TIMINGS, less the
-# device's clocks: a GPU run's chain is the stream's, not the thread's).
-EXACT_HOST_TIMINGS = frozenset({"sync", "wait", "callback"})
-
-
-def _array_bytes(op: str, bytes_in: int, bytes_out: int) -> int:
-    if op == "all_gather":
-        return bytes_out
-    return bytes_in if op == "reduce_scatter" else max(bytes_in, bytes_out)
+# Completion times measured exactly on the host: the measured ones less the device's clocks (a GPU run's chain
+# is the stream's, not the thread's).
+EXACT_HOST_TIMINGS = MEASURED_TIMINGS - DEVICE_TIMINGS
 
 
 def rank_chain(rec: Recording, steps: Sequence[int]) -> RankChain:
@@ -106,7 +104,7 @@ def rank_chain(rec: Recording, steps: Sequence[int]) -> RankChain:
         phases[key] = phase
         if columns.timing[i] in EXACT_HOST_TIMINGS and columns.complete_ns[i] is not None:
             complete_ns[key] = columns.complete_ns[i]  # type: ignore[assignment]
-        shapes[key] = CollectiveShape(op, size, _array_bytes(op, columns.bytes_in[i], columns.bytes_out[i]),
+        shapes[key] = CollectiveShape(op, size, array_size(op, columns.bytes_in[i], columns.bytes_out[i]),
                                       columns.meaning[i], bool(columns.async_op[i]))
         if not columns.async_op[i]:
             blocks.append((start, 1, start + span_ns(blocked), Segment(SYNC, blocked, step, phase, key)))

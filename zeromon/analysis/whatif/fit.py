@@ -62,24 +62,39 @@ def channel_order(chain: RankChain) -> list[CollectiveKey]:
     return sorted(chain.issue_ns, key=chain.issue_ns.__getitem__)
 
 
-def measured_transfers(chains: Sequence[RankChain]) -> dict[CollectiveKey, dict[int, float]]:
-    """Each collective's time on each rank whose completion was measured, from when it could start."""
+def measured_transfers(chains: Sequence[RankChain],
+                       fits: Mapping[tuple[str, int], CollectiveFit] | None = None,
+                       ) -> dict[CollectiveKey, dict[int, float]]:
+    """Each collective's time on each rank, from when it could start, where its group's completions around it
+    were measured. A collective whose end was not measured (async, found already done when waited on) leaves the
+    next one's start unknown: without ``fits`` neither is a sample; with them, the collectives between two
+    measured completions share the time between them in proportion to their fitted times (the group ran them
+    one after the other)."""
     transfers: dict[CollectiveKey, dict[int, float]] = {}
-    if not chains:
-        return transfers
-    # group size -> when its last collective completed on every rank, in issue order; None where a rank's
-    # completion was not measured (an async collective already done when waited on): the next one's start
-    # is then unknown, and it is no sample.
-    previous_done: dict[int, int | None] = {}
-    for key in channel_order(chains[0]):
+    known: dict[int, int] = {}  # group size -> when its last collective completed on every rank, measured
+    pending: dict[int, list[CollectiveKey]] = defaultdict(list)  # its collectives since, their ends unknown
+    for key in channel_order(chains[0]) if chains else ():
         issues = [c.issue_ns[key] for c in chains if key in c.issue_ns]
         done = {c.rank: c.complete_ns[key] for c in chains if key in c.complete_ns}
-        previous = previous_done.get(key[2], 0)
-        previous_done[key[2]] = max(done.values()) if len(done) == len(chains) else None
-        if len(issues) < len(chains) or previous is None or not done:
+        group = key[2]
+        if len(issues) < len(chains):
             continue
-        start = max(max(issues), previous)
-        transfers[key] = {rank: max(0, complete - start) / 1e9 for rank, complete in done.items()}
+        if len(done) < len(chains):
+            pending[group].append(key)
+            continue
+        run = [*pending.pop(group, []), key]
+        previous, known[group] = known.get(group, 0), max(done.values())
+        if len(run) > 1 and fits is None:
+            continue  # its start unknown
+        weights = ([shape_seconds(fits, chains[0].shapes[k]) or 0.0 for k in run]
+                   if fits is not None and len(run) > 1 else [1.0])
+        start = max(max(c.issue_ns[run[0]] for c in chains), previous)
+        if len(run) > 1 and (start < max(min(c.issue_ns[k] for c in chains) for k in run) or sum(weights) <= 0):
+            run, weights = [key], [1.0]  # the group idled between them, or nothing to share by: the last one alone
+            start = max(max(issues), previous)
+        total = sum(weights)
+        for k, weight in zip(run, weights, strict=True):
+            transfers[k] = {rank: max(0, complete - start) / 1e9 * weight / total for rank, complete in done.items()}
     return transfers
 
 
@@ -136,38 +151,3 @@ def fit_collectives(chains: Sequence[RankChain],
 def shape_seconds(fits: Mapping[tuple[str, int], CollectiveFit], shape: CollectiveShape) -> float | None:
     fit = fits.get((shape.op, shape.group_size))
     return None if fit is None else fit.seconds(shape.bus_bytes)
-
-
-def filled_transfers(chains: Sequence[RankChain], fits: Mapping[tuple[str, int], CollectiveFit],
-                     ) -> dict[CollectiveKey, dict[int, float]]:
-    """measured_transfers, and the collectives between two measured completions of a group (an async
-    collective found already done when waited on, and the one after it) given their share of the time
-    between them, in proportion to their fitted times: the group ran them one after the other."""
-    transfers: dict[CollectiveKey, dict[int, float]] = {}
-    if not chains:
-        return transfers
-    known: dict[int, int] = {}  # group size -> when its last collective completed on every rank, measured
-    pending: dict[int, list[CollectiveKey]] = defaultdict(list)  # its collectives since, their ends unknown
-    for key in channel_order(chains[0]):
-        issues = [c.issue_ns[key] for c in chains if key in c.issue_ns]
-        done = {c.rank: c.complete_ns[key] for c in chains if key in c.complete_ns}
-        group = key[2]
-        if len(issues) < len(chains):
-            continue
-        if len(done) < len(chains):
-            pending[group].append(key)
-            continue
-        run = [*pending.pop(group, []), key]
-        run_issues = [min(c.issue_ns[k] for c in chains) for k in run]
-        start = max(max(c.issue_ns[run[0]] for c in chains), known.get(group, 0))
-        weights = [shape_seconds(fits, chains[0].shapes[k]) or 0.0 for k in run]
-        if len(run) > 1 and (start < max(run_issues) or sum(weights) <= 0):
-            run = [key]  # the group idled between them, or nothing to share by: the last one alone
-            start = max(max(issues), known.get(group, 0))
-        if len(run) == 1:
-            weights = [1.0]
-        total = sum(weights)
-        for k, weight in zip(run, weights, strict=True):
-            transfers[k] = {rank: max(0, complete - start) / 1e9 * weight / total for rank, complete in done.items()}
-        known[group] = max(done.values())
-    return transfers

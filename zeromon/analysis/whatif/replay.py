@@ -54,22 +54,15 @@ class Replay:
     steps: Mapping[int, tuple[ReplayStep, ...]]  # rank -> its steps in order
     collective_start_s: Mapping[CollectiveKey, float] = field(default_factory=dict)
 
-    def median_step_s(self) -> float | None:
-        """The median over ranks of each rank's median step time over the steps after the first, as
-        `zeromon report` computes the measured one."""
-        return median_of_ranks(self.steps, lambda s: s.step_s)
-
     def median_of(self, value: str) -> float | None:
-        return median_of_ranks(self.steps, lambda s: float(getattr(s, value)))
-
-
-def median_of_ranks(steps: Mapping[int, Sequence[ReplayStep]], value: object) -> float | None:
-    medians = []
-    for rank_steps in steps.values():
-        chosen = [s for s in rank_steps if s.step >= 1] or list(rank_steps)
-        if chosen:
-            medians.append(statistics.median(value(s) for s in chosen))  # type: ignore[operator]
-    return statistics.median(medians) if medians else None
+        """The median over ranks of each rank's median of a ReplayStep's ``value`` over the steps after the first
+        (all of them where there is none), as `zeromon report` computes the measured ones."""
+        medians = []
+        for rank_steps in self.steps.values():
+            chosen = [s for s in rank_steps if s.step >= 1] or list(rank_steps)
+            if chosen:
+                medians.append(statistics.median(float(getattr(s, value)) for s in chosen))
+        return statistics.median(medians) if medians else None
 
 
 def replay(chains: Sequence[RankChain], seconds: Mapping[CollectiveKey, Mapping[int, float]]) -> Replay:
