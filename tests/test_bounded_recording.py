@@ -1,5 +1,5 @@
 """ZEROMON_MAX_DISK: a bounded recording keeps every step's summary and thins the per-collective detail
-as the file fills (agents/zeromon_agent/detail.py).
+as the file fills (agents/zeromon_agent/recorder/detail.py).
 
 The policy is checked on the keeper itself, fed as the recorder feeds it (records of known sizes, a
 writer that counts); the whole is checked on a real 2-rank gloo run under `zeromon run`, read back by
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from zeromon.analysis.oom import forecast
 from zeromon.model.codec import Recording, read_run
 from zeromon.model.events import MemorySample, Notice, Record, StepSummary
-from zeromon_agent.detail import END_ROOM, LAST_STEPS, LEVELS, DetailKeeper
+from zeromon_agent.recorder.detail import END_ROOM, LAST_STEPS, LEVELS, DetailKeeper
 
 from conftest import REPO, child_env, ranks_args, zeromon
 

@@ -27,8 +27,8 @@ import pytest
 import torch
 
 from zeromon.model import Recording, read_run
-from zeromon_agent.config import AgentConfig
-from zeromon_agent.state import timed_step
+from zeromon_agent.context.config import AgentConfig
+from zeromon_agent.hooks.state import timed_step
 
 from conftest import REPO, child_env, free_port, ranks_args, run_python, zeromon
 
@@ -165,7 +165,7 @@ def test_the_profiler_on_a_gpu_sees_the_same_ops_kernels_and_collectives(tmp_pat
             if n.split("|", 1)[-1] in ZEROMON_CUDA_CALLS:
                 assert on[key].get(n, 0) > off[key].get(n, 0), n  # added by zeromon, never taken away
     # zeromon records the profiled steps as it records the plain ones: the same collectives every step, on the
-    # GPU's clock in the steps timed on the device (zeromon_agent.state.timed_step: of these 8, the first two at
+    # GPU's clock in the steps timed on the device (zeromon_agent.hooks.state.timed_step: of these 8, the first two at
     # the default) and as launched in the others.
     assert on["zeromon_steps"] == list(range(PLAIN_STEPS + PROFILED_STEPS)) and on["hook_errors"] == 0, on
     every = AgentConfig().device_timing_every

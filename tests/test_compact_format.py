@@ -58,7 +58,7 @@ from zeromon.model.segments import (
     header_of,
     iter_frames,
 )
-from zeromon_agent.config import load_config
+from zeromon_agent.context.config import load_config
 
 from conftest import EXAMPLES, child_env, ranks_args, zeromon
 

@@ -6,7 +6,7 @@ import pytest
 
 from zeromon.errors import ZeromonError
 from zeromon.model.units import format_bytes, parse_size
-from zeromon_agent.config import AgentConfig, load_config
+from zeromon_agent.context.config import AgentConfig, load_config
 
 
 def test_defaults_without_environment() -> None:

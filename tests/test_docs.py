@@ -106,3 +106,41 @@ def test_no_user_facing_text_cites_an_internal_document() -> None:
 def test_the_internal_document_check_can_fail() -> None:
     assert INTERNAL.search("ZeRO-2, the seeds' default") and INTERNAL.search("(seeds)")
     assert INTERNAL.search("see DESIGN.md") and not INTERNAL.search("--seed 0: seed of weights and data")
+
+
+AGENT = REPO / "agents" / "zeromon_agent"
+# zeromon_agent.a.b (a module, else a name in its package), agents/zeromon_agent/a/b.py, and in the design note's
+# drawing a path inside the agent (recorder/loop.py).
+AGENT_DOTTED = re.compile(r"\bzeromon_agent((?:\.\w+)+)")
+AGENT_PATH = re.compile(r"\bzeromon_agent/([\w/]+\.py)\b")
+INSIDE_AGENT = re.compile(r"(?<![\w/.])((?:hooks|memory|recorder|live|serve|context)/\w+\.py)\b")
+
+
+def _agent_name_exists(dotted: str) -> bool:
+    """Whether ``.a.b.c`` names a module of the agent (then any attribute of it), or a name its package defines."""
+    where = AGENT
+    for part in dotted.strip(".").split("."):
+        if (where / part).is_dir():
+            where = where / part
+        elif (where / f"{part}.py").is_file():
+            return True
+        else:  # a name the package defines or exports (zeromon_agent.attach, zeromon_agent.StepFigures)
+            return re.search(rf"^(def|class) {part}\b|^{part} =|\"{part}\"", (where / "__init__.py").read_text(),
+                             flags=re.M) is not None
+    return True
+
+
+def test_every_agent_module_the_docs_and_the_code_name_exists() -> None:
+    """The agent's modules named in the pages (docs/development.md's data flow above all) and in the packages'
+    strings and comments: each exists, so that a reader who follows one finds it."""
+    texts = [(path.relative_to(REPO), path.read_text()) for path in _markdown_files()]
+    texts += [(path.relative_to(REPO), "\n".join(text for _, text in _strings_and_comments(path)))
+              for package in PACKAGES for path in sorted(package.rglob("*.py"))]
+    missing = sorted({f"{where}: zeromon_agent{name}" for where, text in texts
+                      for name in AGENT_DOTTED.findall(text) if not _agent_name_exists(name)}
+                     | {f"{where}: {path}" for where, text in texts
+                        for path in AGENT_PATH.findall(text) + INSIDE_AGENT.findall(text)
+                        if not (AGENT / path).is_file()})
+    assert not missing, "\n".join(missing)
+    assert not _agent_name_exists(".live_views") and not _agent_name_exists(".recorder.drain")  # the check can fail
+    assert _agent_name_exists(".hooks.state.timed_step") and _agent_name_exists(".attach")

@@ -30,11 +30,11 @@ from zeromon.errors import ZeromonError
 from zeromon.model import registry
 from zeromon.model.codec import read_recording
 from zeromon.sources.live import LiveSource
-from zeromon_agent.config import AgentConfig, load_config
-from zeromon_agent.endpoint import AgentEndpoint
-from zeromon_agent.httpserver import HttpServer, Response, bind
-from zeromon_agent.recorder import Recorder
-from zeromon_agent.state import HotState
+from zeromon_agent.context.config import AgentConfig, load_config
+from zeromon_agent.hooks.state import HotState
+from zeromon_agent.recorder.loop import Recorder
+from zeromon_agent.serve.endpoint import AgentEndpoint
+from zeromon_agent.serve.httpserver import HttpServer, Response, bind
 
 from conftest import REPO, child_env, free_port, ranks_args
 

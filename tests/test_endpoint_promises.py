@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from zeromon_agent.endpoint import AgentEndpoint
-from zeromon_agent.httpserver import HttpServer, Response, bind
-from zeromon_agent.recorder import Recorder
-from zeromon_agent.state import HotState
+from zeromon_agent.hooks.state import HotState
+from zeromon_agent.recorder.loop import Recorder
+from zeromon_agent.serve.endpoint import AgentEndpoint
+from zeromon_agent.serve.httpserver import HttpServer, Response, bind
 
 
 def exchange(port: int, raw: bytes, timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 import torch
 
-from zeromon_agent.config import AgentConfig
-from zeromon_agent.cuda import CudaTimer, attach_oom_observer, stream_reader
-from zeromon_agent.device import NvmlDevice
-from zeromon_agent.memory import CudaMemory
-from zeromon_agent.recorder import Recorder
-from zeromon_agent.state import RAW_COLLECTIVE, RAW_WAIT, HotState, timed_step
+from zeromon_agent.context.config import AgentConfig
+from zeromon_agent.context.device import NvmlDevice
+from zeromon_agent.hooks.cuda import CudaTimer, attach_oom_observer, stream_reader
+from zeromon_agent.hooks.state import RAW_COLLECTIVE, RAW_WAIT, HotState, timed_step
+from zeromon_agent.memory.readings import CudaMemory
+from zeromon_agent.recorder.loop import Recorder
 
 
 class _FakeEvent:
@@ -103,7 +103,7 @@ def test_cuda_event_pool_exhaustion_falls_back_to_host_timing() -> None:
 def test_only_the_waits_of_cuda_timed_collectives_are_marked_on_the_stream() -> None:
     """make_wait records CUDA events (before and after the wait) for a collective that was timed
     with them, and none for one on CPU tensors in the same process (gloo beside NCCL)."""
-    from zeromon_agent.collectives import make_wait, make_wrapper
+    from zeromon_agent.hooks.collectives import make_wait, make_wrapper
 
     state = HotState()
     state.enabled = True
@@ -310,8 +310,8 @@ def test_only_the_sampled_steps_are_timed_on_the_device_and_the_others_say_so(tm
     import torch.distributed as dist
 
     from zeromon.model.codec import RecordingWriter, read_recording
-    from zeromon_agent.collectives import make_wait, make_wrapper
-    from zeromon_agent.state import RAW_STEP_END, RAW_STEP_START
+    from zeromon_agent.hooks.collectives import make_wait, make_wrapper
+    from zeromon_agent.hooks.state import RAW_STEP_END, RAW_STEP_START
 
     from conftest import child_env
 
@@ -422,7 +422,7 @@ def test_the_records_of_a_step_not_timed_on_the_device_leave_the_garbage_collect
     which the collector tracks: the recorder polls a Work nobody waited on through it.)"""
     import gc
 
-    from zeromon_agent.collectives import make_wait, make_wrapper
+    from zeromon_agent.hooks.collectives import make_wait, make_wrapper
 
     state = HotState()
     state.enabled = True

@@ -292,10 +292,10 @@ def test_an_explicit_step_loop_on_the_gpu_clock(tmp_path: Path) -> None:
 
 
 def test_the_agents_events_are_recorded_on_torchs_current_stream_on_a_gpu() -> None:
-    """The agent records its CUDA events on the stream its fast reader gives (zeromon_agent.cuda.stream_reader,
+    """The agent records its CUDA events on the stream its fast reader gives (zeromon_agent.hooks.cuda.stream_reader,
     CudaTimer.current_stream): here it must take the fast path, agree with torch.cuda.current_stream() on the
     default stream, inside ``with torch.cuda.stream(s)`` and after it, and the event must land on that stream."""
-    from zeromon_agent.cuda import CudaTimer, stream_reader
+    from zeromon_agent.hooks.cuda import CudaTimer, stream_reader
 
     torch.cuda.set_device(0)
     torch.zeros(1, device="cuda")

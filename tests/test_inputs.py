@@ -30,7 +30,7 @@ from zeromon.model import numbers
 from zeromon.model.codec import read_recording
 from zeromon.sources.live import LiveSource
 from zeromon.sources.replay import ReplaySource
-from zeromon_agent.config import ENV, AgentConfig, load_config
+from zeromon_agent.context.config import ENV, AgentConfig, load_config
 
 from conftest import REPO, child_env, ranks_args, refuses_field, zeromon
 

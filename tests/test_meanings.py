@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from zeromon_agent.issuers import DDP, DEEPSPEED, DTENSOR, FSDP, TORCH, USER, issuer_of, issuer_path
-from zeromon_agent.step_acc import meaning_of
+from zeromon_agent.hooks.issuers import DDP, DEEPSPEED, DTENSOR, FSDP, TORCH, USER, issuer_of, issuer_path
+from zeromon_agent.recorder.step_acc import meaning_of
 
 
 @pytest.mark.parametrize(("path", "issuer"), [
@@ -15,7 +15,7 @@ from zeromon_agent.step_acc import meaning_of
     ("/venv/lib/python3.11/site-packages/torch/distributed/fsdp/_flat_param.py", FSDP),
     ("/venv/lib/python3.11/site-packages/deepspeed/comm/torch.py", DEEPSPEED),
     ("/venv/lib/python3.11/site-packages/torch/nn/parallel/distributed.py", DDP),
-    ("/venv/lib/python3.11/site-packages/zeromon_agent/ddp.py", DDP),
+    ("/venv/lib/python3.11/site-packages/zeromon_agent/hooks/ddp.py", DDP),
     ("/venv/lib/python3.11/site-packages/torch/distributed/utils.py", TORCH),
     ("/venv/lib/python3.11/site-packages/torch/distributed/tensor/_collective_utils.py", DTENSOR),
     ("/venv/lib/python3.11/site-packages/accelerate/utils/operations.py", USER),

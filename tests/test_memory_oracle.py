@@ -37,8 +37,8 @@ import pytest
 import torch
 
 from zeromon.model import Recording, read_run
-from zeromon_agent.phases import PhaseTracker
-from zeromon_agent.state import HotState
+from zeromon_agent.hooks.phases import PhaseTracker
+from zeromon_agent.hooks.state import HotState
 
 from conftest import REPO, child_env, ranks_args
 

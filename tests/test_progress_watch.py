@@ -1,10 +1,12 @@
-"""The agent's own view of its progress (zeromon_agent.progress.ProgressWatch): when a rank is suspect, and that
+"""The agent's own view of its progress (zeromon_agent.recorder.progress.ProgressWatch): when a rank is suspect, and that
 it says so once per stall. Times are given, not waited for; the real runs are in tests/test_hang.py."""
 
 from __future__ import annotations
 
 from zeromon.model.progress import RESUMED, STALLED
-from zeromon_agent.progress import (
+from zeromon_agent.hooks.state import RAW_COLLECTIVE, RAW_PHASE, RAW_WAIT, HotState
+from zeromon_agent.recorder.loop import Recorder
+from zeromon_agent.recorder.progress import (
     STALL_FLOOR_S,
     STALL_SETUP_S,
     STALL_STEPS,
@@ -12,8 +14,6 @@ from zeromon_agent.progress import (
     call_of_raw,
     is_program_code,
 )
-from zeromon_agent.recorder import Recorder
-from zeromon_agent.state import RAW_COLLECTIVE, RAW_PHASE, RAW_WAIT, HotState
 
 S = 10**9
 
@@ -77,7 +77,7 @@ def test_the_programs_own_frames_are_told_from_the_libraries() -> None:
     assert is_program_code("/home/me/job/train.py")
     assert not is_program_code(torch.__file__)
     assert not is_program_code(threading.__file__)
-    assert not is_program_code(__import__("zeromon_agent.progress").__file__)
+    assert not is_program_code(__import__("zeromon_agent.recorder.progress").__file__)
     assert not is_program_code("<frozen importlib._bootstrap>")
 
 

@@ -734,9 +734,9 @@ def test_a_port_taken_by_another_jobs_agent_is_down_not_read_as_the_ended_run(
     from zeromon.model.registry import run_entry_path, write_entry
     from zeromon.sources.discovery import file_sd_text, run_entries
     from zeromon.sources.live import LiveSource
-    from zeromon_agent.endpoint import AgentEndpoint
-    from zeromon_agent.recorder import Recorder
-    from zeromon_agent.state import HotState
+    from zeromon_agent.hooks.state import HotState
+    from zeromon_agent.recorder.loop import Recorder
+    from zeromon_agent.serve.endpoint import AgentEndpoint
 
     recorder = Recorder(HotState(), rank=0, writer=None, flush_interval_s=0.05)
     recorder.start()

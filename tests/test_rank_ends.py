@@ -41,7 +41,7 @@ from zeromon.model.run_end import read_file_end
 from zeromon.model.segments import CompactWriter
 from zeromon.views.overview import died_banners
 from zeromon.views.run_data import recording_data
-from zeromon_agent.attempts import start_attempt
+from zeromon_agent.context.attempts import start_attempt
 
 from conftest import REPO, child_env, free_port, torchrun_args, zeromon
 

@@ -48,14 +48,9 @@ from zeromon.model.events import (
     record_maker,
 )
 from zeromon.model.segments import CompactWriter, _joined
-from zeromon_agent import step_acc
-from zeromon_agent.collective_records import materialize
-from zeromon_agent.cuda import CudaTimer
-from zeromon_agent.live_totals import BUSBW_WINDOW, DURATION_BUCKETS, CollectiveTotals, LiveTotals
-from zeromon_agent.live_totals import counted as live_counted
-from zeromon_agent.recent import RecentRecords, Unmade
-from zeromon_agent.recorder import Recorder
-from zeromon_agent.state import (
+from zeromon_agent.compact import Unmade, materialize
+from zeromon_agent.hooks.cuda import CudaTimer
+from zeromon_agent.hooks.state import (
     RAW_AGENT,
     RAW_COLLECTIVE,
     RAW_DONE,
@@ -68,7 +63,12 @@ from zeromon_agent.state import (
     UNTIMED,
     HotState,
 )
-from zeromon_agent.step_acc import meaning_of, seconds
+from zeromon_agent.live.recent import RecentRecords
+from zeromon_agent.live.totals import BUSBW_WINDOW, DURATION_BUCKETS, CollectiveTotals, LiveTotals
+from zeromon_agent.live.totals import counted as live_counted
+from zeromon_agent.recorder import step_acc
+from zeromon_agent.recorder.loop import Recorder
+from zeromon_agent.recorder.step_acc import meaning_of, seconds
 
 _any_value = (st.none() | st.booleans() | st.integers(*INT64) | st.floats(allow_nan=False) | st.text(max_size=8)
               | st.sampled_from(["forward", "all_gather", "sync"]))

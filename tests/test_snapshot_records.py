@@ -19,10 +19,11 @@ from test_compact_format import records
 from zeromon.model import kinds
 from zeromon.model.codec import FIELDS_OF, KIND_OF, json_default
 from zeromon.model.events import CollectiveEvent, MemorySample, PhaseSpan, Record
-from zeromon_agent.httpserver import json_response
-from zeromon_agent.recorder import Recorder
-from zeromon_agent.snapshot import _MAPPING_FIELDS, Identity, LiveData, events_since, record_dict
-from zeromon_agent.state import RAW_MEMORY, RAW_OOM, HotState, perf_ns
+from zeromon_agent.hooks.state import RAW_MEMORY, RAW_OOM, HotState, perf_ns
+from zeromon_agent.live.view import Identity, LiveData
+from zeromon_agent.recorder.loop import Recorder
+from zeromon_agent.serve.httpserver import json_response
+from zeromon_agent.serve.snapshot import _MAPPING_FIELDS, events_since, record_dict
 
 
 def every_field(record: Record) -> dict[str, Any]:

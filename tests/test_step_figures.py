@@ -10,12 +10,12 @@ import pytest
 
 import zeromon_agent
 from zeromon.analysis.findings import Finding, Severity
-from zeromon_agent.figures import StepFigures
+from zeromon_agent.hooks.state import RAW_MEMORY, STATE, HotState, perf_ns
 from zeromon_agent.integrations.hf import _ahead_of_integrations
 from zeromon_agent.integrations.report import TrainerReport, logged_values
-from zeromon_agent.recorder import Recorder
-from zeromon_agent.snapshot import Identity, LiveData
-from zeromon_agent.state import RAW_MEMORY, STATE, HotState, perf_ns
+from zeromon_agent.live.figures import StepFigures
+from zeromon_agent.live.view import Identity, LiveData
+from zeromon_agent.recorder.loop import Recorder
 
 
 def _live() -> tuple[HotState, Recorder, LiveData]:

@@ -10,6 +10,15 @@ or, with no code change: ``zeromon run --out runs/x -- torchrun --nproc-per-node
 
 Importing this package is cheap (stdlib only): torch is imported when the agent starts, and UI
 libraries (textual, dash, plotly) never are.
+
+This module is the agent's public face (``__all__``): ``attach``, ``step``, ``detach``, ``get_agent``, the
+``Agent`` they return, the settings (``load_config``, ``AgentConfig``) and the per-step figures the trainers'
+loggers show (``StepFigures``, ``Agent.latest_step_figures()``). Everything else is the agent's inside, laid
+out by where it runs (docs/development.md, "The agent's data flow"): ``hooks`` (the training thread),
+``memory`` (its samples), ``recorder`` (the background thread), ``live`` (what the recorder publishes and
+readers copy), ``serve`` (the endpoint), ``context`` (settings and what the run is), ``compact`` (the
+recorder's compact records), ``exits`` (how the process ends); ``bootstrap`` and ``integrations`` adapt
+launchers and trainers to the face.
 """
 
 from __future__ import annotations
@@ -20,12 +29,33 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from zeromon_agent.version import __version__
+from zeromon_agent.context.version import __version__
 
 if TYPE_CHECKING:
     from zeromon_agent.agent import Agent
+    from zeromon_agent.context.config import AgentConfig, load_config
+    from zeromon_agent.live.figures import StepFigures
 
-__all__ = ["__version__", "attach", "detach", "get_agent", "step"]
+__all__ = ["Agent", "AgentConfig", "StepFigures", "__version__", "attach", "detach", "get_agent", "load_config",
+           "step"]
+
+# The face's classes and the settings loader, imported when first asked for (PEP 562): `import zeromon_agent`
+# stays cheap, and the analysis the figures need is loaded only where someone reads them.
+_LAZY = {"Agent": "zeromon_agent.agent", "AgentConfig": "zeromon_agent.context.config",
+         "load_config": "zeromon_agent.context.config", "StepFigures": "zeromon_agent.live.figures"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'zeromon_agent' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 _agent: Agent | None = None
 _lock = threading.Lock()
@@ -36,7 +66,7 @@ def attach(model: Any = None, optimizer: Any = None, engine: Any = None, **setti
 
     ``model``: the root module (found on the first forward if omitted); ``optimizer``: the optimizer
     whose step ends a training step; ``engine``: a DeepSpeed engine (its module and optimizer are
-    used). ``settings`` override the ZEROMON_* environment variables (see zeromon_agent.config).
+    used). ``settings`` override the ZEROMON_* environment variables (see zeromon_agent.context.config).
     Raises zeromon.errors.ZeromonError for a bad or unknown keyword setting, naming it; a bad ZEROMON_*
     variable is a warning (stderr and a notice in the recording) and its default.
     """
@@ -46,7 +76,7 @@ def attach(model: Any = None, optimizer: Any = None, engine: Any = None, **setti
             _agent.attach_objects(model=model, optimizer=optimizer, engine=engine)
             return _agent
         from zeromon_agent.agent import Agent
-        from zeromon_agent.config import load_config
+        from zeromon_agent.context.config import load_config
 
         # A bad ZEROMON_* variable must not stop the training: a notice and its default (a bad keyword
         # here is the caller's own code, and raises).

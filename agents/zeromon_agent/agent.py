@@ -1,4 +1,4 @@
-"""The in-rank agent: wires the hooks, the memory watch (memory_watch.py), the recorder and the exit handlers
+"""The in-rank agent: wires the hooks, the memory watch (memory/watch.py), the recorder (recorder/) and the exit handlers
 (exits.py), and says what the run is (its run info)."""
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ from zeromon.model.events import END_DETACH
 from zeromon.model.jsonl import RecordingWriter
 from zeromon.model.kinds import rank_file_name
 from zeromon.model.segments import CompactWriter
-from zeromon_agent import collectives, ddp
-from zeromon_agent.config import AgentConfig
+from zeromon_agent.context.config import AgentConfig
 from zeromon_agent.exits import ExitHandlers
-from zeromon_agent.memory_watch import MemoryWatch
-from zeromon_agent.phases import PhaseTracker
-from zeromon_agent.recorder import Recorder
-from zeromon_agent.state import STATE, HotState
+from zeromon_agent.hooks import collectives, ddp
+from zeromon_agent.hooks.phases import PhaseTracker
+from zeromon_agent.hooks.state import STATE, HotState
+from zeromon_agent.memory.watch import MemoryWatch
+from zeromon_agent.recorder.loop import Recorder
 
 if TYPE_CHECKING:
-    from zeromon_agent.figures import StepFigures
+    from zeromon_agent.live.figures import StepFigures
 
 log = logging.getLogger("zeromon.agent")
 
@@ -115,8 +115,8 @@ class Agent:
         self._ddp_checked: weakref.ref[Any] | None = None  # the root last looked at for DDP (inside wrappers)
         self._optimizer_announced = False
         self._first_step_described = False  # the run info written again once the first step has ended
-        self.endpoint: Any = None  # zeromon_agent.endpoint.AgentEndpoint while it serves
-        self._figures_live: Any = None  # snapshot.LiveData of latest_step_figures() where no endpoint serves
+        self.endpoint: Any = None  # zeromon_agent.serve.endpoint.AgentEndpoint while it serves
+        self._figures_live: Any = None  # live.view.LiveData of latest_step_figures() where no endpoint serves
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self, model: Any = None, optimizer: Any = None, engine: Any = None) -> Agent:
@@ -146,7 +146,7 @@ class Agent:
         if torch.cuda.is_available():
             cuda_index = torch.cuda.current_device()
             self.memory.use_cuda(cuda_index)
-            from zeromon_agent.cuda import CudaTimer
+            from zeromon_agent.hooks.cuda import CudaTimer
 
             self.state.device_timer = CudaTimer.create(torch)
             self.state.device_timing_every = self.config.device_timing_every
@@ -161,7 +161,9 @@ class Agent:
             # log) and the live endpoint serves all the same.
             compact = self.config.record_format == "compact"
             writer_type = CompactWriter if compact else RecordingWriter
-            from zeromon_agent.attempts import start_attempt  # torchelastic: keeps an earlier attempt's file
+            from zeromon_agent.context.attempts import (
+                start_attempt,  # torchelastic: keeps an earlier attempt's file
+            )
 
             writer = writer_type.open_or_lost(
                 self.run_dir / rank_file_name(self.rank, ".zmr" if compact else ".jsonl"), self.rank, job=self.job,
@@ -171,7 +173,7 @@ class Agent:
                 **start_attempt(self.run_dir, self.rank, self.world_size))
         device = None
         if cuda_index is not None and self.config.device_interval_s > 0:
-            from zeromon_agent.device import NvmlDevice
+            from zeromon_agent.context.device import NvmlDevice
 
             device = NvmlDevice(cuda_index)
         self.recorder = Recorder(self.state, self.rank, writer, self.config.flush_interval_s,
@@ -285,7 +287,7 @@ class Agent:
         recorder = self.recorder
         try:
             from zeromon.model.registry import REGISTRY_ENV, registry_dir
-            from zeromon_agent.endpoint import AgentEndpoint
+            from zeromon_agent.serve.endpoint import AgentEndpoint
 
             folder = registry_dir({REGISTRY_ENV: self.config.registry or ""})
             self.endpoint = AgentEndpoint.start(
@@ -303,7 +305,7 @@ class Agent:
         in-process readers such as the trainers' logging callbacks (zeromon_agent.integrations).
 
         From any thread; never raises (an error is counted as a hook error) and never waits for another
-        reader: the views are shared with the endpoint and taken at most every snapshot.VIEW_TTL_S, and a
+        reader: the views are shared with the endpoint and taken at most every live.view.VIEW_TTL_S, and a
         view being taken by a scrape answers the previous one. The recorder summarizes steps on its own
         thread, so the newest step here trails the training by up to a pass (StepFigures.step names it).
         None before the first summarized step, or when the agent is not recording."""
@@ -315,7 +317,7 @@ class Agent:
             view = live.view_if_free()
             if view is None:
                 return None
-            from zeromon_agent.figures import figures_of  # with the snapshot's analysis: only once asked
+            from zeromon_agent.live.figures import figures_of  # with the snapshot's analysis: only once asked
 
             return figures_of(view, self.rank)
         except Exception as exc:  # noqa: BLE001 - a reader's question must never stop the training
@@ -330,7 +332,7 @@ class Agent:
         if live is not None:
             return live
         if self._figures_live is None:
-            from zeromon_agent.snapshot import Identity, LiveData
+            from zeromon_agent.live.view import Identity, LiveData
 
             identity = Identity(rank=self.rank, local_rank=self.local_rank, world_size=self.world_size,
                                 host=os.uname().nodename, pid=os.getpid(), job=self.job, start_ns=time.time_ns())
@@ -339,7 +341,7 @@ class Agent:
 
     # --- run info ---------------------------------------------------------------------------------
     def _write_run_info(self) -> None:
-        from zeromon_agent import runinfo
+        from zeromon_agent.context import runinfo
 
         try:
             model = self.model if self.model is not None else self.tracker.root

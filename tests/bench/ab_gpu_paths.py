@@ -46,7 +46,7 @@ from bench_collective_overhead import StandInCudaTensor, stand_in_torch, world_o
 from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
 
 from zeromon.model.codec import RecordingWriter
-from zeromon_agent.state import perf_ns
+from zeromon_agent.hooks.state import perf_ns
 
 BEFORE = "zeromon_agent_before"
 
@@ -54,8 +54,9 @@ BEFORE = "zeromon_agent_before"
 def load_before(agents_dir: Path, into: Path) -> str:
     """Copy ``agents_dir``'s zeromon_agent to ``into`` as BEFORE, its imports of itself renamed; import it."""
     source = agents_dir / "zeromon_agent"
-    if not (source / "collectives.py").is_file():
-        raise SystemExit(f"--before {agents_dir}: no zeromon_agent/collectives.py there (give a checkout's agents/)")
+    # The agent's modules were one folder deep before its subpackages (hooks/collectives.py since).
+    if not any((source / where).is_file() for where in ("hooks/collectives.py", "collectives.py")):
+        raise SystemExit(f"--before {agents_dir}: no zeromon_agent/hooks/collectives.py there (give a checkout's agents/)")
     target = into / BEFORE
     shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
     for path in target.rglob("*.py"):
@@ -74,14 +75,25 @@ def stand_in_launch(tensor: Any, op: Any = None, group: Any = None, async_op: bo
     return _create_work_from_future(_DONE) if async_op else None
 
 
+# Where each module is in the agent's subpackages; a checkout from before them has it one folder deep.
+_LAYOUT = {"collectives": "hooks.collectives", "state": "hooks.state", "cuda": "hooks.cuda", "recorder": "recorder.loop"}
+
+
+def _module(package: str, name: str) -> Any:
+    try:
+        return importlib.import_module(f"{package}.{_LAYOUT[name]}")
+    except ModuleNotFoundError:
+        return importlib.import_module(f"{package}.{name}")
+
+
 class Side:
     """One version of the agent: its state, its event timer, its wrappers and recorder."""
 
     def __init__(self, package: str, out_dir: Path, launch: Callable[..., Any], tensor: Any, on_gpu: bool) -> None:
-        collectives = importlib.import_module(f"{package}.collectives")
-        state_module = importlib.import_module(f"{package}.state")
-        cuda = importlib.import_module(f"{package}.cuda")
-        recorder = importlib.import_module(f"{package}.recorder")
+        collectives = _module(package, "collectives")
+        state_module = _module(package, "state")
+        cuda = _module(package, "cuda")
+        recorder = _module(package, "recorder")
         self.state = state = state_module.HotState()
         self.untimed = state_module.UNTIMED
         self.tensor = tensor

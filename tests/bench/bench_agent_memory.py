@@ -41,8 +41,8 @@ import torch
 import torch.distributed as dist
 
 import zeromon_agent
-from zeromon_agent import collectives
-from zeromon_agent.state import STATE
+from zeromon_agent.hooks import collectives
+from zeromon_agent.hooks.state import STATE
 
 TARGET_MB = 50.0  # the issue: <= 50 MB RSS added by a million events
 

@@ -4,7 +4,7 @@
 
 (a) micro: a no-op Python function with ``dist.all_reduce``'s signature, called with a real
     16-element float tensor, against the same function wrapped by
-    ``zeromon_agent.collectives.make_wrapper`` (the extractor reads the tensor's nbytes and dtype,
+    ``zeromon_agent.hooks.collectives.make_wrapper`` (the extractor reads the tensor's nbytes and dtype,
     the wrapper takes two timestamps and pushes a raw tuple), with the agent enabled and disabled.
 (b) real: ``dist.all_reduce`` on a 16-element tensor in a world-size-1 gloo process group, the
     original function against the patched one (``collectives.install``), synchronous and
@@ -56,9 +56,9 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
 from zeromon.model.codec import RecordingWriter
-from zeromon_agent import collectives
-from zeromon_agent.recorder import Recorder
-from zeromon_agent.state import UNTIMED, HotState, perf_ns
+from zeromon_agent.hooks import collectives
+from zeromon_agent.hooks.state import UNTIMED, HotState, perf_ns
+from zeromon_agent.recorder.loop import Recorder
 
 MICRO_TARGET_NS = 1000.0  # the issue: <= 1 us added on the synchronous path
 ASYNC_TARGET_NS = 5000.0  # the issue: <= 5 us added on the async path
@@ -117,7 +117,7 @@ def phase_boundaries(state: HotState, timer: Any, rounds: int, calls: int, out_d
     of boundaries leaves a step of ``calls`` spans for the recorder, which would weigh on the collectives' rounds.
     Between rounds the step ends (PhaseTracker.end_step: the recorder closes its spans and gives their CUDA events
     back to the pool). The timer is marked active, as a run's first CUDA collective does."""
-    from zeromon_agent.phases import PhaseTracker
+    from zeromon_agent.hooks.phases import PhaseTracker
 
     tracker = PhaseTracker(state)
     timer.active = True
@@ -337,11 +337,11 @@ def bench_gloo(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
 def bench_nccl(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
     """(b) on a CUDA tensor with NCCL: the host's cost of launching the collective, with and without
     the agent, in a step timed on the device (CUDA events) and in one that is not (a long run times 1 step in
-    ZEROMON_DEVICE_TIMING_EVERY: the cost it pays is the two mixed; zeromon_agent.state.timed_step).
+    ZEROMON_DEVICE_TIMING_EVERY: the cost it pays is the two mixed; zeromon_agent.hooks.state.timed_step).
     Every round ends with ``torch.cuda.synchronize()`` (untimed), so the launch queue never fills and the
     recorder resolves the round's events and gives them back to the pool."""
-    from zeromon_agent.config import AgentConfig
-    from zeromon_agent.cuda import CudaTimer
+    from zeromon_agent.context.config import AgentConfig
+    from zeromon_agent.hooks.cuda import CudaTimer
 
     torch.cuda.set_device(0)
     state = HotState()
@@ -457,7 +457,7 @@ def stand_in_torch() -> Any:
 def bench_gpu_paths_on_host(rounds: int, calls: int, out_dir: Path) -> list[benchlib.Row]:
     from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
 
-    from zeromon_agent.cuda import CudaTimer
+    from zeromon_agent.hooks.cuda import CudaTimer
 
     done: torch.futures.Future[None] = torch.futures.Future()
     done.set_result(None)

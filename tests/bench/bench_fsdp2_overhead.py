@@ -57,16 +57,16 @@ RATIO_TARGET = 1.02  # the issue: step time within 2% with the agent on
 # the classes before attach(), which binds the hook methods when it registers them. Nested: the
 # forward hook runs sample_memory, which runs the walks and process_rss.
 BREAKDOWN: tuple[tuple[str, str, str], ...] = (
-    ("zeromon_agent.phases", "PhaseTracker._on_forward_pre", "forward pre-hook (phase, meter start)"),
-    ("zeromon_agent.phases", "PhaseTracker._on_forward_post", "forward hook (phase, sample_memory)"),
-    ("zeromon_agent.phases", "PhaseTracker._on_optimizer_pre", "optimizer pre-hook"),
-    ("zeromon_agent.phases", "PhaseTracker._on_optimizer_post", "optimizer post-hook (step end, sample_memory)"),
-    ("zeromon_agent.memory_watch", "MemoryWatch.sample_memory", "MemoryWatch.sample_memory (all calls)"),
-    ("zeromon_agent.memory", "Categorizer.walk_still", "  Categorizer.walk_still (what holds still, once a walk step)"),
-    ("zeromon_agent.memory", "Categorizer.categorize_moving", "  Categorizer.categorize_moving (at each moment)"),
-    ("zeromon_agent.memory_watch", "MemoryWatch.at_point", "MemoryWatch.at_point (the moments inside forward and backward)"),
-    ("zeromon_agent.memory_watch", "process_rss", "  memory.process_rss (/proc/self/statm)"),
-    ("zeromon_agent.activations", "SavedTensorMeter._pack", "saved-tensor pack hook (activations)"),
+    ("zeromon_agent.hooks.phases", "PhaseTracker._on_forward_pre", "forward pre-hook (phase, meter start)"),
+    ("zeromon_agent.hooks.phases", "PhaseTracker._on_forward_post", "forward hook (phase, sample_memory)"),
+    ("zeromon_agent.hooks.phases", "PhaseTracker._on_optimizer_pre", "optimizer pre-hook"),
+    ("zeromon_agent.hooks.phases", "PhaseTracker._on_optimizer_post", "optimizer post-hook (step end, sample_memory)"),
+    ("zeromon_agent.memory.watch", "MemoryWatch.sample_memory", "MemoryWatch.sample_memory (all calls)"),
+    ("zeromon_agent.memory.readings", "Categorizer.walk_still", "  Categorizer.walk_still (what holds still, once a walk step)"),
+    ("zeromon_agent.memory.readings", "Categorizer.categorize_moving", "  Categorizer.categorize_moving (at each moment)"),
+    ("zeromon_agent.memory.watch", "MemoryWatch.at_point", "MemoryWatch.at_point (the moments inside forward and backward)"),
+    ("zeromon_agent.memory.watch", "process_rss", "  memory.process_rss (/proc/self/statm)"),
+    ("zeromon_agent.memory.activations", "SavedTensorMeter._pack", "saved-tensor pack hook (activations)"),
 )
 
 
@@ -78,7 +78,7 @@ def instrument() -> dict[str, list[int]]:
     import functools
     import importlib
 
-    from zeromon_agent.state import STATE
+    from zeromon_agent.hooks.state import STATE
 
     totals: dict[str, list[int]] = {}
     for module_name, path, label in BREAKDOWN:
@@ -115,7 +115,7 @@ def worker(rank: int, world_size: int, port: int, args: argparse.Namespace, out_
     from torch.distributed.fsdp import fully_shard
 
     import zeromon_agent
-    from zeromon_agent.state import STATE
+    from zeromon_agent.hooks.state import STATE
 
     dist.init_process_group("gloo", rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}")
     try:

@@ -47,10 +47,10 @@ from bench_collective_overhead import StandInCudaTensor, stand_in_torch
 from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
 
 from zeromon.model.segments import CompactWriter
-from zeromon_agent import collectives
-from zeromon_agent.cuda import CudaTimer
-from zeromon_agent.recorder import Recorder
-from zeromon_agent.state import EARLY_STEPS, RAW_STEP_END, RAW_STEP_START, UNTIMED, HotState, perf_ns
+from zeromon_agent.hooks import collectives
+from zeromon_agent.hooks.cuda import CudaTimer
+from zeromon_agent.hooks.state import EARLY_STEPS, RAW_STEP_END, RAW_STEP_START, UNTIMED, HotState, perf_ns
+from zeromon_agent.recorder.loop import Recorder
 
 STEP_CALLS = 100  # collectives a step in (a)
 BENCHMARK = "recorder (GPU paths, host share)"
@@ -233,7 +233,7 @@ def bench_host_bound_real(runs: int, collectives_n: int, work: int, out_dir: Pat
     device there)."""
     from bench_collective_overhead import world_of_one
 
-    from zeromon_agent.config import AgentConfig
+    from zeromon_agent.context.config import AgentConfig
 
     cuda = torch.cuda.is_available() and dist.is_nccl_available()
     device, backend = ("cuda", "nccl") if cuda else ("cpu", "gloo")

@@ -31,9 +31,9 @@ import torch
 import torch.distributed as dist
 
 from zeromon.model.progress import LIVE
-from zeromon_agent import collectives
-from zeromon_agent.progress import ProgressWatch
-from zeromon_agent.state import HotState
+from zeromon_agent.hooks import collectives
+from zeromon_agent.hooks.state import HotState
+from zeromon_agent.recorder.progress import ProgressWatch
 
 SCENARIO = benchlib.REPO_ROOT / "tests" / "scenarios" / "hang.py"
 HANG_AFTER_S = 3.0

@@ -84,8 +84,8 @@ def capture_passes(path: str) -> None:
     import atexit
     import pickle
 
-    from zeromon_agent.recorder import Recorder
-    from zeromon_agent.state import RAW_COLLECTIVE
+    from zeromon_agent.hooks.state import RAW_COLLECTIVE
+    from zeromon_agent.recorder.loop import Recorder
 
     passes: list[tuple[bool, list[tuple[Any, ...]], list[tuple[Any, ...]]]] = []
     drain = Recorder._drain
@@ -113,8 +113,8 @@ def replay(path: Path, out: Path) -> tuple[float, int]:
     if str(benchlib.REPO_ROOT / "agents") not in sys.path:
         sys.path.insert(0, str(benchlib.REPO_ROOT / "agents"))
     from zeromon.model.segments import CompactWriter
-    from zeromon_agent.recorder import Recorder
-    from zeromon_agent.state import HotState
+    from zeromon_agent.hooks.state import HotState
+    from zeromon_agent.recorder.loop import Recorder
 
     passes = pickle.loads(path.read_bytes())
     state = HotState()

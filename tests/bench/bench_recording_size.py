@@ -34,7 +34,7 @@ sys.path[:0] = [str(benchlib.REPO_ROOT), str(benchlib.REPO_ROOT / "agents")]
 from zeromon.model.codec import RecordingWriter, encode_record, iter_records  # noqa: E402
 from zeromon.model.events import CollectiveEvent, Record  # noqa: E402
 from zeromon.model.segments import FRAME, CompactWriter  # noqa: E402
-from zeromon_agent.config import AgentConfig  # noqa: E402
+from zeromon_agent.context.config import AgentConfig  # noqa: E402
 
 TARGET_BYTES = 50.0  # the issue: "at most 50 bytes per collective including everything"
 FLUSH_S = AgentConfig().flush_interval_s  # the agent's default flush interval (ZEROMON_FLUSH_INTERVAL): a segment each

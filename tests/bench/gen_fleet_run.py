@@ -2,7 +2,7 @@
 
 Written in the agent's default form: rank-<r>.zmr (format 2.x, CompactWriter), or with ``--format jsonl``
 rank-<r>.jsonl (format 1.x, RecordingWriter). The agent appends one segment per ``flush_interval_s``
-(5 s by default: agents/zeromon_agent/config.py, recorder.py's loop) holding what its drain passes
+(5 s by default: agents/zeromon_agent/context/config.py, recorder.py's loop) holding what its drain passes
 buffered since the last, and writes none when nothing came. The generator does the same on the run's
 own clock: a step's records (its kept detail, then its summary) go into the segment of the window
 its end falls in, a window with no step end writes nothing. The steps' period is the template's longest
@@ -61,7 +61,7 @@ from zeromon.model import (
 from zeromon.model.codec import rank_file_name, read_recording, run_headers
 from zeromon.model.events import RunEnd
 from zeromon.model.segments import CompactWriter
-from zeromon_agent.config import AgentConfig
+from zeromon_agent.context.config import AgentConfig
 
 DETAIL_LAST_STEPS = 50
 DETAIL_EVERY = 500

@@ -37,8 +37,8 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from bench_collective_overhead import loop, with_enabled, world_of_one
 
-from zeromon_agent.cuda import CudaTimer, stream_reader
-from zeromon_agent.state import HotState
+from zeromon_agent.hooks.cuda import CudaTimer, stream_reader
+from zeromon_agent.hooks.state import HotState
 
 
 def repeat(fn: Callable[[], Any]) -> Callable[[int], int]:

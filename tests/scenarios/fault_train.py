@@ -46,7 +46,9 @@ from scenario_output import say
 
 def inject(what: set[str]) -> None:
     from zeromon.model import codec
-    from zeromon_agent import collectives, memory, snapshot, state
+    from zeromon_agent.hooks import collectives, state
+    from zeromon_agent.live import view as snapshot
+    from zeromon_agent.memory import readings as memory
 
     def boom(*_args: Any, **_kwargs: Any) -> Any:
         raise RuntimeError("injected by fault_train.py")

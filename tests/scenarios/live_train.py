@@ -51,7 +51,8 @@ def main() -> None:
     parser.add_argument("--linger-s", type=float, default=0.0, help="go on this long after the agent stopped")
     args = parser.parse_args()
     if args.render_every_scrape:
-        from zeromon_agent import metrics, snapshot
+        from zeromon_agent.live import view as snapshot
+        from zeromon_agent.serve import metrics
 
         metrics.RENDER_TTL_S = snapshot.VIEW_TTL_S = snapshot.FORECAST_TTL_S = 0.0
     torch.set_num_threads(1)

@@ -8,7 +8,7 @@ from zeromon.model.numbers import where
 
 def check_bind(address: str, flag: str) -> None:
     """ZeromonError naming ``flag`` unless the ranks can listen on ``address``: the agent's own bind
-    (zeromon_agent.httpserver.bind), tried here on a free port."""
+    (zeromon_agent.serve.httpserver.bind), tried here on a free port."""
     import errno
     import socket
 

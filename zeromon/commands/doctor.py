@@ -48,12 +48,11 @@ def _http_url(text: str) -> str:
 def _agent_endpoint() -> AgentEndpoint:
     """The agents' endpoint settings, read by the agent's own parser (a bad value: its default, as in a rank)."""
     from zeromon.sources.doctor import AgentEndpoint
-    from zeromon_agent.config import load_config
-    from zeromon_agent.httpserver import PORT_TRIES
+    from zeromon_agent import load_config
 
     config = load_config(notices=[])
     return AgentEndpoint(enabled=config.enabled and config.endpoint, bind=config.bind, port=config.port,
-                         tries=PORT_TRIES)
+                         tries=config.port_tries)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -184,7 +184,7 @@ def _print_job_failure(log: Path, code: int) -> None:
 def _endpoint_env(args: argparse.Namespace, cmd: list[str]) -> dict[str, str]:
     """The ranks' ZEROMON_BIND and ZEROMON_PORT from --bind and --port, checked here, naming the flag or
     the variable, rather than failing in every rank once the job runs."""
-    from zeromon_agent.config import load_config
+    from zeromon_agent import load_config
 
     try:
         config = load_config()

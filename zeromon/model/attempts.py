@@ -3,7 +3,7 @@
 torchelastic (`torchrun --max-restarts N`) restarts every worker of a job when one fails, and the new
 workers record into the same run folder. The last attempt keeps the usual rank-<r> names, so that every
 reader reads it as it reads any run; each rank of a later attempt first moves its file of an earlier
-attempt into ``attempts/<n>/`` (zeromon_agent.attempts), a run folder of its own that `zeromon report
+attempt into ``attempts/<n>/`` (zeromon_agent.context.attempts), a run folder of its own that `zeromon report
 RUN/attempts/<n>` reads. No reader of the run folder counts those files: rank files are looked for in the
 folder itself, not below it. A rank file's header says which attempt wrote it (ATTEMPT_KEY).
 """

@@ -84,14 +84,14 @@ def start_agent() -> bool:
             return False
         _started.set()
         import zeromon_agent
-        from zeromon_agent.state import STATE
+        from zeromon_agent.hooks.state import STATE
 
         STATE.autostart = None
         zeromon_agent.attach()
         return True
     except Exception as exc:  # noqa: BLE001 - a bad setting or a bug: the training goes on unobserved
         _failed = True
-        from zeromon_agent.state import STATE
+        from zeromon_agent.hooks.state import STATE
 
         STATE.autostart = None
         _warn(f"the agent did not start: {exc}")
@@ -115,8 +115,8 @@ def _on_torch_imported(torch: ModuleType) -> None:
 
         if not dist.is_available():
             return
-        from zeromon_agent import collectives
-        from zeromon_agent.state import STATE
+        from zeromon_agent.hooks import collectives
+        from zeromon_agent.hooks.state import STATE
 
         collectives.install(STATE)
         original = dist.init_process_group

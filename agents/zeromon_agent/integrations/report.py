@@ -1,5 +1,5 @@
 """What the trainers' callbacks share: attaching the agent to the trainer's objects, and turning the
-agent's newest figures (zeromon_agent.figures.StepFigures) into the keys a logger takes and its new
+agent's newest figures (zeromon_agent.StepFigures) into the keys a logger takes and its new
 findings into lines of text. Framework-free: hf.py and lightning.py adapt it to their trainer.
 
 Every entry point here is called from a training hook and never raises: an error is counted as a
@@ -14,8 +14,10 @@ from typing import Any, TypeVar
 
 import zeromon_agent
 from zeromon.analysis.findings import Finding, Severity
-from zeromon_agent.figures import StepFigures
-from zeromon_agent.state import STATE
+
+# The agent's public face (zeromon_agent's __all__), and its hot state, whose error count a failing logger joins.
+from zeromon_agent import StepFigures
+from zeromon_agent.hooks.state import STATE
 
 __all__ = ["DEFAULT_PREFIX", "TrainerReport", "finding_text", "innermost_optimizer", "logged_values"]
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from zeromon_agent.state import RAW_DONE, HotState, perf_ns
+from zeromon_agent.hooks.state import RAW_DONE, HotState, perf_ns
 
 
 def is_ddp(module: Any) -> bool:

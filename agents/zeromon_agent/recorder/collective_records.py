@@ -12,7 +12,6 @@ is the training's (tests/bench/bench_gpu_drain.py).
 from __future__ import annotations
 
 import collections
-import dataclasses
 import functools
 import itertools
 import operator
@@ -26,16 +25,12 @@ from zeromon.analysis.bandwidth import MEASURED_TIMINGS, bus_factor, event_bandw
 from zeromon.model.events import (
     MAX_SPAN_S,
     CollectiveEvent,
-    MemorySample,
-    PhaseSpan,
-    Record,
     Timing,
     record_maker,
     span_ns,
 )
-from zeromon_agent.issuers import issuer_of
-from zeromon_agent.live_totals import counted
-from zeromon_agent.state import (
+from zeromon_agent.hooks.issuers import issuer_of
+from zeromon_agent.hooks.state import (
     AT_API,
     AT_ASYNC,
     AT_CUDA,
@@ -52,7 +47,8 @@ from zeromon_agent.state import (
     RAW_WAIT,
     UNTIMED,
 )
-from zeromon_agent.step_acc import (
+from zeromon_agent.live.totals import counted
+from zeromon_agent.recorder.step_acc import (
     MAX_STEP_INTERVALS,
     StepAcc,
     add_blocked,
@@ -63,9 +59,9 @@ from zeromon_agent.step_acc import (
 )
 
 if TYPE_CHECKING:
-    from zeromon_agent.outbox import Outbox
-    from zeromon_agent.state import HotState
-    from zeromon_agent.step_book import StepBook
+    from zeromon_agent.hooks.state import HotState
+    from zeromon_agent.recorder.outbox import Outbox
+    from zeromon_agent.recorder.step_book import StepBook
 
 # An async collective nobody waits on is polled for completion after this long.
 _POLL_AFTER_NS = 200_000_000
@@ -85,27 +81,6 @@ _WAITED_LATER: Any = object()  # _plan_columns: an async collective finalized at
 _PLAN_YIELD = 1024  # records planned between two gives of the GIL (about half a millisecond)
 _FEW = 32  # a step's run of collectives this short is counted by op in a loop, a longer one by a Counter
 _repeat = itertools.repeat
-
-
-# The kinds a batch publishes unmade, by their number of fields (which tells them apart): a record's values
-# alone, a tuple the collector untracks, rather than a record or a (maker, values) pair, one a collective.
-_UNMADE: dict[int, tuple[type[Record], Callable[[tuple[Any, ...]], Record]]] = {
-    len(dataclasses.fields(cls)): (cls, record_maker(cls)) for cls in (CollectiveEvent, PhaseSpan, MemorySample)}
-if len(_UNMADE) != 3:
-    raise TypeError("CollectiveEvent, PhaseSpan and MemorySample must differ in their number of fields (materialize)")
-
-
-def materialize(entry: Any) -> Record:
-    """A record the recorder published: as it is, or made now from its values where a batch left it unmade
-    (a live client reads a few; the recorder publishes every one)."""
-    if type(entry) is tuple:
-        return _UNMADE[len(entry)][1](entry)
-    return entry
-
-
-def unmade_type(entry: tuple[Any, ...]) -> type[Record]:
-    """The record type of values a batch left unmade (materialize would make one of it from them)."""
-    return _UNMADE[len(entry)][0]
 
 
 @dataclass(slots=True)

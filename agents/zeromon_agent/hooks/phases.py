@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from zeromon_agent.state import (
+from zeromon_agent.hooks.state import (
     RAW_AGENT,
     RAW_PHASE,
     RAW_SEEN_DONE,

@@ -32,7 +32,7 @@ RAW_AGENT = 8  # (kind, step, t0, t1, phase)   zeromon's own work on the trainin
 (AT_SEQ, AT_API, AT_OP, AT_T0, AT_T1, AT_BYTES_IN, AT_BYTES_OUT, AT_DTYPE, AT_GROUP, AT_ASYNC, AT_WORK, AT_PHASE,
  AT_STEP, AT_CUDA, AT_SAMPLED, AT_CALLER) = range(1, 17)
 # Where each kind holds the perf_ns time it happened (its end): the newest record says when the training thread
-# last did something (zeromon_agent.progress).
+# last did something (zeromon_agent.recorder.progress).
 RAW_TIME_AT = {RAW_COLLECTIVE: 5, RAW_WAIT: 3, RAW_DONE: 2, RAW_SEEN_DONE: 2, RAW_PHASE: 2, RAW_STEP_END: 2,
                RAW_MEMORY: 3, RAW_OOM: 1, RAW_STEP_START: 2, RAW_AGENT: 3}
 

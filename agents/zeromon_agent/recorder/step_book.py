@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 from zeromon.analysis.step_overlap import AGENT_PHASE, COMPUTE_PHASES, DEVICE_CLOCK, HOST_CLOCK
 from zeromon.model.events import PhaseSpan, record_maker
-from zeromon_agent.step_acc import Mark, Span, StepAcc, summarize
+from zeromon_agent.recorder.step_acc import Mark, Span, StepAcc, summarize
 
 if TYPE_CHECKING:
-    from zeromon_agent.outbox import Outbox
+    from zeromon_agent.recorder.outbox import Outbox
 
 # A step's summary waits this long for its in-flight async collectives.
 _STEP_GRACE_NS = 2_000_000_000

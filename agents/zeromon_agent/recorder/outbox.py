@@ -13,10 +13,10 @@ from typing import Any
 
 from zeromon.model.events import Record
 from zeromon.model.jsonl import RecordingWriter
-from zeromon_agent.detail import DetailKeeper
-from zeromon_agent.live_totals import Counted, CountedColumns
-from zeromon_agent.live_views import LiveViews
-from zeromon_agent.recent import Unmade
+from zeromon_agent.compact import Unmade
+from zeromon_agent.live.published import LiveViews
+from zeromon_agent.live.totals import Counted, CountedColumns
+from zeromon_agent.recorder.detail import DetailKeeper
 
 
 class Outbox:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from zeromon_agent.memory import fsdp2_groups
+from zeromon_agent.memory.readings import fsdp2_groups
 
 # FSDPParamGroup method -> (point, whether the point is after the call)
 _FSDP2_POINTS: tuple[tuple[str, str, bool], ...] = (

@@ -1,6 +1,6 @@
 """The agent's HTTP endpoint: /metrics, /api/v1/snapshot, /api/v1/stacks and /healthz on one port per rank, served
-by zeromon_agent.httpserver (bounded threads, deadlines; the training thread never waits on it).
-Rendering is cached (metrics.RENDER_TTL_S, snapshot.VIEW_TTL_S), so a scrape storm costs little.
+by zeromon_agent.serve.httpserver (bounded threads, deadlines; the training thread never waits on it).
+Rendering is cached (metrics.RENDER_TTL_S, live.view.VIEW_TTL_S), so a scrape storm costs little.
 
 Bind: 127.0.0.1 unless asked (ZEROMON_BIND). Port: ZEROMON_PORT + local rank, else the next free one
 up to PORT_TRIES above it (said in a Notice); 0 picks any free port. ZEROMON_TOKEN, when set, is
@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from zeromon.model import registry
-from zeromon_agent.httpserver import HttpServer, Request, Response, bind, json_response
-from zeromon_agent.metrics import MetricsRenderer
-from zeromon_agent.snapshot import Identity, LiveData, SnapshotError, build_snapshot
-from zeromon_agent.state import STATE
+from zeromon_agent.hooks.state import STATE
+from zeromon_agent.live.view import Identity, LiveData
+from zeromon_agent.serve.httpserver import HttpServer, Request, Response, bind, json_response
+from zeromon_agent.serve.metrics import MetricsRenderer
+from zeromon_agent.serve.snapshot import SnapshotError, build_snapshot
 
 log = logging.getLogger("zeromon.agent")
 

@@ -106,6 +106,11 @@ def _check_number(spec: Count | Real | Size) -> Callable[[object], Any]:
     return check
 
 
+# How many ports a rank tries from its own (port + local rank) up, when that one is taken
+# (zeromon_agent.serve.httpserver.bind); zeromon doctor says the range.
+PORT_TRIES = 64
+
+
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
     enabled: bool = True
@@ -120,10 +125,10 @@ class AgentConfig:
     # (tests/bench/bench_recorder_cpu.py), and longer segments compress better. TensorBoard's SummaryWriter
     # flushes every 120 s.
     flush_interval_s: float = 5.0
-    max_disk: int = GIB  # a rank's recording: detail is thinned as it fills (zeromon_agent.detail)
+    max_disk: int = GIB  # a rank's recording: detail is thinned as it fills (zeromon_agent.recorder.detail)
     async_sample_every: int = 16  # 1 in N async collectives gets an exact completion callback; 0: none
     # GPU: the steps whose collectives and phases are timed with CUDA events: the first two, 1 in 8 up to step 256,
-    # then 1 in N (zeromon_agent.state.timed_step); the others cost a collective no event (docs/agent.md). 32: a long
+    # then 1 in N (zeromon_agent.hooks.state.timed_step); the others cost a collective no event (docs/agent.md). 32: a long
     # run's timed steps add a fraction of a µs to an untimed step's cost a collective (tests/bench/RESULTS.md)
     device_timing_every: int = 32
     memory_every: int = 0  # category walk every N steps; 0 = auto (<= ~1% of step time)
@@ -137,7 +142,12 @@ class AgentConfig:
     bind: str = "127.0.0.1"  # the endpoint's address; another one only when asked
     token: str | None = field(default=None, repr=False)  # when set, every route needs "Authorization: Bearer <token>"
     registry: str | None = None  # user-level endpoint index; None: ~/.cache/zeromon/agents
-    hang_after_s: float = 0.0  # no progress for this long makes a rank suspect; 0: auto (zeromon_agent.progress)
+    hang_after_s: float = 0.0  # no progress for this long makes a rank suspect; 0: auto (zeromon_agent.recorder.progress)
+
+    @property
+    def port_tries(self) -> int:
+        """How many ports a rank tries for its endpoint, from port + local rank up (PORT_TRIES)."""
+        return PORT_TRIES
     hang_after_setup_s: float = 0.0  # the same before the first step ends (loading, compiling); 0: auto
 
 

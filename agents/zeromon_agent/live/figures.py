@@ -3,7 +3,7 @@
 What the trainers' loggers get from zeromon_agent.integrations (HF Trainer, Lightning): the newest
 step the agent has summarized (its time, communication and exposed communication, the overlap the
 agent computed), the OOM forecast (headroom, predicted peak, risk) and the findings, all taken from
-one ``snapshot.View``, the same that /metrics and /api/v1/snapshot render, so that the numbers agree
+one ``live.view.View``, the same that /metrics and /api/v1/snapshot render, so that the numbers agree
 with the endpoint's and, step by step, with the recording.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from zeromon.analysis.findings import Finding, Severity
-from zeromon_agent.snapshot import View
+from zeromon_agent.live.view import View
 
 __all__ = ["RISK_LEVEL", "StepFigures", "figures_of"]
 

@@ -6,7 +6,7 @@ the collective, and one more just before that wait), and at every phase boundary
 too are timed on the GPU; the events are read later by the agent's background thread with ``Event.query()``. Events come
 from a bounded pool; when it is empty the collective is recorded with host timing only.
 
-Only some steps are timed so (ZEROMON_DEVICE_TIMING_EVERY, zeromon_agent.state.timed_step): two events
+Only some steps are timed so (ZEROMON_DEVICE_TIMING_EVERY, zeromon_agent.hooks.state.timed_step): two events
 cost a synchronous NCCL launch several times what the rest of the agent does, and a collective's time on
 the GPU is what the other steps repeat. A collective of another step is recorded as launched (timing
 ``launch``: its host times, no duration), and its step has no communication time nor overlap.

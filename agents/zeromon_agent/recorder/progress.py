@@ -34,9 +34,9 @@ from zeromon.model.progress import (
     RankProgress,
     StackFrame,
 )
-from zeromon_agent import collectives
-from zeromon_agent.issuers import issuer_of
-from zeromon_agent.state import (
+from zeromon_agent.hooks import collectives
+from zeromon_agent.hooks.issuers import issuer_of
+from zeromon_agent.hooks.state import (
     AT_BYTES_IN,
     AT_BYTES_OUT,
     AT_CALLER,
@@ -49,7 +49,7 @@ from zeromon_agent.state import (
     RAW_COLLECTIVE,
     HotState,
 )
-from zeromon_agent.step_acc import meaning_of
+from zeromon_agent.recorder.step_acc import meaning_of
 
 # The automatic threshold: a rank is suspect after the larger of these (ZEROMON_HANG_AFTER sets one).
 STALL_FLOOR_S = 30.0
@@ -58,6 +58,10 @@ STALL_STEPS = 10  # ... and this many median steps: a run whose steps are slow i
 # collective are common there, and the others wait for it in a barrier or a broadcast.
 STALL_SETUP_S = 300.0
 MODULE_FRAMES = 40  # frames looked at, outward from a blocked call, for the model's submodule it serves
+
+
+# The agent's own folder (zeromon_agent/, two up from this file): its frames are not the program's code.
+_AGENT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _inner_code(factory: Callable[..., Any], name: str) -> types.CodeType:
@@ -78,7 +82,7 @@ def _library_prefixes() -> tuple[str, ...]:
     found = {paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if paths.get(key)}
     import zeromon
 
-    found.add(os.path.dirname(os.path.abspath(__file__)))  # the agent
+    found.add(_AGENT_ROOT)
     found.add(os.path.dirname(os.path.abspath(zeromon.__file__)))
     return tuple(os.path.join(path, "") for path in sorted(found))
 
@@ -107,7 +111,7 @@ def stack_of(frame: types.FrameType | None) -> tuple[StackFrame, ...]:
     return tuple(frames)
 
 
-_AGENT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "")
+_AGENT_DIR = os.path.join(_AGENT_ROOT, "")
 
 
 def _without_agent_tail(stack: tuple[StackFrame, ...]) -> tuple[StackFrame, ...]:

@@ -16,7 +16,7 @@ _ISSUER_PATHS = (
     ("/torch/distributed/fsdp/", FSDP),
     ("/deepspeed/", DEEPSPEED),
     ("/torch/nn/parallel/", DDP),
-    ("/zeromon_agent/ddp.py", DDP),  # the agent's recording comm hook, which issues DDP's bucket all-reduces
+    ("/zeromon_agent/hooks/ddp.py", DDP),  # the agent's recording comm hook, which issues DDP's bucket all-reduces
     ("/torch/distributed/utils.py", TORCH),  # the module-state broadcasts of DDP's and FSDP's setup
     ("/torch/distributed/tensor/", DTENSOR),  # DTensor's redistributions (tensor parallelism): activations
     ("/torch/distributed/_functional_collectives", DTENSOR),

@@ -10,26 +10,10 @@ tests/bench/bench_recorder_cpu.py).
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
-
-class Unmade:
-    """``n`` records of one kind as columns (each a field's values, in the record's field order); their rows
-    made once, at the first read (under the recorder's lock, as every read of RecentRecords is)."""
-
-    __slots__ = ("_columns", "_rows", "n")
-
-    def __init__(self, columns: Sequence[Sequence[Any]], n: int) -> None:
-        self._columns: Sequence[Sequence[Any]] | None = columns
-        self._rows: list[tuple[Any, ...]] | None = None
-        self.n = n
-
-    def rows(self) -> list[tuple[Any, ...]]:
-        if self._rows is None:
-            self._rows = list(zip(*self._columns or (), strict=True))
-            self._columns = None
-        return self._rows
+from zeromon_agent.compact import Unmade
 
 
 class RecentRecords:

@@ -2,7 +2,7 @@
 
 A custom collector (prometheus_client's documented pattern) on a private CollectorRegistry: nothing
 is registered globally and nothing is updated on the training thread; each scrape turns the latest
-``snapshot.View`` into families. Base units (bytes, seconds), ``_total`` counters, histograms for
+``live.view.View`` into families. Base units (bytes, seconds), ``_total`` counters, histograms for
 durations, and labels rank, local_rank, host, job on every series; the other labels take bounded
 values only (op, meaning, memory category, direction). A gauge whose value is unknown is left out.
 
@@ -27,10 +27,10 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from zeromon.model.events import COLLECTIVE_OPS, MEMORY_CATEGORIES, ZeroMeaning
-from zeromon_agent.figures import RISK_LEVEL
-from zeromon_agent.live_totals import DURATION_BUCKETS, STEP_BUCKETS
-from zeromon_agent.snapshot import LiveData, View
-from zeromon_agent.version import __version__
+from zeromon_agent.context.version import __version__
+from zeromon_agent.live.figures import RISK_LEVEL
+from zeromon_agent.live.totals import DURATION_BUCKETS, STEP_BUCKETS
+from zeromon_agent.live.view import LiveData, View
 
 BASE_LABELS = ("rank", "local_rank", "host", "job")
 RENDER_TTL_S = 0.5

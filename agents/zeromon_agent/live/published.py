@@ -1,7 +1,7 @@
 """What the recorder has published, for live clients: the endpoint's snapshot and metrics, in-process readers.
 
 The recorder's thread hands over what a drain pass published in one hold of the lock (release), not one per
-record; other threads copy the views under the same lock (snapshot.LiveData) and make a record left unmade
+record; other threads copy the views under the same lock (live.view.LiveData) and make a record left unmade
 only when they read it (materialize).
 """
 
@@ -13,9 +13,9 @@ import threading
 from typing import Any
 
 from zeromon.model.events import DeviceSample, MemorySample, Notice, Record, RunInfo, StepSummary
-from zeromon_agent.collective_records import materialize
-from zeromon_agent.live_totals import Counted, CountedColumns, LiveTotals
-from zeromon_agent.recent import RecentRecords
+from zeromon_agent.compact import materialize
+from zeromon_agent.live.recent import RecentRecords
+from zeromon_agent.live.totals import Counted, CountedColumns, LiveTotals
 
 
 class LiveViews:

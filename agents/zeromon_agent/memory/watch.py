@@ -16,9 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from zeromon_agent.activations import SavedTensorMeter
-from zeromon_agent.config import AgentConfig
-from zeromon_agent.memory import (
+from zeromon_agent.context.config import AgentConfig
+from zeromon_agent.hooks.state import RAW_MEMORY, RAW_OOM, HotState, perf_ns
+from zeromon_agent.memory.activations import SavedTensorMeter
+from zeromon_agent.memory.peaks import MemoryPoints, PeakSearch
+from zeromon_agent.memory.readings import (
     Categorizer,
     CudaMemory,
     LocalRankCount,
@@ -27,8 +29,6 @@ from zeromon_agent.memory import (
     local_ranks,
     process_rss,
 )
-from zeromon_agent.peaks import MemoryPoints, PeakSearch
-from zeromon_agent.state import RAW_MEMORY, RAW_OOM, HotState, perf_ns
 
 # Keep the category walk (and activation counting) under this share of step time when
 # ZEROMON_MEMORY_EVERY=auto.
@@ -312,7 +312,7 @@ class MemoryWatch:
     def observe_oom(self, torch: Any, run_dir: Path, rank: int) -> None:
         """An OomEvent at each CUDA out-of-memory, with the allocator's snapshot (a file in ``run_dir``) where
         ZEROMON_MEMORY_HISTORY records the allocator's history."""
-        from zeromon_agent import cuda
+        from zeromon_agent.hooks import cuda
 
         if self.config.memory_history:
             try:

@@ -12,7 +12,7 @@ from typing import Any
 from zeromon.analysis.intervals import merge, total, union_length
 from zeromon.analysis.step_overlap import host_overlap_ns, overlap_in_step, union_in
 from zeromon.model.events import StepSummary, ZeroMeaning, record_maker
-from zeromon_agent.issuers import DDP, DTENSOR, USER
+from zeromon_agent.hooks.issuers import DDP, DTENSOR, USER
 
 # A summary a step, its 14 slots set directly (record_maker: cheaper), in StepSummary's field order.
 _new_summary = record_maker(StepSummary)

@@ -27,9 +27,9 @@ from collections.abc import Callable
 from sys import _getframe
 from typing import Any
 
-from zeromon_agent import issuers
-from zeromon_agent.issuers import FINAL, issuer_path
-from zeromon_agent.state import RAW_COLLECTIVE, RAW_DONE, RAW_WAIT, STATE, UNTIMED, HotState, perf_ns
+from zeromon_agent.hooks import issuers
+from zeromon_agent.hooks.issuers import FINAL, issuer_path
+from zeromon_agent.hooks.state import RAW_COLLECTIVE, RAW_DONE, RAW_WAIT, STATE, UNTIMED, HotState, perf_ns
 
 Extract = Callable[[tuple[Any, ...], dict[str, Any]], tuple[int, int, Any, Any, bool]]
 

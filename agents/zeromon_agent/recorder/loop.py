@@ -6,10 +6,10 @@ pass (see LIVE_PASS_S); its own CPU time is measured and reported, every record 
 (tests/bench/bench_recorder_cpu.py).
 
 A pass drains the queues and hands each raw record to its part: collectives to CollectiveRecords
-(collective_records.py: in flight until complete, then a record; every synchronous host collective a
+(recorder/collective_records.py: in flight until complete, then a record; every synchronous host collective a
 column at a time), phase and step boundaries to the StepBook (step_book.py: spans, each step's
 accumulator, its summary once whole), memory samples and OOMs here. What the parts make goes to the
-Outbox (outbox.py): the recording now, live clients (LiveViews, live_views.py) at the pass's end.
+Outbox (outbox.py): the recording now, live clients (LiveViews, live/published.py) at the pass's end.
 The recorder also watches the rank's progress (ProgressWatch, progress.py) once a pass.
 """
 
@@ -39,11 +39,7 @@ from zeromon.model.events import (
 from zeromon.model.jsonl import RecordingWriter
 from zeromon.model.kinds import FIELDS_OF, orjson_module
 from zeromon.model.progress import RESUMED, STALLED, RankProgress
-from zeromon_agent.collective_records import CollectiveRecords
-from zeromon_agent.live_views import LiveViews
-from zeromon_agent.outbox import Outbox
-from zeromon_agent.progress import ProgressWatch, issued_in_all_groups
-from zeromon_agent.state import (
+from zeromon_agent.hooks.state import (
     AT_CUDA,
     AT_SEQ,
     RAW_AGENT,
@@ -59,7 +55,11 @@ from zeromon_agent.state import (
     RAW_WAIT,
     HotState,
 )
-from zeromon_agent.step_book import StepBook
+from zeromon_agent.live.published import LiveViews
+from zeromon_agent.recorder.collective_records import CollectiveRecords
+from zeromon_agent.recorder.outbox import Outbox
+from zeromon_agent.recorder.progress import ProgressWatch, issued_in_all_groups
+from zeromon_agent.recorder.step_book import StepBook
 
 log = logging.getLogger("zeromon.agent")
 

@@ -36,6 +36,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from zeromon.model.kinds import json_default, orjson_module
+from zeromon_agent.context.config import PORT_TRIES
 
 _IDLE_WAKE_S = 5.0  # the I/O thread's wait with no connection open (stop() wakes it at once)
 
@@ -48,7 +49,6 @@ BACKLOG = 16
 READ_TIMEOUT_S = 5.0
 WRITE_TIMEOUT_S = 5.0
 MAX_HEAD_BYTES = 8192
-PORT_TRIES = 64
 _ACCEPTS_PER_WAKE = 64  # a connection flood does not starve the reads of those already open
 
 
