@@ -42,6 +42,11 @@ JOBS: tuple[Job, ...] = (
     Job("bench_recorder_cpu.py", (),
         "2-rank FSDP2 example (default and 80 blocks) under `zeromon run`: the agent's background CPU per "
         "recorded collective, and the process's CPU per collective with the agent off vs on"),
+    Job("bench_agent_cost.py", (),
+        "2-rank FSDP2 example under `zeromon run`, 400 steps: the agent's CPU per recorded collective by part of its "
+        "work, timed in the run, and without each part"),
+    Job("bench_whole_run.py", (),
+        "a whole 200-step 2-rank FSDP2 run under `zeromon run` against plain torchrun: wall, CPU, its own start and end"),
     Job("bench_gpu_drain.py", (),
         "the recorder's drain per collective of a GPU run's paths (stand-in CUDA tensor and events, a real compact "
         "recording), and the whole agent on a host-bound loop, where the recorder thread's GIL time is the training's"),
