@@ -221,6 +221,18 @@ def test_zeromon_hang_prints_the_verdict_and_each_ranks_stack(stuck: HungRun) ->
     threads = zeromon("hang", "--threads", "--json", str(stuck.out), timeout=60)
     names = {t["thread"] for t in json.loads(threads.stdout)["threads"]["1"]}
     assert {"MainThread", "zeromon-recorder"} <= names
+    # No frame of zeromon's: rank 0 is inside its all-gather, whose wrapper stands between the model's forward and
+    # torch's all_gather; it is not in the verdict's stacks, nor in the endpoint's unless asked for.
+    assert "zeromon_agent" not in stacks and "zeromon_collective" not in stacks, stacks
+
+    def main_stack(rank: int, query: str = "") -> list[list[Any]]:
+        document = json.loads(_LOCAL.open(f"{stuck.url(rank)}/api/v1/stacks{query}", timeout=10).read())
+        return next(t["stack"] for t in document["threads"] if t["thread"] == "MainThread")
+
+    assert not [f for f in main_stack(0) if "/zeromon_agent/" in f[0]], main_stack(0)
+    kept = main_stack(0, "?agent_frames=1")
+    functions = [f[2] for f in kept]
+    assert "zeromon_collective" in functions and functions.index("forward") < functions.index("zeromon_collective")
 
 
 def test_sigterm_ends_a_rank_blocked_in_a_collective_within_a_second_and_its_recording_says_where(

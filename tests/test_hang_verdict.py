@@ -211,3 +211,18 @@ def test_a_rank_says_of_itself_where_it_stalled() -> None:
     waiting = dataclasses.replace(report(0, 341, blocked=gather(341)), reason=STALLED)
     assert progress_notice(waiting).startswith(  # type: ignore[union-attr]
         "no progress for 60 s: blocked in all_gather #341 of the default group (param_all_gather, layers.3) since")
+
+
+def test_a_recorded_stack_is_read_without_the_agents_frames_wherever_they_stand() -> None:
+    """A recording made before the agent left its frames out (its collective wrapper between the user's line and
+    torch's, its signal handler innermost): the reader takes them out; a frame of a user's folder named alike
+    ("zeromon_agent_tests/") stays, and a stack that is nothing but the agent's (its own thread) stays whole."""
+    wrapper = StackFrame("/venv/site-packages/zeromon_agent/hooks/collectives.py", 257, "zeromon_collective")
+    handler = StackFrame("/src/agents/zeromon_agent/exits.py", 80, "_on_sigterm")
+    barrier = StackFrame("/venv/site-packages/torch/distributed/c10d_logger.py", 81, "wrapper")
+    mine = StackFrame("/home/me/zeromon_agent_tests/train.py", 5, "main")
+    data = report(0, 3).to_dict()
+    data["stack"] = [f.to_list() for f in (mine, LOOP, FORWARD, wrapper, barrier, handler)]
+    assert progress_from_dict(data).stack == (mine, LOOP, FORWARD, barrier)
+    data["stack"] = [wrapper.to_list(), handler.to_list()]
+    assert progress_from_dict(data).stack == (wrapper, handler)

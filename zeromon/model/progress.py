@@ -178,6 +178,20 @@ def _frame(data: Any) -> StackFrame:
     return StackFrame(data[0], data[1], data[2])
 
 
+def is_agent_file(path: str) -> bool:
+    """Whether a frame's file is zeromon's agent's (its wrapper of a collective, its signal handler): a stack read
+    by someone debugging their job leaves it out, wherever it stands (recordings made before the agent did so
+    keep such frames: the readers take them out too)."""
+    return "/zeromon_agent/" in path.replace("\\", "/")
+
+
+def without_agent_frames(stack: tuple[StackFrame, ...]) -> tuple[StackFrame, ...]:
+    """``stack`` without the agent's frames (is_agent_file); a stack that is nothing but the agent's (its own
+    threads) as it is."""
+    kept = tuple(frame for frame in stack if not is_agent_file(frame.file))
+    return kept if kept or not stack else stack
+
+
 def progress_from_dict(data: Any) -> RankProgress:
     """The RankProgress a to_dict() gave (from JSON). Raises ProgressFormatError for anything else."""
     if not isinstance(data, Mapping):
@@ -202,7 +216,7 @@ def progress_from_dict(data: Any) -> RankProgress:
         rank=_get(data, "rank", int), t_ns=_get(data, "t_ns", int), reason=_get(data, "reason", str),
         step=_get(data, "step", int), collectives=_get(data, "collectives", int),
         progress_ns=_get(data, "progress_ns", int), threshold_s=float(_get(data, "threshold_s", (int, float))),
-        blocked=blocked, groups=tuple(groups), stack=tuple(map(_frame, _get(data, "stack", list))),
+        blocked=blocked, groups=tuple(groups), stack=without_agent_frames(tuple(map(_frame, _get(data, "stack", list)))),
         where=_frame(where) if where is not None else None,
         stalled_s=_get(data, "stalled_s", (int, float), optional=True),
         host=_get(data, "host", str, optional=True), pid=_get(data, "pid", int, optional=True))

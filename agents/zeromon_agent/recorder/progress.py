@@ -33,6 +33,7 @@ from zeromon.model.progress import (
     GroupState,
     RankProgress,
     StackFrame,
+    without_agent_frames,
 )
 from zeromon_agent.hooks import collectives
 from zeromon_agent.hooks.issuers import issuer_of
@@ -109,17 +110,6 @@ def stack_of(frame: types.FrameType | None) -> tuple[StackFrame, ...]:
         frame = frame.f_back
     frames.reverse()
     return tuple(frames)
-
-
-_AGENT_DIR = os.path.join(_AGENT_ROOT, "")
-
-
-def _without_agent_tail(stack: tuple[StackFrame, ...]) -> tuple[StackFrame, ...]:
-    """The stack without the agent's own innermost frames: its signal handler, its report, a wait's wrapper."""
-    end = len(stack)
-    while end and stack[end - 1].file.startswith(_AGENT_DIR):
-        end -= 1
-    return stack[:end] if end else stack
 
 
 def innermost_program_frame(stack: Iterable[StackFrame]) -> StackFrame | None:
@@ -270,7 +260,7 @@ class ProgressWatch:
         now_ns = time.time_ns()
         names = _group_names()
         frame = self._training_frame(sys._current_frames())
-        stack = _without_agent_tail(stack_of(frame))
+        stack = without_agent_frames(stack_of(frame))  # the user's stack: no frame of zeromon's wrappers in it
         blocked = self._blocked(frame, names, recent)
         groups = self._groups(names, recent, inflight, blocked)
         stalled_s = None
@@ -297,8 +287,10 @@ class ProgressWatch:
         return next((ident for ident, frame in frames.items()
                      if ident != here and _find(frame, _ANY_CODES) is not None), self.main_ident)
 
-    def stacks(self) -> list[dict[str, Any]]:
-        """Every thread's stack (outermost first), the training thread first: what /api/v1/stacks serves."""
+    def stacks(self, agent_frames: bool = False) -> list[dict[str, Any]]:
+        """Every thread's stack (outermost first), the training thread first: what /api/v1/stacks serves. The
+        program's threads without the agent's frames (its collective wrappers), unless ``agent_frames``; the agent's
+        own threads as they are."""
         frames = sys._current_frames()
         training = self._training_thread(frames)
         threads = {t.ident: t for t in threading.enumerate()}
@@ -307,6 +299,8 @@ class ProgressWatch:
             thread = threads.get(ident)
             name = thread.name if thread is not None else f"thread {ident}"
             stack = stack_of(frame)
+            if not agent_frames:
+                stack = without_agent_frames(stack)
             out.append({"thread": name, "ident": ident, "training": ident == training,
                         "zeromon": name.startswith("zeromon"), "daemon": bool(thread is not None and thread.daemon),
                         "where": (w.to_list() if (w := innermost_program_frame(stack)) is not None else None),

@@ -73,16 +73,18 @@ class EndpointApp:
                 return json_response(400, {"error": str(exc)})
             return json_response(200, document)
         if request.path == "/api/v1/stacks":
-            return json_response(200, self._stacks())
+            # ?agent_frames=1: the program's threads with the agent's own frames (its collective wrappers) kept.
+            return json_response(200, self._stacks(request.query.get("agent_frames", ["0"])[-1] in ("1", "true")))
         if request.path == "/healthz":
             return json_response(200, {"status": "ok", "rank": self.live.identity.rank, "agent": self.agent_id})
         return json_response(404, {"error": f"no such route: {request.path}",
                                    "routes": ["/metrics", "/api/v1/snapshot", "/api/v1/stacks", "/healthz"]})
 
-    def _stacks(self) -> dict[str, Any]:
-        """Every thread's Python stack, read from this (the endpoint's) thread: no ptrace, no pause of the others."""
+    def _stacks(self, agent_frames: bool = False) -> dict[str, Any]:
+        """Every thread's Python stack, read from this (the endpoint's) thread: no ptrace, no pause of the others;
+        the program's threads without the agent's frames unless ``agent_frames``."""
         progress = getattr(self.live.recorder, "progress", None)
-        threads = progress.stacks() if progress is not None else []
+        threads = progress.stacks(agent_frames) if progress is not None else []
         return {"rank": self.live.identity.rank, "pid": self.live.identity.pid, "t_ns": time.time_ns(),
                 "threads": threads}
 
