@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 
 from zeromon.demo import TRAIN_SCRIPT as DEMO_TRAIN
+from zeromon.model.codec import read_recording
+from zeromon.model.run_end import read_file_end
 
 from conftest import EXAMPLES, child_env, free_port, torchrun_args, zeromon
 
@@ -143,6 +145,52 @@ def test_a_detached_agent_holds_neither_the_model_nor_its_process_group(tmp_path
     result = _world_of_one_run(script, env)
     assert "MODEL freed" in result.stdout, result.stdout
     assert _workers(reports) == {"rank-0": 0}
+
+
+def test_a_script_whose_teardown_destroys_the_group_frees_it_while_the_agent_runs(tmp_path: Path) -> None:
+    """The examples' teardown (destroy_process_group, DTensor's caches emptied, gc.collect()) with the agent attached,
+    as under `zeromon run`: the agent lets go of the training once the default group is gone, so the script's
+    own collection frees the FSDP2 model and its group, and gloo's workers end there; the exit then has nothing
+    to collect (a full collection, 0.18 s a rank in bench_whole_run's runs). The agent had held the model until
+    its stop at exit (2 workers alive after the script's collection: checked), and its exit collected them. The
+    recording still ends as the rank does, every step in it."""
+    env = child_env(ZEROMON_OUT=str(tmp_path / "run"))
+    script = textwrap.dedent("""
+        import gc, os, torch, torch.distributed as dist
+        import torch.distributed.nn
+        from torch.distributed.fsdp import fully_shard
+        import zeromon_agent
+
+        def gloo_workers():
+            names = []
+            for task in os.listdir("/proc/self/task"):
+                with open(f"/proc/self/task/{task}/comm") as comm:
+                    names.append(comm.read().strip())
+            return sum(name == "pt_gloo_runloop" for name in names)
+
+        def train():
+            model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
+            for layer in model:
+                fully_shard(layer)
+            fully_shard(model)
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+            zeromon_agent.attach(model=model, optimizer=optimizer)
+            for _ in range(3):
+                model(torch.ones(2, 8)).sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+
+        dist.init_process_group("gloo")
+        train()
+        tinygpt.teardown()  # destroy_process_group, DTensor's caches emptied, gc.collect()
+        print("WORKERS", gloo_workers(), "STARTED", zeromon_agent.get_agent().started)
+    """)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(EXAMPLES), env.get("PYTHONPATH")]))
+    result = _world_of_one_run("import tinygpt\n" + script, env)
+    assert "WORKERS 0 STARTED True" in result.stdout, result.stdout + result.stderr[-2000:]
+    rank_file = next((tmp_path / "run").glob("rank-0.*"))  # the form child_env asks for
+    end = read_file_end(rank_file).end
+    assert [s.step for s in read_recording(rank_file).steps] == [0, 1, 2] and end is not None and end.how == "exit"
 
 
 def test_python_on_a_gloo_worker_during_the_interpreters_exit_aborts_the_rank(tmp_path: Path) -> None:

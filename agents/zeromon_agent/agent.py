@@ -16,7 +16,7 @@ from zeromon.model.jsonl import RecordingWriter
 from zeromon.model.kinds import rank_file_name
 from zeromon.model.segments import CompactWriter
 from zeromon_agent.context.config import AgentConfig
-from zeromon_agent.exits import ExitHandlers
+from zeromon_agent.exits import ExitHandlers, gloo_workers_alive
 from zeromon_agent.hooks import collectives, ddp
 from zeromon_agent.hooks.phases import PhaseTracker
 from zeromon_agent.hooks.state import STATE, HotState
@@ -109,7 +109,8 @@ class Agent:
         # The moments of a walk step go through the tracker's guarded, timed boundary (_memory_point).
         self.memory = MemoryWatch(config, state, self._training_objects, self._memory_point, self.notice)
         self.recorder: Recorder | None = None
-        self.exits = ExitHandlers(self.stop, self._say_progress)
+        self.exits = ExitHandlers(self.stop, self._say_progress, self._collect_at_exit)
+        self._let_go = False  # let_go_of_training ran: the script's teardown could free the training's objects
         self.started = False
         self._framework_known = False
         self._ddp_checked: weakref.ref[Any] | None = None  # the root last looked at for DDP (inside wrappers)
@@ -202,6 +203,7 @@ class Agent:
         self.exits.install()
         self.started = True
         self.state.enabled = True
+        self.state.on_world_destroyed = self.let_go_of_training
         return self
 
     def attach_objects(self, model: Any = None, optimizer: Any = None, engine: Any = None) -> None:
@@ -234,6 +236,7 @@ class Agent:
                 return
             self.started = False
             self.state.enabled = False
+            self.state.on_world_destroyed = None
             self._stop_parts(how, detail)
 
     def _stop_parts(self, how: str, detail: str | None) -> None:
@@ -269,6 +272,37 @@ class Agent:
             except Exception as exc:  # noqa: BLE001
                 log.warning("zeromon: error while stopping the endpoint: %r", exc)
         self.exits.uninstall()
+
+    def let_go_of_training(self) -> None:
+        """The default process group was destroyed (on the thread that destroyed it): the distributed training is
+        over. Let go of what the agent holds of it, as stop() does (the hooks, the model, the optimizer, the groups
+        the recorder keeps, after a last drain), and keep the recording open until the rank ends: the script's
+        own teardown then frees the model and its groups (a gc.collect() after destroy_process_group, as
+        examples/tinygpt.py's teardown makes), and the exit has no collection of its own to make
+        (_collect_at_exit). Phases and memory after this point are not recorded."""
+        if self.exits.forked() or self._let_go:
+            return
+        with self.exits.stopping():
+            if not self.started:
+                return
+            self._let_go = True
+            self.state.on_world_destroyed = None
+            try:
+                self.memory.close()
+                self.tracker.close()
+            except Exception as exc:  # noqa: BLE001
+                log.warning("zeromon: error while letting go of the training: %r", exc)
+            self.memory.release()
+            self.model = self.optimizer = self.engine = None
+            if self.recorder is not None:
+                self.recorder.let_go_of_groups()
+            self.state.pending.clear()
+            self.state.works.clear()
+
+    def _collect_at_exit(self) -> bool:
+        """Whether the exit collects the garbage (ExitHandlers): unless the agent let go of the training when its
+        default group was destroyed and no gloo worker thread is left, which only a collection could end."""
+        return not self._let_go or gloo_workers_alive()
 
     def notice(self, level: str, source: str, message: str) -> None:
         """A Notice in the recording and the live views (none without a recorder)."""

@@ -132,6 +132,23 @@ def die_by(signum: int) -> None:
         os._exit(128 + signum)
 
 
+def gloo_workers_alive() -> bool:
+    """Whether a gloo worker thread (``pt_gloo_runloop``) of this process is alive, read from /proc (Linux);
+    True where that cannot be read (the exit collects then, as it did before it asked)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return True
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                if comm.read().strip() == "pt_gloo_runloop":
+                    return True
+        except OSError:  # a thread that ended meanwhile
+            continue
+    return False
+
+
 # A SIGTERM the main thread cannot handle (SigtermWatch, below): the recording's end is written within this, or
 # the rank dies without it (launchers send SIGKILL after a grace period of their own, often 30 s).
 STOP_WITHIN_S = 3.0
@@ -141,9 +158,11 @@ class ExitHandlers:
     """The agent's hooks on the process's end. ``stop(how, detail)`` ends the recording (Agent.stop);
     ``say_progress(reason)`` writes where the rank is, for a SIGTERM the main thread cannot handle yet."""
 
-    def __init__(self, stop: Callable[[str, str | None], None], say_progress: Callable[[str], None]) -> None:
+    def __init__(self, stop: Callable[[str, str | None], None], say_progress: Callable[[str], None],
+                 collect_at_exit: Callable[[], bool] = lambda: True) -> None:
         self._stop = stop
         self._say_progress = say_progress
+        self._collect_at_exit = collect_at_exit
         self._pid = os.getpid()  # a forked child inherits the agent: it must not end its parent's recording
         self._previous_sigterm: Any = None
         self._sigterm_watch: SigtermWatch | None = None  # stops the rank when its main thread cannot run the handler
@@ -220,9 +239,12 @@ class ExitHandlers:
         self._stop(*(ending if ending is not None else (END_EXIT, None)))
         # What the stop let go of (a model, its process groups: often in reference cycles) is collected now, while
         # the interpreter is whole; left to the finalization's collection, a group's gloo workers would still
-        # run there, where gloo can abort a rank that finished. A pause at exit only, never in training.
+        # run there, where gloo can abort a rank that finished. A pause at exit only, never in training: a full
+        # collection, a tenth of a second or two with torch loaded, which the agent spares a script whose own
+        # teardown freed its groups once the agent had let go of them (Agent.let_go_of_training).
         try:
-            gc.collect()
+            if self._collect_at_exit():
+                gc.collect()
         except Exception:  # noqa: BLE001, S110 - nothing at exit may fail because of zeromon
             pass
 

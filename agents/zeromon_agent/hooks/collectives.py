@@ -455,10 +455,14 @@ def make_wait_tensor(orig: Callable[..., Any], state: HotState = STATE) -> Calla
 _installed: list[tuple[Any, str, Any]] = []  # (owner, attribute, original) to restore
 
 
-def make_destroy_wrapper(fn: Callable[..., Any], state: HotState = STATE) -> Callable[..., Any]:
+def make_destroy_wrapper(fn: Callable[..., Any], state: HotState = STATE,
+                         initialized: Callable[[], bool] | None = None) -> Callable[..., Any]:
     """``destroy_process_group``, counted: the recorder keeps the groups it has seen (their sizes, by object)
     until then. Held on, a destroyed group would keep its communicators and threads (gloo's workers, which can
-    abort a finished rank at exit; NCCL's communicators and their GPU memory) for as long as zeromon runs."""
+    abort a finished rank at exit; NCCL's communicators and their GPU memory) for as long as zeromon runs.
+    Once the default group is gone (``initialized()`` false after the call), ``state.on_world_destroyed`` lets go
+    of the training's objects too, so that the script's own teardown (a gc.collect() after it) frees them and
+    their groups then, not the agent at the interpreter's exit."""
 
     @functools.wraps(fn)
     def zeromon_destroy_process_group(*args: Any, **kwargs: Any) -> Any:
@@ -466,6 +470,13 @@ def make_destroy_wrapper(fn: Callable[..., Any], state: HotState = STATE) -> Cal
             return fn(*args, **kwargs)
         finally:
             state.groups_destroyed += 1
+            let_go = state.on_world_destroyed
+            if let_go is not None and initialized is not None:
+                try:
+                    if not initialized():
+                        let_go()
+                except Exception as exc:  # noqa: BLE001 - never into the script's teardown
+                    state.hook_error("destroy_process_group", exc)
 
     zeromon_destroy_process_group.__zeromon_original__ = fn  # type: ignore[attr-defined]
     return zeromon_destroy_process_group
@@ -509,7 +520,7 @@ def install(state: HotState = STATE) -> list[str]:
 
     destroy = getattr(c10d, "destroy_process_group", None)
     if destroy is not None and not hasattr(destroy, "__zeromon_original__"):
-        wrapper = make_destroy_wrapper(destroy, state)
+        wrapper = make_destroy_wrapper(destroy, state, getattr(c10d, "is_initialized", None))
         _set(c10d, "destroy_process_group", wrapper)
         if getattr(dist, "destroy_process_group", None) is destroy:
             _set(dist, "destroy_process_group", wrapper)

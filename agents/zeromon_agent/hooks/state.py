@@ -88,6 +88,7 @@ class HotState:
         "device_timing_every",
         "autostart",
         "groups_destroyed",
+        "on_world_destroyed",
     )
 
     def __init__(self, raw_capacity: int = 65536) -> None:
@@ -133,6 +134,9 @@ class HotState:
         # destroy_process_group calls so far: the recorder lets go of the groups it keeps (by object) once it has
         # drained what was queued before the call, so that a destroyed group is not kept alive by zeromon.
         self.groups_destroyed = 0
+        # Called (on the thread that destroyed it) once the default group is destroyed: the distributed training
+        # is over, and the agent lets go of what it holds of it (Agent.let_go_of_training).
+        self.on_world_destroyed: Any = None
 
     @property
     def recorded(self) -> int:
