@@ -656,6 +656,36 @@ def test_a_replay_fills_the_overview_step_by_step_until_its_end(br: Any, fsdp2_r
     assert_no_traceback(server)
 
 
+
+@needs_browser
+@pytest.mark.distributed
+def test_a_dashboard_started_before_its_runs_ranks_waits_for_them_and_shows_them_as_they_come(
+        br: Any, tmp_path: Path) -> None:
+    """`zeromon dashboard RUN_DIR` started beside `zeromon run --out RUN_DIR` (the README's two terminals), before
+    the ranks exist: the page says which folder it waits for, then shows the ranks as they register."""
+    run_dir, stop, log = tmp_path / "run", tmp_path / "STOP", tmp_path / "train.log"
+    run_dir.mkdir()  # what `zeromon run --out` makes first
+    with Dashboard(str(run_dir), "--interval", "0.5", logs=tmp_path) as server:
+        open_page(br, server.page(), elements=("no-agent",))
+        waiting = text_of(br, "no-agent") or ""
+        assert f"Waiting for the ranks of {run_dir} to start" in waiting, waiting
+        assert "waiting for the ranks of" in server.stderr
+        with log.open("wb") as out:
+            train = subprocess.Popen(ranks_args(2, SCENARIOS / "live_train.py", "--stop-file", str(stop),
+                                                   "--max-seconds", "90", "--sleep", "0.1"),
+                                     env=child_env(ZEROMON_OUT=str(run_dir)), cwd=REPO, stdout=out,
+                                     stderr=subprocess.STDOUT)
+        try:
+            wait_until(lambda: br.find_elements("#run-info") and "2/2 ranks answering" in run_info(br)["ranks"], 90,
+                       "both ranks on the page", lambda: page_text(br)[-2000:] + server.stderr[-2000:])
+            assert not br.find_elements("#no-agent")
+            screenshot(br, "overview-waited")
+        finally:
+            stop.touch()
+            assert train.wait(timeout=120) == 0, log.read_text(errors="replace")[-3000:]
+        assert_clean_console(br, "the overview that waited for its run")
+    assert_no_traceback(server)
+
 # --- 5. the URL's state ----------------------------------------------------------------------------------
 
 @needs_browser

@@ -189,8 +189,16 @@ def test_the_dashboard_reads_a_run_folder_as_a_recording_or_before_it_has_one_as
     from zeromon.views.run_data import LiveFeed
 
     empty = run_dirs / "b"
-    assert main(["dashboard", "b"]) == 2
-    assert "RUN_DIR b: no rank-<r>.zmr (or .jsonl) recordings and no agent endpoints in it" in capsys.readouterr().err
+    # A folder with nothing in it (or nothing but what zeromon writes): a run whose ranks have not started, followed
+    # live; one that holds other files is no run folder.
+    feed, what = build_feed(_PARSER.parse_args(["dashboard", "b"]))
+    assert isinstance(feed, LiveFeed) and what == "run b", what
+    assert "waiting for the ranks of b to start" in capsys.readouterr().err
+    (run_dirs / "src").mkdir()
+    (run_dirs / "src" / "train.py").write_text("")
+    assert main(["dashboard", "src"]) == 2
+    assert ("RUN_DIR src: not a run folder: no rank-<r>.zmr (or .jsonl) recordings, no agent endpoints, and files "
+            "zeromon does not write") in capsys.readouterr().err
     write_entry(run_entry_path(empty, 0), EndpointEntry(
         run_dir=str(empty.resolve()), run_id="b", job="t", host=socket.gethostname(), address="127.0.0.1", port=1,
         url="http://127.0.0.1:1", rank=0, local_rank=0, world_size=1, pid=os.getpid(), start_ns=1,

@@ -385,6 +385,10 @@ def test_no_agent_text_under_run_tui_and_through_prometheus() -> None:
     assert "zeromon run --" not in text and "Still looking" in text  # it is starting one: no advice to start a run
     ended = no_agent_text(run, 1.0, JobStatus(pid=4242, log="/runs/x/launcher.log", exit_code=3))
     assert ended.startswith("The job ended (exit status 3) before any rank registered") and "Still looking" not in ended
+    # A run folder followed without the job (`zeromon attach RUN_DIR`, the dashboard beside `zeromon run`).
+    waiting = no_agent_text(run, 1.0)
+    assert waiting.startswith("Waiting for the ranks of /runs/x to start and register their agents.")
+    assert "zeromon run --out FOLDER --" in waiting and "Still looking" in waiting
     prom = FleetView(T0, "prometheus http://127.0.0.1:1", (), ("prometheus http://127.0.0.1:1",),
                      error="prometheus http://127.0.0.1:1: connection refused")
     text = no_agent_text(prom, 1.0)

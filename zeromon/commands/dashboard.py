@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -103,8 +104,14 @@ def build_feed(args: argparse.Namespace) -> tuple[Any, str]:
         # A run that has not written a recording yet (its ranks are starting): its registered agents,
         # live, and its recording's final state once every rank has ended.
         if not run_entries(run_dir):
-            raise ZeromonError(f"RUN_DIR {run_dir}: no rank-<r>.zmr (or .jsonl) recordings and no agent endpoints in it",
-                               hint="a run folder is the --out of `zeromon run`; its ranks write there as they start")
+            if not _may_be_a_run(run_dir):
+                raise ZeromonError(f"RUN_DIR {run_dir}: not a run folder: no rank-<r>.zmr (or .jsonl) recordings, no "
+                                   "agent endpoints, and files zeromon does not write",
+                                   hint="a run folder is the --out of `zeromon run`; its ranks write there as they start")
+            # A run whose ranks have not started (the dashboard started beside `zeromon run`): the page says so
+            # (zeromon.views.fleet.no_agent_text) and shows each rank as it registers.
+            print(f"zeromon dashboard: waiting for the ranks of {run_dir} to start (they register as they create "
+                  "their process group)", file=sys.stderr)
         if recording_only:
             raise ZeromonError(f"{recording_only[0]} applies to a recording, and {run_dir} holds none yet",
                                hint=_USAGE_HINT)
@@ -117,6 +124,19 @@ def build_feed(args: argparse.Namespace) -> tuple[Any, str]:
                         keep_collectives=LIVE_COLLECTIVES_KEPT)
     return (run_data.LiveFeed(source, interval_s=args.interval, on_error=_say_source_error, final=final),
             source.source)
+
+
+# What zeromon writes in a run folder: a folder holding only these (or nothing: `zeromon run` has just made it) may
+# be a run whose ranks have not started yet.
+_RUN_ENTRIES = re.compile(r"rank-\d+\.(zmr|jsonl)|endpoints|attempts|launcher\.log|\..*")
+
+
+def _may_be_a_run(folder: Path) -> bool:
+    """Whether ``folder`` holds nothing but what zeromon writes in a run folder (nothing at all included)."""
+    try:
+        return all(_RUN_ENTRIES.fullmatch(entry.name) for entry in folder.iterdir())
+    except OSError:
+        return False
 
 
 def _starting(run_dir: Path) -> bool:

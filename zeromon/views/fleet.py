@@ -568,8 +568,10 @@ def no_agent_text(view: FleetView, interval_s: float, job: JobStatus | None = No
             f"Its output: {job.log}", "",
             "A rank registers when it creates its torch.distributed process group",
             "(unless ZEROMON_ENABLE=0 or ZEROMON_ENDPOINT=0 is set).", "", "q quits."])
+    run_folder = view.source.removeprefix("run ") if view.source.startswith("run ") else None
     heading = ("Waiting for the job's ranks to start and register their agents." if job is not None
-               else "No zeromon agent is answering.")
+               else f"Waiting for the ranks of {run_folder} to start and register their agents."
+               if run_folder is not None else "No zeromon agent is answering.")
     lines = [heading, "", "Looked at:"]
     lines += [f"  • {place}" for place in view.looked_at] or ["  • (nowhere: no target, run folder or index)"]
     # LiveSource's "no agent found (looked at: ...)" only repeats the list above.
@@ -578,6 +580,10 @@ def no_agent_text(view: FleetView, interval_s: float, job: JobStatus | None = No
     if job is not None:
         lines += ["", f"The job runs (pid {job.pid}; its output: {job.log}). Each rank registers",
                   "when it creates its torch.distributed process group."]
+    elif run_folder is not None:
+        lines += ["", "Each rank registers when it creates its torch.distributed process group (unless",
+                  "ZEROMON_ENABLE=0 or ZEROMON_ENDPOINT=0 is set). A run folder is the --out of",
+                  "  zeromon run --out FOLDER -- torchrun --nproc-per-node 2 train.py"]
     elif view.source.startswith("prometheus"):
         lines += ["", "Check that Prometheus is up at that address and scrapes the ranks' agents:",
                   "  zeromon targets --write FILE",
