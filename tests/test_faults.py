@@ -156,12 +156,16 @@ def test_a_full_disk_under_zeromon_run(tmp_path: Path, baseline: list[float]) ->
         out = disk / "run"
         result = zeromon_run(out, "--steps", "12")
         assert losses(result.stdout) == baseline
-        # torchrun says all went well, and so does zeromon run's status; it says the recording is incomplete, once a
-        # rank, and that no rank died (the end records were written over the files' last records)
+        # torchrun says all went well, and so does zeromon run's status; it says the recording is incomplete, once
+        # for each rank the full disk cut short, and that no rank died (the end records were written over the files'
+        # last records). Which ranks the 40 KiB cut is a race between their writes: both, or one whose peer wrote
+        # first (a CI run: rank 0 wrote its 12 steps, rank 1 none).
         assert result.returncode == 0, result.stderr[-3000:]
         assert "the recording is incomplete" in result.stderr and "No space left on device" in result.stderr
-        for rank in (0, 1):
-            assert result.stderr.count(f"rank {rank}: the recording is incomplete") == 1, result.stderr
+        said = {rank: result.stderr.count(f"rank {rank}: the recording is incomplete") for rank in (0, 1)}
+        assert set(said.values()) <= {0, 1} and sum(said.values()) >= 1, result.stderr
+        for rank, count in said.items():  # a rank said incomplete lost records; one not said lost none
+            assert (f"rank {rank}: cannot write" in result.stderr) == bool(count), result.stderr
         assert "died" not in result.stderr, result.stderr
         report = zeromon("report", str(out))
         assert report.returncode == 3 and "the recording is incomplete" in report.stdout
