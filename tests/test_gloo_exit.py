@@ -48,6 +48,17 @@ atexit.register(_gloo_workers_at_exit)
 '''
 
 
+# A script's count of its gloo worker threads, now (pasted into the scripts below where {GLOO_WORKERS} stands).
+GLOO_WORKERS = textwrap.dedent("""
+    def gloo_workers():
+        names = []
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/comm") as comm:
+                names.append(comm.read().strip())
+        return sum(name == "pt_gloo_runloop" for name in names)
+""")
+
+
 def _probed_env(tmp_path: Path) -> tuple[dict[str, str], Path]:
     site, reports = tmp_path / "probe", tmp_path / "reports"
     site.mkdir(parents=True)
@@ -151,7 +162,7 @@ def test_a_script_whose_teardown_destroys_the_group_frees_it_while_the_agent_run
     """The examples' teardown (destroy_process_group, DTensor's caches emptied, gc.collect()) with the agent attached,
     as under `zeromon run`: the agent lets go of the training once the default group is gone, so the script's
     own collection frees the FSDP2 model and its group, and gloo's workers end there; the exit then has nothing
-    to collect (a full collection, 0.18 s a rank in bench_whole_run's runs). The agent had held the model until
+    to collect (a full collection: RESULTS.md, issue 44's whole run). The agent had held the model until
     its stop at exit (2 workers alive after the script's collection: checked), and its exit collected them. The
     recording still ends as the rank does, every step in it."""
     env = child_env(ZEROMON_OUT=str(tmp_path / "run"))
@@ -161,12 +172,7 @@ def test_a_script_whose_teardown_destroys_the_group_frees_it_while_the_agent_run
         from torch.distributed.fsdp import fully_shard
         import zeromon_agent
 
-        def gloo_workers():
-            names = []
-            for task in os.listdir("/proc/self/task"):
-                with open(f"/proc/self/task/{task}/comm") as comm:
-                    names.append(comm.read().strip())
-            return sum(name == "pt_gloo_runloop" for name in names)
+        {GLOO_WORKERS}
 
         def train():
             model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))
@@ -184,7 +190,7 @@ def test_a_script_whose_teardown_destroys_the_group_frees_it_while_the_agent_run
         train()
         tinygpt.teardown()  # destroy_process_group, DTensor's caches emptied, gc.collect()
         print("WORKERS", gloo_workers(), "STARTED", zeromon_agent.get_agent().started)
-    """)
+    """).replace("{GLOO_WORKERS}", GLOO_WORKERS)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(EXAMPLES), env.get("PYTHONPATH")]))
     result = _world_of_one_run("import tinygpt\n" + script, env)
     assert "WORKERS 0 STARTED True" in result.stdout, result.stdout + result.stderr[-2000:]
@@ -227,12 +233,7 @@ def test_a_group_destroyed_while_the_agent_runs_is_not_kept_alive_by_it(tmp_path
         import gc, os, time, torch, torch.distributed as dist
         import zeromon_agent
 
-        def gloo_workers():
-            names = []
-            for task in os.listdir("/proc/self/task"):
-                with open(f"/proc/self/task/{task}/comm") as comm:
-                    names.append(comm.read().strip())
-            return sum(name == "pt_gloo_runloop" for name in names)
+        {GLOO_WORKERS}
 
         dist.init_process_group("gloo")
         zeromon_agent.attach()
@@ -248,7 +249,7 @@ def test_a_group_destroyed_while_the_agent_runs_is_not_kept_alive_by_it(tmp_path
         print("WORKERS", before, gloo_workers())
         zeromon_agent.detach()
         dist.destroy_process_group()
-    """)
+    """).replace("{GLOO_WORKERS}", GLOO_WORKERS)
     result = _world_of_one_run(script, env)
     line = next(line for line in result.stdout.splitlines() if line.startswith("WORKERS "))
     before, after = map(int, line.split()[1:])

@@ -243,16 +243,7 @@ class Agent:
         """stop()'s work, under its lock: the hooks off, the recording ended, the endpoint closed."""
         # Where the rank is, while the model is still known (the submodule a blocked collective serves).
         progress = self.recorder.final_progress(how) if self.recorder is not None else None
-        try:
-            self.memory.close()
-            self.tracker.close()
-        except Exception as exc:  # noqa: BLE001
-            log.warning("zeromon: error while stopping the agent: %r", exc)
-        # The training's objects are let go, whatever the hooks' removal met: held on, a DDP or FSDP model kept
-        # its process group past the script's destroy_process_group, and with it gloo's worker threads, which
-        # then ran on into the interpreter's exit (where gloo can abort a finished rank).
-        self.memory.release()
-        self.model = self.optimizer = self.engine = None
+        self._drop_training("stopping the agent")
         try:
             if self.recorder is not None:
                 self.recorder.stop(how=how, detail=detail, progress=progress)
@@ -273,6 +264,19 @@ class Agent:
                 log.warning("zeromon: error while stopping the endpoint: %r", exc)
         self.exits.uninstall()
 
+    def _drop_training(self, doing: str) -> None:
+        """The hooks off and the training's objects let go (stop() and let_go_of_training()), the objects whatever
+        the hooks' removal met: held on, a DDP or FSDP model kept its process group past the script's
+        destroy_process_group, and with it gloo's worker threads, which then ran on into the interpreter's exit
+        (where gloo can abort a finished rank)."""
+        try:
+            self.memory.close()
+            self.tracker.close()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("zeromon: error while %s: %r", doing, exc)
+        self.memory.release()
+        self.model = self.optimizer = self.engine = None
+
     def let_go_of_training(self) -> None:
         """The default process group was destroyed (on the thread that destroyed it): the distributed training is
         over. Let go of what the agent holds of it, as stop() does (the hooks, the model, the optimizer, the groups
@@ -287,13 +291,7 @@ class Agent:
                 return
             self._let_go = True
             self.state.on_world_destroyed = None
-            try:
-                self.memory.close()
-                self.tracker.close()
-            except Exception as exc:  # noqa: BLE001
-                log.warning("zeromon: error while letting go of the training: %r", exc)
-            self.memory.release()
-            self.model = self.optimizer = self.engine = None
+            self._drop_training("letting go of the training")
             if self.recorder is not None:
                 self.recorder.let_go_of_groups()
             self.state.pending.clear()

@@ -175,10 +175,7 @@ def child(result: str, what: str, example_args: list[str]) -> None:
 
 def run(out: Path, variant: str, steps: int) -> list[dict[str, Any]]:
     environment, what = VARIANTS[variant]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ZEROMON_")}
-    env.update(OMP_NUM_THREADS="1", ZEROMON_PORT="0", **environment,
-               PYTHONPATH=os.pathsep.join([str(benchlib.REPO_ROOT), str(benchlib.REPO_ROOT / "agents"),
-                                           str(benchlib.REPO_ROOT / "examples")]))
+    env = benchlib.example_env(**environment)
     out.mkdir(parents=True)
     result = out / "figures"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",

@@ -182,12 +182,7 @@ def run(out: Path, on: bool, steps: int, shape: tuple[str, ...], watched: bool =
     second from this process, from the moment the run folder appears; the figures get ``snapshots``, the
     ranks' snapshots it took.
     """
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ZEROMON_")}
-    if capture is not None:
-        env[_CAPTURE] = str(capture)
-    env.update(OMP_NUM_THREADS="1", ZEROMON_PORT="0",
-               PYTHONPATH=os.pathsep.join([str(benchlib.REPO_ROOT), str(benchlib.REPO_ROOT / "agents"),
-                                           str(benchlib.REPO_ROOT / "examples")]))
+    env = benchlib.example_env(**({_CAPTURE: str(capture)} if capture is not None else {}))
     out.mkdir(parents=True)
     result = out / "figures"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",

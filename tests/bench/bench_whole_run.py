@@ -51,10 +51,7 @@ def child(result: str, example_args: list[str]) -> None:
 
 def run(out: Path, on: bool, steps: int) -> dict[str, float]:
     """One run: its wall time, its processes' CPU, and zeromon run's (or torchrun's) start and end, seconds."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ZEROMON_")}
-    env.update(OMP_NUM_THREADS="1", ZEROMON_PORT="0",
-               PYTHONPATH=os.pathsep.join([str(benchlib.REPO_ROOT), str(benchlib.REPO_ROOT / "agents"),
-                                           str(benchlib.REPO_ROOT / "examples")]))
+    env = benchlib.example_env()
     out.mkdir(parents=True)
     result = out / "times"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",

@@ -154,6 +154,16 @@ def load_note() -> str:
 
 # --- processes --------------------------------------------------------------------------------------
 
+def example_env(**extra: str) -> dict[str, str]:
+    """The environment of a run of the examples under test: this one's without its ZEROMON_* settings, one thread
+    a rank, any free endpoint port, the repository's packages and examples importable; ``extra`` on top."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZEROMON_")}
+    env.update(OMP_NUM_THREADS="1", ZEROMON_PORT="0",
+               PYTHONPATH=os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "agents"), str(REPO_ROOT / "examples")]),
+               **extra)
+    return env
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -126,15 +125,16 @@ def build_feed(args: argparse.Namespace) -> tuple[Any, str]:
             source.source)
 
 
-# What zeromon writes in a run folder: a folder holding only these (or nothing: `zeromon run` has just made it) may
-# be a run whose ranks have not started yet.
-_RUN_ENTRIES = re.compile(r"rank-\d+\.(zmr|jsonl)|endpoints|attempts|launcher\.log|\..*")
-
-
 def _may_be_a_run(folder: Path) -> bool:
-    """Whether ``folder`` holds nothing but what zeromon writes in a run folder (nothing at all included)."""
+    """Whether ``folder`` holds nothing but what `zeromon run` writes in a run folder (its run's files, runs set
+    aside, hidden files; nothing at all: it has just made it)."""
+    import fnmatch
+
+    from zeromon.commands.run import RUN_FILES
+
+    patterns = (*RUN_FILES, "previous-*", ".*")
     try:
-        return all(_RUN_ENTRIES.fullmatch(entry.name) for entry in folder.iterdir())
+        return all(any(fnmatch.fnmatchcase(entry.name, p) for p in patterns) for entry in folder.iterdir())
     except OSError:
         return False
 

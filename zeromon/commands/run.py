@@ -227,8 +227,9 @@ def _local_ranks(cmd: list[str]) -> int | None:
     return None
 
 
-# The files a run writes into its folder (zeromon_agent and --tui); see _set_aside_previous_run.
-_RUN_FILES = ("rank-*.zmr", "rank-*.jsonl", "oom-snapshot-rank-*.pickle", "launcher.log", ENDPOINTS_DIR, ATTEMPTS_DIR)
+# The files a run writes into its folder (zeromon_agent and --tui); see _set_aside_previous_run. A run set aside
+# goes to previous-<stamp>/ beside them.
+RUN_FILES = ("rank-*.zmr", "rank-*.jsonl", "oom-snapshot-rank-*.pickle", "launcher.log", ENDPOINTS_DIR, ATTEMPTS_DIR)
 
 
 def _set_aside_previous_run(out: Path) -> None:
@@ -236,7 +237,7 @@ def _set_aside_previous_run(out: Path) -> None:
     so that nothing of it is lost and none of its ranks passes for this run's (a rank it had and this
     one lacks would show in discovery, `zeromon report` and the summary). Refused while an agent that
     registered there still runs on this machine."""
-    found = [path for pattern in _RUN_FILES for path in sorted(out.glob(pattern))]
+    found = [path for pattern in RUN_FILES for path in sorted(out.glob(pattern))]
     if not any(p.name != "launcher.log" for p in found):
         return
     for entry in read_entries(out / ENDPOINTS_DIR):

@@ -435,12 +435,11 @@ class Recorder:
 
     def let_go_of_groups(self) -> None:
         """The default group was destroyed (Agent.let_go_of_training): what is queued drained now, as at the stop
-        (nothing waits for a completion or a GPU any more), and every group the recorder keeps let go, so that none
-        outlives the script's teardown because of zeromon. The recording stays open."""
+        (nothing waits for a completion or a GPU any more); the drain, seeing the destroy counted, lets go of every
+        group the recorder keeps, so that none outlives the script's teardown because of zeromon. The recording
+        stays open."""
         with self._drain_lock:
             self._drain(final=True)
-            self._groups_destroyed = self.state.groups_destroyed
-            self._forget_groups()
 
     def _forget_groups(self) -> None:
         """Let go of the process groups kept by object (their sizes, and the shapes of calls on them): after a
