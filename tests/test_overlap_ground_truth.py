@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from exposed_truth import outside_wrapper_s
 
 from zeromon.analysis.step_overlap import StepOverlap, step_overlaps
 from zeromon.model import read_run
@@ -34,6 +35,11 @@ def _run(tmp_path: Path, mode: str) -> list[tuple[StepOverlap, dict[str, Any]]]:
         truth = json.loads((tmp_path / f"truth-{rec.rank}.json").read_text())
         measured = step_overlaps(rec)
         assert [s.step for s in measured] == [t["step"] for t in truth]
+        # Each truth row also keeps how much of its stopwatch the thread lost outside zeromon's wrapper (the
+        # caller's own code, between its clock reads and the wrapper's: tests/exposed_truth.py).
+        calls = {c.step: c for c in rec.collectives if c.op == "all_reduce"}
+        for t in truth:
+            t["outside_s"] = outside_wrapper_s(t, calls[t["step"]])
         pairs.extend((m, t) for m, t in zip(measured, truth, strict=True) if m.step >= 1)  # step 0 warms up
         # The agent's own per-step numbers (what the live endpoint serves) are made from the same intervals
         # when each step ends: they meet the recording's analysis in every step, and so the truth above.
@@ -54,11 +60,19 @@ def _close(measured: float, truth: float, comm: float) -> bool:
     return abs(measured - truth) <= 0.1 * comm
 
 
+def _exposed_close(m: StepOverlap, t: dict[str, Any]) -> bool:
+    """Zeromon's exposed communication within 10% of the step's communication of the thread's stopwatch, less what
+    the thread lost outside zeromon's wrapper (the caller's own code: a GIL hand-over or a preemption at the call's
+    entry or return, up to 12 ms in a step of a loaded machine; issue 47, tests/bench/bench_exposed_truth.py).
+    Zeromon short, or long, inside its own calls is not."""
+    return -0.1 * t["comm_s"] <= t["exposed_s"] - m.exposed_comm_s <= t["outside_s"] + 0.1 * t["comm_s"]
+
+
 def test_sync_all_reduce_between_compute_does_not_overlap(tmp_path: Path) -> None:
     for m, t in _run(tmp_path, "sync"):
         assert t["overlap_s"] == 0
         assert _close(m.overlap_s, 0.0, t["comm_s"]), (m, t)
-        assert _close(m.exposed_comm_s, t["exposed_s"], t["comm_s"]), (m, t)
+        assert _exposed_close(m, t), (m, t)
         # Computation is the whole step but the blocked time (and zeromon's own): the forward and
         # the loop's other code alike. The script's stopwatch around the forward holds zeromon's hooks
         # at its end (a memory sample: agent time, not computation; 4.8 ms of it once on a loaded machine).
@@ -70,17 +84,17 @@ def test_async_all_reduce_hidden_behind_longer_compute(tmp_path: Path) -> None:
     pairs = _run(tmp_path, "hidden")
     hidden = [t["overlap_s"] / t["comm_s"] for _, t in pairs]
     assert sorted(hidden)[len(hidden) // 2] >= 0.8, "the scenario must mostly hide the all-reduce"
-    # Every step within half its communication, and most within 10%: on a loaded 2-core machine the
-    # script's own completion callback (the truth) runs late in an odd step (seen in a CI run). A step where the
-    # thread's stopwatch lost more than zeromon counts as exposed is one of the most 10% off, not a failure, while
-    # issue 47 is open (tests/bench/bench_exposed_truth.py). Zeromon more exposed, or longer, than the truth by half
-    # fails.
+    for m, t in pairs:
+        assert _exposed_close(m, t), (m, t)
+    # Communication and overlap: every step within half its communication, and most within 10%: on a loaded 2-core
+    # machine the script's own completion callback (the truth) runs late in an odd step (seen in a CI run), and
+    # time lost outside the wrapper moves the truth's overlap too.
     off = []
     for m, t in pairs:
-        # Where the truth can be late, counted below rather than failed here: the thread's stopwatch lost more
-        # than zeromon counts (issue 47), or the script's completion callback ran after zeromon's by more than
-        # half the communication (the truth's communication the longer).
-        late = (t["exposed_s"] - m.exposed_comm_s > 0.5 * t["comm_s"]) or (t["comm_s"] - m.comm_s > 0.5 * t["comm_s"])
+        # Where the truth can be late, counted below rather than failed here: the script's completion callback ran
+        # after zeromon's by more than half the communication (the truth's communication the longer), or the
+        # thread lost that much outside the wrapper.
+        late = t["outside_s"] > 0.5 * t["comm_s"] or (t["comm_s"] - m.comm_s > 0.5 * t["comm_s"])
         for measured, truth in ((m.comm_s, t["comm_s"]), (m.exposed_comm_s, t["exposed_s"]), (m.overlap_s, t["overlap_s"])):
             assert late or abs(measured - truth) <= 0.5 * t["comm_s"], (m, t)
         if not all(_close(a, b, t["comm_s"]) for a, b in ((m.comm_s, t["comm_s"]), (m.exposed_comm_s, t["exposed_s"]),
@@ -95,8 +109,10 @@ def test_async_all_reduce_partly_hidden(tmp_path: Path) -> None:
     pairs = _run(tmp_path, "partial")
     for m, t in pairs:
         assert t["exposed_s"] > 0 and t["overlap_s"] > 0, "the scenario must be a partial case"
-        assert _close(m.exposed_comm_s, t["exposed_s"], t["comm_s"]), (m, t)
+        assert _exposed_close(m, t), (m, t)
         # zeromon's own time at a boundary (agent_s, ~0.1 ms) hides nothing: where the process was descheduled
         # inside it (20 ms in a step of a loaded CI machine's run) the script's stopwatch counts that as forward,
-        # under the all-reduce, and its overlap is up to agent_s more than zeromon's.
-        assert m.overlap_s - 0.1 * t["comm_s"] <= t["overlap_s"] <= m.overlap_s + m.agent_s + 0.1 * t["comm_s"], (m, t)
+        # under the all-reduce, and its overlap is up to agent_s more than zeromon's. Time the thread lost outside
+        # zeromon's wrapper in the issue call is exposed by its stopwatch and overlapped by zeromon's.
+        assert m.overlap_s - t["outside_s"] - 0.1 * t["comm_s"] <= t["overlap_s"] \
+            <= m.overlap_s + m.agent_s + 0.1 * t["comm_s"], (m, t)

@@ -108,9 +108,14 @@ def main() -> None:
                     overlap = comm_ns - exposed
                 # The exposed time's two parts by the thread's stopwatch (issue 47: which one zeromon counts short).
                 issue_ns, wait_ns = (exposed, 0) if args.mode == "sync" else (issued - t_issue, w1 - w0)
+                # And where on the Unix clock (the recording's): the call from the thread's clock read before it to
+                # the one after it, so that time lost outside zeromon's wrapper (between these reads and its own)
+                # can be told from time lost inside it.
+                call = (c0, c1) if args.mode == "sync" else (t_issue, issued)
                 truth.append({"step": step, "comm_s": comm_ns / 1e9, "forward_s": (f1 - f0) / 1e9,
                               "exposed_s": exposed / 1e9, "overlap_s": overlap / 1e9,
-                              "issue_s": issue_ns / 1e9, "wait_s": wait_ns / 1e9})
+                              "issue_s": issue_ns / 1e9, "wait_s": wait_ns / 1e9,
+                              "call_ns": list(call), "wait_ns": None if args.mode == "sync" else [w0, w1]})
     zeromon_agent.detach()
     Path(args.truth_dir, f"truth-{rank}.json").write_text(json.dumps(truth))
     dist.destroy_process_group()

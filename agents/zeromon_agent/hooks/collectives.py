@@ -220,6 +220,8 @@ def _record_async(state: HotState, api: str, op: str, t0: int, t1: int, b_in: in
                 push = state.push
                 result.get_future().add_done_callback(lambda _f: push((RAW_DONE, seq, perf_ns())))
                 sampled = True
+        if cuda is None:  # the issue ends as the call returns to its caller (make_wrapper: issue 47)
+            t1 = perf_ns()
     state.push((RAW_COLLECTIVE, seq, api, op, t0, t1, b_in, b_out, dtype, group, bool(async_op), work,
                 state.phase, state.step, cuda, sampled, caller))
 
@@ -237,6 +239,11 @@ def make_wrapper(fn: Callable[..., Any], api: str, op: str, extract: Extract,
         if state.inside or not state.enabled:
             if state.inside or state.autostart is None or not state.autostart():
                 return fn(*args, **kwargs)
+        # The call starts here, as its caller's stopwatch has it, and ends as it returns (issue 47): the thread's
+        # time in this wrapper is the call's. A thread preempted in it (on a busy machine, a scheduler slice, 4 ms;
+        # often just after the issue wakes gloo's workers) lost that time in the collective's call, not in its
+        # computation; clock reads around the original call alone left it uncounted.
+        t0 = perf_ns()
         try:
             # Who called: the issuer, which a collective's meaning comes from. Where not settled (its first call,
             # a shim, torch's own helpers), issuers.issuer_path looks.
@@ -252,7 +259,6 @@ def make_wrapper(fn: Callable[..., Any], api: str, op: str, extract: Extract,
             state.hook_error(f"collective:{api}", exc)
             return fn(*args, **kwargs)
         state.inside = True
-        t0 = perf_ns()
         try:
             result = fn(*args, **kwargs)
         finally:
@@ -310,6 +316,7 @@ def make_wait(orig_wait: Callable[..., Any], state: HotState = STATE) -> Callabl
         seq = pending.pop(id(self), None)
         if seq is None:
             return orig_wait(self, *args, **kwargs)
+        t0 = perf_ns()  # the wait starts where its caller's does (as a collective's call: make_wrapper)
         timer = state.device_timer
         if timer is not None:
             untimed = timer.untimed_waits
@@ -317,7 +324,6 @@ def make_wait(orig_wait: Callable[..., Any], state: HotState = STATE) -> Callabl
                 # A GPU collective of a step not timed on the device (most of a GPU run's): no event, and no
                 # completion check (on NCCL, Work.is_completed queries an event: a launch's cost).
                 untimed.discard(seq)
-                t0 = perf_ns()
                 try:
                     return orig_wait(self, *args, **kwargs)
                 finally:
@@ -344,7 +350,6 @@ def make_wait(orig_wait: Callable[..., Any], state: HotState = STATE) -> Callabl
                 cuda_start = timer.mark(stream)  # where the stream begins to wait
         except Exception:  # noqa: BLE001
             done_before = False
-        t0 = perf_ns()
         try:
             return orig_wait(self, *args, **kwargs)
         finally:
@@ -395,6 +400,7 @@ def make_funcol_wrapper(fn: Callable[..., Any], name: str, op: str, list_input: 
     def zeromon_funcol(*args: Any, **kwargs: Any) -> Any:
         if not state.enabled or state.inside:
             return fn(*args, **kwargs)
+        t0 = perf_ns()  # the call from its start to its return (make_wrapper: issue 47)
         try:
             settled = FINAL.get(id(_getframe(1).f_code))
             caller = settled[1] if settled is not None else issuer_path(_getframe(1))
@@ -406,11 +412,9 @@ def make_funcol_wrapper(fn: Callable[..., Any], name: str, op: str, list_input: 
             state.hook_error(f"collective:{api}", exc)
             return fn(*args, **kwargs)
         state.inside = True
-        t0 = perf_ns()
         try:
             result = fn(*args, **kwargs)
         finally:
-            t1 = perf_ns()
             state.inside = False
         try:
             b_out = _result_bytes(result)
@@ -419,7 +423,7 @@ def make_funcol_wrapper(fn: Callable[..., Any], name: str, op: str, list_input: 
             # Functional collectives are always asynchronous: the result is waited on at first use.
             if key is not None and len(state.pending) < state.pending_capacity:
                 state.pending[key] = state.seq
-            state.push((RAW_COLLECTIVE, state.seq, api, op, t0, t1, b_in, b_out, dtype, ("funcol", group),
+            state.push((RAW_COLLECTIVE, state.seq, api, op, t0, perf_ns(), b_in, b_out, dtype, ("funcol", group),
                         True, None, state.phase, state.step, None, False, caller))
         except Exception as exc:  # noqa: BLE001
             state.hook_error(f"collective:{api}", exc)
