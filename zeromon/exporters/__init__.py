@@ -1,1 +1,1 @@
-"""Exporters: the offline HTML report (and, later, Prometheus)."""
+"""Exporters: the offline HTML report, and the recording as Parquet datasets (`zeromon export --format parquet`)."""
