@@ -149,3 +149,18 @@ def fsdp2_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     result = zeromon("run", "--out", str(out), "--", *ranks_args(2, EXAMPLES / "fsdp2_train.py", "--steps", "8"))
     assert result.returncode == 0, result.stderr[-3000:]
     return out
+
+
+FLEET_RANKS, FLEET_STEPS = 256, 12  # fleet256_run: a 256-rank run, short in steps (generated in ~0.3 s)
+
+
+@pytest.fixture(scope="session")
+def fleet256_run(fsdp2_run: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 256-rank run of FLEET_STEPS steps generated from fsdp2_run's rank 0 (tests/bench/gen_fleet_run.py: every
+    rank's overlap poor, a straggler, a rank whose memory grows), for the surfaces' tests at fleet scale."""
+    sys.path.insert(0, str(REPO / "tests" / "bench"))
+    import gen_fleet_run
+
+    out = tmp_path_factory.mktemp("fleet256") / "run"
+    gen_fleet_run.generate(fsdp2_run, out, FLEET_RANKS, FLEET_STEPS, workers=1)
+    return out

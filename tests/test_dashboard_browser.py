@@ -45,10 +45,11 @@ from dashboard_browser import (
 )
 
 from zeromon.analysis.comm_advice import EXPOSED_SHARE_WARN
+from zeromon.analysis.finding_groups import group_findings
 from zeromon.views.overview import exposed_banner, oom_banner, rank_exposed_shares
 from zeromon.views.run_data import RunData, recording_data
 
-from conftest import REPO, child_env, free_port, ranks_args, zeromon
+from conftest import FLEET_RANKS, REPO, child_env, free_port, ranks_args, zeromon
 
 # selenium 4.2 calls urllib3's deprecated HTTPResponse.getheader on every command
 pytestmark = pytest.mark.filterwarnings("ignore:HTTPResponse.getheader:DeprecationWarning")
@@ -155,9 +156,11 @@ def test_overview_shows_the_recordings_banners_grid_run_and_findings(br: Any, fs
     assert info["world"] == "2" and info["steps"] == str(FSDP2_STEPS) and "FSDP2" in info["framework"]
     assert info["ranks"] == "2 recorded"
 
-    # The findings, in the report's order, each with its kind.
-    kinds = [e.get_attribute("data-kind") for e in br.find_elements("#findings-list details.finding")]
-    assert kinds == [f.kind for f in fsdp2_data.findings] and "poor_overlap" in kinds
+    # The findings, one entry per problem across ranks in the report's order, each with its kind and ranks.
+    shown = [(e.get_attribute("data-kind"), e.get_attribute("data-ranks"))
+             for e in br.find_elements("#findings-list details.finding")]
+    assert shown == [(g.kind, g.ranks_text()) for g in group_findings(fsdp2_data.findings)]
+    assert "poor_overlap" in {kind for kind, _ in shown}
 
     # The status line names the recording; the nav has every page a recording has (no Trace).
     assert f"recording {fsdp2_run}" in (text_of(br, "status") or "")
@@ -651,7 +654,7 @@ def test_a_replay_fills_the_overview_step_by_step_until_its_end(br: Any, fsdp2_r
         listed = len(br.find_elements("#findings-list details.finding"))
         titles = br.driver.execute_script(
             "return Array.from(document.querySelectorAll('#page-overview h2')).map(h => h.innerText)")
-        assert f"Findings ({listed})" in titles, (titles, heading)
+        assert any(t.startswith(f"Findings ({listed}") for t in titles), (titles, heading)  # "(2 problems in 3 ..."
         assert_clean_console(br, "the overview of a replay")
     assert_no_traceback(server)
 
@@ -685,6 +688,58 @@ def test_a_dashboard_started_before_its_runs_ranks_waits_for_them_and_shows_them
             assert train.wait(timeout=120) == 0, log.read_text(errors="replace")[-3000:]
         assert_clean_console(br, "the overview that waited for its run")
     assert_no_traceback(server)
+
+@needs_browser
+@pytest.mark.distributed
+def test_at_256_ranks_the_findings_are_one_entry_per_problem_each_linking_its_worst_rank(
+        br: Any, fleet256_run: Path, logs: Path) -> None:
+    """A generated 256-rank run (conftest's fleet256_run: every rank's overlap poor, a straggler, a rank whose
+    memory grows): the Overview lists each problem once, with its ranks, its spread and its worst rank, whose
+    link opens that rank's page; the Ranks page's findings alike."""
+    groups = group_findings(recording_data(fleet256_run).findings)
+    assert sum(len(g.findings) for g in groups) > FLEET_RANKS > 10 > len(groups)
+    entries_js = """return Array.from(document.querySelectorAll(arguments[0] + ' details.finding')).map(d => {
+        const link = d.querySelector('a.rank-link'), worst = d.querySelector('li.worst');
+        return {kind: d.dataset.kind, ranks: d.dataset.ranks, worst: d.dataset.worst,
+                summary: d.querySelector('summary').innerText, worst_line: worst ? worst.innerText : null,
+                link: link ? [link.innerText, link.getAttribute('href')] : null}; })"""
+    with Dashboard(str(fleet256_run), logs=logs) as server:
+        open_page(br, server.page(), graphs=("overview-grid-exposed",), elements=("findings-list",))
+        screenshot(br, "overview-256-ranks")
+        assert_clean_console(br, "the overview of 256 ranks")
+        entries = br.driver.execute_script(entries_js, "#findings-list")
+        assert [(e["kind"], e["ranks"], e["worst"], e["summary"]) for e in entries] == [
+            (g.kind, g.ranks_text(), str(g.worst_rank), f"[{g.severity.value}] {g.title}") for g in groups]
+        titles = br.driver.execute_script(
+            "return Array.from(document.querySelectorAll('#page-overview h2')).map(h => h.innerText)")
+        assert f"Findings ({len(groups)} problems in {sum(len(g.findings) for g in groups)} findings)" in titles
+        for entry, group in zip(entries, groups, strict=True):  # every entry links its worst rank's page
+            page = "communication" if group.kind in ("poor_overlap", "straggler", "step_skew") else "memory"
+            assert entry["link"] == [f"rank {group.worst_rank}", f"/{page}?ranks={group.worst_rank}"], entry
+            assert entry["worst_line"] == group.worst_words()
+        overlap = next(g for g in groups if g.kind == "poor_overlap")
+        assert len(overlap.ranks) >= FLEET_RANKS - 4
+        assert re.fullmatch(r"ranks 0-255( but [\d, -]+)?", overlap.ranks_text()), overlap.ranks_text()
+        assert re.search(r": \d+(-\d+)?% of step time is exposed communication$", overlap.title), overlap.title
+        # The link opens the worst rank on its page (the page's own ranks control says it).
+        br.find_element('#findings-list details[data-kind="poor_overlap"] a.rank-link').click()
+        wait_until(lambda: br.driver.current_url.endswith(f"/communication?ranks={overlap.worst_rank}"), 30,
+                   "the Communication page of the worst rank", lambda: br.driver.current_url)
+        wait_until(lambda: dropdown_values(br, "communication-ranks") == [f"rank {overlap.worst_rank}"], 60,
+                   "its ranks control naming it", lambda: page_text(br)[-2000:])
+        # The Ranks page: its findings (the straggler's; the memory imbalance's) as entries too, linked alike.
+        br.find_element("#nav-ranks").click()
+        wait_until(lambda: br.find_elements("#ranks-waits-findings-list"), 60, "the Ranks page's findings",
+                   lambda: page_text(br)[-2000:])
+        waits = br.driver.execute_script(entries_js, "#ranks-waits-findings-list")
+        expected = [g for g in groups if g.kind in ("straggler", "step_skew")]
+        assert [(e["kind"], e["ranks"], e["summary"]) for e in waits] == [
+            (g.kind, g.ranks_text(), f"[{g.severity.value}] {g.title}") for g in expected] and expected
+        assert all(e["link"] == [f"rank {g.worst_rank}", f"/communication?ranks={g.worst_rank}"]
+                   for e, g in zip(waits, expected, strict=True))
+        assert_clean_console(br, "the Communication and Ranks pages of 256 ranks")
+    assert_no_traceback(server)
+
 
 # --- 5. the URL's state ----------------------------------------------------------------------------------
 

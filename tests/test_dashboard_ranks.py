@@ -15,8 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from zeromon.analysis.findings import Finding
-from zeromon.analysis.report import finding_heading
+from zeromon.analysis.findings import Finding, finding_heading
 from zeromon.model.codec import Recording, read_run
 from zeromon.model.events import MemorySample, StepSummary
 from zeromon.sources.fleet import FleetView, RankView
@@ -56,7 +55,8 @@ def _ids(component: Any) -> set[str]:
 
 
 def _layout(data: RunData) -> Any:
-    return page.layout(PageState(page="ranks"), data, SimpleNamespace())  # type: ignore[arg-type]
+    ctx = SimpleNamespace(rank_href=lambda page, rank: f"/{page}?ranks={rank}")  # what the page asks of its Context
+    return page.layout(PageState(page="ranks"), data, ctx)  # type: ignore[arg-type]
 
 
 # --- a real FSDP2 recording -------------------------------------------------------------------------------

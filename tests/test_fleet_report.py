@@ -5,6 +5,7 @@ columnar paths (StepTable, the step-time matrix) give the numbers the per-object
 from __future__ import annotations
 
 import dataclasses
+import html
 import io
 import json
 import re
@@ -26,8 +27,9 @@ from zeromon.commands.progress import Progress
 from zeromon.model.codec import read_run
 from zeromon.model.events import StepSummary
 from zeromon.model.rank_pool import map_rank_files
+from zeromon.model.units import parse_rank_ranges
 
-from conftest import REPO, zeromon
+from conftest import FLEET_RANKS, REPO, zeromon
 
 sys.path.insert(0, str(REPO / "tests" / "bench"))
 import gen_fleet_run  # noqa: E402
@@ -76,15 +78,20 @@ def test_a_generated_fleet_reads_as_one_run_and_its_report_names_the_stragglers_
     assert set(shown[1:3]) == set(roles.stragglers)  # furthest from the median exposed share after the risk
     stragglers = text[text.index("\nstragglers ("):].splitlines()[2:4]
     assert {int(line.split()[1].rstrip(":")) for line in stragglers} == set(roles.stragglers)
-    # The straggler's finding leads with what the others lost, and their exposed communication with it.
-    # (alone, "] the other ranks waited ..."; grouped with the second straggler's at one severity,
-    # "] ranks 8 and 17: straggler (as the other ranks waited ...)")
-    assert re.search(rf"(\] |\(as )the other ranks waited [\d.]+ m?s for rank {roles.stragglers[0]}, \d+% of their step time",
-                     text), text
-    assert re.search(r"remedy: (most|\d+%) of it is waiting for ranks? [\d, ]*" + str(roles.stragglers[0]), text), text
-    # The poor-overlap findings of (nearly) every rank, once per severity, with the ranks counted.
-    assert "poor_overlap (as rank 0:" in text and "more: poor_overlap" in text
-    assert 1 <= text.count("of step time is exposed communication") <= 2
+    # The straggler's finding leads with what the others lost, and their exposed communication with it
+    # (alone, "] the other ranks waited ..."; one entry with the second straggler's at one severity, "] ranks 8,
+    # 17: the other ranks waited for them, 8-17% of their step time", the first straggler its worst rank).
+    first = roles.stragglers[0]
+    assert re.search(rf"\] the other ranks waited [\d.]+ m?s for rank {first}, \d+% of their step time", text) or \
+        re.search(rf"\] ranks {min(roles.stragglers)}, {max(roles.stragglers)}: the other ranks waited for them, "
+                  rf"[\d-]+% of their step time\n +worst: rank {first} \(\d+%\)", text), text
+    assert re.search(r"remedy: (most|some) of it is waiting for ranks? [\d, ]*" + str(first), text), text
+    # The poor-overlap findings of (nearly) every rank: an entry per severity and cause (waiting for a straggler
+    # or not), each rank in one, (nearly) every rank in the first.
+    entries = [parse_rank_ranges(ranks) for ranks in
+               re.findall(r"\] (ranks? [^:]+): [\d-]+% of step time is exposed communication", text)]
+    assert 1 <= len(entries) <= 4 and len(entries[0]) >= RANKS - 4, entries
+    assert len({r for ranks in entries for r in ranks}) == sum(map(len, entries)) >= RANKS - 2
 
     every = zeromon("report", "--all-ranks", str(fleet_run))
     assert _table_ranks(every.stdout) == list(range(RANKS))
@@ -291,6 +298,60 @@ def test_the_html_page_of_a_fleet_draws_the_ranks_the_text_shows_first(fleet_run
     assert "the figures draw the 16 ranks furthest from the median rank" in text
     drawn = {int(rank) for rank in re.findall(r"rank (\d+): exposed comm \(ms\)", text)}
     assert drawn == set(shown) and roles.growing_memory in drawn and set(roles.stragglers) <= drawn
+
+
+def test_at_256_ranks_report_and_live_list_one_entry_per_problem(fleet256_run: Path, tmp_path: Path) -> None:
+    """The same grouping (zeromon.analysis.finding_groups) in `zeromon report`'s text, --json and --html and in
+    `zeromon live`'s lines and --json: each finding in one entry, an entry per kind, severity and remedies, with its
+    ranks, the spread of its figure, its worst rank."""
+    page = tmp_path / "fleet256.html"
+    result = zeromon("report", "--html", str(page), str(fleet256_run))
+    assert result.returncode == 0, result.stderr[-2000:]
+    document = json.loads(zeromon("report", "--json", str(fleet256_run)).stdout)
+    findings, groups = document["findings"], document["finding_groups"]
+    assert len(findings) > FLEET_RANKS and sum(g["findings"] for g in groups) == len(findings)
+    for g in groups:  # each entry is the findings of its kind, severity and remedies on its ranks
+        mine = [f for f in findings if f["rank"] in g["ranks"] and (f["kind"], f["severity"], f["remedies"]) ==
+                (g["kind"], g["severity"], g["remedies"])]
+        assert len(mine) == g["findings"] and sorted(f["rank"] for f in mine) == g["ranks"]
+        assert parse_rank_ranges(g["ranks_text"]) == tuple(g["ranks"])
+        if g["figure"] is not None:
+            values = {f["rank"]: f["metrics"][g["figure"]["metric"]] for f in mine}
+            assert (g["figure"]["low"], g["figure"]["high"]) == (min(values.values()), max(values.values()))
+            assert values[g["worst_rank"]] == max(values.values())
+    keys = [(g["kind"], g["severity"], tuple(g["remedies"])) for g in groups]
+    assert len(keys) == len(set(keys))  # no two entries that could have been one
+    (overlap, *_) = [g for g in groups if g["kind"] == "poor_overlap"]
+    assert len(overlap["ranks"]) >= FLEET_RANKS - 4 and overlap["title"].startswith(overlap["ranks_text"] + ": ")
+    assert re.fullmatch(r"ranks [\d, -]+(but [\d, -]+)?: \d+(-\d+)?% of step time is exposed communication",
+                        overlap["title"]), overlap["title"]
+
+    text = result.stdout.splitlines()
+    for g in groups:  # the text: one heading an entry, its worst rank under it where it has several
+        at = text.index(f"  [{g['severity']}] {g['title']}")
+        if len(g["ranks"]) > 1:
+            assert text[at + 1] == f"      worst: rank {g['worst_rank']} ({g['worst_figure']}); the evidence is " \
+                                   f"rank {g['worst_rank']}'s"
+    assert sum("of step time is exposed communication" in line for line in text) == \
+        sum(g["kind"] == "poor_overlap" for g in groups)
+    said = html.unescape(page.read_text())
+    for g in groups:  # the page: an item an entry, its rank count with it
+        assert said.count(f"[{g['severity']}] {g['title']}<") == 1
+        assert f'data-kind="{g["kind"]}" data-ranks="{len(g["ranks"])}"' in said
+
+    live = zeromon("live", "--replay", str(fleet256_run), "--once")
+    assert live.returncode == 0, live.stderr[-2000:]
+    live_groups = json.loads(zeromon("live", "--replay", str(fleet256_run), "--once", "--json").stdout)["finding_groups"]
+    # Live has each rank's own findings (no straggler, nor the report's remedy of waiting for it, which come from
+    # every rank's collectives): the same grouping of others.
+    shown = [g for g in live_groups if g["severity"] in ("warn", "critical")]
+    lines = [line for line in live.stdout.splitlines() if line.startswith(("warn: ", "critical: "))]
+    assert len(lines) == len(shown) < 10
+    for g in shown:
+        worst = f" (worst: rank {g['worst_rank']} ({g['worst_figure']}))" if len(g["ranks"]) > 1 else ""
+        assert f"{g['severity']}: {g['title']}{worst}" in lines
+    (live_overlap, *_) = [g for g in live_groups if g["kind"] == "poor_overlap"]
+    assert len(live_overlap["ranks"]) >= FLEET_RANKS - 4 and live_overlap["worst_rank"] in live_overlap["ranks"]
 
 
 def _name_and_size(path: Path) -> tuple[str, int]:

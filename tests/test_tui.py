@@ -184,6 +184,14 @@ def text_of(widget: Static) -> str:
     return console.export_text()
 
 
+def findings_text(panel: FindingsPanel) -> str:
+    """The findings panel's entries as plain text, one after the other (rendered 120 columns wide)."""
+    console = Console(width=120, record=True, file=io.StringIO())
+    for option in panel.options:
+        console.print(option.prompt)
+    return console.export_text()
+
+
 def table_column(table: RanksTable, key: str) -> list[str]:
     """A column's cells; for "rank" the rank alone, without the marks."""
     values = [v.strip() for v in table.column_values(key)]
@@ -285,18 +293,25 @@ def test_sort_orders_and_filter_terms() -> None:
     assert rows[3].state == "stale 12s" and rows[3].level == "stale"
 
 
-def test_findings_grouped_by_kind_newest_first() -> None:
+def test_findings_one_entry_per_problem_newest_first() -> None:
     log = FindingsLog()
-    overlap = [Finding(kind="poor_overlap", severity=Severity.WARN, title=f"rank {r}: 30% exposed", rank=r)
-               for r in (1, 3)]
+    overlap = [Finding(kind="poor_overlap", severity=Severity.WARN, title=f"rank {r}: {share:.0%} of step time is "
+                       "exposed communication", rank=r, remedies=("prefetch",), metrics={"exposed_share": share})
+               for r, share in ((1, 0.30), (3, 0.34))]
     first = log.update([OOM_FINDING], T0)
-    assert [i.finding.kind for i in first] == ["oom_risk"]
+    assert [i.group.kind for i in first] == ["oom_risk"] and first[0].rank_key == "rank 2"
     later = log.update([OOM_FINDING, *overlap], T0 + 10**9)
-    assert [i.finding.kind for i in later] == ["poor_overlap", "oom_risk"]  # the newer kind first
-    assert later[0].ranks == (1, 3) and later[0].title == "rank 1: 30% exposed (also rank 3)"
+    assert [i.group.kind for i in later] == ["poor_overlap", "oom_risk"]  # the newer problem first
+    assert later[0].group.ranks == (1, 3) and later[0].rank_key == "rank 3"  # the worst rank, to open
+    assert later[0].group.title == "ranks 1, 3: 30-34% of step time is exposed communication"
     assert log.update([*overlap], T0 + 2 * 10**9)[0].first_seen_ns == T0 + 10**9  # it did not start anew
     again = log.update([OOM_FINDING, *overlap], T0 + 3 * 10**9)
-    assert [i.finding.kind for i in again] == ["oom_risk", "poor_overlap"]  # gone and back: new again
+    assert [i.group.kind for i in again] == ["oom_risk", "poor_overlap"]  # gone and back: new again
+    # Another remedy is another problem: an entry of its own, new.
+    waiting = dataclasses.replace(overlap[0], remedies=("most of it is waiting for rank 3", "prefetch"))
+    split = log.update([OOM_FINDING, waiting, overlap[1]], T0 + 4 * 10**9)
+    assert [(i.group.ranks, i.first_seen_ns) for i in split] == [((1,), T0 + 4 * 10**9), ((2,), T0 + 3 * 10**9),
+                                                                ((3,), T0 + 10**9)]
 
 
 def test_straggler_and_memory_imbalance_across_ranks() -> None:
@@ -425,7 +440,7 @@ def test_app_shows_header_table_findings_and_starts_and_stops_the_source() -> No
         assert [v.strip() for v in table.column_values("rank")] == ["0", "1", WORST_MARK + " 2", "3"]
         assert table.row_style("rank 2") == "bold yellow"  # colour too, not the symbol alone
         assert WORST_MARK + " 2" in screen_text(app)  # and drawn
-        findings = text_of(app.screen.query_one("#findings-text", Static))
+        findings = findings_text(app.screen.query_one(FindingsPanel))
         assert "warn rank 2: peak at 91% of capacity" in findings
         assert "lower the micro-batch size" in findings and "peak 72.8 GiB" in findings
         assert not app.screen.query_one(NoAgentPanel).display
@@ -498,6 +513,67 @@ def test_enter_drills_into_a_rank_and_escape_comes_back() -> None:
         assert table_column(app.screen.query_one(RanksTable), "risk")[2] == "crit"
 
     run_app(source, body=body)
+
+
+def overlap_fleet(n: int) -> FleetView:
+    """fleet(n) with every rank's overlap poor (a finding each, 20-28% exposed), rank 5's with another remedy."""
+    overrides: dict[str, Any] = {}
+    for r in range(n):
+        share = 0.20 + (r * 7 % 9) / 100
+        remedies = ("most of it is waiting for rank 3: make that rank faster first",) if r == 5 else ()
+        finding = Finding("poor_overlap", Severity.WARN, f"rank {r}: {share:.0%} of step time is exposed communication",
+                          rank=r, evidence=(f"median over steps 2-12: rank {r}'s exposed communication",),
+                          remedies=(*remedies, "prefetch the next unit's all-gather"), metrics={"exposed_share": share})
+        overrides[f"r{r}"] = {"findings": (finding, OOM_FINDING) if r == 2 else (finding,)}
+    return fleet(n, **overrides)
+
+
+def test_at_256_ranks_the_findings_are_one_entry_per_problem_and_enter_opens_the_worst_rank() -> None:
+    async def body(app: ZeromonApp, pilot: Any) -> None:
+        panel = app.screen.query_one(FindingsPanel)
+        groups = [item.group for item in panel.items]
+        assert [(g.kind, g.ranks_text()) for g in groups] == [  # the most ranks first, then by kind
+            ("poor_overlap", "ranks 0-255 but 5"), ("memory_imbalance", "rank 2"), ("oom_risk", "rank 2"),
+            ("poor_overlap", "rank 5")]
+        assert panel.option_count == 4 and str(panel.border_title) == "findings (4 on 256 ranks, newest first)"
+        text = findings_text(panel)
+        assert "warn ranks 0-255 but 5: 20-28% of step time is exposed communication" in text
+        worst = groups[0].worst_rank
+        assert worst is not None and f"▸  worst: rank {worst} (28%); the evidence is rank {worst}'s" in text
+        assert text.count("prefetch the next unit's all-gather") == 2  # once an entry, not once a rank
+        await pilot.press("tab")  # the findings panel; the first entry highlighted
+        assert panel.has_focus and panel.highlighted == 0
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, RankScreen) and app.screen.key == f"rank {worst}"
+        await pilot.press("escape", "end", "enter")  # the last entry: rank 5's own
+        await pilot.pause()
+        assert isinstance(app.screen, RankScreen) and app.screen.key == "rank 5"
+
+    run_app(FakeSource(overlap_fleet(256)), body=body)
+
+
+@pytest.mark.distributed
+def test_a_recorded_256_rank_run_shows_its_overlap_as_one_entry_that_opens_its_worst_rank(fleet256_run: Path) -> None:
+    """The final view of a generated 256-rank recording (conftest's fleet256_run), as `zeromon attach --replay`
+    shows it at its end: the live analyses' findings of every rank, grouped."""
+    from zeromon.sources.replay import final_view
+
+    view = final_view(fleet256_run)
+
+    async def body(app: ZeromonApp, pilot: Any) -> None:
+        panel = app.screen.query_one(FindingsPanel)
+        findings = sum(len(r.findings) for r in view.ranks)
+        assert findings > 256 and len(panel.items) < 10
+        overlap = next(item for item in panel.items if item.group.kind == "poor_overlap")
+        assert len(overlap.group.ranks) >= 252 and overlap.rank_key == f"rank {overlap.group.worst_rank}"
+        await pilot.press("tab")
+        panel.highlighted = panel.items.index(overlap)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert isinstance(app.screen, RankScreen) and app.screen.key == overlap.rank_key
+
+    run_app(FakeSource(view), body=body)
 
 
 def test_pause_freezes_the_view_and_pauses_a_replay() -> None:

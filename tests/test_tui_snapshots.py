@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from test_tui import FakeSource, empty_fleet, fleet
+from test_tui import FakeSource, empty_fleet, fleet, overlap_fleet
 
 from zeromon.tui.app import ZeromonApp
 
@@ -31,6 +31,11 @@ def test_main_screen_80x24(snap_compare: Any) -> None:
 
 def test_main_screen_200x60_with_64_ranks(snap_compare: Any) -> None:
     assert snap_compare(app_for(fleet(64, r5={"alive": False, "stale_s": 31.0}), replay=True), terminal_size=LARGE)
+
+
+def test_256_ranks_findings_one_entry_per_problem_200x60(snap_compare: Any) -> None:
+    """Every rank's poor overlap in one entry (its ranks, spread, worst rank), the findings panel focused (tab)."""
+    assert snap_compare(app_for(overlap_fleet(256)), press=["tab"], terminal_size=LARGE)
 
 
 def test_sorted_by_risk_80x24(snap_compare: Any) -> None:

@@ -15,7 +15,7 @@ import dash
 from dash import Dash
 
 from zeromon.views.run_data import Feed, RunData
-from zeromon_dashboard.state import PageState, parse_state
+from zeromon_dashboard.state import PageState, parse_state, state_search
 
 T = TypeVar("T")
 
@@ -34,6 +34,10 @@ class Context:
 
     def href(self, page: str, search: str = "") -> str:
         return str(self.app.get_relative_path("/" if page == "overview" else f"/{page}")) + search
+
+    def rank_href(self, page: str, rank: int) -> str:
+        """The link of one rank on ``page``: '/memory?ranks=3'."""
+        return self.href(page, state_search(PageState(page=page, ranks=(rank,))))
 
     def state(self, pathname: str | None, search: str | None) -> PageState:
         path = self.app.strip_relative_path(pathname or "/") or ""

@@ -148,7 +148,9 @@ def with_waiting_for_peers(finding: Finding, exposed_s: float, waited_s: float,
                                    f"({share:.0%}) was waiting for {whom} to reach the collective")
     remedies = finding.remedies
     if late:  # a named straggler explains this much: it comes before any prefetching
-        much = "most" if share >= WAITING_SHARE_MOSTLY else f"{share:.0%}"
+        # No figure of this rank's in the remedy (the evidence has it): ranks waiting for the same straggler
+        # share a remedy, and are one entry where findings are grouped (finding_groups).
+        much = "most" if share >= WAITING_SHARE_MOSTLY else "some"
         remedies = (f"{much} of it is waiting for {whom}: make {'that rank' if len(late) == 1 else 'them'} "
                     "faster first (see the straggler finding); prefetching or resharding cannot hide a peer's "
                     "lateness", *remedies)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -41,3 +42,11 @@ class Finding:
 
 def worst(findings: list[Finding] | tuple[Finding, ...]) -> Severity:
     return max((f.severity for f in findings), key=lambda s: s.rank, default=Severity.OK)
+
+
+def finding_heading(finding: Finding) -> str:
+    """The finding's title, with its rank added where the title does not name it: every client
+    shows a rank's finding with the rank, once."""
+    if finding.rank is None or re.search(rf"\brank {finding.rank}\b", finding.title):
+        return finding.title
+    return f"{finding.title} (rank {finding.rank})"

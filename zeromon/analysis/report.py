@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +18,7 @@ from zeromon.analysis.bandwidth import (
     table_of_samples,
 )
 from zeromon.analysis.comm_advice import overlap_findings_of_medians, with_waiting_for_peers
+from zeromon.analysis.finding_groups import group_findings
 from zeromon.analysis.findings import Finding
 from zeromon.analysis.oom import OomForecast, forecast
 from zeromon.analysis.recording_summary import strategy_label
@@ -100,6 +100,8 @@ class RunReport:
                              for a in self.imbalance.ranks],
             },
             "findings": [f.to_dict() for f in self.findings],
+            # One entry per problem across ranks, as the text, the dashboard and the TUI list them.
+            "finding_groups": [g.to_dict() for g in group_findings(self.findings)],
         }
 
 
@@ -114,14 +116,6 @@ _DEFINITIONS = ("per rank, comm_comp_overlap_pct, exposed_comm_s and exposed_com
                 "all steps, their steady_ keys, steps_most_waited_for, steady_steps, step_skew_median, "
                 "slowest_rank_counts and median_step_s the steps after the first (what the findings judge); "
                 "times in seconds, rates in bytes per second")
-
-
-def finding_heading(finding: Finding) -> str:
-    """The finding's title, with its rank added where the title does not name it: every client
-    shows a rank's finding with the rank, once."""
-    if finding.rank is None or re.search(rf"\brank {finding.rank}\b", finding.title):
-        return finding.title
-    return f"{finding.title} (rank {finding.rank})"
 
 
 def _pct(ratio: float | None) -> float | None:

@@ -215,7 +215,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 def _verdict(scenario: Scenario, out: Path) -> int:
     """The recording's findings, as `zeromon report` makes them, and whether the scenario's showed."""
-    from zeromon.analysis.report import finding_heading
+    from zeromon.analysis.findings import finding_heading
     from zeromon.sources.run_analysis import analyse_run
 
     report = analyse_run(out, workers=1)

@@ -142,7 +142,11 @@ def once_status(view: FleetView, live: bool = True) -> int:
 
 def _print(view: FleetView, as_json: bool, clear: bool, waiting: bool = False) -> None:
     if as_json:
-        print(json.dumps(view.to_dict(), default=str, separators=(",", ":")), flush=True)
+        from zeromon.analysis.finding_groups import group_findings
+
+        # Each rank's findings stay under its rank; finding_groups has them one entry per problem across ranks.
+        groups = [g.to_dict() for g in group_findings(f for r in view.ranks for f in r.findings)]
+        print(json.dumps(view.to_dict() | {"finding_groups": groups}, default=str, separators=(",", ":")), flush=True)
         return
     text = format_fleet(view, waiting)
     print(("\x1b[H\x1b[2J" if clear else "") + text, flush=True)
@@ -175,12 +179,22 @@ def format_fleet(view: FleetView, waiting: bool = False) -> str:
             lines.append(r.died)
         elif r.error and not r.alive:
             lines.append(f"rank {r.rank if r.rank is not None else '?'} ({r.target}): {r.error}")
-    for r in view.ranks:
-        for f in r.findings:
-            if f.severity.rank >= 2:  # warn and critical
-                where = "" if f.title.startswith("rank ") else f"rank {r.rank}: "
-                lines.append(f"{f.severity.value}: {where}{f.title}")
+    lines.extend(finding_lines(view))
     return "\n".join(lines)
+
+
+def finding_lines(view: FleetView) -> list[str]:
+    """The warn and critical findings, one line per problem across ranks: "critical: ranks 0-255 but 17: 72-80% of
+    step time is exposed communication (worst: rank 3 (80%))" (zeromon.analysis.finding_groups)."""
+    from zeromon.analysis.finding_groups import group_findings
+
+    lines = []
+    for group in group_findings(f for r in view.ranks for f in r.findings if f.severity.rank >= 2):
+        worst = group.worst_figure
+        named = (f" (worst: rank {group.worst_rank}{f' ({worst})' if worst is not None else ''})"
+                 if len(group.ranks) > 1 else "")
+        lines.append(f"{group.severity.value}: {group.title}{named}")
+    return lines
 
 
 def totals_line(t: FleetTotals) -> str:

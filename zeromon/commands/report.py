@@ -17,6 +17,7 @@ from zeromon.model.numbers import BUS_BANDWIDTH, CAPACITY, flag
 from zeromon.model.units import format_bytes
 
 if TYPE_CHECKING:
+    from zeromon.analysis.finding_groups import FindingGroup
     from zeromon.analysis.findings import Finding
     from zeromon.analysis.report import RankReport, RunReport
     from zeromon.analysis.restarts import Restarts
@@ -44,8 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", metavar="DIR", help="a folder (or file) of PyTorch profiler traces instead")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text (every rank)")
     parser.add_argument("--all-ranks", action="store_true",
-                        help="a line for every rank and every finding; past 16 ranks the text shows the worst ranks "
-                             "first, summarises the rest and groups the findings across ranks")
+                        help="a line for every rank and every finding; without it the text lists one entry per "
+                             "problem across ranks (\"ranks 0-255 but 17: 72-80%% of step time is exposed "
+                             "communication\", its worst rank, remedies once) and past 16 ranks shows the worst "
+                             "ranks first and summarises the rest")
     parser.add_argument("--html", metavar="FILE", help="also write a self-contained HTML page with figures")
     # "200GB", "200GB/s", "25GiB/s": bytes per second; a bare "200" is surely a missing unit.
     parser.add_argument("--peak-busbw", metavar="RATE", type=flag("--peak-busbw", BUS_BANDWIDTH),
@@ -196,8 +199,9 @@ BANDWIDTH_ROWS_SHOWN = 16
 
 
 def format_run_report(report: RunReport, all_ranks: bool = False) -> str:
-    """The report's text: a line per rank and per finding up to RANKS_SHOWN ranks (or ``all_ranks``);
-    past that the worst ranks first and the rest summarised (zeromon.views.report_summary)."""
+    """The report's text: a line per rank up to RANKS_SHOWN ranks (or ``all_ranks``), past that the worst ranks
+    first and the rest summarised (zeromon.views.report_summary); the findings one entry per problem across
+    ranks (zeromon.analysis.finding_groups), or with ``all_ranks`` each finding."""
     from zeromon.views.report_summary import RANKS_SHOWN, summarise_ranks
 
     summarised = not all_ranks and len(report.ranks) > RANKS_SHOWN
@@ -214,6 +218,7 @@ def format_run_report(report: RunReport, all_ranks: bool = False) -> str:
     lines.extend(report_notes(report))
     if summary is not None:
         lines.extend(_straggler_lines(summary))
+    if not all_ranks:
         lines.extend(_grouped_finding_lines(report))
     else:
         lines += ["", f"findings ({len(report.findings)}):" if report.findings else "findings: none"]
@@ -329,25 +334,35 @@ def _straggler_lines(summary: RanksShown) -> list[str]:
 
 
 def _grouped_finding_lines(report: RunReport) -> list[str]:
-    from zeromon.views.report_summary import group_findings, ranks_words
+    """The findings as one entry per problem across ranks (zeromon.analysis.finding_groups)."""
+    from zeromon.analysis.finding_groups import group_findings
 
     groups = group_findings(report.findings)
     if not groups:
         return ["", "findings: none"]
-    lines = ["", f"findings ({len(report.findings):,} in {len(groups)} groups of one kind and severity; --json has each):"]
+    count = (f"{len(groups):,}" if len(groups) == len(report.findings) else
+             f"{len(groups):,} problems in {len(report.findings):,} findings; --all-ranks or --json lists each")
+    lines = ["", f"findings ({count}):"]
     for group in groups:
-        if len(group.ranks) <= 1:
-            lines.extend(_finding_lines(group.first))
-            continue
-        lines.extend(_finding_lines(group.first, prefix=f"{ranks_words(group.ranks)}: {group.first.kind} (as "))
+        lines.extend(finding_lines(group))
     return lines
 
 
-def _finding_lines(f: Finding, prefix: str = "") -> list[str]:
-    from zeromon.analysis.report import finding_heading
+def finding_lines(group: FindingGroup) -> list[str]:
+    """An entry of the findings: '[severity] title', the worst rank of several, the evidence, the remedies."""
+    lines = [f"  [{group.severity.value}] {group.title}"]
+    worst = group.worst_words()
+    if worst is not None:
+        lines.append(f"      {worst}")
+    lines.extend(f"      evidence: {e}" for e in group.evidence)
+    lines.extend(f"      remedy: {r}" for r in group.remedies)
+    return lines
 
-    heading = finding_heading(f)
-    lines = [f"  [{f.severity.value}] {prefix}{heading}{')' if prefix else ''}"]
+
+def _finding_lines(f: Finding) -> list[str]:
+    from zeromon.analysis.findings import finding_heading
+
+    lines = [f"  [{f.severity.value}] {finding_heading(f)}"]
     lines.extend(f"      evidence: {e}" for e in f.evidence)
     lines.extend(f"      remedy: {r}" for r in f.remedies)
     return lines

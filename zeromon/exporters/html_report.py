@@ -14,8 +14,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from zeromon.analysis.bandwidth import bucket_label, format_rate
-from zeromon.analysis.findings import Finding, Severity
-from zeromon.analysis.report import RankReport, RunReport, finding_heading
+from zeromon.analysis.finding_groups import FindingGroup, group_findings
+from zeromon.analysis.findings import Severity
+from zeromon.analysis.report import RankReport, RunReport
 from zeromon.analysis.trace_overlap import RankTraceOverlap
 from zeromon.model.codec import Recording
 from zeromon.model.events import phase_words
@@ -296,13 +297,24 @@ def trace_figures(results: Sequence[RankTraceOverlap]) -> list[tuple[str, Any]]:
     return figures
 
 
-def _findings_html(findings: Sequence[Finding]) -> str:
+def _findings_html(groups: Sequence[FindingGroup], tabled: set[int]) -> str:
+    """One item per problem across ranks (finding_groups), its worst rank linked to its row of the table
+    where the table has it (``tabled``)."""
+    def worst(group: FindingGroup) -> str:
+        words = group.worst_words()
+        if words is None or group.worst_rank is None:
+            return ""
+        name = f"rank {group.worst_rank}"
+        link = f'<a href="#rank-{group.worst_rank}">{name}</a>' if group.worst_rank in tabled else name
+        return f'<li class="worst">{html.escape(words).replace(name, link, 1)}</li>'
+
     return "".join(
-        f"<li><b>[{html.escape(f.severity.value)}] {html.escape(finding_heading(f))}</b><ul>"
-        + "".join(f"<li>{html.escape(e)}</li>" for e in f.evidence)
-        + ("<li>remedies: " + "; ".join(html.escape(r) for r in f.remedies) + "</li>" if f.remedies else "")
+        f'<li data-kind="{html.escape(g.kind)}" data-ranks="{len(g.ranks)}">'
+        f"<b>[{html.escape(g.severity.value)}] {html.escape(g.title)}</b><ul>" + worst(g)
+        + "".join(f"<li>{html.escape(e)}</li>" for e in g.evidence)
+        + ("<li>remedies: " + "; ".join(html.escape(r) for r in g.remedies) + "</li>" if g.remedies else "")
         + "</ul></li>"
-        for f in findings) or "<li>none</li>"
+        for g in groups) or "<li>none</li>"
 
 
 def _packed_plotlyjs() -> str:
@@ -388,7 +400,7 @@ def _rank_cells(r: RankReport) -> tuple[str, ...]:
 def _rank_table(ranks: Sequence[RankReport]) -> str:
     head = "".join(f'<th class="text">{name}</th>' if name in _TEXT_COLUMNS else f"<th>{name}</th>"
                    for name in _RANK_COLUMNS)
-    rows = "".join("<tr>" + "".join(f'<td class="text">{html.escape(cell)}</td>' if name in _TEXT_COLUMNS
+    rows = "".join(f'<tr id="rank-{r.rank}">' + "".join(f'<td class="text">{html.escape(cell)}</td>' if name in _TEXT_COLUMNS
                                     else f"<td>{html.escape(cell)}</td>"
                                     for name, cell in zip(_RANK_COLUMNS, _rank_cells(r), strict=True)) + "</tr>"
                    for r in ranks)
@@ -396,9 +408,9 @@ def _rank_table(ranks: Sequence[RankReport]) -> str:
 
 
 def render_html(report: RunReport, recordings: Sequence[Recording], notes: str) -> str:
-    """The page of `zeromon report --html`: each finding once, a table of the ranks the figures draw (every
-    rank's, or, of a run of many, those the text shows first), ``notes`` (the text report's lines between
-    its table and its findings) and the figures of ``recordings``."""
+    """The page of `zeromon report --html`: the findings, one entry per problem across ranks; a table of the
+    ranks the figures draw (every rank's, or, of a run of many, those the text shows first), ``notes`` (the
+    text report's lines between its table and its findings) and the figures of ``recordings``."""
     step_ms = [r.median_step_s for r in report.ranks if r.median_step_s is not None]
     subtitle = f"{len(report.ranks)} ranks" + (f", median step {statistics.median(step_ms) * 1e3:.1f} ms"
                                                 if step_ms else "")
@@ -406,8 +418,10 @@ def render_html(report: RunReport, recordings: Sequence[Recording], notes: str) 
         subtitle += (f"; the figures draw the {len(recordings)} ranks furthest from the median rank "
                      f"({', '.join(str(rec.rank) for rec in recordings)})")
     by_rank = {r.rank: r for r in report.ranks}
-    sections = (f"<h2>Findings</h2><ul>{_findings_html(report.findings)}</ul>\n"
-                f"<h2>Per rank</h2>{_rank_table([by_rank[rec.rank] for rec in recordings if rec.rank in by_rank])}"
+    tabled = [by_rank[rec.rank] for rec in recordings if rec.rank in by_rank]
+    findings = _findings_html(group_findings(report.findings), {r.rank for r in tabled})
+    sections = (f"<h2>Findings</h2><ul>{findings}</ul>\n"
+                f"<h2>Per rank</h2>{_rank_table(tabled)}"
                 f"<pre>{html.escape(notes)}</pre>")
     return _page(report.run_dir, subtitle, sections, _figures(report, recordings))
 

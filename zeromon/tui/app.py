@@ -32,7 +32,7 @@ from textual.containers import Container, Vertical
 from textual.css.query import NoMatches
 from textual.reactive import var
 from textual.screen import Screen
-from textual.widgets import Footer, Input
+from textual.widgets import Footer, Input, OptionList
 
 from zeromon.sources.fleet import FleetView
 from zeromon.tui.rank_table import RankTable
@@ -415,6 +415,15 @@ class ZeromonApp(App[None]):
     def on_rank_table_row_selected(self, event: RankTable.RowSelected) -> None:
         if self.view is not None:
             self.push_screen(RankScreen(event.key), callback=lambda _: self.draw())
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        """An entry of the findings chosen: its worst rank's screen (the rank of a one-rank entry)."""
+        panel = event.option_list
+        if not isinstance(panel, FindingsPanel) or self.view is None or event.option_index >= len(panel.items):
+            return
+        key = panel.items[event.option_index].rank_key
+        if key is not None and any(rank_key(r) == key for r in self.view.ranks):
+            self.push_screen(RankScreen(key), callback=lambda _: self.draw())
 
     def on_rank_table_header_selected(self, event: RankTable.HeaderSelected) -> None:
         sort = SORT_OF_COLUMN.get(event.column_key)

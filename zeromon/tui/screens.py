@@ -241,6 +241,7 @@ HELP = """\
   p      pause / resume          s       next sort order
   /      filter ranks            escape  clear the filter, or go back
   enter  drill into the rank     tab     next panel (ranks, findings)
+         (in the findings: the entry's worst rank)
   h      the hang verdict: every rank's state, the stacks
   + -    replay speed            mouse   click a column header to sort
 

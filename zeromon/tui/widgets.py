@@ -7,8 +7,9 @@ from typing import Any
 
 from rich.table import Table
 from rich.text import Text
-from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.widgets import Label, Sparkline, Static
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Label, OptionList, Sparkline, Static
+from textual.widgets.option_list import Option
 
 from zeromon.analysis.findings import Severity
 from zeromon.analysis.step_overlap import CPU_OVERLAP_NOTE
@@ -132,43 +133,67 @@ class TrendsPanel(Horizontal):
             self.query_one(f"#{key}-spark", Sparkline).data = list(series)
 
 
-class FindingsPanel(VerticalScroll):
-    """Findings, newest first, each with its evidence and remedies."""
-
-    can_focus = True
+class FindingsPanel(OptionList):
+    """Findings, one entry per problem across ranks, newest first, each with its worst rank's evidence and the
+    remedies; enter (or a click) on an entry opens its worst rank (the app hears OptionList.OptionSelected)."""
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        super().__init__(self._note(Text("no findings", style="dim")), **kwargs)
         self._shown: tuple[tuple[FindingItem, ...], bool, bool] | None = None
+        self.items: tuple[FindingItem, ...] = ()  # as listed: option i is items[i]
 
-    def compose(self):  # type: ignore[no-untyped-def]
-        yield Static(Text("no findings", style="dim"), id="findings-text")
+    @staticmethod
+    def _note(text: Text) -> Option:
+        return Option(text, disabled=True)
+
+    def on_focus(self) -> None:
+        if self.highlighted is None and self.items:
+            self.highlighted = 0  # enter opens something at once
 
     def show(self, items: Sequence[FindingItem], have_data: bool = True, cpu: bool = False) -> None:
         """``cpu``: the run trains on CPU, where a fine overlap is near 0 % (said with "look fine")."""
         if (tuple(items), have_data, cpu) == self._shown:
             return
         self._shown = (tuple(items), have_data, cpu)
-        self.border_title = f"findings ({len(items)}, newest first)"
-        content: Text | Table
+        ranks = len({r for item in items for r in item.group.ranks})
+        self.border_title = (f"findings ({len(items)}" + (f" on {ranks} rank{'s' if ranks != 1 else ''}" if ranks else "")
+                             + ", newest first)")
+        self.border_subtitle = "enter opens the worst rank" if any(i.rank_key for i in items) else ""
+        before = [item.group.key for item in self.items]
+        highlighted = before[self.highlighted] if self.highlighted is not None and self.highlighted < len(before) else None
+        self.items = tuple(items)
         if not items:
             fine = "no findings: memory, overlap and balance look fine" + (f" ({CPU_OVERLAP_NOTE})" if cpu else "")
-            content = Text(fine if have_data else "no findings yet: no rank has reported a step or memory sample",
-                           style="dim")
-        else:
-            # A grid, so that wrapped evidence and remedies hang under their text, not under the marks.
-            content = Table.grid(padding=(0, 1), expand=True)
-            content.add_column(width=4, no_wrap=True)
-            content.add_column(ratio=1)
-            for item in items:
-                f = item.finding
-                content.add_row(Text(RISK_WORDS.get(f.severity, f.severity.value), style=SEVERITY_STYLES[f.severity]),
-                                Text(item.title, style="bold"))
-                for line in f.evidence:
-                    content.add_row(Text("  ·", style="dim"), Text(line))
-                for line in f.remedies:
-                    content.add_row(Text("  →", style="green"), Text(line, style="green"))
-        self.query_one("#findings-text", Static).update(content)
+            self.set_options([self._note(Text(fine if have_data else "no findings yet: no rank has reported a step "
+                                                                       "or memory sample", style="dim"))])
+            return
+        prompts = [_finding_prompt(item) for item in items]
+        if [item.group.key for item in items] == before:  # the same problems, newer figures: the list stays put
+            for i, prompt in enumerate(prompts):
+                self.replace_option_prompt_at_index(i, prompt)
+            return
+        self.set_options([Option(prompt) for prompt in prompts])
+        keys = [item.group.key for item in items]
+        self.highlighted = keys.index(highlighted) if highlighted in keys else (0 if self.has_focus else None)
+
+
+def _finding_prompt(item: FindingItem) -> Table:
+    """An entry: its severity and title, the worst rank of several, the evidence and the remedies. A grid, so that
+    wrapped evidence and remedies hang under their text, not under the marks."""
+    group = item.group
+    content = Table.grid(padding=(0, 1), expand=True)
+    content.add_column(width=4, no_wrap=True)
+    content.add_column(ratio=1)
+    content.add_row(Text(RISK_WORDS.get(group.severity, group.severity.value), style=SEVERITY_STYLES[group.severity]),
+                    Text(group.title, style="bold"))
+    worst = group.worst_words()
+    if worst is not None:
+        content.add_row(Text("  ▸", style="bold"), Text(worst, style="bold"))
+    for line in group.evidence:
+        content.add_row(Text("  ·", style="dim"), Text(line))
+    for line in group.remedies:
+        content.add_row(Text("  →", style="green"), Text(line, style="green"))
+    return content
 
 
 class NoAgentPanel(Static):

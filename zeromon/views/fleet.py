@@ -12,6 +12,7 @@ import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from zeromon.analysis.finding_groups import FindingGroup, group_findings
 from zeromon.analysis.findings import Finding, Severity
 from zeromon.analysis.live_stragglers import memory_imbalance_finding, straggler_finding
 from zeromon.model.events import step_number
@@ -492,19 +493,16 @@ def trends(ranks: Iterable[RankView], n: int = TREND_STEPS) -> Trends:
 
 @dataclass(frozen=True, slots=True)
 class FindingItem:
-    """Findings of one kind, on one or more ranks: the worst one speaks for them."""
+    """One problem across ranks (a FindingGroup), and when the TUI first saw it."""
 
-    finding: Finding
-    ranks: tuple[int, ...]
+    group: FindingGroup
     first_seen_ns: int
 
     @property
-    def title(self) -> str:
-        others = [r for r in self.ranks if r != self.finding.rank]
-        if not others:
-            return self.finding.title
-        listed = ", ".join(str(r) for r in others[:8]) + (", …" if len(others) > 8 else "")
-        return f"{self.finding.title} (also rank{'s' if len(others) > 1 else ''} {listed})"
+    def rank_key(self) -> str | None:
+        """The row key of the group's worst rank (the rank to open), None for a finding about the whole job."""
+        rank = self.group.worst_rank
+        return None if rank is None else f"rank {rank}"
 
 
 def on_cpu(ranks: Iterable[RankView]) -> bool:
@@ -527,24 +525,28 @@ def fleet_findings(ranks: Sequence[RankView]) -> list[Finding]:
     return found + [f for f in (straggler, imbalance) if f is not None]
 
 
+# The kinds whose rank is best seen on the dashboard's Communication page; every other kind is about memory.
+COMMUNICATION_KINDS = ("poor_overlap", "straggler", "step_skew")
+
+
+def finding_page(kind: str) -> str:
+    """The dashboard page that shows a finding's rank: "communication" or "memory"."""
+    return "communication" if kind in COMMUNICATION_KINDS else "memory"
+
+
 class FindingsLog:
-    """Groups findings by kind and remembers when each kind appeared, for a newest-first list."""
+    """The findings as one entry per problem across ranks (zeromon.analysis.finding_groups), newest first:
+    it remembers when each problem (kind, severity, remedies) appeared."""
 
     def __init__(self) -> None:
-        self._first_seen: dict[str, int] = {}
+        self._first_seen: dict[tuple[object, ...], int] = {}
 
     def update(self, findings: Iterable[Finding], t_ns: int) -> tuple[FindingItem, ...]:
-        by_kind: dict[str, list[Finding]] = {}
-        for f in findings:
-            if f.severity is not Severity.OK:
-                by_kind.setdefault(f.kind, []).append(f)
-        self._first_seen = {k: self._first_seen.get(k, t_ns) for k in by_kind}  # gone kinds start anew
-        items = []
-        for kind, group in by_kind.items():
-            lead = max(group, key=lambda f: (f.severity.rank, -(f.rank if f.rank is not None else -1)))
-            ranks = tuple(sorted({f.rank for f in group if f.rank is not None}))
-            items.append(FindingItem(lead, ranks, self._first_seen[kind]))
-        items.sort(key=lambda i: (-i.first_seen_ns, -i.finding.severity.rank, i.finding.kind))
+        groups = group_findings(f for f in findings if f.severity is not Severity.OK)
+        self._first_seen = {g.key: self._first_seen.get(g.key, t_ns) for g in groups}  # gone ones start anew
+        # Newest first; among those seen at once, the grouping's order (worst severity, most ranks first).
+        items = [FindingItem(g, self._first_seen[g.key]) for g in groups]
+        items.sort(key=lambda i: -i.first_seen_ns)
         return tuple(items)
 
 

@@ -3,8 +3,8 @@
 At 1,024 ranks a line per rank and a finding per rank bury the few that matter. The text report
 shows the ``shown`` ranks furthest from the run's typical rank (by OOM risk, then by how far their
 step time or exposed share is from the median), says how far the rest are from the median at most,
-lists the ranks that made their peers wait, and groups the findings of one kind and severity across
-ranks ("ranks 3, 17 and 40 more"). ``zeromon report --all-ranks`` and ``--json`` keep every rank.
+and lists the ranks that made their peers wait (the findings, one entry per problem across ranks, are
+zeromon.analysis.finding_groups'). ``zeromon report --all-ranks`` and ``--json`` keep every rank.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from zeromon.analysis.findings import Finding, Severity
+from zeromon.analysis.findings import Severity
 from zeromon.analysis.recording_summary import RANKS_SHOWN
 from zeromon.analysis.report import RankReport, RunReport
 from zeromon.analysis.stragglers import RankArrival
@@ -37,14 +37,6 @@ class RanksShown:
     spread: Spread
     stragglers: tuple[RankArrival, ...]  # the ranks whose lateness cost their peers the most, most first
     stragglers_rest: int  # ranks that made their peers wait, not shown
-
-
-@dataclass(frozen=True, slots=True)
-class FindingGroup:
-    """Findings of one kind and severity: the first (the worst, or the lowest rank) stands for all."""
-
-    first: Finding
-    ranks: tuple[int, ...]  # in the findings' order (empty: a finding about the whole job)
 
 
 def risk_of(r: RankReport) -> Severity | None:
@@ -84,25 +76,6 @@ def summarise_ranks(report: RunReport, shown: int = RANKS_SHOWN) -> RanksShown:
                      key=lambda a: (-a.steady_caused_wait_s, a.rank))
     return RanksShown(shown=head, rest=len(tail), spread=spread, stragglers=tuple(waiting[:shown]),
                        stragglers_rest=max(0, len(waiting) - shown))
-
-
-def group_findings(findings: Sequence[Finding]) -> list[FindingGroup]:
-    """The findings of one kind and severity together, in the order of their first (the report's
-    findings come worst first)."""
-    groups: dict[tuple[str, Severity], list[Finding]] = {}
-    for f in findings:
-        groups.setdefault((f.kind, f.severity), []).append(f)
-    return [FindingGroup(first=group[0], ranks=tuple(f.rank for f in group if f.rank is not None))
-            for group in groups.values()]
-
-
-def ranks_words(ranks: Sequence[int], named: int = 3) -> str:
-    """'rank 3', 'ranks 3 and 17', 'ranks 3, 17, 40 and 1,019 more'."""
-    if len(ranks) == 1:
-        return f"rank {ranks[0]}"
-    if len(ranks) <= named:
-        return f"ranks {', '.join(map(str, ranks[:-1]))} and {ranks[-1]}"
-    return f"ranks {', '.join(map(str, ranks[:named]))} and {len(ranks) - named:,} more"
 
 
 def _median(values: Sequence[float | None]) -> float | None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import zeromon_agent
+from zeromon.analysis.finding_groups import FindingGroup, group_findings
 from zeromon.analysis.findings import Finding, Severity
 
 # The agent's public face (zeromon_agent's __all__), and its hot state, whose error count a failing logger joins.
@@ -67,8 +68,8 @@ def logged_values(figures: StepFigures, prefix: str = DEFAULT_PREFIX) -> dict[st
     return {prefix + name: value for name, value in values.items() if value is not None}
 
 
-def finding_text(finding: Finding) -> str:
-    """One line: severity, title and the first remedy."""
+def finding_text(finding: Finding | FindingGroup) -> str:
+    """One line: severity, title (a group's, as every surface words it) and the first remedy."""
     remedy = f" (remedy: {finding.remedies[0]})" if finding.remedies else ""
     return f"{finding.severity.value}: {finding.title}{remedy}"
 
@@ -105,11 +106,13 @@ class TrainerReport:
             if figures is None:
                 return {}, []
             texts = []
-            for finding in figures.findings:
-                key = (finding.kind, finding.severity.value)
-                if finding.severity in _SENT and key not in self._sent_findings:
+            # As every surface lists them (one entry per problem); sent once per kind and severity, as the
+            # remedies of a live finding may change with its figures ("activations now 1.20 GiB").
+            for group in group_findings(f for f in figures.findings if f.severity in _SENT):
+                key = (group.kind, group.severity.value)
+                if key not in self._sent_findings:
                     self._sent_findings.add(key)
-                    texts.append(finding_text(finding))
+                    texts.append(finding_text(group))
             return logged_values(figures, self.prefix), texts
 
         nothing: tuple[dict[str, float], list[str]] = ({}, [])

@@ -5,7 +5,7 @@ them."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -44,11 +44,13 @@ if TYPE_CHECKING:
 PAGE = "ranks"
 
 
-def findings_block(findings: Sequence[Finding], element_id: str, none_text: str) -> Any:
-    """The Overview's findings list (the report's words) under its own id, or a line saying there is none."""
+def findings_block(findings: Sequence[Finding], element_id: str, none_text: str,
+                   rank_href: Callable[[str, int], str] | None = None) -> Any:
+    """The Overview's findings list (the report's words, one entry per problem across ranks, its worst rank linked
+    with ``rank_href``) under its own id, or a line saying there is none."""
     if not findings:
         return message(none_text, "ok", element_id=f"{element_id}-none")
-    block = findings_list(findings)
+    block = findings_list(findings, rank_href=rank_href)
     block.id = element_id  # two lists on one page: ids of their own
     return block
 
@@ -60,6 +62,7 @@ def _of_kinds(data: RunData, kinds: Sequence[str]) -> list[Finding]:
 @dataclass(frozen=True, slots=True)
 class _Drawn:
     data: RunData
+    rank_href: Callable[[str, int], str] | None  # what the findings' worst ranks link with
     heatmap: StepMatrix  # as drawn (binned): what a click on a cell looks up
     outputs: tuple[Any, ...]
 
@@ -70,30 +73,33 @@ class _Drawn:
 _last: _Drawn | None = None
 
 
-def _drawn(data: RunData) -> _Drawn:
+def _drawn(data: RunData, rank_href: Callable[[str, int], str] | None = None) -> _Drawn:
     global _last
     last = _last
-    if last is None or last.data is not data:
-        last = _last = _draw_new(data)
+    # ctx.rank_href is a bound method: a new object at each reading, equal to the last.
+    if last is None or last.data is not data or last.rank_href != rank_href:
+        last = _last = _draw_new(data, rank_href)
     return last
 
 
-def _draw(state: PageState, data: RunData) -> tuple[Any, ...]:
-    return _drawn(data).outputs
+def _draw(state: PageState, data: RunData, rank_href: Callable[[str, int], str] | None = None) -> tuple[Any, ...]:
+    return _drawn(data, rank_href).outputs
 
 
-def _draw_new(data: RunData) -> _Drawn:
+def _draw_new(data: RunData, rank_href: Callable[[str, int], str] | None) -> _Drawn:
     wait_findings = _of_kinds(data, WAIT_KINDS)
     memory_findings = _of_kinds(data, MEMORY_KINDS)
     matrix = step_matrix(data)
     heatmap = binned(matrix)
     outputs = (heatmap_figure(heatmap), waits_figure(waits(data, matrix)),
                findings_block(wait_findings, "ranks-waits-findings-list",
-                              "No straggler and no step-time skew: no rank makes the others wait in most steps."),
+                              "No straggler and no step-time skew: no rank makes the others wait in most steps.",
+                              rank_href),
                imbalance_figure(memory_peaks(data), memory_findings[0] if memory_findings else None),
                findings_block(memory_findings, "ranks-imbalance-findings-list",
-                              "No memory imbalance: the ranks' peaks are within 10% (or 64 MiB) of the highest."))
-    return _Drawn(data=data, heatmap=heatmap, outputs=outputs)
+                              "No memory imbalance: the ranks' peaks are within 10% (or 64 MiB) of the highest.",
+                              rank_href))
+    return _Drawn(data=data, rank_href=rank_href, heatmap=heatmap, outputs=outputs)
 
 
 def _fallback(exc: Exception) -> tuple[Any, ...]:
@@ -106,7 +112,7 @@ OUTPUTS = (("ranks-heatmap", "figure"), ("ranks-waits", "figure"), ("ranks-waits
 
 
 def layout(state: PageState, data: RunData, ctx: Context) -> Any:
-    heatmap, waits_, wait_findings, imbalance, memory_findings = _draw(state, data)
+    heatmap, waits_, wait_findings, imbalance, memory_findings = _draw(state, data, ctx.rank_href)
     note = ([message("No rank has reported yet: the page fills in with the first step.", element_id="ranks-none")]
             if not data.histories else [])
     return html.Div([
@@ -132,7 +138,7 @@ def clicked_step(point: dict[str, Any], heatmap: StepMatrix) -> tuple[int, int] 
 
 
 def register(app: Dash, ctx: Context) -> None:
-    register_redraw(app, ctx, PAGE, OUTPUTS, _draw, _fallback)
+    register_redraw(app, ctx, PAGE, OUTPUTS, lambda state, data: _draw(state, data, ctx.rank_href), _fallback)
 
     @app.callback(Output("url", "pathname", allow_duplicate=True), Output("url", "search", allow_duplicate=True),
                   Input("ranks-heatmap", "clickData"), prevent_initial_call=True)

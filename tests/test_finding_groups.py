@@ -1,0 +1,124 @@
+"""One entry per problem across ranks (zeromon.analysis.finding_groups): the invariants, with any findings
+(hypothesis), and the words of a fleet's groups."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from zeromon.analysis.finding_groups import HEADLINES, group_findings, group_key
+from zeromon.analysis.findings import Finding, Severity
+from zeromon.model.units import parse_rank_ranges, rank_ranges
+
+REMEDIES = (("prefetch",), ("prefetch", "a larger micro-batch"), ("make rank 8 faster first", "prefetch"), ())
+KINDS = ("poor_overlap", "straggler", "memory_growth", "oom_no_data", "a_kind_of_tomorrow")
+
+
+@st.composite
+def _findings(draw: st.DrawFn) -> list[Finding]:
+    out = []
+    for _ in range(draw(st.integers(0, 40))):
+        kind = draw(st.sampled_from(KINDS))
+        rank = draw(st.one_of(st.none(), st.integers(0, 300)))
+        metrics = {h.key: draw(st.floats(0, 10, allow_nan=False)) for h in HEADLINES.get(kind, ())[:1]
+                   if draw(st.booleans()) or kind != "memory_growth"}
+        out.append(Finding(kind=kind, severity=draw(st.sampled_from(list(Severity))),
+                           title=f"rank {rank}: something" if rank is not None else "the job: something",
+                           rank=rank, evidence=(f"seen on {rank}",), remedies=draw(st.sampled_from(REMEDIES)),
+                           metrics=metrics))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(_findings())
+def test_every_finding_is_in_exactly_one_group_and_a_group_never_mixes_kind_severity_or_remedies(
+        findings: list[Finding]) -> None:
+    groups = group_findings(findings)
+    placed = Counter(id(f) for g in groups for f in g.findings)
+    assert placed == Counter(id(f) for f in findings)  # each once, none made up
+    for g in groups:
+        assert {(f.kind, f.severity, f.remedies) for f in g.findings} == {(g.kind, g.severity, g.remedies)}
+        assert g.worst in g.findings and g.evidence == g.worst.evidence
+        assert g.ranks == tuple(sorted({f.rank for f in g.findings if f.rank is not None}))
+        if g.worst.rank is None:  # about the whole job: an entry of its own, or of the same words again
+            assert g.ranks == () and {(f.title, f.evidence, f.rank) for f in g.findings} == {
+                (g.worst.title, g.worst.evidence, None)}
+        if len(g.ranks) > 1:
+            assert not re.search(rf"\brank {g.worst_rank}\b", g.title)  # no single rank named for many
+        if g.headline is not None:
+            values = [f.metrics[g.headline.key] for f in g.findings]
+            assert (g.low, g.high) == (min(values), max(values)) and g.worst.metrics[g.headline.key] == max(values)
+    # No two groups of ranks that could have been one.
+    keys = [g.key for g in groups]
+    assert len(keys) == len(set(keys))
+    # The worst severity first; within one, the whole job, then the most ranks.
+    order = [(-g.severity.rank, -(float("inf") if not g.ranks else len(g.ranks))) for g in groups]
+    assert order == sorted(order)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.sets(st.integers(0, 2000), min_size=1, max_size=300))
+def test_the_ranks_text_reads_back_as_the_ranks(ranks: set[int]) -> None:
+    text = rank_ranges(ranks)
+    assert parse_rank_ranges(text) == tuple(sorted(ranks))
+    assert text.startswith("rank " if len(ranks) == 1 else "ranks ")
+
+
+def test_the_ranks_text_is_compact() -> None:
+    assert rank_ranges([5]) == "rank 5"
+    assert rank_ranges([3, 0, 2, 1]) == "ranks 0-3"
+    assert rank_ranges(r for r in range(256) if r != 17) == "ranks 0-255 but 17"
+    assert rank_ranges([0, 2]) == "ranks 0, 2"  # a hole as large as what is named: listed, not left out
+    assert rank_ranges([0, 1, 4, 6, 7]) == "ranks 0-1, 4, 6-7"
+    assert rank_ranges(range(0, 256, 2), most=4) == "ranks 0, 2, 4, 6, … (128 ranks)"
+    with pytest.raises(ValueError):
+        parse_rank_ranges("the ranks 0-3")
+
+
+def _overlap(rank: int, share: float, remedies: tuple[str, ...] = ("prefetch",),
+             severity: Severity = Severity.CRITICAL) -> Finding:
+    return Finding("poor_overlap", severity, f"rank {rank}: {share:.0%} of step time is exposed communication",
+                   rank=rank, evidence=(f"rank {rank}'s median",), remedies=remedies, metrics={"exposed_share": share})
+
+
+def test_a_fleets_overlap_is_one_entry_with_its_spread_worst_rank_and_remedies_once() -> None:
+    findings = [_overlap(r, 0.72 + (r % 9) / 100) for r in range(256) if r not in (17, 40)]
+    findings.append(_overlap(17, 0.30, severity=Severity.WARN))  # another severity: its own entry
+    findings.append(_overlap(40, 0.75, remedies=("most of it is waiting for rank 17", "prefetch")))  # another cause
+    findings.append(Finding("memory_growth", Severity.CRITICAL, "memory grows 8.00 MiB per step", rank=3,
+                            remedies=("look for tensors kept across steps",),
+                            metrics={"growth_bytes_per_step": 8 * 2**20}))
+    findings.append(Finding("oom_no_data", Severity.INFO, "no memory samples recorded: nothing to forecast"))
+    first, *rest = group_findings(findings)
+    assert first.title == "ranks 0-255 but 17, 40: 72-80% of step time is exposed communication"
+    assert first.worst_rank == 8 and first.worst_figure == "80%" and first.evidence == ("rank 8's median",)
+    assert first.worst_words() == "worst: rank 8 (80%); the evidence is rank 8's"
+    assert first.remedies == ("prefetch",) and len(first.findings) == 254
+    assert [(g.severity.value, g.title) for g in rest] == [  # one rank each: by kind
+        ("critical", "memory grows 8.00 MiB per step (rank 3)"),
+        ("critical", "rank 40: 75% of step time is exposed communication"),
+        ("warn", "rank 17: 30% of step time is exposed communication"),
+        ("info", "no memory samples recorded: nothing to forecast")]
+    assert all(g.worst_words() is None for g in rest)
+    document = first.to_dict()
+    assert document["ranks_text"] == "ranks 0-255 but 17, 40" and len(document["ranks"]) == 254
+    assert document["figure"] == {"metric": "exposed_share", "low": 0.72, "high": pytest.approx(0.80), "text": "72-80%"}
+
+
+def test_a_kind_without_a_headline_names_its_worst_rank_only_in_its_own_title() -> None:
+    findings = [Finding("a_kind_of_tomorrow", Severity.WARN, f"rank {r} does something odd", rank=r) for r in (4, 2)]
+    (group,) = group_findings(findings)
+    assert group.spread is None and group.worst_rank == 2  # the lowest rank, where no figure says worse
+    assert group.title == "ranks 2, 4: a kind of tomorrow (on rank 2: rank 2 does something odd)"
+    assert group.worst_words() == "worst: rank 2; the evidence is rank 2's"
+
+
+def test_the_same_finding_about_the_whole_job_twice_is_one_entry_two_different_are_two() -> None:
+    job = Finding("oom_no_data", Severity.INFO, "no memory samples recorded")
+    other = Finding("oom_no_data", Severity.INFO, "no step recorded")
+    assert group_key(job) == group_key(Finding("oom_no_data", Severity.INFO, "no memory samples recorded"))
+    assert len(group_findings([job, job, other])) == 2
