@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -187,13 +188,13 @@ def _check_figures(per_rank: list[dict[str, Any]], bandwidth: list[dict[str, Any
 
 
 @pytest.mark.distributed
-def test_the_docs_sql_run_by_duckdb_on_the_export_gives_the_reports_figures(exported: Path,
-                                                                            report: dict[str, Any]) -> None:
+def test_the_docs_sql_run_by_duckdb_on_the_export_gives_the_reports_figures(exported: Path, report: dict[str, Any],
+                                                                            tmp_path: Path) -> None:
     blocks = _doc_blocks("sql")
     assert [block.splitlines()[0] for block in blocks] == [
         "-- the datasets as views", "-- per rank: ranks[].median_step_s, exposed_comm_s, exposed_comm_share",
         "-- the run: bandwidth[]", "-- per rank: ranks[].peak_memory_bytes, capacity_bytes",
-        "-- per rank: imbalance.arrivals[]"]
+        "-- per rank: imbalance.arrivals[]", "-- every run in exports/: the median step time per run and rank"]
     con = duckdb.connect()
     con.execute(f"SET file_search_path = '{exported}'")  # the doc's queries, run in the export's folder
     con.execute(blocks[0])
@@ -203,7 +204,14 @@ def test_the_docs_sql_run_by_duckdb_on_the_export_gives_the_reports_figures(expo
         names = [d[0] for d in cursor.description]
         return [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
 
-    _check_figures(*(rows(block) for block in blocks[1:]), report)
+    _check_figures(*(rows(block) for block in blocks[1:5]), report)
+    # Two runs exported side by side as exports/run=<name>: one table, the run a column
+    for name in ("a", "b"):
+        shutil.copytree(exported, tmp_path / "exports" / f"run={name}")
+    con.execute(f"SET file_search_path = '{tmp_path}'")
+    assert [(r["run"], r["rank"]) for r in rows(blocks[5])] == [("a", 0), ("a", 1), ("b", 0), ("b", 1)]
+    assert all(_close(r["median_step_s"], report["ranks"][r["rank"]]["median_step_s"], MEDIAN_REL)
+               for r in rows(blocks[5]))
 
 
 @pytest.mark.distributed

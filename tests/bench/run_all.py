@@ -64,6 +64,9 @@ JOBS: tuple[Job, ...] = (
         "zeromon report and zeromon summary over a generated run of 64, 256 and 1,024 ranks x 10,000 steps (summaries, "
         "and the detail of 70 steps a rank) in the agent's compact form (format 2.x), and of 1,024 ranks as JSON "
         "lines (1.x)"),
+    Job("bench_parquet_export.py", (),
+        "zeromon export --format parquet of a generated run of 1,024 ranks x 10,000 steps (compact form): time, peak "
+        "RSS and size; docs/parquet.md's per-rank query over the export in DuckDB"),
     Job("bench_dashboard_load.py", (),
         "zeromon dashboard opening a generated run of 256 ranks x 10,000 steps, as a recording and as a replay: "
         "time until its page answers, peak RSS and RSS once open"),

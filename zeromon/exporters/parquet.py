@@ -300,14 +300,14 @@ def export_run(run: RunDirs, out: Path, workers: int | None = None, progress: On
     that already holds one of the folders it would write (nothing is overwritten)."""
     if importlib.util.find_spec("pyarrow") is None:
         pyarrow_modules()  # its error, with the install line; imported here, it would be before the workers fork
-    headers = run_headers(run)
+    files = [path for path, _ in run_headers(run)]  # the headers checked, not held (~26 KB each, compact)
     attempts = earlier_attempts(run)
     existing = [path for path in target_names(out, bool(attempts)) if path.exists()]
     if existing:
         raise ZeromonError(f"--out {out}: {existing[0]} exists (nothing is overwritten)",
                            hint="give an empty or new folder")
     work = out / _WORK_DIR
-    plan = [(work, [path for path, _ in headers])]
+    plan = [(work, files)]
     plan += [(work / ATTEMPTS_DIR / str(a.number),
               sorted((p for f in a.folders for p in rank_file_paths(f)), key=rank_of_file)) for a in attempts]
     total = sum(len(files) for _, files in plan)
