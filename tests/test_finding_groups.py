@@ -24,8 +24,8 @@ def _findings(draw: st.DrawFn) -> list[Finding]:
     for _ in range(draw(st.integers(0, 40))):
         kind = draw(st.sampled_from(KINDS))
         rank = draw(st.one_of(st.none(), st.integers(0, 300)))
-        metrics = {h.key: draw(st.floats(0, 10, allow_nan=False)) for h in HEADLINES.get(kind, ())[:1]
-                   if draw(st.booleans()) or kind != "memory_growth"}
+        keys = {key for h in HEADLINES.get(kind, ()) for key in (h.key, *(k for k, _ in h.also))}
+        metrics = {key: draw(st.floats(0, 10, allow_nan=False)) for key in sorted(keys) if draw(st.booleans())}
         out.append(Finding(kind=kind, severity=draw(st.sampled_from(list(Severity))),
                            title=f"rank {rank}: something" if rank is not None else "the job: something",
                            rank=rank, evidence=(f"seen on {rank}",), remedies=draw(st.sampled_from(REMEDIES)),
@@ -51,7 +51,9 @@ def test_every_finding_is_in_exactly_one_group_and_a_group_never_mixes_kind_seve
             assert not re.search(rf"\brank {g.worst_rank}\b", g.title)  # no single rank named for many
         if g.headline is not None:
             values = [f.metrics[g.headline.key] for f in g.findings]
-            assert (g.low, g.high) == (min(values), max(values)) and g.worst.metrics[g.headline.key] == max(values)
+            assert (g.low, g.high) == (min(values), max(values))
+            assert g.worst.metrics[g.headline.key] == (min(values) if g.headline.lower_is_worse else max(values))
+            assert g.headline == next(h for h in HEADLINES[g.kind] if all(h.fits(f) for f in g.findings))
     # No two groups of ranks that could have been one.
     keys = [g.key for g in groups]
     assert len(keys) == len(set(keys))
@@ -107,6 +109,21 @@ def test_a_fleets_overlap_is_one_entry_with_its_spread_worst_rank_and_remedies_o
     document = first.to_dict()
     assert document["ranks_text"] == "ranks 0-255 but 17, 40" and len(document["ranks"]) == 254
     assert document["figure"] == {"metric": "exposed_share", "low": 0.72, "high": pytest.approx(0.80), "text": "72-80%"}
+
+
+def test_growing_memory_is_worst_where_capacity_is_nearest() -> None:
+    findings = [Finding("memory_growth", Severity.CRITICAL, f"memory grows ... (rank {r})", rank=r,
+                        remedies=("look for tensors kept across steps",),
+                        metrics={"growth_bytes_per_step": growth * 2**20, "steps_to_capacity": steps})
+                for r, growth, steps in ((0, 8.0, 120.0), (1, 8.4, 93.0), (2, 8.2, 101.0))]
+    (group,) = group_findings(findings)
+    assert group.title == "ranks 0-2: memory grows 8.00-8.40 MiB per step: capacity in ~93-120 steps"
+    assert group.worst_rank == 1 and group.worst_figure == "93"
+    # One without a horizon (already over capacity): the spread of the growth alone.
+    over = Finding("memory_growth", Severity.CRITICAL, "memory grows 9.00 MiB per step: already over capacity",
+                   rank=3, remedies=findings[0].remedies, metrics={"growth_bytes_per_step": 9 * 2**20})
+    (group,) = group_findings([*findings, over])
+    assert group.title == "ranks 0-3: memory grows 8.00-9.00 MiB per step" and group.worst_rank == 3
 
 
 def test_a_kind_without_a_headline_names_its_worst_rank_only_in_its_own_title() -> None:

@@ -7,49 +7,71 @@ each group says its ranks compactly ("ranks 0-255 but 17"), the spread of its he
 ("72-80%"), its worst rank (the one to open) with that rank's evidence, and the remedies once. A finding about
 the whole job (no rank) stays an entry of its own.
 
-A kind's headline figure is the number its title leads with, read from the finding's ``metrics`` (HEADLINES);
-the worst rank is the one where it is highest (in every kind a higher figure is worse), the lowest rank on a
-tie or where the kind has none.
+A kind's headline figure is the number its severity follows, read from the finding's ``metrics`` (HEADLINES):
+the exposed share, the steps left to capacity, the share of capacity; the worst rank is the one where it is
+worst (the highest, or for steps left the fewest), the lowest rank on a tie or where the kind has none.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from zeromon.analysis.findings import Finding, Severity, finding_heading
+from zeromon.analysis.oom import duration_words
 from zeromon.model.units import format_bytes, rank_ranges
 
-__all__ = ["HEADLINES", "RANK_PARTS_SHOWN", "FindingGroup", "Headline", "group_findings", "group_key"]
+__all__ = ["HEADLINES", "RANK_PARTS_SHOWN", "FindingGroup", "Headline", "group_findings", "group_key", "spread_text"]
 
 # The parts of a group's ranks its title writes before "…" (every rank stays in ``ranks`` and the JSON).
 RANK_PARTS_SHOWN = 8
 
 
+def _one(unit: str, value: float) -> str:
+    if unit == "share":
+        return f"{value:.0%}"
+    if unit == "seconds":
+        return duration_words(value)
+    return format_bytes(value) if unit == "bytes" else f"{value:,.0f}"
+
+
+def spread_text(unit: str, low: float, high: float) -> str:
+    """'72-80%', '8.00-8.41 MiB', '988.27 MiB to 1.02 GiB', '32-35 s', '3-12', or one value where both read the
+    same."""
+    a, b = _one(unit, low), _one(unit, high)
+    if a == b:
+        return a
+    if unit == "share":
+        return f"{a.rstrip('%')}-{b}"
+    if unit in ("bytes", "seconds"):
+        a_value, _, a_unit = a.partition(" ")
+        return f"{a_value}-{b}" if b.endswith(f" {a_unit}") else f"{a} to {b}"
+    return f"{a}-{b}"
+
+
 @dataclass(frozen=True, slots=True)
 class Headline:
-    """A kind's headline figure: the metrics key, its unit ("share", "bytes" or "count") and the group's title
-    around its spread ('{spread} of step time is exposed communication')."""
+    """A kind's headline figure: the metrics key, its unit ("share", "bytes" or "count"), the group's title around
+    its spread ('{spread} of step time is exposed communication'), whether a lower value is the worse (steps left
+    to capacity) and the other figures the title spreads ((metrics key, unit), each '{key}' in ``words``)."""
 
     key: str
     unit: str
     words: str
+    lower_is_worse: bool = False
+    also: tuple[tuple[str, str], ...] = ()
 
-    def text(self, low: float, high: float) -> str:
-        """'72-80%', '8.00 MiB to 8.41 MiB', '3-12', or one value where both read the same."""
-        a, b = self._one(low), self._one(high)
-        if a == b:
-            return a
-        if self.unit == "share":
-            return f"{a.rstrip('%')}-{b}"
-        return f"{a}-{b}" if self.unit == "count" else f"{a} to {b}"
+    def fits(self, finding: Finding) -> bool:
+        return self.key in finding.metrics and all(key in finding.metrics for key, _ in self.also)
 
-    def _one(self, value: float) -> str:
-        if self.unit == "share":
-            return f"{value:.0%}"
-        return format_bytes(value) if self.unit == "bytes" else f"{value:,.0f}"
+    def title(self, findings: Sequence[Finding]) -> str:
+        def spread(key: str, unit: str) -> str:
+            values = [f.metrics[key] for f in findings]
+            return spread_text(unit, min(values), max(values))
+
+        return self.words.format(spread=spread(self.key, self.unit), **{k: spread(k, u) for k, u in self.also})
 
 
 # Each kind's headline figures, the first that every finding of a group has taken (a kind's findings made live
@@ -61,7 +83,13 @@ HEADLINES: dict[str, tuple[Headline, ...]] = {
     "step_skew": (Headline("median_skew", "share", "step times differ by {spread} across ranks"),),
     "memory_imbalance": (Headline("spread", "share", "memory peaks {spread} above the lowest rank's"),),
     "peak_near_capacity": (Headline("share", "share", "peak memory at {spread} of capacity"),),
-    "memory_growth": (Headline("growth_bytes_per_step", "bytes", "memory grows {spread} per step"),),
+    "memory_growth": (Headline("steps_to_capacity", "count", "memory grows {growth_bytes_per_step} per step: "
+                               "capacity in ~{spread} steps (~{seconds_to_capacity})", lower_is_worse=True,
+                               also=(("growth_bytes_per_step", "bytes"), ("seconds_to_capacity", "seconds"))),
+                      Headline("steps_to_capacity", "count",
+                               "memory grows {growth_bytes_per_step} per step: capacity in ~{spread} steps",
+                               lower_is_worse=True, also=(("growth_bytes_per_step", "bytes"),)),
+                      Headline("growth_bytes_per_step", "bytes", "memory grows {spread} per step")),
     "optimizer_state_pending": (
         Headline("predicted_share", "share",
                  "the first optimizer step's optimizer state: predicted peak {spread} of capacity"),
@@ -87,7 +115,7 @@ class FindingGroup:
     """Findings of one kind, severity and remedies on one or more ranks (or one finding about the whole job)."""
 
     findings: tuple[Finding, ...]  # every finding of the group, in the order given
-    worst: Finding  # the one to open: its headline figure the highest (the lowest rank on a tie)
+    worst: Finding  # the one to open: its headline figure the worst (the lowest rank on a tie)
     ranks: tuple[int, ...]  # sorted, each once; () for a finding about the whole job
     headline: Headline | None  # the figure the spread is of; None where the kind has none
     low: float | None  # the figure's spread over the group
@@ -123,14 +151,14 @@ class FindingGroup:
         """'72-80%': the headline figure over the group's findings."""
         if self.headline is None or self.low is None or self.high is None:
             return None
-        return self.headline.text(self.low, self.high)
+        return spread_text(self.headline.unit, self.low, self.high)
 
     @property
     def worst_figure(self) -> str | None:
         """The headline figure of the worst rank: '80%'."""
         if self.headline is None:
             return None
-        return self.headline.text(self.worst.metrics[self.headline.key], self.worst.metrics[self.headline.key])
+        return _one(self.headline.unit, self.worst.metrics[self.headline.key])
 
     def worst_words(self) -> str | None:
         """'worst: rank 3 (80%); the evidence is rank 3's', for a group of several ranks (None for one)."""
@@ -150,8 +178,8 @@ class FindingGroup:
         if len(self.ranks) <= 1:
             return finding_heading(self.worst)
         ranks = self.ranks_text(RANK_PARTS_SHOWN)
-        if self.headline is not None and self.spread is not None:
-            return f"{ranks}: {self.headline.words.format(spread=self.spread)}"
+        if self.headline is not None:
+            return f"{ranks}: {self.headline.title(self.findings)}"
         rank = self.worst.rank
         title = re.sub(rf"^rank {rank}: ", "", self.worst.title)
         if re.search(rf"\brank {rank}\b", title):  # named inside: the title is the worst rank's own
@@ -168,7 +196,7 @@ class FindingGroup:
 
 
 def _headline(group: list[Finding]) -> Headline | None:
-    return next((h for h in HEADLINES.get(group[0].kind, ()) if all(h.key in f.metrics for f in group)), None)
+    return next((h for h in HEADLINES.get(group[0].kind, ()) if all(h.fits(f) for f in group)), None)
 
 
 def _made(group: list[Finding]) -> FindingGroup:
@@ -178,7 +206,8 @@ def _made(group: list[Finding]) -> FindingGroup:
         worst = min(group, key=lambda f: f.rank if f.rank is not None else -1)
         return FindingGroup(tuple(group), worst, ranks, None, None, None)
     values = [f.metrics[headline.key] for f in group]
-    worst = min(group, key=lambda f: (-f.metrics[headline.key], f.rank if f.rank is not None else -1))
+    sign = 1 if headline.lower_is_worse else -1
+    worst = min(group, key=lambda f: (sign * f.metrics[headline.key], f.rank if f.rank is not None else -1))
     return FindingGroup(tuple(group), worst, ranks, headline, min(values), max(values))
 
 

@@ -269,7 +269,8 @@ def _pct(share: float | None) -> str:
     return "-" if share is None else f"{share:.0%}"
 
 
-def _duration(seconds: float) -> str:
+def duration_words(seconds: float) -> str:
+    """'8.5 s', '32 s', '5 min', '1.2 h'."""
     if seconds < 10:
         return f"{seconds:.2g} s"
     if seconds < 120:
@@ -478,8 +479,8 @@ def _horizon_text(severity: Severity, steps_to_capacity: float, seconds_to_capac
     timed = time_reach_steps is not None and steps_to_capacity <= time_reach_steps
     warn, critical = f"{WARN_STEPS_TO_CAPACITY} steps", f"{CRITICAL_STEPS_TO_CAPACITY} steps"
     if timed:
-        warn += f" or {_duration(WARN_SECONDS_TO_CAPACITY)} of training"
-        critical += f" or {_duration(CRITICAL_SECONDS_TO_CAPACITY)}"
+        warn += f" or {duration_words(WARN_SECONDS_TO_CAPACITY)} of training"
+        critical += f" or {duration_words(CRITICAL_SECONDS_TO_CAPACITY)}"
     horizons = f"warn when capacity is within {warn}, critical within {critical}"
     if time_reach_steps is None:
         horizons += " (no step time yet: no time horizon)"
@@ -492,7 +493,7 @@ def _horizon_text(severity: Severity, steps_to_capacity: float, seconds_to_capac
     if steps_to_capacity <= steps_limit or seconds_to_capacity is None:
         inside = f"~{steps_to_capacity:.0f} steps"
     else:  # the time horizon made it so
-        inside = f"~{_duration(seconds_to_capacity)} of training"
+        inside = f"~{duration_words(seconds_to_capacity)} of training"
     return f"{severity.value}: capacity is {inside} away; {horizons}"
 
 
@@ -525,7 +526,7 @@ def _growth_finding(run: MemoryContext, trend: _Trend, steps_to_capacity: float 
         evidence.append(f"at step {step_number(last)} the per-step peak is already {_pct(run.share(trend.fitted_last))} of "
                         f"the {_capacity_text(run)}")
     elif steps_to_capacity is not None:
-        when = f" (~{_duration(seconds_to_capacity)} at {step_s:.2g} s per step, the median)" \
+        when = f" (~{duration_words(seconds_to_capacity)} at {step_s:.2g} s per step, the median)" \
             if seconds_to_capacity is not None and step_s else ""
         evidence.append(f"at this rate the {_capacity_text(run)} is reached in ~{steps_to_capacity:.0f} steps{when}")
     if steps_to_capacity is not None and not over:
@@ -551,7 +552,7 @@ def _growth_finding(run: MemoryContext, trend: _Trend, steps_to_capacity: float 
     elif steps_to_capacity is not None:
         title += f": capacity in ~{steps_to_capacity:.0f} steps"
         if seconds_to_capacity is not None:
-            title += f" (~{_duration(seconds_to_capacity)})"
+            title += f" (~{duration_words(seconds_to_capacity)})"
     remedies = [
         "look for tensors kept across steps: losses or outputs appended to a list or summed without .item() "
         "or .detach(), caches keyed by step, metrics kept as tensors",

@@ -215,17 +215,17 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 def _verdict(scenario: Scenario, out: Path) -> int:
     """The recording's findings, as `zeromon report` makes them, and whether the scenario's showed."""
-    from zeromon.analysis.findings import finding_heading
+    from zeromon.analysis.finding_groups import group_findings
     from zeromon.sources.run_analysis import analyse_run
 
     report = analyse_run(out, workers=1)
-    shown = [f for f in report.findings if f.severity.value != "info"]
+    shown = group_findings(f for f in report.findings if f.severity.value != "info")  # one entry per problem
     print(f"findings of {out} ({len(shown)} warning{'s' if len(shown) != 1 else ''} or worse):")
-    for finding in shown:
-        print(f"  [{finding.severity.value}] {finding_heading(finding)}")
-    found = scenario.found(report.findings)
+    for group in shown:
+        print(f"  [{group.severity.value}] {group.title}")
+    found = group_findings(scenario.found(report.findings))
     if scenario.passed(report.findings):
-        what = "no warning, as expected" if not scenario.kinds else f"zeromon found it: {finding_heading(found[0])}"
+        what = "no warning, as expected" if not scenario.kinds else f"zeromon found it: {found[0].title}"
         print(f"demo {scenario.name}: {what}")
         code = 0
     else:

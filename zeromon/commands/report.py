@@ -341,7 +341,8 @@ def _grouped_finding_lines(report: RunReport) -> list[str]:
     if not groups:
         return ["", "findings: none"]
     count = (f"{len(groups):,}" if len(groups) == len(report.findings) else
-             f"{len(groups):,} problems in {len(report.findings):,} findings; --all-ranks or --json lists each")
+             f"{len(groups):,} problem{'s' if len(groups) != 1 else ''} in {len(report.findings):,} findings; "
+             "--all-ranks or --json lists each")
     lines = ["", f"findings ({count}):"]
     for group in groups:
         lines.extend(finding_lines(group))
