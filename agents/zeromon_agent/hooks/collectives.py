@@ -195,13 +195,13 @@ def _record_async(state: HotState, api: str, op: str, t0: int, t1: int, b_in: in
     if async_op and result is not None:
         # The queue holds a weak reference: a Work holds its tensors (a DDP bucket, ZeRO's flat buffers), which
         # must not outlive the training's own references by the time the queue waits for the recorder's next
-        # pass (up to a second: the GPU memory of a model's gradients, or a DDP run's 128 MiB in tests/test_oom.py).
+        # pass (up to a flush interval, 5 s by default: a model's gradients in GPU memory, or a DDP run's 128 MiB in
+        # tests/test_oom.py).
         # A Work the training still holds is polled as before; one dropped unwaited is timed by what was seen.
         try:
             work = weakref.ref(result)
         except TypeError:  # a Work type without weak references (a custom backend's): held until drained
             work = result
-        state.async_queued = True
         pending = state.pending
         if len(pending) < state.pending_capacity:
             pending[id(result)] = seq
@@ -274,7 +274,6 @@ def make_wrapper(fn: Callable[..., Any], api: str, op: str, extract: Extract,
                     work = weakref.ref(result)  # as _record_async holds it, and why
                 except TypeError:
                     work = result
-                state.async_queued = True
                 pending = state.pending
                 if len(pending) < state.pending_capacity:
                     pending[id(result)] = seq

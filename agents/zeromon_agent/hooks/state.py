@@ -78,7 +78,6 @@ class HotState:
         "works",
         "async_sample_every",
         "async_count",
-        "async_queued",
         "hook_errors",
         "_logged",
         "inside",
@@ -113,7 +112,6 @@ class HotState:
         self.async_count = 0
         # An async collective was queued since the recorder's last pass: its completion is found by a pass (a
         # Work never waited on is polled), so the recorder passes every second (Recorder._run).
-        self.async_queued = False
         self.hook_errors = 0
         self._logged: set[str] = set()
         # True while inside a recorded collective: deprecated aliases call the new names through

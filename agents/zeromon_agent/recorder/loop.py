@@ -73,12 +73,13 @@ _YIELD_EVERY_MASK = 255
 # the training starts, not a whole flush interval later.
 _FIRST_PASS_S = 0.2
 # Passes: one every LIVE_PASS_S (the live views' age) while a live client reads this rank (its endpoint read
-# within WATCHED_S; a read after a quiet spell wakes one at once), while the queue holds what should not wait:
-# async collectives (a Work never waited on is timed by a pass's poll; the queue holds it weakly, so that its
-# tensors do not outlive the training's references: collectives._record_async) or, on a GPU, the CUDA events
-# of the timing pool (4,096), and while the queues fill (a quarter of the raw one). Otherwise (host
-# collectives, nobody reading) one at each flush of the recording only: each pass pays a cold start, so the
-# fewer the passes, the less the recorder's thread spends a collective (tests/bench/bench_recorder_cpu.py).
+# within WATCHED_S; a read after a quiet spell wakes one at once), on a GPU while the CUDA events of the timing
+# pool (4,096) wait to be read, and while the queues fill (a quarter of the raw one). Otherwise (nobody reading)
+# one at each flush of the recording only: each pass pays a cold start, so the fewer the passes, the less the
+# recorder's thread spends a collective (tests/bench/bench_recorder_cpu.py). Async collectives on the host
+# brought a pass a second until issue 44 (-0.6 µs a collective of bench_agent_cost.py's FSDP2 loop): what
+# bounds an unwaited Work's completion is the training thread's look at each phase change (hooks/phases.py),
+# and the queue holds it weakly (collectives._record_async), so a later pass keeps no tensor alive.
 LIVE_PASS_S = 1.0
 WATCHED_S = 3.0
 _RECENT_RAW = 256  # raw records kept after their drain, for each group's newest collective (progress)
@@ -226,7 +227,7 @@ class Recorder:
             # Half a pass early: a flush due between two wakeups is made at the first of them.
             flush = last_flush is None or now - last_flush >= flush_ns - every * 5e8
             due = (flush or now - self._watched_ns < watched_ns or self.cuda_timer is not None
-                   or state.async_queued or len(state.raw) * 4 >= state.raw_capacity
+                   or len(state.raw) * 4 >= state.raw_capacity
                    or len(state.control) >= _CONTROL_CROWDED)
             try:
                 self._watch_progress(now)
@@ -235,7 +236,6 @@ class Recorder:
                         with self._drain_lock:
                             self._sample_device()
                     continue
-                state.async_queued = False  # before the drain: one queued meanwhile brings the next pass
                 with self._drain_lock:
                     self._drain(final=False)
                     self._sample_device()
