@@ -118,7 +118,8 @@ def test_growing_memory_is_worst_where_capacity_is_nearest() -> None:
                 for r, growth, steps in ((0, 8.0, 120.0), (1, 8.4, 93.0), (2, 8.2, 101.0))]
     (group,) = group_findings(findings)
     assert group.title == "ranks 0-2: memory grows 8.00-8.40 MiB per step: capacity in ~93-120 steps"
-    assert group.worst_rank == 1 and group.worst_figure == "93"
+    assert group.worst_rank == 1 and group.worst_figure == "~93 steps to capacity"
+    assert group.worst_words() == "worst: rank 1 (~93 steps to capacity); the evidence is rank 1's"
     # One without a horizon (already over capacity): the spread of the growth alone.
     over = Finding("memory_growth", Severity.CRITICAL, "memory grows 9.00 MiB per step: already over capacity",
                    rank=3, remedies=findings[0].remedies, metrics={"growth_bytes_per_step": 9 * 2**20})

@@ -53,15 +53,17 @@ def spread_text(unit: str, low: float, high: float) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Headline:
-    """A kind's headline figure: the metrics key, its unit ("share", "bytes" or "count"), the group's title around
-    its spread ('{spread} of step time is exposed communication'), whether a lower value is the worse (steps left
-    to capacity) and the other figures the title spreads ((metrics key, unit), each '{key}' in ``words``)."""
+    """A kind's headline figure: the metrics key, its unit ("share", "bytes", "seconds" or "count"), the group's
+    title around its spread ('{spread} of step time is exposed communication'), whether a lower value is the worse
+    (steps left to capacity), the other figures the title spreads ((metrics key, unit), each '{key}' in
+    ``words``) and how one rank's value reads beside its rank ('{value}': '80%'; '~{value} steps to capacity')."""
 
     key: str
     unit: str
     words: str
     lower_is_worse: bool = False
     also: tuple[tuple[str, str], ...] = ()
+    value_words: str = "{value}"
 
     def fits(self, finding: Finding) -> bool:
         return self.key in finding.metrics and all(key in finding.metrics for key, _ in self.also)
@@ -85,10 +87,12 @@ HEADLINES: dict[str, tuple[Headline, ...]] = {
     "peak_near_capacity": (Headline("share", "share", "peak memory at {spread} of capacity"),),
     "memory_growth": (Headline("steps_to_capacity", "count", "memory grows {growth_bytes_per_step} per step: "
                                "capacity in ~{spread} steps (~{seconds_to_capacity})", lower_is_worse=True,
-                               also=(("growth_bytes_per_step", "bytes"), ("seconds_to_capacity", "seconds"))),
+                               also=(("growth_bytes_per_step", "bytes"), ("seconds_to_capacity", "seconds")),
+                               value_words="~{value} steps to capacity"),
                       Headline("steps_to_capacity", "count",
                                "memory grows {growth_bytes_per_step} per step: capacity in ~{spread} steps",
-                               lower_is_worse=True, also=(("growth_bytes_per_step", "bytes"),)),
+                               lower_is_worse=True, also=(("growth_bytes_per_step", "bytes"),),
+                               value_words="~{value} steps to capacity"),
                       Headline("growth_bytes_per_step", "bytes", "memory grows {spread} per step")),
     "optimizer_state_pending": (
         Headline("predicted_share", "share",
@@ -96,9 +100,10 @@ HEADLINES: dict[str, tuple[Headline, ...]] = {
         Headline("pending_optimizer_bytes", "bytes", "the first optimizer step will add {spread} of optimizer state")),
     "zero3_gather_bound": (Headline("predicted_peak_bytes", "bytes",
                                     "ZeRO-3's parameter gathers may raise the peak to {spread}"),),
-    "alloc_retries": (Headline("num_alloc_retries", "count", "the allocator retried {spread} times"),),
+    "alloc_retries": (Headline("num_alloc_retries", "count", "the allocator retried {spread} times",
+                               value_words="{value} retries"),),
     "fragmentation": (Headline("fragmentation_bytes", "bytes", "allocator fragmentation: {spread} reserved but unused"),),
-    "oom_recorded": (Headline("num_ooms", "count", "out of memory: {spread} OOMs recorded"),),
+    "oom_recorded": (Headline("num_ooms", "count", "out of memory: {spread} OOMs recorded", value_words="{value} OOMs"),),
 }
 
 
@@ -155,10 +160,10 @@ class FindingGroup:
 
     @property
     def worst_figure(self) -> str | None:
-        """The headline figure of the worst rank: '80%'."""
+        """The headline figure of the worst rank: '80%', '~93 steps to capacity'."""
         if self.headline is None:
             return None
-        return _one(self.headline.unit, self.worst.metrics[self.headline.key])
+        return self.headline.value_words.format(value=_one(self.headline.unit, self.worst.metrics[self.headline.key]))
 
     def worst_words(self) -> str | None:
         """'worst: rank 3 (80%); the evidence is rank 3's', for a group of several ranks (None for one)."""
