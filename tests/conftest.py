@@ -37,6 +37,7 @@ CI_COMPONENTS: tuple[tuple[tuple[str, ...], str], ...] = (
     (("transformers", "lightning", "tensorboardx", "trainers extra"), _SETUP),
     (("holistictraceanalysis", "'hta'"), _SETUP),
     (("accelerate is not installed", "'accelerate'"), _SETUP),
+    (("pyarrow", "duckdb", "polars"), _SETUP),
     (("tmux",), _SYSTEM),
     (("prometheus", "promtool"), _SYSTEM),
     (("chromium", "chromedriver", "browser"), _SYSTEM),
@@ -61,6 +62,12 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         install = _ci_install_for(str(report.longrepr[2]))
         if install is not None:
             _missing_for_ci.setdefault(install, set()).add(report.nodeid)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    """A whole module skipped at its import (pytest.importorskip at module level: tests/test_parquet_export.py),
+    counted as its tests would be."""
+    pytest_runtest_logreport(report)  # type: ignore[arg-type]
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
