@@ -149,7 +149,7 @@ def test_exposed_communication_that_is_waiting_for_the_straggler_says_so(straggl
     assert finding["metrics"]["waited_for_peers_s"] == pytest.approx(waited)
     assert finding["metrics"]["waited_share_of_exposed"] >= 0.5
     assert any("was waiting for rank 1 to reach the collective" in e for e in finding["evidence"])
-    assert finding["remedies"][0].startswith("most of it is waiting for rank 1")
+    assert finding["remedies"][0].startswith("part of it is waiting for rank 1 (the evidence says how much)")
     # Rank 1, the late one, is nobody's victim of a straggler: its findings name none (it may wait a little
     # for rank 0 at the step's second all-reduce, which gloo's ranks leave in a fixed order).
     assert not any("waiting for rank" in r for f in report["findings"] if f["rank"] == 1 for r in f["remedies"])

@@ -32,9 +32,12 @@ def test_waiting_for_peers_names_the_straggler_only_when_there_is_one() -> None:
     poor = Finding(kind="poor_overlap", severity=Severity.CRITICAL, title="rank 0: 60% exposed", rank=0,
                    remedies=("prefetch",))
     named = with_waiting_for_peers(poor, exposed_s=1.0, waited_s=0.8, late_ranks=[1])
-    assert named.remedies[0].startswith("most of it is waiting for rank 1: make that rank faster first "
-                                        "(see the straggler finding)")
+    assert named.remedies[0].startswith("part of it is waiting for rank 1 (the evidence says how much): make that "
+                                        "rank faster first (see the straggler finding)")
     assert "0.800 s of its 1.000 s of exposed communication (80%) was waiting for rank 1" in named.evidence[-1]
+    # How much is the evidence's alone: a rank that waited less for the same straggler offers the same remedies.
+    less = with_waiting_for_peers(poor, exposed_s=1.0, waited_s=0.3, late_ranks=[1])
+    assert less.remedies == named.remedies and "(30%) was waiting for rank 1" in less.evidence[-1]
     nobody = with_waiting_for_peers(poor, exposed_s=1.0, waited_s=0.8, late_ranks=[])
     assert "straggler finding" not in " ".join(nobody.remedies)
     assert nobody.remedies[0].startswith("most of it is waiting for peers, though no single rank is a straggler")

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from zeromon.analysis.comm_advice import overlap_findings_of_medians, with_waiting_for_peers
 from zeromon.analysis.finding_groups import HEADLINES, group_findings, group_key
 from zeromon.analysis.findings import Finding, Severity
+from zeromon.analysis.oom import forecast
+from zeromon.model import MemorySample, Recording, RunInfo, StepSummary
 from zeromon.model.units import parse_rank_ranges, rank_ranges
 
 REMEDIES = (("prefetch",), ("prefetch", "a larger micro-batch"), ("make rank 8 faster first", "prefetch"), ())
@@ -90,7 +94,7 @@ def _overlap(rank: int, share: float, remedies: tuple[str, ...] = ("prefetch",),
 def test_a_fleets_overlap_is_one_entry_with_its_spread_worst_rank_and_remedies_once() -> None:
     findings = [_overlap(r, 0.72 + (r % 9) / 100) for r in range(256) if r not in (17, 40)]
     findings.append(_overlap(17, 0.30, severity=Severity.WARN))  # another severity: its own entry
-    findings.append(_overlap(40, 0.75, remedies=("most of it is waiting for rank 17", "prefetch")))  # another cause
+    findings.append(_overlap(40, 0.75, remedies=("part of it is waiting for rank 17", "prefetch")))  # another cause
     findings.append(Finding("memory_growth", Severity.CRITICAL, "memory grows 8.00 MiB per step", rank=3,
                             remedies=("look for tensors kept across steps",),
                             metrics={"growth_bytes_per_step": 8 * 2**20}))
@@ -140,3 +144,69 @@ def test_the_same_finding_about_the_whole_job_twice_is_one_entry_two_different_a
     other = Finding("oom_no_data", Severity.INFO, "no step recorded")
     assert group_key(job) == group_key(Finding("oom_no_data", Severity.INFO, "no memory samples recorded"))
     assert len(group_findings([job, job, other])) == 2
+
+
+# --- the producers' own findings: a rank's figures in its evidence, so that one cause is one entry -----------
+
+GiB = 2**30
+
+
+def _peak_of(rank: int, allocated: int, categories: dict[str, int]) -> Finding:
+    """The peak-near-capacity finding zeromon.analysis.oom makes of a GPU rank that holds ``allocated`` of
+    80 GiB at each of 3 steps, walked into ``categories`` (an FSDP2 run in fp32 with AdamW)."""
+    info = RunInfo(rank=rank, local_rank=rank % 8, host="h", pid=1, job="j", framework="fsdp2",
+                   framework_version=None, torch_version="2.13.0", backend="nccl", device="cuda:0", world_size=4,
+                   zero_stage=None, fsdp_strategy=None, param_dtype="float32", reduce_dtype=None, optimizer="AdamW",
+                   knobs={})
+    memory = [MemorySample(rank=rank, step=s, phase="other", t_ns=s * 10**9, device="cuda:0", allocated=allocated,
+                           reserved=allocated, active=allocated, peak_allocated=allocated, peak_reserved=allocated,
+                           inactive_split=0, num_alloc_retries=0, num_ooms=0, capacity=80 * GiB,
+                           free=80 * GiB - allocated, rss=2 * GiB, categories=categories) for s in range(3)]
+    steps = [StepSummary(rank=rank, step=s, start_ns=s * 10**9, end_ns=s * 10**9 + 5 * 10**8, phase_s={},
+                         collectives=0, comm_bytes=0, comm_bytes_by_op={}, comm_union_s=0.0, blocked_s=0.0,
+                         peak_memory=None) for s in range(3)]
+    recording = Recording(path=Path(f"rank-{rank}.jsonl"), header={"rank": rank}, memory=memory, steps=steps,
+                          run_info=info)
+    (peak,) = [f for f in forecast(recording).findings if f.kind == "peak_near_capacity"]
+    return peak
+
+
+def test_ranks_whose_memory_differs_for_one_cause_are_one_entry_and_another_cause_is_its_own() -> None:
+    """Two ranks near capacity by their activations, each with its own figures (the activations, the peak),
+    offer the same remedies and are one entry; a rank whose peak is mostly outside the categories (find what
+    holds it first) is another cause: its own entry, though of the same kind and severity. Each rank's bytes stay
+    in its evidence."""
+    held = [_peak_of(0, 70 * GiB, {"sharded_params": GiB, "activations": 30 * GiB}),
+            _peak_of(1, 74 * GiB, {"sharded_params": GiB, "activations": 33 * GiB}),
+            _peak_of(3, 72 * GiB, {"sharded_params": GiB, "activations": 32 * GiB})]
+    untracked = _peak_of(2, 72 * GiB, {"sharded_params": GiB, "activations": 2 * GiB, "other": 69 * GiB})
+    assert {f.severity for f in [*held, untracked]} == {Severity.WARN}
+    by_activations, elsewhere = group_findings([*held, untracked])
+    assert by_activations.ranks == (0, 1, 3) and elsewhere.ranks == (2,)
+    assert by_activations.title == "ranks 0-1, 3: peak memory at 88-92% of capacity"
+    assert by_activations.worst_rank == 1 and "activations 33.00 GiB" in " ".join(by_activations.evidence)
+    assert any(r.startswith("activation checkpointing: ") for r in by_activations.remedies)
+    assert not any("GiB" in r for g in (by_activations, elsewhere) for r in g.remedies)  # the figures: evidence
+    assert "memory_viz" in elsewhere.remedies[0]
+    assert "act only on what the categories hold (the evidence says how much)" in elsewhere.remedies[-1]
+    assert any("hold 3.00 GiB of the 72.00 GiB" in e for e in elsewhere.evidence)
+    # Two ranks mostly outside their categories, by different amounts, are one entry too.
+    other = _peak_of(5, 70 * GiB, {"sharded_params": GiB, "activations": GiB, "other": 68 * GiB})
+    (outside,) = group_findings([untracked, other])
+    assert outside.ranks == (2, 5)
+
+
+def test_ranks_waiting_for_one_straggler_by_different_shares_are_one_entry_another_straggler_its_own() -> None:
+    """Exposed communication that is 30% or 80% waiting for rank 7 is one cause (the share is each rank's
+    evidence); waiting for rank 9 is another."""
+    def waiting(rank: int, waited_s: float, late: int) -> Finding:
+        (poor,) = overlap_findings_of_medians(rank, 0.4, 0.2, exposed_s=0.04, step_s=0.1, info=None)
+        return with_waiting_for_peers(poor, exposed_s=1.0, waited_s=waited_s, late_ranks=[late])
+
+    findings = [waiting(0, 0.3, 7), waiting(1, 0.8, 7), waiting(2, 0.55, 7), waiting(3, 0.8, 9)]
+    for_seven, for_nine = group_findings(findings)
+    assert for_seven.ranks == (0, 1, 2) and for_nine.ranks == (3,)
+    assert for_seven.remedies[0].startswith("part of it is waiting for rank 7 (the evidence says how much)")
+    assert for_nine.remedies[0].startswith("part of it is waiting for rank 9")
+    assert "(30%) was waiting for rank 7" in findings[0].evidence[-1]
+    assert "(80%) was waiting for rank 7" in findings[1].evidence[-1]

@@ -17,7 +17,7 @@ EXPOSED_SHARE_CRITICAL = 0.30
 OVERLAP_RATIO_POOR = 0.5
 # Exposed communication that is partly waiting for a late peer: said from this share of it on, with a
 # named straggler put first among the remedies (prefetching cannot hide a peer's lateness); from the
-# second share on, "most of it", and jitter put first where no rank is a straggler.
+# second share on, jitter put first where no rank is a straggler.
 WAITING_SHARE_NOTED = 0.2
 WAITING_SHARE_MOSTLY = 0.5
 # reduce_bucket_size and allgather_bucket_size when a config sets neither (elements).
@@ -148,12 +148,12 @@ def with_waiting_for_peers(finding: Finding, exposed_s: float, waited_s: float,
                                    f"({share:.0%}) was waiting for {whom} to reach the collective")
     remedies = finding.remedies
     if late:  # a named straggler explains this much: it comes before any prefetching
-        # No figure of this rank's in the remedy (the evidence has it): ranks waiting for the same straggler
-        # share a remedy, and are one entry where findings are grouped (finding_groups).
-        much = "most" if share >= WAITING_SHARE_MOSTLY else "some"
-        remedies = (f"{much} of it is waiting for {whom}: make {'that rank' if len(late) == 1 else 'them'} "
-                    "faster first (see the straggler finding); prefetching or resharding cannot hide a peer's "
-                    "lateness", *remedies)
+        # No figure of this rank's in the remedy, not even "most" or "some" of it (the evidence has the share):
+        # ranks waiting for the same straggler share a remedy, and are one entry where findings are grouped
+        # (finding_groups).
+        remedies = (f"part of it is waiting for {whom} (the evidence says how much): make "
+                    f"{'that rank' if len(late) == 1 else 'them'} faster first (see the straggler finding); "
+                    "prefetching or resharding cannot hide a peer's lateness", *remedies)
     elif share >= WAITING_SHARE_MOSTLY:
         remedies = ("most of it is waiting for peers, though no single rank is a straggler (the ranks take turns "
                     "being late): look for per-rank jitter first (data loading, host contention, uneven batches); "

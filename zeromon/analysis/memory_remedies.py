@@ -3,7 +3,9 @@
 Shared by the OOM forecast's findings (``zeromon.analysis.oom``): each finding asks for the remedies of
 its subject (gathered parameters, optimizer state, activations, fragmentation) and gets them in the
 order that costs the least speed first (fewer gathered parameters, more sharding, offload, then the
-run's own activations and precision), with this run's own knob values filled in.
+run's own activations and precision), with this run's own knob values filled in. A remedy names the config, never
+a figure of the rank's own (its activations, the bytes its categories hold): the evidence has those, so that ranks
+with one cause offer one remedy text and are one entry where findings are grouped (finding_groups).
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from zeromon.model.events import MemorySample, RunInfo
-from zeromon.model.units import format_bytes
 
 RESHARD_MEMORY_REMEDY = ("reshard_after_forward=True on the fully_shard units (now False): each unit's gathered "
                          "parameters are freed after its forward")
@@ -166,9 +167,7 @@ def _offload(run: MemoryContext, params: bool, optimizer: bool) -> list[str]:
 def _smaller_activations(run: MemoryContext) -> list[str]:
     """Activation checkpointing, and a smaller micro-batch that keeps the global batch."""
     framework, _ = _framework(run)
-    activations = run.categories.get("activations")
-    now = f" (activations now {format_bytes(activations)})" if activations else ""
-    out = ["activation checkpointing" + now + ": " + (
+    out = ["activation checkpointing: " + (
         "apply_activation_checkpointing or torch.utils.checkpoint around each block" if framework in ("fsdp1", "fsdp2")
         else "model.gradient_checkpointing_enable() or torch.utils.checkpoint around each block")
         + "; about half the activation memory for ~20% more compute"]
@@ -215,6 +214,6 @@ def untracked_remedies(run: MemoryContext, growing: bool) -> tuple[str, ...]:
                    "torch.Tensor, compared at two steps")
         out.append("if the level is mostly the runtime (compare it with the level before the first step), each "
                    "rank on the host pays it once: fewer ranks per host, or more memory")
-    out.append(f"sharding, offload, activation checkpointing and bf16 act only on the {format_bytes(run.tracked)} "
-               "the categories hold")
+    out.append("sharding, offload, activation checkpointing and bf16 act only on what the categories hold (the "
+               "evidence says how much)")
     return tuple(out)

@@ -588,6 +588,8 @@ def _allocator_findings(run: MemoryContext, samples: list[MemorySample]) -> list
         if frag is not None and frag.fragmentation is not None:
             evidence.append(f"reserved {format_bytes(frag.reserved)}, allocated {format_bytes(frag.allocated)}: "
                             f"{format_bytes(frag.fragmentation)} cached but unused")
+        if breakdown := _breakdown(run):  # what the remedies act on (activation checkpointing: the activations)
+            evidence.append(breakdown)
         findings.append(Finding(
             "alloc_retries", Severity.CRITICAL if growing else Severity.WARN,
             f"the allocator retried {count} times" + (" and keeps retrying: memory pressure" if growing else ""),

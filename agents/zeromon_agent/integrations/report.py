@@ -107,7 +107,7 @@ class TrainerReport:
                 return {}, []
             texts = []
             # As every surface lists them (one entry per problem); sent once per kind and severity, as the
-            # remedies of a live finding may change with its figures ("activations now 1.20 GiB").
+            # title of a live finding changes with its figures ("peak memory at 88% of capacity").
             for group in group_findings(f for f in figures.findings if f.severity in _SENT):
                 key = (group.kind, group.severity.value)
                 if key not in self._sent_findings:
