@@ -341,9 +341,19 @@ def test_at_256_ranks_report_and_live_list_one_entry_per_problem(fleet256_run: P
 
     live = zeromon("live", "--replay", str(fleet256_run), "--once")
     assert live.returncode == 0, live.stderr[-2000:]
-    live_groups = json.loads(zeromon("live", "--replay", str(fleet256_run), "--once", "--json").stdout)["finding_groups"]
-    # Live has each rank's own findings (no straggler, nor the report's remedy of waiting for it, which come from
-    # every rank's collectives): the same grouping of others.
+    live_document = json.loads(zeromon("live", "--replay", str(fleet256_run), "--once", "--json").stdout)
+    live_groups, across = live_document["finding_groups"], live_document["cross_rank_findings"]
+    # Live has each rank's own findings and, as the TUI, those found from every rank's steps and peaks (the
+    # straggler and memory imbalance: cross_rank_findings); not the report's remedy of waiting for the straggler,
+    # which comes from every rank's collectives. The same grouping of them all.
+    roles = gen_fleet_run.fleet_roles(FLEET_RANKS)
+    assert {(f["kind"], f["rank"]) for f in across} == {("straggler", roles.stragglers[0]),
+                                                        ("memory_imbalance", roles.growing_memory)}
+    assert sum(g["findings"] for g in live_groups) == \
+        sum(len(r["findings"]) for r in live_document["ranks"]) + len(across)
+    for kind, rank in (("straggler", roles.stragglers[0]), ("memory_imbalance", roles.growing_memory)):
+        (group,) = [g for g in live_groups if g["kind"] == kind]
+        assert group["ranks"] == [rank] and group["severity"] in ("warn", "critical")
     shown = [g for g in live_groups if g["severity"] in ("warn", "critical")]
     lines = [line for line in live.stdout.splitlines() if line.startswith(("warn: ", "critical: "))]
     assert len(lines) == len(shown) < 10
@@ -352,6 +362,17 @@ def test_at_256_ranks_report_and_live_list_one_entry_per_problem(fleet256_run: P
         assert f"{g['severity']}: {g['title']}{worst}" in lines
     (live_overlap, *_) = [g for g in live_groups if g["kind"] == "poor_overlap"]
     assert len(live_overlap["ranks"]) >= FLEET_RANKS - 4 and live_overlap["worst_rank"] in live_overlap["ranks"]
+
+
+def test_a_256_rank_replay_says_how_its_ranks_ended_in_one_line_per_status(fleet256_run: Path) -> None:
+    """`zeromon live --replay --once` of 256 ranks that all reached the end of their recordings: one line says
+    so for all of them, where each rank had its own; the table keeps a row per rank."""
+    live = zeromon("live", "--replay", str(fleet256_run), "--once")
+    assert live.returncode == 0, live.stderr[-2000:]
+    lines = live.stdout.splitlines()
+    ended = [line for line in lines if line.endswith("the recording ended")]
+    assert ended == [f"ranks 0-{FLEET_RANKS - 1}: the recording ended"]
+    assert sum(line.endswith(".zmr") for line in lines) == FLEET_RANKS  # a row a rank, its target last
 
 
 def _name_and_size(path: Path) -> tuple[str, int]:

@@ -32,7 +32,7 @@ import pytest
 from zeromon.analysis.findings import Finding, Severity
 from zeromon.analysis.oom import OomForecast
 from zeromon.cli import main
-from zeromon.commands.live import format_fleet
+from zeromon.commands.live import format_fleet, status_lines
 from zeromon.errors import ZeromonError
 from zeromon.model.events import AgentStats, MemorySample, PhaseSpan, RunInfo, StepSummary
 from zeromon.model.registry import EndpointEntry, read_entry, run_entry_path, user_entry_path, write_entry
@@ -44,7 +44,7 @@ from zeromon.sources.discovery import (
     run_entries,
     run_to_follow,
 )
-from zeromon.sources.fleet import RankView
+from zeromon.sources.fleet import FleetView, RankView
 from zeromon.sources.live import LiveSource
 from zeromon.sources.promql import PrometheusFleet
 
@@ -763,6 +763,29 @@ def test_live_once_prints_one_line_per_rank(agents: list[SimAgent], capsys: pyte
     assert "100.0" in row0 and "10.0" in row0 and "75%" in row0 and "303.00 MiB" in row0 and agents[0].target in row0
     assert any(line.startswith(f"rank ? ({agents[1].target}): connection refused") for line in out)
     assert main(["live", "--once", agents[1].target]) == 1  # nobody answered
+
+
+def test_ranks_that_stopped_answering_alike_are_one_line_each_death_its_own() -> None:
+    """The ranks' statuses under the table, the first to end first: a death its own line (its place in the order
+    is in its words), then one line per status across ranks; a rank known by its target alone keeps its own."""
+    def gone(rank: int | None, error: str, t_s: float | None, target: str = "", died: str | None = None) -> RankView:
+        return RankView(rank=rank, target=target or f"rank-{rank}.zmr", alive=False, stale_s=1.0, error=error,
+                        t_ns=None if t_s is None else int(t_s * 1e9), died=died)
+
+    ended = "the recording ended"
+    ranks = (gone(0, ended, 2.0), gone(1, ended, 2.1), gone(2, ended, 2.2),
+             gone(3, "its recording ends 4.0 s into the run", 1.0),
+             gone(4, ended, 0.5, died="rank 4 died at step 7 (no end record)"), gone(5, ended, 2.3),
+             RankView(rank=6, target="rank-6.zmr", alive=True, stale_s=0.0, error=None, t_ns=3 * 10**9),
+             gone(None, "connection refused", None, target="10.0.0.8:9400"),
+             gone(None, "connection refused", None, target="10.0.0.9:9400"))
+    view = FleetView(t_ns=3 * 10**9, source="replay run", ranks=ranks, looked_at=("run",))
+    assert status_lines(view) == ["rank 4 died at step 7 (no end record)",
+                                  "rank 3 (rank-3.zmr): its recording ends 4.0 s into the run",
+                                  "ranks 0-2, 5: the recording ended",
+                                  "rank ? (10.0.0.8:9400): connection refused",
+                                  "rank ? (10.0.0.9:9400): connection refused"]
+    assert format_fleet(view).splitlines()[-5:] == status_lines(view)
 
 
 # --- end to end: the real agents of a real 2-rank gloo training run --------------------------------------------

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from zeromon.analysis.hang import EXIT_HUNG, OK, UNKNOWN, HangVerdict
 from zeromon.analysis.rank_ends import EXIT_RANK_DIED
@@ -24,7 +24,7 @@ from zeromon.commands.source_flags import (
 from zeromon.errors import ZeromonError
 from zeromon.model.events import step_number
 from zeromon.model.numbers import POLL_SECONDS, flag
-from zeromon.model.units import format_bytes
+from zeromon.model.units import format_bytes, rank_ranges
 
 if TYPE_CHECKING:
     from zeromon.sources.fleet import FleetTotals, FleetView, RankView
@@ -142,14 +142,23 @@ def once_status(view: FleetView, live: bool = True) -> int:
 
 def _print(view: FleetView, as_json: bool, clear: bool, waiting: bool = False) -> None:
     if as_json:
-        from zeromon.analysis.finding_groups import group_findings
-
-        # Each rank's findings stay under its rank; finding_groups has them one entry per problem across ranks.
-        groups = [g.to_dict() for g in group_findings(f for r in view.ranks for f in r.findings)]
-        print(json.dumps(view.to_dict() | {"finding_groups": groups}, default=str, separators=(",", ":")), flush=True)
+        print(json.dumps(view_document(view), default=str, separators=(",", ":")), flush=True)
         return
     text = format_fleet(view, waiting)
     print(("\x1b[H\x1b[2J" if clear else "") + text, flush=True)
+
+
+def view_document(view: FleetView) -> dict[str, Any]:
+    """--json's object: the view, each rank's own findings under its rank; ``cross_rank_findings``, those no rank
+    has of its own (a straggler, memory imbalance: as the TUI finds them from every rank's steps and peaks);
+    ``finding_groups``, all of them one entry per problem across ranks (zeromon.analysis.finding_groups)."""
+    from zeromon.analysis.finding_groups import group_findings
+    from zeromon.views.fleet import cross_rank_findings
+
+    across = cross_rank_findings(view.ranks)
+    groups = group_findings([*(f for r in view.ranks for f in r.findings), *across])
+    return view.to_dict() | {"cross_rank_findings": [f.to_dict() for f in across],
+                             "finding_groups": [g.to_dict() for g in groups]}
 
 
 def format_fleet(view: FleetView, waiting: bool = False) -> str:
@@ -173,23 +182,43 @@ def format_fleet(view: FleetView, waiting: bool = False) -> str:
     lines.append(header)
     for r in view.ranks:
         lines.append(_rank_line(r, view.hang))
-    # The first to end first, as report and the views' banners say it: "rank 1 died first, at step 276 ...".
-    for r in sorted(view.ranks, key=lambda r: (not r.died, r.t_ns is None, r.t_ns or 0)):
-        if r.died:
-            lines.append(r.died)
-        elif r.error and not r.alive:
-            lines.append(f"rank {r.rank if r.rank is not None else '?'} ({r.target}): {r.error}")
+    lines.extend(status_lines(view))
     lines.extend(finding_lines(view))
     return "\n".join(lines)
 
 
+def status_lines(view: FleetView) -> list[str]:
+    """How the ranks that do not answer ended, the first to end first, as report and the views' banners say it:
+    each death its own line ("rank 1 died first, at step 276 ..."), then one line per status across ranks
+    ("ranks 0-255: the recording ended"; one rank's with its target, "rank 3 (host:9400): connection refused")."""
+    from zeromon.analysis.finding_groups import RANK_PARTS_SHOWN
+
+    died: list[str] = []
+    by_status: dict[tuple[str, str | None], list[RankView]] = {}  # in the order of their first rank's end
+    for r in sorted(view.ranks, key=lambda r: (not r.died, r.t_ns is None, r.t_ns or 0)):
+        if r.died:
+            died.append(r.died)
+        elif r.error and not r.alive:  # a rank not known yet is told by its target alone
+            by_status.setdefault((r.error, r.target if r.rank is None else None), []).append(r)
+    lines = died
+    for (status, _), ranks in by_status.items():
+        if len(ranks) == 1:
+            (r,) = ranks
+            lines.append(f"rank {r.rank if r.rank is not None else '?'} ({r.target}): {status}")
+        else:
+            lines.append(f"{rank_ranges([r.rank for r in ranks if r.rank is not None], RANK_PARTS_SHOWN)}: {status}")
+    return lines
+
+
 def finding_lines(view: FleetView) -> list[str]:
-    """The warn and critical findings, one line per problem across ranks: "critical: ranks 0-255 but 17: 72-80% of
-    step time is exposed communication (worst: rank 3 (80%))" (zeromon.analysis.finding_groups)."""
+    """The warn and critical findings, one line per problem across ranks, with those no rank has of its own (a
+    straggler, memory imbalance, as the TUI finds them): "critical: ranks 0-255 but 17: 72-80% of step time is
+    exposed communication (worst: rank 3 (80%))" (zeromon.analysis.finding_groups)."""
     from zeromon.analysis.finding_groups import group_findings
+    from zeromon.views.fleet import fleet_findings
 
     lines = []
-    for group in group_findings(f for r in view.ranks for f in r.findings if f.severity.rank >= 2):
+    for group in group_findings(f for f in fleet_findings(view.ranks) if f.severity.rank >= 2):
         worst = group.worst_figure
         named = (f" (worst: rank {group.worst_rank}{f' ({worst})' if worst is not None else ''})"
                  if len(group.ranks) > 1 else "")

@@ -514,7 +514,12 @@ def on_cpu(ranks: Iterable[RankView]) -> bool:
 
 def fleet_findings(ranks: Sequence[RankView]) -> list[Finding]:
     """Every rank's findings, and those that need all ranks (straggler, memory imbalance)."""
-    found = [f for r in ranks for f in r.findings]
+    return [f for r in ranks for f in r.findings] + cross_rank_findings(ranks)
+
+
+def cross_rank_findings(ranks: Sequence[RankView]) -> list[Finding]:
+    """The findings no rank has of its own, found from every rank's steps and peaks: a straggler, memory
+    imbalance (zeromon.analysis.live_stragglers)."""
     # While some rank answers, a rank that does not is left out (its steps are stale); once none does, the
     # run has ended and every rank's last steps are its final state: the straggler stays found.
     running = any(r.alive for r in ranks)
@@ -522,7 +527,7 @@ def fleet_findings(ranks: Sequence[RankView]) -> list[Finding]:
     straggler = straggler_finding(steps)
     peaks = {row.rank: row.peak for row in map(rank_row, ranks) if row.rank is not None and row.peak is not None}
     imbalance = memory_imbalance_finding(peaks)
-    return found + [f for f in (straggler, imbalance) if f is not None]
+    return [f for f in (straggler, imbalance) if f is not None]
 
 
 # The kinds whose rank is best seen on the dashboard's Communication page; every other kind is about memory.
