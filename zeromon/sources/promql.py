@@ -295,7 +295,9 @@ class PrometheusFleet:
         down = {i for i, v in up.items() if v < 1.0}
         for rank, view in self._views.items():
             if rank not in by_rank or view.target in down:
-                reason = (f"Prometheus cannot scrape {view.target} (up == 0)" if view.target in down
+                # The same words for every rank whose target is down, so that 256 of them are one line across ranks
+                # (zeromon live's status lines); the target is the rank's own (its title says it).
+                reason = ("Prometheus cannot scrape its endpoint (up == 0)" if view.target in down
                           else "no fresh series in Prometheus")
                 self._views[rank] = replace(view, alive=False, error=reason)
 
