@@ -593,6 +593,7 @@ def _rank_view(track: _Track, t: int, finished: bool, start_ns: int) -> RankView
         collectives=collectives, oom=analysis.oom if analysis else None,
         findings=analysis.findings if analysis else (), phases=track.phases_at[1],
         notices=track.notices_at[1], t_ns=last, died=track.died if stale else None,
+        ended=finished and track.died is None,  # the replay's end, of a rank that did not die: its final state
         incomplete=track.incomplete if stale else None, progress=progress, **_identity(info))
     track.view_at = None if stale else (key, view)
     return view
