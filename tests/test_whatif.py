@@ -129,7 +129,7 @@ def test_within_a_size_bucket_the_time_is_the_buckets_mean() -> None:
     ("micro_batch=x0", "micro_batch takes a factor greater than 0"),
     ("reshard_after_forward=maybe", "takes true or false"),
     ("sharding_strategy=HYBRID", "FULL_SHARD, SHARD_GRAD_OP or NO_SHARD"),
-    ("zero_stage=2", "zero_stage is not answered yet"),
+    ("zero_stage=4", "zero_stage takes 0, 1, 2 or 3"),
     ("grad_accum=x2", "grad_accum takes a whole number, 1 or more"),
     ("world_size=0", "world_size takes a whole number, 1 or more"),
     ("learning_rate=2", "unknown change 'learning_rate'"),
@@ -265,6 +265,15 @@ def test_more_ranks_from_a_one_rank_run_are_refused() -> None:
         what_if([alone], [parse_change("world_size=2")])
 
 
+def test_a_step_with_a_collective_in_a_group_of_unknown_size_is_left_out_of_the_replay() -> None:
+    import dataclasses
+
+    recordings = _pair(steps=7)
+    for rec in recordings:  # DeepSpeed's ZeRO-3 broadcasts to a group the agent cannot size in its first steps
+        rec.collectives[0] = dataclasses.replace(rec.collectives[0], group_size=-1)
+    assert what_if(recordings, [parse_change("comm=hidden")]).steps == (1, 2, 3, 4, 5, 6)
+
+
 def test_a_run_missing_a_ranks_recording_is_refused() -> None:
     with pytest.raises(Refused, match="1 of the run's 2 ranks were recorded here"):
         what_if(_pair()[:1], [parse_change("comm=hidden")])
@@ -278,6 +287,177 @@ def test_a_collective_far_outside_the_sizes_measured_is_refused() -> None:
                                                  "bytes_in": 8 << 20, "bytes_out": 8 << 20, "timing": "bound"})
     with pytest.raises(Refused, match="more than 2x outside the sizes measured"):
         what_if(recordings, [parse_change("comm=hidden")])
+
+
+# --- DeepSpeed's ZeRO-1 and ZeRO-2 on synthetic recordings: 1,000 fp32 parameters over two ranks -----------
+
+PARAMS = 1000
+PARAM_BYTES = 4 * PARAMS  # the fp32 parameters, and their gradients
+OPTIMIZER_BYTES = 12 * PARAMS // 2  # the rank's half of the fp32 master copy and Adam's two moments
+FORWARD_ACTIVATIONS, BACKWARD_ACTIVATIONS = 3000, 2500
+
+
+def _gradient_reduction(rank: int, step: int, seq: int, issue_ns: int, size: int, *, phase: str = "backward",
+                        meaning: str = "grad_all_reduce", op: str = "all_reduce", bytes_out: int | None = None,
+                        ) -> CollectiveEvent:
+    return CollectiveEvent(seq=seq, rank=rank, step=step, phase=phase, op=op, api=op, bytes_in=size,
+                           bytes_out=size if bytes_out is None else bytes_out, dtype="float32", group_size=2,
+                           async_op=False, issue_ns=issue_ns, complete_ns=issue_ns + 1_000_000, blocked_s=0.001,
+                           timing="sync", meaning=meaning, wait_ns=issue_ns, issue_s=0.001)
+
+
+def _memory(rank: int, step: int, phase: str, t_ns: int, **categories: int) -> MemorySample:
+    return MemorySample(rank=rank, step=step, phase=phase, t_ns=t_ns, device="cpu", allocated=None, reserved=None,
+                        active=None, peak_allocated=None, peak_reserved=None, inactive_split=None,
+                        num_alloc_retries=None, num_ooms=None, capacity=1 << 30, free=None, rss=None,
+                        categories=categories)
+
+
+def _deepspeed_recording(rank: int, stage: int, buckets: int = 1, *, bucket_elements: int = 2000,
+                         dtype: str = "float32", **knobs: object) -> Recording:
+    """A 20 ms step: 6 ms of forward, 8 of backward holding ``buckets`` 1 ms gradient all-reduces (ZeRO-2: one
+    after each share of the backward's compute; ZeRO-1: at its end), then the optimizer's 4-byte all-reduce and its
+    all-gather of the updated parameters; the walks at the forward's end and at the backward's highest moment."""
+    step_ns, ms = 20_000_000, 1_000_000
+    collectives, phases, summaries, memory = [], [], [], []
+    for step in range(6):
+        start = step * step_ns
+        summaries.append(StepSummary(rank=rank, step=step, start_ns=start, end_ns=start + step_ns, phase_s={},
+                                     collectives=buckets + 2, comm_bytes=0, comm_bytes_by_op={}, comm_union_s=0.0,
+                                     blocked_s=0.0, peak_memory=None))
+        for phase, begin, end in (("forward", 0, 6), ("backward", 6, 14), ("optimizer", 14, 20)):
+            phases.append(PhaseSpan(rank=rank, step=step, phase=phase, start_ns=start + begin * ms,
+                                    end_ns=start + end * ms))
+        seq = step * 10
+        share = 8 // (buckets + 1) if stage == 2 else 0  # ZeRO-1: no compute between its reductions
+        at = 14 - buckets - share * (buckets - 1) - 1  # the last reduction ends 1 ms before the backward's end
+        for k in range(buckets):
+            size = PARAM_BYTES // buckets
+            collectives.append(_gradient_reduction(rank, step, seq + k, start + at * ms, size) if stage < 3 else
+                               _gradient_reduction(rank, step, seq + k, start + at * ms, size, op="reduce_scatter",
+                                                   meaning="grad_reduce_scatter", bytes_out=size // 2))
+            at += 1 + share
+        collectives.append(_gradient_reduction(rank, step, seq + 8, start + 15 * ms, 4, phase="optimizer",
+                                               meaning="unknown"))
+        collectives.append(_gradient_reduction(rank, step, seq + 9, start + 18 * ms, PARAM_BYTES // 2,
+                                               phase="optimizer", meaning="param_all_gather", op="all_gather",
+                                               bytes_out=PARAM_BYTES))
+        held = {"unsharded_params": PARAM_BYTES, "optimizer_state": OPTIMIZER_BYTES}
+        gradients = bucket_elements * 4 if stage == 2 else PARAM_BYTES * 3 // 4  # the bucket; most gradients
+        memory.append(_memory(rank, step, "forward", start + 6 * ms, **held, activations=FORWARD_ACTIVATIONS))
+        memory.append(_memory(rank, step, "backward_peak", start + 7 * ms, **held, unsharded_grads=gradients,
+                              activations=BACKWARD_ACTIVATIONS))
+    info = RunInfo(rank=rank, local_rank=rank, world_size=2, host="h", pid=1, job="j", framework="deepspeed",
+                   framework_version="0.19.8", torch_version=None, backend="gloo", device="cpu", zero_stage=stage,
+                   fsdp_strategy=None, param_dtype=dtype, reduce_dtype=None, optimizer="AdamW",
+                   knobs={"stage": stage, "contiguous_gradients": True, "reduce_bucket_size": bucket_elements,
+                          "gradient_accumulation_steps": 1, **knobs})
+    return Recording(path=Path(f"rank-{rank}.jsonl"), header={"rank": rank}, collectives=collectives, phases=phases,
+                     memory=memory, steps=summaries, run_info=info)
+
+
+def _deepspeed_pair(stage: int, buckets: int = 1, **kwargs: object) -> list[Recording]:
+    return [_deepspeed_recording(r, stage, buckets, **kwargs) for r in (0, 1)]  # type: ignore[arg-type]
+
+
+def _gradient_chain(layout: list[tuple[str, float]]) -> RankChain:
+    """One step of a rank's chain: ("compute", ms) in the backward, ("reduce", ms) a gradient all-reduce."""
+    from zeromon.analysis.whatif.chain import CollectiveShape
+
+    segments, shapes = [Segment(STEP_START, 0.0, 0, "")], {}
+    for kind, ms in layout:
+        if kind == "compute":
+            segments.append(Segment(COMPUTE, ms * MS, 0, "backward"))
+            continue
+        key = (0, "all_reduce", 2, len(shapes))
+        shapes[key] = CollectiveShape("all_reduce", 2, 1000, "grad_all_reduce", False)
+        segments.append(Segment(SYNC, ms * MS, 0, "backward", key))
+    segments += [Segment(COMPUTE, 2 * MS, 0, "optimizer"), Segment(STEP_END, 0.0, 0, "")]
+    return RankChain(rank=0, start_ns=0, segments=tuple(segments), issue_ns=dict.fromkeys(shapes, 0),
+                     complete_ns={}, shapes=shapes, phases=dict.fromkeys(shapes, "backward"))
+
+
+def _layout(chain: RankChain) -> list[tuple[str, float]]:
+    return [("reduce" if s.kind == SYNC else s.kind, round(s.seconds / MS, 6)) for s in chain.segments
+            if s.phase == "backward"]
+
+
+def test_zero1_reduces_the_gradients_one_after_the_other_where_zero2s_last_bucket_is() -> None:
+    from zeromon.analysis.whatif.zero_stage import reduced_at_backward_end
+
+    zero2 = _gradient_chain([("compute", 2), ("reduce", 1), ("compute", 2), ("reduce", 1), ("compute", 2),
+                             ("reduce", 1), ("compute", 0.5)])
+    assert _layout(reduced_at_backward_end(zero2)) == [("compute", 2), ("compute", 2), ("compute", 2), ("reduce", 1),
+                                                       ("reduce", 1), ("reduce", 1), ("compute", 0.5)]
+
+
+def test_zero2_reduces_each_bucket_after_its_share_of_the_backwards_compute() -> None:
+    from zeromon.analysis.whatif.zero_stage import reduced_as_buckets_fill
+
+    zero1 = _gradient_chain([("compute", 6), ("reduce", 1), ("compute", 0.3), ("reduce", 1), ("compute", 0.3),
+                             ("reduce", 1), ("compute", 0.5)])
+    # 6.6 ms of compute before the last: the first two after 2.2 and 4.4 ms, the last where it was
+    assert _layout(reduced_as_buckets_fill(zero1)) == [("compute", 2.2), ("reduce", 1), ("compute", 2.2),
+                                                       ("reduce", 1), ("compute", 1.6), ("compute", 0.3),
+                                                       ("compute", 0.3), ("reduce", 1), ("compute", 0.5)]
+    one_bucket = _gradient_chain([("compute", 6), ("reduce", 1), ("compute", 0.5)])
+    assert reduced_as_buckets_fill(one_bucket) == one_bucket
+
+
+def test_zero2_from_zero1_holds_the_bucket_beside_the_forwards_activations_and_keeps_the_step() -> None:
+    answer = what_if(_deepspeed_pair(1), [parse_change("zero_stage=2")])
+    assert answer.measured.peak_tracked_bytes == PARAM_BYTES + OPTIMIZER_BYTES + 3000 + BACKWARD_ACTIVATIONS
+    # the bucket's 2,000 fp32 elements whole, from the backward's start, when the forward's activations are held
+    assert answer.predicted.peak_tracked_bytes == PARAM_BYTES + OPTIMIZER_BYTES + 8000 + FORWARD_ACTIVATIONS
+    assert answer.predicted.peak_categories["unsharded_grads"] == 8000
+    assert answer.predicted.median_step_s == pytest.approx(answer.replay.median_step_s)  # the same collectives
+
+
+def test_zero2_with_several_buckets_holds_its_gradient_partition_besides_the_bucket() -> None:
+    answer = what_if(_deepspeed_pair(1, 3, bucket_elements=400), [parse_change("zero_stage=2")])
+    # 4,000 bytes of gradients fill 3 buckets of 1,600 bytes; the rank's partition is the planner's 4 x 500
+    assert answer.predicted.peak_categories["unsharded_grads"] == 1600 + 2000
+    assert answer.predicted.median_step_s == pytest.approx(answer.replay.median_step_s)
+    assert any("3 buckets" in a and "(2,000 bytes)" in a for a in answer.assumptions)
+
+
+def test_zero1_from_zero2_holds_every_gradient_at_the_backwards_end_and_no_bucket() -> None:
+    answer = what_if(_deepspeed_pair(2, 3, bucket_elements=400), [parse_change("zero_stage=1")])
+    assert answer.measured.peak_tracked_bytes == PARAM_BYTES + OPTIMIZER_BYTES + 1600 + BACKWARD_ACTIVATIONS
+    # the planner's g x params for ZeRO-1, the activations freed by the backward's end
+    assert answer.predicted.peak_tracked_bytes == PARAM_BYTES + OPTIMIZER_BYTES + PARAM_BYTES
+    assert answer.predicted.peak_categories["activations"] == 0
+    assert answer.predicted.median_step_s == pytest.approx(answer.replay.median_step_s)
+
+
+@pytest.mark.parametrize("stage, change, step_s", [(2, "zero_stage=1", 0.033), (1, "zero_stage=2", 0.034)])
+def test_accumulation_after_a_stage_change_reduces_where_the_new_stage_does(stage: int, change: str,
+                                                                            step_s: float) -> None:
+    answer = what_if(_deepspeed_pair(stage), [parse_change("grad_accum=2"), parse_change(change)])
+    # 14 ms before the optimizer, 1 of it the gradients' all-reduce: ZeRO-1 reduces at the last micro-batch
+    # only (13 + 20 ms), ZeRO-2 in every one (14 + 20 ms)
+    assert answer.predicted.median_step_s == pytest.approx(step_s)
+
+
+@pytest.mark.parametrize("pair, change, message", [
+    (dict(stage=2), "zero_stage=2", "this run is at ZeRO stage 2 already"),
+    (dict(stage=2), "zero_stage=0", "from stage 2 to 0 is not answered yet; 1 to 2 and back are"),
+    (dict(stage=2), "zero_stage=3", "ZeRO-3 gathers each module's parameters .* not in a recording"),
+    (dict(stage=3), "zero_stage=2", r"measured no all-reduce of their size \(its largest: 4 bytes\)"),
+    (dict(stage=1, dtype="bfloat16"), "zero_stage=2", "its parameters are bfloat16"),
+    (dict(stage=1, gradient_accumulation_steps=2), "zero_stage=2", "accumulates 2 micro-batches"),
+    (dict(stage=2, offload_optimizer={"device": "cpu"}), "zero_stage=1", "its optimizer is offloaded"),
+    (dict(stage=1, contiguous_gradients=False), "zero_stage=2", "without contiguous_gradients"),
+])
+def test_a_zero_stage_change_one_recording_cannot_support_is_refused_with_the_reason(
+        pair: dict[str, object], change: str, message: str) -> None:
+    with pytest.raises((Refused, ChangeError), match=message):
+        what_if(_deepspeed_pair(**pair), [parse_change(change)])  # type: ignore[arg-type]
+
+
+def test_a_zero_stage_change_on_another_framework_names_the_one_it_has() -> None:
+    with pytest.raises(ChangeError, match=r"zero_stage is DeepSpeed's; this run is fsdp2 \(FSDP2: reshard_after"):
+        what_if(_pair(framework="fsdp2"), [parse_change("zero_stage=2")])
 
 
 # --- a real pair: FSDP2 with reshard_after_forward true, predicted false, and run false ---------------------
@@ -351,7 +531,7 @@ def test_any_two_changes_apply_together_in_either_order(fsdp2_run: Path) -> None
 
 def test_the_command_refuses_bad_input_with_exit_2(fsdp2_run: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["whatif", str(fsdp2_run), "zero_stage=3"]) == 2
-    assert "zero_stage is not answered yet" in capsys.readouterr().err
+    assert "zero_stage is DeepSpeed's; this run is fsdp2" in capsys.readouterr().err
     assert main(["whatif", str(fsdp2_run), "sharding_strategy=SHARD_GRAD_OP"]) == 2
     assert "sharding_strategy is FSDP1's; this run is fsdp2" in capsys.readouterr().err
 

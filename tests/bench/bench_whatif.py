@@ -47,6 +47,7 @@ class Pair:
     b_ranks: int = 2  # the ranks B runs on (A always on 2)
 
 
+_SMALL_BUCKETS = ("--reduce-bucket-size", "250000")
 PAIRS = {
     "fsdp2-reshard": Pair("fsdp2-reshard", "fsdp2_train.py", "reshard_after_forward=false",
                           ("--no-reshard-after-forward",)),
@@ -64,6 +65,14 @@ PAIRS = {
                       ("--stage", "2")),
     "fsdp1-full-shard": Pair("fsdp1-full-shard", "fsdp1_train.py", "sharding_strategy=FULL_SHARD", (),
                              ("--strategy", "SHARD_GRAD_OP")),
+    # DeepSpeed's default bucket holds every gradient (one all-reduce a step); the small one splits them in 3
+    # (compute shape) and 14 (communication shape), where ZeRO-2 reduces during the backward, ZeRO-1 at its end.
+    "ds-stage2": Pair("ds-stage2", "deepspeed_train.py", "zero_stage=2", ("--stage", "2"), ("--stage", "1")),
+    "ds-stage1": Pair("ds-stage1", "deepspeed_train.py", "zero_stage=1", ("--stage", "1"), ("--stage", "2")),
+    "ds-stage2-buckets": Pair("ds-stage2-buckets", "deepspeed_train.py", "zero_stage=2",
+                              ("--stage", "2", *_SMALL_BUCKETS), ("--stage", "1", *_SMALL_BUCKETS)),
+    "ds-stage1-buckets": Pair("ds-stage1-buckets", "deepspeed_train.py", "zero_stage=1",
+                              ("--stage", "1", *_SMALL_BUCKETS), ("--stage", "2", *_SMALL_BUCKETS)),
 }
 TARGETS = {"replay": 5.0, "step": 10.0, "peak": 10.0, "tau": 0.8}
 

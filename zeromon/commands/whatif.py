@@ -15,13 +15,14 @@ if TYPE_CHECKING:
     from zeromon.analysis.whatif import Figures, WhatIf
 
 NAME = "whatif"
-HELP = ("predict what a change (resharding, overlap, bandwidth, micro-batch, accumulation, world size) does to "
-        "step time and peak memory")
+HELP = ("predict what a change (resharding, ZeRO stage, overlap, bandwidth, micro-batch, accumulation, world size) "
+        "does to step time and peak memory")
 
 _CHANGES_HELP = ("reshard_after_forward=false|true (FSDP2), sharding_strategy=SHARD_GRAD_OP|FULL_SHARD (FSDP1), "
-                 "comm=hidden (every collective overlapped: the step's lower bound), bandwidth=xK (a K times faster "
-                 "network), micro_batch=xK (K times the micro-batch), grad_accum=N (N micro-batches a step), world_size=N (N ranks "
-                 "at the same per-rank batch); several apply together")
+                 "zero_stage=1|2 (DeepSpeed, from the other), comm=hidden (every collective overlapped: the step's "
+                 "lower bound), bandwidth=xK (a K times faster network), micro_batch=xK (K times the micro-batch), "
+                 "grad_accum=N (N micro-batches a step), world_size=N (N ranks at the same per-rank batch); several "
+                 "apply together")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

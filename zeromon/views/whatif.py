@@ -38,7 +38,8 @@ class WhatIfView:
 
 
 CHANGES_HINT = ("a change is one of reshard_after_forward=false|true, sharding_strategy=SHARD_GRAD_OP|FULL_SHARD, "
-                "comm=hidden, bandwidth=xK, micro_batch=xK, grad_accum=N, world_size=N (docs/whatif.md)")
+                "zero_stage=1|2, comm=hidden, bandwidth=xK, micro_batch=xK, grad_accum=N, world_size=N "
+                "(docs/whatif.md)")
 
 
 def what_if_of_run(run: RunDirs, change_texts: Sequence[str]) -> WhatIf:

@@ -24,6 +24,7 @@ from zeromon.analysis.whatif.changes import Change
 from zeromon.analysis.whatif.fit import CollectiveFit, fit_collectives, measured_transfers
 from zeromon.analysis.whatif.model import SIZE_RANGE, Refused, RunModel, SecondsOf
 from zeromon.analysis.whatif.replay import ChainsDoNotMatch, Replay, replay
+from zeromon.analysis.whatif.zero_stage import changed_info
 from zeromon.model.codec import Recording
 from zeromon.model.events import DEVICE_TIMINGS, Timing
 
@@ -31,8 +32,8 @@ from zeromon.model.events import DEVICE_TIMINGS, Timing
 # last of the stretch): enough for a median, and a long run's answer costs no more than a short one's.
 MIN_STEPS = 3
 MAX_STEPS = 64
-APPLY_ORDER = ("reshard_after_forward", "sharding_strategy", "world_size", "micro_batch", "grad_accum", "bandwidth",
-               "comm")
+APPLY_ORDER = ("reshard_after_forward", "sharding_strategy", "zero_stage", "world_size", "micro_batch", "grad_accum",
+               "bandwidth", "comm")
 # What each change kind missed by, as a share of the real run's median step and tracked peak, when it was
 # checked against real runs: tests/bench/bench_whatif.py's medians over rounds, the worse of its two model shapes
 # (RESULTS.md). None where it was not: no CPU run can make communication free or the network faster.
@@ -43,6 +44,7 @@ VALIDATED_ERROR_PCT: Mapping[str, Mapping[str, float] | None] = {
     "micro_batch": {"median_step_s": 31.5, "peak_tracked_bytes": 1.28},  # at a micro-batch of 2 (docs/whatif.md)
     "world_size": {"median_step_s": 9.3, "peak_tracked_bytes": 3.42},  # from 2 ranks to 1
     "grad_accum": {"median_step_s": 8.4, "peak_tracked_bytes": 0.0},  # DeepSpeed ZeRO-2 and ZeRO-3
+    "zero_stage": None,  # DeepSpeed 1 -> 2 and 2 -> 1: filled by the benchmark's run
     "comm": None,
     "bandwidth": None,
 }
@@ -177,10 +179,12 @@ def what_if(recordings: Sequence[Recording], changes: Sequence[Change]) -> WhatI
     chains_after, memory_after = model.chains, model.memory
     seconds_of: SecondsOf = _measured_seconds
     # In one order whatever the order given: the resharding reads the run's own units, the accumulation copies the
-    # micro-batch as the others left it, and the collectives' times change last, the ones the others made too.
+    # micro-batch as the others left it (and reduces where the new stage does), and the collectives' times change
+    # last, the ones the others made too.
     for change in sorted(changes, key=lambda c: APPLY_ORDER.index(c.kind)):
         chains_after, seconds_of, memory_after = apply_change(change, info, model, chains_after, seconds_of, memory_after,
                                                         assumptions)
+        info = changed_info(change, info)
     predicted = _run(model, chains_after, seconds_of(model), memory_after)
     capacity = next((m.capacity for r in recordings for m in reversed(r.memory) if m.capacity), None)
     return WhatIf(changes=tuple(changes), measured=_measured(recordings, model, base), replay=base,
@@ -190,12 +194,15 @@ def what_if(recordings: Sequence[Recording], changes: Sequence[Change]) -> WhatI
 
 def replayable_steps(recordings: Sequence[Recording]) -> list[int]:
     """The last MAX_STEPS of the longest stretch of consecutive steps that every rank summarized and kept the
-    detail of."""
+    detail of, and whose collectives' groups are known (the agent could not size a group DeepSpeed's ZeRO-3
+    broadcasts to in its first steps: such a step cannot be matched across ranks)."""
     common: set[int] | None = None
     for rec in recordings:
+        columns = rec.collective_columns()
         summarized = {s.step for s in rec.steps if s.step >= 0}
-        detailed = {p.step for p in rec.phases} | set(rec.collective_columns().step)
-        steps = summarized & detailed
+        detailed = {p.step for p in rec.phases} | set(columns.step)
+        unknown_groups = {step for step, size in zip(columns.step, columns.group_size, strict=True) if size < 1}
+        steps = (summarized & detailed) - unknown_groups
         common = steps if common is None else common & steps
     stretch: list[int] = []
     best: list[int] = []

@@ -29,6 +29,13 @@ from zeromon.analysis.whatif.changes import (
     without,
 )
 from zeromon.analysis.whatif.model import SIZE_RANGE, Refused, RunModel, SecondsOf
+from zeromon.analysis.whatif.zero_stage import (
+    bucket_held,
+    every_gradient_held,
+    reduced_as_buckets_fill,
+    reduced_at_backward_end,
+    stage_move,
+)
 from zeromon.model.events import Phase
 
 Applied = tuple[tuple[RankChain, ...], SecondsOf, Mapping[int, tuple[TrackedSample, ...]]]
@@ -209,6 +216,34 @@ def _faster(model: RunModel, shapes: Mapping[CollectiveKey, CollectiveShape],
     return out
 
 
+def _other_zero_stage(change: Change, info: Any, model: RunModel, chains: tuple[RankChain, ...],
+                      seconds_of: SecondsOf, memory: Mapping[int, tuple[TrackedSample, ...]],
+                      assumptions: list[str]) -> Applied:
+    """DeepSpeed's ZeRO-1 from ZeRO-2 or back: the same collectives, the gradients' reductions placed as the stage
+    issues them; the backward's gradients held as the stage holds them ([Note: DeepSpeed's ZeRO stages as
+    recorded] in zeromon.analysis.whatif.zero_stage)."""
+    move = stage_move(change, info, model.chains[0], len(model.chains))
+    reductions = "the same collectives, each its measured time"
+    if move.after == 1:
+        assumptions.append(
+            f"{change.text}: {reductions}, the gradients' all-reduces at the backward's end (ZeRO-1's "
+            f"reduce_gradients); the backward's highest moment at its end: every gradient held "
+            f"({move.every_gradient_bytes:,} bytes, {move.params:,} fp32 parameters), no bucket buffer, the "
+            "activations freed")
+        return (tuple(reduced_at_backward_end(c) for c in chains), seconds_of,
+                {r: every_gradient_held(samples, move.every_gradient_bytes) for r, samples in memory.items()})
+    held = move.bucket_bytes + (move.gradient_partition_bytes if move.buckets > 1 else 0)
+    partition = (f" and, the gradients filling {move.buckets} buckets, the rank's partition they are reduced into "
+                 f"({move.gradient_partition_bytes:,} bytes)" if move.buckets > 1 else "")
+    assumptions.append(
+        f"{change.text}: {reductions}, each bucket's all-reduce as it fills in the backward (after its share of "
+        f"the backward's compute; on a CPU no reduction overlaps it); from its first gradient the backward holds "
+        f"the bucket's buffer whole ({move.bucket_bytes:,} bytes: reduce_bucket_size fp32 elements, the gradients "
+        f"copied into it){partition}, beside the forward's activations")
+    return (tuple(reduced_as_buckets_fill(c) for c in chains), seconds_of,
+            {r: bucket_held(samples, held) for r, samples in memory.items()})
+
+
 _HANDLERS: Mapping[str, Callable[..., Applied]] = {
     "comm": _hidden, "bandwidth": _faster_network, "micro_batch": _larger_micro_batch, "grad_accum": _accumulated,
-    "world_size": _other_world}
+    "world_size": _other_world, "zero_stage": _other_zero_stage}

@@ -1,12 +1,13 @@
 """The changes `zeromon whatif` answers, as the user writes them (``reshard_after_forward=false``,
-``comm=hidden``, ``bandwidth=x2``, ``micro_batch=x2``, ``world_size=8``), and what each does to the chains and
-the memory.
+``zero_stage=2``, ``comm=hidden``, ``bandwidth=x2``, ``micro_batch=x2``, ``world_size=8``), and what each does to
+the chains and the memory.
 
 Each change is applied to what the recording shows, as the framework would change it:
 - ``reshard_after_forward=false`` (FSDP2; FSDP1's ``sharding_strategy=SHARD_GRAD_OP``): the backward's
   re-gathers of the parameters go (the collectives whose meaning is ``param_all_gather`` in the backward),
   and each unit's gathered parameters stay from its forward until its backward ends. ``=true`` (FSDP1's
   ``FULL_SHARD``) the other way: each unit but the root gathered again before its backward.
+- ``zero_stage=1|2`` (DeepSpeed, from the other): zeromon.analysis.whatif.zero_stage.
 - ``world_size=N``: the world's collectives over N ranks, the sharded state 1/N.
 - ``comm=hidden``: every collective takes no time; waiting for a later peer stays (overlap cannot hide it).
 - ``bandwidth=xK``: each collective's transfer (beta x bus bytes of its fit) K times faster.
@@ -52,9 +53,8 @@ class Change:
         return float(self.value)
 
 
-KINDS = ("reshard_after_forward", "sharding_strategy", "comm", "bandwidth", "micro_batch", "world_size", "grad_accum")
-# Answered by a later version; named here so that the message says so rather than "unknown".
-NOT_YET = ("zero_stage",)
+KINDS = ("reshard_after_forward", "sharding_strategy", "zero_stage", "comm", "bandwidth", "micro_batch", "world_size",
+         "grad_accum")
 _FACTOR = re.compile(r"^x?(\d+(\.\d*)?|\.\d+)$")
 
 
@@ -64,8 +64,6 @@ def parse_change(text: str) -> Change:
     if not eq or not name or not value:
         raise ChangeError(f"{text!r}: a change is NAME=VALUE, e.g. reshard_after_forward=false, comm=hidden, "
                           "bandwidth=x2, micro_batch=x2")
-    if name in NOT_YET:
-        raise ChangeError(f"{text!r}: {name} is not answered yet (this version answers {', '.join(KINDS)})")
     if name not in KINDS:
         raise ChangeError(f"{text!r}: unknown change {name!r} (known: {', '.join(KINDS)})")
     if name == "comm":
@@ -80,6 +78,10 @@ def parse_change(text: str) -> Change:
         if value.upper() not in ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD"):
             raise ChangeError(f"{text!r}: sharding_strategy takes FULL_SHARD, SHARD_GRAD_OP or NO_SHARD")
         return Change(name, value.upper(), text)
+    if name == "zero_stage":
+        if value not in ("0", "1", "2", "3"):
+            raise ChangeError(f"{text!r}: zero_stage takes 0, 1, 2 or 3")
+        return Change(name, value, text)
     if name in ("world_size", "grad_accum"):
         if not value.isdigit() or int(value) < 1:
             raise ChangeError(f"{text!r}: {name} takes a whole number, 1 or more")
