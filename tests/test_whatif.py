@@ -154,6 +154,10 @@ def test_the_remedies_whatif_answers_are_named_by_the_change_they_are_answered_a
     assert remedy_change("sharding_strategy=FULL_SHARD (now SHARD_GRAD_OP): parameters are sharded between forward "
                          "and backward too") == "sharding_strategy=FULL_SHARD"
     assert remedy_change("sharding_strategy=FULL_SHARD (now NO_SHARD): ...") is None  # not answered: refused
+    from zeromon.analysis.memory_remedies import higher_stage_remedy
+
+    assert remedy_change(higher_stage_remedy(1)) == "zero_stage=2"
+    assert remedy_change(higher_stage_remedy(2)) is None  # to ZeRO-3: refused
 
 
 # --- synthetic recordings: two ranks, a synchronous all-reduce in each step ---------------------------------

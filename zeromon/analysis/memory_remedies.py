@@ -134,11 +134,16 @@ def _fewer_gathered(run: MemoryContext) -> list[str]:
     return out
 
 
+def higher_stage_remedy(stage: int) -> str:
+    """The remedy that takes a DeepSpeed run at ``stage`` (0-2) to the next stage that shards more."""
+    return f"a higher ZeRO stage: zero_optimization.stage {_NEXT_STAGE[stage]}"
+
+
 def _more_sharding(run: MemoryContext) -> list[str]:
     """A higher ZeRO stage, or sharding where the model state is replicated."""
     framework, stage = _framework(run)
     if framework == "deepspeed" and stage in _NEXT_STAGE:
-        return [f"a higher ZeRO stage: zero_optimization.stage {_NEXT_STAGE[stage]}"]
+        return [higher_stage_remedy(stage)]
     if framework in ("ddp", "none"):
         return ["shard the model state: FSDP2 fully_shard or DeepSpeed ZeRO-2/3 (each rank then keeps 1/N of the "
                 "optimizer state)"]

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 from zeromon.analysis.comm_advice import MICRO_BATCH_REMEDY, RESHARD_REMEDY
-from zeromon.analysis.memory_remedies import FULL_SHARD_REMEDY, RESHARD_MEMORY_REMEDY
+from zeromon.analysis.memory_remedies import FULL_SHARD_REMEDY, RESHARD_MEMORY_REMEDY, higher_stage_remedy
 
 _EXACT = {RESHARD_REMEDY: "reshard_after_forward=false", MICRO_BATCH_REMEDY: "micro_batch=x2",
-          RESHARD_MEMORY_REMEDY: "reshard_after_forward=true"}
+          RESHARD_MEMORY_REMEDY: "reshard_after_forward=true", higher_stage_remedy(1): "zero_stage=2"}
 
 
 def remedy_change(remedy: str) -> str | None:
