@@ -450,13 +450,18 @@ def test_accumulation_after_a_stage_change_reduces_where_the_new_stage_does(stag
     (dict(stage=3), "zero_stage=2", r"measured no all-reduce of their size \(its largest: 4 bytes\)"),
     (dict(stage=1, dtype="bfloat16"), "zero_stage=2", "its parameters are bfloat16"),
     (dict(stage=1, gradient_accumulation_steps=2), "zero_stage=2", "accumulates 2 micro-batches"),
-    (dict(stage=2, offload_optimizer={"device": "cpu"}), "zero_stage=1", "its optimizer is offloaded"),
+    (dict(stage=2, offload_optimizer="cpu"), "zero_stage=1", "its optimizer is offloaded"),
     (dict(stage=1, contiguous_gradients=False), "zero_stage=2", "without contiguous_gradients"),
 ])
 def test_a_zero_stage_change_one_recording_cannot_support_is_refused_with_the_reason(
         pair: dict[str, object], change: str, message: str) -> None:
     with pytest.raises((Refused, ChangeError), match=message):
         what_if(_deepspeed_pair(**pair), [parse_change(change)])  # type: ignore[arg-type]
+
+
+def test_a_run_that_offloads_nothing_is_answered() -> None:
+    answer = what_if(_deepspeed_pair(2, offload_optimizer="none"), [parse_change("zero_stage=1")])
+    assert answer.predicted.peak_tracked_bytes == PARAM_BYTES + OPTIMIZER_BYTES + PARAM_BYTES
 
 
 def test_a_zero_stage_change_on_another_framework_names_the_one_it_has() -> None:

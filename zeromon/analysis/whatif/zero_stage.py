@@ -90,7 +90,9 @@ def _refuse_unmeasured_setups(change: Change, info: RunInfo) -> None:
     """What DeepSpeed does otherwise at stages 1 and 2, where no run of it was measured."""
     knobs = info.knobs
     accumulation = knobs.get("gradient_accumulation_steps")
-    offload = knobs.get("offload_optimizer")
+    offload = knobs.get("offload_optimizer")  # the device, as the agent records it
+    if isinstance(offload, dict):  # the config's block, as written
+        offload = offload.get("device")
     if isinstance(accumulation, int) and accumulation > 1:
         reason = (f"this run accumulates {accumulation} micro-batches, of which ZeRO-1 reduces the last only: "
                   "answered from a run without accumulation (with grad_accum=N beside it)")
@@ -98,7 +100,7 @@ def _refuse_unmeasured_setups(change: Change, info: RunInfo) -> None:
         reason = (f"its parameters are {info.param_dtype or 'of an unknown dtype'}: with 16-bit parameters ZeRO-1 "
                   "accumulates each gradient in an fp32 copy and reduces in fp32, ZeRO-2 in 16 bits; answered "
                   "for fp32 runs")
-    elif offload and (not isinstance(offload, dict) or offload.get("device", "none") != "none"):
+    elif offload not in (None, "none"):
         reason = "its optimizer is offloaded, whose gradient buffers differ: answered without offload"
     elif knobs.get("contiguous_gradients") is False:
         reason = "without contiguous_gradients ZeRO-2 holds no bucket buffer: answered with it (DeepSpeed's default)"
