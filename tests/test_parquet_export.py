@@ -328,14 +328,19 @@ def test_a_torn_line_a_killed_rank_and_a_restart_keep_every_record_the_report_re
     assert last_steps == [(0, 4), (1, 5)]  # rank 0 lost its last segment, step 5's summary with it
 
 
-def test_a_rank_is_written_a_row_group_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A rank's rows of a kind go out every BATCH_ROWS rows: what the export holds does not grow with the run."""
-    run = tmp_path / "run"
+def _two_rank_run(run: Path) -> Path:
+    """A 2-rank JSON-lines recording of 50 steps a rank (_rank_records), in ``run``."""
     for rank in (0, 1):
         writer = RecordingWriter(run / f"rank-{rank}.jsonl", rank, job="j", world_size=2)
         for record in _rank_records(rank, 50):
             writer.write(record)
         writer.close()
+    return run
+
+
+def test_a_rank_is_written_a_row_group_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank's rows of a kind go out every BATCH_ROWS rows: what the export holds does not grow with the run."""
+    run = _two_rank_run(tmp_path / "run")
     monkeypatch.setattr(parquet_export, "BATCH_ROWS", 16)
     parquet_export.export_run(run, tmp_path / "out", workers=1)
     collectives = pq.ParquetFile(tmp_path / "out" / "collectives" / "rank=1" / "part-0.parquet")
@@ -409,12 +414,7 @@ def test_the_kinds_the_format_has_are_the_datasets() -> None:
 
 def test_a_full_disk_is_said_as_out_s_and_leaves_no_dataset_behind(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    run = tmp_path / "run"
-    for rank in (0, 1):
-        writer = RecordingWriter(run / f"rank-{rank}.jsonl", rank, job="j", world_size=2)
-        for record in _rank_records(rank, 50):
-            writer.write(record)
-        writer.close()
+    run = _two_rank_run(tmp_path / "run")
     disk = tmp_path / "disk"
     disk.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", str(disk)], capture_output=True,

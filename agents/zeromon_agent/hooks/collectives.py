@@ -195,8 +195,7 @@ def _record_async(state: HotState, api: str, op: str, t0: int, t1: int, b_in: in
     if async_op and result is not None:
         # The queue holds a weak reference: a Work holds its tensors (a DDP bucket, ZeRO's flat buffers), which
         # must not outlive the training's own references by the time the queue waits for the recorder's next
-        # pass (up to a flush interval, 5 s by default: a model's gradients in GPU memory, or a DDP run's 128 MiB in
-        # tests/test_oom.py).
+        # pass (up to a flush interval: a model's gradients in GPU memory, or a DDP run's buckets in tests/test_oom.py).
         # A Work the training still holds is polled as before; one dropped unwaited is timed by what was seen.
         try:
             work = weakref.ref(result)
@@ -240,9 +239,9 @@ def make_wrapper(fn: Callable[..., Any], api: str, op: str, extract: Extract,
             if state.inside or state.autostart is None or not state.autostart():
                 return fn(*args, **kwargs)
         # The call starts here, as its caller's stopwatch has it, and ends as it returns (issue 47): the thread's
-        # time in this wrapper is the call's. A thread preempted in it (on a busy machine, a scheduler slice, 4 ms;
-        # often just after the issue wakes gloo's workers) lost that time in the collective's call, not in its
-        # computation; clock reads around the original call alone left it uncounted.
+        # time in this wrapper is the call's. A thread preempted in it (on a busy machine, often just after the issue
+        # wakes gloo's workers) lost that time in the collective's call, not in its computation; clock reads around
+        # the original call alone left it uncounted.
         t0 = perf_ns()
         try:
             # Who called: the issuer, which a collective's meaning comes from. Where not settled (its first call,

@@ -77,7 +77,7 @@ _FIRST_PASS_S = 0.2
 # pool (4,096) wait to be read, and while the queues fill (a quarter of the raw one). Otherwise (nobody reading)
 # one at each flush of the recording only: each pass pays a cold start, so the fewer the passes, the less the
 # recorder's thread spends a collective (tests/bench/bench_recorder_cpu.py). Async collectives on the host
-# brought a pass a second until issue 44 (-0.6 µs a collective of bench_agent_cost.py's FSDP2 loop): what
+# brought a pass a second until issue 44 (its cost: tests/bench/RESULTS.md): what
 # bounds an unwaited Work's completion is the training thread's look at each phase change (hooks/phases.py),
 # and the queue holds it weakly (collectives._record_async), so a later pass keeps no tensor alive.
 LIVE_PASS_S = 1.0

@@ -230,21 +230,23 @@ def bucket_held(samples: Sequence[TrackedSample], gradient_bytes: int) -> tuple[
     partition they are reduced into: ``unsharded_grads``, as the walk finds them through the parameters' .grad),
     beside the activations the forward left (the bucket comes at the backward's start)."""
     forward_activations = {s.step: s.categories.get("activations", 0) for s in samples if s.phase == "forward"}
-    out = []
-    for sample in samples:
-        if sample.walk_phase != _BACKWARD_WALK:
-            out.append(sample)
-            continue
-        categories = {**sample.categories, "unsharded_grads": gradient_bytes}
-        if sample.walk_step in forward_activations and "activations" in categories:
-            categories["activations"] = max(categories["activations"], forward_activations[sample.walk_step])
-        out.append(dataclasses.replace(sample, categories=categories))
-    return tuple(out)
+
+    def activations(sample: TrackedSample, now: int) -> int:
+        return max(now, forward_activations.get(sample.walk_step, now))
+
+    return _backward_walks(samples, gradient_bytes, activations)
 
 
 def every_gradient_held(samples: Sequence[TrackedSample], gradient_bytes: int) -> tuple[TrackedSample, ...]:
     """A rank's samples as ZeRO-1's walk would count them: the backward's highest moment at its end, every gradient
     made (``unsharded_grads``, no bucket buffer yet) and the activations freed; the forward's as measured."""
+    return _backward_walks(samples, gradient_bytes, lambda _sample, _now: 0)
+
+
+def _backward_walks(samples: Sequence[TrackedSample], gradient_bytes: int,
+                    activations: Callable[[TrackedSample, int], int]) -> tuple[TrackedSample, ...]:
+    """``samples`` with each walk of the backward's highest moment holding ``gradient_bytes`` of gradients and, where
+    it counts activations, ``activations(sample, its activations)``; the other samples as measured."""
     out = []
     for sample in samples:
         if sample.walk_phase != _BACKWARD_WALK:
@@ -252,6 +254,6 @@ def every_gradient_held(samples: Sequence[TrackedSample], gradient_bytes: int) -
             continue
         categories = {**sample.categories, "unsharded_grads": gradient_bytes}
         if "activations" in categories:
-            categories["activations"] = 0
+            categories["activations"] = activations(sample, categories["activations"])
         out.append(dataclasses.replace(sample, categories=categories))
     return tuple(out)
