@@ -13,7 +13,6 @@ import operator
 import sys
 import tempfile
 import types
-import weakref
 from array import array
 from collections.abc import Sequence
 from pathlib import Path
@@ -644,10 +643,14 @@ def _record_pass(raws: list[tuple[Any, ...]], path: str, tmp: Path, early: int |
         where = where if gpu else "host"
         t0 = step * 2**38 + t0 % 2**37
         work = None
-        if is_async:  # held weakly, as the hot path holds it
-            works.append(_create_work_from_future(done))
-            work = weakref.ref(works[-1])
         host = where == "host"
+        if is_async:  # named by its id, as the hot path names it (a host one's Work held in HotState.works)
+            works.append(_create_work_from_future(done))
+            work = id(works[-1])
+            if host:
+                state.works[seq] = works[-1]
+        if host and is_async and extra == "done first":  # a callback that ran as it was registered
+            state.raw.append((RAW_DONE, seq, t0 + length))
         state.raw.append((RAW_COLLECTIVE, seq, f"{op}_x", op, t0, t0 + length, b_in, b_out, dtype,
                           None if where == "nccl" else "gloo", is_async, work, phase, step, None if host else UNTIMED,
                           host and is_async and sampled, None))
@@ -656,15 +659,20 @@ def _record_pass(raws: list[tuple[Any, ...]], path: str, tmp: Path, early: int |
                 timer.untimed_waits.add(seq)  # type: ignore[union-attr]
             wait_step = step + wait_later
             w0 = wait_step * 2**38 + (t0 + length + blocked // 3) % 2**37  # a gap between the call and its wait
-            if host and extra is not None:  # a completion callback's or a phase change's, before the wait
+            if host and extra in ("done", "seen"):  # a completion callback's or a phase change's, before the wait
                 waits.append((RAW_DONE if extra == "done" else RAW_SEEN_DONE, seq, t0 + length + 1))
             waits.append((RAW_WAIT, seq, w0, w0 + blocked, host and done_before, None, None, wait_step))
+            if host and extra == "done last":  # the callback's record after the wait's
+                waits.append((RAW_DONE, seq, w0 + blocked + 1))
         if seq % 3 == 0 and waits:  # a wait among the calls after it
             state.raw.append(waits.pop(0))
     state.raw.extend(waits)
     recorder._drain(final=False)  # the steps are summarized: the next one's collective is late
+    # A host one's callback record is the columns' where it was asked for (sampled) and came in the pass; with a
+    # phase change's record, or one not sampled with a callback's, the general path's.
     takes = any(gpu and where == "nccl" and (not is_async or not later)
-                or is_async and not later and (where == "host" or not gpu) and not sampled and extra is None
+                or is_async and not later and (where == "host" or not gpu)
+                and extra in ((None, "done last") if not sampled else ("done", "done first", "done last"))
                 for *_, is_async, later, _, where, _, sampled, extra in raws)
     assert path == "plain" or bool(finalized) == takes
     state.raw.append((RAW_COLLECTIVE, len(raws) + 1, "all_reduce_x", "all_reduce", 5, 9, 4, 4, None, None, False,
@@ -679,7 +687,7 @@ _raw_pass = st.tuples(st.sampled_from(_OPS), st.sampled_from(_PHASES), st.intege
                       st.integers(0, 2**33), st.integers(0, 2**20), st.integers(0, 2**20),
                       st.sampled_from([None, "float32", "torch.bfloat16"]), st.integers(0, 2), st.booleans(),
                       st.sampled_from([0, 0, 0, 1]), st.integers(0, 2**33), st.sampled_from(["nccl", "gloo", "host"]),
-                      st.booleans(), st.sampled_from([False, False, True]), st.sampled_from([None, None, "done", "seen"]))
+                      st.booleans(), st.sampled_from([False, False, True]), st.sampled_from([None, None, "done", "seen", "done first", "done last"]))
 
 
 @PROPERTIES

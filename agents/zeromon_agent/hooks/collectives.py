@@ -193,14 +193,21 @@ def _record_async(state: HotState, api: str, op: str, t0: int, t1: int, b_in: in
     work = None
     sampled = False
     if async_op and result is not None:
-        # The queue holds a weak reference: a Work holds its tensors (a DDP bucket, ZeRO's flat buffers), which
-        # must not outlive the training's own references by the time the queue waits for the recorder's next
-        # pass (up to a flush interval: a model's gradients in GPU memory, or a DDP run's buckets in tests/test_oom.py).
-        # A Work the training still holds is polled as before; one dropped unwaited is timed by what was seen.
-        try:
-            work = weakref.ref(result)
-        except TypeError:  # a Work type without weak references (a custom backend's): held until drained
-            work = result
+        # The queue holds no Work: a Work holds its tensors (a DDP bucket, ZeRO's flat buffers), which must not
+        # outlive the training's own references by the time the queue waits for the recorder's next pass (up to a
+        # flush interval: a model's gradients in GPU memory, or a DDP run's buckets in tests/test_oom.py). Its id
+        # names it: an int, which the garbage collector does not track, so the queued tuple is untracked at the
+        # collector's first look and never walked again (a weak reference, tracked, took each tuple through the
+        # generations into the oldest, and brought its full collections on: tests/bench/bench_gpu_drain.py). The
+        # recorder polls a host one through HotState.works, held until a phase change sees it done or its wait.
+        # One timed with CUDA events is held weakly (its tuple holds the events, tracked, anyway).
+        if cuda is None:
+            work = id(result)
+        else:
+            try:
+                work = weakref.ref(result)
+            except TypeError:  # a Work type without weak references (a custom backend's): held until drained
+                work = result
         pending = state.pending
         if len(pending) < state.pending_capacity:
             pending[id(result)] = seq
@@ -269,10 +276,7 @@ def make_wrapper(fn: Callable[..., Any], api: str, op: str, extract: Extract,
                 # out, as the synchronous path is, without _record_async's call and branches (its cost on the host:
                 # tests/bench/bench_collective_overhead.py part (g); before and after a change: ab_gpu_paths.py).
                 state.seq = seq = state.seq + 1
-                try:
-                    work = weakref.ref(result)  # as _record_async holds it, and why
-                except TypeError:
-                    work = result
+                work = id(result)  # as _record_async records it, and why
                 pending = state.pending
                 if len(pending) < state.pending_capacity:
                     pending[id(result)] = seq

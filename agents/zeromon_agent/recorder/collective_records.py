@@ -71,7 +71,7 @@ _MAX_SHAPES = 4096  # collective call shapes whose derived fields are kept (an F
 # Built once per record, so built with the slots set directly (record_maker).
 _new_collective = record_maker(CollectiveEvent)
 _SYNC, _UNKNOWN, _LAUNCH = Timing.SYNC.value, Timing.UNKNOWN.value, Timing.LAUNCH.value  # .value read once
-_BOUND, _WAIT = Timing.BOUND.value, Timing.WAIT.value
+_BOUND, _WAIT, _CALLBACK = Timing.BOUND.value, Timing.WAIT.value, Timing.CALLBACK.value
 # A batch's calls last less than this (MAX_SPAN_S, in ns: span_ns caps nothing) and are whole nanoseconds
 # that ns / 1e9 and back gives again (below 2**50), so their records go into the columns as they are.
 _BATCH_MAX_NS = int(MAX_SPAN_S * 1e9)
@@ -252,28 +252,27 @@ class CollectiveRecords:
             work = item[AT_WORK]
             age = now - item[AT_T0]
             if work is not None and (age > _POLL_AFTER_NS or final):
-                if type(work) is weakref.ReferenceType:  # collectives._record_async: the Work held weakly
-                    work = work()
+                live, work_id = self._work_of(seq, work)
                 try:
-                    # A Work dropped unwaited (its reference dead) is done as far as anyone can know.
-                    completed = True if work is None else bool(work.is_completed())
+                    # A Work not to be had (dropped unwaited, or a GPU launch's) is done as far as anyone can know.
+                    completed = True if live is None else bool(live.is_completed())
                 except Exception:  # noqa: BLE001
                     completed = True
-                if completed and not final and work is not None and not self._claim_pending(seq, work) \
+                if completed and not final and work_id is not None and not self._claim_pending(seq, work_id) \
                         and age < _POLL_AFTER_NS + CALLBACK_GRACE_NS:
-                    if entry.done_by is None:
+                    if entry.done_by is None and live is not None:
                         entry.done_by = now  # seen done: a bound on its end, if the wait started later
                     continue  # the training is in its wait, whose record is queued behind this pass's drain
                 if completed or final:
                     del self.inflight[seq]
-                    self._forget_pending(seq, work)
+                    self._forget_pending(seq, work_id)
                     if entry.done_ns is not None:
                         self._finalize(item, entry.done_ns, 0, Timing.CALLBACK.value)
                     elif entry.launch:
                         self._finalize(item, None, 0, _LAUNCH)
                     elif entry.done_by is not None:
                         self._finalize(item, min(now, entry.done_by), 0, Timing.BOUND.value)
-                    elif work is None:  # gone unwaited: when it completed was not seen
+                    elif live is None:  # gone unwaited, or not held: when it completed was not seen
                         self._finalize(item, None, 0, Timing.UNKNOWN.value)
                     else:
                         self._finalize(item, now if completed else None, 0,
@@ -285,19 +284,32 @@ class CollectiveRecords:
                 self._forget_pending(seq, None)
                 self._finalize(item, None, 0, Timing.UNKNOWN.value)
 
-    def _claim_pending(self, seq: int, work: Any) -> bool:
-        """Take ``seq`` from the hot path's pending waits, so that no wait of its Work is recorded after the poll
-        finalizes it; False where a wait took it first (or it was never there: a full table)."""
+    def _work_of(self, seq: int, work: Any) -> tuple[Any, int | None]:
+        """(the Work object, its id) of an async collective's raw ``work``: the id the hooks record (an int, which
+        the garbage collector does not track, so that a queued record is not walked through its generations),
+        the Work itself the hot path's (HotState.works: a host collective's, until a phase change sees it done
+        or its wait starts; None otherwise); a weak reference for one timed with CUDA events (whose record holds
+        its events anyway), or the Work itself from a backend whose Work takes none."""
+        if type(work) is int:
+            return self.state.works.get(seq), work
+        if type(work) is weakref.ReferenceType:
+            work = work()
+            return work, None if work is None else id(work)
+        return work, id(work)
+
+    def _claim_pending(self, seq: int, work_id: int) -> bool:
+        """Take ``seq`` from the hot path's pending waits (by its Work's id), so that no wait of its Work is recorded
+        after the poll finalizes it; False where a wait took it first (or it was never there: a full table)."""
         pending = self.state.pending
-        taken = pending.pop(id(work), None)  # one atomic step: the training thread's wait pops the same key
+        taken = pending.pop(work_id, None)  # one atomic step: the training thread's wait pops the same key
         if taken is not None and taken != seq:
-            pending[id(work)] = taken
+            pending[work_id] = taken
         return taken == seq
 
-    def _forget_pending(self, seq: int, work: Any) -> None:
+    def _forget_pending(self, seq: int, work_id: int | None) -> None:
         """Drop ``seq`` from the hot path's pending waits (by its Work's id; by value when the Work is gone)."""
-        if work is not None:
-            self._claim_pending(seq, work)
+        if work_id is not None:
+            self._claim_pending(seq, work_id)
             return
         pending = self.state.pending
         for key in [key for key, value in list(pending.items()) if value == seq]:  # rare: a Work dropped unwaited
@@ -472,7 +484,9 @@ class CollectiveRecords:
         - a GPU collective of a step not timed on the device (timing ``launch``: most of a GPU run's), a
           synchronous one at its call, an async one at its wait in this pass and step;
         - an async collective timed on the host (gloo's: DDP's buckets), at its wait in this pass and step, when no
-          completion callback or phase change timed it (timing ``bound`` or ``wait``).
+          phase change timed it (timing ``bound`` or ``wait``); a sampled one (1 in ZEROMON_ASYNC_SAMPLE_EVERY) when
+          its completion callback's record is in this pass too, at the wait or the record, whichever comes last
+          (timing ``callback``).
         The other records go through ``dispatch`` (the general path) in their place, in runs. Records, live counts
         and step accounting are those of the general path (tests/test_recorder_fast_path.py)."""
         plan = self._plan_columns(items)
@@ -514,6 +528,10 @@ class CollectiveRecords:
         early = bool(early_waits or early_done or early_seen)
         plan: list[Any] = [None] * len(items)
         issued: dict[int, tuple[int, Any]] = {}  # seq -> (index, shape) of an async collective, until its wait
+        # A sampled one's completion callback record (seq -> (index, perf ns)), before its wait; and a sampled one
+        # waited on before its callback's record came (seq -> (issue index, wait index, shape, w0, w1)).
+        dones: dict[int, tuple[int, int]] = {}
+        waited: dict[int, tuple[int, int, Any, int, int]] = {}
         for index, item in enumerate(items):
             if index and not index % _PLAN_YIELD:
                 time.sleep(0)  # the GIL, to the training (nothing here is the training thread's)
@@ -528,9 +546,8 @@ class CollectiveRecords:
                     continue
                 launch = cuda is UNTIMED
                 # A launch, sync or async (not one without a Work: _finalize takes those at their call); an async
-                # host one whose completion callback is not to be waited for.
-                if not (launch and (not async_op or work is not None)
-                        or cuda is None and async_op and work is not None and not sampled):
+                # host one (a sampled one's callback record is looked for in this pass, below).
+                if not (launch and (not async_op or work is not None) or cuda is None and async_op and work is not None):
                     continue
                 if async_op and early and (seq in early_waits or seq in early_done or seq in early_seen):
                     continue
@@ -557,6 +574,16 @@ class CollectiveRecords:
                 if wait_step != raw[AT_STEP] or type(w0) is not int or type(w1) is not int \
                         or not 0 <= w1 - w0 < _BATCH_MAX_NS or cuda_end is not None or cuda_wait is not None:
                     continue
+                done = dones.pop(item[1], None)
+                if raw[AT_SAMPLED]:  # timed by its completion callback, whose record must be in this pass
+                    if done is None:  # it may come further on (as on_done finalizes it there)
+                        waited[item[1]] = (index_at, index, shape, w0, w1)
+                        continue
+                    plan[done[0]] = plan[index_at] = _WAITED_LATER
+                    plan[index] = (raw, w1 - w0, w0, shape, done[1], _CALLBACK)
+                    continue
+                if done is not None:  # a callback's record before the wait of one not sampled: the general path's
+                    continue
                 plan[index_at] = _WAITED_LATER
                 if raw[AT_CUDA] is UNTIMED:
                     plan[index] = (raw, w1 - w0, w0, shape, None, _LAUNCH)
@@ -564,8 +591,19 @@ class CollectiveRecords:
                     plan[index] = (raw, w1 - w0, w0, shape, w0, _BOUND)
                 else:
                     plan[index] = (raw, w1 - w0, w0, shape, w1, _WAIT)
-            elif kind == RAW_DONE or kind == RAW_SEEN_DONE:
+            elif kind == RAW_DONE:
+                seq = item[1]
+                if seq in waited:  # finalized here, as on_done finalizes a waited one
+                    index_at, index_wait, shape, w0, w1 = waited.pop(seq)
+                    plan[index_at] = plan[index_wait] = _WAITED_LATER
+                    plan[index] = (items[index_at], w1 - w0, w0, shape, item[2], _CALLBACK)
+                elif seq in issued and not items[issued[seq][0]][AT_SAMPLED]:
+                    issued.pop(seq)  # a callback nobody asked for: the general path's to make sense of
+                else:  # before its wait, or before its call (a callback that ran as it was registered)
+                    dones[seq] = (index, item[2])
+            elif kind == RAW_SEEN_DONE:
                 issued.pop(item[1], None)  # its time is the general path's to use: the call and its wait go there
+                waited.pop(item[1], None)
         return plan
 
     def _finalize_rows(self, rows: list[tuple[Any, ...]]) -> None:
@@ -589,39 +627,69 @@ class CollectiveRecords:
         self._write_columns(columns, steps, n)
         # Live, as _publish_collective counts: the duration where the completion is known, event_bandwidth's busbw
         # where it is measured, and the time each cost its caller (thread_blocked_s: an async call's issue too).
-        durations: list[float | None] = []
-        busbw: list[float | None] = []
-        for issue_ns, complete_ns, timing, factor, size in zip(issue, complete, timings, factors, sizes, strict=True):
-            if complete_ns is None:
-                durations.append(None)
-                busbw.append(None)
-                continue
-            seconds_ = (complete_ns - issue_ns) / 1e9
-            durations.append(max(0.0, seconds_))
-            busbw.append(size / seconds_ * factor if seconds_ > 0 and timing in MEASURED_TIMINGS and factor is not None
-                         and size > 0 else None)
+        launches = _LAUNCH in timings  # a GPU's: no completion known
+        lengths = [None if c is None else (c - i) / 1e9 for i, c in zip(issue, complete, strict=True)] if launches \
+            else list(map(_truediv, map(_sub, complete, issue), _repeat(1e9, n)))
+        durations = [None if s is None else s if s > 0.0 else 0.0 for s in lengths]  # max(0.0, s)
+        busbw = [size / s * factor if s is not None and s > 0 and timing in MEASURED_TIMINGS and factor is not None
+                 and size > 0 else None for s, timing, factor, size in zip(lengths, timings, factors, sizes, strict=True)]
         thread_blocked = [b + s if a and s > 0 else b for b, s, a in zip(blocked, issue_s, is_async, strict=True)]
         self.out.publish_unmade(columns, n)
         self._counted.append([ops, meanings, nbytes, thread_blocked, durations, busbw])  # columns
-        accs, acc_step = self._accs, None
-        acc = StepAcc()  # replaced at the first row
-        for step, op, size, issue_ns, complete_ns, wait_ns, blocked_s, async_op, issued_s, timing in zip(
-                steps, ops, nbytes, issue, complete, waits, blocked, is_async, issue_s, timings, strict=True):
-            if step != acc_step:
-                found = accs.get(step)
-                acc = accs[step] = StepAcc() if found is None else found
-                acc_step = step
-            acc.collectives += 1
-            acc.comm_bytes += size
-            acc.by_op[op] = acc.by_op.get(op, 0) + size
-            if timing == _LAUNCH:
-                acc.device_untimed = True
-            else:
-                add_interval(acc, (issue_ns, complete_ns if complete_ns > issue_ns else issue_ns))
-            if blocked_s > 0:  # event.blocked_interval_ns
-                add_blocked(acc, (wait_ns, wait_ns + span_ns(blocked_s)))
-            if async_op and issued_s > 0:  # event.issue_interval_ns
-                add_blocked(acc, (issue_ns, issue_ns + span_ns(issued_s)))
+        # The steps, a run of each step's rows at a time, as _finalize accounts them one by one: the interval
+        # [issue, completion] of each whose completion is known; the blocked intervals in order, each row's wait
+        # (wait, wait + span_ns(blocked)) where it blocked, then an async call's issue (issue, issue +
+        # span_ns(issue_s)) where it took time. span_ns as int(s * 1e9): the plan kept calls under MAX_SPAN_S.
+        intervals = [None if c is None else (i, c if c > i else i) for i, c in zip(issue, complete, strict=True)] \
+            if launches else list(zip(issue, map(max, issue, complete), strict=True))
+        waited = [(w, w + int(b * 1e9)) if b > 0 else None for w, b in zip(waits, blocked, strict=True)]
+        issued = [(i, i + int(s * 1e9)) if a and s > 0 else None
+                  for i, s, a in zip(issue, issue_s, is_async, strict=True)]
+        start = 0
+        for step, run in itertools.groupby(steps):
+            end = start + len(list(run))
+            self._account_rows(step, ops[start:end], nbytes[start:end], launches and _LAUNCH in timings[start:end],
+                               intervals[start:end], waited[start:end], issued[start:end])
+            start = end
+
+    def _account_rows(self, step: int, ops: Sequence[str], nbytes: Sequence[int], launch: bool,
+                      intervals: list[tuple[int, int] | None], waited: list[tuple[int, int] | None],
+                      issued: list[tuple[int, int] | None]) -> None:
+        """_finalize_rows' step accounting of a run of one step's rows: ``intervals`` each row's [issue, completion]
+        (None: not known), ``waited`` and ``issued`` its blocked intervals (None: none), as add_interval and
+        add_blocked take them a row at a time (their lists extended at once where neither folds)."""
+        acc = self._accs.get(step)
+        if acc is None:
+            acc = self._accs[step] = StepAcc()
+        k = len(ops)
+        acc.collectives += k
+        acc.comm_bytes += sum(nbytes)
+        by_op, get = acc.by_op, acc.by_op.get
+        for op, size in zip(ops, nbytes, strict=True):
+            by_op[op] = get(op, 0) + size
+        if launch:
+            acc.device_untimed = True
+        new_intervals = [interval for interval in intervals if interval is not None]
+        blocked = [interval for interval in itertools.chain.from_iterable(zip(waited, issued, strict=True)) if interval is not None]
+        if not (new_intervals or blocked):
+            return
+        if acc.run_issue:  # what add_interval and add_blocked do first
+            settle(acc)
+        if len(acc.intervals) + len(new_intervals) > MAX_STEP_INTERVALS \
+                or acc.overlap_known and len(acc.blocked) + len(blocked) > MAX_STEP_INTERVALS:
+            for interval, wait, issue in zip(intervals, waited, issued, strict=True):  # folded as they come
+                if interval is not None:
+                    add_interval(acc, interval)
+                if wait is not None:
+                    add_blocked(acc, wait)
+                if issue is not None:
+                    add_blocked(acc, issue)
+            return
+        acc.intervals += new_intervals
+        # add_blocked's sum, in its order: blocked_s += (end - start) / 1e9
+        acc.blocked_s = functools.reduce(_add, [(b - a) / 1e9 for a, b in blocked], acc.blocked_s)
+        if acc.overlap_known:
+            acc.blocked += blocked
 
     def finalize_sync_batch(self, items: list[tuple[Any, ...]]) -> bool:
         """finalize_sync of each of ``items`` (synchronous host collectives of steps not yet summarized, in
