@@ -190,7 +190,7 @@ def _record_async(state: HotState, api: str, op: str, t0: int, t1: int, b_in: in
                   group: Any, async_op: Any, result: Any, cuda: Any, caller: Any) -> None:
     state.seq += 1
     seq = state.seq
-    work = None
+    work: Any = None
     sampled = False
     if async_op and result is not None:
         # The queue holds no Work: a Work holds its tensors (a DDP bucket, ZeRO's flat buffers), which must not

@@ -640,8 +640,9 @@ class CollectiveRecords:
         # [issue, completion] of each whose completion is known; the blocked intervals in order, each row's wait
         # (wait, wait + span_ns(blocked)) where it blocked, then an async call's issue (issue, issue +
         # span_ns(issue_s)) where it took time. span_ns as int(s * 1e9): the plan kept calls under MAX_SPAN_S.
-        intervals = [None if c is None else (i, c if c > i else i) for i, c in zip(issue, complete, strict=True)] \
-            if launches else list(zip(issue, map(max, issue, complete), strict=True))
+        intervals: list[tuple[int, int] | None] = \
+            [None if c is None else (i, c if c > i else i) for i, c in zip(issue, complete, strict=True)] if launches \
+            else list(zip(issue, map(max, issue, complete), strict=True))
         waited = [(w, w + int(b * 1e9)) if b > 0 else None for w, b in zip(waits, blocked, strict=True)]
         issued = [(i, i + int(s * 1e9)) if a and s > 0 else None
                   for i, s, a in zip(issue, issue_s, is_async, strict=True)]
