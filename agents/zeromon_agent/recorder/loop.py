@@ -79,7 +79,7 @@ _FIRST_PASS_S = 0.2
 # recorder's thread spends a collective (tests/bench/bench_recorder_cpu.py). Async collectives on the host
 # brought a pass a second until issue 44 (its cost: tests/bench/RESULTS.md): what
 # bounds an unwaited Work's completion is the training thread's look at each phase change (hooks/phases.py),
-# and the queue holds it weakly (collectives._record_async), so a later pass keeps no tensor alive.
+# and the queue names it by id (collectives._record_async), so a later pass keeps no tensor alive.
 LIVE_PASS_S = 1.0
 WATCHED_S = 3.0
 _RECENT_RAW = 256  # raw records kept after their drain, for each group's newest collective (progress)
