@@ -718,3 +718,16 @@ def test_a_pass_of_more_collectives_than_one_batch_takes_is_finalized_as_one_by_
         assert [encode_record(r) for r in batch] == [encode_record(r) for r in plain]
         assert sum(isinstance(r, CollectiveEvent) for r in batch) == 901
     assert {r.timing for r in batch if isinstance(r, CollectiveEvent)} >= {"launch", "bound", "wait"}
+
+
+def test_a_step_of_more_async_host_collectives_than_it_keeps_intervals_of_is_folded_as_one_by_one(
+        tmp_path: Path) -> None:
+    # The columns (StepAcc.col_*) take a step's async collectives until MAX_STEP_INTERVALS; past it they go into
+    # the lists a row at a time, folded as the general path folds them.
+    raws = [(_OPS[i % 4], _PHASES[i % 3], 1000 * i, 50 + i, 4096, 4096, "float32", 0, True, 0, 7 * i, "host",
+             i % 3 == 0, False, None) for i in range(step_acc.MAX_STEP_INTERVALS + 400)]
+    plain, _ = _record_pass(raws, "plain", tmp_path, gpu=False)
+    batch, _ = _record_pass(raws, "batch", tmp_path, gpu=False)
+    assert [encode_record(r) for r in batch] == [encode_record(r) for r in plain]
+    summary = next(r for r in batch if isinstance(r, StepSummary) and r.step == 0)
+    assert summary.collectives == len(raws) and summary.exposed_comm_s is None  # folded: the overlap not known

@@ -6,6 +6,7 @@ Everything is O(n log n) (one sort), so a million collectives stay cheap.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 Interval = tuple[int, int]
 
@@ -90,3 +91,28 @@ def clip(merged: Sequence[Interval], window: Interval) -> list[Interval]:
     """The parts of disjoint intervals inside [window)."""
     lo, hi = window
     return [(max(s, lo), min(e, hi)) for s, e in merged if e > lo and s < hi]
+
+
+def union_of_columns(starts: Any, ends: Any, lo: int | None = None, hi: int | None = None) -> int:
+    """union_length of the intervals [starts[i], ends[i]) (numpy int64 arrays, or sequences of ints), clipped to
+    [lo, hi) where given (lo < hi): the same integer, in numpy's loops. Sorted by start, each interval adds what
+    it reaches past the furthest end before it; an empty one (end <= start) adds nothing. Cheaper than merge's
+    loop from a few dozen intervals up (the recorder's step summaries: tests/test_step_overlap_fast.py). numpy is
+    imported at the first call: the agent's modules load in every process `zeromon run` starts, most of which never
+    summarize a step (torch has imported it by then in those that do)."""
+    import numpy as np
+
+    s = np.asarray(starts, dtype=np.int64)
+    e = np.asarray(ends, dtype=np.int64)
+    if not len(s):
+        return 0
+    if lo is not None and hi is not None:
+        s = np.clip(s, lo, hi)
+        e = np.clip(e, lo, hi)
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    reach = np.maximum.accumulate(e)  # the furthest end up to each interval
+    before = np.empty_like(reach)
+    before[0] = s[0]
+    before[1:] = reach[:-1]
+    return int(np.maximum(e - np.maximum(s, before), 0).sum())

@@ -56,6 +56,7 @@ from zeromon_agent.recorder.step_acc import (
     meaning_of,
     seconds,
     settle,
+    settle_runs,
 )
 
 if TYPE_CHECKING:
@@ -76,6 +77,7 @@ _BOUND, _WAIT, _CALLBACK = Timing.BOUND.value, Timing.WAIT.value, Timing.CALLBAC
 # that ns / 1e9 and back gives again (below 2**50), so their records go into the columns as they are.
 _BATCH_MAX_NS = int(MAX_SPAN_S * 1e9)
 _add, _sub, _mul, _truediv = operator.add, operator.sub, operator.mul, operator.truediv
+_is_not, _and = operator.is_not, operator.and_
 _BATCH = 256  # records finalize_pass goes through between two gives of the GIL (the recorder's _BATCH)
 _WAITED_LATER: Any = object()  # _plan_columns: an async collective finalized at its wait, further on
 _PLAN_YIELD = 1024  # records planned between two gives of the GIL (about half a millisecond)
@@ -637,28 +639,29 @@ class CollectiveRecords:
         self.out.publish_unmade(columns, n)
         self._counted.append([ops, meanings, nbytes, thread_blocked, durations, busbw])  # columns
         # The steps, a run of each step's rows at a time, as _finalize accounts them one by one: the interval
-        # [issue, completion] of each whose completion is known; the blocked intervals in order, each row's wait
-        # (wait, wait + span_ns(blocked)) where it blocked, then an async call's issue (issue, issue +
-        # span_ns(issue_s)) where it took time. span_ns as int(s * 1e9): the plan kept calls under MAX_SPAN_S.
-        intervals: list[tuple[int, int] | None] = \
-            [None if c is None else (i, c if c > i else i) for i, c in zip(issue, complete, strict=True)] if launches \
-            else list(zip(issue, map(max, issue, complete), strict=True))
-        waited = [(w, w + int(b * 1e9)) if b > 0 else None for w, b in zip(waits, blocked, strict=True)]
-        issued = [(i, i + int(s * 1e9)) if a and s > 0 else None
-                  for i, s, a in zip(issue, issue_s, is_async, strict=True)]
+        # [issue, completion] of each whose completion is known (``reach``: None where not); the blocked intervals,
+        # each row's wait [wait, wait + span_ns(blocked)] where it blocked, then an async call's issue [issue, issue +
+        # span_ns(issue_s)] where it took time (span_ns as int(s * 1e9): the plan kept calls under MAX_SPAN_S; an
+        # empty one, its end its start, where none is taken).
+        reach: list[Any] = [None if c is None else c if c > i else i
+                                   for i, c in zip(issue, complete, strict=True)] if launches \
+            else list(map(max, issue, complete))
+        wait_ends = list(map(_add, waits, map(int, map(_mul, blocked, _repeat(1e9, n)))))
+        issue_ends = [i + int(s * 1e9) if a else i for i, s, a in zip(issue, issue_s, is_async, strict=True)]
         start = 0
         for step, run in itertools.groupby(steps):
             end = start + len(list(run))
             self._account_rows(step, ops[start:end], nbytes[start:end], launches and _LAUNCH in timings[start:end],
-                               intervals[start:end], waited[start:end], issued[start:end])
+                               issue[start:end], reach[start:end], waits[start:end], wait_ends[start:end],
+                               issue_ends[start:end], blocked[start:end], issue_s[start:end], is_async[start:end])
             start = end
 
-    def _account_rows(self, step: int, ops: Sequence[str], nbytes: Sequence[int], launch: bool,
-                      intervals: list[tuple[int, int] | None], waited: list[tuple[int, int] | None],
-                      issued: list[tuple[int, int] | None]) -> None:
-        """_finalize_rows' step accounting of a run of one step's rows: ``intervals`` each row's [issue, completion]
-        (None: not known), ``waited`` and ``issued`` its blocked intervals (None: none), as add_interval and
-        add_blocked take them a row at a time (their lists extended at once where neither folds)."""
+    def _account_rows(self, step: int, ops: Sequence[str], nbytes: Sequence[int], launch: bool, issue: list[int],
+                      reach: list[Any], waits: list[int], wait_ends: list[int], issue_ends: list[int],
+                      blocked: list[float], issue_s: list[float], is_async: list[bool]) -> None:
+        """_finalize_rows' step accounting of a run of one step's rows (its columns, as _finalize_rows makes them),
+        as add_interval and add_blocked take them a row at a time: into the step's columns (StepAcc.col_*) where
+        they do not fold, a row at a time where they do."""
         acc = self._accs.get(step)
         if acc is None:
             acc = self._accs[step] = StepAcc()
@@ -670,27 +673,40 @@ class CollectiveRecords:
             by_op[op] = get(op, 0) + size
         if launch:
             acc.device_untimed = True
-        new_intervals = [interval for interval in intervals if interval is not None]
-        blocked = [interval for interval in itertools.chain.from_iterable(zip(waited, issued, strict=True)) if interval is not None]
-        if not (new_intervals or blocked):
+        known = list(map(_is_not, reach, _repeat(None, k))) if launch else None  # its completion known
+        waited = list(map(bool, blocked))  # add_blocked's: blocked_s > 0
+        issued = list(map(_and, is_async, map(bool, issue_s)))  # an async call's issue that took time
+        new_intervals = k if known is None else known.count(True)
+        new_blocked = waited.count(True) + issued.count(True)
+        if not (new_intervals or new_blocked):
             return
         if acc.run_issue:  # what add_interval and add_blocked do first
-            settle(acc)
-        if len(acc.intervals) + len(new_intervals) > MAX_STEP_INTERVALS \
-                or acc.overlap_known and len(acc.blocked) + len(blocked) > MAX_STEP_INTERVALS:
-            for interval, wait, issue in zip(intervals, waited, issued, strict=True):  # folded as they come
-                if interval is not None:
-                    add_interval(acc, interval)
-                if wait is not None:
-                    add_blocked(acc, wait)
-                if issue is not None:
-                    add_blocked(acc, issue)
+            settle_runs(acc)
+        if len(acc.intervals) + len(acc.col_issue) + new_intervals > MAX_STEP_INTERVALS or acc.overlap_known \
+                and len(acc.blocked) + len(acc.col_blocked_start) + new_blocked > MAX_STEP_INTERVALS:
+            for i, r, w, w_end, i_end, did_wait, did_issue in zip(issue, reach, waits, wait_ends, issue_ends, waited,
+                                                                 issued, strict=True):  # folded as they come
+                if r is not None:
+                    add_interval(acc, (i, r))
+                if did_wait:
+                    add_blocked(acc, (w, w_end))
+                if did_issue:
+                    add_blocked(acc, (i, i_end))
             return
-        acc.intervals += new_intervals
-        # add_blocked's sum, in its order: blocked_s += (end - start) / 1e9
-        acc.blocked_s = functools.reduce(_add, [(b - a) / 1e9 for a, b in blocked], acc.blocked_s)
+        if known is None:
+            acc.col_issue += issue
+            acc.col_complete += reach
+        else:
+            acc.col_issue.extend(itertools.compress(issue, known))
+            acc.col_complete.extend(itertools.compress(reach, known))
+        # add_blocked's sum, in its order (each row's wait, then its issue): blocked_s += (end - start) / 1e9, an empty
+        # interval's 0.0 leaving the sum as it was
+        acc.blocked_s = functools.reduce(_add, itertools.chain.from_iterable(zip(
+            map(_truediv, map(_sub, wait_ends, waits), _repeat(1e9, k)),
+            map(_truediv, map(_sub, issue_ends, issue), _repeat(1e9, k)), strict=True)), acc.blocked_s)
         if acc.overlap_known:
-            acc.blocked += blocked
+            acc.col_blocked_start += [*itertools.compress(waits, waited), *itertools.compress(issue, issued)]
+            acc.col_blocked_end += [*itertools.compress(wait_ends, waited), *itertools.compress(issue_ends, issued)]
 
     def finalize_sync_batch(self, items: list[tuple[Any, ...]]) -> bool:
         """finalize_sync of each of ``items`` (synchronous host collectives of steps not yet summarized, in

@@ -9,7 +9,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any
 
-from zeromon.analysis.intervals import merge, total, union_length
+from zeromon.analysis.intervals import merge, total, union_length, union_of_columns
 from zeromon.analysis.step_overlap import host_overlap_ns, overlap_in_step, union_in
 from zeromon.model.events import StepSummary, ZeroMeaning, record_maker
 from zeromon_agent.hooks.issuers import DDP, DTENSOR, USER
@@ -74,6 +74,14 @@ class StepAcc:
     run_end: list[int] = field(default_factory=list)
     run_blocked: list[float] = field(default_factory=list)
     run_blocked_n: int = 0  # how many of run_blocked are > 0: the blocked intervals they stand for
+    # The async collectives of the recorder's column batches (CollectiveRecords._account_rows) not yet in
+    # ``intervals`` and ``blocked``, as columns: each one's [issue, completion], and the blocked intervals (a wait's,
+    # an async call's issue). A step of them is summarized from the columns in numpy's loops (_columns_overlap_ns),
+    # without a tuple an interval; anything else first moves them into the lists (settle).
+    col_issue: list[int] = field(default_factory=list)
+    col_complete: list[int] = field(default_factory=list)
+    col_blocked_start: list[int] = field(default_factory=list)
+    col_blocked_end: list[int] = field(default_factory=list)
 
 
 _PARAM_ALL_GATHER, _GRAD_REDUCE_SCATTER, _GRAD_ALL_REDUCE, _PARAM_BROADCAST, _MEANING_UNKNOWN = (
@@ -109,8 +117,18 @@ def seconds(ns: int) -> float:
 
 
 def settle(acc: StepAcc) -> None:
-    """Move a step's batched synchronous collectives (StepAcc.run_*) into its interval lists, as they would
+    """Move a step's batched collectives (StepAcc.run_*, StepAcc.col_*) into its interval lists, as they would
     have been appended one by one (their count was checked against MAX_STEP_INTERVALS as they came)."""
+    if acc.col_issue or acc.col_blocked_start:
+        acc.intervals.extend(zip(acc.col_issue, acc.col_complete, strict=True))
+        if acc.overlap_known:
+            acc.blocked.extend(zip(acc.col_blocked_start, acc.col_blocked_end, strict=True))
+        acc.col_issue, acc.col_complete, acc.col_blocked_start, acc.col_blocked_end = [], [], [], []
+    settle_runs(acc)
+
+
+def settle_runs(acc: StepAcc) -> None:
+    """settle's share of the synchronous batches (StepAcc.run_*)."""
     issue = acc.run_issue
     if not issue:
         return
@@ -123,7 +141,7 @@ def settle(acc: StepAcc) -> None:
 def add_interval(acc: StepAcc, interval: tuple[int, int]) -> None:
     """A collective's [issue, completion] into its step's intervals, after the batched ones before it (settle),
     folded past MAX_STEP_INTERVALS."""
-    if acc.run_issue:
+    if acc.run_issue or acc.col_issue or acc.col_blocked_start:
         settle(acc)
     acc.intervals.append(interval)
     if len(acc.intervals) > MAX_STEP_INTERVALS:
@@ -132,7 +150,7 @@ def add_interval(acc: StepAcc, interval: tuple[int, int]) -> None:
 
 
 def add_blocked(acc: StepAcc, interval: tuple[int, int]) -> None:
-    if acc.run_issue:
+    if acc.run_issue or acc.col_issue or acc.col_blocked_start:
         settle(acc)
     acc.blocked_s += (interval[1] - interval[0]) / 1e9
     if acc.overlap_known:
@@ -175,9 +193,12 @@ def _communication(acc: StepAcc, start_ns: int, end_ns: int) -> tuple[float, _Ov
     host_ns: tuple[int, int, int] | None
     host = acc.overlap_known and end_ns > start_ns and not (acc.on_stream and acc.compute)
     sequential = _sequential_overlap_ns(acc, start_ns, end_ns) \
-        if host and acc.run_issue and not (acc.intervals or acc.blocked) else None
+        if host and acc.run_issue and not (acc.intervals or acc.blocked or acc.col_issue or acc.col_blocked_start) \
+        else None
     if sequential is not None:  # every collective in the batches' columns, one after another
         comm_ns, host_ns = sequential
+    elif (acc.col_issue or acc.col_blocked_start) and (host or not acc.overlap_known):
+        comm_ns, host_ns = _columns_overlap_ns(acc, start_ns, end_ns, host)
     else:
         settle(acc)
         comm_ns = union_length(acc.intervals)
@@ -196,6 +217,33 @@ def _communication(acc: StepAcc, start_ns: int, end_ns: int) -> tuple[float, _Ov
                                         round(overlap.exposed_comm_s, 9))
         comm_s = round(overlap.comm_s, 9)
     return comm_s, (comp_s, overlap_s, exposed_s)
+
+
+def _columns_overlap_ns(acc: StepAcc, start_ns: int, end_ns: int,
+                        host: bool) -> tuple[int, tuple[int, int, int] | None]:
+    """(the collectives' union, host_overlap_ns or None where not ``host``) of a step with async collectives in its
+    columns (StepAcc.col_*), and whatever its lists hold beside them: host_overlap_ns's unions, in numpy's loops
+    (union_of_columns: the same integers, tests/test_recorder_fast_path.py)."""
+    settle_runs(acc)
+    issue, complete = acc.col_issue, acc.col_complete
+    if acc.intervals:
+        issue, complete = [*issue, *map(_first, acc.intervals)], [*complete, *map(_second, acc.intervals)]
+    comm_ns = union_of_columns(issue, complete)
+    if not host:
+        return comm_ns, None
+    blocked_start, blocked_end = acc.col_blocked_start, acc.col_blocked_end
+    agent_start, agent_end = list(map(_first, acc.agent)), list(map(_second, acc.agent))
+    both_start = [*blocked_start, *map(_first, acc.blocked), *agent_start]
+    both_end = [*blocked_end, *map(_second, acc.blocked), *agent_end]
+    agent_ns = union_of_columns(agent_start, agent_end, start_ns, end_ns) if agent_start else 0
+    both_ns = union_of_columns(both_start, both_end, start_ns, end_ns) if len(both_start) > len(agent_start) \
+        else agent_ns
+    every_ns = union_of_columns([*both_start, *issue], [*both_end, *complete], start_ns, end_ns) if issue \
+        else both_ns
+    return comm_ns, ((end_ns - start_ns) - both_ns, every_ns - both_ns, both_ns - agent_ns)
+
+
+_first, _second = operator.itemgetter(0), operator.itemgetter(1)
 
 
 def _sequential_overlap_ns(acc: StepAcc, start_ns: int, end_ns: int) -> tuple[int, tuple[int, int, int]] | None:
