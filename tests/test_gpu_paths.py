@@ -20,7 +20,7 @@ import torch
 from zeromon_agent.context.config import AgentConfig
 from zeromon_agent.context.device import NvmlDevice
 from zeromon_agent.hooks.cuda import CudaTimer, attach_oom_observer, stream_reader
-from zeromon_agent.hooks.state import RAW_COLLECTIVE, RAW_WAIT, HotState, timed_step
+from zeromon_agent.hooks.state import AT_WORK, RAW_COLLECTIVE, RAW_WAIT, HotState, timed_step
 from zeromon_agent.memory.readings import CudaMemory
 from zeromon_agent.recorder.loop import Recorder
 
@@ -417,9 +417,8 @@ def test_the_records_of_a_step_not_timed_on_the_device_leave_the_garbage_collect
     """Mock (no GPU: torch.cuda's events are faked). Most of a GPU run's collectives are of steps not timed on the
     device. Their raw records wait in the agent's queue for up to a second; a record the garbage collector tracks
     is carried through its generations meanwhile, and makes its collections more frequent and longer, on the
-    training thread. A synchronous collective's record and an async one's wait record hold only objects it does
-    not track, so its first pass untracks them. (An async collective's record holds a weak reference to its Work,
-    which the collector tracks: the recorder polls a Work nobody waited on through it.)"""
+    training thread. A synchronous collective's record, an async one's (its Work named by id) and its wait record
+    hold only objects it does not track, so its first pass untracks them."""
     import gc
 
     from zeromon_agent.hooks.collectives import make_wait, make_wrapper
@@ -451,4 +450,5 @@ def test_the_records_of_a_step_not_timed_on_the_device_leave_the_garbage_collect
     gc.collect()
     assert not gc.is_tracked(sync_record), [type(v) for v in sync_record if gc.is_tracked(v)]
     assert not gc.is_tracked(wait_record), [type(v) for v in wait_record if gc.is_tracked(v)]
-    assert gc.is_tracked(async_record)  # its Work's weak reference
+    assert not gc.is_tracked(async_record), [type(v) for v in async_record if gc.is_tracked(v)]
+    assert async_record[AT_WORK] == id(work)
