@@ -630,10 +630,9 @@ class CollectiveRecords:
         # Live, as _publish_collective counts: the duration where the completion is known, event_bandwidth's busbw
         # where it is measured, and the time each cost its caller (thread_blocked_s: an async call's issue too).
         launches = _LAUNCH in timings  # a GPU's: no completion known
-        lengths: list[Any] = [None if c is None else (c - i) / 1e9 for i, c in zip(issue, complete, strict=True)] if launches \
+        lengths = [None if c is None else (c - i) / 1e9 for i, c in zip(issue, complete, strict=True)] if launches \
             else list(map(_truediv, map(_sub, complete, issue), _repeat(1e9, n)))
-        durations = [None if s is None else s if s > 0.0 else 0.0 for s in lengths] if launches \
-            else list(map(max, lengths, _repeat(0.0, n)))  # max(0.0, s): the same double, 0.0 at 0.0
+        durations = [None if s is None else s if s > 0.0 else 0.0 for s in lengths]  # max(0.0, s)
         busbw = [size / s * factor if s is not None and s > 0 and timing in MEASURED_TIMINGS and factor is not None
                  and size > 0 else None for s, timing, factor, size in zip(lengths, timings, factors, sizes, strict=True)]
         thread_blocked = [b + s if a and s > 0 else b for b, s, a in zip(blocked, issue_s, is_async, strict=True)]
@@ -648,7 +647,7 @@ class CollectiveRecords:
                                    for i, c in zip(issue, complete, strict=True)] if launches \
             else list(map(max, issue, complete))
         wait_ends = list(map(_add, waits, map(int, map(_mul, blocked, _repeat(1e9, n)))))
-        issue_ends = list(map(_add, issue, map(int, map(_mul, issue_s, _repeat(1e9, n)))))  # a synchronous call's too
+        issue_ends = [i + int(s * 1e9) if a else i for i, s, a in zip(issue, issue_s, is_async, strict=True)]
         start = 0
         for step, run in itertools.groupby(steps):
             end = start + len(list(run))
@@ -669,14 +668,9 @@ class CollectiveRecords:
         k = len(ops)
         acc.collectives += k
         acc.comm_bytes += sum(nbytes)
-        by_op = acc.by_op
-        if k <= _FEW:  # a loop: a Counter costs more to make than a few additions
-            get = by_op.get
-            for op, size in zip(ops, nbytes, strict=True):
-                by_op[op] = get(op, 0) + size
-        else:
-            for (op, size), count in collections.Counter(zip(ops, nbytes, strict=True)).items():  # first-seen order
-                by_op[op] = by_op.get(op, 0) + size * count
+        by_op, get = acc.by_op, acc.by_op.get
+        for op, size in zip(ops, nbytes, strict=True):
+            by_op[op] = get(op, 0) + size
         if launch:
             acc.device_untimed = True
         known = list(map(_is_not, reach, _repeat(None, k))) if launch else None  # its completion known
@@ -705,12 +699,11 @@ class CollectiveRecords:
         else:
             acc.col_issue.extend(itertools.compress(issue, known))
             acc.col_complete.extend(itertools.compress(reach, known))
-        # add_blocked's sum, in its order (each row's wait, then an async call's issue): blocked_s += (end - start) /
-        # 1e9, an empty interval's 0.0 (and a synchronous call's issue times False) leaving the sum as it was
+        # add_blocked's sum, in its order (each row's wait, then its issue): blocked_s += (end - start) / 1e9, an empty
+        # interval's 0.0 leaving the sum as it was
         acc.blocked_s = functools.reduce(_add, itertools.chain.from_iterable(zip(
             map(_truediv, map(_sub, wait_ends, waits), _repeat(1e9, k)),
-            map(_mul, map(_truediv, map(_sub, issue_ends, issue), _repeat(1e9, k)), is_async), strict=True)),
-            acc.blocked_s)
+            map(_truediv, map(_sub, issue_ends, issue), _repeat(1e9, k)), strict=True)), acc.blocked_s)
         if acc.overlap_known:
             acc.col_blocked_start += [*itertools.compress(waits, waited), *itertools.compress(issue, issued)]
             acc.col_blocked_end += [*itertools.compress(wait_ends, waited), *itertools.compress(issue_ends, issued)]
