@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import bisect
 import collections
-import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,14 +97,10 @@ class LiveTotals:
             return
         self._uncounted, self._uncounted_rows = [], 0
         collectives, windows, bisect_left = self._collectives, self._busbw, bisect.bisect_left
-        totals: Any = None
-        last_op = last_meaning = None  # the previous row's totals: a run of one op and meaning is common
         for op, meaning, nbytes, blocked_s, duration_s, busbw in _rows(uncounted):
-            if op is not last_op or meaning is not last_meaning:
-                totals = collectives.get((op, meaning))
-                if totals is None:
-                    totals = collectives[(op, meaning)] = CollectiveTotals()
-                last_op, last_meaning = op, meaning
+            totals = collectives.get((op, meaning))
+            if totals is None:
+                totals = collectives[(op, meaning)] = CollectiveTotals()
             totals.calls += 1
             totals.bytes += nbytes
             totals.blocked_s += blocked_s
@@ -127,5 +122,8 @@ class LiveTotals:
 
 def _rows(uncounted: list[Counted | CountedColumns]) -> Iterator[Counted]:
     """Each collective of ``uncounted`` in order, a batch's columns a row at a time."""
-    return itertools.chain.from_iterable(zip(*item, strict=True) if type(item) is list else (item,)  # type: ignore[misc]
-                                         for item in uncounted)
+    for item in uncounted:
+        if isinstance(item, list):
+            yield from zip(*item, strict=True)
+        else:
+            yield item
