@@ -106,12 +106,11 @@ class HotState:
         self.pending: dict[int, int] = {}
         self.pending_capacity = 8192
         # seq -> Work of the async collectives in flight (bounded like pending): looked at, at each phase
-        # change, to bound the completion of those that nobody has waited on yet.
+        # change, to bound the completion of those that nobody has waited on yet, and by the recorder's poll of
+        # one never waited on (the queue names a Work by id: CollectiveRecords._work_of).
         self.works: dict[int, Any] = {}
         self.async_sample_every = 16
         self.async_count = 0
-        # An async collective was queued since the recorder's last pass: its completion is found by a pass (a
-        # Work never waited on is polled), so the recorder passes every second (Recorder._run).
         self.hook_errors = 0
         self._logged: set[str] = set()
         # True while inside a recorded collective: deprecated aliases call the new names through

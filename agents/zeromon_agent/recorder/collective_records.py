@@ -662,15 +662,8 @@ class CollectiveRecords:
         """_finalize_rows' step accounting of a run of one step's rows (its columns, as _finalize_rows makes them),
         as add_interval and add_blocked take them a row at a time: into the step's columns (StepAcc.col_*) where
         they do not fold, a row at a time where they do."""
-        acc = self._accs.get(step)
-        if acc is None:
-            acc = self._accs[step] = StepAcc()
+        acc = self._count_run(step, ops, nbytes)
         k = len(ops)
-        acc.collectives += k
-        acc.comm_bytes += sum(nbytes)
-        by_op, get = acc.by_op, acc.by_op.get
-        for op, size in zip(ops, nbytes, strict=True):
-            by_op[op] = get(op, 0) + size
         if launch:
             acc.device_untimed = True
         known = list(map(_is_not, reach, _repeat(None, k))) if launch else None  # its completion known
@@ -770,24 +763,30 @@ class CollectiveRecords:
                 for row in zip(*columns, strict=True):
                     writer.write(_new_collective(row))
 
-    def _account_sync_run(self, step: int, ops: tuple[str, ...], nbytes: tuple[int, ...], issue: list[int],
-                          complete: list[int], blocked: list[float], ends: list[int]) -> None:
-        """finalize_sync's step accounting of a run of one step's synchronous collectives, in issue order
-        (``ends``: each one's issue_ns + span_ns(blocked_s))."""
+    def _count_run(self, step: int, ops: Sequence[str], nbytes: Sequence[int]) -> StepAcc:
+        """A run of one step's collectives counted into its accumulator (made at its first record), as one by one:
+        their number, their bytes, their bytes by op in first-seen order. The accumulator."""
         acc = self._accs.get(step)
         if acc is None:
             acc = self._accs[step] = StepAcc()
-        k = len(ops)
-        acc.collectives += k
+        acc.collectives += len(ops)
         acc.comm_bytes += sum(nbytes)
         by_op = acc.by_op
-        if k <= _FEW:  # a loop: a Counter costs more to make than a few additions
+        if len(ops) <= _FEW:  # a loop: a Counter costs more to make than a few additions
             get = by_op.get
             for op, size in zip(ops, nbytes, strict=True):
                 by_op[op] = get(op, 0) + size
         else:
             for (op, size), count in collections.Counter(zip(ops, nbytes, strict=True)).items():  # first-seen order, as one by one
                 by_op[op] = by_op.get(op, 0) + size * count
+        return acc
+
+    def _account_sync_run(self, step: int, ops: tuple[str, ...], nbytes: tuple[int, ...], issue: list[int],
+                          complete: list[int], blocked: list[float], ends: list[int]) -> None:
+        """finalize_sync's step accounting of a run of one step's synchronous collectives, in issue order
+        (``ends``: each one's issue_ns + span_ns(blocked_s))."""
+        acc = self._count_run(step, ops, nbytes)
+        k = len(ops)
         if len(acc.intervals) + len(acc.run_issue) + k > MAX_STEP_INTERVALS:  # folded as it goes: one at a time, as finalize_sync
             for issue_ns, complete_ns, blocked_s, end_ns in zip(issue, complete, blocked, ends, strict=True):
                 add_interval(acc, (issue_ns, complete_ns))
