@@ -10,12 +10,23 @@ import pytest
 
 from tests.conftest import EXAMPLES, ranks_args, zeromon
 from zeromon.analysis.whatif import ChangeError, Refused, parse_change, what_if
-from zeromon.analysis.whatif.chain import COMPUTE, ISSUE, STEP_END, STEP_START, SYNC, WAIT, RankChain, Segment
+from zeromon.analysis.whatif.chain import (
+    COMPUTE,
+    ISSUE,
+    STEP_END,
+    STEP_START,
+    SYNC,
+    WAIT,
+    RankChain,
+    Segment,
+    rank_chain,
+)
 from zeromon.analysis.whatif.fit import fit_line
 from zeromon.analysis.whatif.replay import ChainsDoNotMatch, replay
 from zeromon.cli import main
 from zeromon.model.codec import Recording
 from zeromon.model.events import CollectiveEvent, MemorySample, PhaseSpan, RunInfo, StepSummary
+from zeromon_agent.hooks.state import timed_step
 
 MS = 1e-3
 KEY = (0, "all_reduce", 2, 0)
@@ -164,22 +175,28 @@ def test_the_remedies_whatif_answers_are_named_by_the_change_they_are_answered_a
 
 
 def _recording(rank: int, steps: int = 6, *, framework: str = "fsdp2", timing: str = "sync", group_size: int = 2,
-               detail_every: int = 1) -> Recording:
+               detail_every: int = 1, device_every: int | None = None) -> Recording:
+    """``device_every``: a GPU run, its collectives and phases timed with CUDA events in the steps the agent times
+    at ZEROMON_DEVICE_TIMING_EVERY=device_every, the others' collectives launched (no completion)."""
     step_ns = 10_000_000
     collectives, phases, summaries, memory = [], [], [], []
     for step in range(steps):
         start = step * step_ns
+        if device_every is not None:
+            timing = "cuda_event" if timed_step(step, device_every) else "launch"
+        clock = "cuda_event" if timing == "cuda_event" else "host"
         summaries.append(StepSummary(rank=rank, step=step, start_ns=start, end_ns=start + step_ns,
                                      phase_s={"forward": 0.01}, collectives=1, comm_bytes=1 << 20,
                                      comm_bytes_by_op={"all_reduce": 1 << 20}, comm_union_s=0.002,
                                      blocked_s=0.002, peak_memory=None))
         if step % detail_every:
             continue
-        phases.append(PhaseSpan(rank=rank, step=step, phase="forward", start_ns=start, end_ns=start + step_ns))
+        phases.append(PhaseSpan(rank=rank, step=step, phase="forward", start_ns=start, end_ns=start + step_ns,
+                                timing=clock))
         collectives.append(CollectiveEvent(
             seq=step, rank=rank, step=step, phase="forward", op="all_reduce", api="all_reduce", bytes_in=1 << 20,
             bytes_out=1 << 20, dtype="float32", group_size=group_size, async_op=False, issue_ns=start + 5_000_000,
-            complete_ns=start + 7_000_000, blocked_s=0.002, timing=timing, meaning="grad_all_reduce",
+            complete_ns=None if timing == "launch" else start + 7_000_000, blocked_s=0.002, timing=timing, meaning="grad_all_reduce",
             wait_ns=start + 5_000_000, issue_s=0.002))
         memory.append(MemorySample(rank=rank, step=step, phase="forward", t_ns=start + 9_000_000, device="cpu",
                                    allocated=None, reserved=None, active=None, peak_allocated=None,
@@ -243,8 +260,8 @@ def test_one_rank_has_no_collective_and_holds_the_whole_state() -> None:
 @pytest.mark.parametrize("pair, change, message", [
     (dict(), "world_size=2", "already has 2 ranks"),
     (dict(detail_every=10), "comm=hidden", "consecutive steps with their detail"),
-    (dict(timing="launch"), "comm=hidden", "not timed on the device"),
-    (dict(timing="cuda_event"), "comm=hidden", "a GPU run's chain is its stream's"),
+    (dict(timing="launch"), "comm=hidden", "the ranks share 0 steps timed on the device"),
+    (dict(steps=12, device_every=8), "comm=hidden", "share 3 steps timed on the device .* ZEROMON_DEVICE_TIMING_EVERY=1"),
     (dict(group_size=4), "comm=hidden", "groups of \\[4\\] ranks among 2"),
     (dict(steps=3), "comm=hidden", "at least 4 are needed"),
     (dict(framework="deepspeed"), "reshard_after_forward=false", "reshard_after_forward is FSDP2's"),
@@ -257,6 +274,36 @@ def test_what_one_recording_cannot_support_is_refused_with_the_reason(pair: dict
                                                                       message: str) -> None:
     with pytest.raises((Refused, ChangeError), match=message):
         what_if(_pair(**pair), [parse_change(change)])
+
+
+def test_a_gpu_run_is_replayed_on_its_streams_clock_from_the_steps_timed_on_the_device() -> None:
+    every = what_if(_pair(timing="cuda_event"), [parse_change("comm=hidden")])
+    assert every.steps == (0, 1, 2, 3, 4, 5) and any("compute stream's" in a for a in every.assumptions)
+    assert every.replay.median_step_s == pytest.approx(0.010) and every.replay_error_pct == pytest.approx(0.0)
+    assert every.predicted.median_step_s == pytest.approx(0.008)
+    # The agent's default: the first two steps, then 1 in 8; the launched steps between them are not replayed,
+    # and the time between two timed steps is no step's.
+    sampled = what_if(_pair(steps=20, device_every=32), [parse_change("micro_batch=x2")])
+    assert sampled.steps == (0, 1, 8, 16)
+    assert sampled.replay.median_step_s == pytest.approx(0.010)
+    assert sampled.predicted.median_step_s == pytest.approx(0.018)
+
+
+def test_on_the_stream_an_async_issue_costs_nothing_and_a_wait_that_held_it_no_time_is_a_bound() -> None:
+    import dataclasses
+
+    def recording(rank: int) -> Recording:
+        rec = _recording(rank, timing="cuda_event")
+        rec.collectives[:] = [dataclasses.replace(c, async_op=True, issue_s=0.001, wait_ns=c.issue_ns + 1_000_000,
+                                                  blocked_s=0.001 if c.step % 2 else 1e-6)
+                              for c in rec.collectives]
+        return rec
+
+    chain = rank_chain(recording(0), range(6), on_device=True)
+    assert [s.seconds for s in chain.segments if s.kind == ISSUE] == [0.0] * 6
+    assert sorted(k[0] for k in chain.complete_ns) == [1, 3, 5]  # the stream waited 1 ms: the completion
+    host = rank_chain(recording(0), range(6))
+    assert [s.seconds for s in host.segments if s.kind == ISSUE] == [0.001] * 6
 
 
 def test_more_ranks_from_a_one_rank_run_are_refused() -> None:

@@ -3,7 +3,7 @@
     python tests/bench/bench_whatif.py [--rounds 3] [--pairs fsdp2-reshard,fsdp2-micro ...] [--json FILE]
 
 Each round runs, in a shuffled order, A twice and B once (real 2-rank gloo runs of the examples under `zeromon
-run`): B's prediction from the first A against B as run, and the second A against the first (the A/A noise floor:
+run`; on a GPU machine, `--ranks 1 --shapes gpu` runs them on one GPU with NCCL): B's prediction from the first A against B as run, and the second A against the first (the A/A noise floor:
 how far two runs of the same config are apart). Per pair it prints the medians over rounds of:
 - the replay's error (the unchanged A through the model, against A's measured median step);
 - the prediction's error on the median step and on the peak of the tracked memory, against B as run;
@@ -34,6 +34,8 @@ LAUNCH = REPO_ROOT / "tests" / "launch_ranks.py"
 SHAPES = {  # (flags) a compute-heavy and a communication-heavy shape of the examples' model
     "compute": ["--hidden", "128", "--layers", "2", "--batch", "16", "--seq", "128"],
     "comm": ["--hidden", "256", "--layers", "4", "--batch", "2", "--seq", "32"],
+    # on a GPU (--ranks 1 on a one-GPU machine): a shape whose step is the GPU's, not the host's launches
+    "gpu": ["--hidden", "1024", "--layers", "4", "--batch", "8", "--seq", "512"],
 }
 
 
@@ -44,7 +46,7 @@ class Pair:
     change: str
     b_flags: tuple[str, ...]
     a_flags: tuple[str, ...] = ()
-    b_ranks: int = 2  # the ranks B runs on (A always on 2)
+    b_ranks: int | None = None  # the ranks B runs on, where not A's (--ranks)
 
 
 _SMALL_BUCKETS = ("--reduce-bucket-size", "250000")
@@ -123,6 +125,7 @@ def main() -> int:
     parser.add_argument("--pairs", default=",".join(PAIRS))
     parser.add_argument("--shapes", default=",".join(SHAPES))
     parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--ranks", type=int, default=2, help="the ranks A runs on (1 on a one-GPU machine)")
     args = parser.parse_args()
     pairs = [PAIRS[p] for p in args.pairs.split(",")]
     rows = []
@@ -135,7 +138,8 @@ def main() -> int:
                 runs: dict[str, list[dict]] = {"replay": [], "step": [], "peak": [], "aa": []}
                 predicted_b, measured_b, measured_a = [], [], []
                 for round_ in range(args.rounds):
-                    jobs = [("a1", pair.a_flags, 2), ("a2", pair.a_flags, 2), ("b", pair.b_flags, pair.b_ranks)]
+                    jobs = [("a1", pair.a_flags, args.ranks), ("a2", pair.a_flags, args.ranks),
+                            ("b", pair.b_flags, pair.b_ranks or args.ranks)]
                     rng.shuffle(jobs)
                     folders = {label: _record(Path(tmp) / f"{shape_name}-{pair.name}-{round_}-{label}", pair.script,
                                               _flags(shape, flags), args.steps, ranks)

@@ -19,19 +19,20 @@ from typing import Any
 from zeromon.analysis.step_table import step_table
 from zeromon.analysis.tracked_memory import TrackedSample, highest, tracked_samples
 from zeromon.analysis.whatif.apply import apply_change
-from zeromon.analysis.whatif.chain import CollectiveKey, RankChain, rank_chain
+from zeromon.analysis.whatif.chain import DEVICE_CLOCK, CollectiveKey, RankChain, rank_chain
 from zeromon.analysis.whatif.changes import Change
 from zeromon.analysis.whatif.fit import CollectiveFit, fit_collectives, measured_transfers
 from zeromon.analysis.whatif.model import SIZE_RANGE, Refused, RunModel, SecondsOf
 from zeromon.analysis.whatif.replay import ChainsDoNotMatch, Replay, replay
 from zeromon.analysis.whatif.zero_stage import changed_info
 from zeromon.model.codec import Recording
-from zeromon.model.events import DEVICE_TIMINGS, Timing
+from zeromon.model.events import DEVICE_TIMINGS, Phase, Timing
 
 # The least steps after the first, with their detail on every rank, to answer from; and the most replayed (the
 # last of the stretch): enough for a median, and a long run's answer costs no more than a short one's.
 MIN_STEPS = 3
 MAX_STEPS = 64
+_GPU_TIMINGS = DEVICE_TIMINGS | {Timing.LAUNCH.value}
 APPLY_ORDER = ("reshard_after_forward", "sharding_strategy", "zero_stage", "world_size", "micro_batch", "grad_accum",
                "bandwidth", "comm")
 # What each change kind missed by, as a share of the real run's median step and tracked peak, when it was
@@ -160,9 +161,9 @@ def what_if(recordings: Sequence[Recording], changes: Sequence[Change]) -> WhatI
         raise Refused(f"{len(recordings)} of the run's {world} ranks were recorded here: the ranks' collectives are "
                       "replayed together, so every rank's recording is needed (a run on several nodes: give "
                       "each node's folder)")
-    _refuse_device_timing(recordings)
-    steps = replayable_steps(recordings)
-    chains = tuple(rank_chain(r, steps) for r in recordings)
+    on_device = device_run(recordings)
+    steps = replayable_steps(recordings, on_device)
+    chains = tuple(rank_chain(r, steps, on_device) for r in recordings)
     _refuse_subgroups(chains)
     first = measured_transfers(chains)
     if not first and any(c.shapes for c in chains):
@@ -174,6 +175,11 @@ def what_if(recordings: Sequence[Recording], changes: Sequence[Change]) -> WhatI
                    "measured",
                    "compute keeps its measured length; each collective its own measured time where the change "
                    "leaves it, the fit of its op and group where it is made anew"]
+    if on_device:
+        assumptions.append("a GPU run: each rank's chain is its compute stream's, as the CUDA events of the steps "
+                           "timed on the device place it (ZEROMON_DEVICE_TIMING_EVERY); the stream's time between "
+                           "two collectives is taken as compute, so a run whose GPU waits for the host's launches "
+                           "is predicted as if it did not")
     base = _run(model, model.chains, _measured_seconds(model))
     info = recordings[0].run_info
     chains_after, memory_after = model.chains, model.memory
@@ -192,10 +198,18 @@ def what_if(recordings: Sequence[Recording], changes: Sequence[Change]) -> WhatI
                   assumptions=tuple(assumptions), capacity_bytes=capacity)
 
 
-def replayable_steps(recordings: Sequence[Recording]) -> list[int]:
-    """The last MAX_STEPS of the longest stretch of consecutive steps that every rank summarized and kept the
-    detail of, and whose collectives' groups are known (the agent could not size a group DeepSpeed's ZeRO-3
-    broadcasts to in its first steps: such a step cannot be matched across ranks)."""
+def device_run(recordings: Sequence[Recording]) -> bool:
+    """Whether the run's collectives ran on a GPU (timed on the device, or launched in a step that was not)."""
+    return any(set(rec.collective_columns().timing) & _GPU_TIMINGS for rec in recordings)
+
+
+def replayable_steps(recordings: Sequence[Recording], on_device: bool = False) -> list[int]:
+    """The steps replayed: those every rank summarized and kept the detail of, and whose collectives' groups are
+    known (the agent could not size a group DeepSpeed's ZeRO-3 broadcasts to in its first steps: such a step
+    cannot be matched across ranks). On the host, the last MAX_STEPS of their longest stretch of consecutive
+    steps; in a GPU run, the last MAX_STEPS of those timed on the device on every rank (every collective and
+    phase on the stream's clock: [Note: a GPU run's chain] in zeromon.analysis.whatif.chain), which need not
+    follow each other."""
     common: set[int] | None = None
     for rec in recordings:
         columns = rec.collective_columns()
@@ -203,7 +217,18 @@ def replayable_steps(recordings: Sequence[Recording]) -> list[int]:
         detailed = {p.step for p in rec.phases} | set(columns.step)
         unknown_groups = {step for step, size in zip(columns.step, columns.group_size, strict=True) if size < 1}
         steps = (summarized & detailed) - unknown_groups
+        if on_device:
+            steps -= {step for step, timing in zip(columns.step, columns.timing, strict=True)
+                      if timing not in DEVICE_TIMINGS}
+            steps -= {p.step for p in rec.phases if p.phase != Phase.AGENT and p.timing != DEVICE_CLOCK}
         common = steps if common is None else common & steps
+    if on_device:
+        timed = sorted(common or ())
+        if len([s for s in timed if s >= 1]) < MIN_STEPS:
+            raise Refused(f"the ranks share {len(timed)} steps timed on the device (every collective and phase "
+                          f"by CUDA events); at least {MIN_STEPS + 1} are needed: a longer run, or "
+                          "ZEROMON_DEVICE_TIMING_EVERY=1 to time every step (docs/settings.md)")
+        return timed[-MAX_STEPS:]
     stretch: list[int] = []
     best: list[int] = []
     for step in sorted(common or ()):
@@ -214,17 +239,6 @@ def replayable_steps(recordings: Sequence[Recording]) -> list[int]:
                       f"at least {MIN_STEPS + 1} are needed (the disk budget thins a long run's detail: "
                       "ZEROMON_MAX_DISK, docs/recording-format.md)")
     return best[-MAX_STEPS:]
-
-
-def _refuse_device_timing(recordings: Sequence[Recording]) -> None:
-    for rec in recordings:
-        timings = set(rec.collective_columns().timing)
-        if Timing.LAUNCH.value in timings:
-            raise Refused(f"rank {rec.rank}: its collectives were not timed on the device in most steps "
-                          "(ZEROMON_DEVICE_TIMING_EVERY): when they ran on the GPU is not known")
-        if timings & DEVICE_TIMINGS:
-            raise Refused(f"rank {rec.rank}: a GPU run's chain is its stream's; this version replays the host's "
-                          "(a CPU run)")
 
 
 def _refuse_subgroups(chains: Sequence[RankChain]) -> None:

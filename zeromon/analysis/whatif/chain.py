@@ -10,6 +10,19 @@ bound segments is the gap between them on the thread's clock, less zeromon's own
 
 Collectives are matched across ranks as the straggler analysis matches them: by step, op, group size
 and occurrence within the step (data-parallel ranks issue the same collectives in the same order).
+
+[Note: a GPU run's chain]
+On a GPU the training thread only launches work; what takes a step's time is the compute stream. In the
+steps timed on the device (ZEROMON_DEVICE_TIMING_EVERY) the agent records CUDA events on that stream: at
+each phase change, at the step's ends, around each synchronous collective (the stream waits for it from
+the first to the second) and around each wait on an async one; so a collective's issue and completion, the
+stream's time blocked on it, the phases and the steps are all on the stream's clock, placed on the host's
+by a reference event. The chain of such a step is the stream's: the same segments as the thread's, except
+that issuing an async collective costs the stream nothing, and zeromon's own spans (host work) are not on
+it. An async collective's completion is exact where the stream waited for it; one already done when the
+stream reached its wait has a bound, as on the host. The stream's time between two collectives is compute,
+also where the stream was idle waiting for the host's launches. The steps replayed are the timed ones,
+which need not follow each other: the time between two of them is kept as measured, in no phase.
 """
 
 from __future__ import annotations
@@ -20,7 +33,7 @@ from dataclasses import dataclass, field
 
 from zeromon.analysis.bandwidth import MEASURED_TIMINGS, array_size, bus_factor
 from zeromon.model.codec import Recording
-from zeromon.model.events import DEVICE_TIMINGS, Phase, StepSummary, span_ns
+from zeromon.model.events import DEVICE_TIMINGS, Phase, StepSummary, Timing, span_ns
 
 # Segment kinds. COMPUTE, AGENT and ISSUE last their measured time; SYNC and WAIT until their collective
 # completes (SYNC: the call issues it, then blocks); STEP_START and STEP_END mark a step's ends (no time).
@@ -79,10 +92,24 @@ class RankChain:
 # Completion times measured exactly on the host: the measured ones less the device's clocks (a GPU run's chain
 # is the stream's, not the thread's).
 EXACT_HOST_TIMINGS = MEASURED_TIMINGS - DEVICE_TIMINGS
+# PhaseSpan.timing of a span on the stream's clock ([Note: a GPU run's chain]).
+DEVICE_CLOCK = Timing.CUDA_EVENT.value
+# An async collective's wait that held the stream no longer than this found it done: a bound on its completion,
+# not the completion (recording an event and the wait's own launch take the stream about a microsecond).
+STREAM_BOUND_S = 2e-6
+# The phase of the time between two replayed steps that do not follow each other (a GPU run's timed steps).
+BETWEEN_STEPS = ""
 
 
-def rank_chain(rec: Recording, steps: Sequence[int]) -> RankChain:
-    """The chain of ``steps`` (consecutive step indices, each with its summary and detail) of one rank."""
+def _exact_completion(timing: str, async_op: bool, blocked_s: float, on_device: bool) -> bool:
+    if not on_device:
+        return timing in EXACT_HOST_TIMINGS
+    return timing in DEVICE_TIMINGS and (not async_op or blocked_s > STREAM_BOUND_S)
+
+
+def rank_chain(rec: Recording, steps: Sequence[int], on_device: bool = False) -> RankChain:
+    """The chain of ``steps`` (step indices in order, each with its summary and detail) of one rank: its training
+    thread's, or on a GPU (``on_device``) its compute stream's ([Note: a GPU run's chain])."""
     wanted = set(steps)
     summaries = sorted((s for s in rec.steps if s.step in wanted), key=lambda s: s.step)
     blocks: list[tuple[int, int, int, Segment]] = []  # (start, order, end, segment): order breaks ties
@@ -102,14 +129,15 @@ def rank_chain(rec: Recording, steps: Sequence[int]) -> RankChain:
         start, phase, blocked = columns.issue_ns[i], columns.phase[i], columns.blocked_s[i]
         issue_ns[key] = start
         phases[key] = phase
-        if columns.timing[i] in EXACT_HOST_TIMINGS and columns.complete_ns[i] is not None:
+        if columns.complete_ns[i] is not None and _exact_completion(columns.timing[i], bool(columns.async_op[i]),
+                                                                    blocked, on_device):
             complete_ns[key] = columns.complete_ns[i]  # type: ignore[assignment]
         shapes[key] = CollectiveShape(op, size, array_size(op, columns.bytes_in[i], columns.bytes_out[i]),
                                       columns.meaning[i], bool(columns.async_op[i]))
         if not columns.async_op[i]:
             blocks.append((start, 1, start + span_ns(blocked), Segment(SYNC, blocked, step, phase, key)))
             continue
-        issue_s = columns.issue_s[i] or 0.0
+        issue_s = 0.0 if on_device else columns.issue_s[i] or 0.0  # the stream does not wait for a launch
         blocks.append((start, 1, start + span_ns(issue_s), Segment(ISSUE, issue_s, step, phase, key)))
         wait = columns.wait_ns[i]
         if wait is not None:
@@ -119,6 +147,8 @@ def rank_chain(rec: Recording, steps: Sequence[int]) -> RankChain:
         if span.step not in wanted:
             continue
         if span.phase == Phase.AGENT:
+            if on_device:  # the host's work, not the stream's
+                continue
             blocks.append((span.start_ns, 0, span.end_ns, Segment(AGENT, span.duration_s, span.step, span.phase)))
         else:
             phase_marks.append((span.start_ns, span.phase))
@@ -143,6 +173,7 @@ def _with_compute(blocks: list[tuple[int, int, int, Segment]], phase_marks: list
     marks = iter(phase_marks)
     mark = next(marks, None)
     phase = Phase.OTHER.value
+    ended: int | None = None  # the step the last STEP_END closed
     for begin, _, end, segment in blocks:
         while mark is not None and mark[0] <= begin:
             if mark[0] > cursor:
@@ -151,11 +182,13 @@ def _with_compute(blocks: list[tuple[int, int, int, Segment]], phase_marks: list
             phase = mark[1]
             mark = next(marks, None)
         if begin > cursor:
-            segments.append(Segment(COMPUTE, (begin - cursor) / 1e9, step, phase))
+            skipped = segment.kind == STEP_START and ended is not None and segment.step != ended + 1
+            segments.append(Segment(COMPUTE, (begin - cursor) / 1e9, step, BETWEEN_STEPS if skipped else phase))
         if segment.kind in (AGENT, ISSUE):
             segment = Segment(segment.kind, max(0, end - max(begin, cursor)) / 1e9, segment.step, segment.phase,
                               segment.key)
         segments.append(segment)
         cursor = max(cursor, end)
         step = segment.step if segment.kind in (STEP_START, STEP_END) else step
+        ended = segment.step if segment.kind == STEP_END else ended
     return segments
