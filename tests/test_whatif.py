@@ -21,6 +21,7 @@ from zeromon.analysis.whatif.chain import (
     Segment,
     rank_chain,
 )
+from zeromon.analysis.whatif.answer import device_run
 from zeromon.analysis.whatif.fit import fit_line
 from zeromon.analysis.whatif.replay import ChainsDoNotMatch, replay
 from zeromon.cli import main
@@ -287,6 +288,10 @@ def test_a_gpu_run_is_replayed_on_its_streams_clock_from_the_steps_timed_on_the_
     assert sampled.steps == (0, 1, 8, 16)
     assert sampled.replay.median_step_s == pytest.approx(0.010)
     assert sampled.predicted.median_step_s == pytest.approx(0.018)
+    # A one-GPU run that issues no collective (FSDP2 on one rank): its phases on the stream make it a GPU run.
+    alone = [_recording(0, timing="cuda_event")]
+    alone[0].collectives.clear()
+    assert device_run(alone) and not device_run(_pair())
 
 
 def test_on_the_stream_an_async_issue_costs_nothing_and_a_wait_that_held_it_no_time_is_a_bound() -> None:

@@ -3,8 +3,9 @@
     python tests/bench/bench_whatif.py [--rounds 3] [--pairs fsdp2-reshard,fsdp2-micro ...] [--json FILE]
 
 Each round runs, in a shuffled order, A twice and B once (real 2-rank gloo runs of the examples under `zeromon
-run`; on a GPU machine, `--ranks 1 --shapes gpu` runs them on one GPU with NCCL): B's prediction from the first A against B as run, and the second A against the first (the A/A noise floor:
-how far two runs of the same config are apart). Per pair it prints the medians over rounds of:
+run`; on a GPU machine, `--ranks 1 --shapes gpu` runs them on one GPU with NCCL): B's prediction from the first A
+against B as run, and the second A against the first (the A/A noise floor: how far two runs of the same config are
+apart). Per pair it prints the medians over rounds of:
 - the replay's error (the unchanged A through the model, against A's measured median step);
 - the prediction's error on the median step and on the peak of the tracked memory, against B as run;
 - the A/A difference of the median step.
@@ -56,6 +57,7 @@ PAIRS = {
     "fsdp2-reshard-back": Pair("fsdp2-reshard-back", "fsdp2_train.py", "reshard_after_forward=true", (),
                                ("--no-reshard-after-forward",)),
     "fsdp2-micro": Pair("fsdp2-micro", "fsdp2_train.py", "micro_batch=x2", ("--micro-x2",)),
+    "ddp-micro": Pair("ddp-micro", "ddp_train.py", "micro_batch=x2", ("--micro-x2",)),
     "fsdp2-world1": Pair("fsdp2-world1", "fsdp2_train.py", "world_size=1", (), b_ranks=1),
     "fsdp1-shard-grad-op": Pair("fsdp1-shard-grad-op", "fsdp1_train.py", "sharding_strategy=SHARD_GRAD_OP",
                                 ("--strategy", "SHARD_GRAD_OP")),

@@ -13,9 +13,13 @@ if [ "${PARTS:-wtb}" != "${PARTS/w/}" ]; then
   for c in comm=hidden micro_batch=x2 bandwidth=x2; do timeout 60 python3 -m zeromon whatif /tmp/gpu-a $c >> "$OUT/whatif.txt" 2>&1; done
   timeout 60 python3 -m zeromon whatif /tmp/gpu-a micro_batch=x2 --json > "$OUT/whatif.json" 2>> "$OUT/whatif.txt"
   timeout 60 python3 -m zeromon report /tmp/gpu-a >> "$OUT/whatif.txt" 2>&1
+  timeout 90 python3 -m zeromon run --out /tmp/gpu-ddp -- python3 tests/launch_ranks.py --nproc-per-node 1 \
+    --master-port 29612 examples/ddp_train.py --steps 40 $SHAPE > "$OUT/whatif-ddp.txt" 2>&1
+  for c in comm=hidden micro_batch=x2; do timeout 60 python3 -m zeromon whatif /tmp/gpu-ddp $c >> "$OUT/whatif-ddp.txt" 2>&1; done
+  tar -C /tmp -czf "$OUT/gpu-runs.tar.gz" gpu-a gpu-ddp
   lap whatif
   # issue 42: record A, predict B, run B for real, A again; three rounds
-  timeout 240 python3 tests/bench/bench_whatif.py --ranks 1 --shapes gpu --pairs fsdp2-micro --rounds 3 --steps 40 \
+  timeout 240 python3 tests/bench/bench_whatif.py --ranks 1 --shapes gpu --pairs ${PAIRS_W:-fsdp2-micro} --rounds ${ROUNDS_W:-3} --steps 40 \
     --json "$OUT/bench_whatif.json" > "$OUT/bench_whatif.txt" 2>&1
   lap bench_whatif
 fi
@@ -25,6 +29,6 @@ if [ "${PARTS:-wtb}" != "${PARTS/t/}" ]; then
 fi
 if [ "${PARTS:-wtb}" != "${PARTS/b/}" ]; then
   # issue 44: the host-bound loop, without the agent, its hot path alone, the whole agent
-  timeout 100 python3 tests/bench/bench_gpu_drain.py --real --parts b --runs 9 > "$OUT/drain_b.txt" 2>&1
+  timeout ${TIMEOUT_B:-100} python3 tests/bench/bench_gpu_drain.py --real --parts b --runs ${RUNS_B:-9} --loop-collectives ${LOOP_B:-8000} > "$OUT/drain_b.txt" 2>&1
   lap drain_b
 fi

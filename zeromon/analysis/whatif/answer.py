@@ -199,8 +199,10 @@ def what_if(recordings: Sequence[Recording], changes: Sequence[Change]) -> WhatI
 
 
 def device_run(recordings: Sequence[Recording]) -> bool:
-    """Whether the run's collectives ran on a GPU (timed on the device, or launched in a step that was not)."""
-    return any(set(rec.collective_columns().timing) & _GPU_TIMINGS for rec in recordings)
+    """Whether the run trained on a GPU: its collectives timed on the device (or launched in a step that was not),
+    or its phases timed on the stream (a one-GPU run may issue no collective)."""
+    return any(set(rec.collective_columns().timing) & _GPU_TIMINGS
+               or any(p.timing == DEVICE_CLOCK for p in rec.phases) for rec in recordings)
 
 
 def replayable_steps(recordings: Sequence[Recording], on_device: bool = False) -> list[int]:
