@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import child_env, free_port, run_python
+from conftest import EXAMPLES, child_env, free_port, ranks_args, run_python, zeromon
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -364,3 +364,27 @@ def test_a_progress_report_on_nccl_counts_the_groups_collectives_and_sees_one_st
     assert first >= 5 and during == after == first + 1  # NCCL's own sequence number of the group
     assert result["last_done"] == [True, False, True]
     assert result["waiting"] == ["all_reduce", during] and not result["blocked"]
+
+
+@pytest.mark.parametrize("script", ["fsdp2_train.py", "ddp_train.py"])
+def test_whatif_replays_a_one_gpu_run_on_its_streams_clock(tmp_path: Path, script: str) -> None:
+    """`zeromon whatif` on a one-GPU run at the agent's default device timing: the steps timed on the device are
+    replayed (the first two, then 1 in 8), on the stream's clock, within the issue's 5% of the measured step. FSDP2
+    on one rank issues no collective (a GPU run by its phases on the stream), DDP all-reduces its buckets (NCCL
+    collectives timed with CUDA events)."""
+    out = tmp_path / "run"
+    shape = ("--hidden", "1024", "--layers", "4", "--batch", "8", "--seq", "512")
+    result = zeromon("run", "--out", str(out), "--", *ranks_args(1, EXAMPLES / script, "--steps", "20", *shape))
+    assert result.returncode == 0, result.stderr[-3000:]
+    answers = {}
+    for change in ("comm=hidden", "micro_batch=x2"):
+        answer = zeromon("whatif", str(out), change, "--json", timeout=120)
+        assert answer.returncode == 0, answer.stderr[-3000:]
+        answers[change] = json.loads(answer.stdout)
+    hidden, micro = answers["comm=hidden"], answers["micro_batch=x2"]
+    assert hidden["steps"] == [0, 1, 8, 16], hidden["steps"]
+    assert any("compute stream's" in a for a in hidden["assumptions"]), hidden["assumptions"]
+    assert abs(hidden["replay"]["error_pct"]) <= 5.0, hidden
+    assert hidden["predicted"]["median_step_s"] <= hidden["replay"]["median_step_s"] + 1e-9, hidden
+    assert micro["predicted"]["median_step_s"] > micro["replay"]["median_step_s"], micro
+    assert micro["predicted"]["peak_tracked_bytes"] > micro["measured"]["peak_tracked_bytes"], micro
