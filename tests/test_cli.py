@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +19,29 @@ def test_no_command_prints_usage_and_exits_2(capsys) -> None:  # type: ignore[no
     assert main([]) == 2
     err = capsys.readouterr().err
     assert "usage: zeromon" in err and "a command is required" in err
+
+
+def test_a_command_imports_its_own_module_alone_and_help_lists_them_all(capsys) -> None:  # type: ignore[no-untyped-def]
+    import importlib
+
+    from zeromon.cli import build_parser, command_name
+    from zeromon.commands import COMMAND_MODULES
+
+    for module_name in COMMAND_MODULES:  # the name the parser gives a command without importing it is its own
+        assert importlib.import_module(module_name).NAME == command_name(module_name)
+    _, commands = build_parser("report")
+    assert list(commands) == ["report"]
+    check = ("import sys; from zeromon.cli import main; from zeromon.commands import COMMAND_MODULES; "
+             "main(['run', '--out', sys.argv[1], '--', 'true']); "
+             "print(sorted(m for m in sys.modules if m in COMMAND_MODULES))")
+    out = subprocess.run([sys.executable, "-c", check, "/tmp/unused-zeromon-run-imports"], env=child_env(),
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip().splitlines()[-1] == "['zeromon.commands.run']", out.stdout + out.stderr
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listed = capsys.readouterr().out
+    listed_names = {line.split()[0] for line in listed.splitlines() if line.startswith("    ") and line.split()}
+    assert {command_name(m) for m in COMMAND_MODULES} <= listed_names, listed
 
 
 def test_run_without_a_command_is_a_usage_error() -> None:
