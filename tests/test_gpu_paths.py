@@ -413,23 +413,29 @@ def test_a_short_run_is_timed_on_the_device_densely_and_a_long_run_at_one_step_i
     assert max(b - a for a, b in itertools.pairwise(steps)) == every
 
 
-def test_the_records_of_a_step_not_timed_on_the_device_leave_the_garbage_collectors_care() -> None:
-    """Mock (no GPU: torch.cuda's events are faked). Most of a GPU run's collectives are of steps not timed on the
-    device. Their raw records wait in the agent's queue for up to a second; a record the garbage collector tracks
-    is carried through its generations meanwhile, and makes its collections more frequent and longer, on the
-    training thread. A synchronous collective's record, an async one's (its Work named by id) and its wait record
-    hold only objects it does not track, so its first pass untracks them."""
+@pytest.mark.parametrize("step", [2, 4])
+def test_the_records_of_a_gpu_step_leave_the_garbage_collectors_care(step: int) -> None:
+    """Mock (no GPU: torch.cuda's events are faked). A GPU run's raw records wait in the agent's queue for up to a
+    second; a record the garbage collector tracks is carried through its generations meanwhile, and makes its
+    collections more frequent and longer (full ones of the whole heap), on the training thread. In a step not
+    timed on the device (2) and in one that is (4: its CUDA events named by their numbers in the pool), a
+    synchronous collective's record, an async one's (its Work named by id; a timed one's held weakly beside, until
+    its wait), its wait record and a phase boundary's hold only objects it does not track, so its first pass
+    untracks them (a timed synchronous one's pair of event numbers at its first, the record holding it at its
+    second at the latest: before the oldest generation)."""
     import gc
 
     from zeromon_agent.hooks.collectives import make_wait, make_wrapper
+    from zeromon_agent.hooks.state import RAW_PHASE
 
     state = HotState()
     state.enabled = True
-    state.device_timer = CudaTimer(_fake_torch(), pool_size=4)
+    state.device_timer = timer = CudaTimer(_fake_torch(), pool_size=16)
+    timer.active = True  # as after the run's first CUDA collective
     state.device_timing_every = 4
-    state.step = 2
+    state.step = step
     state.time_step()
-    assert state.cuda_timing is None
+    assert (state.cuda_timing is timer) == (step == 4)
 
     class Work:
         def wait(self) -> bool:
@@ -444,11 +450,20 @@ def test_the_records_of_a_step_not_timed_on_the_device_leave_the_garbage_collect
     wait = make_wait(Work.wait, state=state)
     wrapped(_CudaTensor())
     work = wrapped(_CudaTensor(), async_op=True)
+    seq = state.seq
+    assert (seq in timer.refs and timer.refs[seq]() is work) == (step == 4)
     wait(work)
+    assert seq not in timer.refs
+    state.push_control((RAW_PHASE, "backward", 0, step, timer.mark() if state.cuda_timing is not None else None))
     sync_record, async_record, wait_record = state.raw
+    (phase_record,) = state.control
     assert sync_record[0] == async_record[0] == RAW_COLLECTIVE and wait_record[0] == RAW_WAIT
+    if step == 4:  # the events' numbers: the start and end of the synchronous one, the boundary's
+        assert all(type(e) is int for e in (*sync_record[14], phase_record[4]))
     gc.collect()
-    assert not gc.is_tracked(sync_record), [type(v) for v in sync_record if gc.is_tracked(v)]
-    assert not gc.is_tracked(wait_record), [type(v) for v in wait_record if gc.is_tracked(v)]
-    assert not gc.is_tracked(async_record), [type(v) for v in async_record if gc.is_tracked(v)]
+    if step == 4:
+        assert not gc.is_tracked(sync_record[14])
+        gc.collect()
+    for record in (sync_record, wait_record, async_record, phase_record):
+        assert not gc.is_tracked(record), [type(v) for v in record if gc.is_tracked(v)]
     assert async_record[AT_WORK] == id(work)

@@ -306,8 +306,10 @@ def test_the_agents_events_are_recorded_on_torchs_current_stream_on_a_gpu() -> N
     timer.active = True  # as after a CUDA collective
 
     def record_now(event: torch.cuda.Event) -> None:
-        timer.pool.appendleft(event)
-        assert timer.mark() is event
+        timer.events.append(event)  # the next mark takes it: the pool holds the events' numbers
+        timer.pool.appendleft(len(timer.events) - 1)
+        number = timer.mark()
+        assert number is not None and timer.events[number] is event
 
     side = torch.cuda.Stream()
     torch.cuda.synchronize()

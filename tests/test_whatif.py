@@ -10,6 +10,7 @@ import pytest
 
 from tests.conftest import EXAMPLES, ranks_args, zeromon
 from zeromon.analysis.whatif import ChangeError, Refused, parse_change, what_if
+from zeromon.analysis.whatif.answer import device_run
 from zeromon.analysis.whatif.chain import (
     COMPUTE,
     ISSUE,
@@ -21,7 +22,6 @@ from zeromon.analysis.whatif.chain import (
     Segment,
     rank_chain,
 )
-from zeromon.analysis.whatif.answer import device_run
 from zeromon.analysis.whatif.fit import fit_line
 from zeromon.analysis.whatif.replay import ChainsDoNotMatch, replay
 from zeromon.cli import main

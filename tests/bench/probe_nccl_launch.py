@@ -215,8 +215,14 @@ def main() -> None:
             state.pending.clear()
             state.works.clear()
             timer.awaiting.clear()
-            # Every variant's calls find events: the agent's variants take 2 and 3 a call (sync, async) and give none back here.
-            timer.pool.extend(torch.cuda.Event(enable_timing=True) for _ in range(6 * args.calls - len(timer.pool)))
+            timer.refs.clear()
+            # Every variant's calls find events: the agent's variants take 2 and 3 a call (sync, async) and give none back
+            # here. The pool holds the events' numbers in CudaTimer.events: new ones go at its end.
+            missing = 6 * args.calls - len(timer.pool)
+            if missing > 0:
+                first = len(timer.events)
+                timer.events.extend(torch.cuda.Event(enable_timing=True) for _ in range(missing))
+                timer.pool.extend(range(first, first + missing))
 
         per_call = benchlib.interleaved(variants, args.rounds, args.calls, between=between)
         torch.cuda.synchronize()

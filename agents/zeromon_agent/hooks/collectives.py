@@ -199,15 +199,10 @@ def _record_async(state: HotState, api: str, op: str, t0: int, t1: int, b_in: in
         # names it: an int, which the garbage collector does not track, so the queued tuple is untracked at the
         # collector's first look and never walked again (a weak reference, tracked, took each tuple through the
         # generations into the oldest, and brought its full collections on: tests/bench/bench_gpu_drain.py). The
-        # recorder polls a host one through HotState.works, held until a phase change sees it done or its wait.
-        # One timed with CUDA events is held weakly (its tuple holds the events, tracked, anyway).
-        if cuda is None:
-            work = id(result)
-        else:
-            try:
-                work = weakref.ref(result)
-            except TypeError:  # a Work type without weak references (a custom backend's): held until drained
-                work = result
+        # recorder polls a host one through HotState.works, held until a phase change sees it done or its wait;
+        # one timed with CUDA events (whose tuple holds its events' numbers, ints too) through CudaTimer.refs, a
+        # weak reference until its wait.
+        work = id(result)
         pending = state.pending
         if len(pending) < state.pending_capacity:
             pending[id(result)] = seq
@@ -216,7 +211,12 @@ def _record_async(state: HotState, api: str, op: str, t0: int, t1: int, b_in: in
                 if len(works) < state.pending_capacity:
                     works[seq] = result
             else:  # timed with CUDA events: its wait is marked on the stream (make_wait)
-                state.device_timer.awaiting.add(seq)
+                timer = state.device_timer
+                timer.awaiting.add(seq)
+                try:
+                    timer.refs[seq] = weakref.ref(result)
+                except TypeError:  # a Work type without weak references (a custom backend's): held until its wait
+                    timer.refs[seq] = result
         # A completion callback times 1 in N collectives timed on the host; on a GPU the events do, or nothing
         # does (a step not timed on the device: a callback through an NCCL Work's future costs more than events).
         every = state.async_sample_every if cuda is None else 0
@@ -339,6 +339,7 @@ def make_wait(orig_wait: Callable[..., Any], state: HotState = STATE) -> Callabl
                         state.hook_error("Work.wait", exc)
             if seq in timer.awaiting:  # a collective timed with CUDA events
                 timer.awaiting.discard(seq)
+                timer.refs.pop(seq, None)
             else:
                 timer = None
         state.works.pop(seq, None)

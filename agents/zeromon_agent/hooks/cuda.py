@@ -4,7 +4,10 @@ No host synchronization: events are recorded on the current stream around each c
 async one, the end event is recorded when the caller waits, i.e. when its stream is made to wait on
 the collective, and one more just before that wait), and at every phase boundary, so that phases
 too are timed on the GPU; the events are read later by the agent's background thread with ``Event.query()``. Events come
-from a bounded pool; when it is empty the collective is recorded with host timing only.
+from a bounded pool; when it is empty the collective is recorded with host timing only. What the hooks queue is an
+event's number in the pool (an int), not the event: a queued record of ints is no object the garbage collector
+tracks, where one holding an event went through the collector's generations while it waited for the recorder's
+pass, and brought on full collections of the whole heap (tests/bench/bench_gpu_drain.py part a).
 
 Only some steps are timed so (ZEROMON_DEVICE_TIMING_EVERY, zeromon_agent.hooks.state.timed_step): two events
 cost a synchronous NCCL launch several times what the rest of the agent does, and a collective's time on
@@ -28,9 +31,9 @@ from typing import Any, cast
 class CudaTimer:
     def __init__(self, torch: Any, pool_size: int = 4096) -> None:
         self.torch = torch
-        self.pool: collections.deque[Any] = collections.deque(
-            torch.cuda.Event(enable_timing=True) for _ in range(pool_size)
-        )
+        # The events, by number (from 1: a number is never falsy), and the numbers of those free to record.
+        self.events: list[Any] = [None, *(torch.cuda.Event(enable_timing=True) for _ in range(pool_size))]
+        self.pool: collections.deque[int] = collections.deque(range(1, pool_size + 1))
         self.exhausted = 0
         # Phase boundaries are marked on the stream only once a collective has run on CUDA tensors:
         # a CPU (gloo) job on a machine with a GPU keeps host phases.
@@ -39,6 +42,9 @@ class CudaTimer:
         # waits are marked on the stream. Bounded by the caller; emptied as they are waited on or
         # finalized.
         self.awaiting: set[int] = set()
+        # Their Works by seq, until their wait: weakly (a Work holds its tensors), for the recorder's poll of one
+        # never waited on (CollectiveRecords._work_of). Emptied with ``awaiting``.
+        self.refs: dict[int, Any] = {}
         # Async collectives of steps not timed on the device (HotState.time_step), until their wait: it needs
         # no completion check. Emptied as they are waited on or finalized.
         self.untimed_waits: set[int] = set()
@@ -63,8 +69,8 @@ class CudaTimer:
             return None
 
     # Training thread -------------------------------------------------------------------------------
-    def begin(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, Any] | None:
-        """(the start event recorded on the current stream, that stream) for a collective on CUDA tensors;
+    def begin(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, Any] | None:
+        """(the start event's number, recorded on the current stream, that stream) for a collective on CUDA tensors;
         None for one on CPU tensors, or when the pool is empty. The stream is read once a collective: its
         end event goes on the same one (the collective's launch does not change the current stream)."""
         tensor = args[0] if args else next(iter(kwargs.values()), None)
@@ -79,12 +85,12 @@ class CudaTimer:
             self.exhausted += 1
             return None
         stream = self.current_stream()
-        start.record(stream)
+        self.events[start].record(stream)
         return start, stream
 
-    def end(self, begun: tuple[Any, Any], is_async: bool) -> tuple[Any, Any] | None:
+    def end(self, begun: tuple[int, Any], is_async: bool) -> tuple[int, int | None] | None:
         """(start, end) of a synchronous collective, its end event recorded now; (start, None) for an async
-        one, which ends at its wait (the wait's events, ``mark``)."""
+        one, which ends at its wait (the wait's events, ``mark``). Events' numbers."""
         start, stream = begun
         if is_async:
             return (start, None)
@@ -94,13 +100,13 @@ class CudaTimer:
             self.pool.append(start)
             self.exhausted += 1
             return None
-        end.record(stream)
+        self.events[end].record(stream)
         return (start, end)
 
-    def mark(self, stream: Any = None) -> Any:
-        """An event recorded now on ``stream`` (the current stream if None): a phase boundary, the start or
-        end of a wait. None before the first CUDA collective, when the pool is empty or when CUDA refuses
-        (never raises into training)."""
+    def mark(self, stream: Any = None) -> int | None:
+        """The number of an event recorded now on ``stream`` (the current stream if None): a phase boundary, the
+        start or end of a wait. None before the first CUDA collective, when the pool is empty or when CUDA
+        refuses (never raises into training)."""
         if not self.active:
             return None
         try:
@@ -109,7 +115,7 @@ class CudaTimer:
             self.exhausted += 1
             return None
         try:
-            event.record(stream if stream is not None else self.current_stream())
+            self.events[event].record(stream if stream is not None else self.current_stream())
         except Exception:  # noqa: BLE001
             self.pool.append(event)
             return None
@@ -130,27 +136,28 @@ class CudaTimer:
         self._ref_event = event
         self._ref_unix_ns = time.time_ns()
 
-    def resolve(self, start: Any, end: Any) -> tuple[int, int] | None:
-        """(start, end) in Unix ns once both events completed; None while pending. The caller
+    def resolve(self, start: int | None, end: int | None) -> tuple[int, int] | None:
+        """(start, end) in Unix ns once both events (by number) completed; None while pending. The caller
         gives the events back with ``release`` once done with them."""
-        if start is None or end is None or not end.query():
+        if start is None or end is None or not self.events[end].query():
             return None
         if self._ref_event is None:
             self.calibrate()
         ref = self._ref_event
-        start_ns = self._ref_unix_ns + int(ref.elapsed_time(start) * 1e6)
-        end_ns = self._ref_unix_ns + int(ref.elapsed_time(end) * 1e6)
+        start_ns = self._ref_unix_ns + int(ref.elapsed_time(self.events[start]) * 1e6)
+        end_ns = self._ref_unix_ns + int(ref.elapsed_time(self.events[end]) * 1e6)
         return start_ns, end_ns
 
-    def resolve_one(self, event: Any) -> int | None:
-        """When the GPU reached ``event``, in Unix ns; None while it has not."""
-        if event is None or not event.query():
+    def resolve_one(self, event: int | None) -> int | None:
+        """When the GPU reached event number ``event``, in Unix ns; None while it has not."""
+        if event is None or not self.events[event].query():
             return None
         if self._ref_event is None:
             self.calibrate()
-        return self._ref_unix_ns + int(self._ref_event.elapsed_time(event) * 1e6)
+        return self._ref_unix_ns + int(self._ref_event.elapsed_time(self.events[event]) * 1e6)
 
-    def release(self, *events: Any) -> None:
+    def release(self, *events: int | None) -> None:
+        """The events (by number) back to the pool."""
         for event in events:
             if event is not None:
                 self.pool.append(event)

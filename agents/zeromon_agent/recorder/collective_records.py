@@ -290,10 +290,15 @@ class CollectiveRecords:
         """(the Work object, its id) of an async collective's raw ``work``: the id the hooks record (an int, which
         the garbage collector does not track, so that a queued record is not walked through its generations),
         the Work itself the hot path's (HotState.works: a host collective's, until a phase change sees it done
-        or its wait starts; None otherwise); a weak reference for one timed with CUDA events (whose record holds
-        its events anyway), or the Work itself from a backend whose Work takes none."""
+        or its wait starts; CudaTimer.refs: one timed with CUDA events, weakly, until its wait; None otherwise).
+        A weak reference or a Work in ``work``: a record queued by an agent of another version (a test's)."""
         if type(work) is int:
-            return self.state.works.get(seq), work
+            live = self.state.works.get(seq)
+            if live is None and self.cuda_timer is not None:  # one timed with CUDA events, held weakly till its wait
+                live = self.cuda_timer.refs.get(seq)
+                if type(live) is weakref.ReferenceType:
+                    live = live()
+            return live, work
         if type(work) is weakref.ReferenceType:
             work = work()
             return work, None if work is None else id(work)
@@ -385,6 +390,7 @@ class CollectiveRecords:
             # Every CUDA event of this collective goes back to the pool, whichever path finished it.
             self.cuda_timer.release(*(cuda or ()), extra_event, wait_event)
             self.cuda_timer.awaiting.discard(seq)  # finalized without a wait (polled, or at exit)
+            self.cuda_timer.refs.pop(seq, None)
         if async_op and self.cuda_timer is not None:  # one of a step not timed on the device, never waited on
             self.cuda_timer.untimed_waits.discard(seq)
         complete_ns: int | None
