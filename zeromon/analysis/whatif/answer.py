@@ -221,9 +221,9 @@ def replayable_steps(recordings: Sequence[Recording], on_device: bool = False) -
         detailed = {p.step for p in rec.phases} | set(columns.step)
         unknown_groups = {step for step, size in zip(columns.step, columns.group_size, strict=True) if size < 1}
         steps = (summarized & detailed) - unknown_groups
-        if on_device:
+        if on_device:  # CUDA events on the compute stream: the chain's clock (an NCCL hook's times are its stream's)
             steps -= {step for step, timing in zip(columns.step, columns.timing, strict=True)
-                      if timing not in DEVICE_TIMINGS}
+                      if timing != DEVICE_CLOCK}
             steps -= {p.step for p in rec.phases if p.phase != Phase.AGENT and p.timing != DEVICE_CLOCK}
         common = steps if common is None else common & steps
     if on_device:

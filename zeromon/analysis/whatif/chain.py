@@ -104,7 +104,7 @@ BETWEEN_STEPS = ""
 def _exact_completion(timing: str, async_op: bool, blocked_s: float, on_device: bool) -> bool:
     if not on_device:
         return timing in EXACT_HOST_TIMINGS
-    return timing in DEVICE_TIMINGS and (not async_op or blocked_s > STREAM_BOUND_S)
+    return timing == DEVICE_CLOCK and (not async_op or blocked_s > STREAM_BOUND_S)
 
 
 def rank_chain(rec: Recording, steps: Sequence[int], on_device: bool = False) -> RankChain:
