@@ -46,6 +46,7 @@ from zeromon.model.events import (
     StepSummary,
     record_maker,
 )
+from zeromon.model.kinds import FIELDS_OF
 from zeromon.model.segments import CompactWriter, _joined
 from zeromon_agent.compact import Unmade, materialize
 from zeromon_agent.hooks.cuda import CudaTimer
@@ -65,6 +66,7 @@ from zeromon_agent.hooks.state import (
 from zeromon_agent.live.recent import RecentRecords
 from zeromon_agent.live.totals import BUSBW_WINDOW, DURATION_BUCKETS, CollectiveTotals, LiveTotals
 from zeromon_agent.live.totals import counted as live_counted
+from zeromon_agent.memory.watch import MEMORY_VALUES
 from zeromon_agent.recorder import step_acc
 from zeromon_agent.recorder.loop import Recorder
 from zeromon_agent.recorder.step_acc import meaning_of, seconds
@@ -532,16 +534,21 @@ def test_a_memory_sample_made_with_its_slots_set_is_the_constructor_s(values: li
     fields: dict[str, Any] = {"device": "cpu", **dict(zip(names, values, strict=True))}
     if walked:
         fields["categories"] = categories
+    # What the agent's memory watch queues: the values in MEMORY_VALUES' order, MemorySample's after its first four.
+    assert MEMORY_VALUES == FIELDS_OF[MemorySample][4:]
+    as_values = tuple(fields.get(name, {}) if name == "categories" else fields[name] for name in MEMORY_VALUES)
     state = HotState()
     recorder = Recorder(state, 2, None, 0.2)
     state.control.append((RAW_MEMORY, "forward", 4, 1000, fields))
+    state.control.append((RAW_MEMORY, "optimizer", 4, 1500, as_values))
     state.control.append((RAW_MEMORY, "backward", 4, 2000, {**fields, "unknown_field": 1}))  # refused, as before
     with pytest.raises(TypeError):
         recorder._drain(final=True)
     made = [r for _, r in recorder.live.recent_records()] or list(map(materialize, recorder.out.records))
-    assert made == [MemorySample(rank=2, step=4, phase="forward", t_ns=1000 + recorder.clock_offset_ns, **fields)]
-    assert encode_record(made[0]) == encode_record(MemorySample(rank=2, step=4, phase="forward",
-                                                               t_ns=1000 + recorder.clock_offset_ns, **fields))
+    expected = [MemorySample(rank=2, step=4, phase=phase, t_ns=t + recorder.clock_offset_ns, **fields)
+                for phase, t in (("forward", 1000), ("optimizer", 1500))]
+    assert made == expected
+    assert list(map(encode_record, made)) == list(map(encode_record, expected))
 
 
 _phase_change = st.tuples(st.sampled_from(["forward", "backward", "optimizer", "agent-work", "step-end"]),

@@ -177,7 +177,7 @@ class Moment:
 
     level: int = -1
     t: int = 0
-    fields: dict[str, Any] | None = None
+    fields: tuple[Any, ...] | None = None  # the sample's values (memory.watch.MEMORY_VALUES)
 
 
 class PeakSearch:
@@ -217,7 +217,7 @@ class PeakSearch:
         learned = self._learned.get(self._phase)
         return learned is None or abs(index - learned[0]) <= 1
 
-    def offer(self, level: int, t: int, fields: dict[str, Any]) -> None:
+    def offer(self, level: int, t: int, fields: tuple[Any, ...]) -> None:
         best = self.best
         if best is not None and level > best.level:
             best.level, best.t, best.fields = level, t, fields

@@ -37,6 +37,17 @@ _WALK_BUDGET = 0.0025
 # every rank has joined by then, since the first steps' collectives needed them all.
 LOCAL_COUNT_STEP = 2
 
+# A sample's values as the hot path queues them: MemorySample's fields after (rank, step, phase, t_ns), which the
+# recorder puts before them (tests/test_memory_columns.py holds the two orders together). A tuple, not a dict the
+# recorder would read back key by key: a boundary's work runs cold between two phases of training, where each
+# object it makes or reads costs the training thread several times what a warm loop says.
+MEMORY_VALUES = ("device", "allocated", "reserved", "active", "peak_allocated", "peak_reserved", "inactive_split",
+                 "num_alloc_retries", "num_ooms", "capacity", "free", "rss", "categories")
+_ALLOCATOR = MEMORY_VALUES[1:9]  # CudaMemory.totals()'s keys
+_NO_ALLOCATOR = (None,) * len(_ALLOCATOR)
+_ALLOCATED, _CATEGORIES = MEMORY_VALUES.index("allocated"), MEMORY_VALUES.index("categories")
+MemoryValues = tuple[Any, ...]  # in MEMORY_VALUES' order
+
 # What the walks look at: (model, optimizer, engine), what attach gave or else what the hooks found.
 TrainingObjects = Callable[[], tuple[Any, Any, Any]]
 # A Notice: (level, source, message).
@@ -245,11 +256,11 @@ class MemoryWatch:
             cats["activations"] = self.meter.alive_bytes
         return cats
 
-    def _level(self, fields: dict[str, Any]) -> int | None:
+    def _level(self, fields: MemoryValues) -> int | None:
         """What "highest" compares: allocated bytes on GPU, the categories' sum on CPU."""
         if self.cuda_memory is not None:
-            return fields.get("allocated")
-        cats = fields.get("categories")
+            return fields[_ALLOCATED]
+        cats = fields[_CATEGORIES]
         return sum(cats.values()) if cats else None
 
     # --- samples ----------------------------------------------------------------------------------
@@ -288,24 +299,20 @@ class MemoryWatch:
             self._local_count = None
             self.state.hook_error("local_ranks", exc)
 
-    def _memory_fields(self, cats: dict[str, int]) -> dict[str, Any]:
-        """A MemorySample's fields now, with the categories ``cats`` (bytes; {}: none walked)."""
-        fields: dict[str, Any] = {"device": self.device_name, "allocated": None, "reserved": None,
-                                  "active": None, "peak_allocated": None, "peak_reserved": None,
-                                  "inactive_split": None, "num_alloc_retries": None, "num_ooms": None,
-                                  "capacity": self.capacity, "free": None, "rss": process_rss()}
-        if self.cuda_memory is not None:
-            fields.update(self.cuda_memory.totals())
-            fields["capacity"], fields["free"] = self.cuda_memory.capacity()
-        if cats:
-            allocated = fields["allocated"]
-            if allocated is not None and len(cats) > ("activations" in cats):
-                # On GPU the allocator's remainder: temporaries, caches, tensors outside the model.
-                cats["other"] = max(0, allocated - sum(v for k, v in cats.items() if k != "other"))
-            fields["categories"] = cats
-        return fields
+    def _memory_fields(self, cats: dict[str, int]) -> MemoryValues:
+        """A MemorySample's values now (MEMORY_VALUES), with the categories ``cats`` (bytes; {}: none walked)."""
+        cuda = self.cuda_memory
+        if cuda is None:
+            return (self.device_name, *_NO_ALLOCATOR, self.capacity, None, process_rss(), cats)
+        totals = cuda.totals()
+        capacity, free = cuda.capacity()
+        allocated = totals["allocated"]
+        if cats and allocated is not None and len(cats) > ("activations" in cats):
+            # On GPU the allocator's remainder: temporaries, caches, tensors outside the model.
+            cats["other"] = max(0, allocated - sum(v for k, v in cats.items() if k != "other"))
+        return (self.device_name, *map(totals.get, _ALLOCATOR), capacity, free, process_rss(), cats)
 
-    def _push_memory(self, phase: str, t: int, fields: dict[str, Any]) -> None:
+    def _push_memory(self, phase: str, t: int, fields: MemoryValues) -> None:
         self.state.push_control((RAW_MEMORY, phase, self.state.step, t, fields))
 
     # --- out of memory ----------------------------------------------------------------------------

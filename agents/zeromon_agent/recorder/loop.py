@@ -88,9 +88,11 @@ _BATCH = 256  # synchronous collectives finalized a column at a time, between tw
 _KIND, _ASYNC, _STEP, _CUDA = (operator.itemgetter(i) for i in (0, 10, 13, 14))  # of a raw collective
 # Built once per record, so built with the slots set directly (record_maker: cheaper than __init__).
 _new_memory = record_maker(MemorySample)
-_MEMORY_ORDER = FIELDS_OF[MemorySample][4:]  # the fields the agent's sample dict holds, in order
-_MEMORY_PLAIN = _MEMORY_ORDER[:-1]  # all but the categories, which a sample has when they were walked
+_MEMORY_ORDER = FIELDS_OF[MemorySample][4:]  # the values the agent's sample queues, in order (memory.watch)
+_MEMORY_PLAIN = _MEMORY_ORDER[:-1]  # a sample as a dict: all but the categories, which it has when they were walked
 _MEMORY_FIELDS, _MEMORY_FIELDS_WALKED = frozenset(_MEMORY_PLAIN), frozenset(_MEMORY_ORDER)
+_MEMORY_N = len(_MEMORY_ORDER)
+_AT_ALLOCATED, _AT_RSS = 4 + _MEMORY_ORDER.index("allocated"), 4 + _MEMORY_ORDER.index("rss")  # in a sample's values
 
 
 class Recorder:
@@ -485,13 +487,17 @@ class Recorder:
     def _on_memory(self, item: tuple[Any, ...]) -> None:
         _, phase, step, t, fields = item
         t_ns = t + self.clock_offset_ns
-        keys = fields.keys()
-        if keys == _MEMORY_FIELDS or keys == _MEMORY_FIELDS_WALKED:
-            # The agent's usual fields (with or without the categories walked): the slots set directly, and
+        if type(fields) is tuple and len(fields) == _MEMORY_N:
+            sample: Any = (self.rank, step, phase, t_ns, *fields)  # the agent's: its values in order (memory.watch)
+        elif type(fields) is dict and fields.keys() in (_MEMORY_FIELDS, _MEMORY_FIELDS_WALKED):
+            sample = (self.rank, step, phase, t_ns, *map(fields.__getitem__, _MEMORY_PLAIN),
+                      fields.get("categories", {}))
+        else:
+            sample = None
+        if sample is not None:
+            # The agent's usual values (with or without the categories walked): the slots set directly, and
             # the values handed to the compact writer as they are (no attribute getter). Live clients get
             # the values, the record made when one reads it (materialize): a sample nobody reads makes none.
-            sample: Any = (self.rank, step, phase, t_ns, *map(fields.__getitem__, _MEMORY_PLAIN),
-                           fields.get("categories", {}))
             out = self.out
             keeper, writer, write_values = out.keeper, out.writer, out.write_values
             if keeper.level:  # thinned: the keeper holds the record until its step decides
@@ -499,7 +505,7 @@ class Recorder:
             elif writer is not None and keeper.admit() and not (write_values is not None
                                                                 and write_values(MemorySample, sample)):
                 writer.write(_new_memory(sample))
-            allocated, rss = fields["allocated"], fields["rss"]
+            allocated, rss = sample[_AT_ALLOCATED], sample[_AT_RSS]
         else:  # anything else: the constructor says what is wrong
             sample = MemorySample(rank=self.rank, step=step, phase=phase, t_ns=t_ns, **fields)
             self.keeper.detail(sample, step)
