@@ -294,6 +294,18 @@ def test_a_gpu_run_is_replayed_on_its_streams_clock_from_the_steps_timed_on_the_
     assert device_run(alone) and not device_run(_pair())
 
 
+def test_a_gpu_run_whose_timed_steps_also_ran_a_gloo_collective_is_refused_saying_so() -> None:
+    import dataclasses
+
+    recordings = _pair(timing="cuda_event")
+    for rec in recordings:  # a gloo group beside NCCL: a synchronous collective on the host's clock in every step
+        rec.collectives.extend(dataclasses.replace(c, seq=100 + c.seq, op="broadcast", api="broadcast",
+                                                   timing="sync") for c in list(rec.collectives))
+    with pytest.raises(Refused, match="share 0 steps timed on the device.*6 steps timed on the device also ran "
+                                      "collectives timed on the host"):
+        what_if(recordings, [parse_change("comm=hidden")])
+
+
 def test_on_the_stream_an_async_issue_costs_nothing_and_a_wait_that_held_it_no_time_is_a_bound() -> None:
     import dataclasses
 

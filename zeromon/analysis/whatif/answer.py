@@ -215,6 +215,7 @@ def replayable_steps(recordings: Sequence[Recording], on_device: bool = False) -
     phase on the stream's clock: [Note: a GPU run's chain] in zeromon.analysis.whatif.chain), which need not
     follow each other."""
     common: set[int] | None = None
+    on_host: set[int] = set()  # a GPU run's timed steps that also ran a collective timed on the host
     for rec in recordings:
         columns = rec.collective_columns()
         summarized = {s.step for s in rec.steps if s.step >= 0}
@@ -222,16 +223,21 @@ def replayable_steps(recordings: Sequence[Recording], on_device: bool = False) -
         unknown_groups = {step for step, size in zip(columns.step, columns.group_size, strict=True) if size < 1}
         steps = (summarized & detailed) - unknown_groups
         if on_device:  # CUDA events on the compute stream: the chain's clock (an NCCL hook's times are its stream's)
-            steps -= {step for step, timing in zip(columns.step, columns.timing, strict=True)
-                      if timing != DEVICE_CLOCK}
+            off_stream = {step for step, timing in zip(columns.step, columns.timing, strict=True)
+                          if timing != DEVICE_CLOCK}
+            on_host |= off_stream & {step for step, timing in zip(columns.step, columns.timing, strict=True)
+                                     if timing == DEVICE_CLOCK}
+            steps -= off_stream
             steps -= {p.step for p in rec.phases if p.phase != Phase.AGENT and p.timing != DEVICE_CLOCK}
         common = steps if common is None else common & steps
     if on_device:
         timed = sorted(common or ())
         if len([s for s in timed if s >= 1]) < MIN_STEPS:
+            host = (f"; {len(on_host)} steps timed on the device also ran collectives timed on the host (a gloo "
+                    "group beside NCCL), whose clock is not the stream's" if on_host else "")
             raise Refused(f"the ranks share {len(timed)} steps timed on the device (every collective and phase "
                           f"by CUDA events); at least {MIN_STEPS + 1} are needed: a longer run, or "
-                          "ZEROMON_DEVICE_TIMING_EVERY=1 to time every step (docs/settings.md)")
+                          f"ZEROMON_DEVICE_TIMING_EVERY=1 to time every step (docs/settings.md){host}")
         return timed[-MAX_STEPS:]
     stretch: list[int] = []
     best: list[int] = []
