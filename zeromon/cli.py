@@ -44,7 +44,7 @@ def command_name(module_name: str) -> str:
 def build_parser(command: str | None = None) -> tuple[argparse.ArgumentParser, dict[str, ModuleType]]:
     """The parser of every command (`zeromon --help` lists them), or, for ``command``, of that one alone: the others
     by name only, their modules not imported. A command then starts in what its own imports cost, not every
-    command's (`zeromon run` starts the training ~60 ms sooner: issue 44)."""
+    command's (`zeromon run` starts the training sooner: issue 44, tests/bench/RESULTS.md)."""
     parser = _Parser(prog="zeromon", description="Live memory and communication monitoring for ZeRO / FSDP.")
     parser.add_argument("--version", action="version", version=f"zeromon {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)

@@ -38,7 +38,7 @@ _WALK_BUDGET = 0.0025
 LOCAL_COUNT_STEP = 2
 
 # A sample's values as the hot path queues them: MemorySample's fields after (rank, step, phase, t_ns), which the
-# recorder puts before them (tests/test_memory_columns.py holds the two orders together). A tuple, not a dict the
+# recorder puts before them (tests/test_recorder_fast_path.py holds the two orders together). A tuple, not a dict the
 # recorder would read back key by key: a boundary's work runs cold between two phases of training, where each
 # object it makes or reads costs the training thread several times what a warm loop says.
 MEMORY_VALUES = ("device", "allocated", "reserved", "active", "peak_allocated", "peak_reserved", "inactive_split",
