@@ -203,16 +203,19 @@ def encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]],
     planes as made before (_repeated), one that holds its base field's values (a synchronous collective's
     issue_s, its blocked_s) zeros, a map that no row fills a run of zero codes
     (tests/test_recorder_fast_path.py: the bytes are those of the general path)."""
+    # numpy here, not at the module's import: `zeromon run` and the readers import this module, and encode nothing
+    from zeromon.model.column_arrays import NotInArrays, array_coded, array_planes, as_array, np
+
     if columns is None:
         n, columns = len(rows), list(zip(*rows, strict=True))
     else:
         n = len(columns[0])
-    ints: dict[str, Sequence[int]] = {}
+    ints: dict[str, Any] = {}  # a column's integers: a 64-bit array, or Python's list where one cannot hold them
     tables: dict[str, list[Any]] = {}
     out: list[bytes] = []
     zeros = b"\x01" + bytes(n)  # _planes of n zeros
     all_null = b"\x01" + b"\x01" * n + zeros  # a nullable column null in every row, and its values (0)
-    no_values = [0] * n
+    no_values = np.zeros(n, dtype=np.int64)
     named: dict[str, Sequence[Any]] = {}
     hows = {name: how for name, how, _ in spec}
     for (name, how, base), column in zip(spec, columns, strict=True):
@@ -226,7 +229,8 @@ def encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]],
             continue
         if how == "int?" or how == "ns?":
             nulls = column.count(None)
-            if nulls == n and (base == "prev" or base is None):  # a field no row has (an allocator's on CPU)
+            if nulls == n and (base == "prev" or base is None or all(ints[field] is no_values for field in base)):
+                # a field no row has (an allocator's on CPU), less nothing or fields no row has
                 out.append(all_null)
                 ints[name] = no_values
                 continue
@@ -254,12 +258,20 @@ def encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]],
             out.append(b"\x01" + bytes(column))
             ints[name] = column
             continue
-        values: Sequence[int] = column if how == "int" or how == "bool" else _as_ns(how, column)
-        ints[name] = values
-        if base == "prev" and values.count(values[0]) == n:  # the same in every row: a rank, a capacity
-            out.append(_repeated(values[0], n))
-            continue
-        out.append(_planes(_coded(values, base, ints)))
+        try:  # in numpy's loops: several times cheaper than Python's a value, and a flush encodes every value
+            array64 = ints[name] = as_array(how, column)
+            if base == "prev" and not (array64 != array64[0]).any():  # the same in every row: a rank, a capacity
+                out.append(_repeated(int(array64[0]), n))
+                continue
+            out.append(array_planes(array_coded(array64, base, ints)))
+        except NotInArrays:  # a value or a difference past 64 bits: Python's integers say whether its code fits
+            ints.update({key: value.tolist() for key, value in ints.items() if type(value) is np.ndarray})
+            values: Sequence[int] = column if how == "int" or how == "bool" else _as_ns(how, column)
+            ints[name] = values
+            if base == "prev" and values.count(values[0]) == n:
+                out.append(_repeated(values[0], n))
+                continue
+            out.append(_planes(_coded(values, base, ints)))
     return b"".join(out), tables
 
 
