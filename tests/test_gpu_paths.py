@@ -22,6 +22,7 @@ from zeromon_agent.context.device import NvmlDevice
 from zeromon_agent.hooks.cuda import CudaTimer, attach_oom_observer, stream_reader
 from zeromon_agent.hooks.state import AT_WORK, RAW_COLLECTIVE, RAW_WAIT, HotState, timed_step
 from zeromon_agent.memory.readings import CudaMemory
+from zeromon_agent.memory.watch import MEMORY_VALUES
 from zeromon_agent.recorder.loop import Recorder
 
 
@@ -229,17 +230,34 @@ def test_cpu_tensors_are_not_cuda_timed() -> None:
     assert timer.begin((torch.ones(2),), {}) is None
 
 
-def test_allocator_stats_mapping() -> None:
-    stats = {"allocated_bytes.all.current": 10, "reserved_bytes.all.current": 30, "active_bytes.all.current": 12,
-             "allocated_bytes.all.peak": 20, "reserved_bytes.all.peak": 40, "inactive_split_bytes.all.current": 5,
-             "num_alloc_retries": 2, "num_ooms": 1}
-    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(memory_stats=lambda device: stats,
-                                                            mem_get_info=lambda device: (70, 100)))
+def test_allocator_totals_are_the_statistics_torch_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CudaMemory.totals() reads the allocator's nested statistics (no GPU here: a stand-in dict of the shape
+    torch._C._cuda_memoryStats gives, every value distinct): the values torch.cuda.memory_stats' own flattening
+    names by the dotted keys MemorySample's fields stand for, in MEMORY_VALUES' order; None where the allocator
+    gives nothing (before CUDA's initialization)."""
+    values = iter(range(1, 1000))
+    nested: dict[str, Any] = {
+        name: {pool: {field: next(values) for field in ("current", "peak", "allocated", "freed")}
+               for pool in ("all", "small_pool", "large_pool")}
+        for name in ("allocation", "segment", "active", "inactive_split", "allocated_bytes", "reserved_bytes",
+                     "active_bytes", "inactive_split_bytes", "requested_bytes")}
+    nested.update({"num_alloc_retries": next(values), "num_ooms": next(values), "num_device_alloc": next(values)})
+    monkeypatch.setattr(torch.cuda.memory, "memory_stats_as_nested_dict", lambda device=None: nested)
+    flat = torch.cuda.memory.memory_stats(0)  # torch's flattening of the same statistics
+    answers = {"nested": nested}
+    fake = types.SimpleNamespace(cuda=types.SimpleNamespace(
+        memory_stats_as_nested_dict=lambda device: answers["nested"], mem_get_info=lambda device: (70, 100)))
     mem = CudaMemory.__new__(CudaMemory)
     mem.torch, mem.device = fake, 0
-    assert mem.totals() == {"allocated": 10, "reserved": 30, "active": 12, "peak_allocated": 20,
-                            "peak_reserved": 40, "inactive_split": 5, "num_alloc_retries": 2, "num_ooms": 1}
+    dotted = ("allocated_bytes.all.current", "reserved_bytes.all.current", "active_bytes.all.current",
+              "allocated_bytes.all.peak", "reserved_bytes.all.peak", "inactive_split_bytes.all.current",
+              "num_alloc_retries", "num_ooms")
+    assert MEMORY_VALUES[1:9] == ("allocated", "reserved", "active", "peak_allocated", "peak_reserved",
+                                  "inactive_split", "num_alloc_retries", "num_ooms")
+    assert mem.totals() == tuple(flat[key] for key in dotted)
     assert mem.capacity() == (100, 70)
+    answers["nested"] = {}
+    assert mem.totals() == (None,) * 8
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU fallback; this machine has a GPU")

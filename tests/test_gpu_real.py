@@ -39,9 +39,16 @@ def test_nccl_collectives_memory_and_nvml_on_a_gpu(tmp_path: Path) -> None:
             w.wait()
             opt.step(); opt.zero_grad()
         torch.cuda.synchronize()
+        from zeromon_agent.memory.readings import CudaMemory
+        flat = torch.cuda.memory_stats(0)  # the allocator's own names, against the nested read the agent makes
+        totals_match = CudaMemory(0).totals() == tuple(flat.get(key) for key in (
+            "allocated_bytes.all.current", "reserved_bytes.all.current", "active_bytes.all.current",
+            "allocated_bytes.all.peak", "reserved_bytes.all.peak", "inactive_split_bytes.all.current",
+            "num_alloc_retries", "num_ooms"))
         zeromon_agent.detach()
         rec = read_recording(os.path.join(sys.argv[1], "rank-0.jsonl"))
         print(json.dumps({
+            "totals_match": totals_match,
             "timings": sorted({e.timing for e in rec.collectives}),
             "timed_steps": sorted({e.step for e in rec.collectives if e.timing == "cuda_event"}),
             "launched_steps": sorted({e.step for e in rec.collectives if e.timing == "launch"}),
@@ -65,6 +72,7 @@ def test_nccl_collectives_memory_and_nvml_on_a_gpu(tmp_path: Path) -> None:
     assert result["unknown_comm_steps"] == [2, 4], result
     assert result["durations_ok"] and result["launched_ok"]
     assert result["allocated"] > 0 and result["capacity"] > result["allocated"]
+    assert result["totals_match"], result
     # AdamW keeps two fp32 moments per parameter (plus a step scalar each).
     n_params = 1024 * 1024 + 1024 + 1024 + 1
     assert result["optimizer_state"] >= 2 * 4 * n_params

@@ -436,6 +436,9 @@ def categorize(model: Any = None, optimizer: Any = None, engine: Any = None) -> 
     return Categorizer().categorize(model=model, optimizer=optimizer, engine=engine)
 
 
+_NONE: dict[str, Any] = {}  # a statistic the allocator's nested dict lacks (read, never written)
+
+
 class CudaMemory:
     """Allocator totals of one CUDA device. Every call degrades to None rather than raising."""
 
@@ -445,19 +448,20 @@ class CudaMemory:
         self.torch = torch
         self.device = device
 
-    def totals(self) -> dict[str, int | None]:
-        stats = self.torch.cuda.memory_stats(self.device)
+    def totals(self) -> tuple[int | None, ...]:
+        """The allocator's totals in MemorySample's order (memory.watch.MEMORY_VALUES[1:9]: allocated, reserved,
+        active, peak_allocated, peak_reserved, inactive_split, num_alloc_retries, num_ooms), read from
+        ``memory_stats_as_nested_dict``: ``memory_stats`` flattens its ~120 statistics into sorted dotted keys in
+        Python (43 µs a call, warm, on this project's CPU; tests/bench/RESULTS.md), and a memory sample is taken at
+        three boundaries of every step. None for a statistic the allocator does not give (none before CUDA's
+        initialization)."""
+        stats = self.torch.cuda.memory_stats_as_nested_dict(self.device)
         get = stats.get
-        return {
-            "allocated": get("allocated_bytes.all.current"),
-            "reserved": get("reserved_bytes.all.current"),
-            "active": get("active_bytes.all.current"),
-            "peak_allocated": get("allocated_bytes.all.peak"),
-            "peak_reserved": get("reserved_bytes.all.peak"),
-            "inactive_split": get("inactive_split_bytes.all.current"),
-            "num_alloc_retries": get("num_alloc_retries"),
-            "num_ooms": get("num_ooms"),
-        }
+        allocated, reserved = get("allocated_bytes", _NONE).get("all", _NONE), get("reserved_bytes", _NONE).get("all", _NONE)
+        return (allocated.get("current"), reserved.get("current"),
+                get("active_bytes", _NONE).get("all", _NONE).get("current"), allocated.get("peak"), reserved.get("peak"),
+                get("inactive_split_bytes", _NONE).get("all", _NONE).get("current"), get("num_alloc_retries"),
+                get("num_ooms"))
 
     def allocated(self) -> int | None:
         """The allocator's allocated bytes now, without ``memory_stats``' flattening of ~100

@@ -43,7 +43,7 @@ LOCAL_COUNT_STEP = 2
 # object it makes or reads costs the training thread several times what a warm loop says.
 MEMORY_VALUES = ("device", "allocated", "reserved", "active", "peak_allocated", "peak_reserved", "inactive_split",
                  "num_alloc_retries", "num_ooms", "capacity", "free", "rss", "categories")
-_ALLOCATOR = MEMORY_VALUES[1:9]  # CudaMemory.totals()'s keys
+_ALLOCATOR = MEMORY_VALUES[1:9]  # CudaMemory.totals()'s order
 _NO_ALLOCATOR = (None,) * len(_ALLOCATOR)
 _ALLOCATED, _CATEGORIES = MEMORY_VALUES.index("allocated"), MEMORY_VALUES.index("categories")
 MemoryValues = tuple[Any, ...]  # in MEMORY_VALUES' order
@@ -306,11 +306,11 @@ class MemoryWatch:
             return (self.device_name, *_NO_ALLOCATOR, self.capacity, None, process_rss(), cats)
         totals = cuda.totals()
         capacity, free = cuda.capacity()
-        allocated = totals["allocated"]
+        allocated = totals[0]
         if cats and allocated is not None and len(cats) > ("activations" in cats):
             # On GPU the allocator's remainder: temporaries, caches, tensors outside the model.
             cats["other"] = max(0, allocated - sum(v for k, v in cats.items() if k != "other"))
-        return (self.device_name, *map(totals.get, _ALLOCATOR), capacity, free, process_rss(), cats)
+        return (self.device_name, *totals, capacity, free, process_rss(), cats)
 
     def _push_memory(self, phase: str, t: int, fields: MemoryValues) -> None:
         self.state.push_control((RAW_MEMORY, phase, self.state.step, t, fields))
