@@ -27,6 +27,11 @@ if [ "${PARTS:-wtb}" != "${PARTS/t/}" ]; then
   timeout 150 python3 -m pytest -q -rA -p no:cacheprovider -m gpu tests/test_gpu_real.py > "$OUT/gpu_tests.txt" 2>&1
   lap gpu_tests
 fi
+if [ "${PARTS:-wtb}" != "${PARTS/m/}" ]; then
+  # issue 44: a memory sample's reads on the GPU (the allocator's totals flattened, as before, and nested, as now)
+  timeout 60 python3 tests/bench/bench_memory_sample.py > "$OUT/memory_sample.txt" 2>&1
+  lap memory_sample
+fi
 if [ "${PARTS:-wtb}" != "${PARTS/b/}" ]; then
   # issue 44: the host-bound loop, without the agent, its hot path alone, the whole agent
   timeout ${TIMEOUT_B:-100} python3 tests/bench/bench_gpu_drain.py --real --parts b --runs ${RUNS_B:-9} --loop-collectives ${LOOP_B:-8000} > "$OUT/drain_b.txt" 2>&1
