@@ -39,7 +39,7 @@ def _minus(a: Any, b: Any) -> Any:
     if type(b) is not np.ndarray:
         raise NotInArrays
     difference = a - b
-    if ((a ^ b) & (a ^ difference)).min() < 0:
+    if difference.size and ((a ^ b) & (a ^ difference)).min() < 0:
         raise NotInArrays
     return difference
 
