@@ -29,8 +29,9 @@ from zeromon_agent.hooks.state import (
 )
 from zeromon_agent.recorder.loop import Recorder
 
-# Python calls a collective in the passes of STEPS steady steps: 6.9 on 2026-11-28 (10ee558), the flushes' and the
-# stop's included (a generator resumed counts as a call: the live totals' rows, one a collective).
+# Python calls a collective in the passes of STEPS steady steps, the flushes' and the stop's included (a generator
+# resumed counts as a call: the live totals' rows, one a collective): what they made when it was set
+# (tests/bench/RESULTS.md, issue 44), with room for less than one call a record more.
 CALLS_PER_COLLECTIVE_CEILING = 7.5
 STEPS = 400  # a pass a flush (5 s) holds ~130 of these steps; four passes
 _GROUP = "group"

@@ -6,11 +6,10 @@ The agent takes a memory sample at three boundaries of every step (zeromon_agent
 resident memory (a pread of /proc/self/statm) and, on a GPU, the allocator's totals and the device's free memory.
 Each read is timed alone, warm (the median of ``--reads`` in a row) and cold (after a 32 MiB tensor made, filled
 and freed, as a boundary comes after the model's compute and its allocations: the median of a tenth as many; a
-matrix product alone leaves the RSS read at ~2 µs, a 32 MiB tensor's mapping and unmapping at ~20, as measured in
-training's boundaries, tests/bench/RESULTS.md). On a GPU also
-``torch.cuda.memory_stats()``, which the agent read before and which flattens the allocator's ~120 statistics
-into sorted dotted keys in Python, against ``CudaMemory.totals()``, which reads the same eight from the nested
-dict. Without a GPU the CUDA rows say so.
+tensor's mapping and unmapping, more than a matrix product's use of the caches, gives the RSS read the cost it has
+at training's boundaries, tests/bench/RESULTS.md). On a GPU also ``torch.cuda.memory_stats()``, which the agent read
+before and which flattens the allocator's ~120 statistics into sorted dotted keys in Python, against
+``CudaMemory.totals()``, which reads the same eight from the nested dict. Without a GPU the CUDA rows say so.
 """
 
 from __future__ import annotations

@@ -61,17 +61,9 @@ def array_coded(values: Any, base: Any, ints: dict[str, Any]) -> Any:
 _ARRAY_WIDTHS = {1: np.dtype("<i1"), 2: np.dtype("<i2"), 4: np.dtype("<i4"), 8: np.dtype("<i8")}
 
 
-def array_planes(values: Any) -> bytes:
-    """columnar._planes of a 64-bit array: its byte planes are the rows of its bytes, transposed."""
-    low, high = int(values.min()), int(values.max())
-    if -(2**7) <= low and high < 2**7:  # columnar._LIMITS, unrolled
-        width = 1
-    elif -(2**15) <= low and high < 2**15:
-        width = 2
-    elif -(2**31) <= low and high < 2**31:
-        width = 4
-    else:
-        width = 8
+def array_planes(values: Any, width: int) -> bytes:
+    """columnar._planes of a 64-bit array whose values fit in ``width`` bytes (columnar._width): its byte planes
+    are the rows of its bytes, transposed."""
     packed = values.astype(_ARRAY_WIDTHS[width])
     if width == 1:
         return b"\x01" + packed.tobytes()

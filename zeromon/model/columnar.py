@@ -117,23 +117,27 @@ def fits(spec: Sequence[Sequence[Any]]) -> Callable[[tuple[Any, ...]], bool]:
     return check
 
 
+def _width(low: int, high: int) -> int:
+    """The fewest bytes a column of values from ``low`` to ``high`` is written in (_LIMITS, unrolled: once a
+    column); OverflowError past 64 bits."""
+    if -(2**7) <= low and high < 2**7:
+        return 1
+    if -(2**15) <= low and high < 2**15:
+        return 2
+    if -(2**31) <= low and high < 2**31:
+        return 4
+    if -(2**63) <= low and high < 2**63:
+        return 8
+    raise OverflowError("a column's value does not fit in 64 bits")
+
+
 def _planes(values: Sequence[int]) -> bytes:
     """Integers as a width byte and their low ``width`` bytes, byte plane by byte plane (little-endian).
 
     The width from the list's own min and max (an array's would box every value again), then an array
     of that width, whose bytes are those planes interleaved: several times cheaper than one of 8-byte values
     cut into planes, and a flush encodes every column of every record (tests/bench/bench_recorder_cpu.py)."""
-    low, high = (min(values), max(values)) if values else (0, 0)
-    if -(2**7) <= low and high < 2**7:  # _LIMITS, unrolled
-        width = 1
-    elif -(2**15) <= low and high < 2**15:
-        width = 2
-    elif -(2**31) <= low and high < 2**31:
-        width = 4
-    elif -(2**63) <= low and high < 2**63:
-        width = 8
-    else:
-        raise OverflowError("a column's value does not fit in 64 bits")
+    width = _width(*((min(values), max(values)) if values else (0, 0)))
     packed = array(_SIGNED[width], values)
     if packed.itemsize != width:  # a platform whose C int is not 4 bytes: 8-byte values, cut
         packed, step = array("q", values), _WIDTH
@@ -263,7 +267,8 @@ def encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]],
             if base == "prev" and not (array64 != array64[0]).any():  # the same in every row: a rank, a capacity
                 out.append(_repeated(int(array64[0]), n))
                 continue
-            out.append(array_planes(array_coded(array64, base, ints)))
+            coded = array_coded(array64, base, ints)
+            out.append(array_planes(coded, _width(int(coded.min()), int(coded.max()))))
         except NotInArrays:  # a value or a difference past 64 bits: Python's integers say whether its code fits
             ints.update({key: value.tolist() for key, value in ints.items() if type(value) is np.ndarray})
             values: Sequence[int] = column if how == "int" or how == "bool" else _as_ns(how, column)
@@ -280,15 +285,8 @@ def _repeated(value: int, n: int) -> bytes:
     """_planes of [value, 0, 0, ...] (n values): a column of n rows that all hold ``value``, each minus the
     previous row's. Remembered: a rank, a capacity, a device's zero retries come back flush after flush
     (a look-up costs a fraction of making them)."""
-    if -(2**7) <= value < 2**7:  # _LIMITS, unrolled
-        width = 1
-    elif -(2**15) <= value < 2**15:
-        width = 2
-    elif -(2**31) <= value < 2**31:
-        width = 4
-    else:
-        width = 8
-    raw = value.to_bytes(_WIDTH, "little", signed=True)  # OverflowError past 64 bits
+    width = _width(value, value)  # OverflowError past 64 bits
+    raw = value.to_bytes(_WIDTH, "little", signed=True)
     pad = bytes(n - 1)
     return bytes((width,)) + b"".join([raw[i:i + 1] + pad for i in range(width)])
 
