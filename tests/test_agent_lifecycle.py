@@ -194,7 +194,7 @@ def test_injection_chains_an_existing_sitecustomize(tmp_path: Path) -> None:
     (user_site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = 'yes'\n")
     probe = tmp_path / "probe.py"
     probe.write_text("import os, sys, json\nprint(json.dumps({'user': os.environ.get('USER_SITE_RAN'), "
-                     "'hooked': any(type(f).__name__ == '_AfterImport' for f in sys.meta_path)}))\n")
+                     "'hooked': any(type(f).__name__ == 'AfterImport' for f in sys.meta_path)}))\n")
     env = child_env(PYTHONPATH=str(user_site))
     out = subprocess.run([sys.executable, "-m", "zeromon", "run", "--quiet", "--out", str(tmp_path / "r"), "--",
                           sys.executable, str(probe)], env=env, capture_output=True, text=True, timeout=60)

@@ -189,20 +189,53 @@ def test_the_queue_does_not_keep_an_async_collectives_tensors_alive(tmp_path: Pa
 
 
 def test_functional_collectives_of_dtensor_are_recorded(tmp_path: Path) -> None:
+    # Imported after the agent started: patched the moment they are (an import hook), not imported for zeromon.
+    result = _run(tmp_path, """
+        out_dir, port = sys.argv[1], int(sys.argv[2])
+        name = "torch.distributed._functional_collectives"
+        init(port=port)
+        before = name in sys.modules
+        zeromon_agent.attach(out_dir=out_dir)
+        after_start = name in sys.modules
+        hooked = [type(f).__name__ for f in sys.meta_path if getattr(f, "name", None) == name]
+        import torch.distributed._functional_collectives as funcol
+        from torch.distributed._functional_collectives import all_reduce  # a name bound by the importer
+        y = funcol.all_reduce(torch.ones(64), "sum", dist.group.WORLD)
+        total = float(y.sum())            # first use waits on it
+        z = all_reduce(torch.ones(8), "sum", dist.group.WORLD)
+        total += float(z.sum())
+        zeromon_agent.detach()
+        left = [f for f in sys.meta_path if getattr(f, "name", None) == name]
+        rec = read_recording(os.path.join(out_dir, "rank-0.jsonl"))
+        print(json.dumps({"before": before, "after_start": after_start, "hooked": hooked, "left": len(left),
+                          "total": total, "events": [[e.api, e.op, e.bytes_in, e.async_op, e.timing]
+                                                     for e in rec.collectives]}))
+    """)
+    assert (result["before"], result["after_start"], result["hooked"]) == (False, False, ["AfterImport"])
+    assert result["left"] == 0
+    assert result["total"] == 72.0
+    assert result["events"] == [["funcol.all_reduce", "all_reduce", 256, True, "wait"],
+                                ["funcol.all_reduce", "all_reduce", 32, True, "wait"]]
+
+
+def test_functional_collectives_a_stopped_agent_leaves_alone_and_a_new_one_patches_as_it_starts(tmp_path: Path) -> None:
     result = _run(tmp_path, """
         out_dir, port = sys.argv[1], int(sys.argv[2])
         init(port=port)
+        hooks = lambda: [type(f).__name__ for f in sys.meta_path if type(f).__name__ == "AfterImport"]
         zeromon_agent.attach(out_dir=out_dir)
+        waiting = hooks()
+        zeromon_agent.detach()            # before they were imported: the hook goes with the agent
+        stopped = hooks()
         import torch.distributed._functional_collectives as funcol
-        y = funcol.all_reduce(torch.ones(64), "sum", dist.group.WORLD)
-        total = float(y.sum())            # first use waits on it
+        untouched = not hasattr(funcol.all_reduce, "__zeromon_original__")
+        zeromon_agent.attach(out_dir=out_dir)   # imported by now: patched as the agent starts
+        patched = hasattr(funcol.all_reduce, "__zeromon_original__")
         zeromon_agent.detach()
-        rec = read_recording(os.path.join(out_dir, "rank-0.jsonl"))
-        print(json.dumps({"total": total, "events": [[e.api, e.op, e.bytes_in, e.async_op, e.timing]
-                                                     for e in rec.collectives]}))
+        restored = not hasattr(funcol.all_reduce, "__zeromon_original__")
+        print(json.dumps([waiting, stopped, untouched, patched, restored, hooks()]))
     """)
-    assert result["total"] == 64.0
-    assert result["events"] == [["funcol.all_reduce", "all_reduce", 256, True, "wait"]]
+    assert result == [["AfterImport"], [], True, True, True, []]
 
 
 def test_an_explicit_step_opens_at_entry_and_the_issue_call_counts_as_blocked(tmp_path: Path) -> None:

@@ -13,15 +13,14 @@ A failure here prints one line to stderr and leaves the program to run unobserve
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.machinery
-import importlib.util
 import os
 import sys
 import threading
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
+
+from zeromon_agent.hooks.after_import import AfterImport
 
 _started = threading.Event()
 _failed = False
@@ -36,40 +35,6 @@ def _warn(message: str) -> None:
 
 def _enabled() -> bool:
     return os.environ.get("ZEROMON_ENABLE", "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs a callback right after a given module finishes executing."""
-
-    def __init__(self, name: str, callback: Callable[[ModuleType], None]) -> None:
-        self.name = name
-        self.callback = callback
-        self._busy = False
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != self.name or self._busy:
-            return None
-        self._busy = True
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            self._busy = False
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        loader = spec.loader
-        original_exec = loader.exec_module
-        finder = self
-
-        def exec_module(module: ModuleType) -> None:
-            original_exec(module)
-            try:
-                sys.meta_path.remove(finder)
-            except ValueError:
-                pass
-            finder.callback(module)
-
-        loader.exec_module = exec_module  # type: ignore[method-assign]
-        return spec
 
 
 def start_agent() -> bool:
@@ -138,4 +103,4 @@ def install_hooks() -> None:
     if torch is not None and hasattr(torch, "distributed"):
         _on_torch_imported(torch)
     else:
-        sys.meta_path.insert(0, _AfterImport("torch", _on_torch_imported))
+        AfterImport("torch", _on_torch_imported).install()

@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 import weakref
 from collections.abc import Callable
 from sys import _getframe
+from types import ModuleType
 from typing import Any
 
 from zeromon_agent.hooks import issuers
+from zeromon_agent.hooks.after_import import AfterImport
 from zeromon_agent.hooks.issuers import FINAL, issuer_path
 from zeromon_agent.hooks.state import RAW_COLLECTIVE, RAW_DONE, RAW_WAIT, STATE, UNTIMED, HotState, perf_ns
 
@@ -536,26 +539,42 @@ def install(state: HotState = STATE) -> list[str]:
     return wrapped
 
 
-def install_functional(state: HotState = STATE) -> list[str]:
-    """Patch DTensor's functional collectives and their wait_tensor. Idempotent.
+# DTensor's functional collectives, patched once imported (install_functional)
+_FUNCOL = "torch.distributed._functional_collectives"
+_funcol_pending: list[AfterImport] = []  # the import hook waiting for them (uninstall removes it)
 
-    Done when the agent starts, not at ``import torch``: importing the module early pulls in more of
-    torch than a launcher needs.
-    """
-    wrapped: list[str] = []
-    funcol: Any = None
-    try:
-        import torch.distributed._functional_collectives as funcol
-    except Exception:  # noqa: BLE001 - older torch, or a build without distributed
-        pass
+
+def install_functional(state: HotState = STATE) -> list[str]:
+    """Patch DTensor's functional collectives and their wait_tensor, now where they are imported, else the moment
+    they are (an import hook): a run that never uses DTensor (DDP, DeepSpeed, FSDP1) does not import them for
+    zeromon (~10 ms of every rank's start), and code that imports their names later gets the wrappers.
+    Idempotent. Returns the API names wrapped now."""
+    funcol = sys.modules.get(_FUNCOL)
     if funcol is not None:
-        for name, (op, list_input, group_pos) in FUNCOL_SPECS.items():
-            original = getattr(funcol, name, None)
-            if original is not None and not hasattr(original, "__zeromon_original__"):
-                _set(funcol, name, make_funcol_wrapper(original, name, op, list_input, group_pos, state))
-                wrapped.append(f"funcol.{name}")
-        if hasattr(funcol, "wait_tensor") and not hasattr(funcol.wait_tensor, "__zeromon_original__"):
-            _set(funcol, "wait_tensor", make_wait_tensor(funcol.wait_tensor, state))
+        return _patch_functional(funcol, state)
+    if not _funcol_pending:
+        _funcol_pending.append(AfterImport(_FUNCOL, lambda module: _functional_imported(module, state)).install())
+    return []
+
+
+def _functional_imported(module: ModuleType, state: HotState) -> None:
+    """The import hook's callback: from inside someone's import, so it never raises."""
+    _funcol_pending.clear()
+    try:
+        _patch_functional(module, state)
+    except Exception as exc:  # noqa: BLE001
+        state.hook_error("install_functional", exc)
+
+
+def _patch_functional(funcol: Any, state: HotState) -> list[str]:
+    wrapped: list[str] = []
+    for name, (op, list_input, group_pos) in FUNCOL_SPECS.items():
+        original = getattr(funcol, name, None)
+        if original is not None and not hasattr(original, "__zeromon_original__"):
+            _set(funcol, name, make_funcol_wrapper(original, name, op, list_input, group_pos, state))
+            wrapped.append(f"funcol.{name}")
+    if hasattr(funcol, "wait_tensor") and not hasattr(funcol.wait_tensor, "__zeromon_original__"):
+        _set(funcol, "wait_tensor", make_wait_tensor(funcol.wait_tensor, state))
     return wrapped
 
 
@@ -582,6 +601,8 @@ def repatch_deepspeed() -> bool:
 
 
 def uninstall() -> None:
+    while _funcol_pending:
+        _funcol_pending.pop().remove()
     while _installed:
         owner, name, original = _installed.pop()
         try:
