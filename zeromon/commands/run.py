@@ -93,6 +93,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
+        if not args.tui:
+            _load_summary()
         code = child.wait()
     finally:
         for sig, handler in previous.items():
@@ -298,6 +300,15 @@ def _watch(child: subprocess.Popen[bytes], out: Path) -> None:
     if child.poll() is None:
         print(f"zeromon: the job goes on (pid {child.pid}, output in {log}); waiting for it to end "
               "(Ctrl-C stops it)", file=sys.stderr)
+
+
+def _load_summary() -> None:
+    """The closing summary's modules, imported while the command starts (its launcher imports torch for most of a
+    second, on one core): the summary then only reads the recordings once the command ends (tests/bench/RESULTS.md,
+    zeromon run's end)."""
+    import zeromon.analysis.hang
+    import zeromon.analysis.rank_ends
+    import zeromon.analysis.recording_summary  # noqa: F401
 
 
 def _print_run_summary(out: Path, quiet: bool = False, quiet_when_empty: bool = False) -> bool:
