@@ -287,6 +287,14 @@ def test_snapshot_events_since_a_cursor(live: LiveRun) -> None:
     assert collective["rank"] == 0 and collective["op"] and collective["issue_ns"] > 0
     newer = snapshot(url, f"?since={c}")
     assert all(e["cursor"] > c for e in newer["events"]) and newer["cursor"] >= c
+    # Of the kinds asked for only (what `zeromon attach` reads: the phases), looked through to the newest record.
+    phases = snapshot(url, f"?since={c - 1000}&kinds=phase")
+    assert phases["events"] and {e["kind"] for e in phases["events"]} == {"phase"}
+    assert phases["events_through"] == phases["cursor"]
+    everything = snapshot(url, f"?since={c - 1000}&limit=20000")["events"]  # the run goes on: its oldest may be gone
+    both = range(everything[0]["cursor"], phases["cursor"] + 1)
+    assert [e for e in phases["events"] if e["cursor"] in both] == \
+        [e for e in everything if e["kind"] == "phase" and e["cursor"] in both]
 
 
 @pytest.mark.parametrize(("query", "message"), [

@@ -74,7 +74,8 @@ def test_snapshot_is_json_and_a_bad_parameter_is_a_400_naming_it(endpoint: Agent
     assert status == 200 and headers["content-type"] == "application/json"
     assert json.loads(body)["schema"] == "zeromon.snapshot/1"
     for query, name in (("steps=many", "steps"), ("since=-1", "since"), ("since=0&limit=0", "limit"),
-                        ("steps=nan", "steps"), ("limit=1e400&since=0", "limit")):
+                        ("steps=nan", "steps"), ("limit=1e400&since=0", "limit"), ("since=0&kinds=phase,nope", "kinds"),
+                        ("since=0&kinds=,", "kinds")):
         status, headers, body = request(port, "GET", f"/api/v1/snapshot?{query}")
         assert status == 400 and name in json_error(headers, body)["error"], (query, body)
 

@@ -188,7 +188,11 @@ class SimAgent:
                 c = 4 * s + 4
                 if c > since:
                     events.append({"cursor": c, "kind": "step", **dataclasses.asdict(self._step(s))})
-            doc["events"] = events[: int(query.get("limit", ["2000"])[0])]
+            if "kinds" in query:  # as the agent: the kinds asked for, and where it looked through to
+                events = [e for e in events if e["kind"] in query["kinds"][0].split(",")]
+            limit = int(query.get("limit", ["2000"])[0])
+            doc["events"] = events[:limit]
+            doc["events_through"] = events[limit - 1]["cursor"] if len(events) >= limit else cursor
         return doc
 
 
@@ -396,12 +400,23 @@ def test_phase_spans_come_from_the_event_stream(agents: list[SimAgent]) -> None:
     agents[0].step = 4
     rank0 = source.poll().ranks[0]
     assert agents[0].queries[1]["since"] == ["0"]  # a backfill of up to PHASES_BACKFILL events
+    assert agents[0].queries[1]["kinds"] == ["phase"]  # the TUI's source draws phases: the agent skips the rest
     assert [(p.step, p.phase) for p in rank0.phases[-3:]] == [(4, "forward"), (4, "backward"), (4, "optimizer")]
     assert all(isinstance(p, PhaseSpan) for p in rank0.phases) and len(rank0.phases) == 15
     agents[0].step = 5
     rank0 = source.poll().ranks[0]
-    assert agents[0].queries[2]["since"] == ["20"]  # only what is new since the last poll
+    # only what is new since the last poll: past step 4's summary (cursor 20), which was looked through, not sent
+    assert agents[0].queries[2]["since"] == ["20"]
     assert len(rank0.phases) == 18 and rank0.phases[-1].step == 5
+    source.stop()
+
+
+def test_a_source_that_keeps_collectives_asks_for_them_with_the_phases(agents: list[SimAgent]) -> None:
+    source = LiveSource(targets=[agents[0].target], keep_collectives=8)  # the dashboard's step timeline
+    source.poll()
+    agents[0].step = 4
+    source.poll()
+    assert agents[0].queries[1]["kinds"] == ["phase,collective"]
     source.stop()
 
 

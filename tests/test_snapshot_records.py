@@ -16,9 +16,10 @@ from hypothesis import assume, example, given
 from hypothesis import strategies as st
 from test_compact_format import records
 
+from zeromon.analysis.comm_advice import overlap_findings, overlap_findings_of_summaries
 from zeromon.model import kinds
 from zeromon.model.codec import FIELDS_OF, KIND_OF, json_default
-from zeromon.model.events import CollectiveEvent, MemorySample, PhaseSpan, Record
+from zeromon.model.events import CollectiveEvent, MemorySample, PhaseSpan, Record, StepSummary
 from zeromon_agent.hooks.state import RAW_MEMORY, RAW_OOM, HotState, perf_ns
 from zeromon_agent.live.view import Identity, LiveData
 from zeromon_agent.recorder.loop import Recorder
@@ -62,23 +63,30 @@ _PROXIED = MemorySample(rank=0, step=3, phase="forward", t_ns=5, device="cpu", a
 
 
 @given(recs=st.lists(records(), max_size=30), unmade=st.lists(st.booleans(), min_size=30, max_size=30),
-       since=st.integers(0, 40), limit=st.integers(1, 40))
-@example(recs=[_PROXIED, _PROXIED], unmade=[True, False] * 15, since=0, limit=40)  # a mapping that is no dict
+       since=st.integers(0, 40), limit=st.integers(1, 40),
+       kinds=st.none() | st.sets(st.sampled_from(sorted(KIND_OF.values())), min_size=1))
+@example(recs=[_PROXIED, _PROXIED], unmade=[True, False] * 15, since=0, limit=40, kinds=None)  # a mapping that is no dict
+@example(recs=[_PROXIED, _PROXIED], unmade=[False] * 30, since=0, limit=1, kinds={"phase"})  # none of the kind: through
 def test_events_are_the_same_from_records_left_unmade(recs: list[Record], unmade: list[bool], since: int,
-                                                      limit: int) -> None:
+                                                      limit: int, kinds: set[str] | None) -> None:
     assume(all(map(_plain, recs)))
     # What a batch publishes for a collective, phase span or memory sample: its values alone, in field order.
     published = tuple(tuple(getattr(r, name) for name in FIELDS_OF[type(r)])
                       if leave and type(r) in (CollectiveEvent, PhaseSpan, MemorySample) else r
                       for r, leave in zip(recs, unmade, strict=False))
     cursor = 10 + len(recs)  # the newest record's number
-    events, lost = events_since(published, cursor, since, limit)
+    events, lost, through = events_since(published, cursor, since, limit, frozenset(kinds) if kinds else None)
     first = cursor - len(recs) + 1
     start = max(0, since + 1 - first)
-    assert events == [{"cursor": first + i, "kind": KIND_OF[type(r)], **every_field(r)}
-                      for i, r in enumerate(recs[start:start + limit], start)]
+    # every record after `since`, of the kinds asked for (all: None), the oldest `limit` of them
+    wanted = [{"cursor": first + i, "kind": KIND_OF[type(r)], **every_field(r)}
+              for i, r in enumerate(recs[start:], start) if kinds is None or KIND_OF[type(r)] in kinds]
+    assert events == wanted[:limit]
     assert all(type(v) is dict for event in events for v in event.values() if isinstance(v, Mapping))
     assert lost == (bool(recs) and first > since + 1)
+    # the next `since`: the last event of a full page, else the newest record (none of those asked for skipped)
+    assert through == (events[-1]["cursor"] if len(events) == limit else cursor)
+    assert [e for e in wanted if e["cursor"] <= through] == events
 
 
 def _json_values(value: Any) -> Any:
@@ -132,10 +140,42 @@ def test_an_oom_the_recorder_took_reaches_the_live_forecast() -> None:
     state.push_control((RAW_OOM, perf_ns(), "cuda:0", {"allocated": 2**30, "requested": 2**20, "free": 0}, None,
                         "backward", 0))
     recorder._drain(final=False)
-    live._view = None  # a new view now, not the cached one (VIEW_TTL_S)
-    live._forecast = None  # nor the cached forecast (FORECAST_TTL_S)
+    live._view = None  # a new view now, not the cached one (VIEW_TTL_S); the forecast, kept FORECAST_TTL_S, is
+    # taken again at once: an OOM was counted since
     found = [f for f in live.view().oom.findings if f.kind == "oom_recorded"]  # type: ignore[union-attr]
     assert len(found) == 1 and found[0].step == 0
     # Step 0 is shown as step 1 (step_number: the count a training loop prints).
     assert found[0].evidence == ("OOM in step 1 (backward) on cuda:0: requested 1.00 MiB with 1.00 GiB allocated and "
                                  "0 B free",)
+
+
+def _summary(step: int, exposed_s: float | None, rank: int = 0) -> StepSummary:
+    start = 10**18 + step * 50_000_000
+    return StepSummary(rank=rank, step=step, start_ns=start, end_ns=start + 40_000_000, phase_s={"forward": 0.02},
+                       collectives=4, comm_bytes=1 << 20, comm_bytes_by_op={"all_gather": 1 << 20},
+                       comm_union_s=0.02 if exposed_s is not None else None, blocked_s=exposed_s, peak_memory=None,
+                       comp_s=0.02, overlap_s=0.02 - exposed_s if exposed_s is not None else None,
+                       exposed_comm_s=exposed_s)
+
+
+@given(exposed=st.lists(st.none() | st.floats(0.0, 0.02), min_size=1, max_size=80),
+       window=st.integers(1, 30), stride=st.integers(1, 12), replaced=st.sets(st.integers(0, 79), max_size=5))
+@example(exposed=[0.015] * 12, window=5, stride=2, replaced={3})
+def test_a_view_s_overlap_findings_taken_a_step_at_a_time_are_the_window_s_own(
+        exposed: list[float | None], window: int, stride: int, replaced: set[int]) -> None:
+    # The live view keeps each step's overlap between views (LiveData._step_overlaps) and takes the findings from
+    # them: the same as taking them from the summaries of the window each time, as the window slides over the run,
+    # a summary of a step number seen before (a rank's step counted again) taken again.
+    live = LiveData(types.SimpleNamespace(), Identity(rank=0, local_rank=0, world_size=1, host="h", pid=1, job="j",
+                                                      start_ns=0))
+    summaries = [_summary(step, share) for step, share in enumerate(exposed)]
+    for end in range(1, len(summaries) + stride, stride):
+        steps = tuple(summaries[max(0, end - window):end])
+        if end in replaced and steps:
+            steps = (*steps[:-1], _summary(steps[-1].step, 0.019))
+        kept = [o for o in live._step_overlaps(steps) if o is not None]
+        found = overlap_findings(0, kept, None) if kept else ()
+        assert found == overlap_findings_of_summaries(0, steps, None)
+        if set(exposed) == {0.015}:  # 38% of every step exposed: the finding is there to compare
+            assert [f.kind for f in found] == ["poor_overlap"]
+        assert sorted(live._overlaps) == [s.step for s in steps]

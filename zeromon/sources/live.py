@@ -362,7 +362,8 @@ class LiveSource:
         n_steps = STEPS_ASKED if slot.full_steps else self._steps_to_ask(slot)
         path = f"/api/v1/snapshot?steps={n_steps}"
         if self.events and slot.cursor is not None:
-            path += f"&since={slot.cursor}&limit={EVENTS_LIMIT}"
+            # the kinds it reads: the phases, and the collectives where it keeps them (the agent skips the rest)
+            path += f"&since={slot.cursor}&limit={EVENTS_LIMIT}&kinds=phase{',collective' if self.keep_collectives else ''}"
         path += agent_query(slot.entry)  # its own agent, not another run's on a reused port
         headers = {"Accept": "application/json"}
         if self.token:
@@ -482,6 +483,9 @@ class LiveSource:
             last = events[-1]  # the agent sends them in cursor order
             if isinstance(last, dict) and isinstance(last.get("cursor"), int):
                 newest = max(newest, last["cursor"])
+        through = doc.get("events_through")  # where the agent looked through the kinds asked for
+        if isinstance(through, int) and not isinstance(through, bool) and through <= cursor:
+            newest = max(newest, through)
         slot.cursor = max(newest, cursor - EVENTS_LIMIT)
 
 

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from zeromon.analysis.comm_advice import overlap_findings_of_summaries
+from zeromon.analysis.comm_advice import overlap_findings
 from zeromon.analysis.findings import Finding
 from zeromon.analysis.oom import OomForecast, forecast
+from zeromon.analysis.step_overlap import StepOverlap, overlap_of_summary
 from zeromon.model.events import (
     AgentStats,
     DeviceSample,
@@ -36,7 +37,10 @@ from zeromon.model.progress import LIVE, RankProgress
 from zeromon.model.recording import Recording
 
 VIEW_TTL_S = 0.5
-FORECAST_TTL_S = 1.0
+# The OOM forecast is a trend over the memory history (2,048 samples, hundreds of steps), a few ms to take again at
+# a full history: taken again at most this often, and at once when an OOM is counted (tests/bench/RESULTS.md, the
+# watched loop).
+FORECAST_TTL_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +103,10 @@ class LiveData:
         self._lock = threading.Lock()  # one copy at a time; the others wait for it and share it
         self._view: View | None = None
         self._view_at = 0.0
-        self._forecast: tuple[float, OomForecast | None] | None = None  # (when, forecast)
+        self._forecast: tuple[float, int, OomForecast | None] | None = None  # (when, OOMs counted, forecast)
+        # Each step's overlap (overlap_of_summary) by step number, with the summary it was taken from: a view takes
+        # only the new steps' (the findings' medians run over the 512 recent steps)
+        self._overlaps: dict[int, tuple[StepSummary, StepOverlap | None]] = {}
 
     def view(self) -> View:
         with self._lock:
@@ -148,8 +155,10 @@ class LiveData:
         if self.extra_cpu_s is not None:
             stats = dataclasses.replace(stats, cpu_time_s=round(stats.cpu_time_s + self.extra_cpu_s(), 6))
         walked = next((m for m in reversed(history) if m.walked), None)
-        oom = self._oom(now, history, steps, run_info, recent if ooms else ())
-        findings = (oom.findings if oom is not None else ()) + overlap_findings_of_summaries(self.identity.rank, steps, run_info)
+        oom = self._oom(now, history, steps, run_info, recent if ooms else (), ooms)
+        overlaps = [o for o in self._step_overlaps(steps) if o is not None]
+        findings = (oom.findings if oom is not None else ()) + (
+            overlap_findings(self.identity.rank, overlaps, run_info) if overlaps else ())
         return View(
             t_ns=time.time_ns(), cursor=cursor, run_info=run_info, steps=steps, memory=memory,
             categories=dict(walked.categories) if walked is not None else {}, device=device, stats=stats,
@@ -168,13 +177,27 @@ class LiveData:
         except Exception:  # noqa: BLE001 - a snapshot without it rather than none
             return None
 
+    def _step_overlaps(self, steps: tuple[StepSummary, ...]) -> list[StepOverlap | None]:
+        """overlap_of_summary of each of ``steps``, taken once a step (self._lock held); the steps gone from the
+        recent ones forgotten."""
+        known, fresh = self._overlaps, {}
+        for summary in steps:
+            entry = known.get(summary.step)
+            if entry is None or entry[0] is not summary:
+                entry = (summary, overlap_of_summary(summary))
+            fresh[summary.step] = entry
+        self._overlaps = fresh
+        return [overlap for _, overlap in fresh.values()]
+
     def _oom(self, now: float, history: list[MemorySample], steps: tuple[StepSummary, ...],
-             run_info: RunInfo | None, recent: tuple[Any, ...]) -> OomForecast | None:
-        """The OOM forecast of the live memory history, recomputed at most every FORECAST_TTL_S. ``recent``:
-        where the OOMs are looked for (empty where the recorder counted none: 4,096 records by default)."""
+             run_info: RunInfo | None, recent: tuple[Any, ...], ooms: int) -> OomForecast | None:
+        """The OOM forecast of the live memory history, recomputed at most every FORECAST_TTL_S, and at once when
+        an OOM was counted since. ``recent``: where the OOMs are looked for (empty where the recorder counted none:
+        4,096 records by default)."""
         cached = self._forecast
-        if cached is not None and now - cached[0] < FORECAST_TTL_S and (cached[1] is not None or not history):
-            return cached[1]
+        if cached is not None and now - cached[0] < FORECAST_TTL_S and cached[1] == ooms \
+                and (cached[2] is not None or not history):
+            return cached[2]
         if not history:
             result = None
         else:
@@ -183,5 +206,5 @@ class LiveData:
                 memory=history, steps=list(steps), run_info=run_info,
                 ooms=[r for r in recent if isinstance(r, OomEvent)])
             result = forecast(recording)
-        self._forecast = (now, result)
+        self._forecast = (now, ooms, result)
         return result

@@ -61,11 +61,29 @@ def _int_param(query: Mapping[str, list[str]], name: str, default: int | None, l
     return value
 
 
+_KINDS = frozenset(KIND_OF.values())
+
+
+def _kinds_param(query: Mapping[str, list[str]]) -> frozenset[str] | None:
+    """``?kinds=phase,collective``: the kinds of record the events are wanted of (None: every kind)."""
+    values = query.get("kinds")
+    if not values:
+        return None
+    kinds = frozenset(kind.strip() for kind in values[-1].split(",") if kind.strip())
+    unknown = sorted(kinds - _KINDS)
+    if unknown or not kinds:
+        what = f"unknown kind {', '.join(map(repr, unknown))}" if unknown else "no kind given"
+        raise SnapshotError(f"?kinds={values[-1]!r}: {what} (the kinds: {', '.join(sorted(_KINDS))})")
+    return kinds
+
+
 def build_snapshot(identity: Identity, view: View, query: Mapping[str, list[str]]) -> dict[str, Any]:
-    """The /api/v1/snapshot document. ``query``: parsed ``steps``, ``since``, ``limit`` (SnapshotError if bad)."""
+    """The /api/v1/snapshot document. ``query``: parsed ``steps``, ``since``, ``limit``, ``kinds`` (SnapshotError
+    if bad)."""
     n_steps = _int_param(query, "steps", DEFAULT_STEPS, 0, 100_000) or 0
     since = _int_param(query, "since", None, 0)
     limit = _int_param(query, "limit", DEFAULT_EVENT_LIMIT, 1, MAX_EVENT_LIMIT) or DEFAULT_EVENT_LIMIT
+    kinds = _kinds_param(query)
     world = view.run_info.world_size if view.run_info is not None else identity.world_size
     snapshot: dict[str, Any] = {
         "schema": SCHEMA, "t_ns": view.t_ns, "rank": identity.rank, "local_rank": identity.local_rank,
@@ -85,32 +103,46 @@ def build_snapshot(identity: Identity, view: View, query: Mapping[str, list[str]
         "progress": view.progress.to_dict() if view.progress is not None else None,
     }
     if since is not None:
-        events, lost = events_since(view.recent, view.cursor, since, limit)
+        events, lost, through = events_since(view.recent, view.cursor, since, limit, kinds)
         snapshot["events"] = events
+        snapshot["events_through"] = through
         if lost:
             snapshot["events_lost"] = True
     return snapshot
 
 
-def events_since(recent: tuple[Any, ...], cursor: int, since: int, limit: int) -> tuple[list[dict[str, Any]], bool]:
-    """The oldest ``limit`` records with cursor > since (``recent``'s newest numbered ``cursor``), and whether
-    some after ``since`` are gone."""
+def events_since(recent: tuple[Any, ...], cursor: int, since: int, limit: int,
+                 kinds: frozenset[str] | None = None) -> tuple[list[dict[str, Any]], bool, int]:
+    """The oldest ``limit`` records with cursor > since (``recent``'s newest numbered ``cursor``) of ``kinds``
+    (None: all), whether some after ``since`` are gone, and the cursor they were looked through (the next
+    ``since``: ``cursor`` unless the page is full). A kind left out costs a look at its type, no event (a live
+    client that draws phases skips the collectives and memory samples, most of what a step publishes)."""
     first = cursor - len(recent) + 1
     start = max(0, since + 1 - first)
     # Lost: the first kept record is not the one right after `since` (the deque has moved past it).
     lost = bool(recent) and first > since + 1
-    events = [_event(first + index, entry) for index, entry in enumerate(recent[start:start + limit], start)]
-    return events, lost
+    if kinds is None:
+        events = [_event(first + index, entry) for index, entry in enumerate(recent[start:start + limit], start)]
+        return events, lost, events[-1]["cursor"] if len(events) == limit else cursor
+    events = []
+    for index in range(start, len(recent)):
+        entry = recent[index]
+        cls = unmade_type(entry) if type(entry) is tuple else type(entry)
+        if KIND_OF[cls] in kinds:
+            events.append(_event(first + index, entry, cls))
+            if len(events) == limit:
+                return events, lost, first + index
+    return events, lost, cursor
 
 
-def _event(cursor: int, entry: Any) -> dict[str, Any]:
+def _event(cursor: int, entry: Any, cls: type | None = None) -> dict[str, Any]:
     """An event of the snapshot: the record's cursor, kind and fields (record_dict's). A record the recorder
     left unmade is read from its values (in field order) without making it, at a fraction of the cost,
-    for up to 2,000 of them a snapshot."""
+    for up to 2,000 of them a snapshot. ``cls``: the entry's record type, where the caller has it."""
     if type(entry) is tuple:
-        cls = unmade_type(entry)
+        cls = cls or unmade_type(entry)
         values: Any = entry
     else:
-        cls = type(entry)
+        cls = cls or type(entry)
         values = GETTERS[cls](entry)
     return _with_fields({"cursor": cursor, "kind": KIND_OF[cls]}, cls, values)
