@@ -1,6 +1,6 @@
 """The agent's background CPU per recorded collective, and the process's CPU per collective with the agent on vs off.
 
-    python tests/bench/bench_recorder_cpu.py [--rounds 2] [--json out.json]
+    python tests/bench/bench_recorder_cpu.py [--rounds 2] [--json out.json] [--only watched-long]
 
 A real 2-rank FSDP2 run of examples/fsdp2_train.py (torchrun, gloo, ``OMP_NUM_THREADS=1``) in two
 shapes: the example's default (3 blocks: 11 collectives a step) and 80 blocks (the 240 collectives a
@@ -63,6 +63,9 @@ SHAPES = {
                                                      "--seq", "16", "--batch", "2"), False),
     # What a rank pays while `zeromon attach` (or the dashboard) reads it: a pass a second for the live views.
     "the example's default, read live (zeromon attach's 1 s poll)": ("watched", 200, (), True),
+    # The same for 1,000 steps: the live view's memory history (2,048 samples) and recent steps (512) full, as in a
+    # run watched for more than a few seconds.
+    "the example's default, read live for 1,000 steps": ("watched-long", 1000, (), True),
 }
 
 
@@ -282,7 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None)
     parser.add_argument("--capture", metavar="FOLDER", help="only capture rank 0's passes of one run of --shape "
                         "into FOLDER/passes.pickle (for --replay in another tree: a before/after of the recorder)")
-    parser.add_argument("--shape", default="default", choices=[key for key, *_ in SHAPES.values()])
+    parser.add_argument("--shape", default="default", choices=[key for key, *_ in SHAPES.values()],
+                        help="the shape --capture runs")
+    parser.add_argument("--only", metavar="SHAPE", action="append", choices=[key for key, *_ in SHAPES.values()],
+                        help="measure this shape only (again for more); default: every shape")
     parser.add_argument("--replay", metavar="PICKLE", help="only replay captured passes through this tree's "
                         "Recorder REPLAYS times and print the median µs per collective, then each replay's")
     args = parser.parse_args(argv)
@@ -299,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
     extra: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="zeromon-bench-recorder-") as tmp:
         for label, (key, steps, shape, watched) in SHAPES.items():
+            if args.only and key not in args.only:
+                continue
             steps = max(4, round(steps * args.scale))
             background: list[float] = []
             process: dict[bool, list[float]] = {True: [], False: []}
