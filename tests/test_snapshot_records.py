@@ -5,6 +5,7 @@ json's would."""
 
 from __future__ import annotations
 
+import collections
 import json
 import math
 import types
@@ -21,6 +22,7 @@ from zeromon.model import kinds
 from zeromon.model.codec import FIELDS_OF, KIND_OF, json_default
 from zeromon.model.events import CollectiveEvent, MemorySample, PhaseSpan, Record, StepSummary
 from zeromon_agent.hooks.state import RAW_MEMORY, RAW_OOM, HotState, perf_ns
+from zeromon_agent.live.published import LiveViews
 from zeromon_agent.live.view import Identity, LiveData
 from zeromon_agent.recorder.loop import Recorder
 from zeromon_agent.serve.httpserver import json_response
@@ -179,3 +181,28 @@ def test_a_view_s_overlap_findings_taken_a_step_at_a_time_are_the_window_s_own(
         if set(exposed) == {0.015}:  # 38% of every step exposed: the finding is there to compare
             assert [f.kind for f in found] == ["poor_overlap"]
         assert sorted(live._overlaps) == [s.step for s in steps]
+
+
+def _sample(i: int) -> MemorySample:
+    return MemorySample(rank=0, step=i, phase="forward", t_ns=i, device="cpu", allocated=None, reserved=None,
+                        active=None, peak_allocated=None, peak_reserved=None, inactive_split=None,
+                        num_alloc_retries=None, num_ooms=None, capacity=None, free=None, rss=i)
+
+
+@given(batches=st.lists(st.tuples(st.lists(st.booleans(), max_size=12), st.booleans()), max_size=12))
+def test_memory_samples_made_since_the_last_read_are_the_history_made_whole(
+        batches: list[tuple[list[bool], bool]]) -> None:
+    # LiveViews.memory_samples makes the samples handed over since its last call (the newest), not the whole
+    # history again: what it returns is every sample kept, made, as if made all at once.
+    views = LiveViews()
+    views.memory_history = collections.deque(maxlen=16)  # a short history: the oldest fall off
+    handed: list[MemorySample] = []
+    for unmade, read in batches:
+        batch = [_sample(len(handed) + i) for i in range(len(unmade))]
+        handed += batch
+        views.release([object()], 1, [], [], [tuple(getattr(s, n) for n in FIELDS_OF[MemorySample]) if leave else s
+                                              for s, leave in zip(batch, unmade, strict=True)])
+        if read:
+            assert views.memory_samples() == handed[-16:]
+    assert views.memory_samples() == handed[-16:]
+    assert all(type(entry) is MemorySample for entry in views.memory_history)

@@ -34,6 +34,7 @@ class LiveViews:
         self.notices: list[Notice] = []
         # MemorySamples, or their values where the drain left them unmade: memory_samples()
         self.memory_history: collections.deque[Any] = collections.deque(maxlen=2048)
+        self._memory_unmade = 0  # how many of memory_history's newest came since memory_samples() made them
         self.totals = LiveTotals()
 
     def release(self, records: list[Any], count: int, collectives: list[Counted | CountedColumns],
@@ -51,6 +52,7 @@ class LiveViews:
                 latest = materialize(memory[-1])
                 self.latest_memory = latest if isinstance(latest, MemorySample) else None
                 self.memory_history.extend(memory)  # unmade too: memory_samples()
+                self._memory_unmade = min(self._memory_unmade + len(memory), len(self.memory_history))
 
     def recent_records(self) -> list[tuple[int, Record]]:
         """(cursor, record) of the records published last, each made now where a batch left it unmade."""
@@ -59,13 +61,14 @@ class LiveViews:
         return list(zip(range(cursor - len(entries) + 1, cursor + 1), map(materialize, entries), strict=True))
 
     def memory_samples(self) -> list[MemorySample]:
-        """memory_history's samples, each made once (under the lock): a run nobody reads makes none."""
+        """memory_history's samples, each made once (under the lock): a run nobody reads makes none; a reader's
+        call makes those that came since the last (the newest), not the whole history again."""
         with self.lock:
-            history = self.memory_history
-            if any(type(entry) is tuple for entry in history):
-                made = list(map(materialize, history))
-                history.clear()
-                history.extend(made)
+            history, unmade = self.memory_history, self._memory_unmade
+            if unmade:
+                newest = [history.pop() for _ in range(unmade)]
+                history.extend(map(materialize, reversed(newest)))
+                self._memory_unmade = 0
             return list(history)
 
     def add_notice(self, record: Notice) -> None:
