@@ -2,7 +2,7 @@
 
 `zeromon run`'s bootstrap patches torch.distributed the moment ``import torch`` completes; the agent patches
 DTensor's functional collectives the moment they are imported, where they were not when it started (a DDP or
-DeepSpeed run never imports them: importing them at every rank's start cost ~10 ms, tests/bench/RESULTS.md).
+DeepSpeed run never imports them, and importing them is a cost at every rank's start: tests/bench/RESULTS.md).
 """
 
 from __future__ import annotations

@@ -547,7 +547,7 @@ _funcol_pending: list[AfterImport] = []  # the import hook waiting for them (uni
 def install_functional(state: HotState = STATE) -> list[str]:
     """Patch DTensor's functional collectives and their wait_tensor, now where they are imported, else the moment
     they are (an import hook): a run that never uses DTensor (DDP, DeepSpeed, FSDP1) does not import them for
-    zeromon (~10 ms of every rank's start), and code that imports their names later gets the wrappers.
+    zeromon (a cost at every rank's start: tests/bench/RESULTS.md), and code that imports their names later gets the wrappers.
     Idempotent. Returns the API names wrapped now."""
     funcol = sys.modules.get(_FUNCOL)
     if funcol is not None:
@@ -580,8 +580,6 @@ def _patch_functional(funcol: Any, state: HotState) -> list[str]:
 
 def repatch_deepspeed() -> bool:
     """Point DeepSpeed's cached collective functions at the wrappers, if DeepSpeed initialized first."""
-    import sys
-
     comm = sys.modules.get("deepspeed.comm.comm")
     backend = getattr(comm, "cdb", None) if comm is not None else None
     if backend is None:

@@ -37,8 +37,8 @@ from zeromon.model.progress import LIVE, RankProgress
 from zeromon.model.recording import Recording
 
 VIEW_TTL_S = 0.5
-# The OOM forecast is a trend over the memory history (2,048 samples, hundreds of steps), a few ms to take again at
-# a full history: taken again at most this often, and at once when an OOM is counted (tests/bench/RESULTS.md, the
+# The OOM forecast is a trend over the memory history (2,048 samples, hundreds of steps), the dearest part of a view
+# at a full history: taken again at most this often, and at once when an OOM is counted (tests/bench/RESULTS.md, the
 # watched loop).
 FORECAST_TTL_S = 5.0
 

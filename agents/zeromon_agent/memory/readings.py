@@ -452,8 +452,8 @@ class CudaMemory:
         """The allocator's totals in MemorySample's order (memory.watch.MEMORY_VALUES[1:9]: allocated, reserved,
         active, peak_allocated, peak_reserved, inactive_split, num_alloc_retries, num_ooms), read from
         ``memory_stats_as_nested_dict``: ``memory_stats`` flattens its ~120 statistics into sorted dotted keys in
-        Python (its cost: tests/bench/RESULTS.md), and a memory sample is taken at three boundaries of every step. None for a statistic the allocator does not give (none before CUDA's
-        initialization)."""
+        Python (its cost: tests/bench/RESULTS.md), and a memory sample is taken at three boundaries of every step.
+        None for a statistic the allocator does not give (none before CUDA's initialization)."""
         stats = self.torch.cuda.memory_stats_as_nested_dict(self.device)
         get = stats.get
         allocated, reserved = get("allocated_bytes", _NONE).get("all", _NONE), get("reserved_bytes", _NONE).get("all", _NONE)
