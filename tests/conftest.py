@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -13,6 +12,7 @@ from typing import Any
 
 import pytest
 from hypothesis import settings
+from ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 # Property tests judge what comes out, never how fast: no deadline for any of them (a loaded 2-core machine ran one
@@ -95,10 +95,6 @@ def refuses_field(exc: Any, key: str) -> bool:
     return any(loc and loc[-1] == key for loc in locations)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def child_env(**extra: str) -> dict[str, str]:

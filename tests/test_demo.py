@@ -370,3 +370,25 @@ def test_without_a_terminal_the_tui_mode_says_what_to_use_instead(tmp_path: Path
     assert result.stderr.splitlines() == [
         "zeromon: error: zeromon demo draws its TUI in a terminal, and stdin or stdout is not one",
         "hint: zeromon demo --no-tui trains and prints the findings; --dashboard serves them in a browser"]
+
+
+def test_the_rendezvous_port_is_below_the_ephemeral_range_and_skips_a_taken_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo's rank 0 listens on its port seconds after the launcher chose it: never a port the kernel may
+    hand to another connection meanwhile (bind to port 0 does), and never one a program already holds."""
+    import random
+    import socket
+
+    from zeromon.demo.train import rendezvous_port
+
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    port = rendezvous_port()
+    assert 1024 <= port < ephemeral_low
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        monkeypatch.setattr(random, "randrange", lambda *_: port)
+        other = rendezvous_port()
+        assert other != port and 1024 <= other < ephemeral_low
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", other))  # the port it gave can be listened on
+        listener.listen()

@@ -122,24 +122,10 @@ class LiveRun:
         return self.proc.returncode
 
 
-def _two_free_ports() -> int:
-    """A base port whose next port is free too (the two ranks' ports under the port rule)."""
-    for _ in range(50):
-        base = free_port()
-        with socket.socket() as a, socket.socket() as b:
-            try:
-                a.bind(("127.0.0.1", base))
-                b.bind(("127.0.0.1", base + 1))
-            except OSError:
-                continue
-        return base
-    raise RuntimeError("no two consecutive free ports")
-
-
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveRun]:
     tmp = tmp_path_factory.mktemp("live")
-    base = _two_free_ports()
+    base = free_port(2)  # the two ranks' ports under the port rule
     env = child_env(ZEROMON_OUT=str(tmp / "run"), ZEROMON_REGISTRY=str(tmp / "registry"), ZEROMON_PORT=str(base),
                     ZEROMON_JOB="livetest", ZEROMON_RECENT_EVENTS="1024")
     proc = subprocess.Popen(ranks_args(2, SCENARIO, "--stop-file", str(tmp / "STOP"), "--max-seconds", "240"),

@@ -50,11 +50,9 @@ def run_once(out: Path, steps: int, late_s: float, slow_rank: int) -> Path:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZEROMON_")}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", ZEROMON_PORT="0",
                ZEROMON_OUT=str(out), ZEROMON_REGISTRY=str(out.parent / "registry"))
-    import socket
+    from benchlib import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     args = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
             str(SCENARIO), "--delay", str(late_s), "--slow-rank", str(slow_rank), "--extra-mb", "0",
             "--steps", str(steps)]

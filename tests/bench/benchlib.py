@@ -12,8 +12,8 @@ import json
 import os
 import platform
 import random
-import socket
 import statistics
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -21,6 +21,9 @@ from typing import Any
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent.parent
+sys.path.insert(0, str(BENCH_DIR.parent))
+from ports import free_port as free_port  # noqa: E402 - the tests' ports (tests/ports.py), for the benchmarks too
+
 _PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -164,10 +167,6 @@ def example_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rss_bytes() -> int:

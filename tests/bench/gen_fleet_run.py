@@ -104,11 +104,9 @@ def record_source(out: Path, steps: int = 12) -> Path:
     repo = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZEROMON_")}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MASTER_ADDR="127.0.0.1", ZEROMON_PORT="0")
-    import socket
+    from benchlib import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     command = [sys.executable, "-m", "zeromon", "run", "--out", str(out), "--",
                sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
                str(repo / "examples" / "fsdp2_train.py"), "--steps", str(steps)]

@@ -35,6 +35,7 @@ import itertools
 import multiprocessing
 import multiprocessing.connection
 import os
+import random
 import signal
 import socket
 import sys
@@ -112,9 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     """Start the ranks (as torchrun would set them up) and wait for them. Ctrl-C reaches every process of
     the terminal: the ranks finish their step and stop together; this one waits for them."""
     args = parse_args(argv)
-    with socket.socket() as probe:  # a free port for the rendezvous (the default 29500 may be taken)
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = rendezvous_port()
     # A handler, not KeyboardInterrupt: Ctrl-C comes twice (from the terminal, and forwarded by `zeromon run`),
     # and the second would land in the first one's handling.
     signal.signal(signal.SIGINT, ctrl_c_handler(Flag(), "demo: Ctrl-C: the ranks stop after this step"))
@@ -124,6 +123,30 @@ def main(argv: list[str] | None = None) -> int:
     for process in ranks:
         process.start()
     return wait_for_ranks(ranks)
+
+
+def rendezvous_port() -> int:
+    """A free port for rank 0's rendezvous store (torchrun's default, 29500, may be taken), below the kernel's
+    ephemeral range (ip_local_port_range): a port that bind(("127.0.0.1", 0)) returned is handed out again to
+    the next outgoing connection or port-0 endpoint, and rank 0 listens on it only once torch is imported,
+    seconds later (EADDRINUSE at the rendezvous). Starts at a random port of 20000-32767, and skips what is bound."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ceiling = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ceiling = 32768  # Linux's default
+    floor = max(1024, min(20000, ceiling - 1000))
+    start = random.randrange(floor, ceiling) if floor < ceiling else floor
+    for port in itertools.chain(range(start, ceiling), range(floor, start)):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as probe:  # every one taken: any the kernel gives
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def wait_for_ranks(ranks: Sequence[multiprocessing.process.BaseProcess]) -> int:
