@@ -4,6 +4,7 @@ where the server cannot be asked for port 0 and tell its port back."""
 from __future__ import annotations
 
 import os
+import random
 import socket
 from pathlib import Path
 
@@ -18,7 +19,7 @@ def _ephemeral_low() -> int:
 # The ports free_port() gives: below the kernel's ephemeral range, a block for each xdist worker, in turn.
 PORT_FLOOR = 20000
 _PORT_BLOCK = 1500
-_next_port = [0]
+_next_port = [random.randrange(_PORT_BLOCK)]  # from a random place in the block: two sessions at once seldom meet
 
 
 def free_port(count: int = 1) -> int:
