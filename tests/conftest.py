@@ -95,8 +95,6 @@ def refuses_field(exc: Any, key: str) -> bool:
     return any(loc and loc[-1] == key for loc in locations)
 
 
-
-
 def child_env(**extra: str) -> dict[str, str]:
     """The environment for a child training process: one thread per rank on a 2-core machine."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("ZEROMON_")}
