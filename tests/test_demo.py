@@ -381,6 +381,8 @@ def test_the_rendezvous_port_is_below_the_ephemeral_range_and_skips_a_taken_one(
     from zeromon.demo.train import rendezvous_port
 
     ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    if ephemeral_low < 1024 + 1000:
+        pytest.skip(f"this machine hands out ports from {ephemeral_low} up: none is kept below its ephemeral range")
     port = rendezvous_port()
     assert 1024 <= port < ephemeral_low
     with socket.socket() as taken:
