@@ -6,15 +6,8 @@ from __future__ import annotations
 import os
 import random
 import socket
-from pathlib import Path
 
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default
-
+from zeromon.demo.train import ephemeral_low
 
 # The ports free_port() gives: below the kernel's ephemeral range, a block for each xdist worker, in turn.
 PORT_FLOOR = 20000
@@ -32,7 +25,7 @@ def free_port(count: int = 1) -> int:
     range (ip_local_port_range) are never handed out so; each xdist worker takes its own block of them, one after
     another, and skips any it cannot bind (another program's)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
-    blocks = max(1, (_ephemeral_low() - PORT_FLOOR) // _PORT_BLOCK)
+    blocks = max(1, (ephemeral_low() - PORT_FLOOR) // _PORT_BLOCK)
     first = PORT_FLOOR + (int(worker) % blocks if worker.isdigit() else 0) * _PORT_BLOCK
     for _ in range(_PORT_BLOCK):
         port = first + _next_port[0] % (_PORT_BLOCK - count + 1)

@@ -125,16 +125,21 @@ def main(argv: list[str] | None = None) -> int:
     return wait_for_ranks(ranks)
 
 
+def ephemeral_low() -> int:
+    """The lowest port the kernel hands out to a connection or a bind to port 0 (ip_local_port_range)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def rendezvous_port() -> int:
     """A free port for rank 0's rendezvous store (torchrun's default, 29500, may be taken), below the kernel's
     ephemeral range (ip_local_port_range): a port that bind(("127.0.0.1", 0)) returned is handed out again to
     the next outgoing connection or port-0 endpoint, and rank 0 listens on it only once torch is imported,
     seconds later (EADDRINUSE at the rendezvous). Starts at a random port of 20000-32767, and skips what is bound."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            ceiling = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        ceiling = 32768  # Linux's default
+    ceiling = ephemeral_low()
     floor = max(1024, min(20000, ceiling - 1000))
     start = random.randrange(floor, ceiling) if floor < ceiling else floor
     for port in itertools.chain(range(start, ceiling), range(floor, start)):
