@@ -22,6 +22,10 @@ Two views of the same cost, both per recorded collective:
   no recording (``ZEROMON_RECORD=0``), no endpoint (``ZEROMON_ENDPOINT=0``), no memory samples, no progress
   watch, no live views, and the garbage collector frozen after the model is built (``gc.freeze``). The
   difference to the full run is what the part costs, its interactions with the rest included.
+- **a pass's own cost.** The same run at a flush interval of 2 s and of 15 s (``ZEROMON_FLUSH_INTERVAL``: a rank
+  nobody reads is drained at each flush only): the same records in more or fewer passes, so the difference in the
+  agent's CPU over the difference in passes is what a pass costs whatever it holds (cold caches, the garbage
+  collector's passes it sets off, its fixed calls).
 
 Medians over rounds; each round runs every variant in a shuffled order.
 """
@@ -55,7 +59,11 @@ VARIANTS: dict[str, tuple[dict[str, str], str]] = {
     "no progress watch": ({}, "progress"),
     "no live views": ({}, "live"),
     "the garbage collector frozen": ({}, "gc"),
+    # Not parts: the flush interval, which sets the passes of a rank nobody reads (their difference: what a pass costs)
+    "flush every 2 s": ({"ZEROMON_FLUSH_INTERVAL": "2"}, ""),
+    "flush every 15 s": ({"ZEROMON_FLUSH_INTERVAL": "15"}, ""),
 }
+_INTERVALS = ("flush every 2 s", "flush every 15 s")
 # The recorder's parts, timed in the run: (class's module, class, method, label). Nested calls are taken out of
 # their caller's figure (the drain's parts out of the drain's).
 PARTS = (
@@ -65,10 +73,11 @@ PARTS = (
     ("zeromon_agent.recorder.step_book", "StepBook", "resolve_spans", "phase spans made records"),
     ("zeromon_agent.recorder.step_book", "StepBook", "emit_steps", "step summaries"),
     ("zeromon_agent.recorder.outbox", "Outbox", "release", "live views (the hand-over)"),
-    ("zeromon_agent.recorder.loop", "Recorder", "_drain", "the drain's own loop"),
+    ("zeromon_agent.recorder.loop", "Recorder", "_drain", "the drain's own loop"),  # DRAIN_PART
     ("zeromon.model.segments", "CompactWriter", "flush", "the writer's flush (encode, zlib, write)"),
     ("zeromon_agent.recorder.loop", "Recorder", "_watch_progress", "progress watch"),
 )
+DRAIN_PART = "the drain's own loop"
 GC_PART = "Python's GC on the recorder's thread"
 REST_PART = "the rest of the recorder's passes (wakeups, stats, checks)"
 ENDPOINT_PART = "the endpoint's threads"
@@ -80,6 +89,7 @@ class PartTimer:
 
     def __init__(self) -> None:
         self.ns: dict[str, int] = {}
+        self.passes = 0  # the recorder thread's drains: its passes
         self._stack: list[list[int]] = []  # per open call: [start, time of the parts inside it]
         self.thread: int | None = None  # the recorder's thread, once it runs a part
 
@@ -98,6 +108,8 @@ class PartTimer:
         def timed(*args: Any, **kwargs: Any) -> Any:
             if threading.get_ident() != self._recorder_thread():
                 return func(*args, **kwargs)
+            if label == DRAIN_PART:
+                self.passes += 1
             frame = [clock(), 0]
             stack.append(frame)
             try:
@@ -169,7 +181,7 @@ def child(result: str, what: str, example_args: list[str]) -> None:
     agent.stop()  # the last drain, the end record and the file's close, on this thread: counted as a part
     figures = {"recorder_thread_s": recorder.cpu_time_s, "endpoint_threads_s": server.cpu_time_s if server else 0.0,
                "final_drain_s": time.thread_time() - t0, "collectives": recorder.events_finalized,
-               "parts_ns": dict(timer.ns)}
+               "parts_ns": dict(timer.ns), "passes": timer.passes}
     Path(f"{result}-{os.environ['RANK']}.json").write_text(json.dumps(figures))
 
 
@@ -185,9 +197,38 @@ def run(out: Path, variant: str, steps: int) -> list[dict[str, Any]]:
     return [json.loads(Path(f"{result}-{rank}.json").read_text()) for rank in range(2)]
 
 
+def agent_cpu_s(figures: list[dict[str, Any]]) -> float:
+    """Both ranks' agent CPU: the recorder's thread, the endpoint's threads, the stop's last drain."""
+    return sum(f["recorder_thread_s"] + f["endpoint_threads_s"] + f["final_drain_s"] for f in figures)
+
+
 def per_collective_us(figures: list[dict[str, Any]]) -> float:
-    n = sum(f["collectives"] for f in figures)
-    return sum(f["recorder_thread_s"] + f["endpoint_threads_s"] + f["final_drain_s"] for f in figures) / n * 1e6
+    return agent_cpu_s(figures) / sum(f["collectives"] for f in figures) * 1e6
+
+
+def pass_rows(runs: dict[str, list[tuple[float, int]]], totals: dict[str, list[float]],
+              run_parts: dict[str, list[dict[str, float]]]) -> list[benchlib.Row]:
+    """What a recorder pass costs whatever it holds: the agent's CPU of the runs at a 2 s flush interval less that
+    of the runs at 15 s (the same records, in more passes), over the passes they differ by; medians of the runs.
+    Then the same difference part by part."""
+    often, seldom = (runs[v] for v in _INTERVALS)
+    cpu = statistics.median(c for c, _ in often) - statistics.median(c for c, _ in seldom)
+    passes = statistics.median(p for _, p in often) - statistics.median(p for _, p in seldom)
+    if passes <= 0:
+        return []
+    rows = [benchlib.Row("agent cost", "a recorder pass's own cost: the flush interval's runs at 2 s against 15 s",
+                         "ms", None, cpu / passes * 1e3, "-", None,
+                         f"{cpu * 1e3:.1f} ms of CPU over {passes:g} more passes (both ranks); µs a collective at 2 s "
+                         f"{', '.join(f'{v:.2f}' for v in totals[_INTERVALS[0]])}, at 15 s "
+                         f"{', '.join(f'{v:.2f}' for v in totals[_INTERVALS[1]])}")]
+    labels = {label for parts in run_parts[_INTERVALS[0]] + run_parts[_INTERVALS[1]] for label in parts}
+    per_part = {label: (statistics.median(parts.get(label, 0.0) for parts in run_parts[_INTERVALS[0]])
+                        - statistics.median(parts.get(label, 0.0) for parts in run_parts[_INTERVALS[1]])) / passes
+                for label in labels}
+    for label, ms in sorted(per_part.items(), key=lambda item: -item[1]):
+        rows.append(benchlib.Row("agent cost", f"a pass's own cost by part: {label}", "ms", None, ms, "-", None,
+                                 "the 2 s runs' part less the 15 s runs', over the passes they differ by"))
+    return rows
 
 
 def parts_us(figures: list[dict[str, Any]]) -> dict[str, float]:
@@ -220,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
                 or any(v.startswith(word) for word in args.only)]
     print(f"{benchlib.load_note()}; {args.rounds} rounds of {len(variants)} runs, {args.steps} steps each", flush=True)
     totals: dict[str, list[float]] = {v: [] for v in variants}
+    runs: dict[str, list[tuple[float, int]]] = {v: [] for v in variants}  # (the agent's CPU s, passes) a run
+    run_parts: dict[str, list[dict[str, float]]] = {v: [] for v in variants}  # each run's parts, ms (both ranks)
     parts: dict[str, list[float]] = {}
     n = 0
     with tempfile.TemporaryDirectory(prefix="zeromon-bench-cost-") as tmp:
@@ -229,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
             for variant in order:
                 figures = run(Path(tmp) / f"{round_}-{variants.index(variant)}", variant, args.steps)
                 totals[variant].append(per_collective_us(figures))
+                runs[variant].append((agent_cpu_s(figures), sum(f["passes"] for f in figures)))
+                run_parts[variant].append({label: us * sum(f["collectives"] for f in figures) / 1e3
+                                           for label, us in parts_us(figures).items()})
                 if variant == "the agent as shipped":
                     n = sum(f["collectives"] for f in figures)
                     for label, us in parts_us(figures).items():
@@ -242,7 +288,10 @@ def main(argv: list[str] | None = None) -> int:
     for label, values in sorted(parts.items(), key=lambda item: -statistics.median(item[1])):
         rows.append(benchlib.Row("agent cost", f"by part: {label}", "µs", None, statistics.median(values), "-", None,
                                  f"µs per collective, median of {len(values)} runs"))
-    for variant in variants[1:]:  # baseline: the run without the part; agent: the full run; added: the part's cost
+    if all(v in variants for v in _INTERVALS):
+        rows += pass_rows(runs, totals, run_parts)
+    for variant in [v for v in variants[1:] if v not in _INTERVALS]:  # baseline: the run without the part; agent:
+        # the full run; added: the part's cost
         without = statistics.median(totals[variant])
         part = variant.removeprefix("no ").removeprefix("the ")
         rows.append(benchlib.Row("agent cost", f"what a part costs, the full run against one with {variant}", "µs",
