@@ -64,6 +64,7 @@ VARIANTS: dict[str, tuple[dict[str, str], str]] = {
     "flush every 15 s": ({"ZEROMON_FLUSH_INTERVAL": "15"}, ""),
 }
 _INTERVALS = ("flush every 2 s", "flush every 15 s")
+DRAIN_PART = "the drain's own loop"  # its calls on the recorder's thread count its passes
 # The recorder's parts, timed in the run: (class's module, class, method, label). Nested calls are taken out of
 # their caller's figure (the drain's parts out of the drain's).
 PARTS = (
@@ -73,11 +74,10 @@ PARTS = (
     ("zeromon_agent.recorder.step_book", "StepBook", "resolve_spans", "phase spans made records"),
     ("zeromon_agent.recorder.step_book", "StepBook", "emit_steps", "step summaries"),
     ("zeromon_agent.recorder.outbox", "Outbox", "release", "live views (the hand-over)"),
-    ("zeromon_agent.recorder.loop", "Recorder", "_drain", "the drain's own loop"),  # DRAIN_PART
+    ("zeromon_agent.recorder.loop", "Recorder", "_drain", DRAIN_PART),
     ("zeromon.model.segments", "CompactWriter", "flush", "the writer's flush (encode, zlib, write)"),
     ("zeromon_agent.recorder.loop", "Recorder", "_watch_progress", "progress watch"),
 )
-DRAIN_PART = "the drain's own loop"
 GC_PART = "Python's GC on the recorder's thread"
 REST_PART = "the rest of the recorder's passes (wakeups, stats, checks)"
 ENDPOINT_PART = "the endpoint's threads"
@@ -290,8 +290,8 @@ def main(argv: list[str] | None = None) -> int:
                                  f"µs per collective, median of {len(values)} runs"))
     if all(v in variants for v in _INTERVALS):
         rows += pass_rows(runs, totals, run_parts)
-    for variant in [v for v in variants[1:] if v not in _INTERVALS]:  # baseline: the run without the part; agent:
-        # the full run; added: the part's cost
+    # baseline: the run without the part; agent: the full run; added: the part's cost
+    for variant in [v for v in variants[1:] if v not in _INTERVALS]:
         without = statistics.median(totals[variant])
         part = variant.removeprefix("no ").removeprefix("the ")
         rows.append(benchlib.Row("agent cost", f"what a part costs, the full run against one with {variant}", "µs",
