@@ -44,7 +44,7 @@ JOBS: tuple[Job, ...] = (
         "recorded collective, and the process's CPU per collective with the agent off vs on"),
     Job("bench_agent_cost.py", (),
         "2-rank FSDP2 example under `zeromon run`, 400 steps: the agent's CPU per recorded collective by part of its "
-        "work, timed in the run, and without each part"),
+        "work, timed in the run, without each part, and what a pass costs (its runs at a 2 s and a 15 s flush)"),
     Job("bench_whole_run.py", (),
         "a whole 200-step 2-rank FSDP2 run under `zeromon run` against plain torchrun: wall, CPU, its own start and end"),
     Job("bench_gpu_drain.py", (),
