@@ -50,7 +50,6 @@ import os
 import random
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -64,6 +63,8 @@ from typing import Any
 
 import bench_tui
 import benchlib
+
+from zeromon.demo.train import first_bindable
 
 DRAWN_TARGET_MS = 2000.0  # the Overview of 256 ranks, the Memory page of 8 ranks x 10,000 steps
 STEP_TARGET_MS = 500.0  # one step's timeline
@@ -138,14 +139,8 @@ def synthesize(run_dir: Path, ranks: int, steps: int, collectives: int) -> tuple
 # --- the server ---------------------------------------------------------------------------------------------
 
 def pick_port() -> int:
-    for port in PORTS:
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    return benchlib.free_port()
+    port = first_bindable(PORTS)
+    return port if port is not None else benchlib.free_port()
 
 
 @contextmanager

@@ -40,7 +40,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 GRACE_S = 10.0  # a failed rank's peers get SIGTERM, then SIGKILL after this long (as torchrun does)
@@ -142,16 +142,24 @@ def rendezvous_port() -> int:
     ceiling = ephemeral_low()
     floor = max(1024, min(20000, ceiling - 1000))
     start = random.randrange(floor, ceiling) if floor < ceiling else floor
-    for port in itertools.chain(range(start, ceiling), range(floor, start)):
+    port = first_bindable(itertools.chain(range(start, ceiling), range(floor, start)))
+    if port is not None:
+        return port
+    with socket.socket() as probe:  # every one taken: any the kernel gives
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def first_bindable(ports: Iterable[int]) -> int | None:
+    """The first of ``ports`` that 127.0.0.1 can bind now (nothing listens on it); None when none can."""
+    for port in ports:
         with socket.socket() as probe:
             try:
                 probe.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
-    with socket.socket() as probe:  # every one taken: any the kernel gives
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    return None
 
 
 def wait_for_ranks(ranks: Sequence[multiprocessing.process.BaseProcess]) -> int:
