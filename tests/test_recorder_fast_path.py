@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import dataclasses
 import itertools
 import operator
+import os
+import shutil
 import sys
 import tempfile
 import types
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -27,6 +30,7 @@ from test_reader_properties import INT64, PROPERTIES
 from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
 
 from zeromon.analysis.bandwidth import event_bandwidth
+from zeromon.model import column_arrays
 from zeromon.model.codec import encode_record, iter_records
 from zeromon.model.columnar import (
     _LIMITS,
@@ -243,9 +247,38 @@ _few_values = {"str": st.sampled_from([None, "forward"]), "int?": st.none(),
                    lambda keys: st.fixed_dictionaries({key: st.integers(0, 2**30) for key in keys}))}
 
 
+# The coders of a segment's integer and string columns: the package's C build (zeromon/model/_planes.c) and numpy's,
+# where it was not built (column_arrays.COMPILED None).
+CODERS = ("compiled", "numpy")
+
+
+@contextlib.contextmanager
+def coded_by(coder: str) -> Iterator[None]:
+    """columnar.encode with ``coder``'s columns; the compiled one skips the test where the package was built without it."""
+    if coder == "compiled" and column_arrays._compiled is None:
+        pytest.skip("the package was installed without its C coder (no C compiler at its build)")
+    with mock.patch.object(column_arrays, "COMPILED", column_arrays._compiled if coder == "compiled" else None):
+        yield
+
+
+def test_the_c_coder_is_built_where_a_c_compiler_is() -> None:
+    """The install (`pip install -e .`, .ci/run's) builds the optional extension wherever a compiler is, as here: a
+    build that failed unseen would leave every flush on numpy's slower path."""
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler on this machine: the package installs without its C coder")
+    assert column_arrays._compiled is not None, "zeromon.model._planes was not built: reinstall (pip install -e .)"
+    assert os.environ.get("ZEROMON_NO_COMPILED") or column_arrays.COMPILED is column_arrays._compiled
+
+
 @PROPERTIES
+@pytest.mark.parametrize("coder", CODERS)
 @given(cls=st.sampled_from(sorted(SPECS, key=lambda cls: cls.__name__)), data=st.data(), n=st.integers(1, 40))
-def test_a_segment_s_columns_are_the_general_path_s_bytes(cls: type, data: st.DataObject, n: int) -> None:
+def test_a_segment_s_columns_are_the_general_path_s_bytes(coder: str, cls: type, data: st.DataObject, n: int) -> None:
+    with coded_by(coder):
+        _a_segment_s_columns_are_the_general_path_s_bytes(cls, data, n)
+
+
+def _a_segment_s_columns_are_the_general_path_s_bytes(cls: type, data: st.DataObject, n: int) -> None:
     spec = SPECS[cls]
     few = data.draw(st.booleans())
     # Columns that hold their base field's values (a synchronous collective's issue_s, its blocked_s), where
@@ -316,22 +349,38 @@ def test_a_batch_the_columns_cannot_hold_is_written_as_json_rows_and_reads_back(
     assert writer.records_lost == 0
 
 
-def test_a_map_column_of_more_than_128_key_orders_has_two_byte_codes_and_reads_back() -> None:
+@pytest.mark.parametrize("coder", CODERS)
+def test_a_map_column_of_more_than_128_key_orders_has_two_byte_codes_and_reads_back(coder: str) -> None:
     spec = SPECS[MemorySample]
     orders = [order for size in (2, 3) for order in itertools.permutations(MEMORY_CATEGORIES[:6], size)]
     rows = [(0, i, "forward", i, "cpu", *[None] * 11, dict.fromkeys(order, i)) for i, order in enumerate(orders)]
     assert len(orders) > 2**7
-    data, tables = encode(spec, rows)
+    with coded_by(coder):
+        data, tables = encode(spec, rows)
     assert (data, tables) == _plain_encode(spec, rows)
     decoded, end = decode(spec, data, 0, len(rows), tables)
     assert end == len(data)
     assert [list(mapping.items()) for mapping in decoded.columns["categories"]] == [list(row[-1].items()) for row in rows]
 
 
-def test_a_string_column_of_more_than_128_values_has_two_byte_codes_as_before() -> None:
+@pytest.mark.parametrize("coder", CODERS)
+def test_a_string_column_of_more_than_128_values_has_two_byte_codes_as_before(coder: str) -> None:
     spec = SPECS[PhaseSpan]
     rows = [(0, i, f"phase-{i}", i, i + 1, "host") for i in range(300)]
-    assert encode(spec, rows) == _plain_encode(spec, rows)
+    with coded_by(coder):
+        assert encode(spec, rows) == _plain_encode(spec, rows)
+
+
+@pytest.mark.parametrize("coder", CODERS)
+@pytest.mark.parametrize("column", [[0, 2**63], [-(2**63) - 1, 0], [-(2**63), 2**63 - 1], [2**63 - 1, -(2**63)]])
+def test_a_column_past_64_bits_is_coded_in_python_s_integers_or_refused_by_either_coder(
+        coder: str, column: list[int]) -> None:
+    """A value past 64 bits, or a difference that wraps, in a "prev" column and in one less another field: the
+    coder's 64-bit loop gives way to Python's integers, whose code may fit (or is refused: OverflowError)."""
+    spec = SPECS[PhaseSpan]
+    rows = [(0, 1, "forward", start, start, "host") for start in column]
+    with coded_by(coder):
+        assert _outcome(encode, spec, rows) == _outcome(_plain_encode, spec, rows)
 
 
 @PROPERTIES

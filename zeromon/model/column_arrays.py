@@ -1,19 +1,30 @@
-"""columnar.encode's integer columns in 64-bit numpy arrays: a column's values, less their base, as byte planes,
-each step one loop in C over the column (a flush encodes every value of every record it writes: in Python's
-integers each value is several objects made and freed). A column whose values or differences pass 64 bits is
-NotInArrays: columnar codes it in Python's integers, which say whether its code fits
-(tests/test_recorder_fast_path.py holds the two to the same bytes).
+"""columnar.encode's integer columns in 64-bit values: a column's values, less their base, as byte planes, each
+step one loop in C over the column (a flush encodes every value of every record it writes: in Python's integers
+each value is several objects made and freed). COMPILED, where the package's optional extension was built
+(zeromon/model/_planes.c, setup.py), codes a column in one call; without it, numpy's arrays here do, a call a
+step. A column whose values or differences pass 64 bits is NotInArrays: columnar codes it in Python's integers,
+which say whether its code fits (tests/test_recorder_fast_path.py holds the three to the same bytes).
 """
 
 from __future__ import annotations
 
+import importlib
+import os
 from array import array
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["NotInArrays", "array_coded", "array_planes", "as_array", "np"]
+try:  # by name: a C module, which imports nothing (`from zeromon.model import` reads as the package's to the layers' contracts)
+    _compiled: Any = importlib.import_module("zeromon.model._planes")
+except ImportError:  # not built (an install without a C compiler): numpy's path
+    _compiled = None
+
+__all__ = ["COMPILED", "NotInArrays", "array_coded", "array_planes", "as_array", "as_ints", "np"]
+
+# The compiled coder, or None. ZEROMON_NO_COMPILED=1 leaves it out (a comparison; a build to rule out).
+COMPILED: Any = None if os.environ.get("ZEROMON_NO_COMPILED", "") not in ("", "0") else _compiled
 
 
 class NotInArrays(Exception):
@@ -31,6 +42,15 @@ def as_array(how: str, column: Sequence[Any]) -> Any:
         return np.frombuffer(array("q", [0 if v is None else v for v in column] if nulls else column), dtype=np.int64)
     except OverflowError:
         raise NotInArrays from None
+
+
+def as_ints(values: Any) -> Any:
+    """A column's integers as Python's (a list) where they are 64-bit values (COMPILED's bytes, a numpy array)."""
+    if type(values) is np.ndarray:
+        return values.tolist()
+    if type(values) is bytes:
+        return array("q", values).tolist()
+    return values
 
 
 def _minus(a: Any, b: Any) -> Any:

@@ -208,18 +208,28 @@ def encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]],
     issue_s, its blocked_s) zeros, a map that no row fills a run of zero codes
     (tests/test_recorder_fast_path.py: the bytes are those of the general path)."""
     # numpy here, not at the module's import: `zeromon run` and the readers import this module, and encode nothing
-    from zeromon.model.column_arrays import NotInArrays, array_coded, array_planes, as_array, np
+    from zeromon.model.column_arrays import (
+        COMPILED,
+        NotInArrays,
+        array_coded,
+        array_planes,
+        as_array,
+        as_ints,
+        np,
+    )
 
     if columns is None:
         n, columns = len(rows), list(zip(*rows, strict=True))
     else:
         n = len(columns[0])
-    ints: dict[str, Any] = {}  # a column's integers: a 64-bit array, or Python's list where one cannot hold them
+    # A column's integers: 64-bit values (COMPILED's bytes, or a numpy array), or Python's list where they cannot
+    # hold them
+    ints: dict[str, Any] = {}
     tables: dict[str, list[Any]] = {}
     out: list[bytes] = []
     zeros = b"\x01" + bytes(n)  # _planes of n zeros
     all_null = b"\x01" + b"\x01" * n + zeros  # a nullable column null in every row, and its values (0)
-    no_values = np.zeros(n, dtype=np.int64)
+    no_values = bytes(8 * n) if COMPILED is not None else np.zeros(n, dtype=np.int64)
     named: dict[str, Sequence[Any]] = {}
     hows = {name: how for name, how, _ in spec}
     for (name, how, base), column in zip(spec, columns, strict=True):
@@ -240,6 +250,10 @@ def encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]],
                 continue
             out.append(_planes([v is None for v in column]) if nulls else zeros)
         elif how == "str":
+            if COMPILED is not None:
+                tables[name], planes = COMPILED.str_column(column)
+                out.append(planes if planes is not None else _planes(_codes(column)[0]))
+                continue
             table = tables[name] = list(dict.fromkeys(column))
             if len(table) == 1:
                 out.append(zeros)
@@ -262,7 +276,16 @@ def encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]],
             out.append(b"\x01" + bytes(column))
             ints[name] = column
             continue
-        try:  # in numpy's loops: several times cheaper than Python's a value, and a flush encodes every value
+        try:
+            if COMPILED is not None:  # one loop in C over the column (zeromon/model/_planes.c)
+                try:
+                    ints[name], planes = COMPILED.int_column(column, how[:2] == "ns", how[-1] == "?",
+                                                             *_compiled_base(base, ints))
+                except OverflowError:
+                    raise NotInArrays from None
+                out.append(planes)
+                continue
+            # in numpy's loops: several times cheaper than Python's a value, and a flush encodes every value
             array64 = ints[name] = as_array(how, column)
             if base == "prev" and not (array64 != array64[0]).any():  # the same in every row: a rank, a capacity
                 out.append(_repeated(int(array64[0]), n))
@@ -270,7 +293,7 @@ def encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]],
             coded = array_coded(array64, base, ints)
             out.append(array_planes(coded, _width(int(coded.min()), int(coded.max()))))
         except NotInArrays:  # a value or a difference past 64 bits: Python's integers say whether its code fits
-            ints.update({key: value.tolist() for key, value in ints.items() if type(value) is np.ndarray})
+            ints.update({key: as_ints(value) for key, value in ints.items()})
             values: Sequence[int] = column if how == "int" or how == "bool" else _as_ns(how, column)
             ints[name] = values
             if base == "prev" and values.count(values[0]) == n:
@@ -278,6 +301,17 @@ def encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]],
                 continue
             out.append(_planes(_coded(values, base, ints)))
     return b"".join(out), tables
+
+
+def _compiled_base(base: Any, ints: dict[str, Any]) -> tuple[int, Any, Any]:
+    """A spec's base as _planes.c's int_column takes it: (its code, the values of the fields it names)."""
+    if base is None:
+        return 0, None, None
+    if base == "prev":
+        return 1, None, None
+    if len(base) == 1:
+        return 2, ints[base[0]], None
+    return 3, ints[base[0]], ints[base[1]]
 
 
 @functools.lru_cache(maxsize=256)

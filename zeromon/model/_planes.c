@@ -1,0 +1,216 @@
+/* zeromon.model._planes: a compact segment's integer columns coded in one loop in C (an optional build).
+ *
+ * columnar.encode codes every value of every record a flush writes: each integer column's values (None as 0,
+ * seconds as whole nanoseconds) less their base (the previous row's, or other fields' of the row), as byte
+ * planes in the fewest bytes that hold them. In numpy that is a Python integer made a 64-bit value at 10-17 ns
+ * each (array('q', list), np.fromiter and np.array all pay it), then a numpy call a step of the column
+ * (tests/bench/RESULTS.md); here it is one pass over the list and one over the values. The same bytes as the
+ * numpy path and the Python one (tests/test_recorder_fast_path.py draws segments and compares them);
+ * OverflowError wherever those raise NotInArrays (a value or a difference past 64 bits), so that the caller
+ * codes that column in Python's integers, as without this module.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+enum { BASE_NONE = 0, BASE_PREV = 1, BASE_ONE = 2, BASE_TWO = 3 };
+
+/* A column's base values: ``n`` native 64-bit integers, as this module returned them. */
+static const int64_t *
+base_values(PyObject *obj, Py_ssize_t n)
+{
+    if (!PyBytes_Check(obj) || PyBytes_GET_SIZE(obj) != n * (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_OverflowError, "a base column that is not in 64-bit values");
+        return NULL;
+    }
+    return (const int64_t *)PyBytes_AS_STRING(obj);
+}
+
+static int
+width_of(int64_t low, int64_t high)
+{
+    if (low >= -128 && high < 128) return 1;
+    if (low >= -32768 && high < 32768) return 2;
+    if (low >= -2147483648LL && high < 2147483648LL) return 4;
+    return 8;
+}
+
+/* int_column(column, seconds, nullable, base, a, b) -> (values, planes)
+ *   column: a list or tuple of ints (or bools), or of floats where ``seconds``; None where ``nullable`` (as 0)
+ *   base: 0 the value, 1 less the previous row's, 2 less ``a``'s, 3 less (``a``'s - ``b``'s); a and b the
+ *         ``values`` of earlier columns (or None)
+ *   values: the column's integers, native 64-bit, as bytes (an ``a`` or ``b`` of a later column)
+ *   planes: the coded values' planes (columnar._planes' bytes)
+ * OverflowError where a value or a coded value is past 64 bits, or a base is not such values; TypeError for a
+ * value of another type. */
+static PyObject *
+int_column(PyObject *self, PyObject *args)
+{
+    PyObject *sequence, *a_obj, *b_obj;
+    int seconds, nullable, base;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OppiOO", &sequence, &seconds, &nullable, &base, &a_obj, &b_obj))
+        return NULL;
+    PyObject *column = PySequence_Fast(sequence, "a column is a list or a tuple");
+    if (column == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(column);
+    PyObject **items = PySequence_Fast_ITEMS(column);
+    const int64_t *a = NULL, *b = NULL;
+    PyObject *values_obj = NULL, *planes_obj = NULL, *result = NULL;
+    int64_t *values, *coded = NULL, low = 0, high = 0;
+    unsigned char *planes;
+    int width;
+    if ((base == BASE_ONE || base == BASE_TWO) && (a = base_values(a_obj, n)) == NULL) goto done;
+    if (base == BASE_TWO && (b = base_values(b_obj, n)) == NULL) goto done;
+    if ((values_obj = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(int64_t))) == NULL) goto done;
+    values = (int64_t *)PyBytes_AS_STRING(values_obj);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = items[i];
+        if (item == Py_None) {
+            if (!nullable) {
+                PyErr_SetString(PyExc_TypeError, "None in a column that takes none");
+                goto done;
+            }
+            values[i] = 0;
+        } else if (seconds) {
+            double v = PyFloat_AsDouble(item);
+            if (v == -1.0 && PyErr_Occurred()) goto done;
+            double ns = nearbyint(v * 1e9);  /* half to even, as np.rint and round() */
+            if (!(ns >= -9223372036854775808.0 && ns < 9223372036854775808.0)) {
+                PyErr_SetString(PyExc_OverflowError, "seconds past 64 bits of nanoseconds");
+                goto done;
+            }
+            values[i] = (int64_t)ns;
+        } else {
+            if (!PyLong_Check(item)) {
+                PyErr_SetString(PyExc_TypeError, "a column's value is not an integer");
+                goto done;
+            }
+            int overflow = 0;
+            long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
+            if (overflow) {
+                PyErr_SetString(PyExc_OverflowError, "a column's value does not fit in 64 bits");
+                goto done;
+            }
+            if (v == -1 && PyErr_Occurred()) goto done;
+            values[i] = (int64_t)v;
+        }
+    }
+    coded = PyMem_Malloc((n ? n : 1) * sizeof(int64_t));
+    if (coded == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t c, other;
+        int wrapped = 0;
+        switch (base) {
+        case BASE_PREV:
+            if (i == 0) c = values[0];
+            else wrapped = __builtin_sub_overflow(values[i], values[i - 1], &c);
+            break;
+        case BASE_ONE:
+            wrapped = __builtin_sub_overflow(values[i], a[i], &c);
+            break;
+        case BASE_TWO:
+            wrapped = __builtin_sub_overflow(a[i], b[i], &other) || __builtin_sub_overflow(values[i], other, &c);
+            break;
+        default:
+            c = values[i];
+        }
+        if (wrapped) {
+            PyErr_SetString(PyExc_OverflowError, "a column's difference does not fit in 64 bits");
+            goto done;
+        }
+        coded[i] = c;
+        if (i == 0 || c < low) low = c;
+        if (i == 0 || c > high) high = c;
+    }
+    width = width_of(low, high);
+    if ((planes_obj = PyBytes_FromStringAndSize(NULL, 1 + width * n)) == NULL) goto done;
+    planes = (unsigned char *)PyBytes_AS_STRING(planes_obj);
+    planes[0] = (unsigned char)width;
+    for (int plane = 0; plane < width; plane++) {
+        unsigned char *row = planes + 1 + (Py_ssize_t)plane * n;
+        int shift = 8 * plane;
+        for (Py_ssize_t i = 0; i < n; i++)
+            row[i] = (unsigned char)((uint64_t)coded[i] >> shift);
+    }
+    result = PyTuple_Pack(2, values_obj, planes_obj);
+done:
+    PyMem_Free(coded);
+    Py_DECREF(column);
+    Py_XDECREF(values_obj);
+    Py_XDECREF(planes_obj);
+    return result;
+}
+
+/* str_column(column) -> (table, planes)
+ *   column: a list or tuple of hashable values (strings, None)
+ *   table: its values in order of first appearance
+ *   planes: the codes' planes where the table holds at most 128 values (one byte a code: zeros for one value),
+ *           else None (the caller codes them: columnar._codes). */
+static PyObject *
+str_column(PyObject *self, PyObject *sequence)
+{
+    (void)self;
+    PyObject *column = PySequence_Fast(sequence, "a column is a list or a tuple");
+    if (column == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(column);
+    PyObject **items = PySequence_Fast_ITEMS(column);
+    PyObject *codes = PyDict_New(), *table = PyList_New(0), *planes_obj = NULL, *result = NULL;
+    unsigned char *planes;
+    if (codes == NULL || table == NULL) goto done;
+    if ((planes_obj = PyBytes_FromStringAndSize(NULL, n + 1)) == NULL) goto done;
+    planes = (unsigned char *)PyBytes_AS_STRING(planes_obj);
+    planes[0] = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *code = PyDict_GetItemWithError(codes, items[i]);
+        Py_ssize_t k;
+        if (code == NULL) {
+            if (PyErr_Occurred()) goto done;
+            k = PyList_GET_SIZE(table);
+            PyObject *value = PyLong_FromSsize_t(k);
+            if (value == NULL) goto done;
+            int failed = PyDict_SetItem(codes, items[i], value) < 0 || PyList_Append(table, items[i]) < 0;
+            Py_DECREF(value);
+            if (failed) goto done;
+        } else {
+            k = PyLong_AsSsize_t(code);
+        }
+        if (k < 128) planes[1 + i] = (unsigned char)k;
+    }
+    if (PyList_GET_SIZE(table) > 128) {
+        Py_DECREF(planes_obj);
+        planes_obj = Py_NewRef(Py_None);
+    }
+    result = PyTuple_Pack(2, table, planes_obj);
+done:
+    Py_DECREF(column);
+    Py_XDECREF(codes);
+    Py_XDECREF(table);
+    Py_XDECREF(planes_obj);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"str_column", str_column, METH_O,
+     "str_column(column) -> (table, planes): a string column as codes into its table (planes None past 128)."},
+    {"int_column", int_column, METH_VARARGS,
+     "int_column(column, seconds, nullable, base, a, b) -> (values, planes): a column coded as planes."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "zeromon.model._planes",
+    "A compact segment's integer columns coded in C (columnar.encode's optional fast path).", -1, methods,
+    NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__planes(void)
+{
+    return PyModule_Create(&module);
+}
