@@ -1,11 +1,15 @@
-"""The package's one compiled part; everything else is in pyproject.toml.
+"""The package's compiled parts; everything else is in pyproject.toml.
 
-The recorder's column coder in C (zeromon/model/_planes.c) is built where a C compiler and Python's headers are:
-optional, so that an install without them succeeds, and the recordings it writes are the same bytes, coded by
-numpy (zeromon/model/column_arrays.py). Here rather than in pyproject.toml's ``[tool.setuptools.ext-modules]``,
-which setuptools still calls experimental.
+Two of the recorder's loops in C, built where a C compiler and Python's headers are: the coder of a recording's
+columns (zeromon/model/_planes.c) and the columns of a batch of synchronous collectives
+(agents/zeromon_agent/recorder/_batch.c). Optional, so that an install without them succeeds, and the recorder
+then takes their Python paths, which give the same values (zeromon.model.compiled). Here rather than in
+pyproject.toml's ``[tool.setuptools.ext-modules]``, which setuptools still calls experimental.
 """
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("zeromon.model._planes", ["zeromon/model/_planes.c"], optional=True)])
+setup(ext_modules=[
+    Extension("zeromon.model._planes", ["zeromon/model/_planes.c"], optional=True),
+    Extension("zeromon_agent.recorder._batch", ["agents/zeromon_agent/recorder/_batch.c"], optional=True),
+])

@@ -68,7 +68,7 @@ def test_json_has_every_check_with_its_status_and_the_verdict(tmp_path: Path) ->
     body = json.loads(result.stdout)
     assert body["essentials_ok"] is True
     found = checks(result)
-    assert {"python", "zeromon", "C coder", "torch", "backend gloo", "backend nccl", "backend mpi", "cuda", "nvml",
+    assert {"python", "zeromon", "C modules", "torch", "backend gloo", "backend nccl", "backend mpi", "cuda", "nvml",
             "deepspeed", "agent ports", "registry", "terminal"} <= set(found)
     for check in body["checks"]:
         assert set(check) == {"name", "status", "essential", "found", "costs", "fix"}
@@ -188,16 +188,18 @@ def test_a_probe_that_hangs_is_given_up_after_its_time_limit_and_one_that_fails_
         ("warn", "the probe failed: OSError: libnvidia-ml.so.1: cannot open shared object file")]
 
 
-def test_the_c_coder_is_said_built_or_not_with_what_that_costs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The recorder's optional C coder (zeromon/model/_planes.c): built here (a C compiler is on this machine, and
-    the install builds it); where the install found no compiler, a warning with what that costs and the fix."""
+def test_the_c_modules_are_said_built_or_not_with_what_that_costs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The recorder's optional C modules (zeromon/model/_planes.c, zeromon_agent/recorder/_batch.c): built here (a C
+    compiler is on this machine, and the install builds them); where the install found no compiler, a warning with
+    what that costs and the fix."""
     import importlib.util
 
     from zeromon.sources import doctor
 
     if shutil.which("cc") or shutil.which("gcc"):
-        assert doctor._compiled_coder().status == "ok"
+        assert doctor._compiled_modules().status == "ok"
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
-    check = doctor._compiled_coder()
+    check = doctor._compiled_modules()
     assert (check.status, check.essential) == ("warn", False)
-    assert "numpy" in check.costs and "reinstall zeromon" in check.fix
+    assert "Python paths" in check.costs and "reinstall zeromon" in check.fix
+    assert "zeromon.model._planes" in check.found and "zeromon_agent.recorder._batch" in check.found

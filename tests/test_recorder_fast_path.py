@@ -42,6 +42,7 @@ from zeromon.model.columnar import (
     decode,
     encode,
 )
+from zeromon.model.compiled import compiled
 from zeromon.model.events import (
     MEMORY_CATEGORIES,
     CollectiveEvent,
@@ -71,7 +72,7 @@ from zeromon_agent.live.recent import RecentRecords
 from zeromon_agent.live.totals import BUSBW_WINDOW, DURATION_BUCKETS, CollectiveTotals, LiveTotals
 from zeromon_agent.live.totals import counted as live_counted
 from zeromon_agent.memory.watch import MEMORY_VALUES
-from zeromon_agent.recorder import step_acc
+from zeromon_agent.recorder import collective_records, step_acc
 from zeromon_agent.recorder.loop import Recorder
 from zeromon_agent.recorder.step_acc import meaning_of, seconds
 
@@ -261,12 +262,14 @@ def coded_by(coder: str) -> Iterator[None]:
         yield
 
 
-def test_the_c_coder_is_built_where_a_c_compiler_is() -> None:
+def test_the_c_modules_are_built_where_a_c_compiler_is() -> None:
     """The install (`pip install -e .`, .ci/run's) builds the optional extension wherever a compiler is, as here: a
     build that failed unseen would leave every flush on numpy's slower path."""
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler on this machine: the package installs without its C coder")
     assert column_arrays._compiled is not None, "zeromon.model._planes was not built: reinstall (pip install -e .)"
+    assert compiled("zeromon_agent.recorder._batch", environment=False) is not None, \
+        "zeromon_agent.recorder._batch was not built: reinstall (pip install -e .)"
     assert os.environ.get("ZEROMON_NO_COMPILED") or column_arrays.COMPILED is column_arrays._compiled
 
 
@@ -412,7 +415,7 @@ def _record_all(raws: list[tuple[Any, ...]], path: str, offset: int, tmp: Path) 
     state = HotState()
     recorder = Recorder(state, 3, CompactWriter(path_, 3), 0.2, clock_offset_ns=offset)
     recorder.collectives._group_sizes[None] = 2  # a group of two: busbw has a bus factor
-    if path == "batch":  # the path is taken, not left for the item-by-item one
+    if path.startswith("batch"):  # the path is taken, not left for the item-by-item one
         batch = recorder.collectives.finalize_sync_batch
         taken: list[bool] = []
         recorder.collectives.finalize_sync_batch = lambda items: taken.append(batch(items)) or taken[-1]  # type: ignore[method-assign]
@@ -427,7 +430,7 @@ def _record_all(raws: list[tuple[Any, ...]], path: str, offset: int, tmp: Path) 
         state.raw.append((RAW_COLLECTIVE, seq, f"{op}_x", op, step * 2**38 + t0 % 2**37, step * 2**38 + t0 % 2**37 + length,
                           b_in, b_out, dtype, None, False, None, phase, step, None, False, None))
     recorder._drain(final=False)  # the steps are summarized: the next one's collective is late
-    assert path != "batch" or (taken and all(taken))
+    assert not path.startswith("batch") or (taken and all(taken))
     state.raw.append((RAW_COLLECTIVE, len(raws) + 1, "all_reduce_x", "all_reduce", 5, 9, 4, 4, None, None, False, None,
                       "backward", 0, None, False, None))
     recorder.stop()
@@ -441,8 +444,10 @@ def test_the_synchronous_fast_path_records_summarizes_and_counts_what_the_genera
         raws: list[tuple[Any, ...]]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         plain, plain_recorder = _record_all(raws, "plain", 10**18, Path(tmp))
-        for path in ("sync", "batch"):
-            fast, fast_recorder = _record_all(raws, path, 10**18, Path(tmp))
+        for path in ("sync", "batch", "batch in Python"):
+            with mock.patch.object(collective_records, "_BATCHER", None if path == "batch in Python"
+                                   else collective_records._BATCHER):
+                fast, fast_recorder = _record_all(raws, path, 10**18, Path(tmp))
             assert [encode_record(r) for r in fast] == [encode_record(r) for r in plain], path
             assert any(isinstance(r, StepSummary) and r.collectives for r in fast)
             assert [r for _, r in fast_recorder.live.recent_records()] == [r for _, r in plain_recorder.live.recent_records()]
@@ -451,6 +456,55 @@ def test_the_synchronous_fast_path_records_summarizes_and_counts_what_the_genera
                 {op: list(v) for op, v in plain_recorder.live.totals.busbw.items()}
             assert fast_recorder.events_finalized == plain_recorder.events_finalized == len(raws) + 1
 
+
+
+# Raw synchronous collectives for finalize_sync_batch's two ways of making their columns: the hooks' usual values,
+# and in half the batches one field of one collective that the batch path may not take (a time or size of another
+# type, a call that ends before it starts or lasts too long, a time past 64 bits with the offset, a group that
+# cannot be hashed, a phase that is not a string).
+_batch_raw = st.tuples(st.sampled_from(_OPS), st.sampled_from(_PHASES), st.integers(0, 2**40), st.integers(0, 2**33),
+                       st.integers(0, 2**20), st.integers(0, 2**20), st.sampled_from([None, "float32", "torch.bfloat16"]),
+                       st.integers(0, 2), st.sampled_from([None, "group-a", ("group", 2)]))
+_ODD = {1: [7, None], 2: [2**63 - 1, -(2**63), 2**64, 1.5, True, None], 3: [-1, 2**50, 2**62, 2**63],
+        4: [-5, 2**70, 2.0, True], 7: [True, None, 1.0], 8: [["unhashable"], {}]}
+_spoil = st.none() | st.tuples(st.integers(0, 11), st.sampled_from(sorted(_ODD))).flatmap(
+    lambda where: st.tuples(st.just(where[0]), st.just(where[1]), st.sampled_from(_ODD[where[1]])))
+
+
+@PROPERTIES
+@given(raws=st.lists(_batch_raw, min_size=1, max_size=12), spoil=_spoil, offset=st.sampled_from([0, 10**18, 2**62]))
+def test_a_batch_s_columns_are_made_in_c_as_in_python(raws: list[tuple[Any, ...]], spoil: tuple[int, int, Any] | None,
+                                                      offset: int) -> None:
+    """finalize_sync_batch's columns (CollectiveRecords._sync_columns) by the C module and by its Python path: the
+    same values, or neither takes the batch, or C alone refuses one whose times pass 64 bits (its collectives then
+    take finalize_sync, one by one: the same records, test_the_synchronous_fast_path_records_...)."""
+    if collective_records._BATCHER is None:
+        pytest.skip("the package was installed without its C modules (no C compiler at its build)")
+    if spoil is not None:
+        index, field, value = spoil
+        row = list(raws[index % len(raws)])
+        row[field] = value
+        raws[index % len(raws)] = tuple(row)
+    state = HotState()
+    records = Recorder(state, 0, None, 0.2, clock_offset_ns=offset).collectives
+    records._group_sizes.update({None: 2, "group-a": 4})
+    items = []
+    for seq, (op, phase, t0, length, b_in, b_out, dtype, step, group) in enumerate(raws, start=1):
+        t1 = t0 + length if type(t0) is int and type(length) is int else t0
+        items.append((RAW_COLLECTIVE, seq, f"{op}_x", op, t0, t1, b_in, b_out, dtype, group, False, None, phase,
+                      step, None, False, None))
+    in_c = records._sync_columns(items)
+    with mock.patch.object(collective_records, "_BATCHER", None):
+        in_python = records._sync_columns(items)
+    if in_python is None:
+        assert in_c is None
+        return
+    if in_c is None:  # C refuses times past 64 bits, offset added, which Python's integers take: finalize_sync's then
+        assert any(not -(2**63) <= t + offset < 2**63 - 1 for item in items for t in item[4:6])
+        return
+    for made_in_c, made_in_python in zip(in_c, in_python, strict=True):
+        assert list(made_in_c) == list(made_in_python)
+        assert list(map(type, made_in_c)) == list(map(type, made_in_python))
 
 
 def _summaries_of(calls: list[tuple[int, int]], agent: list[tuple[int, int]], window: tuple[int, int],
@@ -692,7 +746,7 @@ def _record_pass(raws: list[tuple[Any, ...]], path: str, tmp: Path, early: int |
     collectives._group_sizes.update({None: 2, "gloo": 2})
     collectives._group_hosts.update({None: False, "gloo": True})  # NCCL's collectives are the GPU's, gloo's the host's
     finalized: list[int] = []
-    if path == "batch":  # the path is taken, not left for the item-by-item one
+    if path.startswith("batch"):  # the path is taken, not left for the item-by-item one
         rows = collectives._finalize_rows
         collectives._finalize_rows = lambda batch: finalized.append(len(batch)) or rows(batch)  # type: ignore[method-assign]
     else:

@@ -106,8 +106,8 @@ def test_doctor_and_plan_run_from_the_installed_package(installed: Installed) ->
     checks = {c["name"]: c for c in json.loads(result.stdout)["checks"]}
     assert checks["zeromon"]["found"].startswith("zeromon 0.1.0 in " + str(site))  # not the checkout
     assert checks["torch"]["found"].startswith("torch 2.13.0")
-    if shutil.which("cc") or shutil.which("gcc"):  # the wheel's build compiled the recorder's C coder
-        assert checks["C coder"]["status"] == "ok", checks["C coder"]
+    if shutil.which("cc") or shutil.which("gcc"):  # the wheel's build compiled the recorder's C modules
+        assert checks["C modules"]["status"] == "ok", checks["C modules"]
     plan = installed.run("zeromon", "plan", "--params", "7B", "--gpus", "8", "--gpu-memory", "80GiB")
     assert plan.returncode == 0, plan.stderr
     assert plan.stdout.startswith("ZeRO memory plan: 7.00B parameters, 8 GPUs")

@@ -59,8 +59,9 @@ VARIANTS: dict[str, tuple[dict[str, str], str]] = {
     "no progress watch": ({}, "progress"),
     "no live views": ({}, "live"),
     "the garbage collector frozen": ({}, "gc"),
-    # Not a part: the segment's columns coded by numpy, as where the package's C coder was not built (_planes.c)
-    "numpy's column coder (ZEROMON_NO_COMPILED=1)": ({"ZEROMON_NO_COMPILED": "1"}, ""),
+    # Not a part: the recorder's loops that are C where setup.py built them (the recording's coder, a synchronous
+    # batch's columns) taken by their Python paths, as where the install found no C compiler
+    "Python's paths for the C modules (ZEROMON_NO_COMPILED=1)": ({"ZEROMON_NO_COMPILED": "1"}, ""),
     # Not parts: the flush interval, which sets the passes of a rank nobody reads (their difference: what a pass costs)
     "flush every 2 s": ({"ZEROMON_FLUSH_INTERVAL": "2"}, ""),
     "flush every 15 s": ({"ZEROMON_FLUSH_INTERVAL": "15"}, ""),

@@ -8,23 +8,20 @@ which say whether its code fits (tests/test_recorder_fast_path.py holds the thre
 
 from __future__ import annotations
 
-import importlib
-import os
 from array import array
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-try:  # by name: a C module, which imports nothing (`from zeromon.model import` reads as the package's to the layers' contracts)
-    _compiled: Any = importlib.import_module("zeromon.model._planes")
-except ImportError:  # not built (an install without a C compiler): numpy's path
-    _compiled = None
+from zeromon.model.compiled import compiled
 
 __all__ = ["COMPILED", "NotInArrays", "array_coded", "array_planes", "as_array", "as_ints", "np"]
 
-# The compiled coder, or None. ZEROMON_NO_COMPILED=1 leaves it out (a comparison; a build to rule out).
-COMPILED: Any = None if os.environ.get("ZEROMON_NO_COMPILED", "") not in ("", "0") else _compiled
+# The compiled coder (_planes.c), or None: numpy's path; _compiled: the coder where it was built, whatever
+# ZEROMON_NO_COMPILED says (the tests of both paths).
+_compiled = compiled("zeromon.model._planes", environment=False)
+COMPILED: Any = compiled("zeromon.model._planes")
 
 
 class NotInArrays(Exception):

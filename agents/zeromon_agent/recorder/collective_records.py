@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from zeromon.analysis.bandwidth import MEASURED_TIMINGS, bus_factor, event_bandwidth
+from zeromon.model.compiled import compiled
 from zeromon.model.events import (
     MAX_SPAN_S,
     CollectiveEvent,
@@ -78,6 +79,8 @@ _BOUND, _WAIT, _CALLBACK = Timing.BOUND.value, Timing.WAIT.value, Timing.CALLBAC
 _BATCH_MAX_NS = int(MAX_SPAN_S * 1e9)
 _add, _sub, _mul, _truediv = operator.add, operator.sub, operator.mul, operator.truediv
 _is_not, _and = operator.is_not, operator.and_
+# finalize_sync_batch's columns made in C (_batch.c), or None: its Python path (zeromon.model.compiled).
+_BATCHER = compiled("zeromon_agent.recorder._batch")
 _BATCH = 256  # records finalize_pass goes through between two gives of the GIL (the recorder's _BATCH)
 _WAITED_LATER: Any = object()  # _plan_columns: an async collective finalized at its wait, further on
 _PLAN_YIELD = 1024  # records planned between two gives of the GIL (about half a millisecond)
@@ -715,39 +718,19 @@ class CollectiveRecords:
         (``materialize``). False, nothing done: a batch this path does not take (an unhashable group, a
         value of an unexpected type, a call longer than a week); the caller goes item by item."""
         n = len(items)
-        (_, seqs, apis, ops, t0s, t1s, b_ins, b_outs, dtypes, groups, _, _, phases, steps, _, _, callers) = zip(
-            *items, strict=True)
-        # What the columns take as they are (CompactWriter's fit check, once for the batch): the types the
-        # hooks give, and calls no longer than span_ns takes whole.
-        if {*map(type, steps), *map(type, b_ins), *map(type, b_outs), *map(type, t0s), *map(type, t1s)} != {int} \
-                or set(map(type, phases)) != {str}:
+        made = self._sync_columns(items)
+        if made is None:
             return False
-        lengths = list(map(_sub, t1s, t0s))
-        if min(lengths) < 0 or max(lengths) >= _BATCH_MAX_NS:
-            return False
-        keys = list(zip(ops, phases, b_ins, b_outs, dtypes, groups, callers, strict=True))
-        try:
-            shapes = list(map(self._shapes.get, keys))
-        except TypeError:
-            return False
-        if None in shapes:
-            shapes = [shape if shape is not None else self._shape(*key) for shape, key in zip(shapes, keys, strict=True)]
-        dtype_names, group_sizes, meanings, nbytes, factors, sizes = zip(*shapes, strict=True)
-        offset = self.clock_offset_ns
-        issue = list(map(_add, t0s, _repeat(offset, n)))
-        complete = list(map(_add, t1s, _repeat(offset, n)))
-        blocked = list(map(_truediv, lengths, _repeat(1e9, n)))  # seconds(): ns / 1e9
+        (seqs, apis, ops, phases, steps, b_ins, b_outs, dtype_names, group_sizes, meanings, nbytes, issue, complete,
+         blocked, busbw, ends) = made
         columns = (seqs, [self.rank] * n, steps, phases, ops, apis, b_ins, b_outs, dtype_names, group_sizes,
                    [False] * n, issue, complete, blocked, [_SYNC] * n, meanings, issue, blocked)
         self._write_columns(columns, steps, n)
         # Live: (op, meaning, bytes, time blocked, duration, busbw) for the totals; the records, unmade.
-        busbw = [size / seconds_ * factor if seconds_ > 0 and factor is not None and size > 0 else None
-                 for size, seconds_, factor in zip(sizes, blocked, factors, strict=True)]
         self.out.publish_unmade(columns, n)
         self._counted.append([ops, meanings, nbytes, blocked, blocked, busbw])  # columns
         # The steps: one run of each step's collectives at a time (a batch holds one step of a large model,
         # tens of a small one's).
-        ends = list(map(_add, issue, map(int, map(_mul, blocked, _repeat(1e9, n)))))  # span_ns(blocked_s)
         start = 0
         for step, run in itertools.groupby(steps):
             end = start + len(list(run))
@@ -755,6 +738,44 @@ class CollectiveRecords:
                                    complete[start:end], blocked[start:end], ends[start:end])
             start = end
         return True
+
+    def _sync_columns(self, items: list[tuple[Any, ...]]) -> tuple[Sequence[Any], ...] | None:
+        """What finalize_sync_batch makes of its raw collectives, a column each: seq, api, op, phase, step, bytes_in,
+        bytes_out, dtype name, group size, meaning, bytes, issue_ns, complete_ns, blocked_s, busbw and each one's
+        issue_ns + span_ns(blocked_s). None for a batch this path does not take. In C where the package's
+        extension was built (_batch.c: one pass to check, one to make), else in the loops in C that zip and map give."""
+        if _BATCHER is not None:
+            made: tuple[Sequence[Any], ...] | None = _BATCHER.sync_columns(
+                items, self._shapes, self._shape, self.clock_offset_ns, _BATCH_MAX_NS)
+            return made
+        n = len(items)
+        (_, seqs, apis, ops, t0s, t1s, b_ins, b_outs, dtypes, groups, _, _, phases, steps, _, _, callers) = zip(
+            *items, strict=True)
+        # What the columns take as they are (CompactWriter's fit check, once for the batch): the types the
+        # hooks give, and calls no longer than span_ns takes whole.
+        if {*map(type, steps), *map(type, b_ins), *map(type, b_outs), *map(type, t0s), *map(type, t1s)} != {int} \
+                or set(map(type, phases)) != {str}:
+            return None
+        lengths = list(map(_sub, t1s, t0s))
+        if min(lengths) < 0 or max(lengths) >= _BATCH_MAX_NS:
+            return None
+        keys = list(zip(ops, phases, b_ins, b_outs, dtypes, groups, callers, strict=True))
+        try:
+            shapes = list(map(self._shapes.get, keys))
+        except TypeError:
+            return None
+        if None in shapes:
+            shapes = [shape if shape is not None else self._shape(*key) for shape, key in zip(shapes, keys, strict=True)]
+        dtype_names, group_sizes, meanings, nbytes, factors, sizes = zip(*shapes, strict=True)
+        offset = self.clock_offset_ns
+        issue = list(map(_add, t0s, _repeat(offset, n)))
+        complete = list(map(_add, t1s, _repeat(offset, n)))
+        blocked = list(map(_truediv, lengths, _repeat(1e9, n)))  # seconds(): ns / 1e9
+        busbw = [size / seconds_ * factor if seconds_ > 0 and factor is not None and size > 0 else None
+                 for size, seconds_, factor in zip(sizes, blocked, factors, strict=True)]
+        ends = list(map(_add, issue, map(int, map(_mul, blocked, _repeat(1e9, n)))))  # span_ns(blocked_s)
+        return (seqs, apis, ops, phases, steps, b_ins, b_outs, dtype_names, group_sizes, meanings, nbytes, issue,
+                complete, blocked, busbw, ends)
 
     def _write_columns(self, columns: tuple[Sequence[Any], ...], steps: Sequence[int], n: int) -> None:
         """A batch's ``n`` collectives, given a field at a time, to the recording (counted as finalized)."""
@@ -787,8 +808,8 @@ class CollectiveRecords:
                 by_op[op] = by_op.get(op, 0) + size * count
         return acc
 
-    def _account_sync_run(self, step: int, ops: tuple[str, ...], nbytes: tuple[int, ...], issue: list[int],
-                          complete: list[int], blocked: list[float], ends: list[int]) -> None:
+    def _account_sync_run(self, step: int, ops: Sequence[str], nbytes: Sequence[int], issue: Sequence[int],
+                          complete: Sequence[int], blocked: Sequence[float], ends: Sequence[int]) -> None:
         """finalize_sync's step accounting of a run of one step's synchronous collectives, in issue order
         (``ends``: each one's issue_ns + span_ns(blocked_s))."""
         acc = self._count_run(step, ops, nbytes)

@@ -1,0 +1,207 @@
+/* zeromon_agent.recorder._batch: a batch of synchronous host collectives made columns in one pass in C (an
+ * optional build, setup.py).
+ *
+ * CollectiveRecords.finalize_sync_batch turns the hooks' raw tuples of a pass into the columns of their records,
+ * their live figures and their step accounting. In Python that is a zip of every raw tuple and some twenty passes
+ * of map() over the columns, each value a Python object made and read again; here the batch is checked in one
+ * pass and its columns made in a second. The same values as the Python path (tests/test_recorder_fast_path.py
+ * runs both against the plain one); None where that path returns False (a batch it does not take).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+
+static PyObject *zero;  /* 0, made once */
+
+/* A raw collective's fields (hooks/state.py: RAW_COLLECTIVE's tuple). */
+enum { SEQ = 1, API = 2, OP = 3, T0 = 4, T1 = 5, B_IN = 6, B_OUT = 7, DTYPE = 8, GROUP = 9, PHASE = 12, STEP = 13,
+       CALLER = 16, RAW_FIELDS = 17 };
+/* A call shape's fields (CollectiveRecords._shape): dtype name, group size, meaning, bytes, bus factor, array size. */
+enum { SHAPE_FIELDS = 6 };
+enum { OUT_SEQ, OUT_API, OUT_OP, OUT_PHASE, OUT_STEP, OUT_B_IN, OUT_B_OUT, OUT_DTYPE, OUT_GROUP_SIZE, OUT_MEANING,
+       OUT_NBYTES, OUT_ISSUE, OUT_COMPLETE, OUT_BLOCKED, OUT_BUSBW, OUT_END, OUT_COLUMNS };
+
+static int
+as_int64(PyObject *value, int64_t *out)
+{
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    *out = (int64_t)v;
+    return 1;
+}
+
+/* The batch's call shapes, one a raw tuple (a new reference each), or NULL: an error set (from shape_of), or
+ * none where a key cannot be hashed (*unhashable set). */
+static PyObject **
+shapes_of(PyObject **raw, Py_ssize_t n, PyObject *shapes, PyObject *shape_of, int *unhashable)
+{
+    PyObject **found = PyMem_Calloc(n ? n : 1, sizeof(PyObject *));
+    if (found == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    static const int KEY[] = {OP, PHASE, B_IN, B_OUT, DTYPE, GROUP, CALLER};
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyTuple_New(7);
+        if (key == NULL) goto failed;
+        for (int k = 0; k < 7; k++) {
+            PyObject *field = PyTuple_GET_ITEM(raw[i], KEY[k]);
+            Py_INCREF(field);
+            PyTuple_SET_ITEM(key, k, field);
+        }
+        PyObject *shape = PyDict_GetItemWithError(shapes, key);
+        if (shape != NULL) {
+            Py_INCREF(shape);
+        } else if (PyErr_Occurred()) {
+            if (PyErr_ExceptionMatches(PyExc_TypeError)) {  /* an unhashable group or caller: the caller goes item by item */
+                PyErr_Clear();
+                *unhashable = 1;
+            }
+            Py_DECREF(key);
+            goto failed;
+        } else {
+            shape = PyObject_Call(shape_of, key, NULL);
+        }
+        Py_DECREF(key);
+        if (shape == NULL) goto failed;
+        if (!PyTuple_Check(shape) || PyTuple_GET_SIZE(shape) != SHAPE_FIELDS) {
+            Py_DECREF(shape);
+            PyErr_SetString(PyExc_TypeError, "a call shape is not a tuple of six");
+            goto failed;
+        }
+        found[i] = shape;
+    }
+    return found;
+failed:
+    for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(found[i]);
+    PyMem_Free(found);
+    return NULL;
+}
+
+/* sync_columns(items, shapes, shape_of, offset, max_ns) -> columns or None
+ *   items: a list of raw collectives (tuples); shapes: the dict of call shapes by key; shape_of(*key): a shape
+ *   not in it; offset: perf_counter_ns to Unix ns; max_ns: a call at least this long is not taken.
+ *   columns: (seq, api, op, phase, step, bytes_in, bytes_out, dtype name, group size, meaning, bytes, issue_ns,
+ *   complete_ns, blocked_s, busbw, issue_ns + span_ns(blocked_s)), each a list of the batch's values.
+ *   None: a batch finalize_sync_batch does not take (a field of another type, a call shorter than 0 or at least
+ *   max_ns long, a time past 64 bits with the offset, a key that cannot be hashed). */
+static PyObject *
+sync_columns(PyObject *self, PyObject *args)
+{
+    PyObject *items, *shapes, *shape_of;
+    long long offset, max_ns;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!O!OLL", &PyList_Type, &items, &PyDict_Type, &shapes, &shape_of, &offset, &max_ns))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    PyObject **raw = PySequence_Fast_ITEMS(items);
+    /* First pass: the checks, nothing made. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = raw[i];
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) < RAW_FIELDS) Py_RETURN_NONE;
+        int64_t t0, t1, issue, complete;
+        if (!PyLong_CheckExact(PyTuple_GET_ITEM(item, STEP)) || !PyLong_CheckExact(PyTuple_GET_ITEM(item, B_IN))
+                || !PyLong_CheckExact(PyTuple_GET_ITEM(item, B_OUT)) || !PyLong_CheckExact(PyTuple_GET_ITEM(item, T0))
+                || !PyLong_CheckExact(PyTuple_GET_ITEM(item, T1)) || !PyUnicode_CheckExact(PyTuple_GET_ITEM(item, PHASE))
+                || !as_int64(PyTuple_GET_ITEM(item, T0), &t0) || !as_int64(PyTuple_GET_ITEM(item, T1), &t1)
+                || __builtin_add_overflow(t0, (int64_t)offset, &issue)
+                || __builtin_add_overflow(t1, (int64_t)offset, &complete) || complete == INT64_MAX)
+            Py_RETURN_NONE;
+        if (t1 < t0 || t1 - t0 >= max_ns) Py_RETURN_NONE;  /* t1 - t0 fits: both fit with the offset added */
+    }
+    int unhashable = 0;
+    PyObject **shape = shapes_of(raw, n, shapes, shape_of, &unhashable);
+    if (shape == NULL) {
+        if (unhashable) Py_RETURN_NONE;
+        return NULL;
+    }
+    PyObject *columns = PyTuple_New(OUT_COLUMNS);
+    if (columns == NULL) goto done;
+    for (int c = 0; c < OUT_COLUMNS; c++) {
+        PyObject *column = PyList_New(n);
+        if (column == NULL) {
+            Py_CLEAR(columns);
+            goto done;
+        }
+        PyTuple_SET_ITEM(columns, c, column);
+    }
+#define SET(c, i, value) PyList_SET_ITEM(PyTuple_GET_ITEM(columns, c), i, value)
+#define PASS(c, i, value) do { PyObject *v_ = (value); Py_INCREF(v_); SET(c, i, v_); } while (0)
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = raw[i], *s = shape[i];
+        int64_t t0, t1;
+        as_int64(PyTuple_GET_ITEM(item, T0), &t0);
+        as_int64(PyTuple_GET_ITEM(item, T1), &t1);
+        int64_t length = t1 - t0;
+        double blocked = (double)length / 1e9;  /* seconds(): ns / 1e9, as int / float */
+        PASS(OUT_SEQ, i, PyTuple_GET_ITEM(item, SEQ));
+        PASS(OUT_API, i, PyTuple_GET_ITEM(item, API));
+        PASS(OUT_OP, i, PyTuple_GET_ITEM(item, OP));
+        PASS(OUT_PHASE, i, PyTuple_GET_ITEM(item, PHASE));
+        PASS(OUT_STEP, i, PyTuple_GET_ITEM(item, STEP));
+        PASS(OUT_B_IN, i, PyTuple_GET_ITEM(item, B_IN));
+        PASS(OUT_B_OUT, i, PyTuple_GET_ITEM(item, B_OUT));
+        PASS(OUT_DTYPE, i, PyTuple_GET_ITEM(s, 0));
+        PASS(OUT_GROUP_SIZE, i, PyTuple_GET_ITEM(s, 1));
+        PASS(OUT_MEANING, i, PyTuple_GET_ITEM(s, 2));
+        PASS(OUT_NBYTES, i, PyTuple_GET_ITEM(s, 3));
+        PyObject *issue = PyLong_FromLongLong(t0 + offset), *complete = PyLong_FromLongLong(t1 + offset);
+        PyObject *seconds = PyFloat_FromDouble(blocked);
+        /* span_ns(blocked_s): int(blocked_s * 1e9), which truncates as the cast does */
+        PyObject *end = PyLong_FromLongLong(t0 + offset + (int64_t)(blocked * 1e9));
+        /* busbw: size / seconds * factor where seconds > 0, factor is not None and size > 0, else None */
+        PyObject *factor = PyTuple_GET_ITEM(s, 4), *size = PyTuple_GET_ITEM(s, 5), *busbw = NULL;
+        if (issue == NULL || complete == NULL || seconds == NULL || end == NULL) goto failed_row;
+        if (blocked > 0 && factor != Py_None && PyObject_RichCompareBool(size, zero, Py_GT) == 1) {
+            PyObject *rate = PyNumber_TrueDivide(size, seconds);
+            busbw = rate != NULL ? PyNumber_Multiply(rate, factor) : NULL;
+            Py_XDECREF(rate);
+            if (busbw == NULL) goto failed_row;
+        } else {
+            if (PyErr_Occurred()) goto failed_row;
+            busbw = Py_NewRef(Py_None);
+        }
+        SET(OUT_ISSUE, i, issue);
+        SET(OUT_COMPLETE, i, complete);
+        SET(OUT_BLOCKED, i, seconds);
+        SET(OUT_BUSBW, i, busbw);
+        SET(OUT_END, i, end);
+        continue;
+    failed_row:
+        Py_XDECREF(issue);
+        Py_XDECREF(complete);
+        Py_XDECREF(seconds);
+        Py_XDECREF(end);
+        Py_CLEAR(columns);
+        goto done;
+    }
+#undef SET
+#undef PASS
+done:
+    for (Py_ssize_t i = 0; i < n; i++) Py_DECREF(shape[i]);
+    PyMem_Free(shape);
+    return columns;
+}
+
+static PyMethodDef methods[] = {
+    {"sync_columns", sync_columns, METH_VARARGS,
+     "sync_columns(items, shapes, shape_of, offset, max_ns) -> a synchronous batch's columns, or None."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "zeromon_agent.recorder._batch",
+    "A batch of synchronous host collectives made columns in C (finalize_sync_batch's optional fast path).", -1,
+    methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__batch(void)
+{
+    if (zero == NULL && (zero = PyLong_FromLong(0)) == NULL) return NULL;
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,21 @@
+"""The package's optional C modules (setup.py builds them where a C compiler is): each one, or None where it was not
+built or ZEROMON_NO_COMPILED=1 leaves the C parts out of this process (a comparison; a build to rule out). Each has a
+Python path that gives the same values (tests/test_recorder_fast_path.py runs both)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+
+def compiled(name: str, environment: bool = True) -> Any:
+    """The C module ``name`` (imported by name: a C module imports nothing, which the layers' contracts cannot
+    read from an import statement), or None; ``environment`` False: whether it was built, whatever
+    ZEROMON_NO_COMPILED says."""
+    if environment and os.environ.get("ZEROMON_NO_COMPILED", "") not in ("", "0"):
+        return None
+    try:
+        return importlib.import_module(name)
+    except ImportError:  # not built: an install without a C compiler
+        return None
