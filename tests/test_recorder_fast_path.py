@@ -666,14 +666,17 @@ def test_a_memory_sample_made_with_its_slots_set_is_the_constructor_s(values: li
     assert list(map(encode_record, made)) == list(map(encode_record, expected))
 
 
-_phase_change = st.tuples(st.sampled_from(["forward", "backward", "optimizer", "agent-work", "step-end"]),
+_phase_change = st.tuples(st.sampled_from(["forward", "backward", "optimizer", "agent-work", "step-end", "memory",
+                                           "explicit-step"]),
                           st.integers(0, 5000))  # a gap of 0: a span of no length, not written
+_MEMORY_VALUES = FIELDS_OF[MemorySample][4:]  # a sample's values as the agent queues them (memory.watch)
 
 
 def _record_phases(changes: list[tuple[str, int]], cuts: set[int], batch: bool, tmp: Path) -> tuple[list[Any], Recorder]:
-    """A Recorder (no GPU) fed phase changes, zeromon's own spans and step ends, drained at ``cuts``: its
-    host spans made as tuples and finished a column at a time (``batch``), or made as Mark and Span objects
-    (the handlers a GPU's phases take) and finished one at a time (StepBook.finish_span, as before)."""
+    """A Recorder (no GPU) fed phase changes, zeromon's own spans, memory samples and step ends (implicit, or an
+    explicit end and start), drained at ``cuts``: its host spans made as tuples and finished a column at a time
+    (``batch``), or made as Mark and Span objects (the handlers a GPU's phases take) and finished one at a time
+    (StepBook.finish_span, as before)."""
     state = HotState()
     path = tmp / f"phases-{batch}.zmr"
     recorder = Recorder(state, 1, CompactWriter(path, 1), 0.2, clock_offset_ns=10**18)
@@ -692,6 +695,13 @@ def _record_phases(changes: list[tuple[str, int]], cuts: set[int], batch: bool, 
         if change == "step-end":
             state.control.append((RAW_STEP_END, step, t, None, False))
             step += 1
+        elif change == "explicit-step":  # zeromon_agent.step(): its end, and the next one's start a gap later
+            state.control.append((RAW_STEP_END, step, t, None, True))
+            step += 1
+            t += gap // 3
+            state.control.append((RAW_STEP_START, step, t, None, phase))
+        elif change == "memory":
+            state.control.append((RAW_MEMORY, phase, step, t, (*[None] * (len(_MEMORY_VALUES) - 2), 2**20 + t, {})))
         elif change == "agent-work":
             state.control.append((RAW_AGENT, step, t, t + gap // 2 + 1, phase))
             t += gap // 2 + 1
@@ -716,7 +726,7 @@ def test_host_phase_spans_finished_a_column_at_a_time_are_the_ones_finished_one_
     assert [r for _, r in batch_recorder.live.recent_records()] == [r for _, r in plain_recorder.live.recent_records()]
     if any(change == "step-end" for change, _ in changes):
         assert any(isinstance(r, StepSummary) for r in batch)
-    if any(change != "step-end" and gap > 0 for change, gap in changes):  # a phase of some length closed
+    if any(change not in ("step-end", "memory") and gap > 0 for change, gap in changes):  # a phase of some length closed
         assert any(isinstance(r, PhaseSpan) for r in batch)
 
 
