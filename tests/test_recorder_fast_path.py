@@ -507,6 +507,37 @@ def test_a_batch_s_columns_are_made_in_c_as_in_python(raws: list[tuple[Any, ...]
         assert list(map(type, made_in_c)) == list(map(type, made_in_python))
 
 
+_TIMINGS = ("launch", "bound", "wait", "callback", "sync")
+_row = st.tuples(st.integers(0, 2**40), st.integers(0, 2**33), st.booleans(), st.integers(0, 2**33), st.integers(0, 2**33),
+                 st.sampled_from(_TIMINGS), st.none() | st.integers(-(2**20), 2**34), st.sampled_from([None, 0.5, 1.0, 2]),
+                 st.integers(-1, 2**30) | st.sampled_from([0, 2**70]), st.integers(0, 4))
+
+
+@PROPERTIES
+@given(rows=st.lists(_row, min_size=1, max_size=12), offset=st.sampled_from([0, 10**18, 2**63 - 2**41, 2**63 - 2**38]))
+def test_a_pass_s_rows_are_made_columns_in_c_as_in_python(rows: list[tuple[Any, ...]], offset: int) -> None:
+    """finalize_pass's rows (an async collective at its wait, a GPU's launch; CollectiveRecords._row_columns) made
+    columns by the C module and by its Python path: the same values of the same types (C hands a row set whose
+    times pass 64 bits, offset added, to the Python path)."""
+    if collective_records._BATCHER is None:
+        pytest.skip("the package was installed without its C modules (no C compiler at its build)")
+    records = Recorder(HotState(), 0, None, 0.2, clock_offset_ns=offset).collectives
+    made = []
+    for seq, (t0, length, is_async, wait, blocked_ns, timing, after, factor, size, step) in enumerate(rows, start=1):
+        raw = (RAW_COLLECTIVE, seq, "all_reduce_x", "all_reduce", t0, t0 + length, size, size, "float32", None,
+               is_async, None, "backward", step, None, False, None)
+        completion = None if timing == "launch" and after is None else t0 + (after or 0)
+        made.append((raw, blocked_ns, wait, ("float32", 2, "grad_all_reduce", size, factor, size), completion, timing))
+    launches = any(row[5] == "launch" for row in made)
+    in_c = records._row_columns(made, launches)
+    with mock.patch.object(collective_records, "_BATCHER", None):
+        in_python = records._row_columns(made, launches)
+    assert len(in_c) == len(in_python)
+    for made_in_c, made_in_python in zip(in_c, in_python, strict=True):
+        assert list(made_in_c) == list(made_in_python)
+        assert list(map(type, made_in_c)) == list(map(type, made_in_python))
+
+
 def _summaries_of(calls: list[tuple[int, int]], agent: list[tuple[int, int]], window: tuple[int, int],
                   path: str, tmp: Path) -> list[StepSummary]:
     """The summaries a Recorder makes of one step (``window``, perf_counter ns) of synchronous collectives

@@ -1,5 +1,7 @@
-/* zeromon_agent.recorder._batch: a batch of synchronous host collectives made columns in one pass in C (an
- * optional build, setup.py).
+/* zeromon_agent.recorder._batch: the columns of a pass's collectives, made in C (an optional build, setup.py).
+ *
+ * async_columns: finalize_pass's rows (async collectives with their waits, a GPU's launches) made columns, as
+ * CollectiveRecords._finalize_rows makes them in Python.
  *
  * CollectiveRecords.finalize_sync_batch turns the hooks' raw tuples of a pass into the columns of their records,
  * their live figures and their step accounting. In Python that is a zip of every raw tuple and some twenty passes
@@ -187,7 +189,149 @@ done:
     return columns;
 }
 
+/* A new list of n NULLs, filled by the caller (PyList_SET_ITEM), or NULL. */
+static PyObject *
+new_columns(int count, Py_ssize_t n)
+{
+    PyObject *columns = PyTuple_New(count);
+    if (columns == NULL) return NULL;
+    for (int c = 0; c < count; c++) {
+        PyObject *column = PyList_New(n);
+        if (column == NULL) {
+            Py_DECREF(columns);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(columns, c, column);
+    }
+    return columns;
+}
+
+/* finalize_pass's rows: (raw, blocked ns, the wait's perf ns, shape, completion perf ns or None, timing) */
+enum { ROW_RAW, ROW_BLOCKED, ROW_WAIT, ROW_SHAPE, ROW_COMPLETION, ROW_TIMING, ROW_FIELDS };
+enum { A_SEQ, A_API, A_OP, A_PHASE, A_STEP, A_B_IN, A_B_OUT, A_DTYPE, A_GROUP_SIZE, A_ASYNC, A_ISSUE, A_COMPLETE,
+       A_BLOCKED, A_TIMING, A_MEANING, A_WAIT, A_ISSUE_S, A_NBYTES, A_DURATION, A_BUSBW, A_THREAD_BLOCKED, A_REACH,
+       A_WAIT_END, A_ISSUE_END, A_COLUMNS };
+enum { ASYNC = 10 };
+
+/* async_columns(rows, offset, launches, measured) -> columns or None
+ *   rows: finalize_pass's rows (its plan's checks made: ints where the columns take them); offset: perf_counter_ns
+ *   to Unix ns; launches: whether a row's timing is "launch" (a GPU's: its completion not known); measured: the
+ *   timings whose duration is measured (MEASURED_TIMINGS).
+ *   columns: seq, api, op, phase, step, bytes_in, bytes_out, dtype name, group size, async, issue_ns, complete_ns,
+ *   blocked_s, timing, meaning, wait_ns, issue_s (a record's fields), bytes, duration, busbw, the thread's time
+ *   blocked (the live totals'), and the step accounting's reach, wait end and issue end (_finalize_rows' names).
+ *   None where a time is not a 64-bit integer with the offset added: the Python path takes the rows. */
+static PyObject *
+async_columns(PyObject *self, PyObject *args)
+{
+    PyObject *rows, *measured, *columns = NULL;
+    long long offset;
+    int launches;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!LpO", &PyList_Type, &rows, &offset, &launches, &measured)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(rows);
+    /* First pass: the checks. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *row = PyList_GET_ITEM(rows, i), *raw, *shape, *completion;
+        int64_t t0, t1, wait, blocked_ns, c, sum;
+        if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != ROW_FIELDS) Py_RETURN_NONE;
+        raw = PyTuple_GET_ITEM(row, ROW_RAW);
+        shape = PyTuple_GET_ITEM(row, ROW_SHAPE);
+        completion = PyTuple_GET_ITEM(row, ROW_COMPLETION);
+        if (!PyTuple_Check(raw) || PyTuple_GET_SIZE(raw) < RAW_FIELDS || !PyTuple_Check(shape)
+                || PyTuple_GET_SIZE(shape) != SHAPE_FIELDS
+                || !PyLong_CheckExact(PyTuple_GET_ITEM(raw, T0)) || !as_int64(PyTuple_GET_ITEM(raw, T0), &t0)
+                || !PyLong_CheckExact(PyTuple_GET_ITEM(raw, T1)) || !as_int64(PyTuple_GET_ITEM(raw, T1), &t1)
+                || !PyLong_CheckExact(PyTuple_GET_ITEM(row, ROW_WAIT)) || !as_int64(PyTuple_GET_ITEM(row, ROW_WAIT), &wait)
+                || !PyLong_CheckExact(PyTuple_GET_ITEM(row, ROW_BLOCKED))
+                || !as_int64(PyTuple_GET_ITEM(row, ROW_BLOCKED), &blocked_ns)
+                || __builtin_add_overflow(t0, (int64_t)offset, &sum) || __builtin_add_overflow(wait, (int64_t)offset, &sum)
+                || __builtin_add_overflow(sum, blocked_ns, &sum) || __builtin_sub_overflow(t1, t0, &sum)
+                || __builtin_add_overflow(t0 + (int64_t)offset, sum, &sum)
+                || t1 < t0 || blocked_ns < 0 || blocked_ns >= (1LL << 50) || t1 - t0 >= (1LL << 50))
+            Py_RETURN_NONE;
+        if (completion != Py_None && (!PyLong_CheckExact(completion) || !as_int64(completion, &c)
+                                      || __builtin_add_overflow(c, (int64_t)offset, &sum)
+                                      || __builtin_sub_overflow(c, t0, &sum)))
+            Py_RETURN_NONE;
+        if (completion == Py_None && !launches) Py_RETURN_NONE;  /* only a launch's completion is not known */
+    }
+    if ((columns = new_columns(A_COLUMNS, n)) == NULL) return NULL;
+#define SET(c, i, value) PyList_SET_ITEM(PyTuple_GET_ITEM(columns, c), i, value)
+#define PASS(c, i, value) do { PyObject *v_ = (value); Py_INCREF(v_); SET(c, i, v_); } while (0)
+#define MADE(c, i, value) do { PyObject *v_ = (value); if (v_ == NULL) goto failed; SET(c, i, v_); } while (0)
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *row = PyList_GET_ITEM(rows, i), *raw = PyTuple_GET_ITEM(row, ROW_RAW);
+        PyObject *shape = PyTuple_GET_ITEM(row, ROW_SHAPE), *completion = PyTuple_GET_ITEM(row, ROW_COMPLETION);
+        PyObject *timing = PyTuple_GET_ITEM(row, ROW_TIMING), *factor = PyTuple_GET_ITEM(shape, 4);
+        PyObject *size = PyTuple_GET_ITEM(shape, 5), *length = NULL;
+        int64_t t0, t1, wait, blocked_ns, c = 0;
+        as_int64(PyTuple_GET_ITEM(raw, T0), &t0);
+        as_int64(PyTuple_GET_ITEM(raw, T1), &t1);
+        as_int64(PyTuple_GET_ITEM(row, ROW_WAIT), &wait);
+        as_int64(PyTuple_GET_ITEM(row, ROW_BLOCKED), &blocked_ns);
+        int known = completion != Py_None;
+        if (known) as_int64(completion, &c);
+        int is_async = PyObject_IsTrue(PyTuple_GET_ITEM(raw, ASYNC));
+        if (is_async < 0) goto failed;
+        int64_t issue = t0 + offset;
+        double blocked = (double)blocked_ns / 1e9, issue_s = (double)(t1 - t0) / 1e9;
+        PASS(A_SEQ, i, PyTuple_GET_ITEM(raw, SEQ));
+        PASS(A_API, i, PyTuple_GET_ITEM(raw, API));
+        PASS(A_OP, i, PyTuple_GET_ITEM(raw, OP));
+        PASS(A_PHASE, i, PyTuple_GET_ITEM(raw, PHASE));
+        PASS(A_STEP, i, PyTuple_GET_ITEM(raw, STEP));
+        PASS(A_B_IN, i, PyTuple_GET_ITEM(raw, B_IN));
+        PASS(A_B_OUT, i, PyTuple_GET_ITEM(raw, B_OUT));
+        PASS(A_DTYPE, i, PyTuple_GET_ITEM(shape, 0));
+        PASS(A_GROUP_SIZE, i, PyTuple_GET_ITEM(shape, 1));
+        PASS(A_ASYNC, i, is_async ? Py_True : Py_False);
+        MADE(A_ISSUE, i, PyLong_FromLongLong(issue));
+        if (known) MADE(A_COMPLETE, i, PyLong_FromLongLong(c + offset));
+        else PASS(A_COMPLETE, i, Py_None);
+        MADE(A_BLOCKED, i, PyFloat_FromDouble(blocked));
+        PASS(A_TIMING, i, timing);
+        PASS(A_MEANING, i, PyTuple_GET_ITEM(shape, 2));
+        MADE(A_WAIT, i, PyLong_FromLongLong(wait + offset));
+        MADE(A_ISSUE_S, i, PyFloat_FromDouble(issue_s));
+        PASS(A_NBYTES, i, PyTuple_GET_ITEM(shape, 3));
+        /* the duration where the completion is known: max(0.0, s) */
+        double s = known ? (double)(c - t0) / 1e9 : 0.0;
+        if (known) MADE(A_DURATION, i, PyFloat_FromDouble(s > 0.0 ? s : 0.0));
+        else PASS(A_DURATION, i, Py_None);
+        /* busbw: size / s * factor where s is known and > 0, the timing measured, a factor and size > 0 */
+        int busbw = known && s > 0 && factor != Py_None;
+        if (busbw && (busbw = PySequence_Contains(measured, timing)) < 0) goto failed;
+        if (busbw && (busbw = PyObject_RichCompareBool(size, zero, Py_GT)) < 0) goto failed;
+        if (busbw) {
+            PyObject *seconds = PyFloat_FromDouble(s), *rate = NULL, *value = NULL;
+            if (seconds != NULL) rate = PyNumber_TrueDivide(size, seconds);
+            if (rate != NULL) value = PyNumber_Multiply(rate, factor);
+            Py_XDECREF(seconds);
+            Py_XDECREF(rate);
+            MADE(A_BUSBW, i, value);
+        } else {
+            PASS(A_BUSBW, i, Py_None);
+        }
+        MADE(A_THREAD_BLOCKED, i, PyFloat_FromDouble(is_async && issue_s > 0 ? blocked + issue_s : blocked));
+        if (known) MADE(A_REACH, i, PyLong_FromLongLong(c + offset > issue ? c + offset : issue));
+        else PASS(A_REACH, i, Py_None);
+        MADE(A_WAIT_END, i, PyLong_FromLongLong(wait + offset + (int64_t)(blocked * 1e9)));
+        MADE(A_ISSUE_END, i, PyLong_FromLongLong(is_async ? issue + (int64_t)(issue_s * 1e9) : issue));
+        (void)length;
+    }
+#undef SET
+#undef PASS
+#undef MADE
+    return columns;
+failed:
+    Py_XDECREF(columns);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"async_columns", async_columns, METH_VARARGS,
+     "async_columns(rows, offset, launches, measured) -> finalize_pass's rows as columns, or None."},
     {"sync_columns", sync_columns, METH_VARARGS,
      "sync_columns(items, shapes, shape_of, offset, max_ns) -> a synchronous batch's columns, or None."},
     {NULL, NULL, 0, NULL},
@@ -195,7 +339,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "zeromon_agent.recorder._batch",
-    "A batch of synchronous host collectives made columns in C (finalize_sync_batch's optional fast path).", -1,
+    "The columns of a pass's collectives made in C (finalize_sync_batch's and finalize_pass's optional fast path).", -1,
     methods, NULL, NULL, NULL, NULL,
 };
 

@@ -79,6 +79,7 @@ _BOUND, _WAIT, _CALLBACK = Timing.BOUND.value, Timing.WAIT.value, Timing.CALLBAC
 _BATCH_MAX_NS = int(MAX_SPAN_S * 1e9)
 _add, _sub, _mul, _truediv = operator.add, operator.sub, operator.mul, operator.truediv
 _is_not, _and = operator.is_not, operator.and_
+_TIMING = operator.itemgetter(5)  # of a finalize_pass row
 # finalize_sync_batch's columns made in C (_batch.c), or None: its Python path (zeromon.model.compiled).
 _BATCHER = compiled("zeromon_agent.recorder._batch")
 _BATCH = 256  # records finalize_pass goes through between two gives of the GIL (the recorder's _BATCH)
@@ -621,6 +622,37 @@ class CollectiveRecords:
         """_finalize of each of ``rows`` (_plan_columns' tuples, in the order the general path finalizes them), a
         column at a time."""
         n = len(rows)
+        launches = _LAUNCH in map(_TIMING, rows)  # a GPU's: no completion known
+        (seqs, apis, ops, phases, steps, b_ins, b_outs, dtype_names, group_sizes, is_async, issue, complete, blocked,
+         timings, meanings, waits, issue_s, nbytes, durations, busbw, thread_blocked, reach, wait_ends,
+         issue_ends) = self._row_columns(rows, launches)
+        columns = (seqs, [self.rank] * n, steps, phases, ops, apis, b_ins, b_outs, dtype_names, group_sizes, is_async,
+                   issue, complete, blocked, timings, meanings, waits, issue_s)
+        if self.cuda_timer is not None:  # as _finalize: their waits need no completion check now
+            self.cuda_timer.untimed_waits.difference_update(seqs)
+        self._write_columns(columns, steps, n)
+        self.out.publish_unmade(columns, n)
+        self._counted.append([ops, meanings, nbytes, thread_blocked, durations, busbw])  # columns
+        start = 0
+        for step, run in itertools.groupby(steps):
+            end = start + len(list(run))
+            self._account_rows(step, ops[start:end], nbytes[start:end], launches and _LAUNCH in timings[start:end],
+                               issue[start:end], reach[start:end], waits[start:end], wait_ends[start:end],
+                               issue_ends[start:end], blocked[start:end], issue_s[start:end], is_async[start:end])
+            start = end
+
+    def _row_columns(self, rows: list[tuple[Any, ...]], launches: bool) -> tuple[Sequence[Any], ...]:
+        """_finalize_rows' columns of ``rows`` (``launches``: a row's timing is ``launch``): a record's fields (seq,
+        api, op, phase, step, bytes_in, bytes_out, dtype name, group size, async, issue_ns, complete_ns, blocked_s,
+        timing, meaning, wait_ns, issue_s), the live totals' (bytes, duration, busbw, the thread's time blocked) and
+        the step accounting's (reach, wait end, issue end). In C where the package's extension was built (_batch.c),
+        else in the loops in C that zip and map give; the same values (tests/test_recorder_fast_path.py)."""
+        if _BATCHER is not None:
+            made: tuple[Sequence[Any], ...] | None = _BATCHER.async_columns(rows, self.clock_offset_ns, launches,
+                                                                             MEASURED_TIMINGS)
+            if made is not None:
+                return made
+        n = len(rows)
         raws, blocked_ns, wait_perf, shapes, completions, timings = zip(*rows, strict=True)
         (_, seqs, apis, ops, t0s, t1s, b_ins, b_outs, _, _, asyncs, _, phases, steps, _, _, _) = zip(*raws, strict=True)
         dtype_names, group_sizes, meanings, nbytes, factors, sizes = zip(*shapes, strict=True)
@@ -631,43 +663,30 @@ class CollectiveRecords:
         blocked = list(map(_truediv, blocked_ns, _repeat(1e9, n)))  # seconds(): ns / 1e9
         issue_s = list(map(_truediv, map(_sub, t1s, t0s), _repeat(1e9, n)))
         is_async = list(map(bool, asyncs))
-        columns = (seqs, [self.rank] * n, steps, phases, ops, apis, b_ins, b_outs, dtype_names, group_sizes, is_async,
-                   issue, complete, blocked, timings, meanings, waits, issue_s)
-        if self.cuda_timer is not None:  # as _finalize: their waits need no completion check now
-            self.cuda_timer.untimed_waits.difference_update(seqs)
-        self._write_columns(columns, steps, n)
         # Live, as _publish_collective counts: the duration where the completion is known, event_bandwidth's busbw
         # where it is measured, and the time each cost its caller (thread_blocked_s: an async call's issue too).
-        launches = _LAUNCH in timings  # a GPU's: no completion known
         lengths = [None if c is None else (c - i) / 1e9 for i, c in zip(issue, complete, strict=True)] if launches \
             else list(map(_truediv, map(_sub, complete, issue), _repeat(1e9, n)))
         durations = [None if s is None else s if s > 0.0 else 0.0 for s in lengths]  # max(0.0, s)
         busbw = [size / s * factor if s is not None and s > 0 and timing in MEASURED_TIMINGS and factor is not None
                  and size > 0 else None for s, timing, factor, size in zip(lengths, timings, factors, sizes, strict=True)]
         thread_blocked = [b + s if a and s > 0 else b for b, s, a in zip(blocked, issue_s, is_async, strict=True)]
-        self.out.publish_unmade(columns, n)
-        self._counted.append([ops, meanings, nbytes, thread_blocked, durations, busbw])  # columns
-        # The steps, a run of each step's rows at a time, as _finalize accounts them one by one: the interval
-        # [issue, completion] of each whose completion is known (``reach``: None where not); the blocked intervals,
-        # each row's wait [wait, wait + span_ns(blocked)] where it blocked, then an async call's issue [issue, issue +
-        # span_ns(issue_s)] where it took time (span_ns as int(s * 1e9): the plan kept calls under MAX_SPAN_S; an
-        # empty one, its end its start, where none is taken).
+        # The steps, as _finalize accounts them one by one: the interval [issue, completion] of each whose completion
+        # is known (``reach``: None where not); the blocked intervals, each row's wait [wait, wait + span_ns(blocked)]
+        # where it blocked, then an async call's issue [issue, issue + span_ns(issue_s)] where it took time (span_ns
+        # as int(s * 1e9): the plan kept calls under MAX_SPAN_S; an empty one, its end its start, where none is taken).
         reach: list[Any] = [None if c is None else c if c > i else i
-                                   for i, c in zip(issue, complete, strict=True)] if launches \
+                            for i, c in zip(issue, complete, strict=True)] if launches \
             else list(map(max, issue, complete))
         wait_ends = list(map(_add, waits, map(int, map(_mul, blocked, _repeat(1e9, n)))))
         issue_ends = [i + int(s * 1e9) if a else i for i, s, a in zip(issue, issue_s, is_async, strict=True)]
-        start = 0
-        for step, run in itertools.groupby(steps):
-            end = start + len(list(run))
-            self._account_rows(step, ops[start:end], nbytes[start:end], launches and _LAUNCH in timings[start:end],
-                               issue[start:end], reach[start:end], waits[start:end], wait_ends[start:end],
-                               issue_ends[start:end], blocked[start:end], issue_s[start:end], is_async[start:end])
-            start = end
+        return (seqs, apis, ops, phases, steps, b_ins, b_outs, dtype_names, group_sizes, is_async, issue, complete,
+                blocked, timings, meanings, waits, issue_s, nbytes, durations, busbw, thread_blocked, reach, wait_ends,
+                issue_ends)
 
-    def _account_rows(self, step: int, ops: Sequence[str], nbytes: Sequence[int], launch: bool, issue: list[int],
-                      reach: list[Any], waits: list[int], wait_ends: list[int], issue_ends: list[int],
-                      blocked: list[float], issue_s: list[float], is_async: list[bool]) -> None:
+    def _account_rows(self, step: int, ops: Sequence[str], nbytes: Sequence[int], launch: bool, issue: Sequence[int],
+                      reach: Sequence[Any], waits: Sequence[int], wait_ends: Sequence[int], issue_ends: Sequence[int],
+                      blocked: Sequence[float], issue_s: Sequence[float], is_async: Sequence[bool]) -> None:
         """_finalize_rows' step accounting of a run of one step's rows (its columns, as _finalize_rows makes them),
         as add_interval and add_blocked take them a row at a time: into the step's columns (StepAcc.col_*) where
         they do not fold, a row at a time where they do."""
