@@ -22,6 +22,9 @@ Two views of the same cost, both per recorded collective:
   no recording (``ZEROMON_RECORD=0``), no endpoint (``ZEROMON_ENDPOINT=0``), no memory samples, no progress
   watch, no live views, and the garbage collector frozen after the model is built (``gc.freeze``). The
   difference to the full run is what the part costs, its interactions with the rest included.
+- **the C modules' share.** The same run with the recorder's loops that setup.py builds in C taken by their Python
+  paths (``ZEROMON_NO_COMPILED=1``: the recording's column coder, a pass's collectives' columns), as an install
+  without a C compiler runs.
 - **a pass's own cost.** The same run at a flush interval of 2 s and of 15 s (``ZEROMON_FLUSH_INTERVAL``: a rank
   nobody reads is drained at each flush only): the same records in more or fewer passes, so the difference in the
   agent's CPU over the difference in passes is what a pass costs whatever it holds (cold caches, the garbage
