@@ -1,13 +1,13 @@
 /* zeromon_agent.recorder._batch: the columns of a pass's collectives, made in C (an optional build, setup.py).
  *
- * async_columns: finalize_pass's rows (async collectives with their waits, a GPU's launches) made columns, as
- * CollectiveRecords._finalize_rows makes them in Python.
- *
- * CollectiveRecords.finalize_sync_batch turns the hooks' raw tuples of a pass into the columns of their records,
- * their live figures and their step accounting. In Python that is a zip of every raw tuple and some twenty passes
- * of map() over the columns, each value a Python object made and read again; here the batch is checked in one
- * pass and its columns made in a second. The same values as the Python path (tests/test_recorder_fast_path.py
- * runs both against the plain one); None where that path returns False (a batch it does not take).
+ * CollectiveRecords turns the hooks' raw tuples of a pass into the columns of their records, their live figures and
+ * their step accounting. In Python that is a zip of every raw tuple and some twenty passes of map() over the columns,
+ * each value a Python object made and read again; here a batch is checked in one pass and its columns made in a
+ * second:
+ *   sync_columns: gloo's synchronous collectives (finalize_sync_batch's);
+ *   async_columns: finalize_pass's rows, async collectives at their wait and a GPU's launches (_finalize_rows').
+ * The same values as the Python paths (tests/test_recorder_fast_path.py runs both); None where a batch is not taken
+ * (the caller's Python path decides then).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -16,8 +16,8 @@
 static PyObject *zero;  /* 0, made once */
 
 /* A raw collective's fields (hooks/state.py: RAW_COLLECTIVE's tuple). */
-enum { SEQ = 1, API = 2, OP = 3, T0 = 4, T1 = 5, B_IN = 6, B_OUT = 7, DTYPE = 8, GROUP = 9, PHASE = 12, STEP = 13,
-       CALLER = 16, RAW_FIELDS = 17 };
+enum { SEQ = 1, API = 2, OP = 3, T0 = 4, T1 = 5, B_IN = 6, B_OUT = 7, DTYPE = 8, GROUP = 9, ASYNC = 10, PHASE = 12,
+       STEP = 13, CALLER = 16, RAW_FIELDS = 17 };
 /* A call shape's fields (CollectiveRecords._shape): dtype name, group size, meaning, bytes, bus factor, array size. */
 enum { SHAPE_FIELDS = 6 };
 enum { OUT_SEQ, OUT_API, OUT_OP, OUT_PHASE, OUT_STEP, OUT_B_IN, OUT_B_OUT, OUT_DTYPE, OUT_GROUP_SIZE, OUT_MEANING,
@@ -34,6 +34,23 @@ as_int64(PyObject *value, int64_t *out)
     }
     *out = (int64_t)v;
     return 1;
+}
+
+/* A tuple of ``count`` new lists of n NULLs each, filled by the caller (PyList_SET_ITEM), or NULL. */
+static PyObject *
+new_columns(int count, Py_ssize_t n)
+{
+    PyObject *columns = PyTuple_New(count);
+    if (columns == NULL) return NULL;
+    for (int c = 0; c < count; c++) {
+        PyObject *column = PyList_New(n);
+        if (column == NULL) {
+            Py_DECREF(columns);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(columns, c, column);
+    }
+    return columns;
 }
 
 /* The batch's call shapes, one a raw tuple (a new reference each), or NULL: an error set (from shape_of), or
@@ -121,16 +138,8 @@ sync_columns(PyObject *self, PyObject *args)
         if (unhashable) Py_RETURN_NONE;
         return NULL;
     }
-    PyObject *columns = PyTuple_New(OUT_COLUMNS);
+    PyObject *columns = new_columns(OUT_COLUMNS, n);
     if (columns == NULL) goto done;
-    for (int c = 0; c < OUT_COLUMNS; c++) {
-        PyObject *column = PyList_New(n);
-        if (column == NULL) {
-            Py_CLEAR(columns);
-            goto done;
-        }
-        PyTuple_SET_ITEM(columns, c, column);
-    }
 #define SET(c, i, value) PyList_SET_ITEM(PyTuple_GET_ITEM(columns, c), i, value)
 #define PASS(c, i, value) do { PyObject *v_ = (value); Py_INCREF(v_); SET(c, i, v_); } while (0)
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -189,29 +198,11 @@ done:
     return columns;
 }
 
-/* A new list of n NULLs, filled by the caller (PyList_SET_ITEM), or NULL. */
-static PyObject *
-new_columns(int count, Py_ssize_t n)
-{
-    PyObject *columns = PyTuple_New(count);
-    if (columns == NULL) return NULL;
-    for (int c = 0; c < count; c++) {
-        PyObject *column = PyList_New(n);
-        if (column == NULL) {
-            Py_DECREF(columns);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(columns, c, column);
-    }
-    return columns;
-}
-
 /* finalize_pass's rows: (raw, blocked ns, the wait's perf ns, shape, completion perf ns or None, timing) */
 enum { ROW_RAW, ROW_BLOCKED, ROW_WAIT, ROW_SHAPE, ROW_COMPLETION, ROW_TIMING, ROW_FIELDS };
 enum { A_SEQ, A_API, A_OP, A_PHASE, A_STEP, A_B_IN, A_B_OUT, A_DTYPE, A_GROUP_SIZE, A_ASYNC, A_ISSUE, A_COMPLETE,
        A_BLOCKED, A_TIMING, A_MEANING, A_WAIT, A_ISSUE_S, A_NBYTES, A_DURATION, A_BUSBW, A_THREAD_BLOCKED, A_REACH,
        A_WAIT_END, A_ISSUE_END, A_COLUMNS };
-enum { ASYNC = 10 };
 
 /* async_columns(rows, offset, launches, measured) -> columns or None
  *   rows: finalize_pass's rows (its plan's checks made: ints where the columns take them); offset: perf_counter_ns
@@ -264,7 +255,7 @@ async_columns(PyObject *self, PyObject *args)
         PyObject *row = PyList_GET_ITEM(rows, i), *raw = PyTuple_GET_ITEM(row, ROW_RAW);
         PyObject *shape = PyTuple_GET_ITEM(row, ROW_SHAPE), *completion = PyTuple_GET_ITEM(row, ROW_COMPLETION);
         PyObject *timing = PyTuple_GET_ITEM(row, ROW_TIMING), *factor = PyTuple_GET_ITEM(shape, 4);
-        PyObject *size = PyTuple_GET_ITEM(shape, 5), *length = NULL;
+        PyObject *size = PyTuple_GET_ITEM(shape, 5);
         int64_t t0, t1, wait, blocked_ns, c = 0;
         as_int64(PyTuple_GET_ITEM(raw, T0), &t0);
         as_int64(PyTuple_GET_ITEM(raw, T1), &t1);
@@ -318,7 +309,6 @@ async_columns(PyObject *self, PyObject *args)
         else PASS(A_REACH, i, Py_None);
         MADE(A_WAIT_END, i, PyLong_FromLongLong(wait + offset + (int64_t)(blocked * 1e9)));
         MADE(A_ISSUE_END, i, PyLong_FromLongLong(is_async ? issue + (int64_t)(issue_s * 1e9) : issue));
-        (void)length;
     }
 #undef SET
 #undef PASS
