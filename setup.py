@@ -1,8 +1,9 @@
 """The package's compiled parts; everything else is in pyproject.toml.
 
 The recorder's loops in C, built where a C compiler and Python's headers are: the coder of a recording's columns
-(zeromon/model/_planes.c) and the columns of a pass's collectives (agents/zeromon_agent/recorder/_batch.c). Optional, so that an install without them succeeds, and the recorder
-then takes their Python paths, which give the same values (zeromon.model.compiled). Here rather than in
+(zeromon/model/_planes.c) and the columns of a pass's collectives (agents/zeromon_agent/recorder/_batch.c).
+Optional, so that an install without them succeeds, and the recorder then takes their Python paths, which give the
+same values (zeromon.model.compiled). Here rather than in
 pyproject.toml's ``[tool.setuptools.ext-modules]``, which setuptools still calls experimental.
 """
 

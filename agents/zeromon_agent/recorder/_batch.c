@@ -76,7 +76,8 @@ shapes_of(PyObject **raw, Py_ssize_t n, PyObject *shapes, PyObject *shape_of, in
         if (shape != NULL) {
             Py_INCREF(shape);
         } else if (PyErr_Occurred()) {
-            if (PyErr_ExceptionMatches(PyExc_TypeError)) {  /* an unhashable group or caller: the caller goes item by item */
+            /* an unhashable group or caller: the caller goes item by item */
+            if (PyErr_ExceptionMatches(PyExc_TypeError)) {
                 PyErr_Clear();
                 *unhashable = 1;
             }
@@ -125,7 +126,8 @@ sync_columns(PyObject *self, PyObject *args)
         int64_t t0, t1, issue, complete;
         if (!PyLong_CheckExact(PyTuple_GET_ITEM(item, STEP)) || !PyLong_CheckExact(PyTuple_GET_ITEM(item, B_IN))
                 || !PyLong_CheckExact(PyTuple_GET_ITEM(item, B_OUT)) || !PyLong_CheckExact(PyTuple_GET_ITEM(item, T0))
-                || !PyLong_CheckExact(PyTuple_GET_ITEM(item, T1)) || !PyUnicode_CheckExact(PyTuple_GET_ITEM(item, PHASE))
+                || !PyLong_CheckExact(PyTuple_GET_ITEM(item, T1))
+                || !PyUnicode_CheckExact(PyTuple_GET_ITEM(item, PHASE))
                 || !as_int64(PyTuple_GET_ITEM(item, T0), &t0) || !as_int64(PyTuple_GET_ITEM(item, T1), &t1)
                 || __builtin_add_overflow(t0, (int64_t)offset, &issue)
                 || __builtin_add_overflow(t1, (int64_t)offset, &complete) || complete == INT64_MAX)
@@ -233,10 +235,12 @@ async_columns(PyObject *self, PyObject *args)
                 || PyTuple_GET_SIZE(shape) != SHAPE_FIELDS
                 || !PyLong_CheckExact(PyTuple_GET_ITEM(raw, T0)) || !as_int64(PyTuple_GET_ITEM(raw, T0), &t0)
                 || !PyLong_CheckExact(PyTuple_GET_ITEM(raw, T1)) || !as_int64(PyTuple_GET_ITEM(raw, T1), &t1)
-                || !PyLong_CheckExact(PyTuple_GET_ITEM(row, ROW_WAIT)) || !as_int64(PyTuple_GET_ITEM(row, ROW_WAIT), &wait)
+                || !PyLong_CheckExact(PyTuple_GET_ITEM(row, ROW_WAIT))
+                || !as_int64(PyTuple_GET_ITEM(row, ROW_WAIT), &wait)
                 || !PyLong_CheckExact(PyTuple_GET_ITEM(row, ROW_BLOCKED))
                 || !as_int64(PyTuple_GET_ITEM(row, ROW_BLOCKED), &blocked_ns)
-                || __builtin_add_overflow(t0, (int64_t)offset, &sum) || __builtin_add_overflow(wait, (int64_t)offset, &sum)
+                || __builtin_add_overflow(t0, (int64_t)offset, &sum)
+                || __builtin_add_overflow(wait, (int64_t)offset, &sum)
                 || __builtin_add_overflow(sum, blocked_ns, &sum) || __builtin_sub_overflow(t1, t0, &sum)
                 || __builtin_add_overflow(t0 + (int64_t)offset, sum, &sum)
                 || t1 < t0 || blocked_ns < 0 || blocked_ns >= (1LL << 50) || t1 - t0 >= (1LL << 50))
