@@ -117,12 +117,13 @@ INSIDE_AGENT = re.compile(r"(?<![\w/.])((?:hooks|memory|recorder|live|serve|cont
 
 
 def _agent_name_exists(dotted: str) -> bool:
-    """Whether ``.a.b.c`` names a module of the agent (then any attribute of it), or a name its package defines."""
+    """Whether ``.a.b.c`` names a module of the agent (then any attribute of it; a C module by its source, which
+    setup.py builds), or a name its package defines."""
     where = AGENT
     for part in dotted.strip(".").split("."):
         if (where / part).is_dir():
             where = where / part
-        elif (where / f"{part}.py").is_file():
+        elif (where / f"{part}.py").is_file() or (where / f"{part}.c").is_file():
             return True
         else:  # a name the package defines or exports (zeromon_agent.attach, zeromon_agent.StepFigures)
             return re.search(rf"^(def|class) {part}\b|^{part} =|\"{part}\"", (where / "__init__.py").read_text(),
