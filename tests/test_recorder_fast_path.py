@@ -894,3 +894,34 @@ def test_a_step_of_more_async_host_collectives_than_it_keeps_intervals_of_is_fol
     assert [encode_record(r) for r in batch] == [encode_record(r) for r in plain]
     summary = next(r for r in batch if isinstance(r, StepSummary) and r.step == 0)
     assert summary.collectives == len(raws) and summary.exposed_comm_s is None  # folded: the overlap not known
+
+
+def test_the_c_modules_keep_no_reference_to_what_they_are_given_or_make() -> None:
+    """The C modules run in every rank for the whole training: a reference kept on every call (of a value they pass
+    through, or of what they made on a path that gives up) would grow the process without end. After a thousand
+    calls of each, on the paths that make columns, refuse a batch and raise, the values given are held as often as
+    before."""
+    if collective_records._BATCHER is None or column_arrays._compiled is None:
+        pytest.skip("the package was installed without its C modules (no C compiler at its build)")
+    batch, planes = collective_records._BATCHER, column_arrays._compiled
+    api, group, factor = "all_reduce_" + "x" * 8, ("group", object()), 0.75
+    shape = ("float32", 2, "grad_all_reduce", 4096, factor, 4096)
+    items = [(RAW_COLLECTIVE, seq, api, "all_reduce", 1000 + seq * 10, 1005 + seq * 10, 4096, 4096, "float32", group,
+              False, None, "backward", seq // 8, None, False, api) for seq in range(64)]
+    refused = [*items[:4], (*items[4][:5], 0, *items[4][6:])]  # a call that ends before it starts
+    rows = [(raw, 5, raw[4], shape, None if seq % 3 == 0 else raw[5] + 3, "launch" if seq % 3 == 0 else "wait")
+            for seq, raw in enumerate(items)]
+    column = [10**12 + i for i in range(64)]
+    watched = (api, group, factor, shape, items[0], column[0])
+    before = [sys.getrefcount(value) for value in watched]
+    for _ in range(1000):
+        made = batch.sync_columns(items, {}, lambda *key: shape, 10**18, 2**50)
+        assert made is not None and batch.sync_columns(refused, {}, lambda *key: shape, 10**18, 2**50) is None
+        assert batch.async_columns(rows, 10**18, True, frozenset({"wait"})) is not None
+        values, _ = planes.int_column(column, False, False, 1, None, None)
+        planes.int_column(column, False, False, 2, values, None)
+        with pytest.raises(OverflowError):
+            planes.int_column([*column, 2**64], False, False, 0, None, None)
+        planes.str_column([api, None, api])
+    del made, values
+    assert [sys.getrefcount(value) for value in watched] == before
