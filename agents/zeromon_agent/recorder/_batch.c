@@ -53,6 +53,21 @@ new_columns(int count, Py_ssize_t n)
     return columns;
 }
 
+/* A collective's fields that its record takes as they are, into row i of ``columns``: its raw tuple's seq, api, op,
+ * phase, step, bytes in and out (columns 0-6), its shape's dtype name and group size (7, 8), meaning and bytes
+ * (``meaning_at``, ``nbytes_at``). */
+static void
+pass_fields(PyObject *columns, Py_ssize_t i, PyObject *raw, PyObject *shape, int meaning_at, int nbytes_at)
+{
+    static const int RAW_TAKEN[] = {SEQ, API, OP, PHASE, STEP, B_IN, B_OUT};
+    const int from_shape[][2] = {{7, 0}, {8, 1}, {meaning_at, 2}, {nbytes_at, 3}};  /* (column, shape field) */
+    for (int k = 0; k < 7; k++)
+        PyList_SET_ITEM(PyTuple_GET_ITEM(columns, k), i, Py_NewRef(PyTuple_GET_ITEM(raw, RAW_TAKEN[k])));
+    for (int k = 0; k < 4; k++)
+        PyList_SET_ITEM(PyTuple_GET_ITEM(columns, from_shape[k][0]), i,
+                        Py_NewRef(PyTuple_GET_ITEM(shape, from_shape[k][1])));
+}
+
 /* The batch's call shapes, one a raw tuple (a new reference each), or NULL: an error set (from shape_of), or
  * none where a key cannot be hashed (*unhashable set). */
 static PyObject **
@@ -143,7 +158,6 @@ sync_columns(PyObject *self, PyObject *args)
     PyObject *columns = new_columns(OUT_COLUMNS, n);
     if (columns == NULL) goto done;
 #define SET(c, i, value) PyList_SET_ITEM(PyTuple_GET_ITEM(columns, c), i, value)
-#define PASS(c, i, value) do { PyObject *v_ = (value); Py_INCREF(v_); SET(c, i, v_); } while (0)
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = raw[i], *s = shape[i];
         int64_t t0, t1;
@@ -151,17 +165,7 @@ sync_columns(PyObject *self, PyObject *args)
         as_int64(PyTuple_GET_ITEM(item, T1), &t1);
         int64_t length = t1 - t0;
         double blocked = (double)length / 1e9;  /* seconds(): ns / 1e9, as int / float */
-        PASS(OUT_SEQ, i, PyTuple_GET_ITEM(item, SEQ));
-        PASS(OUT_API, i, PyTuple_GET_ITEM(item, API));
-        PASS(OUT_OP, i, PyTuple_GET_ITEM(item, OP));
-        PASS(OUT_PHASE, i, PyTuple_GET_ITEM(item, PHASE));
-        PASS(OUT_STEP, i, PyTuple_GET_ITEM(item, STEP));
-        PASS(OUT_B_IN, i, PyTuple_GET_ITEM(item, B_IN));
-        PASS(OUT_B_OUT, i, PyTuple_GET_ITEM(item, B_OUT));
-        PASS(OUT_DTYPE, i, PyTuple_GET_ITEM(s, 0));
-        PASS(OUT_GROUP_SIZE, i, PyTuple_GET_ITEM(s, 1));
-        PASS(OUT_MEANING, i, PyTuple_GET_ITEM(s, 2));
-        PASS(OUT_NBYTES, i, PyTuple_GET_ITEM(s, 3));
+        pass_fields(columns, i, item, s, OUT_MEANING, OUT_NBYTES);
         PyObject *issue = PyLong_FromLongLong(t0 + offset), *complete = PyLong_FromLongLong(t1 + offset);
         PyObject *seconds = PyFloat_FromDouble(blocked);
         /* span_ns(blocked_s): int(blocked_s * 1e9), which truncates as the cast does */
@@ -193,7 +197,6 @@ sync_columns(PyObject *self, PyObject *args)
         goto done;
     }
 #undef SET
-#undef PASS
 done:
     for (Py_ssize_t i = 0; i < n; i++) Py_DECREF(shape[i]);
     PyMem_Free(shape);
@@ -205,6 +208,10 @@ enum { ROW_RAW, ROW_BLOCKED, ROW_WAIT, ROW_SHAPE, ROW_COMPLETION, ROW_TIMING, RO
 enum { A_SEQ, A_API, A_OP, A_PHASE, A_STEP, A_B_IN, A_B_OUT, A_DTYPE, A_GROUP_SIZE, A_ASYNC, A_ISSUE, A_COMPLETE,
        A_BLOCKED, A_TIMING, A_MEANING, A_WAIT, A_ISSUE_S, A_NBYTES, A_DURATION, A_BUSBW, A_THREAD_BLOCKED, A_REACH,
        A_WAIT_END, A_ISSUE_END, A_COLUMNS };
+
+/* pass_fields' layout: the raw fields, then the dtype name and group size, first in both kernels' columns */
+_Static_assert(OUT_B_OUT == 6 && OUT_DTYPE == 7 && OUT_GROUP_SIZE == 8, "sync_columns' first columns");
+_Static_assert(A_B_OUT == 6 && A_DTYPE == 7 && A_GROUP_SIZE == 8, "async_columns' first columns");
 
 /* async_columns(rows, offset, launches, measured) -> columns or None
  *   rows: finalize_pass's rows (its plan's checks made: ints where the columns take them); offset: perf_counter_ns
@@ -271,25 +278,15 @@ async_columns(PyObject *self, PyObject *args)
         if (is_async < 0) goto failed;
         int64_t issue = t0 + offset;
         double blocked = (double)blocked_ns / 1e9, issue_s = (double)(t1 - t0) / 1e9;
-        PASS(A_SEQ, i, PyTuple_GET_ITEM(raw, SEQ));
-        PASS(A_API, i, PyTuple_GET_ITEM(raw, API));
-        PASS(A_OP, i, PyTuple_GET_ITEM(raw, OP));
-        PASS(A_PHASE, i, PyTuple_GET_ITEM(raw, PHASE));
-        PASS(A_STEP, i, PyTuple_GET_ITEM(raw, STEP));
-        PASS(A_B_IN, i, PyTuple_GET_ITEM(raw, B_IN));
-        PASS(A_B_OUT, i, PyTuple_GET_ITEM(raw, B_OUT));
-        PASS(A_DTYPE, i, PyTuple_GET_ITEM(shape, 0));
-        PASS(A_GROUP_SIZE, i, PyTuple_GET_ITEM(shape, 1));
+        pass_fields(columns, i, raw, shape, A_MEANING, A_NBYTES);
         PASS(A_ASYNC, i, is_async ? Py_True : Py_False);
         MADE(A_ISSUE, i, PyLong_FromLongLong(issue));
         if (known) MADE(A_COMPLETE, i, PyLong_FromLongLong(c + offset));
         else PASS(A_COMPLETE, i, Py_None);
         MADE(A_BLOCKED, i, PyFloat_FromDouble(blocked));
         PASS(A_TIMING, i, timing);
-        PASS(A_MEANING, i, PyTuple_GET_ITEM(shape, 2));
         MADE(A_WAIT, i, PyLong_FromLongLong(wait + offset));
         MADE(A_ISSUE_S, i, PyFloat_FromDouble(issue_s));
-        PASS(A_NBYTES, i, PyTuple_GET_ITEM(shape, 3));
         /* the duration where the completion is known: max(0.0, s) */
         double s = known ? (double)(c - t0) / 1e9 : 0.0;
         if (known) MADE(A_DURATION, i, PyFloat_FromDouble(s > 0.0 ? s : 0.0));

@@ -58,6 +58,7 @@ from zeromon_agent.recorder.step_acc import (
     seconds,
     settle,
     settle_runs,
+    step_runs,
 )
 
 if TYPE_CHECKING:
@@ -633,13 +634,10 @@ class CollectiveRecords:
         self._write_columns(columns, steps, n)
         self.out.publish_unmade(columns, n)
         self._counted.append([ops, meanings, nbytes, thread_blocked, durations, busbw])  # columns
-        start = 0
-        for step, run in itertools.groupby(steps):
-            end = start + len(list(run))
-            self._account_rows(step, ops[start:end], nbytes[start:end], launches and _LAUNCH in timings[start:end],
-                               issue[start:end], reach[start:end], waits[start:end], wait_ends[start:end],
-                               issue_ends[start:end], blocked[start:end], issue_s[start:end], is_async[start:end])
-            start = end
+        for step, rows_of in step_runs(steps):
+            self._account_rows(step, ops[rows_of], nbytes[rows_of], launches and _LAUNCH in timings[rows_of],
+                               issue[rows_of], reach[rows_of], waits[rows_of], wait_ends[rows_of], issue_ends[rows_of],
+                               blocked[rows_of], issue_s[rows_of], is_async[rows_of])
 
     def _row_columns(self, rows: list[tuple[Any, ...]], launches: bool) -> tuple[Sequence[Any], ...]:
         """_finalize_rows' columns of ``rows`` (``launches``: a row's timing is ``launch``): a record's fields (seq,
@@ -748,14 +746,9 @@ class CollectiveRecords:
         # Live: (op, meaning, bytes, time blocked, duration, busbw) for the totals; the records, unmade.
         self.out.publish_unmade(columns, n)
         self._counted.append([ops, meanings, nbytes, blocked, blocked, busbw])  # columns
-        # The steps: one run of each step's collectives at a time (a batch holds one step of a large model,
-        # tens of a small one's).
-        start = 0
-        for step, run in itertools.groupby(steps):
-            end = start + len(list(run))
-            self._account_sync_run(step, ops[start:end], nbytes[start:end], issue[start:end],
-                                   complete[start:end], blocked[start:end], ends[start:end])
-            start = end
+        for step, rows_of in step_runs(steps):  # the steps: one run of each step's collectives at a time
+            self._account_sync_run(step, ops[rows_of], nbytes[rows_of], issue[rows_of], complete[rows_of],
+                                   blocked[rows_of], ends[rows_of])
         return True
 
     def _sync_columns(self, items: list[tuple[Any, ...]]) -> tuple[Sequence[Any], ...] | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import operator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,6 +115,16 @@ def seconds(ns: int) -> float:
     over, the 9-decimal rounding is nearer to ns / 1e9 than half the spacing.
     tests/test_recorder_fast_path.py."""
     return ns / 1e9
+
+
+def step_runs(steps: Sequence[int]) -> Iterator[tuple[int, slice]]:
+    """Each run of one step's rows in a batch's ``steps`` column (a batch holds one step of a large model, tens of a
+    small one's), as (the step, its rows' slice of the batch's columns)."""
+    start = 0
+    for step, run in itertools.groupby(steps):
+        end = start + len(list(run))
+        yield step, slice(start, end)
+        start = end
 
 
 def settle(acc: StepAcc) -> None:

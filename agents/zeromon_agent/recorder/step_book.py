@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from zeromon.analysis.step_overlap import AGENT_PHASE, COMPUTE_PHASES, DEVICE_CLOCK, HOST_CLOCK
 from zeromon.model.events import PhaseSpan, record_maker
-from zeromon_agent.recorder.step_acc import Mark, Span, StepAcc, summarize
+from zeromon_agent.recorder.step_acc import Mark, Span, StepAcc, step_runs, summarize
 
 if TYPE_CHECKING:
     from zeromon_agent.recorder.outbox import Outbox
@@ -211,21 +211,19 @@ class StepBook:
                 writer.write(_new_span(row))  # the file is gone: counted as lost
         out.publish_unmade(columns, k)
         # The steps: a run of one step's spans at a time (a pass holds a few steps, each ~10 spans).
-        get_acc, durations, start = self.acc, list(map(operator.sub, ends, starts)), 0
-        for step, run in itertools.groupby(steps):
-            end = start + len(list(run))
+        get_acc, durations = self.acc, list(map(operator.sub, ends, starts))
+        for step, rows_of in step_runs(steps):
             if step > emitted:
                 acc = get_acc(step)
-                phase_ns, run_phases = acc.phase_ns, phases[start:end]
-                for phase, duration in zip(run_phases, durations[start:end], strict=True):  # in order: the dict's
+                phase_ns, run_phases = acc.phase_ns, phases[rows_of]
+                for phase, duration in zip(run_phases, durations[rows_of], strict=True):  # in order: the dict's
                     phase_ns[phase] = phase_ns.get(phase, 0) + duration
                 if AGENT_PHASE in run_phases:
-                    acc.agent.extend(itertools.compress(zip(starts[start:end], ends[start:end], strict=True),
+                    acc.agent.extend(itertools.compress(zip(starts[rows_of], ends[rows_of], strict=True),
                                                         map(AGENT_PHASE.__eq__, run_phases)))
-                first = min(starts[start:end])
+                first = min(starts[rows_of])
                 if acc.start_ns is None or first < acc.start_ns:
                     acc.start_ns = first
-            start = end
 
     def finish_span(self, span: Span, start_ns: int, end_ns: int, timing: str) -> None:
         values = (self.rank, span.step, span.phase, start_ns, end_ns, timing)
