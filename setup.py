@@ -12,4 +12,5 @@ from setuptools import Extension, setup
 setup(ext_modules=[
     Extension("zeromon.model._planes", ["zeromon/model/_planes.c"], optional=True),
     Extension("zeromon_agent.recorder._batch", ["agents/zeromon_agent/recorder/_batch.c"], optional=True),
+    Extension("zeromon_agent.hooks._ring", ["agents/zeromon_agent/hooks/_ring.c"], optional=True),
 ])

@@ -169,10 +169,13 @@ def test_the_queue_does_not_keep_an_async_collectives_tensors_alive(tmp_path: Pa
         del x, work
         gc.collect()
         alive = kept() is not None
-        # What the queue holds is not tracked by the garbage collector once it has looked (every field an int,
-        # a string or another untracked object): a queued tuple is not walked through its generations, nor
-        # counted towards its full collections, however long it waits for a pass.
-        tracked = [gc.is_tracked(item) for item in list(agent.state.raw)[queued_before:]]
+        # What the queue holds is not tracked by the garbage collector (every field an int, a string or another
+        # untracked object): not walked through its generations, nor counted towards its full collections, however
+        # long it waits for a pass. The C ring holds the fields themselves, no object a record; the deque's
+        # tuples (where the ring is not built) are untracked once the collector has looked.
+        raw = agent.state.raw
+        held = list(raw._queue)[queued_before:] if hasattr(raw, "_queue") else gc.get_referents(raw)
+        tracked = [gc.is_tracked(item) for item in held]
         x2 = torch.ones(8)
         lost = dist.all_reduce(x2, async_op=True)  # dropped unwaited: still recorded
         del lost

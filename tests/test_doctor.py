@@ -189,9 +189,8 @@ def test_a_probe_that_hangs_is_given_up_after_its_time_limit_and_one_that_fails_
 
 
 def test_the_c_modules_are_said_built_or_not_with_what_that_costs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The recorder's optional C modules (zeromon/model/_planes.c, zeromon_agent/recorder/_batch.c): built here (a C
-    compiler is on this machine, and the install builds them); where the install found no compiler, a warning with
-    what that costs and the fix."""
+    """The agent's optional C modules (zeromon.model.compiled.MODULES): built here (a C compiler is on this machine,
+    and the install builds them); where the install found no compiler, a warning with what that costs and the fix."""
     import importlib.util
 
     from zeromon.sources import doctor
@@ -202,4 +201,5 @@ def test_the_c_modules_are_said_built_or_not_with_what_that_costs(monkeypatch: p
     check = doctor._compiled_modules()
     assert (check.status, check.essential) == ("warn", False)
     assert "Python paths" in check.costs and "reinstall zeromon" in check.fix
-    assert "zeromon.model._planes" in check.found and "zeromon_agent.recorder._batch" in check.found
+    assert all(name in check.found for name in ("zeromon.model._planes", "zeromon_agent.recorder._batch",
+                                                 "zeromon_agent.hooks._ring")), check.found

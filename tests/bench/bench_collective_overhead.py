@@ -538,11 +538,8 @@ def wrapper_pieces(state: HotState, tensor: torch.Tensor) -> dict[str, Callable[
     def piece_record(_: Any) -> None:
         # The synchronous record, as the wrapper writes it out inline.
         state.seq = seq = state.seq + 1
-        raw = state.raw
-        if len(raw) >= state.raw_capacity:
-            state.dropped += 1
-        raw.append((0, seq, "all_reduce", "all_reduce", 1, 2, 64, 64, dtype, None, False, None,
-                    state.phase, state.step, None, False, None))
+        state.raw.push(0, seq, "all_reduce", "all_reduce", 1, 2, 64, 64, dtype, None, False, None,
+                       state.phase, state.step, None, False, None)
 
     def piece_push(_: Any) -> None:
         state.push((0, 1, "all_reduce", "all_reduce", 1, 2, 64, 64, dtype, None, False, None, "x", 0, None,

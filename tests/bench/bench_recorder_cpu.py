@@ -82,8 +82,9 @@ _GROUP = "group"  # a captured collective's process group (not picklable): the r
 
 def capture_passes(path: str) -> None:
     """Make the recorder keep, pass by pass, what each drain takes from its queues (rank 0 of a capture run),
-    written to ``path`` at exit: [(final, control items, collectives)]. The items go back to the queues'
-    fronts before the drain takes them, so the pass is the one it would have been."""
+    written to ``path`` at exit: [(final, control items, collectives)]. The items go back to the queues before the
+    drain takes them, ahead of what the hooks queued meanwhile, so the pass is the one it would have been (but for a
+    record queued between the last two calls, a few microseconds, which would come first)."""
     import atexit
     import pickle
 
@@ -95,12 +96,11 @@ def capture_passes(path: str) -> None:
 
     def capturing(self: Recorder, final: bool) -> None:
         control, raw = self.state.control, self.state.raw
-        items = [control.popleft() for _ in range(len(control))]
-        collectives = [raw.popleft() for _ in range(len(raw))]
+        items, collectives = control.take(), raw.take()
         passes.append((final, items, [(*c[:9], _GROUP, *c[10:]) if c[0] == RAW_COLLECTIVE else c
                                       for c in collectives]))
-        control.extendleft(reversed(items))
-        raw.extendleft(reversed(collectives))
+        control.extend([*items, *control.take()])
+        raw.extend([*collectives, *raw.take()])
         drain(self, final)
 
     Recorder._drain = capturing  # type: ignore[method-assign]

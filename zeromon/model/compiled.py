@@ -8,6 +8,13 @@ import importlib
 import os
 from typing import Any
 
+# Every C module setup.py builds, and what it does.
+MODULES = {
+    "zeromon.model._planes": "the recording's column coder",
+    "zeromon_agent.recorder._batch": "a pass's collectives' columns",
+    "zeromon_agent.hooks._ring": "the hooks' queue",
+}
+
 
 def compiled(name: str, environment: bool = True) -> Any:
     """The C module ``name`` (imported by name: a C module imports nothing, which the layers' contracts cannot

@@ -328,17 +328,18 @@ def probe_zeromon() -> list[Check]:
 
 
 def _compiled_modules() -> Check:
-    """The recorder's loops in C (zeromon/model/_planes.c, zeromon_agent/recorder/_batch.c), optional parts of the
-    install."""
+    """The agent's C modules (zeromon.model.compiled.MODULES: the recording's coder, a pass's collectives' columns,
+    the hooks' queue), optional parts of the install."""
     import importlib.util
 
-    missing = [name for name in ("zeromon.model._planes", "zeromon_agent.recorder._batch")
-               if importlib.util.find_spec(name) is None]
+    from zeromon.model.compiled import MODULES
+
+    missing = [name for name in MODULES if importlib.util.find_spec(name) is None]
     if not missing:
-        return Check("C modules", OK, "built: the recorder codes its columns and its collectives' batches in C")
+        return Check("C modules", OK, f"built: {', '.join(MODULES.values())} in C")
     return Check("C modules", WARN, f"not built: {', '.join(missing)} (no C compiler when zeromon was installed)",
-                 costs="each rank's recorder takes their Python paths: about a fifth more of its CPU a collective "
-                       "(the same records)",
+                 costs="each rank's agent takes their Python paths: about a fifth more of its recorder's CPU a "
+                       "collective, and a queue of tuples that the garbage collector counts (the same records)",
                  fix="install a C compiler and Python's headers (Debian: apt-get install gcc python3-dev), then "
                      "reinstall zeromon")
 

@@ -226,13 +226,12 @@ def _record_async(state: HotState, api: str, op: str, t0: int, t1: int, b_in: in
         if every:
             state.async_count += 1
             if state.async_count % every == 0:
-                push = state.push
-                result.get_future().add_done_callback(lambda _f: push((RAW_DONE, seq, perf_ns())))
+                result.get_future().add_done_callback(lambda _f: state.raw.push(RAW_DONE, seq, perf_ns()))
                 sampled = True
         if cuda is None:  # the issue ends as the call returns to its caller (make_wrapper: issue 47)
             t1 = perf_ns()
-    state.push((RAW_COLLECTIVE, seq, api, op, t0, t1, b_in, b_out, dtype, group, bool(async_op), work,
-                state.phase, state.step, cuda, sampled, caller))
+    state.raw.push(RAW_COLLECTIVE, seq, api, op, t0, t1, b_in, b_out, dtype, group, bool(async_op), work,
+                state.phase, state.step, cuda, sampled, caller)
 
 
 def make_wrapper(fn: Callable[..., Any], api: str, op: str, extract: Extract,
@@ -284,11 +283,8 @@ def make_wrapper(fn: Callable[..., Any], api: str, op: str, extract: Extract,
                 if len(pending) < state.pending_capacity:
                     pending[id(result)] = seq
                     state.device_timer.untimed_waits.add(seq)  # its wait needs no completion check
-                raw = state.raw
-                if len(raw) >= state.raw_capacity:
-                    state.dropped += 1
-                raw.append((RAW_COLLECTIVE, seq, api, op, t0, t1, b_in, b_out, dtype, group, True, work,
-                            state.phase, state.step, cuda, False, caller))
+                state.raw.push(RAW_COLLECTIVE, seq, api, op, t0, t1, b_in, b_out, dtype, group, True, work,
+                               state.phase, state.step, cuda, False, caller)
             elif async_op:
                 if cuda is not None and cuda is not UNTIMED:
                     cuda = state.device_timer.end(cuda, result is not None)
@@ -296,15 +292,12 @@ def make_wrapper(fn: Callable[..., Any], api: str, op: str, extract: Extract,
             elif cuda is not None and cuda is not UNTIMED:  # timed by its CUDA events (the recorder reads them)
                 cuda = state.device_timer.end(cuda, False)
                 state.seq = seq = state.seq + 1
-                state.push((RAW_COLLECTIVE, seq, api, op, t0, t1, b_in, b_out, dtype, group, False, None,
-                            state.phase, state.step, cuda, False, caller))
+                state.raw.push(RAW_COLLECTIVE, seq, api, op, t0, t1, b_in, b_out, dtype, group, False, None,
+                            state.phase, state.step, cuda, False, caller)
             else:
                 state.seq = seq = state.seq + 1
-                raw = state.raw
-                if len(raw) >= state.raw_capacity:
-                    state.dropped += 1
-                raw.append((RAW_COLLECTIVE, seq, api, op, t0, t1, b_in, b_out, dtype, group, False, None,
-                            state.phase, state.step, cuda, False, caller))
+                state.raw.push(RAW_COLLECTIVE, seq, api, op, t0, t1, b_in, b_out, dtype, group, False, None,
+                               state.phase, state.step, cuda, False, caller)
         except Exception as exc:  # noqa: BLE001
             state.hook_error(f"collective:{api}", exc)
         return result
@@ -334,10 +327,7 @@ def make_wait(orig_wait: Callable[..., Any], state: HotState = STATE) -> Callabl
                 finally:
                     t1 = perf_ns()
                     try:
-                        raw = state.raw
-                        if len(raw) >= state.raw_capacity:
-                            state.dropped += 1
-                        raw.append((RAW_WAIT, seq, t0, t1, False, None, None, state.step))
+                        state.raw.push(RAW_WAIT, seq, t0, t1, False, None, None, state.step)
                     except Exception as exc:  # noqa: BLE001
                         state.hook_error("Work.wait", exc)
             if seq in timer.awaiting:  # a collective timed with CUDA events
@@ -362,7 +352,7 @@ def make_wait(orig_wait: Callable[..., Any], state: HotState = STATE) -> Callabl
             t1 = perf_ns()
             try:
                 cuda_end = timer.after_wait(stream) if timer is not None else None
-                state.push((RAW_WAIT, seq, t0, t1, done_before, cuda_end, cuda_start, state.step))
+                state.raw.push(RAW_WAIT, seq, t0, t1, done_before, cuda_end, cuda_start, state.step)
             except Exception as exc:  # noqa: BLE001
                 state.hook_error("Work.wait", exc)
 
@@ -429,8 +419,8 @@ def make_funcol_wrapper(fn: Callable[..., Any], name: str, op: str, list_input: 
             # Functional collectives are always asynchronous: the result is waited on at first use.
             if key is not None and len(state.pending) < state.pending_capacity:
                 state.pending[key] = state.seq
-            state.push((RAW_COLLECTIVE, state.seq, api, op, t0, perf_ns(), b_in, b_out, dtype, ("funcol", group),
-                        True, None, state.phase, state.step, None, False, caller))
+            state.raw.push(RAW_COLLECTIVE, state.seq, api, op, t0, perf_ns(), b_in, b_out, dtype, ("funcol", group),
+                        True, None, state.phase, state.step, None, False, caller)
         except Exception as exc:  # noqa: BLE001
             state.hook_error(f"collective:{api}", exc)
         return result
@@ -452,7 +442,7 @@ def make_wait_tensor(orig: Callable[..., Any], state: HotState = STATE) -> Calla
             return orig(tensor)
         finally:
             try:
-                state.push((RAW_WAIT, seq, t0, perf_ns(), False, None, None, state.step))
+                state.raw.push(RAW_WAIT, seq, t0, perf_ns(), False, None, None, state.step)
             except Exception as exc:  # noqa: BLE001
                 state.hook_error("wait_tensor", exc)
 

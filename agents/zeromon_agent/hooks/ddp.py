@@ -78,7 +78,7 @@ def register_recorded_allreduce(model: Any, state: HotState) -> str | None:
         future = work.get_future()
         seq = state.pending.get(id(work))
         if seq is not None:
-            future.add_done_callback(lambda _f: state.push((RAW_DONE, seq, perf_ns())))
+            future.add_done_callback(lambda _f: state.raw.push(RAW_DONE, seq, perf_ns()))
             _queue_wait(work, bucket)
         return future.then(lambda fut: fut.value()[0])
 

@@ -63,7 +63,7 @@ class PhaseTracker:
             state.phase = phase
             timer = state.cuda_timing  # on GPU the boundary is also marked on the stream
             t = perf_ns()
-            state.push_control((RAW_PHASE, phase, t, state.step, timer.mark() if timer is not None else None))
+            state.control.push(RAW_PHASE, phase, t, state.step, timer.mark() if timer is not None else None)
             if state.works:
                 self._look_at_works(t)
             return t
@@ -81,7 +81,7 @@ class PhaseTracker:
             return
         for seq in done:
             del works[seq]
-            self.state.push((RAW_SEEN_DONE, seq, t))
+            self.state.raw.push(RAW_SEEN_DONE, seq, t)
 
     def begin_training(self) -> None:
         if self.state.step < 0:
@@ -94,8 +94,8 @@ class PhaseTracker:
             return
         end = self._boundary("step_end", self.set_phase("other"))
         timer = state.cuda_timing
-        state.push_control((RAW_STEP_END, state.step, end, timer.mark() if timer is not None else None,
-                            self.explicit_steps))
+        state.control.push(RAW_STEP_END, state.step, end, timer.mark() if timer is not None else None,
+                            self.explicit_steps)
         state.step += 1
         state.time_step()
 
@@ -112,7 +112,7 @@ class PhaseTracker:
                 state.hook_error(f"boundary:{what}", exc)
             t1 = perf_ns()
             if t1 - t0 >= _AGENT_SPAN_MIN_NS:
-                state.push_control((RAW_AGENT, state.step, t0 if since is None else since, t1, state.phase))
+                state.control.push(RAW_AGENT, state.step, t0 if since is None else since, t1, state.phase)
             return t1
         return t0
 
@@ -347,8 +347,8 @@ class PhaseTracker:
         if state.phase == "setup":  # the warm-up ends here, not at the first forward
             state.phase = "other"
         timer = state.cuda_timing
-        state.push_control((RAW_STEP_START, state.step, perf_ns(), timer.mark() if timer is not None else None,
-                            state.phase))
+        state.control.push(RAW_STEP_START, state.step, perf_ns(), timer.mark() if timer is not None else None,
+                            state.phase)
 
     def explicit_step_exit(self) -> None:
         self.end_step()

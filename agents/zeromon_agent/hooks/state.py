@@ -1,15 +1,20 @@
 """The state the training-thread hooks touch: kept tiny, read with plain attribute loads.
 
-Hooks append raw tuples to one bounded deque; the agent's background thread turns them into
-events. Appending never blocks: when the deque is full the oldest entry is dropped and counted.
+Hooks queue raw records on two bounded rings (``push(kind, ...)``, the fields of one record); the agent's
+background thread takes them as tuples and turns them into events. Queueing never blocks: when a ring is full
+its oldest record is dropped and counted.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
+
+from zeromon.model.compiled import compiled
 
 log = logging.getLogger("zeromon.agent")
 
@@ -62,6 +67,65 @@ def timed_step(step: int, every: int) -> bool:
     return step % (min(every, EARLY_EVERY) if step < EARLY_STEPS else every) == 0
 
 
+class DequeRing:
+    """The hooks' queue where the C ring (hooks/_ring.c) is not built: the same methods over a deque of tuples.
+    A record is held as a tuple until the recorder takes it (the C ring holds its fields with no object a
+    record: tests/bench/RESULTS.md, "The hooks' queue as a ring")."""
+
+    __slots__ = ("_queue", "capacity", "width", "dropped", "refused")
+
+    def __init__(self, capacity: int, width: int) -> None:
+        self._queue: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=capacity)
+        self.capacity, self.width, self.dropped, self.refused = capacity, width, 0, 0
+
+    def push(self, *fields: Any) -> None:
+        """Queue a record of ``fields`` (never raises; full, the oldest goes, counted)."""
+        if not fields or len(fields) > self.width:
+            self.refused += 1
+            return
+        queue = self._queue
+        if len(queue) >= self.capacity:
+            self.dropped += 1
+        queue.append(fields)
+
+    def append(self, record: tuple[Any, ...]) -> None:
+        self.push(*record)
+
+    def extend(self, records: Iterable[tuple[Any, ...]]) -> None:
+        """append of each of ``records``, in one call."""
+        given = list(records)
+        kept = [record for record in given if 0 < len(record) <= self.width]
+        self.refused += len(given) - len(kept)
+        self.dropped += max(0, len(self._queue) + len(kept) - self.capacity)
+        self._queue.extend(kept)
+
+    def take(self) -> list[tuple[Any, ...]]:
+        """Every record queued now, oldest first; what a hook queues meanwhile stays for the next take."""
+        popleft = self._queue.popleft
+        return [popleft() for _ in range(len(self._queue))]
+
+    def newest(self, n: int) -> list[tuple[Any, ...]]:
+        """The ``n`` newest records, newest first (one C call: no hook's push interleaves)."""
+        return list(itertools.islice(reversed(self._queue), max(n, 0)))
+
+    def clear(self) -> None:
+        self._queue.clear()
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __getitem__(self, index: int) -> tuple[Any, ...]:
+        return self._queue[index]
+
+
+_ring = compiled("zeromon_agent.hooks._ring")
+# The hooks' queue: the C ring where setup.py built it, else the same methods over a deque.
+Ring: Any = _ring.Ring if _ring is not None else DequeRing
+RAW_WIDTH = 17  # the most fields a raw record has (RAW_COLLECTIVE's)
+CONTROL_WIDTH = 8  # a control record's (RAW_OOM's 7)
+CONTROL_CAPACITY = 65536
+
+
 class HotState:
     __slots__ = (
         "enabled",
@@ -71,8 +135,6 @@ class HotState:
         "raw",
         "raw_capacity",
         "control",
-        "control_dropped",
-        "dropped",
         "pending",
         "pending_capacity",
         "works",
@@ -95,13 +157,11 @@ class HotState:
         self.phase = "setup"
         self.step = -1
         self.seq = 0
-        self.raw: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=raw_capacity)
+        self.raw: Any = Ring(raw_capacity, RAW_WIDTH)  # collectives, waits and completions
         self.raw_capacity = raw_capacity
         # Phase changes, step ends, memory samples and OOMs: a few per step, never crowded out by
         # collectives (a lost step end would leave its step open). Bounded all the same.
-        self.control: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=65536)
-        self.control_dropped = 0
-        self.dropped = 0
+        self.control: Any = Ring(CONTROL_CAPACITY, CONTROL_WIDTH)
         # id(Work) -> seq of the async collective that returned it, until it is waited on.
         self.pending: dict[int, int] = {}
         self.pending_capacity = 8192
@@ -136,12 +196,25 @@ class HotState:
         self.on_world_destroyed: Any = None
 
     @property
+    def dropped(self) -> int:
+        """The raw records not kept: let go of by a full ring (its oldest), or refused (more fields than a record
+        has: a hook's mistake)."""
+        return int(self.raw.dropped + self.raw.refused)
+
+    @property
+    def control_dropped(self) -> int:
+        return int(self.control.dropped + self.control.refused)
+
+    @property
     def recorded(self) -> int:
         """The collectives recorded: each took the next seq (one counter fewer on the hot path)."""
         return self.seq
 
     def resize(self, raw_capacity: int) -> None:
-        self.raw = collections.deque(self.raw, maxlen=raw_capacity)
+        """A raw ring of ``raw_capacity`` records, what the old one held in it (the newest, where fewer fit)."""
+        raw = Ring(raw_capacity, RAW_WIDTH)
+        raw.extend(self.raw.take())
+        self.raw = raw
         self.raw_capacity = raw_capacity
 
     def time_step(self) -> None:
@@ -154,16 +227,11 @@ class HotState:
             self.untimed = None if timed else UNTIMED
 
     def push(self, item: tuple[Any, ...]) -> None:
-        raw = self.raw
-        if len(raw) >= self.raw_capacity:
-            self.dropped += 1
-        raw.append(item)
+        """A raw record from a tuple (the hot paths call ``raw.push(kind, ...)`` with its fields)."""
+        self.raw.append(item)
 
     def push_control(self, item: tuple[Any, ...]) -> None:
-        control = self.control
-        if len(control) >= 65536:
-            self.control_dropped += 1
-        control.append(item)
+        self.control.append(item)
 
     def hook_error(self, where: str, exc: BaseException) -> None:
         """Count an exception raised inside zeromon; log it once per place. Never raises."""

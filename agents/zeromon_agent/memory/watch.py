@@ -313,7 +313,7 @@ class MemoryWatch:
         return (self.device_name, *totals, capacity, free, process_rss(), cats)
 
     def _push_memory(self, phase: str, t: int, fields: MemoryValues) -> None:
-        self.state.push_control((RAW_MEMORY, phase, self.state.step, t, fields))
+        self.state.control.push(RAW_MEMORY, phase, self.state.step, t, fields)
 
     # --- out of memory ----------------------------------------------------------------------------
     def observe_oom(self, torch: Any, run_dir: Path, rank: int) -> None:
@@ -342,8 +342,8 @@ class MemoryWatch:
                     path = str(run_dir / f"oom-snapshot-rank-{rank}-{int(time.time())}.pickle")
                     snapshot = path if cuda.dump_snapshot(torch, path) else None
                 info = {"allocated": int(device_alloc), "requested": int(alloc), "free": int(device_free)}
-                self.state.push_control((RAW_OOM, perf_ns(), f"cuda:{device}", info, snapshot, self.state.phase,
-                                         self.state.step))
+                self.state.control.push(RAW_OOM, perf_ns(), f"cuda:{device}", info, snapshot, self.state.phase,
+                                         self.state.step)
             except Exception as exc:  # noqa: BLE001
                 self.state.hook_error("oom_observer", exc)
 

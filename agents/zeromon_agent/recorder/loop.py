@@ -16,7 +16,6 @@ The recorder also watches the rank's progress (ProgressWatch, progress.py) once 
 from __future__ import annotations
 
 import collections
-import itertools
 import logging
 import operator
 import threading
@@ -293,7 +292,7 @@ class Recorder:
         # Newest first: what the training thread queued since the last drain, then what was drained. Each copy is
         # one C call, which no other thread interleaves with (a Python loop over a deque another thread appends
         # to would fail); the queue's newest _RECENT_RAW are enough.
-        queued = list(itertools.islice(reversed(self.state.raw), _RECENT_RAW))
+        queued = self.state.raw.newest(_RECENT_RAW)
         drained = list(reversed(self._recent_raw))
         recent = [item for item in queued + drained if item[0] == RAW_COLLECTIVE]
         # In flight: what the recorder has not seen complete, and what it has not drained yet of the collectives a
@@ -402,16 +401,8 @@ class Recorder:
         # Take what is queued now, no more: a producer faster than this thread must not keep one
         # pass going (and its step summaries waiting) forever; the rest is dropped at the queue.
         destroyed = self.state.groups_destroyed  # read first: a destroyed group's collectives are all in this pass
-        control = self.state.control
-        items = [control.popleft() for _ in range(len(control))]
-        raw = self.state.raw
-        popleft = raw.popleft
-        collectives = []
-        for _ in range(len(raw)):
-            try:
-                collectives.append(popleft())
-            except IndexError:
-                break
+        items = self.state.control.take()
+        collectives = self.state.raw.take()
         for drained in (items, collectives):
             if drained:
                 self._drained_until = max(self._drained_until, drained[-1][RAW_TIME_AT[drained[-1][0]]])

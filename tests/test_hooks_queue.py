@@ -1,0 +1,128 @@
+"""The hooks' queue (zeromon_agent.hooks.state.Ring): the C ring (hooks/_ring.c, where setup.py built it) against
+its Python path (DequeRing, a deque of tuples), operation for operation; and what the C ring holds of what it is
+given, for the reference counts and the garbage collector."""
+
+from __future__ import annotations
+
+import gc
+import sys
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from test_reader_properties import PROPERTIES
+
+from zeromon.model.compiled import compiled
+from zeromon_agent.hooks.state import CONTROL_WIDTH, RAW_WIDTH, DequeRing, HotState
+
+_ring = compiled("zeromon_agent.hooks._ring", environment=False)
+needs_c = pytest.mark.skipif(_ring is None, reason="the package was installed without its C modules (no C compiler "
+                                                   "at its build)")
+
+# What a record's fields may be: shared objects, new ones, ints past 64 bits, containers.
+FIELD = st.one_of(st.integers(), st.none(), st.booleans(), st.text(max_size=3), st.floats(allow_nan=False),
+                  st.tuples(st.integers()), st.lists(st.integers(), max_size=2))
+OPERATION = st.one_of(
+    st.tuples(st.just("push"), st.lists(FIELD, max_size=7)),  # up to past the width, and none: refused
+    st.tuples(st.just("append"), st.lists(FIELD, min_size=1, max_size=5)),
+    st.tuples(st.just("extend"), st.lists(st.lists(FIELD, max_size=7).map(tuple), max_size=4)),
+    st.tuples(st.just("take")),
+    st.tuples(st.just("newest"), st.integers(-1, 8)),
+    st.tuples(st.just("item"), st.integers(-8, 8)),
+    st.tuples(st.just("clear")),
+)
+
+
+def _apply(ring: Any, operation: tuple[Any, ...]) -> Any:
+    """What ``operation`` returns on ``ring``, and what the ring then holds and has counted."""
+    name = operation[0]
+    if name == "push":
+        result: Any = ring.push(*operation[1])
+    elif name == "append":
+        result = ring.append(tuple(operation[1]))
+    elif name == "extend":
+        result = ring.extend(operation[1])
+    elif name == "take":
+        result = ring.take()
+    elif name == "newest":
+        result = ring.newest(operation[1])
+    elif name == "item":
+        try:
+            result = ring[operation[1]]
+        except IndexError:
+            result = "IndexError"
+    else:
+        result = ring.clear()
+    return result, len(ring), list(ring), ring.dropped, ring.refused
+
+
+@needs_c
+@PROPERTIES
+@given(capacity=st.integers(1, 6), width=st.integers(1, 5), operations=st.lists(OPERATION, max_size=30))
+def test_the_c_ring_holds_what_the_deque_ring_holds(capacity: int, width: int,
+                                                     operations: list[tuple[Any, ...]]) -> None:
+    """Each operation's result, the records held (oldest first), the drops of a full ring (its oldest) and the refusals
+    (no field, or more than its width) are the same in both."""
+    c_ring, deque_ring = _ring.Ring(capacity, width), DequeRing(capacity, width)
+    for operation in operations:
+        assert _apply(c_ring, operation) == _apply(deque_ring, operation), operation
+    assert (c_ring.capacity, c_ring.width) == (deque_ring.capacity, deque_ring.width) == (capacity, width)
+
+
+@needs_c
+def test_the_c_ring_keeps_no_reference_it_does_not_hold() -> None:
+    """Every path (push, a full ring's drop, a refusal, append, extend, take, newest, an item, clear, the ring let go
+    of) leaves the reference counts of what it was given as they were once the ring and what it returned are gone."""
+    field, other = object(), object()
+    before = (sys.getrefcount(field), sys.getrefcount(other))
+    ring = _ring.Ring(4, 3)
+    for _ in range(1000):
+        ring.push(field, other, field)  # past the capacity: the oldest dropped
+        ring.push()  # refused
+        ring.push(field, field, field, field)  # refused: past the width
+    assert (len(ring), ring.dropped, ring.refused) == (4, 996, 2000)
+    assert sys.getrefcount(field) - before[0] == 8 and sys.getrefcount(other) - before[1] == 4
+    ring.append((other,))
+    ring.extend([(field,), (other, other)])
+    newest, item = ring.newest(10), ring[0]
+    taken = ring.take()
+    assert len(ring) == 0 and len(taken) == 4 and newest == taken[::-1] and item == taken[0]
+    del newest, item, taken
+    for _ in range(3):
+        ring.push(field, other)
+    ring.clear()
+    ring.push(other, field)
+    del ring
+    assert (sys.getrefcount(field), sys.getrefcount(other)) == before
+
+
+@needs_c
+def test_the_c_ring_s_records_are_no_objects_for_the_garbage_collector() -> None:
+    """A queued record is its fields in the ring's slots (the ring one object the collector tracks, whatever it
+    holds); taken, a record is a tuple the collector does not track where none of its fields is tracked (what the
+    collector would find at its first look), and tracked where one is."""
+    ring = _ring.Ring(16, RAW_WIDTH)
+    gc.collect()
+    tracked_before = len(gc.get_objects())
+    for seq in range(10):
+        ring.push(0, seq, "all_reduce", 2**62 + seq, None, True)
+    assert len(gc.get_objects()) == tracked_before  # no object a record
+    ring.push(5, "forward", 3, 10**13, [])  # a field the collector tracks
+    taken = ring.take()
+    assert [gc.is_tracked(record) for record in taken] == [False] * 10 + [True]
+
+
+def test_the_state_queues_on_the_ring_and_counts_its_drops() -> None:
+    """HotState's queues are the C ring where it is built and not left out (ZEROMON_NO_COMPILED), else the deque's;
+    their drops and refusals are the events it counts as dropped."""
+    state = HotState(raw_capacity=2)
+    ring = _ring.Ring if compiled("zeromon_agent.hooks._ring") is not None else DequeRing
+    assert type(state.raw) is ring and type(state.control) is ring
+    assert (state.raw.width, state.control.width) == (RAW_WIDTH, CONTROL_WIDTH)
+    for seq in range(5):
+        state.raw.push(0, seq)
+    state.control.push(*range(CONTROL_WIDTH + 1))
+    assert (state.dropped, state.control_dropped, [r[1] for r in state.raw]) == (3, 1, [3, 4])
+    state.resize(8)
+    assert (state.raw.capacity, [r[1] for r in state.raw]) == (8, [3, 4])
