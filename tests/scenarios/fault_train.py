@@ -56,24 +56,31 @@ def inject(what: set[str]) -> None:
     if "collective" in what:
         op, _extract = collectives.DIST_SPECS["all_reduce"]
         collectives.DIST_SPECS["all_reduce"] = (op, boom)
-    if "wait" in what:
-        push = state.HotState.push
+    broken = {kind for name, kind in (("wait", state.RAW_WAIT), ("phase", state.RAW_PHASE)) if name in what}
+    if broken:  # the hooks' own push raising for these kinds, as a mistake in zeromon's hook would
+        ring = state.Ring  # the C ring (not subclassable) or the deque's
 
-        def push_but_waits(self: Any, item: Any) -> None:
-            if item[0] == state.RAW_WAIT:
-                boom()
-            push(self, item)
+        class BreakingRing:
+            def __init__(self, capacity: int, width: int) -> None:
+                self.ring = ring(capacity, width)
 
-        state.HotState.push = push_but_waits  # type: ignore[method-assign]
-    if "phase" in what:
-        push_control = state.HotState.push_control
+            def push(self, *fields: Any) -> None:
+                if fields[0] in broken:
+                    boom()
+                self.ring.push(*fields)
 
-        def push_control_but_phases(self: Any, item: Any) -> None:
-            if item[0] == state.RAW_PHASE:
-                boom()
-            push_control(self, item)
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self.ring, name)
 
-        state.HotState.push_control = push_control_but_phases  # type: ignore[method-assign]
+            def __len__(self) -> int:
+                return len(self.ring)
+
+            def __getitem__(self, index: int) -> Any:
+                return self.ring[index]
+
+        state.Ring = BreakingRing  # the agent's start makes the raw queue again, at its buffer's size
+        state.STATE.raw = BreakingRing(state.STATE.raw_capacity, state.RAW_WIDTH)
+        state.STATE.control = BreakingRing(state.CONTROL_CAPACITY, state.CONTROL_WIDTH)
     if "memory" in what:
         memory.Categorizer.walk_still = boom  # type: ignore[method-assign]
         memory.Categorizer.categorize = boom  # type: ignore[method-assign]

@@ -239,7 +239,7 @@ def make_wrapper(fn: Callable[..., Any], api: str, op: str, extract: Extract,
     """The recording wrapper of one collective API.
 
     The synchronous path is written out inline (each Python call is a cost on the training thread): two flag
-    reads, the extractor, two clock reads and one tuple appended to the bounded deque.
+    reads, the extractor, two clock reads and one record's fields pushed onto the bounded ring (state.Ring).
     """
 
     @functools.wraps(fn)

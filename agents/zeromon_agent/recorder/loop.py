@@ -261,7 +261,7 @@ class Recorder:
     def last_activity(self) -> int:
         """perf_ns of the newest thing the training thread did that the agent sees (a collective issued or waited
         on, a phase or step boundary, a memory sample): the newest record queued, else the newest drained. From
-        any thread: a deque's last item is read in one step."""
+        any thread: a queue's last record is read in one C call."""
         newest = self._drained_until
         for queue in (self.state.raw, self.state.control):
             try:
@@ -290,8 +290,8 @@ class Recorder:
     def progress_report(self, reason: str) -> RankProgress:
         """This rank's progress now (zeromon.model.progress), from any thread."""
         # Newest first: what the training thread queued since the last drain, then what was drained. Each copy is
-        # one C call, which no other thread interleaves with (a Python loop over a deque another thread appends
-        # to would fail); the queue's newest _RECENT_RAW are enough.
+        # one C call, which no other thread interleaves with (a Python loop over a queue another thread pushes to
+        # would fail); the queue's newest _RECENT_RAW are enough.
         queued = self.state.raw.newest(_RECENT_RAW)
         drained = list(reversed(self._recent_raw))
         recent = [item for item in queued + drained if item[0] == RAW_COLLECTIVE]
