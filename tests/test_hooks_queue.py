@@ -126,3 +126,28 @@ def test_the_state_queues_on_the_ring_and_counts_its_drops() -> None:
     assert (state.dropped, state.control_dropped, [r[1] for r in state.raw]) == (3, 1, [3, 4])
     state.resize(8)
     assert (state.raw.capacity, [r[1] for r in state.raw]) == (8, [3, 4])
+
+
+@needs_c
+def test_a_field_s_destructor_may_push_while_the_ring_lets_go_of_it() -> None:
+    """A dropped or cleared record's field whose destructor pushes onto the same ring (Python code run from the ring's
+    own call) finds it whole: the records end as the deque's (which lets go of its oldest after appending)."""
+
+    class PushesWhenFreed:
+        def __init__(self, ring: Any) -> None:
+            self.ring = ring
+
+        def __del__(self) -> None:
+            self.ring.push("pushed by a destructor")
+
+    ends = []
+    for make in (_ring.Ring, DequeRing):
+        ring = make(2, 2)
+        ring.push(PushesWhenFreed(ring))
+        ring.push(1)
+        ring.push(2)  # full: the first record goes, and its field's destructor pushes
+        held = list(ring)
+        ring.push(PushesWhenFreed(ring))
+        ring.clear()  # what the destructor pushes meanwhile stays
+        ends.append((held, ring.dropped, len(ring)))
+    assert ends[0] == ends[1] == ([(2,), ("pushed by a destructor",)], 3, 1), ends

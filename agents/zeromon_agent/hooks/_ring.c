@@ -8,7 +8,10 @@
  * The recorder takes the records as tuples (take), made on its own thread as it drains them.
  *
  * Every method is one C call that runs without letting go of the GIL: a push on the training thread and a take on
- * the recorder's never interleave. Full, a push drops the oldest record (a deque's maxlen) and counts it.
+ * the recorder's never interleave. Full, a push drops the oldest record (a deque's maxlen) and counts it. What a
+ * method lets go of is let go of last, once the ring is whole again (a field's destructor may run Python code, a
+ * push among it); a reference that moves into a taken tuple leaves its slot at once (the garbage collector, which a
+ * tuple's allocation may start, sees each reference once).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -32,12 +35,21 @@ slot_of(Ring *ring, Py_ssize_t index)  /* index: 0 the oldest record */
     return ring->slots + ((ring->head + index) % ring->capacity) * ring->width;
 }
 
-static void
-release_record(Ring *ring, Py_ssize_t index)
+/* The oldest record off the ring: its references moved into ``out`` (at least width of them), their count returned;
+ * the caller lets go of them once the ring is whole. */
+static Py_ssize_t
+pop_oldest(Ring *ring, PyObject **out)
 {
-    PyObject **slot = slot_of(ring, index);
-    Py_ssize_t n = ring->lengths[(ring->head + index) % ring->capacity];
-    for (Py_ssize_t i = 0; i < n; i++) Py_CLEAR(slot[i]);
+    PyObject **slot = ring->slots + ring->head * ring->width;
+    Py_ssize_t n = ring->lengths[ring->head];
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out[i] = slot[i];
+        slot[i] = NULL;
+    }
+    ring->lengths[ring->head] = 0;
+    ring->head = (ring->head + 1) % ring->capacity;
+    ring->size--;
+    return n;
 }
 
 static int
@@ -76,15 +88,26 @@ Ring_traverse(Ring *self, visitproc visit, void *arg)
     return 0;
 }
 
+/* Every record off the ring, then let go of (as a deque's clear: what a destructor pushes meanwhile stays). */
 static void
 clear_all(Ring *self)
 {
-    while (self->size > 0) {
-        release_record(self, 0);
-        self->head = (self->head + 1) % self->capacity;
-        self->size--;
+    Py_ssize_t size = self->size;
+    if (size == 0) return;
+    PyObject **held = PyMem_Malloc((size_t)size * (size_t)self->width * sizeof(PyObject *));
+    if (held == NULL) {  /* no room to hold them aside: a record at a time */
+        PyObject *dropped[255];
+        while (self->size > 0) {
+            Py_ssize_t n = pop_oldest(self, dropped);
+            for (Py_ssize_t i = 0; i < n; i++) Py_DECREF(dropped[i]);
+        }
+        return;
     }
+    Py_ssize_t count = 0;
+    while (self->size > 0) count += pop_oldest(self, held + count);
     self->head = 0;
+    for (Py_ssize_t i = 0; i < count; i++) Py_DECREF(held[i]);
+    PyMem_Free(held);
 }
 
 static int
@@ -112,10 +135,10 @@ Ring_push(Ring *self, PyObject *const *args, Py_ssize_t nargs)
         self->refused++;
         Py_RETURN_NONE;
     }
+    PyObject *dropped[255];
+    Py_ssize_t n_dropped = 0;
     if (self->size == self->capacity) {  /* full: the oldest goes */
-        release_record(self, 0);
-        self->head = (self->head + 1) % self->capacity;
-        self->size--;
+        n_dropped = pop_oldest(self, dropped);
         self->dropped++;
     }
     Py_ssize_t at = (self->head + self->size) % self->capacity;
@@ -126,6 +149,7 @@ Ring_push(Ring *self, PyObject *const *args, Py_ssize_t nargs)
     }
     self->lengths[at] = (unsigned char)nargs;
     self->size++;
+    for (Py_ssize_t i = 0; i < n_dropped; i++) Py_DECREF(dropped[i]);
     Py_RETURN_NONE;
 }
 
@@ -188,10 +212,14 @@ Ring_take(Ring *self, PyObject *Py_UNUSED(ignored))
         PyObject **slot = self->slots + at * self->width;
         Py_ssize_t n = self->lengths[at];
         PyObject *tuple = PyTuple_New(n);
-        if (tuple == NULL) {  /* nothing taken: the tuples made so far hold new references, the ring its own */
+        if (tuple == NULL) {  /* nothing taken: the references go back to their slots, the tuples let go of */
             for (Py_ssize_t back = 0; back < r; back++) {
                 PyObject *made = PyList_GET_ITEM(out, back);
-                for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(made); i++) Py_INCREF(PyTuple_GET_ITEM(made, i));
+                PyObject **slot_back = self->slots + ((self->head + back) % self->capacity) * self->width;
+                for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(made); i++) {
+                    slot_back[i] = PyTuple_GET_ITEM(made, i);
+                    Py_INCREF(slot_back[i]);
+                }
             }
             Py_DECREF(out);
             return NULL;
@@ -200,18 +228,14 @@ Ring_take(Ring *self, PyObject *Py_UNUSED(ignored))
         for (Py_ssize_t i = 0; i < n; i++) {  /* the ring's references move into the tuple */
             PyTuple_SET_ITEM(tuple, i, slot[i]);
             if (PyObject_IS_GC(slot[i]) && PyObject_GC_IsTracked(slot[i])) atomic = 0;
+            slot[i] = NULL;
         }
         /* What the collector does to such a tuple at its first look (CPython's _PyTuple_MaybeUntrack), now: a
          * pass's records are not walked by the young collections that the pass itself sets off. */
         if (atomic) PyObject_GC_UnTrack(tuple);
         PyList_SET_ITEM(out, r, tuple);
     }
-    for (Py_ssize_t r = 0; r < size; r++) {  /* taken: the slots let go without a decref */
-        Py_ssize_t at = (self->head + r) % self->capacity;
-        PyObject **slot = self->slots + at * self->width;
-        for (Py_ssize_t i = 0; i < self->lengths[at]; i++) slot[i] = NULL;
-        self->lengths[at] = 0;
-    }
+    for (Py_ssize_t r = 0; r < size; r++) self->lengths[(self->head + r) % self->capacity] = 0;
     self->head = 0;
     self->size = 0;
     return out;
