@@ -231,7 +231,7 @@ def _record_async(state: HotState, api: str, op: str, t0: int, t1: int, b_in: in
         if cuda is None:  # the issue ends as the call returns to its caller (make_wrapper: issue 47)
             t1 = perf_ns()
     state.raw.push(RAW_COLLECTIVE, seq, api, op, t0, t1, b_in, b_out, dtype, group, bool(async_op), work,
-                state.phase, state.step, cuda, sampled, caller)
+                   state.phase, state.step, cuda, sampled, caller)
 
 
 def make_wrapper(fn: Callable[..., Any], api: str, op: str, extract: Extract,
@@ -293,7 +293,7 @@ def make_wrapper(fn: Callable[..., Any], api: str, op: str, extract: Extract,
                 cuda = state.device_timer.end(cuda, False)
                 state.seq = seq = state.seq + 1
                 state.raw.push(RAW_COLLECTIVE, seq, api, op, t0, t1, b_in, b_out, dtype, group, False, None,
-                            state.phase, state.step, cuda, False, caller)
+                               state.phase, state.step, cuda, False, caller)
             else:
                 state.seq = seq = state.seq + 1
                 state.raw.push(RAW_COLLECTIVE, seq, api, op, t0, t1, b_in, b_out, dtype, group, False, None,
@@ -420,7 +420,7 @@ def make_funcol_wrapper(fn: Callable[..., Any], name: str, op: str, list_input: 
             if key is not None and len(state.pending) < state.pending_capacity:
                 state.pending[key] = state.seq
             state.raw.push(RAW_COLLECTIVE, state.seq, api, op, t0, perf_ns(), b_in, b_out, dtype, ("funcol", group),
-                        True, None, state.phase, state.step, None, False, caller)
+                           True, None, state.phase, state.step, None, False, caller)
         except Exception as exc:  # noqa: BLE001
             state.hook_error(f"collective:{api}", exc)
         return result

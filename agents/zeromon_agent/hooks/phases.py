@@ -95,7 +95,7 @@ class PhaseTracker:
         end = self._boundary("step_end", self.set_phase("other"))
         timer = state.cuda_timing
         state.control.push(RAW_STEP_END, state.step, end, timer.mark() if timer is not None else None,
-                            self.explicit_steps)
+                           self.explicit_steps)
         state.step += 1
         state.time_step()
 
@@ -348,7 +348,7 @@ class PhaseTracker:
             state.phase = "other"
         timer = state.cuda_timing
         state.control.push(RAW_STEP_START, state.step, perf_ns(), timer.mark() if timer is not None else None,
-                            state.phase)
+                           state.phase)
 
     def explicit_step_exit(self) -> None:
         self.end_step()

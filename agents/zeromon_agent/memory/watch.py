@@ -343,7 +343,7 @@ class MemoryWatch:
                     snapshot = path if cuda.dump_snapshot(torch, path) else None
                 info = {"allocated": int(device_alloc), "requested": int(alloc), "free": int(device_free)}
                 self.state.control.push(RAW_OOM, perf_ns(), f"cuda:{device}", info, snapshot, self.state.phase,
-                                         self.state.step)
+                                        self.state.step)
             except Exception as exc:  # noqa: BLE001
                 self.state.hook_error("oom_observer", exc)
 
