@@ -151,3 +151,38 @@ def test_a_field_s_destructor_may_push_while_the_ring_lets_go_of_it() -> None:
         ring.clear()  # what the destructor pushes meanwhile stays
         ends.append((held, ring.dropped, len(ring)))
     assert ends[0] == ends[1] == ([(2,), ("pushed by a destructor",)], 3, 1), ends
+
+
+@needs_c
+def test_a_collection_that_take_sets_off_may_run_a_push() -> None:
+    """A take's allocations may start the garbage collector, whose finalizers run Python code (on a real run, another
+    thread's push may come in then): the records taken are those queued at the call, and what is pushed meanwhile
+    stays queued, whole."""
+    ring = _ring.Ring(8, 2)
+
+    class Cycle:  # garbage only the collector frees, which pushes as it goes
+        def __init__(self) -> None:
+            self.me = self
+
+        def __del__(self) -> None:
+            ring.push("pushed by a finalizer")
+
+    for seq in range(5):
+        ring.push(seq)
+    threshold, enabled = gc.get_threshold(), gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(3):
+            Cycle()
+        gc.set_threshold(1)  # the take's first allocation collects them
+        gc.enable()
+        taken = ring.take()
+        newest = ring.newest(8)
+    finally:
+        gc.set_threshold(*threshold)
+        if not enabled:
+            gc.disable()
+    gc.collect()
+    assert taken == [(seq,) for seq in range(5)]
+    assert newest == list(ring) == [("pushed by a finalizer",)] * 3 and (ring.dropped, ring.refused) == (0, 0)

@@ -10,8 +10,7 @@
  * Every method is one C call that runs without letting go of the GIL: a push on the training thread and a take on
  * the recorder's never interleave. Full, a push drops the oldest record (a deque's maxlen) and counts it. What a
  * method lets go of is let go of last, once the ring is whole again (a field's destructor may run Python code, a
- * push among it); a reference that moves into a taken tuple leaves its slot at once (the garbage collector, which a
- * tuple's allocation may start, sees each reference once).
+ * push among it); what a method makes tuples of it first takes aside (Aside, below).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -185,59 +184,96 @@ Ring_extend(Ring *self, PyObject *records)
     Py_RETURN_NONE;
 }
 
-/* Record ``index`` (0 the oldest) as a new tuple; its references stay in the ring. */
-static PyObject *
-record_copy(Ring *self, Py_ssize_t index)
+/* Records held aside, out of the ring: their references (owned) and each one's count of them. A method that makes
+ * tuples first takes what it needs aside with no allocation of Python's (PyMem's does not start the garbage
+ * collector), then makes the tuples: a collection that an allocation starts may run a finalizer's Python code, and
+ * with it another thread's push, which then finds a whole ring and changes nothing taken aside. */
+typedef struct {
+    PyObject **refs;
+    unsigned char *lengths;
+    Py_ssize_t count;  /* records */
+} Aside;
+
+static int
+aside_alloc(Aside *aside, Ring *ring, Py_ssize_t count)
 {
-    PyObject **slot = slot_of(self, index);
-    Py_ssize_t n = self->lengths[(self->head + index) % self->capacity];
-    PyObject *tuple = PyTuple_New(n);
-    if (tuple == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Py_INCREF(slot[i]);
-        PyTuple_SET_ITEM(tuple, i, slot[i]);
+    aside->count = 0;
+    aside->refs = PyMem_Malloc((size_t)(count ? count : 1) * (size_t)ring->width * sizeof(PyObject *));
+    aside->lengths = PyMem_Malloc((size_t)(count ? count : 1));
+    if (aside->refs == NULL || aside->lengths == NULL) {
+        PyMem_Free(aside->refs);
+        PyMem_Free(aside->lengths);
+        PyErr_NoMemory();
+        return 0;
     }
-    return tuple;
+    return 1;
 }
 
-/* take(): every record, oldest first, as tuples; the ring is then empty. */
+/* Record ``index`` (0 the oldest) added to ``aside``: its references copied (new ones), or moved (``move``: the
+ * caller takes the records off the ring). */
+static void
+aside_add(Aside *aside, Ring *ring, Py_ssize_t index, int move)
+{
+    Py_ssize_t at = (ring->head + index) % ring->capacity;
+    PyObject **slot = ring->slots + at * ring->width;
+    Py_ssize_t n = ring->lengths[at];
+    PyObject **to = aside->refs + aside->count * ring->width;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        to[i] = slot[i];
+        if (move) slot[i] = NULL;
+        else Py_INCREF(to[i]);
+    }
+    if (move) ring->lengths[at] = 0;
+    aside->lengths[aside->count++] = (unsigned char)n;
+}
+
+/* The records aside as a list of tuples, each tuple taking over its references; ``aside`` freed. A tuple whose
+ * fields the garbage collector does not track is not tracked (CPython's _PyTuple_MaybeUntrack, at once). */
+static PyObject *
+aside_tuples(Aside *aside, Ring *ring)
+{
+    PyObject *out = PyList_New(aside->count);
+    Py_ssize_t r = 0;
+    if (out != NULL) {
+        for (; r < aside->count; r++) {
+            PyObject **refs = aside->refs + r * ring->width;
+            Py_ssize_t n = aside->lengths[r];
+            PyObject *tuple = PyTuple_New(n);
+            if (tuple == NULL) break;
+            int atomic = 1;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                PyTuple_SET_ITEM(tuple, i, refs[i]);
+                if (PyObject_IS_GC(refs[i]) && PyObject_GC_IsTracked(refs[i])) atomic = 0;
+            }
+            if (atomic) PyObject_GC_UnTrack(tuple);
+            PyList_SET_ITEM(out, r, tuple);
+        }
+    }
+    if (out == NULL || r < aside->count) {  /* no memory: what is left aside is let go of, and the list */
+        for (Py_ssize_t rest = r; rest < aside->count; rest++) {
+            for (Py_ssize_t i = 0; i < aside->lengths[rest]; i++) Py_DECREF(aside->refs[rest * ring->width + i]);
+        }
+        Py_XDECREF(out);
+        out = NULL;
+    }
+    PyMem_Free(aside->refs);
+    PyMem_Free(aside->lengths);
+    return out;
+}
+
+/* take(): every record, oldest first, as tuples; the ring is then empty (what a push adds meanwhile stays). Out of
+ * memory, the records taken are lost, counted as dropped. */
 static PyObject *
 Ring_take(Ring *self, PyObject *Py_UNUSED(ignored))
 {
+    Aside aside;
     Py_ssize_t size = self->size;
-    PyObject *out = PyList_New(size);
-    if (out == NULL) return NULL;
-    for (Py_ssize_t r = 0; r < size; r++) {
-        Py_ssize_t at = (self->head + r) % self->capacity;
-        PyObject **slot = self->slots + at * self->width;
-        Py_ssize_t n = self->lengths[at];
-        PyObject *tuple = PyTuple_New(n);
-        if (tuple == NULL) {  /* nothing taken: the references go back to their slots, the tuples let go of */
-            for (Py_ssize_t back = 0; back < r; back++) {
-                PyObject *made = PyList_GET_ITEM(out, back);
-                PyObject **slot_back = self->slots + ((self->head + back) % self->capacity) * self->width;
-                for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(made); i++) {
-                    slot_back[i] = PyTuple_GET_ITEM(made, i);
-                    Py_INCREF(slot_back[i]);
-                }
-            }
-            Py_DECREF(out);
-            return NULL;
-        }
-        int atomic = 1;  /* no field the garbage collector tracks */
-        for (Py_ssize_t i = 0; i < n; i++) {  /* the ring's references move into the tuple */
-            PyTuple_SET_ITEM(tuple, i, slot[i]);
-            if (PyObject_IS_GC(slot[i]) && PyObject_GC_IsTracked(slot[i])) atomic = 0;
-            slot[i] = NULL;
-        }
-        /* What the collector does to such a tuple at its first look (CPython's _PyTuple_MaybeUntrack), now: a
-         * pass's records are not walked by the young collections that the pass itself sets off. */
-        if (atomic) PyObject_GC_UnTrack(tuple);
-        PyList_SET_ITEM(out, r, tuple);
-    }
-    for (Py_ssize_t r = 0; r < size; r++) self->lengths[(self->head + r) % self->capacity] = 0;
+    if (!aside_alloc(&aside, self, size)) return NULL;
+    for (Py_ssize_t r = 0; r < size; r++) aside_add(&aside, self, r, 1);
     self->head = 0;
     self->size = 0;
+    PyObject *out = aside_tuples(&aside, self);
+    if (out == NULL) self->dropped += size;
     return out;
 }
 
@@ -249,17 +285,10 @@ Ring_newest(Ring *self, PyObject *arg)
     if (n == -1 && PyErr_Occurred()) return NULL;
     if (n > self->size) n = self->size;
     if (n < 0) n = 0;
-    PyObject *out = PyList_New(n);
-    if (out == NULL) return NULL;
-    for (Py_ssize_t k = 0; k < n; k++) {
-        PyObject *tuple = record_copy(self, self->size - 1 - k);
-        if (tuple == NULL) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        PyList_SET_ITEM(out, k, tuple);
-    }
-    return out;
+    Aside aside;
+    if (!aside_alloc(&aside, self, n)) return NULL;
+    for (Py_ssize_t k = 0; k < n; k++) aside_add(&aside, self, self->size - 1 - k, 0);
+    return aside_tuples(&aside, self);
 }
 
 static PyObject *
@@ -282,7 +311,15 @@ Ring_item(Ring *self, Py_ssize_t index)
         PyErr_SetString(PyExc_IndexError, "Ring index out of range");
         return NULL;
     }
-    return record_copy(self, index);
+    Aside aside;
+    if (!aside_alloc(&aside, self, 1)) return NULL;
+    aside_add(&aside, self, index, 0);
+    PyObject *records = aside_tuples(&aside, self);
+    if (records == NULL) return NULL;
+    PyObject *record = PyList_GET_ITEM(records, 0);
+    Py_INCREF(record);
+    Py_DECREF(records);
+    return record;
 }
 
 static PyMethodDef Ring_methods[] = {
