@@ -186,3 +186,12 @@ def test_a_collection_that_take_sets_off_may_run_a_push() -> None:
     gc.collect()
     assert taken == [(seq,) for seq in range(5)]
     assert newest == list(ring) == [("pushed by a finalizer",)] * 3 and (ring.dropped, ring.refused) == (0, 0)
+
+
+def test_a_ring_the_process_cannot_have_is_the_deque_s() -> None:
+    """A raw queue past what the process may allocate at once (the C ring's slots are made at its size) is the deque's,
+    which grows as it fills; what was queued moves into it."""
+    state = HotState(raw_capacity=4)
+    state.raw.push(0, 1)
+    state.resize(2**45)  # 2**45 records x 17 references: no process has them
+    assert type(state.raw) is DequeRing and state.raw.capacity == 2**45 and list(state.raw) == [(0, 1)]

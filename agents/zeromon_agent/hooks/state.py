@@ -211,8 +211,13 @@ class HotState:
         return self.seq
 
     def resize(self, raw_capacity: int) -> None:
-        """A raw ring of ``raw_capacity`` records, what the old one held in it (the newest, where fewer fit)."""
-        raw = Ring(raw_capacity, RAW_WIDTH)
+        """A raw ring of ``raw_capacity`` records, what the old one held in it (the newest, where fewer fit). The C
+        ring's slots are made at once (the OS gives their pages as they are written); where the process may not have
+        them (ZEROMON_BUFFER_EVENTS in the millions, strict overcommit), the deque's, which grows as it fills."""
+        try:
+            raw = Ring(raw_capacity, RAW_WIDTH)
+        except MemoryError:
+            raw = DequeRing(raw_capacity, RAW_WIDTH)
         raw.extend(self.raw.take())
         self.raw = raw
         self.raw_capacity = raw_capacity
