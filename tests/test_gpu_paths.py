@@ -67,8 +67,8 @@ def test_cuda_events_time_a_collective_without_host_sync() -> None:
     assert len(timer.pool) == 2
     state = HotState()
     rec = Recorder(state, rank=0, writer=None, flush_interval_s=1.0, cuda_timer=timer)
-    state.push((RAW_COLLECTIVE, 1, "all_reduce", "all_reduce", 100, 200, 4096, 4096, torch.bfloat16, None, False,
-                None, "backward", 0, pair, False, None))
+    state.raw.append((RAW_COLLECTIVE, 1, "all_reduce", "all_reduce", 100, 200, 4096, 4096, torch.bfloat16, None, False,
+                      None, "backward", 0, pair, False, None))
     rec._drain(final=False)
     (event,) = [r for _, r in rec.live.recent_records() if type(r).__name__ == "CollectiveEvent"]
     assert event.timing == "cuda_event"
@@ -83,9 +83,9 @@ def test_async_collective_ends_at_its_wait_on_the_stream() -> None:
     pair = timer.end(start, is_async=True)  # (start, None): the end is recorded at wait()
     state = HotState()
     rec = Recorder(state, rank=0, writer=None, flush_interval_s=1.0, cuda_timer=timer)
-    state.push((RAW_COLLECTIVE, 7, "all_gather_single", "all_gather", 100, 200, 4096, 8192, torch.bfloat16, None,
-                True, object(), "forward", 0, pair, False, None))
-    state.push((RAW_WAIT, 7, 300, 900, False, timer.after_wait(), None, 0))  # no wait-start event: the pool ran dry
+    state.raw.append((RAW_COLLECTIVE, 7, "all_gather_single", "all_gather", 100, 200, 4096, 8192, torch.bfloat16, None,
+                      True, object(), "forward", 0, pair, False, None))
+    state.raw.append((RAW_WAIT, 7, 300, 900, False, timer.after_wait(), None, 0))  # no wait-start event: the pool ran dry
     rec._drain(final=False)
     (event,) = [r for _, r in rec.live.recent_records() if type(r).__name__ == "CollectiveEvent"]
     assert event.timing == "cuda_event" and event.async_op
@@ -362,13 +362,13 @@ def test_only_the_sampled_steps_are_timed_on_the_device_and_the_others_say_so(tm
         for step in range(6):
             state.step = step
             state.time_step()
-            state.push_control((RAW_STEP_START, step, perf_ns_now(), None, "forward"))
+            state.control.append((RAW_STEP_START, step, perf_ns_now(), None, "forward"))
             before = len(timer.pool)
             on_nccl(_CudaTensor())
             wait(on_nccl(_CudaTensor(), async_op=True))
             on_gloo(torch.ones(16))
             events_taken.append(before - len(timer.pool))
-            state.push_control((RAW_STEP_END, step, perf_ns_now(), None, True))
+            state.control.append((RAW_STEP_END, step, perf_ns_now(), None, True))
         path = tmp_path / "rank-0.jsonl"
         recorder = Recorder(state, 0, RecordingWriter(path, 0, job="j", world_size=1), 0.2, cuda_timer=timer)
         recorder.stop()
@@ -472,7 +472,7 @@ def test_the_records_of_a_gpu_step_leave_the_garbage_collectors_care(step: int) 
     assert (seq in timer.refs and timer.refs[seq]() is work) == (step == 4)
     wait(work)
     assert seq not in timer.refs
-    state.push_control((RAW_PHASE, "backward", 0, step, timer.mark() if state.cuda_timing is not None else None))
+    state.control.append((RAW_PHASE, "backward", 0, step, timer.mark() if state.cuda_timing is not None else None))
     sync_record, async_record, wait_record = state.raw
     (phase_record,) = state.control
     assert sync_record[0] == async_record[0] == RAW_COLLECTIVE and wait_record[0] == RAW_WAIT

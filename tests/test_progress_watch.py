@@ -60,9 +60,9 @@ def test_the_newest_record_of_any_kind_is_the_training_threads_last_activity_que
     state = HotState()
     recorder = Recorder(state, rank=0, writer=None, flush_interval_s=5.0)
     t0 = recorder.last_activity()
-    state.push_control((RAW_PHASE, "forward", t0 + 10, 0))  # a phase boundary
+    state.control.append((RAW_PHASE, "forward", t0 + 10, 0))  # a phase boundary
     assert recorder.last_activity() == t0 + 10
-    state.push((RAW_WAIT, 1, t0 + 20, t0 + 30, False, None, None, 0))  # the end of a wait
+    state.raw.append((RAW_WAIT, 1, t0 + 20, t0 + 30, False, None, None, 0))  # the end of a wait
     assert recorder.last_activity() == t0 + 30
     with recorder._drain_lock:
         recorder._drain(final=False)  # drained, the times stay

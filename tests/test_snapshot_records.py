@@ -134,13 +134,13 @@ def test_an_oom_the_recorder_took_reaches_the_live_forecast() -> None:
     live = LiveData(recorder, Identity(rank=0, local_rank=0, world_size=1, host="h", pid=1, job="j", start_ns=0))
     sample = dict.fromkeys(("allocated", "reserved", "active", "peak_allocated", "peak_reserved", "inactive_split",
                             "num_alloc_retries", "num_ooms", "free"))
-    state.push_control((RAW_MEMORY, "forward", 0, perf_ns(), {**sample, "device": "cpu", "rss": 2**30,
-                                                              "capacity": 2**32}))
+    state.control.append((RAW_MEMORY, "forward", 0, perf_ns(), {**sample, "device": "cpu", "rss": 2**30,
+                                                                "capacity": 2**32}))
     recorder._drain(final=False)
     before = live.view().oom
     assert before is not None and not [f for f in before.findings if f.kind == "oom_recorded"]
-    state.push_control((RAW_OOM, perf_ns(), "cuda:0", {"allocated": 2**30, "requested": 2**20, "free": 0}, None,
-                        "backward", 0))
+    state.control.append((RAW_OOM, perf_ns(), "cuda:0", {"allocated": 2**30, "requested": 2**20, "free": 0}, None,
+                          "backward", 0))
     recorder._drain(final=False)
     live._view = None  # a new view now, not the cached one (VIEW_TTL_S); the forecast, kept FORECAST_TTL_S, is
     # taken again at once: an OOM was counted since

@@ -28,8 +28,8 @@ def _live() -> tuple[HotState, Recorder, LiveData]:
 def _sample(state: HotState) -> None:
     fields = dict.fromkeys(("allocated", "reserved", "active", "peak_allocated", "peak_reserved", "inactive_split",
                             "num_alloc_retries", "num_ooms", "free"))
-    state.push_control((RAW_MEMORY, "forward", 0, perf_ns(), {**fields, "device": "cpu", "rss": 2**30,
-                                                              "capacity": 2**32}))
+    state.control.append((RAW_MEMORY, "forward", 0, perf_ns(), {**fields, "device": "cpu", "rss": 2**30,
+                                                                "capacity": 2**32}))
 
 
 def test_a_reader_never_waits_for_a_view_another_thread_is_taking() -> None:

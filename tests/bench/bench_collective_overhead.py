@@ -511,8 +511,8 @@ PIECE_LABELS = {
     "extract": "extract(args, kwargs): nbytes, dtype, group, async_op",
     "clock": "perf_counter_ns() (the wrapper reads it twice)",
     "flags": "inside/enabled flags: 2 reads + 2 writes",
-    "record": "the inline sync record: seq, drop check, 16-field tuple, append",
-    "push": "HotState.push() of the tuple alone",
+    "record": "the inline sync record: seq, the ring's push of its 17 fields",
+    "push": "the ring's push of a record's fields alone",
 }
 
 
@@ -542,8 +542,8 @@ def wrapper_pieces(state: HotState, tensor: torch.Tensor) -> dict[str, Callable[
                        state.phase, state.step, None, False, None)
 
     def piece_push(_: Any) -> None:
-        state.push((0, 1, "all_reduce", "all_reduce", 1, 2, 64, 64, dtype, None, False, None, "x", 0, None,
-                    False, None))
+        state.raw.push(0, 1, "all_reduce", "all_reduce", 1, 2, 64, 64, dtype, None, False, None, "x", 0, None,
+                       False, None)
 
     return {"extract": piece_extract, "clock": piece_clock, "flags": piece_flags, "record": piece_record,
             "push": piece_push}

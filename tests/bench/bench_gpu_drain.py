@@ -85,7 +85,7 @@ def drain_per_collective(gpu: bool, timed: bool, is_async: bool, passes: int, ca
     """The recorder's thread CPU per collective drained (ns): (the median pass, the mean of all with the garbage
     collector's full collections wherever they fell, those collections)."""
     state = HotState()
-    state.raw_capacity = max(state.raw_capacity, 4 * calls)
+    state.resize(max(state.raw_capacity, 4 * calls))
     timer = CudaTimer(stand_in_torch(), pool_size=4 * calls) if gpu else None
     state.device_timer = timer
     state.cuda_timing, state.untimed = (timer, None) if timed else (None, UNTIMED if gpu else None)
@@ -297,14 +297,14 @@ def bench_host_bound_real(runs: int, collectives_n: int, work: int, out_dir: Pat
             for i in range(collectives_n):
                 if i % STEP_CALLS == 0:  # a step: as the phase tracker opens one (time_step: timed on the device or not)
                     if i:
-                        state.push_control((RAW_STEP_END, state.step, perf_ns(), None, True))
+                        state.control.append((RAW_STEP_END, state.step, perf_ns(), None, True))
                     state.step = EARLY_STEPS + i // STEP_CALLS  # past the dense start: a long run's mix
                     state.time_step()
-                    state.push_control((RAW_STEP_START, state.step, perf_ns(), None, "forward"))
+                    state.control.append((RAW_STEP_START, state.step, perf_ns(), None, "forward"))
                 for _ in range(work):
                     x.add_(1)
                 wait(call(tensor, async_op=True))
-            state.push_control((RAW_STEP_END, state.step, perf_ns(), None, True))
+            state.control.append((RAW_STEP_END, state.step, perf_ns(), None, True))
             sync()
 
         return time_run(mode, state, timer, out_dir / f"real-{time.monotonic_ns()}.zmr", loop, collectives_n)

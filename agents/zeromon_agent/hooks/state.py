@@ -133,7 +133,6 @@ class HotState:
         "step",
         "seq",
         "raw",
-        "raw_capacity",
         "control",
         "pending",
         "pending_capacity",
@@ -158,7 +157,6 @@ class HotState:
         self.step = -1
         self.seq = 0
         self.raw: Any = Ring(raw_capacity, RAW_WIDTH)  # collectives, waits and completions
-        self.raw_capacity = raw_capacity
         # Phase changes, step ends, memory samples and OOMs: a few per step, never crowded out by
         # collectives (a lost step end would leave its step open). Bounded all the same.
         self.control: Any = Ring(CONTROL_CAPACITY, CONTROL_WIDTH)
@@ -199,11 +197,15 @@ class HotState:
     def dropped(self) -> int:
         """The raw records not kept: let go of by a full ring (its oldest), or refused (more fields than a record
         has: a hook's mistake)."""
-        return int(self.raw.dropped + self.raw.refused)
+        return self.raw.dropped + self.raw.refused  # type: ignore[no-any-return]
 
     @property
     def control_dropped(self) -> int:
-        return int(self.control.dropped + self.control.refused)
+        return self.control.dropped + self.control.refused  # type: ignore[no-any-return]
+
+    @property
+    def raw_capacity(self) -> int:
+        return self.raw.capacity  # type: ignore[no-any-return]
 
     @property
     def recorded(self) -> int:
@@ -220,7 +222,6 @@ class HotState:
             raw = DequeRing(raw_capacity, RAW_WIDTH)
         raw.extend(self.raw.take())
         self.raw = raw
-        self.raw_capacity = raw_capacity
 
     def time_step(self) -> None:
         """Whether the step now starting (self.step) is timed on the device: its collectives and phases get
@@ -230,13 +231,6 @@ class HotState:
             timed = timed_step(self.step, self.device_timing_every)
             self.cuda_timing = timer if timed else None
             self.untimed = None if timed else UNTIMED
-
-    def push(self, item: tuple[Any, ...]) -> None:
-        """A raw record from a tuple (the hot paths call ``raw.push(kind, ...)`` with its fields)."""
-        self.raw.append(item)
-
-    def push_control(self, item: tuple[Any, ...]) -> None:
-        self.control.append(item)
 
     def hook_error(self, where: str, exc: BaseException) -> None:
         """Count an exception raised inside zeromon; log it once per place. Never raises."""
