@@ -45,6 +45,9 @@ JOBS: tuple[Job, ...] = (
     Job("bench_agent_cost.py", (),
         "2-rank FSDP2 example under `zeromon run`, 400 steps: the agent's CPU per recorded collective by part of its "
         "work, timed in the run, without each part, and what a pass costs (its runs at a 2 s and a 15 s flush)"),
+    Job("bench_training_gc.py", (),
+        "2-rank FSDP2 example, 600 steps, with the agent and without: Python's garbage collector on each thread, the "
+        "training thread's collections that the agent's allocations bring on and the objects each walks"),
     Job("bench_whole_run.py", (),
         "a whole 200-step 2-rank FSDP2 run under `zeromon run` against plain torchrun: wall, CPU, its own start and end"),
     Job("bench_gpu_drain.py", (),

@@ -320,11 +320,92 @@ failed:
     return NULL;
 }
 
+/* untrack(objects, kinds): what the garbage collector need not walk, let out of its lists (CPython's own rule for
+ * tuples and dicts, _PyTuple_MaybeUntrack, made for the recorder's records). An object whose references are all to
+ * objects the collector does not track cannot be in a reference cycle, so the collector has nothing to find in it:
+ * CPython untracks a tuple or a dict of numbers and strings so (a tuple at its first collection, a dict when made),
+ * never a list nor an instance of a class. The records a pass hands to the live views (step summaries, memory
+ * samples' values, a batch's columns) are such objects and live for seconds to minutes: tracked, every young and
+ * middle collection of every thread walks them (the training thread's too), and each one promoted brings the next
+ * full collection nearer.
+ * Each of ``objects`` that is an exact tuple, list or dict, or of one of the classes ``kinds`` names exactly (the
+ * records' frozen classes: an instance that could later be given a reference to itself is not the caller's to
+ * name), is untracked where everything it refers to is untracked, or is an exact list, tuple or dict that this makes
+ * untracked in turn (two levels down: a batch's columns); anything else it refers to (a user's object) keeps it
+ * tracked. The type of an instance, which its traverse visits, does not count. Returns how many of ``objects`` it
+ * untracked. Untracking frees nothing and changes no reference count: an untracked object that later comes to refer
+ * to a tracked one (a batch's rows made at a read) keeps that one alive for as long as it is alive itself, as any
+ * reference does; only a cycle through it would be missed, which nothing the recorder hands over can make. */
+static int
+is_container(PyObject *obj)
+{
+    return PyList_CheckExact(obj) || PyTuple_CheckExact(obj) || PyDict_CheckExact(obj);
+}
+
+typedef struct {
+    PyObject *owner;
+    int depth;
+} UntrackVisit;
+
+static int untrack_one(PyObject *obj, int depth);
+
+static int
+untrack_visit(PyObject *ref, void *arg)
+{
+    UntrackVisit *visit = (UntrackVisit *)arg;
+    if (ref == NULL || ref == (PyObject *)Py_TYPE(visit->owner)) return 0;
+    if (!PyObject_IS_GC(ref) || !PyObject_GC_IsTracked(ref)) return 0;
+    if (visit->depth > 0 && is_container(ref) && untrack_one(ref, visit->depth - 1)) {
+        return 0;
+    }
+    return 1;  /* a tracked reference: stop, the owner stays tracked */
+}
+
+/* 1 where ``obj`` is untracked now (it was, or everything it refers to is), else 0. */
+static int
+untrack_one(PyObject *obj, int depth)
+{
+    if (!PyObject_IS_GC(obj) || !PyObject_GC_IsTracked(obj)) return 1;
+    if (PyType_Check(obj)) return 0;
+    traverseproc traverse = Py_TYPE(obj)->tp_traverse;
+    if (traverse == NULL) return 0;
+    UntrackVisit visit = {obj, depth};
+    if (traverse(obj, untrack_visit, &visit) != 0) return 0;
+    PyObject_GC_UnTrack(obj);
+    return 1;
+}
+
+static PyObject *
+untrack(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *objects, *kinds;
+    if (!PyArg_ParseTuple(args, "OO!:untrack", &objects, &PyTuple_Type, &kinds)) return NULL;
+    PyObject *seq = PySequence_Fast(objects, "untrack() takes a sequence of objects");
+    if (seq == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq), done = 0, named = PyTuple_GET_SIZE(kinds);
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *obj = items[i];
+        if (!PyObject_IS_GC(obj) || !PyObject_GC_IsTracked(obj)) continue;
+        int allowed = is_container(obj);
+        for (Py_ssize_t k = 0; !allowed && k < named; k++) {
+            allowed = (PyObject *)Py_TYPE(obj) == PyTuple_GET_ITEM(kinds, k);
+        }
+        if (allowed) done += untrack_one(obj, 2);
+    }
+    Py_DECREF(seq);
+    return PyLong_FromSsize_t(done);
+}
+
 static PyMethodDef methods[] = {
     {"async_columns", async_columns, METH_VARARGS,
      "async_columns(rows, offset, launches, measured) -> finalize_pass's rows as columns, or None."},
     {"sync_columns", sync_columns, METH_VARARGS,
      "sync_columns(items, shapes, shape_of, offset, max_ns) -> a synchronous batch's columns, or None."},
+    {"untrack", untrack, METH_VARARGS,
+     "untrack(objects, kinds) -> how many of objects (exact tuples, lists and dicts, and instances of the classes "
+     "kinds names) the garbage collector no longer tracks: those that refer to nothing it tracks, exact lists, "
+     "tuples and dicts two levels down made so first."},
     {NULL, NULL, 0, NULL},
 };
 

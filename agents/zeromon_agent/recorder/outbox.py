@@ -8,15 +8,22 @@ they stay the same objects for the recorder's life, and ``release`` empties them
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from zeromon.model.compiled import compiled
 from zeromon.model.events import Record
 from zeromon.model.jsonl import RecordingWriter
 from zeromon_agent.compact import Unmade
 from zeromon_agent.live.published import LiveViews
 from zeromon_agent.live.totals import Counted, CountedColumns
 from zeromon_agent.recorder.detail import DetailKeeper
+
+# The records handed to live clients let out of the garbage collector's lists (_batch.c's untrack), or None; the
+# classes whose instances it may untrack: the records' (frozen), and a batch's columns.
+_UNTRACKABLE = (*typing.get_args(Record), Unmade)
+_UNTRACK = getattr(compiled("zeromon_agent.recorder._batch"), "untrack", None)
 
 
 class Outbox:
@@ -74,7 +81,12 @@ class Outbox:
         if not records:
             return
         count, self.extra = len(records) + self.extra, 0
+        if _UNTRACK is not None:  # what the views keep for seconds to minutes, out of every collection's walk
+            _UNTRACK(records, _UNTRACKABLE)  # the steps' and memory's are among them
+            _UNTRACK(self.collectives, ())
         handed = (records.copy(), self.collectives.copy(), self.steps.copy(), self.memory.copy())
+        if _UNTRACK is not None:
+            _UNTRACK(handed, ())  # the lists the views keep, now of untracked records
         for published in (records, self.collectives, self.steps, self.memory):
             published.clear()
         self.live.release(handed[0], count, *handed[1:])
