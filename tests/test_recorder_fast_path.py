@@ -30,7 +30,7 @@ from test_reader_properties import INT64, PROPERTIES
 from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
 
 from zeromon.analysis.bandwidth import event_bandwidth
-from zeromon.model import column_arrays
+from zeromon.model import column_arrays, columnar
 from zeromon.model.codec import encode_record, iter_records
 from zeromon.model.columnar import (
     _LIMITS,
@@ -592,6 +592,58 @@ def test_a_step_of_calls_one_after_another_is_summarized_from_its_columns_as_fro
     clear = all(a1 <= a0 or not any(c0 < a1 and a0 < c1 for c0, c1 in calls) for a0, a1 in spans)
     inside = window[0] <= calls[0][0] and calls[-1][1] <= window[1]
     assert taken == [clear and inside and not overlapping]
+
+
+_ANY_VALUE = st.one_of(st.integers(), st.none(), st.booleans(), st.floats(0, 10), st.text(max_size=2),
+                      st.dictionaries(st.sampled_from(["activations", "parameters", "nope"]), st.integers() | st.floats()))
+_FITTING = {"int": st.integers(), "int?": st.integers() | st.none(), "ns": st.integers(0, 10**9).map(lambda v: v / 1e9),
+            "ns?": st.none() | st.integers(0, 10**9).map(lambda v: v / 1e9), "bool": st.booleans(),
+            "str": st.text(max_size=2) | st.none(), "map": st.dictionaries(st.sampled_from(["activations", "parameters"]),
+                                                                          st.integers(0, 2**40))}
+
+
+@PROPERTIES
+@given(kind=st.sampled_from(sorted(SPECS, key=lambda cls: cls.__name__)), data=st.data(), as_list=st.booleans())
+def test_a_record_s_fit_check_in_c_answers_as_python_s(kind: type, data: st.DataObject, as_list: bool) -> None:
+    """columnar.fits with its type check in C (_planes.c's types_fit) and without: the same answer for any values,
+    of the spec's length or not, the types each field takes or others (a bool for an int, an int for a float)."""
+    spec = SPECS[kind]
+    width = data.draw(st.sampled_from([len(spec), len(spec), len(spec) - 1, len(spec) + 1]))
+    # Each field mostly of a type it takes (so that whole records fit as often as not), else anything.
+    values = tuple(data.draw(_FITTING[how] if i < len(spec) and data.draw(st.integers(0, 9)) else _ANY_VALUE)
+                   for i, how in enumerate([how for _, how, _ in spec] + ["int"] * (width - len(spec)))
+                   if i < width)
+    given_values: Any = list(values) if as_list else values  # a list takes the Python path in either
+    with mock.patch.object(columnar, "_TYPES_FIT", None):
+        python = columnar.fits(spec)(given_values)
+    assert columnar.fits(spec)(given_values) == python
+    if columnar._TYPES_FIT is None:
+        pytest.skip("the package was installed without its C modules (no C compiler at its build)")
+
+
+_NS = st.integers(0, 400) | st.sampled_from([2**63 - 1, 2**63, -(2**63) - 1, 10**19])  # and past 64 bits
+
+
+@PROPERTIES
+@given(calls=st.lists(st.tuples(_NS, _NS, _NS), min_size=1, max_size=8),
+       agent=st.lists(st.tuples(_NS, _NS), max_size=4), window=st.tuples(_NS, _NS), sort=st.booleans())
+def test_a_sequential_step_s_sums_in_c_are_python_s(calls: list[tuple[int, int, int]], agent: list[tuple[int, int]],
+                                                    window: tuple[int, int], sort: bool) -> None:
+    """_batch.c's sequential_overlap against _sequential_overlap_ns's Python: None (not one after another) or the same
+    integers for the same columns, the calls in order or not, the agent's spans anywhere; where a value or a sum
+    passes 64 bits, False, and the Python function answers."""
+    c_sums = getattr(compiled("zeromon_agent.recorder._batch", environment=False), "sequential_overlap", None)
+    if c_sums is None:
+        pytest.skip("the package was installed without its C modules (no C compiler at its build)")
+    if sort:
+        calls = sorted((min(c), *sorted(c)[1:]) for c in calls)
+    acc = step_acc.StepAcc(run_issue=[c[0] for c in calls], run_complete=[c[2] for c in calls],
+                           run_end=[c[1] for c in calls], agent=list(agent))
+    with mock.patch.object(step_acc, "_SEQUENTIAL", None):
+        python = step_acc._sequential_overlap_ns(acc, *window)
+    made = c_sums(acc.run_issue, acc.run_complete, acc.run_end, acc.agent, *window)
+    fits = all(-(2**63) <= v < 2**63 for v in (*itertools.chain(*calls, *agent), *window))
+    assert made == python or made is False and (not fits or python is not None)
 
 
 def test_a_step_of_more_collectives_than_it_keeps_intervals_of_is_folded_as_one_by_one() -> None:

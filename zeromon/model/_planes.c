@@ -195,11 +195,37 @@ done:
     return result;
 }
 
+/* types_fit(values, accepted): whether values (a tuple) has one value a field, each of a type its field accepts
+ * exactly (accepted: a tuple of a tuple of types a field): columnar.fits' check of a record's types, one pass and no
+ * tuple of types made and hashed (the Python path's), a record at a time. */
+static PyObject *
+types_fit(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *values, *accepted;
+    if (!PyArg_ParseTuple(args, "O!O!:types_fit", &PyTuple_Type, &values, &PyTuple_Type, &accepted)) return NULL;
+    Py_ssize_t n = PyTuple_GET_SIZE(values);
+    if (PyTuple_GET_SIZE(accepted) != n) Py_RETURN_FALSE;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *types = PyTuple_GET_ITEM(accepted, i);
+        if (!PyTuple_Check(types)) {
+            PyErr_SetString(PyExc_TypeError, "types_fit: each field's accepted types as a tuple");
+            return NULL;
+        }
+        PyObject *type = (PyObject *)Py_TYPE(PyTuple_GET_ITEM(values, i));
+        Py_ssize_t k = 0, m = PyTuple_GET_SIZE(types);
+        while (k < m && PyTuple_GET_ITEM(types, k) != type) k++;
+        if (k == m) Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
 static PyMethodDef methods[] = {
     {"str_column", str_column, METH_O,
      "str_column(column) -> (table, planes): a string column as codes into its table (planes None past 128)."},
     {"int_column", int_column, METH_VARARGS,
      "int_column(column, seconds, nullable, base, a, b) -> (values, planes): a column coded as planes."},
+    {"types_fit", types_fit, METH_VARARGS,
+     "types_fit(values, accepted) -> whether each value's type is one its field accepts (columnar.fits)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from zeromon.model.compiled import compiled
 from zeromon.model.events import MEMORY_CATEGORIES, CollectiveEvent, MemorySample, PhaseSpan
 
 # Values a column holds: 64-bit integers; seconds below a billion (~31 years), whole nanoseconds. A
@@ -80,12 +81,13 @@ _TYPES: dict[str, tuple[type, ...]] = {
 }
 _INTS = frozenset({int})  # what a "map"'s values may be (not bool: JSON writes it true)
 _SIGNATURES_KEPT = 256  # type signatures a fit check remembers as good: a few per kind in a real recording
+_TYPES_FIT = getattr(compiled("zeromon.model._planes"), "types_fit", None)  # fits' type check in C, or None
 
 
 def fits(spec: Sequence[Sequence[Any]]) -> Callable[[tuple[Any, ...]], bool]:
-    """A check that a record's values (in the spec's order) go into the columns exactly: their types, one
-    look-up of the tuple of their types among those already found good (a small part of
-    what its JSON line costs to make; a new tuple is checked field by field), each float whole
+    """A check that a record's values (in the spec's order) go into the columns exactly: their types (in C where
+    the package built _planes.c: a field at a time; else one look-up of the tuple of their types among those
+    already found good, a new tuple checked field by field: the same answer), each float whole
     nanoseconds, and each "map" a dict of the spec's names to integers (a cost per category, nothing for
     an empty one). An integer past 64 bits passes here and fails in encode
     (OverflowError).
@@ -96,14 +98,20 @@ def fits(spec: Sequence[Sequence[Any]]) -> Callable[[tuple[Any, ...]], bool]:
     good: set[tuple[type, ...]] = set()
     seconds = [i for i, (_, how, _) in enumerate(spec) if how.startswith("ns")]
     maps = [(i, frozenset(base)) for i, (_, how, base) in enumerate(spec) if how == "map"]
+    # The types checked in C (_planes.c's types_fit: a field at a time, no signature made), or None: Python's.
+    types_fit, accepted_types = _TYPES_FIT, tuple(_TYPES[how] for _, how, _ in spec)
 
     def check(values: tuple[Any, ...]) -> bool:
-        signature = tuple(map(type, values))
-        if signature not in good:
-            if len(signature) != len(accepted) or not all(map(operator.contains, accepted, signature)):
+        if types_fit is not None and type(values) is tuple:
+            if not types_fit(values, accepted_types):
                 return False
-            if len(good) < _SIGNATURES_KEPT:
-                good.add(signature)
+        else:
+            signature = tuple(map(type, values))
+            if signature not in good:
+                if len(signature) != len(accepted) or not all(map(operator.contains, accepted, signature)):
+                    return False
+                if len(good) < _SIGNATURES_KEPT:
+                    good.add(signature)
         for i in seconds:
             value = values[i]
             if value is not None and not (-SECONDS_LIMIT < value < SECONDS_LIMIT and round(value * 1e9) / 1e9 == value):

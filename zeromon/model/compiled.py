@@ -10,8 +10,8 @@ from typing import Any
 
 # Every C module setup.py builds, and what it does.
 MODULES = {
-    "zeromon.model._planes": "the recording's column coder",
-    "zeromon_agent.recorder._batch": "a pass's collectives' columns, and its records out of the collector's walk",
+    "zeromon.model._planes": "the recording's column coder and its records' type check",
+    "zeromon_agent.recorder._batch": "a pass's collectives' columns, a step's sums, its records out of the collector's walk",
     "zeromon_agent.hooks._ring": "the hooks' queue",
 }
 

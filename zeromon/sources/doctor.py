@@ -328,8 +328,8 @@ def probe_zeromon() -> list[Check]:
 
 
 def _compiled_modules() -> Check:
-    """The agent's C modules (zeromon.model.compiled.MODULES: the recording's coder, a pass's collectives' columns,
-    the hooks' queue), optional parts of the install."""
+    """The agent's C modules (zeromon.model.compiled.MODULES: the recording's coder, a pass's collectives' columns and
+    a step's sums, the hooks' queue), optional parts of the install."""
     import importlib.util
 
     from zeromon.model.compiled import MODULES

@@ -320,6 +320,117 @@ failed:
     return NULL;
 }
 
+/* sequential_overlap(issue, complete, ends, agent, start_ns, end_ns): step_acc._sequential_overlap_ns in C, the
+ * summary of a step whose synchronous collectives are all in its batched columns (StepAcc.run_issue, run_complete,
+ * run_end; agent: the agent's spans, (start, end) pairs): None where the calls are not one after another inside the
+ * window clear of the agent's spans, else (the collectives' union, (computation, overlap, exposed)) in ns, the same
+ * integers as the Python function (tests/test_recorder_fast_path.py). False where a value is not a 64-bit integer,
+ * a pair not a pair, or a sum would overflow: the caller takes the Python function then. */
+typedef struct {
+    int64_t start, end;
+} Pair;
+
+static int
+pair_order(const void *a, const void *b)
+{
+    const Pair *x = (const Pair *)a, *y = (const Pair *)b;
+    if (x->start != y->start) return x->start < y->start ? -1 : 1;
+    return (x->end > y->end) - (x->end < y->end);
+}
+
+static PyObject *
+sequential_overlap(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *issue, *complete, *ends, *agent, *start_obj, *end_obj;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!OO:sequential_overlap", &PyList_Type, &issue, &PyList_Type, &complete,
+                          &PyList_Type, &ends, &PyList_Type, &agent, &start_obj, &end_obj)) {
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(issue), m = PyList_GET_SIZE(agent);
+    int64_t start, end;
+    if (n == 0 || PyList_GET_SIZE(complete) != n || PyList_GET_SIZE(ends) != n || !as_int64(start_obj, &start)
+            || !as_int64(end_obj, &end)) {
+        Py_RETURN_FALSE;
+    }
+    int64_t *values = PyMem_Malloc(sizeof(int64_t) * 3 * (size_t)n);
+    Pair *spans = PyMem_Malloc(sizeof(Pair) * (size_t)(m > 0 ? m : 1));
+    PyObject *result = Py_False;
+    if (values == NULL || spans == NULL) {
+        PyMem_Free(values);
+        PyMem_Free(spans);
+        return PyErr_NoMemory();
+    }
+    int64_t *is = values, *co = values + n, *en = values + 2 * n;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!as_int64(PyList_GET_ITEM(issue, i), &is[i]) || !as_int64(PyList_GET_ITEM(complete, i), &co[i])
+                || !as_int64(PyList_GET_ITEM(ends, i), &en[i])) {
+            goto done;
+        }
+    }
+    for (Py_ssize_t k = 0; k < m; k++) {
+        PyObject *span = PyList_GET_ITEM(agent, k);
+        if (!PyTuple_CheckExact(span) || PyTuple_GET_SIZE(span) != 2 || !as_int64(PyTuple_GET_ITEM(span, 0), &spans[k].start)
+                || !as_int64(PyTuple_GET_ITEM(span, 1), &spans[k].end)) {
+            goto done;
+        }
+    }
+    result = Py_None;  /* from here on: not one after another, unless every check passes */
+    if (is[0] < start || co[n - 1] > end) goto done;
+    for (Py_ssize_t i = 0; i + 1 < n; i++) {
+        if (is[i + 1] < co[i]) goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (en[i] > co[i]) goto done;
+    }
+    for (Py_ssize_t k = 0; k < m; k++) {  /* the first call that ends after the span starts starts at or after its end */
+        Py_ssize_t lo = 0, hi = n;  /* bisect_right(complete, a0), as Python's: the same index whatever the order */
+        while (lo < hi) {
+            Py_ssize_t mid = (lo + hi) / 2;
+            if (spans[k].start < co[mid]) hi = mid;
+            else lo = mid + 1;
+        }
+        if (spans[k].end > spans[k].start && lo < n && is[lo] < spans[k].end) goto done;
+    }
+    result = Py_False;  /* the sums: False where one would overflow */
+    int64_t comm = 0, blocked = 0, agent_ns = 0, step = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t c, b;
+        if (__builtin_sub_overflow(co[i], is[i], &c) || __builtin_sub_overflow(en[i], is[i], &b)
+                || __builtin_add_overflow(comm, c, &comm) || __builtin_add_overflow(blocked, b, &blocked)) {
+            goto done;
+        }
+    }
+    if (m > 0) {  /* zeromon.analysis.step_overlap.union_in: the spans' union inside [start, end), sorted */
+        qsort(spans, (size_t)m, sizeof(Pair), pair_order);
+        int64_t cur_start = start, cur_end = start;
+        for (Py_ssize_t k = 0; k < m; k++) {
+            int64_t a0 = spans[k].start < start ? start : spans[k].start;
+            int64_t a1 = spans[k].end > end ? end : spans[k].end;
+            if (a1 <= a0) continue;
+            if (a0 <= cur_end) {
+                if (a1 > cur_end) cur_end = a1;
+            } else {
+                if (__builtin_add_overflow(agent_ns, cur_end - cur_start, &agent_ns)) goto done;
+                cur_start = a0;
+                cur_end = a1;
+            }
+        }
+        if (__builtin_add_overflow(agent_ns, cur_end - cur_start, &agent_ns)) goto done;
+    }
+    int64_t busy, comp, overlap;
+    if (__builtin_sub_overflow(end, start, &step) || __builtin_add_overflow(blocked, agent_ns, &busy)
+            || __builtin_sub_overflow(step, busy, &comp) || __builtin_sub_overflow(comm, blocked, &overlap)) {
+        goto done;
+    }
+    PyMem_Free(values);
+    PyMem_Free(spans);
+    return Py_BuildValue("L(LLL)", (long long)comm, (long long)comp, (long long)overlap, (long long)blocked);
+done:
+    PyMem_Free(values);
+    PyMem_Free(spans);
+    return Py_NewRef(result);
+}
+
 /* untrack(objects, kinds): what the garbage collector need not walk, let out of its lists (CPython's own rule for
  * tuples and dicts, _PyTuple_MaybeUntrack, made for the recorder's records). An object whose references are all to
  * objects the collector does not track cannot be in a reference cycle, so the collector has nothing to find in it:
@@ -402,6 +513,9 @@ static PyMethodDef methods[] = {
      "async_columns(rows, offset, launches, measured) -> finalize_pass's rows as columns, or None."},
     {"sync_columns", sync_columns, METH_VARARGS,
      "sync_columns(items, shapes, shape_of, offset, max_ns) -> a synchronous batch's columns, or None."},
+    {"sequential_overlap", sequential_overlap, METH_VARARGS,
+     "sequential_overlap(issue, complete, ends, agent, start_ns, end_ns) -> _sequential_overlap_ns's result, or "
+     "False where the values do not fit 64 bits (the Python function then)."},
     {"untrack", untrack, METH_VARARGS,
      "untrack(objects, kinds) -> how many of objects (exact tuples, lists and dicts, and instances of the classes "
      "kinds names) the garbage collector no longer tracks: those that refer to nothing it tracks, exact lists, "

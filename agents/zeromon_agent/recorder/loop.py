@@ -406,7 +406,7 @@ class Recorder:
         for drained in (items, collectives):
             if drained:
                 self._drained_until = max(self._drained_until, drained[-1][RAW_TIME_AT[drained[-1][0]]])
-        self._recent_raw.extend(collectives)
+        self._recent_raw.extend(collectives[-_RECENT_RAW:])  # the newest: the deque keeps no more
         self._dispatch(items)
         if collectives and self._all_sync(collectives):  # every collective on gloo: a column at a time
             for start in range(0, len(collectives), _BATCH):

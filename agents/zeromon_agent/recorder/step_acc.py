@@ -12,6 +12,7 @@ from typing import Any
 
 from zeromon.analysis.intervals import merge, total, union_length, union_of_columns
 from zeromon.analysis.step_overlap import host_overlap_ns, overlap_in_step, union_in
+from zeromon.model.compiled import compiled
 from zeromon.model.events import StepSummary, ZeroMeaning, record_maker
 from zeromon_agent.hooks.issuers import DDP, DTENSOR, USER
 
@@ -255,6 +256,8 @@ def _columns_overlap_ns(acc: StepAcc, start_ns: int, end_ns: int,
 
 
 _first, _second = operator.itemgetter(0), operator.itemgetter(1)
+# _sequential_overlap_ns in C (_batch.c's sequential_overlap: the same integers, one call a step), or None: Python's.
+_SEQUENTIAL = getattr(compiled("zeromon_agent.recorder._batch"), "sequential_overlap", None)
 
 
 def _sequential_overlap_ns(acc: StepAcc, start_ns: int, end_ns: int) -> tuple[int, tuple[int, int, int]] | None:
@@ -265,6 +268,10 @@ def _sequential_overlap_ns(acc: StepAcc, start_ns: int, end_ns: int) -> tuple[in
     L(C+B+A) = sum of C + L(A)), the same integers as host_overlap_ns's sorted passes
     (tests/test_recorder_fast_path.py). None where the calls are not so: summarize takes the general way."""
     issue, complete, ends = acc.run_issue, acc.run_complete, acc.run_end
+    if _SEQUENTIAL is not None:
+        made = _SEQUENTIAL(issue, complete, ends, acc.agent, start_ns, end_ns)
+        if made is not False:  # False: a value past 64 bits, which Python's integers below take
+            return made  # type: ignore[no-any-return]
     if issue[0] < start_ns or complete[-1] > end_ns or not all(map(operator.ge, issue[1:], complete)) \
             or not all(map(operator.le, ends, complete)):
         return None
