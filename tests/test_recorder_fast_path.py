@@ -72,7 +72,7 @@ from zeromon_agent.live.recent import RecentRecords
 from zeromon_agent.live.totals import BUSBW_WINDOW, DURATION_BUCKETS, CollectiveTotals, LiveTotals
 from zeromon_agent.live.totals import counted as live_counted
 from zeromon_agent.memory.watch import MEMORY_VALUES
-from zeromon_agent.recorder import collective_records, step_acc
+from zeromon_agent.recorder import collective_records, loop, step_acc
 from zeromon_agent.recorder.loop import Recorder
 from zeromon_agent.recorder.step_acc import meaning_of, seconds
 
@@ -761,11 +761,13 @@ def _record_phases(changes: list[tuple[str, int]], cuts: set[int], batch: bool, 
     (``batch``), or made as Mark and Span objects (the handlers a GPU's phases take) and finished one at a time
     (StepBook.finish_span, as before)."""
     state = HotState()
+    tmp.mkdir(exist_ok=True)
     path = tmp / f"phases-{batch}.zmr"
     recorder = Recorder(state, 1, CompactWriter(path, 1), 0.2, clock_offset_ns=10**18)
     if not batch:
         for handler in ("on_phase", "on_agent", "on_step_start", "on_step_end"):
             delattr(recorder.steps, handler)  # the host's handlers (_use_host_phases) give way to the class's
+        recorder.steps.host_phases, recorder.steps.closed = False, collections.deque()  # and no run of them in C
 
         def one_at_a_time(spans: list[Any]) -> None:
             for span in spans:
@@ -802,10 +804,16 @@ def _record_phases(changes: list[tuple[str, int]], cuts: set[int], batch: bool, 
 @given(changes=st.lists(_phase_change, min_size=1, max_size=60), cuts=st.sets(st.integers(0, 60), max_size=4))
 def test_host_phase_spans_finished_a_column_at_a_time_are_the_ones_finished_one_by_one(
         changes: list[tuple[str, int]], cuts: set[int]) -> None:
+    """The host's boundaries (plain tuples, finished a column at a time, a run of phase changes and agent spans in C
+    where _batch.c was built, and by the host handlers a record at a time where not) against the handlers a GPU's
+    boundaries take (Marks and Spans, finished one at a time): the same records, the same live views."""
     with tempfile.TemporaryDirectory() as tmp:
         batch, batch_recorder = _record_phases(changes, cuts, True, Path(tmp))
         plain, plain_recorder = _record_phases(changes, cuts, False, Path(tmp))
-    assert [encode_record(r) for r in batch] == [encode_record(r) for r in plain]
+        with mock.patch.object(loop, "_HOST_PHASES", None):
+            handlers, _ = _record_phases(changes, cuts, True, Path(tmp) / "python")
+    assert [encode_record(r) for r in batch] == [encode_record(r) for r in plain] == \
+        [encode_record(r) for r in handlers]
     assert [r for _, r in batch_recorder.live.recent_records()] == [r for _, r in plain_recorder.live.recent_records()]
     if any(change == "step-end" for change, _ in changes):
         assert any(isinstance(r, StepSummary) for r in batch)

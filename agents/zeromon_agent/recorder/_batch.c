@@ -320,6 +320,83 @@ failed:
     return NULL;
 }
 
+/* host_phases(items, index, stop, phase, spans, agent, phase_kind, agent_kind): StepBook's host handlers of a run of
+ * phase changes and agent spans (_on_phase_host, _on_agent_host: a GPU-less run's boundaries), from items[index] on,
+ * up to ``stop`` or the first record of another kind (or of an odd shape, which the Python handlers then take):
+ * each closed phase appended to ``spans`` as (phase, step, start, end), ``agent`` the agent's phase name. Returns
+ * (the index it stopped at, the current phase: (phase, start, step) or None), the same as the handlers one record at
+ * a time (tests/test_recorder_fast_path.py). */
+static PyObject *
+host_phases(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 8 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[4])) {
+        PyErr_SetString(PyExc_TypeError, "host_phases(items, index, stop, phase, spans, agent, phase_kind, agent_kind)");
+        return NULL;
+    }
+    PyObject *items = args[0], *spans = args[4], *agent = args[5];
+    Py_ssize_t index = PyLong_AsSsize_t(args[1]), stop = PyLong_AsSsize_t(args[2]);
+    long phase_kind = PyLong_AsLong(args[6]), agent_kind = PyLong_AsLong(args[7]);
+    if (PyErr_Occurred()) return NULL;
+    if (stop > PyList_GET_SIZE(items)) stop = PyList_GET_SIZE(items);
+    PyObject *phase = Py_NewRef(args[3]);  /* owned: the current phase */
+    for (; index < stop; index++) {
+        PyObject *item = PyList_GET_ITEM(items, index);
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) < 4 || !PyLong_CheckExact(PyTuple_GET_ITEM(item, 0))) break;
+        long kind = PyLong_AsLong(PyTuple_GET_ITEM(item, 0));
+        if (kind == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            break;
+        }
+        int current = phase != Py_None;
+        if (current && (!PyTuple_CheckExact(phase) || PyTuple_GET_SIZE(phase) != 3)) break;
+        PyObject *made = NULL;
+        if (kind == phase_kind) {  /* (kind, phase, t, step[, event]) */
+            PyObject *t = PyTuple_GET_ITEM(item, 2);
+            if (current) {
+                int later = PyObject_RichCompareBool(t, PyTuple_GET_ITEM(phase, 1), Py_GT);
+                if (later < 0) goto failed;
+                if (later) {
+                    PyObject *span = PyTuple_Pack(4, PyTuple_GET_ITEM(phase, 0), PyTuple_GET_ITEM(phase, 2),
+                                                  PyTuple_GET_ITEM(phase, 1), t);
+                    if (span == NULL || PyList_Append(spans, span) < 0) {
+                        Py_XDECREF(span);
+                        goto failed;
+                    }
+                    Py_DECREF(span);
+                }
+            }
+            made = PyTuple_Pack(3, PyTuple_GET_ITEM(item, 1), t, PyTuple_GET_ITEM(item, 3));
+        } else if (kind == agent_kind && PyTuple_GET_SIZE(item) == 5) {  /* (kind, step, t0, t1, phase) */
+            if (!current) continue;  /* no phase to come back to: nothing */
+            PyObject *t0 = PyTuple_GET_ITEM(item, 2), *t1 = PyTuple_GET_ITEM(item, 3);
+            PyObject *name = PyTuple_GET_ITEM(phase, 0), *start = PyTuple_GET_ITEM(phase, 1);
+            PyObject *step = PyTuple_GET_ITEM(phase, 2);
+            int later = PyObject_RichCompareBool(t0, start, Py_GT);
+            if (later < 0) goto failed;
+            PyObject *before = later ? PyTuple_Pack(4, name, step, start, t0) : NULL;
+            PyObject *own = PyTuple_Pack(4, agent, step, t0, t1);
+            if ((later && before == NULL) || own == NULL || (before != NULL && PyList_Append(spans, before) < 0)
+                    || PyList_Append(spans, own) < 0) {
+                Py_XDECREF(before);
+                Py_XDECREF(own);
+                goto failed;
+            }
+            Py_XDECREF(before);
+            Py_DECREF(own);
+            made = PyTuple_Pack(3, name, t1, step);
+        } else {
+            break;
+        }
+        if (made == NULL) goto failed;
+        Py_SETREF(phase, made);
+    }
+    PyObject *out = Py_BuildValue("nN", index, phase);
+    return out;
+failed:
+    Py_DECREF(phase);
+    return NULL;
+}
+
 /* sequential_overlap(issue, complete, ends, agent, start_ns, end_ns): step_acc._sequential_overlap_ns in C, the
  * summary of a step whose synchronous collectives are all in its batched columns (StepAcc.run_issue, run_complete,
  * run_end; agent: the agent's spans, (start, end) pairs): None where the calls are not one after another inside the
@@ -513,6 +590,9 @@ static PyMethodDef methods[] = {
      "async_columns(rows, offset, launches, measured) -> finalize_pass's rows as columns, or None."},
     {"sync_columns", sync_columns, METH_VARARGS,
      "sync_columns(items, shapes, shape_of, offset, max_ns) -> a synchronous batch's columns, or None."},
+    {"host_phases", (PyCFunction)(void (*)(void))host_phases, METH_FASTCALL,
+     "host_phases(items, index, stop, phase, spans, agent, phase_kind, agent_kind) -> (index, phase): a run of "
+     "phase changes and agent spans, StepBook's host handlers."},
     {"sequential_overlap", sequential_overlap, METH_VARARGS,
      "sequential_overlap(issue, complete, ends, agent, start_ns, end_ns) -> _sequential_overlap_ns's result, or "
      "False where the values do not fit 64 bits (the Python function then)."},

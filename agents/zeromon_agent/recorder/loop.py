@@ -23,6 +23,8 @@ import time
 from typing import Any
 
 from zeromon.analysis.hang import progress_notice
+from zeromon.analysis.step_overlap import AGENT_PHASE
+from zeromon.model.compiled import compiled
 from zeromon.model.events import (
     PEAK_PHASES,
     AgentStats,
@@ -67,7 +69,9 @@ UNSEEN_CHECK_STEPS = 5
 # The drain gives the GIL away every 256 records, well within the interpreter's own switch interval.
 # Each give costs: the training thread runs meanwhile, and the drain comes back to cold caches (giving it
 # more often costs the drain measurably: tests/bench/bench_recorder_cpu.py).
-_YIELD_EVERY_MASK = 255
+_YIELD_EVERY = 256
+# A run of a GPU-less pass's phase changes and agent spans in one call (_batch.c's host_phases), or None.
+_HOST_PHASES = getattr(compiled("zeromon_agent.recorder._batch"), "host_phases", None)
 # The first pass comes this soon: the run's info and first records reach the file (and live views) as
 # the training starts, not a whole flush interval later.
 _FIRST_PASS_S = 0.2
@@ -455,14 +459,20 @@ class Recorder:
                     RAW_STEP_END: steps.on_step_end, RAW_STEP_START: steps.on_step_start,
                     RAW_WAIT: collectives.on_wait, RAW_DONE: collectives.on_done,
                     RAW_SEEN_DONE: collectives.on_seen_done, RAW_OOM: self._on_oom}
-        for index, item in enumerate(items):
-            if index & _YIELD_EVERY_MASK == 0 and index:
+        # A run of phase changes and agent spans on the host (no GPU) in one call (_batch.c's host_phases: the host
+        # handlers' spans and current phase), else None: the handlers a record at a time.
+        host_phases = _HOST_PHASES if steps.host_phases else None
+        index, n, give_at = 0, len(items), _YIELD_EVERY
+        while index < n:
+            if index >= give_at:
                 # Hand the GIL back: a waiting training thread would otherwise wait until the
                 # interpreter's switch interval forces it, stretching whatever it was timing.
                 # What was published so far goes to live clients first: a long pass holds the lock
                 # (and the GIL) for 256 records' worth of live totals at a time, not for all of them.
+                give_at = index + _YIELD_EVERY
                 self.out.release()
                 sleep(0)
+            item = items[index]
             kind = item[0]
             if kind == RAW_COLLECTIVE:
                 # Synchronous, on the host, of a step not yet summarized (every collective on gloo): the
@@ -470,10 +480,18 @@ class Recorder:
                 # hot loop's (state.AT_ASYNC, AT_CUDA, AT_STEP name them).
                 if item[10] or item[14] is not None or item[13] <= emitted or not finalize_sync(item):
                     collectives.on_collective(item)
+            elif host_phases is not None and (kind == RAW_PHASE or kind == RAW_AGENT):
+                ran, steps.current = host_phases(items, index, give_at, steps.current, steps.closed, AGENT_PHASE,
+                                                 RAW_PHASE, RAW_AGENT)
+                if ran > index:
+                    index = ran
+                    continue
+                handlers[kind](item)  # an odd record: its handler says what is wrong
             else:
                 handler = handlers.get(kind)
                 if handler is not None:
                     handler(item)
+            index += 1
 
     def _on_memory(self, item: tuple[Any, ...]) -> None:
         _, phase, step, t, fields = item

@@ -44,10 +44,11 @@ class StepBook:
         self.accs: dict[int, StepAcc] = {}
         self.emitted_through = -1  # steps up to this one are summarized; later records skip them
         # (phase, its start, step): its start a Mark, or on the host (no GPU) its perf_ns (_on_phase_host)
-        self._phase: tuple[str, Any, int] | None = None
+        self.current: tuple[str, Any, int] | None = None
         self._marks: list[Mark] = []  # boundaries whose CUDA event the GPU has not reached yet
-        # Closed, waiting for their marks: Spans, or on the host (phase, step, start, end) in perf_ns
-        self._spans: collections.deque[Any] = collections.deque()
+        # Closed, waiting for their marks: Spans, or on the host (phase, step, start, end) in perf_ns, in a list
+        self.closed: Any = collections.deque()
+        self.host_phases = False  # the host's handlers: the recorder may take a run of boundaries in C (host_phases)
         if cuda_timer is None:  # no GPU, for the whole run: phases as plain tuples
             self._use_host_phases()
 
@@ -69,29 +70,29 @@ class StepBook:
         phase, t, step = item[1], item[2], item[3]
         mark = self._mark(t, item[4] if len(item) > 4 else None)
         self._close_phase(mark)
-        self._phase = (phase, mark, step)
+        self.current = (phase, mark, step)
 
     def _close_phase(self, end: Mark) -> Span | None:
-        if self._phase is None:
+        if self.current is None:
             return None
-        phase, start, step = self._phase
-        self._phase = None
+        phase, start, step = self.current
+        self.current = None
         if end.perf <= start.perf:
             return None
         span = Span(phase, step, start, end)
-        self._spans.append(span)
+        self.closed.append(span)
         return span
 
     def on_agent(self, item: tuple[Any, ...]) -> None:
         """zeromon's own work at a boundary: a span of the `agent` phase inside the current one (host
         clock only: on the GPU the stream goes on meanwhile, and its spans are on the GPU's clock)."""
         _, step, t0, t1, phase = item
-        if self._phase is None or (self.cuda_timer is not None and self.cuda_timer.active):
+        if self.current is None or (self.cuda_timer is not None and self.cuda_timer.active):
             return
-        current, _, current_step = self._phase
+        current, _, current_step = self.current
         self._close_phase(Mark(perf=t0))
-        self._spans.append(Span(AGENT_PHASE, current_step, Mark(perf=t0), Mark(perf=t1)))
-        self._phase = (current, Mark(perf=t1), current_step)
+        self.closed.append(Span(AGENT_PHASE, current_step, Mark(perf=t0), Mark(perf=t1)))
+        self.current = (current, Mark(perf=t1), current_step)
 
     def on_step_start(self, item: tuple[Any, ...]) -> None:
         """zeromon_agent.step()'s entry: the step opens here; the time since the previous step's exit
@@ -99,18 +100,18 @@ class StepBook:
         _, step, t, event, phase = item
         mark = self._mark(t, event)
         gap = self._close_phase(mark)
-        if gap is not None and gap.step == step and self._spans and self._spans[-1] is gap:
-            self._spans.pop()
-        self._phase = (phase, mark, step)
+        if gap is not None and gap.step == step and self.closed and self.closed[-1] is gap:
+            self.closed.pop()
+        self.current = (phase, mark, step)
         self.acc(step).start = mark
 
     def on_step_end(self, item: tuple[Any, ...]) -> None:
         _, step, t, event, explicit = item
         mark = self._mark(t, event)
-        phase = self._phase
+        phase = self.current
         self._close_phase(mark)
         if phase is not None and not explicit:  # the next step starts where this one ends
-            self._phase = (phase[0], mark, step + 1)
+            self.current = (phase[0], mark, step + 1)
         acc = self.acc(step)
         acc.end = mark
         acc.ended_at_perf = time.perf_counter_ns()
@@ -121,42 +122,43 @@ class StepBook:
     # a span or more a phase, each an object otherwise). Steps' own boundaries stay Marks (StepAcc.start,
     # .end: two a step).
     def _use_host_phases(self) -> None:
+        self.host_phases, self.closed = True, []  # appended to by _batch.c's host_phases too
         self.on_phase, self.on_agent = self._on_phase_host, self._on_agent_host  # type: ignore[method-assign]
         self.on_step_start, self.on_step_end = self._on_step_start_host, self._on_step_end_host  # type: ignore[method-assign]
 
     def _on_phase_host(self, item: tuple[Any, ...]) -> None:
         t = item[2]
-        current = self._phase
+        current = self.current
         if current is not None and t > current[1]:
-            self._spans.append((current[0], current[2], current[1], t))
-        self._phase = (item[1], t, item[3])
+            self.closed.append((current[0], current[2], current[1], t))
+        self.current = (item[1], t, item[3])
 
     def _on_agent_host(self, item: tuple[Any, ...]) -> None:
         _, _, t0, t1, _ = item
-        current = self._phase
+        current = self.current
         if current is None:
             return
         name, start, step = current
-        spans = self._spans
+        spans = self.closed
         if t0 > start:
             spans.append((name, step, start, t0))
         spans.append((AGENT_PHASE, step, t0, t1))
-        self._phase = (name, t1, step)
+        self.current = (name, t1, step)
 
     def _on_step_start_host(self, item: tuple[Any, ...]) -> None:
         _, step, t, _, phase = item
-        current = self._phase
+        current = self.current
         if current is not None and t > current[1] and current[2] != step:  # a gap inside the step is none
-            self._spans.append((current[0], current[2], current[1], t))
-        self._phase = (phase, t, step)
+            self.closed.append((current[0], current[2], current[1], t))
+        self.current = (phase, t, step)
         self.acc(step).start = Mark(perf=t)
 
     def _on_step_end_host(self, item: tuple[Any, ...]) -> None:
         _, step, t, _, explicit = item
-        current = self._phase
+        current = self.current
         if current is not None and t > current[1]:
-            self._spans.append((current[0], current[2], current[1], t))
-        self._phase = (current[0], t, step + 1) if current is not None and not explicit else None
+            self.closed.append((current[0], current[2], current[1], t))
+        self.current = (current[0], t, step + 1) if current is not None and not explicit else None
         acc = self.acc(step)
         acc.end = Mark(perf=t)
         acc.ended_at_perf = time.perf_counter_ns()
@@ -176,7 +178,7 @@ class StepBook:
                 timer.release(mark.event)
                 mark.event, mark.unix = None, unix
             self._marks = waiting
-        spans, offset, finish = self._spans, self.clock_offset_ns, self.finish_span
+        spans, offset, finish = self.closed, self.clock_offset_ns, self.finish_span
         if self.cuda_timer is None and spans:  # no GPU: every closed phase is on the host's clock, now
             self.finish_host_spans(list(spans))
             spans.clear()
@@ -247,7 +249,7 @@ class StepBook:
         """Summarize the steps that are whole, in order (``inflight_steps``: the steps of the async collectives
         not finalized yet, which a step's summary waits _STEP_GRACE_NS for; at ``final``, nothing waits)."""
         now = time.perf_counter_ns()
-        unresolved_steps = {span.step for span in self._spans}
+        unresolved_steps = {span.step for span in self.closed}
         out, offset = self.out, self.clock_offset_ns
         for step in sorted(self.accs):
             acc = self.accs[step]
