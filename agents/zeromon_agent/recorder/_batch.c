@@ -8,6 +8,10 @@
  *   async_columns: finalize_pass's rows, async collectives at their wait and a GPU's launches (_finalize_rows').
  * The same values as the Python paths (tests/test_recorder_fast_path.py runs both); None where a batch is not taken
  * (the caller's Python path decides then).
+ * Beside them, three of a pass's other loops, each with its Python path: host_phases (a run of a GPU-less pass's
+ * phase changes and agent spans, StepBook's host handlers), sequential_overlap (a step of calls one after another
+ * summed, step_acc._sequential_overlap_ns) and untrack (the records handed to the live views let out of the garbage
+ * collector's lists, Outbox.release).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
