@@ -8,19 +8,19 @@ import functools
 import sys
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import dash
 from dash import Dash
 
+from zeromon.model.classes import frozen
 from zeromon.views.run_data import Feed, RunData
 from zeromon_dashboard.state import PageState, parse_state, state_search
 
 T = TypeVar("T")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Context:
     """What the pages' callbacks need besides the URL: the data and how the server was started."""
 

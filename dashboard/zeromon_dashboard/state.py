@@ -3,14 +3,16 @@ the same view: ``/memory?ranks=0,3&step=12``. Pure: text in, values out, and bac
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from urllib.parse import parse_qs, urlencode
+
+from zeromon.model.classes import frozen
 
 PAGES = ("overview", "memory", "communication", "ranks", "hang", "planner", "trace")
 RANKS_MAX = 64  # ranks a page draws side by side (the grid shows them all)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class PageState:
     page: str = "overview"
     ranks: tuple[int, ...] = ()  # () = the page's default (the worst ranks)

@@ -50,6 +50,9 @@ JOBS: tuple[Job, ...] = (
         "training thread's collections that the agent's allocations bring on and the objects each walks"),
     Job("bench_whole_run.py", (),
         "a whole 200-step 2-rank FSDP2 run under `zeromon run` against plain torchrun: wall, CPU, its own start and end"),
+    Job("bench_agent_start.py", (),
+        "the agent's start in a fresh rank (world-1 gloo, attach() after torch's import) and `zeromon run -- true`: "
+        "CPU of the import, the start, the classes made"),
     Job("bench_gpu_drain.py", (),
         "the recorder's drain per collective of a GPU run's paths (stand-in CUDA tensor and events, a real compact "
         "recording), and the whole agent on a host-bound loop, where the recorder thread's GIL time is the training's"),

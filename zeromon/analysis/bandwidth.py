@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Iterable
-from dataclasses import dataclass
 
+from zeromon.model.classes import frozen
 from zeromon.model.codec import CollectiveColumns
 from zeromon.model.events import CollectiveEvent
 
@@ -105,7 +105,7 @@ def format_share(ratio: float) -> str:
     return f"{percent:.1f}%" if percent < 10 else f"{percent:.0f}%"
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class BandwidthRow:
     op: str
     size_bucket_bytes: int  # lower bound of the bucket (0: up to 1 KiB)
@@ -123,7 +123,7 @@ class BandwidthRow:
 LARGE_BYTES = 64 * 1024
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class BandwidthSamples:
     """The measured collectives of one (op, size bucket, group size).
 

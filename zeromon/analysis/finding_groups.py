@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from zeromon.analysis.findings import Finding, Severity, finding_heading
 from zeromon.analysis.oom import duration_words
+from zeromon.model.classes import frozen
 from zeromon.model.units import format_bytes, rank_ranges
 
 __all__ = ["HEADLINES", "RANK_PARTS_SHOWN", "FindingGroup", "Headline", "group_findings", "group_key", "spread_text"]
@@ -51,7 +51,7 @@ def spread_text(unit: str, low: float, high: float) -> str:
     return f"{a}-{b}"
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Headline:
     """A kind's headline figure: the metrics key, its unit ("share", "bytes", "seconds" or "count"), the group's
     title around its spread ('{spread} of step time is exposed communication'), whether a lower value is the worse
@@ -115,7 +115,7 @@ def group_key(finding: Finding) -> tuple[object, ...]:
     return ("ranks", finding.kind, finding.severity, finding.remedies)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class FindingGroup:
     """Findings of one kind, severity and remedies on one or more ranks (or one finding about the whole job)."""
 

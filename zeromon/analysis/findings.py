@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from enum import Enum
+
+from zeromon.model.classes import frozen
 
 
 class Severity(str, Enum):
@@ -21,7 +23,7 @@ class Severity(str, Enum):
 _ORDER = {Severity.OK: 0, Severity.INFO: 1, Severity.WARN: 2, Severity.CRITICAL: 3}
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Finding:
     """One conclusion: what (kind, title), how bad, where (rank, step), why (evidence), what to do."""
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
+from zeromon.model.classes import frozen
 from zeromon.model.events import ProgressReport
 from zeromon.model.progress import (
     RESUMED,
@@ -58,7 +58,7 @@ EXIT_HUNG = 4
 PROGRESS_SEEN_WITHIN_S = 2.0
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RankVerdict:
     rank: int
     state: str
@@ -72,7 +72,7 @@ class RankVerdict:
     module: str | None = None  # the model's submodule its collective serves
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class StackGroup:
     """Ranks whose training threads stand at the same stack."""
 
@@ -81,7 +81,7 @@ class StackGroup:
     where: StackFrame | None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class HangVerdict:
     """The job's state, from every rank's report: who holds it up, where, and who waits."""
 
@@ -127,7 +127,7 @@ class HangVerdict:
 
 # --- deciding ---------------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class _Wait:
     """One group's collective that ranks wait in past the threshold, and the group's ranks judged against it."""
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from zeromon.analysis.lint_schema import (
@@ -44,10 +44,11 @@ from zeromon.analysis.lint_schema import (
     ConfigSchema,
 )
 from zeromon.analysis.lint_types import OTHER_MODEL_SECTIONS, cross_field_refusals, non_finite, refusal
+from zeromon.model.classes import frozen, mutable
 from zeromon.model.units import format_bytes
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class LintOptions:
     world_size: int | None = None  # data-parallel ranks; None: unknown (the accelerate file may give it)
     world_size_from: str = ""  # where world_size came from, for messages ("--gpus", ...)
@@ -58,7 +59,7 @@ class LintOptions:
     schema: ConfigSchema = STATIC_SCHEMA
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class LintFinding:
     id: str
     severity: str  # error | warning | info
@@ -72,7 +73,7 @@ class LintFinding:
                 "fix": self.fix}
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class LintReport:
     findings: tuple[LintFinding, ...]
     stage: int | None  # the ZeRO stage in effect
@@ -134,7 +135,7 @@ def nearest_key(key: str, known: Iterable[str]) -> str | None:
     return match[0] if match else None
 
 
-@dataclass(slots=True)
+@mutable
 class Lint:
     """One lint pass: the effective DeepSpeed config, how its key paths map to the file, the findings."""
 

@@ -20,7 +20,6 @@ Rules on FSDP itself are ``zeromon.analysis.lint_fsdp``'s.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from zeromon.analysis.lint import LintOptions, LintReport
@@ -36,6 +35,7 @@ from zeromon.analysis.lint_fsdp import (
     wrap_fix,
 )
 from zeromon.analysis.lint_fsdp_schema import STATIC_ACCELERATE_FSDP, AccelerateFsdpSchema
+from zeromon.model.classes import mutable
 
 _STATE_DICT_BY_NUMBER = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")  # torch's StateDictType
 
@@ -54,7 +54,7 @@ def _count(value: Any) -> int | None:
         return None
 
 
-@dataclass(slots=True)
+@mutable
 class _Block:
     """The fsdp_config keys the launcher reads, by its name: where each is written and its value."""
 

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from zeromon.analysis.lint import LintFinding, LintOptions, LintReport, params_text
 from zeromon.analysis.lint_schema import RULES, SEVERITIES
 from zeromon.analysis.planner import DEFAULT_HEADROOM_FRACTION, PlanInputError, PlanInputs, plan_stage
+from zeromon.model.classes import frozen, mutable
 from zeromon.model.units import format_bytes
 
 TORCH_FSDP_DOCS = "pytorch.org/docs/stable/fsdp.html"
@@ -36,14 +37,14 @@ _STAGE_OF = {"NO_SHARD": (0, False), "SHARD_GRAD_OP": (2, False), "FULL_SHARD": 
              "HYBRID_SHARD": (3, True), "HYBRID_SHARD_ZERO2": (2, True)}
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Setting:
     key: str  # the key path that sets it, or where it would be set
     value: Any  # as the framework resolves it
     written: bool = False  # the file sets it; else it is the framework's default
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class FsdpSetup:
     """An FSDP configuration as its trainer resolves it."""
 
@@ -70,7 +71,7 @@ class FsdpSetup:
         return f"FSDP{self.version}, {strategy}" + (", CPU offload" if self.offload.value else "")
 
 
-@dataclass(slots=True)
+@mutable
 class FsdpFindings:
     """The findings of one FSDP lint, all in one file."""
 

@@ -12,13 +12,14 @@ and the Fabric one), and the FSDP keyword arguments it passes on from torch's Fu
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+
+from zeromon.model.classes import frozen
 
 # The ShardingStrategy names, in the order accelerate numbers them (FSDP_SHARDING_STRATEGY: "1" is FULL_SHARD).
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class AccelerateFsdpSchema:
     """What one accelerate release's ``accelerate launch`` reads from a config file with FSDP."""
 
@@ -92,7 +93,7 @@ _COMMON_ARGS = frozenset({
     "sharding_strategy", "state_dict_type", "device_mesh"})
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class LightningFlavor:
     """lightning.pytorch's FSDPStrategy or lightning.fabric's: their arguments differ in a few names and
     in the default checkpoint format."""

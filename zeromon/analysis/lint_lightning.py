@@ -17,7 +17,6 @@ Rules on FSDP itself are ``zeromon.analysis.lint_fsdp``'s.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from zeromon.analysis.lint import LintOptions, LintReport
@@ -34,6 +33,7 @@ from zeromon.analysis.lint_fsdp_schema import (
     LIGHTNING_STATE_DICT_TYPES,
     LightningFlavor,
 )
+from zeromon.model.classes import frozen
 
 STRATEGY_PARENTS = ("trainer", "fabric", "")  # where LightningCLI and Fabric configs keep the strategy
 _BLOCK_KEYS = ("class_path", "init_args", "dict_kwargs", "__path__")
@@ -60,7 +60,7 @@ def flavor_of(path: str, value: Any) -> LightningFlavor | None:
     return LIGHTNING_FABRIC if "fabric" in class_path or (fabric and "." not in class_path) else LIGHTNING_PYTORCH
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class _Strategy:
     path: str  # "trainer.strategy"
     flavor: LightningFlavor

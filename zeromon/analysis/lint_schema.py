@@ -8,9 +8,10 @@ test checks the two agree). The rules that use these live in ``zeromon.analysis.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from zeromon.analysis.lint_types import STATIC_TYPES, FieldType
+from zeromon.model.classes import frozen
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -104,7 +105,7 @@ INLINE_HINT = ("accelerate's inline deepspeed_config cannot set this: write a De
                 "deepspeed_config_file at it")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ConfigSchema:
     """What a DeepSpeed version accepts: known keys per section ("" is the top level), removed and
     deprecated keys, and the defaults the rules mention."""

@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+
+from zeromon.model.classes import frozen
 
 # DeepSpeed 0.19.8's other pydantic config models, by the key path of the block each is built from: the
 # monitors, compile, hybrid engine, comms logger, throughput timer and tensor parallelism. Like
@@ -29,7 +30,7 @@ CHECKED_SECTIONS = ("zero_optimization", "zero_optimization.offload_param", "zer
 UNCHECKED = frozenset({"zero_optimization.leaf_module"})
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class FieldType:
     """One field: ``kind`` bool | int | float | finite (a float that is not a bool, NaN or infinite, as
     fp16.loss_scale's own validator wants) | choice (one of ``choices``: a str Enum or a Literal) | str | list
@@ -229,7 +230,7 @@ def non_finite(value: object) -> bool:
     return isinstance(value, float) and not math.isfinite(value)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class CrossFieldRefusal:
     """A combination of values one of DeepSpeed's config classes refuses in a validator of its own."""
 

@@ -11,9 +11,9 @@ with one cause offer one remedy text and are one entry where findings are groupe
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
+from zeromon.model.classes import frozen
 from zeromon.model.events import MemorySample, RunInfo
 
 RESHARD_MEMORY_REMEDY = ("reshard_after_forward=True on the fully_shard units (now False): each unit's gathered "
@@ -24,7 +24,7 @@ DS_DEFAULT_MAX_LIVE_PARAMETERS = 1_000_000_000
 DS_DEFAULT_PARAM_PERSISTENCE_THRESHOLD = 100_000
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class MemoryContext:
     """What every finding needs to know about the rank."""
 

@@ -42,7 +42,6 @@ from __future__ import annotations
 import operator
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from itertools import repeat
 
 from zeromon.analysis.findings import Finding, Severity, worst
@@ -54,6 +53,7 @@ from zeromon.analysis.memory_remedies import (
     number_knob,
     untracked_remedies,
 )
+from zeromon.model.classes import frozen
 from zeromon.model.codec import Recording
 from zeromon.model.events import PEAK_PHASES, MemorySample, step_number
 from zeromon.model.step_records import step_column
@@ -94,7 +94,7 @@ _OPTIMIZER_STATES = (("adafactor", 0), ("adam", 2), ("lamb", 2), ("lion", 1), ("
                      ("rmsprop", 1), ("sgd", 1))
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class OomForecast:
     rank: int
     risk: Severity  # OK, WARN or CRITICAL: the worst finding (INFO findings leave it OK)
@@ -121,7 +121,7 @@ class OomForecast:
                 "findings": [f.to_dict() for f in self.findings]}
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class _Trend:
     slope: float
     fitted_last: float  # the fitted line at the last step of the window

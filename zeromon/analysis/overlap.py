@@ -9,12 +9,12 @@ the time the window would shrink if communication were free.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 from zeromon.analysis.intervals import Interval, clip, intersect, merge, total
+from zeromon.model.classes import frozen
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Overlap:
     window_s: float  # the span analysed (a step), 0 if none was given and nothing happened
     comm_s: float  # union of communication

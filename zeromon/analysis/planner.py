@@ -66,9 +66,10 @@ the reason names each plan it quotes that the table has no row for.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from typing import Any
 
+from zeromon.model.classes import frozen
 from zeromon.model.numbers import PARAMS
 from zeromon.model.units import format_bytes
 
@@ -99,7 +100,7 @@ class PlanInputError(ValueError):
         self.detail = message
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ActivationShape:
     seq_len: int
     micro_batch: int
@@ -108,7 +109,7 @@ class ActivationShape:
     heads: int
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class PlanInputs:
     params: float  # Ψ; 7e9 is accepted and stored as the int 7000000000
     gpus_per_node: int
@@ -176,7 +177,7 @@ class PlanInputs:
         return self.gpus_per_node * self.nodes
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class StagePlan:
     stage: int
     offload_optimizer: str  # what was modeled: a stage that cannot offload shows "none"
@@ -205,7 +206,7 @@ class StagePlan:
                 "activations_bytes": self.activations_bytes}
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Recommendation:
     stage: int
     offload_optimizer: str
@@ -217,7 +218,7 @@ class Recommendation:
                 "offload_params": self.offload_params, "reason": self.reason}
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class PlanResult:
     inputs: PlanInputs
     stages: tuple[StagePlan, ...]

@@ -19,8 +19,8 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
+from zeromon.model.classes import frozen
 from zeromon.model.events import END_DETACH, END_EXIT, step_number
 from zeromon.model.run_end import FileEnd
 from zeromon.model.units import format_bytes
@@ -40,7 +40,7 @@ FOLLOWED_WITHIN_S = 60.0
 FOLLOWERS_SHOWN = 8
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RankEnd:
     rank: int
     state: str  # one of the names above
@@ -178,7 +178,7 @@ def rank_ends(file_ends: Iterable[FileEnd], recorded_through: Mapping[int, int |
     return tuple(ends[r] for r in sorted(ends))
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class EndOrder:
     """The ranks that died, by when they ended: the first, those that died within FOLLOWED_WITHIN_S after
     it, those that died later, and (by rank) those whose end time is not known."""

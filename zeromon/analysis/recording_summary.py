@@ -10,13 +10,14 @@ import operator
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 from zeromon.analysis.hang import HangVerdict, ended_lines, last_report, recorded_verdict
 from zeromon.analysis.rank_ends import CUT_OFF, RankEnd, end_lines, rank_ends
 from zeromon.analysis.restarts import Restarts, restarts
 from zeromon.model.attempts import read_attempts
+from zeromon.model.classes import frozen
 from zeromon.model.codec import Recording, RunDirs, check_one_run, run_headers, run_name
 from zeromon.model.events import RunInfo, StepSummary, step_number
 from zeromon.model.progress import RankProgress
@@ -28,7 +29,7 @@ from zeromon.model.units import format_bytes
 RANKS_SHOWN = 16  # the ranks a summarised text shows (`zeromon summary`, and `zeromon report` of each list)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RankSummary:
     rank: int
     framework: str
@@ -54,7 +55,7 @@ class RankSummary:
     file: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RunSummary:
     run_dir: str
     world_size: int

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import numpy as np
@@ -26,11 +26,12 @@ from zeromon.analysis.step_overlap import StepOverlap, WarmUp, teardown, warmup
 from zeromon.analysis.step_table import StepTable, step_table
 from zeromon.analysis.stragglers import Imbalance, RankArrivals, combine_imbalance, rank_arrivals
 from zeromon.analysis.tracked_memory import peak_tracked_bytes
+from zeromon.model.classes import frozen
 from zeromon.model.codec import Recording, collector_paused, orjson_module
 from zeromon.model.events import RunInfo
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RankReport:
     rank: int
     framework: str
@@ -55,7 +56,7 @@ class RankReport:
     peak_tracked_bytes: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RunReport:
     run_dir: str
     world_size: int
@@ -260,7 +261,7 @@ def rank_report(rec: Recording, capacity_bytes: int | None = None,
     )
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RankAnalysis:
     """One rank's share of the run's report, without its recording: what combine_report needs of it.
     Small enough to send back from the worker process that read the rank (`zeromon report` reads and

@@ -8,16 +8,16 @@ the ranks that died after it (a lost connection, the launcher's SIGTERM) are its
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from zeromon.analysis.rank_ends import RankEnd, clock, end_order, rank_ends
 from zeromon.model.attempts import EarlierAttempt, RunAttempts
+from zeromon.model.classes import frozen
 from zeromon.model.events import step_number
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class AttemptEnd:
     """How an earlier attempt ended: its number, its folders and each rank's end."""
 
@@ -66,7 +66,7 @@ def attempt_end(attempt: EarlierAttempt) -> AttemptEnd:
     return AttemptEnd(attempt.number, tuple(map(str, attempt.folders)), rank_ends(attempt.file_ends, {}))
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Restarts:
     """A run's restarts: its earlier attempts' ends, the attempt read (the last) and the steps it ran;
     where the folder read is itself an earlier attempt, whose."""

@@ -35,10 +35,10 @@ import bisect
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 
 from zeromon.analysis.intervals import Interval, clip, intersect, merge, subtract, total
 from zeromon.analysis.overlap import Overlap, overlap_of_merged
+from zeromon.model.classes import frozen
 from zeromon.model.codec import CollectiveColumns, Recording
 from zeromon.model.events import StepSummary, issue_interval, span_ns
 
@@ -51,7 +51,7 @@ DEVICE_CLOCK = "cuda_event"  # PhaseSpan.timing of a span on the GPU's clock
 HOST_CLOCK = "host"  # PhaseSpan.timing of a span on the host's clock (the training thread's)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class StepOverlap:
     rank: int
     step: int
@@ -143,7 +143,7 @@ def overlap_of_summary(s: StepSummary) -> StepOverlap | None:
                        blocked_s=blocked, agent_s=s.phase_s.get("agent", 0.0))
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class WarmUp:
     """The collectives outside every step: before the first (step -1: model wrapping, parameter broadcasts,
     ZeRO-3's initial gathers, whatever a loop does before its first step), or after the last one that ended
@@ -288,7 +288,7 @@ def _within(merged: list[Interval], window: Interval) -> list[Interval]:
     return out
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class StepIntervals:
     """One step's intervals (ns) as its overlap is computed: what a timeline draws."""
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from zeromon.model.classes import frozen
 
 # A rank's step numbers, their durations (s) and which kept their detail (None: all of them).
 RankSteps = tuple[Sequence[int], Sequence[float], Sequence[int] | None]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class AcrossRanks:
     """Over the steps from ``first_step`` on."""
 

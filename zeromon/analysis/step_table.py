@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from itertools import repeat
 from typing import overload
 
 import numpy as np
 
 from zeromon.analysis.step_overlap import StepOverlap, step_overlaps
+from zeromon.model.classes import frozen
 from zeromon.model.codec import Recording
 from zeromon.model.events import StepSummary
 from zeromon.model.step_records import step_column
@@ -38,7 +38,7 @@ VALUE_COLUMNS = ("step_s", "comm_s", "comp_s", "overlap_s", "exposed_comm_s", "i
 _ROW = {name: i for i, name in enumerate(VALUE_COLUMNS)}
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@frozen(eq=False)
 class StepTable(Sequence[StepOverlap]):
     """A rank's StepOverlaps in step order: ``step`` (int64) and ``values`` (float64, one row per
     VALUE_COLUMNS name, one column per step)."""

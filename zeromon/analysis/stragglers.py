@@ -18,13 +18,13 @@ import statistics
 from array import array
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from itertools import pairwise, repeat
 from typing import Any
 
 from zeromon.analysis.chance import CRITICAL_CHANCE, WARN_CHANCE, odds_in_words, wins_chance
 from zeromon.analysis.findings import Finding, Severity
 from zeromon.analysis.step_skew import step_times_across_ranks
+from zeromon.model.classes import frozen
 from zeromon.model.codec import Recording
 from zeromon.model.events import StepSummary, steps_label
 from zeromon.model.step_records import step_column
@@ -49,7 +49,7 @@ MEMORY_IMBALANCE_MIN_BYTES = 64 * 2**20
 STEP_SKEW_SHARE = 0.10
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RankArrival:
     rank: int
     matched: int  # collectives matched on every rank (all steps)
@@ -66,7 +66,7 @@ class RankArrival:
     steps_busiest: int = 0  # steps in which it computed longest (step minus time blocked), of those with one
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Imbalance:
     ranks: tuple[RankArrival, ...]
     # Step times over the steps after the first (the report's window):
@@ -82,7 +82,7 @@ class Imbalance:
     waiting_steps: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RankArrivals:
     """What analyze_imbalance needs of one rank, without its recording: flat arrays, cheap to send
     from the worker process that read the rank (`zeromon report` reads and analyses ranks in parallel)."""
@@ -98,7 +98,7 @@ class RankArrivals:
     peak_memory: int | None  # the highest level (allocator on GPU, RSS on CPU)
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@frozen(eq=False)
 class StepTimes(Sequence[tuple[int, float]]):
     """(step, duration_s) of each step summary as two arrays: they pickle as their bytes, not as a tuple a
     step, which the process that combines a large run's ranks would hold by the million. ``detail``: 1 where
@@ -327,7 +327,7 @@ def _busiest(tables: Sequence[RankArrivals], blocked_in_step: dict[int, list[flo
     return counts
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class _Window:
     """The steps the findings judge (recording step indices) and each rank's time in them."""
 

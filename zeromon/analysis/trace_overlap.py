@@ -53,10 +53,10 @@ import statistics
 from array import array
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from zeromon.analysis.intervals import Interval, intersect
+from zeromon.model.classes import frozen
 
 COMMUNICATION, MEMORY, COMPUTATION, OTHER = "communication", "memory", "computation", "other"
 
@@ -88,7 +88,7 @@ def runs_on_gpu(stream: int, correlation: int, name: str) -> bool:
 # --- what a trace file contributes (filled by zeromon.sources.kineto) ------------------------------
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@frozen(eq=False)
 class StreamEvents:
     """The events with an ``args.stream`` other than -1, as columns (a large trace holds many thousands)."""
 
@@ -122,7 +122,7 @@ class StepAnnotation(NamedTuple):
     position: int  # in traceEvents
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@frozen(eq=False)
 class RankTrace:
     """One rank's trace, reduced to what the overlap and the temporal breakdown need."""
 
@@ -146,7 +146,7 @@ def _pctg(part_ns: int, whole_ns: int) -> float | None:
     return round(100 * part_ns / whole_ns, 2) if whole_ns else None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class TemporalBreakdown:
     """HTA's temporal breakdown (its column names; its ``(us)`` in seconds, ``_s``, as all of zeromon's JSON)."""
 
@@ -175,7 +175,7 @@ class TemporalBreakdown:
                 "non_compute_time_pctg": self.non_compute_time_pctg}
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class KernelOverlap:
     """Overlap and temporal breakdown of one set of GPU events: a rank's trace or one iteration."""
 
@@ -212,7 +212,7 @@ class KernelOverlap:
         return out
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RankTraceOverlap:
     rank: int
     path: str

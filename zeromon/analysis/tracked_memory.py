@@ -10,14 +10,14 @@ activations in every sample: a sample that is no walk takes the other categories
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 
+from zeromon.model.classes import frozen
 from zeromon.model.events import MemorySample
 
 UNTRACKED = "other"
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class TrackedSample:
     step: int
     phase: str  # MemorySample.phase: the phase that just ended, or forward_peak / backward_peak

@@ -25,9 +25,9 @@ import os
 import re
 import sys
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
 
 from zeromon.errors import ZeromonError
+from zeromon.model.classes import frozen
 from zeromon.model.numbers import REPLAY_SPEED, flag
 
 # The kinds of source, as Sources.kind names them.
@@ -42,7 +42,7 @@ _KIND_WORDS = {TARGETS: "host:port TARGETs", RUN: "a RUN_DIR", PROMETHEUS: "--pr
 
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Sources:
     """The one source the arguments name: ``kind`` and its value (the others empty)."""
 

@@ -9,10 +9,11 @@ started as a script under `zeromon run`; they import torch only, and never zerom
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 
 from zeromon.analysis.findings import Finding, Severity
+from zeromon.model.classes import frozen
 
 TRAIN_SCRIPT = Path(__file__).resolve().with_name("train.py")
 RANKS = 2
@@ -22,7 +23,7 @@ DEFAULT_STEPS = 60  # ~20 s of training at ~0.32 s a step, after torch's and glo
 LEAK_CAPACITY = "1536MiB"
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Scenario:
     name: str
     training: str  # what the training does, in one line

@@ -41,12 +41,13 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+
+from zeromon.model.classes import frozen
 
 GRACE_S = 10.0  # a failed rank's peers get SIGTERM, then SIGKILL after this long (as torchrun does)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Shape:
     width: int
     layers: int

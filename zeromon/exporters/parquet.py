@@ -21,7 +21,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -29,6 +29,7 @@ from typing import Any
 from zeromon.errors import ZeromonError
 from zeromon.exporters import parquet_schema as schema
 from zeromon.model.attempts import ATTEMPT_KEY, ATTEMPTS_DIR, earlier_attempts, rank_of_file
+from zeromon.model.classes import frozen
 from zeromon.model.codec import (
     FIELDS_OF,
     KIND_OF,
@@ -78,7 +79,7 @@ def arrow_schema(pa: ModuleType, data: schema.Dataset, metadata: dict[str, Any])
     return pa.schema(fields, metadata={schema.METADATA_KEY: json.dumps(metadata)})
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RankExport:
     """What the export of one rank file wrote and skipped: small, sent back from its worker."""
 
@@ -89,14 +90,14 @@ class RankExport:
     reasons: dict[int, str] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RunExport:
     out: Path
     ranks: tuple[RankExport, ...]  # the last attempt's (the run folder's own rank files), by rank
     attempts: dict[int, tuple[RankExport, ...]]  # earlier attempts kept in RUN/attempts/<n>, exported to OUT/attempts/<n>
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class _Kind:
     """How one record type's values become a dataset's row: the field positions kept (all but rank) and the
     defaults of trailing fields an older file's rows lack."""

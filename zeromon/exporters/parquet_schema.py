@@ -17,8 +17,8 @@ import functools
 import types
 import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
 
+from zeromon.model.classes import frozen
 from zeromon.model.kinds import KIND_OF
 
 FORMAT_NAME = "zeromon-parquet"
@@ -57,7 +57,7 @@ _UNIT_SUFFIXES = (("_ns", "ns (Unix epoch)"), ("_bytes_s", "bytes/s"), ("_s", "s
                   ("_c", "°C"))
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Column:
     name: str
     type: str  # a type word above
@@ -65,7 +65,7 @@ class Column:
     nullable: bool = False
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Dataset:
     name: str  # the folder: collectives/rank=3/part-0.parquet
     kind: str  # the recording format's kind tag ("collective"); "files" for the files dataset

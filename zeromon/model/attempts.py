@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from zeromon.errors import ZeromonError
+from zeromon.model.classes import frozen
 from zeromon.model.recording import read_file_header
 from zeromon.model.run_end import FileEnd, read_file_ends
 from zeromon.model.run_files import RunDirs, rank_file_paths, run_folders
@@ -45,7 +45,7 @@ def header_attempt(path: Path) -> int | None:
     return value if type(value) is int else None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class EarlierAttempt:
     """An earlier attempt kept in a run's folders: its number, its folders (one per run folder that holds
     it) and the ends of its rank files (only their tails are read)."""
@@ -70,7 +70,7 @@ def earlier_attempts(run: RunDirs) -> list[EarlierAttempt]:
             for n, folders in sorted(found.items())]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RunAttempts:
     """What a run's folders say of its attempts: the earlier ones they keep, the attempt their own rank
     files are, and, where the folder read is itself an earlier attempt (RUN/attempts/0), whose."""

@@ -23,9 +23,9 @@ import operator
 import sys
 from array import array
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from zeromon.model.classes import frozen
 from zeromon.model.compiled import compiled
 from zeromon.model.events import MEMORY_CATEGORIES, CollectiveEvent, MemorySample, PhaseSpan
 
@@ -364,7 +364,7 @@ def _coded(values: Sequence[int], base: Any, ints: dict[str, Sequence[int]]) -> 
     return list(map(operator.sub, values, differences))
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Decoded:
     """A columnar section read back: its columns by field name, in row order."""
 

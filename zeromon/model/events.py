@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from enum import Enum
 from typing import Any, TypeVar
+
+from zeromon.model.classes import frozen
 
 _R = TypeVar("_R")
 
@@ -92,7 +94,7 @@ COLLECTIVE_OPS: tuple[str, ...] = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class CollectiveEvent:
     """One collective call as the rank saw it."""
 
@@ -168,7 +170,7 @@ def issue_interval(issue_ns: int, issue_s: float | None, timing: str) -> tuple[i
     return issue_ns, issue_ns + span_ns(issue_s)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class PhaseSpan:
     rank: int
     step: int
@@ -190,7 +192,7 @@ class PhaseSpan:
 PEAK_PHASES = frozenset({"forward_peak", "backward_peak"})
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class MemorySample:
     """Memory of one rank at one moment: allocator totals, categories, capacity, process RSS.
 
@@ -238,7 +240,7 @@ class MemorySample:
         return dataclasses.replace(self, categories=dict(walk))
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class DeviceSample:
     """One NVML reading of the rank's GPU."""
 
@@ -258,7 +260,7 @@ class DeviceSample:
     nvlink_rx_bytes_s: float | None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class OomEvent:
     """An out-of-memory seen by the allocator's OOM observer (CUDA builds only)."""
 
@@ -285,7 +287,7 @@ def steps_label(first: int, last: int) -> str:
     return f"step {a}" if a >= b else f"steps {a}-{b}"
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class StepSummary:
     """What one rank did in one step, aggregated by the agent as the step ends."""
 
@@ -324,7 +326,7 @@ class StepSummary:
         return (self.end_ns - self.start_ns) / 1e9
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RunInfo:
     """What is being trained and how: framework, sharding, dtypes and the knobs that matter."""
 
@@ -347,7 +349,7 @@ class RunInfo:
     knobs: Mapping[str, Any] = field(default_factory=dict)  # overlap_comm, bucket sizes, ...
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Notice:
     """Something the agent wants the user to know once: a missing capability, a hook error."""
 
@@ -358,7 +360,7 @@ class Notice:
     message: str
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class AgentStats:
     """The agent's own health, written periodically and at exit."""
 
@@ -374,7 +376,7 @@ class AgentStats:
     bytes_lost: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ProgressReport:
     """Where the rank was in its collectives (zeromon.model.progress.RankProgress as a dict): written when it
     made no progress for its threshold, when it went on after that, and when a signal stopped it."""
@@ -390,7 +392,7 @@ END_EXIT = "exit"  # the interpreter exited (the script returned, or called sys.
 END_DETACH = "detach"  # zeromon_agent.detach(): the agent stopped, the training may have gone on
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RunEnd:
     """How a rank's recording ended: its last record. A recording without one was cut off (the process
     was killed, or the file could not be written to its end)."""

@@ -20,11 +20,11 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Protocol, TypeVar
 
 from zeromon.errors import ZeromonError
+from zeromon.model.classes import frozen
 
 T = TypeVar("T", covariant=True)
 
@@ -109,7 +109,7 @@ def _decimal(text: str, accepts: str) -> Decimal:
     return value
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Count:
     """A whole number from ``minimum`` to ``maximum``; ``zero`` says what 0 means when 0 is allowed below
     the minimum (``zero="off"``)."""
@@ -144,7 +144,7 @@ class Count:
         return value
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Real:
     """A finite real number from ``minimum`` to ``maximum`` (seconds, a factor); ``zero`` as in Count."""
 
@@ -184,7 +184,7 @@ def format_size(n: int) -> str:
     return str(n)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Size:
     """Bytes (or bytes per second, ``per_second``) with a unit: 80GiB, 40GB, 1.5TiB. A bare number under
     ``minimum`` is taken for a forgotten unit ("80" would be 80 bytes) and refused, naming the fix."""
@@ -233,7 +233,7 @@ class Size:
         return int(value)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class ParamCount:
     """A parameter count: 7e9, 7B, 1.3b, 350M, 7_000_000_000 (B = billion, not bytes), from 1 to ``maximum``."""
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from zeromon.model.classes import frozen
 
 # RankProgress.reason
 LIVE = "live"  # asked for by a live client
@@ -27,7 +28,7 @@ RESUMED = "resumed"  # it made progress again after a stall was reported
 STACK_FRAMES_KEPT = 64  # the innermost frames of a stack: a recursion must not make a report of megabytes
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class StackFrame:
     """One frame of a Python stack."""
 
@@ -44,7 +45,7 @@ class StackFrame:
         return [self.file, self.line, self.function]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class CallInfo:
     """One collective as ranks compare it: where it sits in its group's order, and what it moves."""
 
@@ -63,7 +64,7 @@ class CallInfo:
         return (self.op, self.bytes, self.dtype)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Blocked:
     """What the training thread is blocked in: a collective's call, or the wait of an async one."""
 
@@ -73,7 +74,7 @@ class Blocked:
     module: str | None = None  # the model's submodule it was issued for, where the stack shows it
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class GroupState:
     """A process group as one rank sees it."""
 
@@ -95,7 +96,7 @@ class GroupState:
         return f"group {self.group}"
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RankProgress:
     """One rank's progress at one moment (``t_ns``, on its own clock)."""
 

@@ -6,10 +6,11 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any, overload
 
+from zeromon.model.classes import frozen, mutable
 from zeromon.model.events import (
     AgentStats,
     CollectiveEvent,
@@ -32,7 +33,7 @@ from zeromon.model.segments import read_compact_header
 from zeromon.model.step_records import StepRecords
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class CollectiveColumns:
     """A recording's collectives as one sequence per CollectiveEvent field, in file order.
 
@@ -123,7 +124,7 @@ class CollectiveEvents(Sequence[CollectiveEvent]):
 
 
 
-@dataclass(slots=True)
+@mutable
 class Recording:
     """One rank's recording, read back."""
 

@@ -19,9 +19,11 @@ import json
 import os
 import socket
 import tempfile
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, fields
 from pathlib import Path
 from typing import Any
+
+from zeromon.model.classes import frozen
 
 SCHEMA = "zeromon.endpoint/1"
 ENDPOINTS_DIR = "endpoints"  # inside a run folder
@@ -30,7 +32,7 @@ REGISTRY_ENV = "ZEROMON_REGISTRY"
 AGENT_PARAM = "agent"  # the query parameter that names the agent a client means (its agent_id)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class EndpointEntry:
     """One rank's endpoint: where it listens and which run and process it belongs to."""
 

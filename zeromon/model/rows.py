@@ -10,9 +10,9 @@ import gc
 import json
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any
 
+from zeromon.model.classes import frozen
 from zeromon.model.kinds import FIELDS_OF, TYPE_OF
 from zeromon.model.schema import RecordCheck, record_check
 
@@ -44,7 +44,7 @@ def required_fields(cls: type) -> int:
                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Layout:
     """Where a record's fields are in a row of one file's layout."""
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from zeromon.errors import ZeromonError
+from zeromon.model.classes import frozen
 from zeromon.model.events import RunEnd
 from zeromon.model.jsonl import read_header
 from zeromon.model.kinds import KIND_OF, is_compact
@@ -33,7 +33,7 @@ _CHECK = record_check(RunEnd, _KIND)
 PROMISE_KEY = "end_record"
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class FileEnd:
     """What the end of one rank file says."""
 

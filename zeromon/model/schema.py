@@ -16,8 +16,9 @@ import math
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
+
+from zeromon.model.classes import frozen
 
 _NONE = type(None)
 # What each annotated type accepts of the values JSON decodes to. A JSON integer is a float's value
@@ -34,7 +35,7 @@ _WORDS = {int: "an integer", float: "a number", bool: "true or false", str: "a s
 _SHOWN_CHARS = 40  # of a bad value in the message: the value may be a line's megabytes
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class FieldType:
     """What one field of a record accepts."""
 

@@ -31,12 +31,12 @@ import struct
 import zlib
 from collections.abc import Callable, Generator, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from zeromon.errors import ZeromonError
 from zeromon.model import columnar
+from zeromon.model.classes import frozen
 from zeromon.model.events import Record
 from zeromon.model.jsonl import RecordingWriter, read_header
 from zeromon.model.kinds import (
@@ -299,7 +299,7 @@ def _as_rows(rows: list[bytes], order: bytearray, code: int, cls: type,
     return merged, bytearray(0 if c == code else c for c in order)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Frame:
     offset: int  # of the frame in the file
     kind: int
@@ -414,7 +414,7 @@ def read_compact_header(path: Path) -> dict[str, Any]:
     return header_of(path, head)[0]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class _Kind:
     """A columnar kind of one file's header."""
 

@@ -15,7 +15,6 @@ import logging
 import os
 import sys
 import typing
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,12 +29,13 @@ from zeromon.analysis.lint_types import (
     FieldType,
 )
 from zeromon.errors import ZeromonError
+from zeromon.model.classes import frozen
 
 _JSON_HINT = ("DeepSpeed configs read by accelerate and the Hugging Face Trainer are strict JSON: no comments, "
               "no trailing commas, double-quoted keys")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class LoadedConfig:
     path: Path  # the file named on the command line
     # "deepspeed" (a DeepSpeed JSON), "accelerate" (an accelerate YAML for DeepSpeed), "accelerate-fsdp" (an

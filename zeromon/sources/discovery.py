@@ -18,11 +18,11 @@ import os
 import socket
 import tempfile
 import urllib.parse
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from zeromon.errors import ZeromonError
+from zeromon.model.classes import frozen
 from zeromon.model.registry import (
     AGENT_PARAM,
     ENDPOINTS_DIR,
@@ -35,7 +35,7 @@ from zeromon.model.registry import (
 _TARGET_HINT = "a target is host:port, e.g. 127.0.0.1:9470 (an IPv6 address in brackets: [::1]:9470)"
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Target:
     """Where one agent's endpoint listens."""
 
@@ -152,7 +152,7 @@ def run_endpoints_folder(run_dir: str | Path) -> Path:
     return Path(run_dir) / ENDPOINTS_DIR
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class LocalRun:
     """A run found through the user-level index."""
 

@@ -18,8 +18,10 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
+
+from zeromon.model.classes import frozen
 
 OK, MISSING, WARN, INFO = "ok", "missing", "warn", "info"
 PROBE_TIMEOUT_S = 5.0
@@ -30,7 +32,7 @@ TUI_MIN_COLUMNS, TUI_MIN_ROWS = 80, 24
 TUI_WIDE_COLUMNS = 150  # the TUI puts memory beside the ranks table from here on (zeromon/tui/app.py)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Check:
     name: str
     status: str  # ok, missing, warn, info
@@ -170,7 +172,7 @@ def probe_deepspeed() -> list[Check]:
 
 # --- the agent's endpoint, the registry, Prometheus -----------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class AgentEndpoint:
     """What the agents' settings (ZEROMON_ENDPOINT, ZEROMON_BIND, ZEROMON_PORT) ask for; the caller reads
     them with the agent's own parser."""

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from zeromon.analysis.findings import Finding, Severity
 from zeromon.analysis.hang import HangVerdict, diagnose
 from zeromon.analysis.oom import OomForecast
+from zeromon.model.classes import frozen
 from zeromon.model.codec import FIELDS_OF
 from zeromon.model.events import (
     AgentStats,
@@ -30,7 +30,7 @@ SNAPSHOT_SCHEMA = "zeromon.snapshot/1"
 
 # --- the view --------------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class CollectiveTotal:
     """Totals of one (op, ZeRO meaning) since the agent started."""
 
@@ -43,7 +43,7 @@ class CollectiveTotal:
     busbw_bytes_s: float | None  # median of the recent bus bandwidth samples (nccl-tests' busbw)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RankView:
     """One rank as the client last saw it. Its data stays when the rank stops answering."""
 
@@ -99,7 +99,7 @@ class RankView:
         return out
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class FleetTotals:
     """The whole job's numbers, read from Prometheus's recording rules (dashboard/grafana/zeromon-rules.yml)
     when FleetView.ranks holds only the worst ranks those rules name. None: the rule had no value."""
@@ -134,7 +134,7 @@ class FleetTotals:
         return out
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class FleetView:
     """Every rank of the watched run at one moment, ordered by rank."""
 

@@ -14,10 +14,10 @@ import socket
 import ssl
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from zeromon.errors import ZeromonError
+from zeromon.model.classes import mutable
 
 MAX_BODY_BYTES = 32 * 2**20  # an answer larger than this is refused, not read whole
 
@@ -149,7 +149,7 @@ def http_get(host: str, port: int, path: str, headers: Mapping[str, str], timeou
         sock.close()
 
 
-@dataclass(slots=True, eq=False)
+@mutable(eq=False)
 class _Exchange:
     """One request in flight on a non-blocking socket."""
 

@@ -26,11 +26,11 @@ import os
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zeromon.errors import ZeromonError
+from zeromon.model.classes import mutable
 from zeromon.model.events import (
     CollectiveEvent,
     PhaseSpan,
@@ -77,7 +77,7 @@ PHASES_BACKFILL = 256  # events asked for before the first cursor: the last step
 
 # --- polling -----------------------------------------------------------------------------------------
 
-@dataclass(slots=True, eq=False)
+@mutable(eq=False)
 class _Slot:
     """One watched agent and what was last learnt from it. Mutated under LiveSource._lock."""
 

@@ -24,12 +24,13 @@ import time
 import urllib.parse
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from zeromon.analysis.findings import Severity
 from zeromon.analysis.oom import OomForecast
 from zeromon.errors import ZeromonError
+from zeromon.model.classes import frozen
 from zeromon.model.events import AgentStats, DeviceSample, MemorySample, RunInfo, StepSummary, span_ns
 from zeromon.sources.fleet import CollectiveTotal, FleetTotals, FleetView, RankView
 from zeromon.sources.http import FetchError, describe_os_error, http_get, http_status_error, json_loads
@@ -58,7 +59,7 @@ class PromQLError(Exception):
     """Prometheus answered, with an error (a bad query, a timeout on its side)."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Series:
     labels: Mapping[str, str]
     value: float

@@ -35,7 +35,7 @@ import threading
 import time
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ from zeromon.analysis.oom import OomForecast, forecast
 from zeromon.analysis.rank_ends import CUT_OFF, RankEnd, died_lines, rank_ends
 from zeromon.analysis.recording_summary import corrupt_lines_note
 from zeromon.errors import ZeromonError
+from zeromon.model.classes import frozen, mutable
 from zeromon.model.codec import (
     Recording,
     RunDirs,
@@ -88,7 +89,7 @@ ANALYSIS_EVERY_S = 1.0  # wall seconds between two OOM forecasts of a rank, like
 ANALYSIS_BUDGET_S = 0.02
 
 
-@dataclass(slots=True)
+@mutable
 class _Totals:
     """One (op, meaning)'s running totals, one entry per collective in completion order."""
 
@@ -100,7 +101,7 @@ class _Totals:
     blocked_s: array[float]  # cumulative
 
 
-@dataclass(slots=True)
+@mutable
 class _Analysis:
     key: tuple[int, int, int]  # (memory, steps, ooms) indices it was computed at
     wall: float  # time.monotonic() when computed
@@ -108,7 +109,7 @@ class _Analysis:
     findings: tuple[Finding, ...]
 
 
-@dataclass(slots=True)
+@mutable
 class _Track:
     """One rank's recording, indexed by time."""
 
@@ -313,7 +314,7 @@ def _analyse(track: _Track, key: tuple[int, int, int], wall: float) -> _Analysis
     return _Analysis(key, wall, oom, findings)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RecordedTables:
     """One rank's records as a replay holds them, each table in the order the agent published it: steps and
     phase spans by their end, memory samples and OOMs by their time (ColumnTable.upto(t): how many a
@@ -642,7 +643,7 @@ def _checked_speed(speed: object) -> float:
     return checked("replay speed", REPLAY_SPEED, speed)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class FinalRank:
     """One rank's part of a recorded run's final view, made where the rank was read (final_rank): small
     enough to send back from a worker process, with no record of the rank kept."""

@@ -4,12 +4,12 @@ memory: the run's recordings read once more, every such remedy replayed from the
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from zeromon.analysis.findings import Finding
 from zeromon.analysis.remedy_changes import remedy_change
 from zeromon.analysis.whatif import ChangeError, Refused, WhatIf, parse_change, what_if
+from zeromon.model.classes import frozen
 from zeromon.model.codec import RunDirs
 from zeromon.model.run_files import rank_files, read_run
 from zeromon.model.units import format_bytes
@@ -20,7 +20,7 @@ MAX_RANKS = 64
 MAX_RECORDING_BYTES = 64 * 2**20
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RemedyPrediction:
     remedy: str
     change: str

@@ -10,11 +10,11 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 
 from zeromon.analysis.finding_groups import FindingGroup, group_findings
 from zeromon.analysis.findings import Finding, Severity
 from zeromon.analysis.live_stragglers import memory_imbalance_finding, straggler_finding
+from zeromon.model.classes import frozen
 from zeromon.model.events import step_number
 from zeromon.sources.fleet import FleetTotals, FleetView, RankView
 from zeromon.views.hang import HANG_STATES, hang_states
@@ -97,7 +97,7 @@ def memory_bar(used: int | None, peak: int | None, capacity: int | None, width: 
 
 # --- the ranks table ---------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Column:
     key: str
     label: str
@@ -127,7 +127,7 @@ MEMORY_BAR_CELLS = 5  # the table's memory bar: the numbers beside it take the r
 RISK_WORDS = {Severity.OK: "ok", Severity.INFO: "ok", Severity.WARN: "warn", Severity.CRITICAL: "crit"}
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RankRow:
     """One rank as the table shows it: the values (for sorting and colour) and the cells (for display)."""
 
@@ -299,7 +299,7 @@ def sort_rows(rows: Sequence[RankRow], sort: str) -> list[RankRow]:
 
 # --- filtering ---------------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RankFilter:
     """`/` filter: rank numbers ('3', '0-7'), states ('stale', 'alive', 'ended'; the hang verdict's 'stuck',
     'waiting', ...), risks ('ok', 'warn', 'crit'), or any other word as part of the host or target. Several terms:
@@ -339,7 +339,7 @@ def _term_matches(term: str, row: RankRow) -> bool:
 _FRAMEWORKS = {"deepspeed": "DeepSpeed", "fsdp2": "FSDP2", "fsdp1": "FSDP1", "ddp": "DDP", "none": "torch"}
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Header:
     source: str  # what is watched (FleetView.source), shown until a rank says what runs
     known: bool  # a rank told its run info
@@ -460,7 +460,7 @@ class RunClock:
 
 # --- sparklines --------------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Trends:
     """Per step, the largest over the ranks shown: the rank that sets the pace or will OOM first."""
 
@@ -491,7 +491,7 @@ def trends(ranks: Iterable[RankView], n: int = TREND_STEPS) -> Trends:
 
 # --- findings ----------------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class FindingItem:
     """One problem across ranks (a FindingGroup), and when the TUI first saw it."""
 
@@ -557,7 +557,7 @@ class FindingsLog:
 
 # --- no agent ----------------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class JobStatus:
     """The command that `zeromon run --tui` started, as the TUI tells it."""
 

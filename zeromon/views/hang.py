@@ -8,8 +8,6 @@ the words are `zeromon live`'s and `zeromon hang`'s, so that a rank is said to b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from zeromon.analysis.hang import (
     BEHIND,
     DEAD,
@@ -27,6 +25,7 @@ from zeromon.analysis.hang import (
     group_stacks,
     seconds_words,
 )
+from zeromon.model.classes import frozen
 from zeromon.model.events import step_number
 from zeromon.model.progress import RankProgress, StackFrame
 from zeromon.model.units import rank_ranges
@@ -44,7 +43,7 @@ COLUMNS: tuple[tuple[str, str], ...] = (
 )
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class HangBanner:
     """The verdict in words, while the job makes no progress: "critical" when hung, "warn" when only stalled."""
 
@@ -60,7 +59,7 @@ class HangBanner:
         return f"{self.label.capitalize()}: {self.headline}"
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class HangRow:
     """One rank in the verdict's table; cells as text, in COLUMNS order."""
 
@@ -77,7 +76,7 @@ class HangRow:
         return (str(self.rank), self.state, self.step, self.no_progress, self.waits_for, self.where)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class StackBlock:
     """Ranks whose training threads stand at the same stack."""
 
@@ -86,7 +85,7 @@ class StackBlock:
     frames: tuple[str, ...]  # 'File "/job/train.py", line 40, in main', the innermost last
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class HangView:
     """What the front ends show of the verdict at one moment."""
 

@@ -9,7 +9,6 @@ import dataclasses
 import statistics
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from itertools import pairwise
 from operator import attrgetter
 
@@ -17,6 +16,7 @@ import numpy as np
 
 from zeromon.analysis.findings import Severity
 from zeromon.analysis.oom import OomForecast
+from zeromon.model.classes import frozen
 from zeromon.model.columns import NO_INT, ColumnTable, TableRecords
 from zeromon.model.events import MEMORY_CATEGORIES, MemorySample, OomEvent, step_number
 from zeromon.views.fleet import rank_row, run_ended, short_bytes
@@ -46,7 +46,7 @@ def origin_ns(histories: Mapping[int, RankHistory]) -> int | None:
 _NUMBERS = ("allocated", "rss", "capacity", "reserved", "num_alloc_retries", "num_ooms")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class SampleColumns:
     """One rank's memory samples in time order as arrays (NaN where a sample has no value), and the
     category walks among them: what the figures draw, made without a MemorySample per sample where
@@ -159,7 +159,7 @@ def sample_columns(history: RankHistory) -> SampleColumns:
 
 # --- over time --------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class MemorySeries:
     """One rank's memory over time; times in seconds since the run's first sample, as float64 arrays."""
 
@@ -211,7 +211,7 @@ def memory_series(history: RankHistory, origin: int, forecast: OomForecast | Non
 
 # --- the allocator -----------------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class AllocatorSeries:
     """One rank's allocator counters over its samples that have them (GPU), as float64 arrays (NaN
     where a sample lacks one), and its OOMs."""
@@ -248,7 +248,7 @@ def allocator_series(history: RankHistory, origin: int, columns: SampleColumns |
 
 # --- one row per rank --------------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class MemoryRow:
     """One rank's memory now: the values (sorting, colours, bars) and, in ``texts``, the cells as the
     TUI shows them (keys: MEMORY_TEXT_KEYS)."""
@@ -303,7 +303,7 @@ def memory_rows(data: RunData) -> tuple[MemoryRow, ...]:
     return tuple(rows)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class PeakSpread:
     """How far the ranks' peaks are apart: the median, the highest and lowest rank, and (max − min) / max."""
 

@@ -13,17 +13,17 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from zeromon.analysis.comm_advice import EXPOSED_SHARE_CRITICAL, EXPOSED_SHARE_WARN
 from zeromon.analysis.findings import Severity
 from zeromon.analysis.step_table import StepTable
+from zeromon.model.classes import frozen
 from zeromon.model.events import steps_label
 from zeromon.views.fleet import RankRow, duration, pct, rank_rows, short_bytes, worst_row
 from zeromon.views.run_data import RunData
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Banner:
     kind: str  # "oom", "exposed", "died" or "incomplete"
     level: str  # "critical", "warn" or "ok"
@@ -31,7 +31,7 @@ class Banner:
     text: str
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RankCell:
     """One rank in the grid: where it sits, what colours it, what its hover says."""
 

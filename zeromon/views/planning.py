@@ -5,7 +5,6 @@ and recommendation), written once for both `zeromon plan` and the dashboard's Pl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from zeromon.analysis.planner import (
@@ -17,6 +16,7 @@ from zeromon.analysis.planner import (
     plan,
 )
 from zeromon.errors import ZeromonError
+from zeromon.model.classes import frozen
 from zeromon.model.numbers import GPU_MEMORY, GPUS_PER_NODE, LAYER_SIZE, NODES, PARAMS, parse_flag, where
 from zeromon.model.units import format_bytes
 
@@ -35,7 +35,7 @@ OPTIMIZER_CHOICES = ("adam", "sgd")
 CONVENTION_CHOICES = ("zero-paper", "deepspeed")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class PlanRequest:
     """A plan as typed: every value the text of its flag (None: not given)."""
 

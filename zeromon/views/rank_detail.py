@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from zeromon.model.classes import frozen
 from zeromon.model.events import MEMORY_CATEGORIES, PhaseSpan, StepSummary
 from zeromon.sources.fleet import RankView
 from zeromon.views.fleet import duration, ms, pct, rate, short_bytes
@@ -16,7 +15,7 @@ PHASE_LETTERS = {"forward": "F", "backward": "B", "optimizer": "O", "other": "·
 IDLE = " "
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class MemoryLine:
     label: str
     bytes: int | None
@@ -81,7 +80,7 @@ def table_width(columns: tuple[str, ...], rows: tuple[tuple[str, ...], ...], pad
     return sum(max([len(label), *(len(r[i]) for r in rows)]) + 2 * padding for i, label in enumerate(columns))
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class TimelineRow:
     step: int  # the recording's index (zeromon.model.events.step_number() is what to show)
     cells: str  # one letter per time slice (PHASE_LETTERS, IDLE where no phase ran)

@@ -12,12 +12,12 @@ approximation of the same question.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
 from operator import attrgetter
 
 import numpy as np
 
 from zeromon.analysis.stragglers import Imbalance
+from zeromon.model.classes import frozen
 from zeromon.views.fleet import rank_rows
 from zeromon.views.run_data import RankHistory, RunData
 
@@ -26,7 +26,7 @@ WAIT_KINDS = ("straggler", "step_skew")  # the findings the waits speak for
 MEMORY_KINDS = ("memory_imbalance",)
 
 
-@dataclass(frozen=True, slots=True, eq=False)
+@frozen(eq=False)
 class StepMatrix:
     """Step time of each rank (rows) in each step (columns). Unbinned, column j is step ``steps[j]``;
     binned, it holds ``bin_size`` consecutive columns and each cell shows its slowest step."""
@@ -131,7 +131,7 @@ def cell_step(matrix: StepMatrix, rank: int, x: float) -> int | None:
     return step if step >= 0 else None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RankWaits:
     rank: int
     late: int  # collectives it issued last at (a recording), or steps it finished last (live)
@@ -140,7 +140,7 @@ class RankWaits:
     steps_most_waited_for: int | None = None  # steps in which its peers waited for it the most (a recording)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Waits:
     """Who waits for whom. ``measured``: from the report's matched collectives (a recording); else the
     live approximation from step end times."""
@@ -183,7 +183,7 @@ def waits(data: RunData, matrix: StepMatrix | None = None) -> Waits:
     return last_to_finish(matrix if matrix is not None and matrix.end_ns is not None else step_matrix(data))
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class MemoryPeaks:
     peaks: dict[int, int]  # rank -> its highest level, bytes
     level: str  # what was measured: "allocated" (the allocator, GPU) or "RSS" (the process, CPU)

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from zeromon.analysis.findings import Severity
 from zeromon.analysis.recording_summary import RANKS_SHOWN
 from zeromon.analysis.report import RankReport, RunReport
 from zeromon.analysis.stragglers import RankArrival
+from zeromon.model.classes import frozen
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Spread:
     """How far the ranks not shown are from the median of all ranks, at most (shares of the median)."""
 
@@ -30,7 +30,7 @@ class Spread:
     risks: dict[str, int]  # the rest's OOM risk: how many ranks of each
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RanksShown:
     shown: tuple[RankReport, ...]  # worst first
     rest: int  # ranks not shown

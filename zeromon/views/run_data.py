@@ -18,7 +18,7 @@ import time
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -26,6 +26,7 @@ from zeromon.analysis.findings import Finding
 from zeromon.analysis.report import RunReport
 from zeromon.analysis.trace_overlap import RankTraceOverlap
 from zeromon.errors import ZeromonError
+from zeromon.model.classes import frozen, mutable
 from zeromon.model.codec import CollectiveColumns, Recording, RunDirs, rank_file_paths, run_folders, run_name
 from zeromon.model.columns import ColumnTable, TableRecords
 from zeromon.model.events import CollectiveEvent, MemorySample, OomEvent, PhaseSpan, StepSummary
@@ -45,7 +46,7 @@ LIVE_SAMPLES_TOTAL = 400_000
 LIVE_SAMPLES_MIN = 512
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RankHistory:
     """One rank over time, oldest first: what the recording holds (``complete``), or what a live
     client has seen since it started (bounded)."""
@@ -90,7 +91,7 @@ class RankHistory:
         return [table.get(i) for i in self._phases_by_step.get(step, ())]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RunData:
     """Everything a page may draw, at one moment."""
 
@@ -358,7 +359,7 @@ class RecordingFeed:
 
 # --- a replay --------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class _ReplayedRank:
     """What a replay's histories are cut from, for one rank: the replay's own tables, and its collectives."""
 
@@ -454,7 +455,7 @@ class ReplayFeed:
 
 # --- live agents or Prometheus ------------------------------------------------------------------------
 
-@dataclass(slots=True)
+@mutable
 class _LiveTrack:
     memory: deque[MemorySample]
     steps: dict[int, StepSummary]

@@ -11,7 +11,6 @@ the recorded step's exposed_comm_s and `zeromon report`'s.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from zeromon.analysis.intervals import Interval, total
 from zeromon.analysis.step_overlap import (
@@ -21,13 +20,14 @@ from zeromon.analysis.step_overlap import (
     StepIntervals,
     step_intervals,
 )
+from zeromon.model.classes import frozen
 from zeromon.model.codec import CollectiveColumns
 from zeromon.model.columns import TableRecords
 from zeromon.model.events import CollectiveEvent, PhaseSpan, StepSummary, steps_label
 from zeromon.views.run_data import RankHistory, RunData
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RankStep:
     """One rank's step as a timeline draws it."""
 
@@ -50,7 +50,7 @@ class RankStep:
         return total(self.intervals.blocked) / 1e9
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class StepTimeline:
     step: int  # the recorded index (shown from 1)
     origin_ns: int | None  # the earliest drawn rank's step start: x = 0 (one host clock for all)
@@ -162,7 +162,7 @@ def default_step(histories: Mapping[int, RankHistory], ranks: Sequence[int]) -> 
 
 # --- over the run ------------------------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class StepSeries:
     """A rank's exposed communication and overlap per step, in step order."""
 
@@ -185,7 +185,7 @@ def step_series(data: RunData, rank: int) -> StepSeries:
                       tuple(s.overlap_ratio for s in steps))
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class StepBytes:
     """Bytes moved per step by ZeRO meaning (the larger of each collective's bytes in and out, as
     StepSummary.comm_bytes counts them)."""

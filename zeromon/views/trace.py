@@ -6,16 +6,16 @@ report prints these rows and the dashboard's Trace page shows them, so both say 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from zeromon.analysis.trace_overlap import RankTraceOverlap
+from zeromon.model.classes import frozen
 
 # What the table's columns mean, printed under it (and shown under the page's table).
 TABLE_LEGEND = ("(exposed ms/iter: median over the profiled iterations; total: over the whole trace)",
                 "(overlap and temporal breakdown over the whole trace, as Holistic Trace Analysis defines them)")
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class TraceRow:
     """One rank's line of the table; None where the trace has no such number (no communication, no
     iteration, no kernel time)."""

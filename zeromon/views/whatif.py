@@ -4,30 +4,30 @@ and the memory by category at the peak, measured beside replayed beside predicte
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from zeromon.analysis.whatif import ChangeError, Refused, WhatIf, parse_change, what_if
 from zeromon.errors import ZeromonError
+from zeromon.model.classes import frozen
 from zeromon.model.codec import RunDirs
 from zeromon.model.run_files import read_run, run_name
 from zeromon.model.units import format_bytes
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class StepBar:
     label: str  # "measured", "replay", "predicted"
     parts: Mapping[str, float]  # seconds: "compute", "transfer", "waiting" (measured: "compute", "exposed")
     step_s: float | None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class MemoryBar:
     label: str
     categories: Mapping[str, int]  # bytes at the peak
     total: int | None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class WhatIfView:
     changes: str
     steps: tuple[StepBar, ...]

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import field, fields
 from typing import Any
 
 from zeromon.errors import ZeromonError
+from zeromon.model.classes import frozen
 from zeromon.model.numbers import CAPACITY, GIB, PORT, RECORDING_SIZE, Count, Real, Size
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -111,7 +112,7 @@ def _check_number(spec: Count | Real | Size) -> Callable[[object], Any]:
 PORT_TRIES = 64
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class AgentConfig:
     enabled: bool = True
     out_dir: str | None = None  # None: ./zeromon-runs/<launch time>-<launcher pid>
@@ -151,7 +152,7 @@ class AgentConfig:
     hang_after_setup_s: float = 0.0  # the same before the first step ends (loading, compiling); 0: auto
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Setting:
     var: str  # the environment variable
     parse: Callable[[str], Any]  # its text -> the value; ValueError with the reason

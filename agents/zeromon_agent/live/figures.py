@@ -9,9 +9,8 @@ with the endpoint's and, step by step, with the recording.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from zeromon.analysis.findings import Finding, Severity
+from zeromon.model.classes import frozen
 from zeromon_agent.live.view import View
 
 __all__ = ["RISK_LEVEL", "StepFigures", "figures_of"]
@@ -20,7 +19,7 @@ __all__ = ["RISK_LEVEL", "StepFigures", "figures_of"]
 RISK_LEVEL = {Severity.OK: 0, Severity.INFO: 0, Severity.WARN: 1, Severity.CRITICAL: 2}
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class StepFigures:
     """One rank's newest summarized step and its memory outlook. None: not known (yet)."""
 

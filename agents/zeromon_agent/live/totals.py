@@ -9,9 +9,10 @@ from __future__ import annotations
 import bisect
 import collections
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from zeromon.model.classes import mutable
 from zeromon.model.events import CollectiveEvent
 
 # Histogram bounds (seconds) of the live metrics: collective durations and step durations.
@@ -21,7 +22,7 @@ STEP_BUCKETS: tuple[float, ...] = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 
 BUSBW_WINDOW = 256  # recent bus-bandwidth samples kept per op
 
 
-@dataclass(slots=True)
+@mutable
 class CollectiveTotals:
     """Running totals of one (op, meaning) since the agent started, for the live metrics."""
 
@@ -33,7 +34,7 @@ class CollectiveTotals:
     buckets: list[int] = field(default_factory=lambda: [0] * (len(DURATION_BUCKETS) + 1))  # not cumulative
 
 
-@dataclass(slots=True)
+@mutable
 class StepTotals:
     count: int = 0
     seconds: float = 0.0

@@ -16,7 +16,6 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from zeromon.analysis.comm_advice import overlap_findings
 from zeromon.analysis.findings import Finding
 from zeromon.analysis.oom import OomForecast, forecast
 from zeromon.analysis.step_overlap import StepOverlap, overlap_of_summary
+from zeromon.model.classes import frozen
 from zeromon.model.events import (
     AgentStats,
     DeviceSample,
@@ -43,7 +43,7 @@ VIEW_TTL_S = 0.5
 FORECAST_TTL_S = 5.0
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Identity:
     """Who this endpoint is: the labels of every metric and the head of every snapshot."""
 
@@ -56,7 +56,7 @@ class Identity:
     start_ns: int
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class CollectiveRow:
     op: str
     meaning: str
@@ -68,7 +68,7 @@ class CollectiveRow:
     buckets: tuple[int, ...]  # not cumulative, per live_totals.DURATION_BUCKETS bound, last = +Inf
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class View:
     """The recorder's live state at one moment, and what is derived from it."""
 

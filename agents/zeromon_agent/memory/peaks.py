@@ -24,9 +24,9 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from zeromon.model.classes import mutable
 from zeromon_agent.memory.readings import fsdp2_groups
 
 # FSDPParamGroup method -> (point, whether the point is after the call)
@@ -171,7 +171,7 @@ def _blocks(model: Any) -> list[Any]:
     return [c for c in model.children() if next(c.parameters(), None) is not None]
 
 
-@dataclass(slots=True)
+@mutable
 class Moment:
     """The highest moment of a forward or a backward so far: its level, time and sample fields."""
 

@@ -18,10 +18,10 @@ import operator
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from zeromon.analysis.bandwidth import MEASURED_TIMINGS, bus_factor, event_bandwidth
+from zeromon.model.classes import mutable
 from zeromon.model.compiled import compiled
 from zeromon.model.events import (
     MAX_SPAN_S,
@@ -90,7 +90,7 @@ _FEW = 32  # a step's run of collectives this short is counted by op in a loop, 
 _repeat = itertools.repeat
 
 
-@dataclass(slots=True)
+@mutable
 class Inflight:
     raw: tuple[Any, ...]
     wait: tuple[Any, ...] | None = None

@@ -7,11 +7,12 @@ import bisect
 import itertools
 import operator
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from zeromon.analysis.intervals import merge, total, union_length, union_of_columns
 from zeromon.analysis.step_overlap import host_overlap_ns, overlap_in_step, union_in
+from zeromon.model.classes import mutable
 from zeromon.model.compiled import compiled
 from zeromon.model.events import StepSummary, ZeroMeaning, record_maker
 from zeromon_agent.hooks.issuers import DDP, DTENSOR, USER
@@ -25,7 +26,7 @@ _SCALAR_BYTES = 64  # all-reduces this small are flags and norms, not gradients
 MAX_STEP_INTERVALS = 4096
 
 
-@dataclass(slots=True)
+@mutable
 class Mark:
     """A phase boundary: the host's time and, on GPU, an event recorded on the stream there."""
 
@@ -38,7 +39,7 @@ class Mark:
         return self.event is not None
 
 
-@dataclass(slots=True)
+@mutable
 class Span:
     phase: str
     step: int
@@ -46,7 +47,7 @@ class Span:
     end: Mark
 
 
-@dataclass(slots=True)
+@mutable
 class StepAcc:
     collectives: int = 0
     comm_bytes: int = 0

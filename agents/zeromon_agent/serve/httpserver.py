@@ -28,13 +28,14 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from email.message import Message
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from zeromon.model.classes import frozen, mutable
 from zeromon.model.kinds import json_default, orjson_module
 from zeromon_agent.context.config import PORT_TRIES
 
@@ -86,7 +87,7 @@ def bind(address: str, base_port: int, local_rank: int, tries: int = PORT_TRIES)
 
 # --- requests and responses ----------------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Request:
     method: str
     path: str
@@ -94,7 +95,7 @@ class Request:
     headers: Message
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Response:
     status: int
     body: bytes
@@ -219,7 +220,7 @@ def _path_of(head: bytes) -> bytes:
 
 # --- the server ---------------------------------------------------------------------------------------
 
-@dataclass(slots=True)
+@mutable
 class _Conn:
     sock: socket.socket
     address: Any

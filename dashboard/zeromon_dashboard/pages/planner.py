@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import dash
@@ -19,6 +18,7 @@ from dash import Input, Output, State, dcc, html
 
 from zeromon.analysis.planner import PlanResult
 from zeromon.errors import ZeromonError
+from zeromon.model.classes import frozen
 from zeromon.views.planning import (
     CONVENTION_CHOICES,
     DTYPE_CHOICES,
@@ -48,7 +48,7 @@ PAGE = "planner"
 FormValues = dict[str, Any]  # field -> str (text and choices) or bool (the two switches)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Field:
     name: str  # the URL key and the element id's tail: planner-<name>
     flag: str  # the `zeromon plan` flag it stands for

@@ -6,13 +6,13 @@ them."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import dash
 from dash import Input, Output, html
 
 from zeromon.analysis.findings import Finding
+from zeromon.model.classes import frozen
 from zeromon.views.ranks import (
     MEMORY_KINDS,
     WAIT_KINDS,
@@ -59,7 +59,7 @@ def _of_kinds(data: RunData, kinds: Sequence[str]) -> list[Finding]:
     return [f for f in data.findings if f.kind in kinds]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class _Drawn:
     data: RunData
     rank_href: Callable[[str, int], str] | None  # what the findings' worst ranks link with

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from zeromon.analysis.step_table import step_table
@@ -25,6 +25,7 @@ from zeromon.analysis.whatif.fit import CollectiveFit, fit_collectives, measured
 from zeromon.analysis.whatif.model import SIZE_RANGE, Refused, RunModel, SecondsOf
 from zeromon.analysis.whatif.replay import ChainsDoNotMatch, Replay, replay
 from zeromon.analysis.whatif.zero_stage import changed_info
+from zeromon.model.classes import frozen
 from zeromon.model.codec import Recording
 from zeromon.model.events import DEVICE_TIMINGS, Phase, Timing
 
@@ -53,7 +54,7 @@ VALIDATED_ERROR_PCT: Mapping[str, Mapping[str, float] | None] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Figures:
     median_step_s: float | None  # the median over ranks of each rank's median step, steps after the first
     peak_tracked_bytes: int | None  # the largest over ranks of the peak of the tracked categories
@@ -70,7 +71,7 @@ class Figures:
                 "transfer_s": self.transfer_s, "waiting_s": self.waiting_s, "exposed_s": self.exposed_s}
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class WhatIf:
     changes: tuple[Change, ...]
     measured: Figures

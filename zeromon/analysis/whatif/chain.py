@@ -29,9 +29,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from zeromon.analysis.bandwidth import MEASURED_TIMINGS, array_size, bus_factor
+from zeromon.model.classes import frozen
 from zeromon.model.codec import Recording
 from zeromon.model.events import DEVICE_TIMINGS, Phase, StepSummary, Timing, span_ns
 
@@ -48,7 +49,7 @@ STEP_END = "step_end"
 CollectiveKey = tuple[int, str, int, int]  # (step, op, group_size, occurrence of that op and size in the step)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Segment:
     kind: str
     seconds: float  # measured: the segment's length on the thread (for SYNC and WAIT, the time blocked)
@@ -57,7 +58,7 @@ class Segment:
     key: CollectiveKey | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class CollectiveShape:
     """What a matched collective is, the same on every rank: its op, group, full array size (nccl-tests'
     S) and what it is for."""
@@ -78,7 +79,7 @@ class CollectiveShape:
         return self.array_bytes * (bus_factor(self.op, ranks) or 1.0)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RankChain:
     rank: int
     start_ns: int  # the start of its first replayed step

@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from zeromon.analysis.tracked_memory import TrackedSample
 from zeromon.analysis.whatif.chain import (
@@ -35,6 +34,7 @@ from zeromon.analysis.whatif.chain import (
     RankChain,
     Segment,
 )
+from zeromon.model.classes import frozen
 from zeromon.model.events import Phase, RunInfo, ZeroMeaning
 
 
@@ -42,7 +42,7 @@ class ChangeError(ValueError):
     """A change that is written wrong, or that this run cannot take: the message names it and says why."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Change:
     kind: str  # one of KINDS
     value: str  # "false", "hidden", or a factor's number
@@ -140,7 +140,7 @@ def without(chain: RankChain, keys: set[CollectiveKey]) -> RankChain:
         phases={k: v for k, v in chain.phases.items() if k not in keys})
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Units:
     """A step's sharding units as its collectives show them: the forward's gathers in order (the first is the
     root's, which FSDP keeps gathered through the backward) and the backward's gradient reduce-scatters."""

@@ -15,16 +15,17 @@ import dataclasses
 import statistics
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from zeromon.analysis.bandwidth import size_bucket
 from zeromon.analysis.whatif.chain import CollectiveKey, CollectiveShape, RankChain
+from zeromon.model.classes import frozen
 
 # Sizes within this ratio of each other are one size: a single size cannot split alpha from beta.
 _ONE_SIZE_SPREAD = 1.25
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class CollectiveFit:
     op: str
     group_size: int

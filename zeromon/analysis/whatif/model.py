@@ -4,11 +4,11 @@ one recording cannot answer."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from zeromon.analysis.tracked_memory import TrackedSample
 from zeromon.analysis.whatif.chain import CollectiveKey, RankChain
 from zeromon.analysis.whatif.fit import CollectiveFit
+from zeromon.model.classes import frozen
 
 # A collective whose size is this many times outside the sizes its fit saw is not predicted.
 SIZE_RANGE = 2.0
@@ -16,7 +16,7 @@ class Refused(ValueError):
     """What one recording cannot answer, and why."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class RunModel:
     """The run as the model holds it, before any change."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from zeromon.analysis.whatif.chain import (
     AGENT,
@@ -25,13 +25,14 @@ from zeromon.analysis.whatif.chain import (
     RankChain,
     Segment,
 )
+from zeromon.model.classes import frozen, mutable
 
 
 class ChainsDoNotMatch(ValueError):
     """The ranks' collectives cannot be replayed together: one waits for a collective a peer never issues."""
 
 
-@dataclass(slots=True)
+@mutable
 class ReplayStep:
     step: int
     start_s: float = 0.0
@@ -49,7 +50,7 @@ class ReplayStep:
         return self.waiting_s + self.transfer_s
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class Replay:
     steps: Mapping[int, tuple[ReplayStep, ...]]  # rank -> its steps in order
     collective_start_s: Mapping[CollectiveKey, float] = field(default_factory=dict)

@@ -26,13 +26,13 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from zeromon.analysis.planner import PlanInputs, plan_stage
 from zeromon.analysis.tracked_memory import TrackedSample
 from zeromon.analysis.whatif.chain import COMPUTE, RankChain, Segment
 from zeromon.analysis.whatif.changes import Change, ChangeError
 from zeromon.analysis.whatif.model import SIZE_RANGE, Refused
+from zeromon.model.classes import frozen
 from zeromon.model.events import Phase, RunInfo, ZeroMeaning
 
 # The gradients' bytes per element in the runs this version answers (fp32 parameters: their gradients and the
@@ -41,7 +41,7 @@ _FP32_BYTES = 4
 _BACKWARD_WALK = "backward_peak"  # the walk of the backward's highest moment (zeromon_agent's memory watch)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen
 class StageMove:
     """A ZeRO stage change as one recording supports it."""
 
