@@ -1,7 +1,8 @@
 """The package's compiled parts; everything else is in pyproject.toml.
 
 The recorder's loops in C, built where a C compiler and Python's headers are: the coder of a recording's columns
-(zeromon/model/_planes.c) and the columns of a pass's collectives (agents/zeromon_agent/recorder/_batch.c).
+(zeromon/model/_planes.c), the columns of a pass's collectives (agents/zeromon_agent/recorder/_batch.c), the hooks'
+queue (agents/zeromon_agent/hooks/_ring.c) and the live totals' count (agents/zeromon_agent/live/_totals.c).
 Optional, so that an install without them succeeds, and the recorder then takes their Python paths, which give the
 same values (zeromon.model.compiled). Here rather than in
 pyproject.toml's ``[tool.setuptools.ext-modules]``, which setuptools still calls experimental.
@@ -13,4 +14,5 @@ setup(ext_modules=[
     Extension("zeromon.model._planes", ["zeromon/model/_planes.c"], optional=True),
     Extension("zeromon_agent.recorder._batch", ["agents/zeromon_agent/recorder/_batch.c"], optional=True),
     Extension("zeromon_agent.hooks._ring", ["agents/zeromon_agent/hooks/_ring.c"], optional=True),
+    Extension("zeromon_agent.live._totals", ["agents/zeromon_agent/live/_totals.c"], optional=True),
 ])

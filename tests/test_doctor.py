@@ -202,4 +202,4 @@ def test_the_c_modules_are_said_built_or_not_with_what_that_costs(monkeypatch: p
     assert (check.status, check.essential) == ("warn", False)
     assert "Python paths" in check.costs and "reinstall zeromon" in check.fix
     assert all(name in check.found for name in ("zeromon.model._planes", "zeromon_agent.recorder._batch",
-                                                 "zeromon_agent.hooks._ring")), check.found
+                                                 "zeromon_agent.hooks._ring", "zeromon_agent.live._totals")), check.found

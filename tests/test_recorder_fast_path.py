@@ -68,6 +68,7 @@ from zeromon_agent.hooks.state import (
     UNTIMED,
     HotState,
 )
+from zeromon_agent.live import totals as live_totals
 from zeromon_agent.live.recent import RecentRecords
 from zeromon_agent.live.totals import BUSBW_WINDOW, DURATION_BUCKETS, CollectiveTotals, LiveTotals
 from zeromon_agent.live.totals import counted as live_counted
@@ -717,6 +718,60 @@ def test_a_batch_s_columns_counted_in_bulk_are_its_rows_counted_one_by_one(
     assert in_bulk.collectives == one_by_one.collectives
     assert list(in_bulk.collectives) == list(one_by_one.collectives)  # first seen first
     assert {op: list(v) for op, v in in_bulk.busbw.items()} == {op: list(v) for op, v in one_by_one.busbw.items()}
+
+
+_FLOAT = st.floats(-1e3, 1e9, allow_nan=False)
+_any_counted_row = st.tuples(
+    st.sampled_from(["all_gather", "reduce_scatter"]) | st.text(max_size=2) | st.none(),  # a str of its own, not one
+    st.sampled_from(["param_all_gather", "unknown"]),
+    st.integers(0, 2**40) | st.sampled_from([2**63 - 1, 2**63, -1, True]),  # past 64 bits, a bool: the Python loop
+    _FLOAT | st.integers(0, 3),  # an int time blocked: the Python loop
+    st.none() | _FLOAT | st.sampled_from([1e-6, 1e-5, 5e-5, 0.01, 1e9]),  # a bucket's bound exactly
+    st.none() | _FLOAT)
+
+
+@PROPERTIES
+@given(before=st.lists(_counted_row, max_size=40), parts=st.lists(st.tuples(st.lists(_any_counted_row, max_size=120),
+                                                                            st.booleans(), st.booleans()), max_size=5))
+def test_the_live_totals_counted_in_c_are_python_s(before: list[tuple[Any, ...]],
+                                                   parts: list[tuple[list[tuple[Any, ...]], bool, bool]]) -> None:
+    """live/_totals.c's count against LiveTotals' Python loop, on totals that already hold some: the same totals (the
+    floats summed in the same order, bit for bit), the same keys and windows in the same order; where a row is not
+    of the types it takes (an op not a str, a byte count past 64 bits or a bool, an int time), False and nothing
+    changed, the Python loop counting them all."""
+    c_count = getattr(compiled("zeromon_agent.live._totals", environment=False), "count", None)
+    if c_count is None:
+        pytest.skip("the package was installed without its C modules (no C compiler at its build)")
+    prior = [(op, meaning, nbytes, blocked, blocked, None if factor is None else nbytes * factor)
+             for op, meaning, nbytes, blocked, _, factor in before]
+    ways = {}
+    for way in ("c", "python"):
+        totals = LiveTotals()
+        with mock.patch.object(live_totals, "_COUNT", c_count if way == "c" else None):
+            totals.count_collectives(list(prior))
+            totals.collectives  # noqa: B018 - counted now
+            for rows, as_columns, as_tuples in parts:
+                if as_columns and rows:
+                    columns = [list(column) if not as_tuples else column for column in zip(*rows, strict=True)]
+                    totals.count_collectives([columns])
+                else:
+                    totals.count_collectives(list(rows))
+            counted = totals.collectives
+            ways[way] = ([(key, dataclasses.astuple(value)) for key, value in counted.items()],
+                         [(op, list(window)) for op, window in totals.busbw.items()])
+    assert ways["c"] == ways["python"]
+
+
+def test_the_live_totals_of_more_keys_than_c_holds_are_counted_by_python() -> None:
+    """Past _totals.c's 64 keys in one count, the Python loop counts them, and nothing is counted twice."""
+    rows = [(f"op{i}", "unknown", 10, 0.5, 0.001, 2.0) for i in range(100)]
+    with_c, without = LiveTotals(), LiveTotals()
+    with_c.count_collectives(list(rows))
+    with mock.patch.object(live_totals, "_COUNT", None):
+        without.count_collectives(list(rows))
+        expected = without.collectives
+    assert with_c.collectives == expected and len(expected) == 100
+    assert all(t.calls == 1 for t in with_c.collectives.values())
 
 
 _memory_value = st.none() | st.integers(0, 2**50)

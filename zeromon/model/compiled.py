@@ -13,6 +13,7 @@ MODULES = {
     "zeromon.model._planes": "the recording's column coder and its records' type check",
     "zeromon_agent.recorder._batch": "a pass's collectives' columns, a step's sums, its records out of the collector's walk",
     "zeromon_agent.hooks._ring": "the hooks' queue",
+    "zeromon_agent.live._totals": "the live totals' count of a pass's collectives",
 }
 
 

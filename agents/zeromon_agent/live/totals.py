@@ -13,6 +13,7 @@ from dataclasses import field
 from typing import Any
 
 from zeromon.model.classes import mutable
+from zeromon.model.compiled import compiled
 from zeromon.model.events import CollectiveEvent
 
 # Histogram bounds (seconds) of the live metrics: collective durations and step durations.
@@ -39,6 +40,14 @@ class StepTotals:
     count: int = 0
     seconds: float = 0.0
     buckets: list[int] = field(default_factory=lambda: [0] * (len(STEP_BUCKETS) + 1))  # not cumulative
+
+
+# The count in C (live/_totals.c, where setup.py built it; None: the Python loop, _count_rows, which gives the same).
+_COUNT = getattr(compiled("zeromon_agent.live._totals"), "count", None)
+
+
+def _new_window() -> collections.deque[float]:
+    return collections.deque(maxlen=BUSBW_WINDOW)
 
 
 # Collectives handed over but not yet counted: counted when the totals are read (a scrape) or when
@@ -97,6 +106,13 @@ class LiveTotals:
         if not uncounted:
             return
         self._uncounted, self._uncounted_rows = [], 0
+        if _COUNT is not None and _COUNT(uncounted, self._collectives, self._busbw, CollectiveTotals, _new_window,
+                                         DURATION_BUCKETS):
+            return
+        self._count_rows(uncounted)
+
+    def _count_rows(self, uncounted: list[Counted | CountedColumns]) -> None:
+        """The Python path of _totals.c's count: each collective of ``uncounted`` into its totals, in order."""
         collectives, windows, bisect_left = self._collectives, self._busbw, bisect.bisect_left
         for op, meaning, nbytes, blocked_s, duration_s, busbw in _rows(uncounted):
             totals = collectives.get((op, meaning))
@@ -112,7 +128,7 @@ class LiveTotals:
             if busbw is not None:
                 window = windows.get(op)
                 if window is None:
-                    window = windows[op] = collections.deque(maxlen=BUSBW_WINDOW)
+                    window = windows[op] = _new_window()
                 window.append(busbw)
 
     def count_step(self, duration_s: float) -> None:
