@@ -147,7 +147,7 @@ def test_a_mutable_class_is_unhashable_and_its_repr_stops_at_a_cycle() -> None:
     assert _Node.__init__.__qualname__ == "_Node.__init__" and _Node.__repr__.__qualname__ == "_Node.__repr__"
 
 
-def test_an_initvar_class_is_left_to_dataclasses() -> None:
+def test_an_initvar_class_and_one_with_init_s_own_names_are_left_to_dataclasses() -> None:
     @frozen
     class WithInitVar:
         x: int
@@ -157,3 +157,10 @@ def test_an_initvar_class_is_left_to_dataclasses() -> None:
             object.__setattr__(self, "x", self.x * scale)
 
     assert WithInitVar(2, 3).x == 6 and WithInitVar(2) == WithInitVar(2)
+
+    @frozen
+    class NamedSelf:  # a name the compiled __init__ takes for itself
+        self: int
+        _zm_factory: int = 0
+
+    assert NamedSelf(self=1, _zm_factory=2) == NamedSelf(1, 2) and NamedSelf(1).self == 1

@@ -13,7 +13,8 @@ its methods the same way (1.2 ms a frozen class of ten fields, measured against 
 ``dataclasses.dataclass`` still reads the fields and builds the slotted class; only ``__init__`` is compiled (it must
 be fast: records are made on the agent's threads), and ``__repr__``, ``__eq__``, ``__hash__`` and a frozen class's
 ``__setattr__`` and ``__delattr__`` are closures over the class's field names. A class with an ``InitVar`` field is
-left to ``dataclasses.dataclass`` whole.
+left to ``dataclasses.dataclass`` whole, as is one with a field named ``self`` or ``_zm_...``
+(names the compiled ``__init__`` uses).
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ def mutable(cls: type[_T] | None = None, /, *, eq: bool = True) -> Any:
 
 def _make(cls: type[_T], *, frozen: bool, eq: bool) -> type[_T]:
     body = dict(cls.__dict__)
-    if any("InitVar" in str(kind) for kind in body.get("__annotations__", {}).values()):
+    annotations = body.get("__annotations__", {})
+    if any("InitVar" in str(kind) for kind in annotations.values()) \
+            or any(name == "self" or name.startswith("_zm_") for name in annotations):  # names __init__ uses
         return dataclasses.dataclass(cls, frozen=frozen, eq=eq, slots=True)
     for name in ("__setattr__", "__delattr__") if frozen else ():
         if name in body:
@@ -117,7 +120,7 @@ def _make(cls: type[_T], *, frozen: bool, eq: bool) -> type[_T]:
 def _init(cls: type, fields: tuple[dataclasses.Field[Any], ...], frozen: bool) -> Callable[..., None]:
     """``__init__`` compiled for the class's fields, as dataclasses writes it; a frozen class's fields set through
     their slots' descriptors (dataclasses calls ``object.__setattr__`` a field: the same result, dearer)."""
-    values: dict[str, Any] = {"_factory_sentinel": _FACTORY}
+    values: dict[str, Any] = {"_zm_factory": _FACTORY}
     positional: list[str] = []
     keyword: list[str] = []
     lines: list[str] = []
@@ -126,14 +129,14 @@ def _init(cls: type, fields: tuple[dataclasses.Field[Any], ...], frozen: bool) -
         has_default = f.default is not dataclasses.MISSING
         has_factory = f.default_factory is not dataclasses.MISSING
         if has_factory:
-            values[f"_make_{i}"] = f.default_factory
+            values[f"_zm_make_{i}"] = f.default_factory
         if f.init:
             if has_factory:
-                parameter = f"{f.name}=_factory_sentinel"
-                value = f"_make_{i}() if {f.name} is _factory_sentinel else {f.name}"
+                parameter = f"{f.name}=_zm_factory"
+                value = f"_zm_make_{i}() if {f.name} is _zm_factory else {f.name}"
             elif has_default:
-                values[f"_default_{i}"] = f.default
-                parameter = f"{f.name}=_default_{i}"
+                values[f"_zm_default_{i}"] = f.default
+                parameter = f"{f.name}=_zm_default_{i}"
                 value = f.name
             else:
                 parameter = f.name
@@ -146,26 +149,26 @@ def _init(cls: type, fields: tuple[dataclasses.Field[Any], ...], frozen: bool) -
                 seen_default = seen_default or has_default or has_factory
                 positional.append(parameter)
         elif has_factory:
-            value = f"_make_{i}()"
+            value = f"_zm_make_{i}()"
         elif has_default:
-            values[f"_default_{i}"] = f.default
-            value = f"_default_{i}"
+            values[f"_zm_default_{i}"] = f.default
+            value = f"_zm_default_{i}"
         else:
             continue
         if frozen:
-            values[f"_set_{i}"] = getattr(cls, f.name).__set__
-            lines.append(f"  _set_{i}(self, {value})")
+            values[f"_zm_set_{i}"] = getattr(cls, f.name).__set__
+            lines.append(f"  _zm_set_{i}(self, {value})")
         else:
             lines.append(f"  self.{f.name} = {value}")
     if hasattr(cls, "__post_init__"):
         lines.append("  self.__post_init__()")
     parameters = ", ".join(["self", *positional, *(["*", *keyword] if keyword else [])])
-    source = (f"def _create({', '.join(values)}):\n def __init__({parameters}):\n"
+    source = (f"def _zm_create({', '.join(values)}):\n def __init__({parameters}):\n"
               + ("\n".join(lines) or "  pass") + "\n return __init__\n")
     module = sys.modules.get(cls.__module__)
     namespace: dict[str, Any] = {}
     exec(source, module.__dict__ if module else {}, namespace)  # noqa: S102 - written from the class's field names
-    init: Callable[..., None] = namespace["_create"](**values)
+    init: Callable[..., None] = namespace["_zm_create"](**values)
     init.__annotations__ = {**{f.name: f.type for f in fields if f.init}, "return": None}
     return init
 
