@@ -81,7 +81,7 @@ def _make(cls: type[_T], *, frozen: bool, eq: bool) -> type[_T]:
             raise TypeError(f"Cannot overwrite attribute {name} in class {cls.__name__}")
     described = bool(body.get("__doc__"))
     if not described:
-        cls.__doc__ = "(described below)"  # dataclass would compute a signature here, for a class it has no init of yet
+        cls.__doc__ = "-"  # a placeholder: dataclasses would take one from a signature that has no __init__ yet
     made: Any = dataclasses.dataclass(cls, init=False, repr=False, eq=False, slots=True)
     fields = dataclasses.fields(made)
     params = made.__dataclass_params__
