@@ -76,8 +76,9 @@ print(json.dumps({"import_ms": (t1 - t0) * 1e3, "start_ms": (t2 - t1) * 1e3, "cl
 
 
 def _env(tree: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ZEROMON_")}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(tree), str(tree / "agents")]))
+    """The examples' environment (benchlib's), with ``tree``'s packages importable instead of this one's."""
+    env = benchlib.example_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tree), str(tree / "agents")])
     return env
 
 

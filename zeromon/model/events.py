@@ -429,9 +429,10 @@ Record = (
 
 def record_maker(cls: type[_R]) -> Callable[[tuple[Any, ...]], _R]:
     """A constructor of ``cls`` (a frozen dataclass with slots and no ``__post_init__``) from all its
-    field values in field order, for the agent's recorder: ``cls(*values)`` sets each field through
-    ``object.__setattr__``; this sets the slots directly, at a fraction of the cost. The
-    record is the same: equal, same fields, same encoding (tests/test_record_maker.py)."""
+    field values in field order, for the agent's recorder: the slots set directly from a tuple it already has.
+    A class made by zeromon.model.classes' ``@frozen`` sets its slots directly in ``__init__`` too, so
+    ``cls(*values)`` costs the same now (tests/bench/RESULTS.md, "Slotted classes without compiling their
+    methods"). The record is the same: equal, same fields, same encoding (tests/test_recorder_fast_path.py)."""
     if not (dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
             and "__slots__" in cls.__dict__) or hasattr(cls, "__post_init__"):
         raise TypeError(f"{cls.__name__}: record_maker takes a frozen dataclass with slots and no __post_init__")

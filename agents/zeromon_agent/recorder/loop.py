@@ -89,7 +89,7 @@ _RECENT_RAW = 256  # raw records kept after their drain, for each group's newest
 _CONTROL_CROWDED = 16384  # control records queued that bring a pass forward (the queue holds 65,536)
 _BATCH = 256  # synchronous collectives finalized a column at a time, between two gives of the GIL
 _KIND, _ASYNC, _STEP, _CUDA = (operator.itemgetter(i) for i in (0, 10, 13, 14))  # of a raw collective
-# Built once per record, so built with the slots set directly (record_maker: cheaper than __init__).
+# Built once per record, from the values' tuple (record_maker: the slots set directly, as @frozen's __init__ does).
 _new_memory = record_maker(MemorySample)
 _MEMORY_ORDER = FIELDS_OF[MemorySample][4:]  # the values the agent's sample queues, in order (memory.watch)
 _MEMORY_PLAIN = _MEMORY_ORDER[:-1]  # a sample as a dict: all but the categories, which it has when they were walked

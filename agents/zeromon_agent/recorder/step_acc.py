@@ -17,7 +17,7 @@ from zeromon.model.compiled import compiled
 from zeromon.model.events import StepSummary, ZeroMeaning, record_maker
 from zeromon_agent.hooks.issuers import DDP, DTENSOR, USER
 
-# A summary a step, its 14 slots set directly (record_maker: cheaper), in StepSummary's field order.
+# A summary a step, its 14 slots set directly from a tuple in StepSummary's field order (record_maker).
 _new_summary = record_maker(StepSummary)
 _SCALAR_BYTES = 64  # all-reduces this small are flags and norms, not gradients
 # A step keeps at most this many collective intervals; beyond it they are folded into a running

@@ -29,7 +29,7 @@ _STEP_GRACE_NS = 2_000_000_000
 # A CUDA event (a phase boundary) the GPU has not reached this long after it was recorded is given
 # up on: its spans fall back to host times. Bounds the wait of a step summary on a stalled GPU.
 _MARK_GRACE_NS = 10_000_000_000
-# Built once per record, so built with the slots set directly (record_maker: cheaper than __init__).
+# Built once per record, from the values' tuple (record_maker: the slots set directly, as @frozen's __init__ does).
 _new_span = record_maker(PhaseSpan)
 
 
