@@ -34,8 +34,9 @@ from zeromon_agent.recorder.loop import Recorder
 # resumed counts as a call: the live totals' rows, one a collective): what they made when it was set
 # (tests/bench/RESULTS.md, issue 44), with room for less than one call a record more.
 # The recorder's Python paths 6.90 (7.5); with its loops in C (setup.py's modules, built where a compiler is, as in
-# CI) 6.38 (7.0), 4.66 once the live totals were counted in C (live/_totals.c: no generator resumed a collective).
-CALLS_PER_COLLECTIVE_CEILING = 5.3 if compiled("zeromon_agent.recorder._batch") and compiled("zeromon.model._planes") \
+# CI) 6.38 (7.0), 4.66 once the live totals were counted in C (live/_totals.c: no generator resumed a collective),
+# 3.58 once memory samples joined the runs of phases in C and the spans' step accounting was C too (_batch.c).
+CALLS_PER_COLLECTIVE_CEILING = 4.2 if compiled("zeromon_agent.recorder._batch") and compiled("zeromon.model._planes") \
     and compiled("zeromon_agent.live._totals") \
     else 7.5
 STEPS = 400  # a pass a flush (5 s) holds ~130 of these steps; four passes

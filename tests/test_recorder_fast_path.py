@@ -73,7 +73,7 @@ from zeromon_agent.live.recent import RecentRecords
 from zeromon_agent.live.totals import BUSBW_WINDOW, DURATION_BUCKETS, CollectiveTotals, LiveTotals
 from zeromon_agent.live.totals import counted as live_counted
 from zeromon_agent.memory.watch import MEMORY_VALUES
-from zeromon_agent.recorder import collective_records, loop, step_acc
+from zeromon_agent.recorder import collective_records, loop, step_acc, step_book
 from zeromon_agent.recorder.loop import Recorder
 from zeromon_agent.recorder.step_acc import meaning_of, seconds
 
@@ -804,17 +804,17 @@ def test_a_memory_sample_made_with_its_slots_set_is_the_constructor_s(values: li
     assert list(map(encode_record, made)) == list(map(encode_record, expected))
 
 
-_phase_change = st.tuples(st.sampled_from(["forward", "backward", "optimizer", "agent-work", "step-end", "memory",
-                                           "explicit-step"]),
+_phase_change = st.tuples(st.sampled_from(["forward", "backward", "optimizer", "forward_peak", "agent-work", "step-end",
+                                           "memory", "explicit-step"]),
                           st.integers(0, 5000))  # a gap of 0: a span of no length, not written
 _MEMORY_VALUES = FIELDS_OF[MemorySample][4:]  # a sample's values as the agent queues them (memory.watch)
 
 
 def _record_phases(changes: list[tuple[str, int]], cuts: set[int], batch: bool, tmp: Path) -> tuple[list[Any], Recorder]:
-    """A Recorder (no GPU) fed phase changes, zeromon's own spans, memory samples and step ends (implicit, or an
-    explicit end and start), drained at ``cuts``: its host spans made as tuples and finished a column at a time
-    (``batch``), or made as Mark and Span objects (the handlers a GPU's phases take) and finished one at a time
-    (StepBook.finish_span, as before)."""
+    """A Recorder (no GPU) fed phase changes, zeromon's own spans, memory samples (their peaks each step's, but in
+    a peak phase) and step ends (implicit, or an explicit end and start), drained at ``cuts``: its host spans made
+    as tuples and finished a column at a time (``batch``), or made as Mark and Span objects (the handlers a GPU's
+    phases take) and finished one at a time (StepBook.finish_span, as before)."""
     state = HotState()
     tmp.mkdir(exist_ok=True)
     path = tmp / f"phases-{batch}.zmr"
@@ -840,8 +840,12 @@ def _record_phases(changes: list[tuple[str, int]], cuts: set[int], batch: bool, 
             step += 1
             t += gap // 3
             state.control.append((RAW_STEP_START, step, t, None, phase))
-        elif change == "memory":
-            state.control.append((RAW_MEMORY, phase, step, t, (*[None] * (len(_MEMORY_VALUES) - 2), 2**20 + t, {})))
+        elif change == "memory":  # its levels by the gap: none, the process's only, or the allocator's too
+            allocated, rss = ((None, None), (None, 2**20 + t), (2**30 - t, 2**20 + t))[gap % 3]
+            values: list[Any] = [None] * len(_MEMORY_VALUES)
+            values[_MEMORY_VALUES.index("device")] = "cpu"  # a sample of none is not read back: the reader says so
+            values[_MEMORY_VALUES.index("allocated")], values[_MEMORY_VALUES.index("rss")] = allocated, rss
+            state.control.append((RAW_MEMORY, phase, step, t, (*values[:-1], {})))
         elif change == "agent-work":
             state.control.append((RAW_AGENT, step, t, t + gap // 2 + 1, phase))
             t += gap // 2 + 1
@@ -859,13 +863,14 @@ def _record_phases(changes: list[tuple[str, int]], cuts: set[int], batch: bool, 
 @given(changes=st.lists(_phase_change, min_size=1, max_size=60), cuts=st.sets(st.integers(0, 60), max_size=4))
 def test_host_phase_spans_finished_a_column_at_a_time_are_the_ones_finished_one_by_one(
         changes: list[tuple[str, int]], cuts: set[int]) -> None:
-    """The host's boundaries (plain tuples, finished a column at a time, a run of phase changes and agent spans in C
-    where _batch.c was built, and by the host handlers a record at a time where not) against the handlers a GPU's
-    boundaries take (Marks and Spans, finished one at a time): the same records, the same live views."""
+    """The host's boundaries (plain tuples, finished a column at a time, a run of phase changes, agent spans and
+    memory samples and the spans' columns and step accounting in C where _batch.c was built, and by the host handlers
+    and Recorder._on_memory a record at a time and finish_host_spans' loops where not) against the handlers a GPU's boundaries take (Marks and Spans, finished one at a time): the same
+    records (the steps' peaks among them), the same live views."""
     with tempfile.TemporaryDirectory() as tmp:
         batch, batch_recorder = _record_phases(changes, cuts, True, Path(tmp))
         plain, plain_recorder = _record_phases(changes, cuts, False, Path(tmp))
-        with mock.patch.object(loop, "_HOST_PHASES", None):
+        with mock.patch.object(loop, "_HOST_PHASES", None), mock.patch.object(step_book, "_HOST_SPANS", None):
             handlers, _ = _record_phases(changes, cuts, True, Path(tmp) / "python")
     assert [encode_record(r) for r in batch] == [encode_record(r) for r in plain] == \
         [encode_record(r) for r in handlers]
@@ -874,6 +879,52 @@ def test_host_phase_spans_finished_a_column_at_a_time_are_the_ones_finished_one_
         assert any(isinstance(r, StepSummary) for r in batch)
     if any(change not in ("step-end", "memory") and gap > 0 for change, gap in changes):  # a phase of some length closed
         assert any(isinstance(r, PhaseSpan) for r in batch)
+    assert sum(isinstance(r, MemorySample) for r in batch) == sum(change == "memory" for change, _ in changes)
+
+
+@pytest.mark.parametrize("late", [0, 2**63])
+def test_host_spans_account_the_steps_not_summarized_as_python_does(late: int) -> None:
+    """finish_host_spans' accounting in C (host_spans) and in Python: a summarized step's spans make no accumulator,
+    the others add each phase's time in order, the agent's spans and the earliest start to theirs; a span past 64
+    bits (``late``) is left to the Python loops whole."""
+    spans = [("forward", 5, 100, 200), ("backward", 5, 200, 260), ("forward", 6, 300, 350), ("agent", 6, 350, 360),
+             ("backward", 6, 360, 500), ("forward", 6, 500, 520 + late), ("agent", 7, 90, 95), ("other", 7, 80, 90)]
+    books = []
+    for way in (step_book._HOST_SPANS, None):
+        recorder = Recorder(HotState(), 0, None, 5.0, clock_offset_ns=10**9)
+        book = recorder.steps
+        book.emitted_through = 5
+        book.acc(6).start_ns = 10**9 + 320  # a step's start from an earlier record, later than its first span's
+        with mock.patch.object(step_book, "_HOST_SPANS", way):
+            book.finish_host_spans(list(spans))
+        books.append(book)
+        recorder.stop()
+    with_c, python = ({step: (acc.phase_ns, acc.agent, acc.start_ns) for step, acc in book.accs.items()}
+                      for book in books)
+    assert with_c == python
+    assert list(python) == [6, 7] and list(python[6][0]) == ["forward", "agent", "backward"]
+    assert python[6] == ({"forward": 70 + late, "agent": 10, "backward": 140}, [(10**9 + 350, 10**9 + 360)],
+                         10**9 + 300)
+    assert python[7] == ({"agent": 5, "other": 10}, [(10**9 + 90, 10**9 + 95)], 10**9 + 80)
+
+
+@pytest.mark.parametrize("in_c", [True, False])
+def test_a_step_s_peak_is_its_highest_sample_but_those_of_its_peak_phases(in_c: bool, tmp_path: Path) -> None:
+    """The samples of a run host_phases takes (in C) and those _on_memory takes one at a time: a step's peak is the
+    allocator's level where a sample has it, else the process's, highest of the samples but a peak phase's."""
+    changes = [("memory", 1), ("forward_peak", 10), ("memory", 2), ("backward", 10), ("memory", 5), ("memory", 3),
+               ("step-end", 10), ("memory", 3), ("step-end", 10)]
+    with mock.patch.object(loop, "_HOST_PHASES", loop._HOST_PHASES if in_c else None), \
+            mock.patch.object(step_book, "_HOST_SPANS", step_book._HOST_SPANS if in_c else None):
+        records, recorder = _record_phases(changes, set(), True, tmp_path)
+    # The samples' t and levels (_record_phases: by the gap): 1001 the process's, 1013 the allocator's in a peak
+    # phase (the highest, not the step's), 1028 the allocator's, 1031 none; the next step's 1044 none
+    peaks = {r.step: r.peak_memory for r in records if isinstance(r, StepSummary)}
+    assert peaks == {0: 2**30 - 1028, 1: None}
+    samples = [r for r in records if isinstance(r, MemorySample)]
+    assert [(s.phase, s.t_ns - 10**18) for s in samples] == [("forward", 1001), ("forward_peak", 1013),
+                                                             ("backward", 1028), ("backward", 1031), ("backward", 1044)]
+    assert len([r for _, r in recorder.live.recent_records() if isinstance(r, MemorySample)]) == 5
 
 
 class _StandInEvent:

@@ -8,10 +8,11 @@
  *   async_columns: finalize_pass's rows, async collectives at their wait and a GPU's launches (_finalize_rows').
  * The same values as the Python paths (tests/test_recorder_fast_path.py runs both); None where a batch is not taken
  * (the caller's Python path decides then).
- * Beside them, three of a pass's other loops, each with its Python path: host_phases (a run of a GPU-less pass's
- * phase changes and agent spans, StepBook's host handlers), sequential_overlap (a step of calls one after another
- * summed, step_acc._sequential_overlap_ns) and untrack (the records handed to the live views let out of the garbage
- * collector's lists, Outbox.release).
+ * Beside them, four of a pass's other loops, each with its Python path: host_phases (a run of a GPU-less pass's
+ * phase changes, agent spans and memory samples: StepBook's host handlers, Recorder._on_memory), host_spans (their
+ * closed phases' columns and step accounting, StepBook.finish_host_spans'), sequential_overlap
+ * (a step of calls one after another summed, step_acc._sequential_overlap_ns) and untrack (the records handed to the
+ * live views let out of the garbage collector's lists, Outbox.release).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -324,23 +325,117 @@ failed:
     return NULL;
 }
 
-/* host_phases(items, index, stop, phase, spans, agent, phase_kind, agent_kind): StepBook's host handlers of a run of
- * phase changes and agent spans (_on_phase_host, _on_agent_host: a GPU-less run's boundaries), from items[index] on,
- * up to ``stop`` or the first record of another kind (or of an odd shape, which the Python handlers then take):
- * each closed phase appended to ``spans`` as (phase, step, start, end), ``agent`` the agent's phase name. Returns
- * (the index it stopped at, the current phase: (phase, start, step) or None), the same as the handlers one record at
- * a time (tests/test_recorder_fast_path.py). */
+/* A run's memory samples (host_phases' ``memory``, or None): what Recorder._on_memory does with the agent's own samples
+ * (its values a tuple of n_fields, its time an int), made of the run's records in order. */
+typedef struct {
+    long kind;             /* RAW_MEMORY */
+    PyObject *samples;     /* list: each sample's values, (rank, step, phase, t + offset, *fields) */
+    PyObject *peaks;       /* dict: step -> its highest level (allocated, else rss) among the run's samples, or None */
+    PyObject *rank, *offset, *emitted, *peak_phases;  /* emitted: StepBook.emitted_through; peak_phases: a frozenset */
+    Py_ssize_t n_fields, at_allocated, at_rss;  /* the two levels' places in the fields */
+} MemoryRun;
+
+/* memory: (kind, samples, peaks, rank, offset, n_fields, emitted, peak_phases, at_allocated, at_rss). 1, 0 (not a
+ * tuple of that shape: no memory sample taken in C), or -1 with an exception. */
+static int
+memory_run(PyObject *memory, MemoryRun *run)
+{
+    if (memory == Py_None) return 0;
+    if (!PyTuple_CheckExact(memory) || PyTuple_GET_SIZE(memory) != 10
+            || !PyList_CheckExact(PyTuple_GET_ITEM(memory, 1)) || !PyDict_CheckExact(PyTuple_GET_ITEM(memory, 2))
+            || !PyFrozenSet_CheckExact(PyTuple_GET_ITEM(memory, 7))) {
+        PyErr_SetString(PyExc_TypeError, "host_phases' memory: (kind, samples, peaks, rank, offset, n_fields, "
+                        "emitted, peak_phases, at_allocated, at_rss)");
+        return -1;
+    }
+    run->kind = PyLong_AsLong(PyTuple_GET_ITEM(memory, 0));
+    run->samples = PyTuple_GET_ITEM(memory, 1);
+    run->peaks = PyTuple_GET_ITEM(memory, 2);
+    run->rank = PyTuple_GET_ITEM(memory, 3);
+    run->offset = PyTuple_GET_ITEM(memory, 4);
+    run->n_fields = PyLong_AsSsize_t(PyTuple_GET_ITEM(memory, 5));
+    run->emitted = PyTuple_GET_ITEM(memory, 6);
+    run->peak_phases = PyTuple_GET_ITEM(memory, 7);
+    run->at_allocated = PyLong_AsSsize_t(PyTuple_GET_ITEM(memory, 8));
+    run->at_rss = PyLong_AsSsize_t(PyTuple_GET_ITEM(memory, 9));
+    if (PyErr_Occurred()) return -1;
+    if (run->at_allocated < 0 || run->at_allocated >= run->n_fields || run->at_rss < 0
+            || run->at_rss >= run->n_fields) {
+        PyErr_SetString(PyExc_ValueError, "host_phases' memory: a level's place outside the fields");
+        return -1;
+    }
+    return 1;
+}
+
+/* A memory record (kind, phase, step, t, fields) of the agent's shape into run->samples and run->peaks: 1, 0 (of
+ * another shape: the Python handler takes it), -1 with an exception. */
+static int
+memory_sample(MemoryRun *run, PyObject *item)
+{
+    if (PyTuple_GET_SIZE(item) != 5) return 0;
+    PyObject *phase = PyTuple_GET_ITEM(item, 1), *step = PyTuple_GET_ITEM(item, 2), *t = PyTuple_GET_ITEM(item, 3);
+    PyObject *fields = PyTuple_GET_ITEM(item, 4);
+    if (!PyTuple_CheckExact(fields) || PyTuple_GET_SIZE(fields) != run->n_fields || !PyLong_CheckExact(t)
+            || !PyLong_CheckExact(step)) {
+        return 0;
+    }
+    PyObject *sample = PyTuple_New(4 + run->n_fields);
+    if (sample == NULL) return -1;
+    PyObject *t_ns = PyNumber_Add(t, run->offset);
+    if (t_ns == NULL) {
+        Py_DECREF(sample);
+        return -1;
+    }
+    PyTuple_SET_ITEM(sample, 0, Py_NewRef(run->rank));
+    PyTuple_SET_ITEM(sample, 1, Py_NewRef(step));
+    PyTuple_SET_ITEM(sample, 2, Py_NewRef(phase));
+    PyTuple_SET_ITEM(sample, 3, t_ns);
+    for (Py_ssize_t i = 0; i < run->n_fields; i++) {
+        PyTuple_SET_ITEM(sample, 4 + i, Py_NewRef(PyTuple_GET_ITEM(fields, i)));
+    }
+    int appended = PyList_Append(run->samples, sample);
+    Py_DECREF(sample);
+    if (appended < 0) return -1;
+    /* The step's peak from the samples taken every step (not those of PEAK_PHASES), of a step not summarized. */
+    int later = PyObject_RichCompareBool(step, run->emitted, Py_GT);
+    if (later <= 0) return later < 0 ? -1 : 1;
+    int peak_phase = PySet_Contains(run->peak_phases, phase);
+    if (peak_phase != 0) return peak_phase < 0 ? -1 : 1;
+    PyObject *level = PyTuple_GET_ITEM(fields, run->at_allocated);
+    if (level == Py_None) level = PyTuple_GET_ITEM(fields, run->at_rss);
+    PyObject *known = PyDict_GetItemWithError(run->peaks, step);  /* borrowed */
+    if (known == NULL && PyErr_Occurred()) return -1;
+    int higher = 1;
+    if (known != NULL) {
+        if (level == Py_None) return 1;
+        if (known != Py_None && (higher = PyObject_RichCompareBool(level, known, Py_GT)) < 0) return -1;
+    }
+    return higher ? (PyDict_SetItem(run->peaks, step, level) < 0 ? -1 : 1) : 1;
+}
+
+/* host_phases(items, index, stop, phase, spans, agent, phase_kind, agent_kind, memory): StepBook's host handlers of a
+ * run of phase changes and agent spans (_on_phase_host, _on_agent_host: a GPU-less run's boundaries), and of the
+ * agent's memory samples (``memory``, or None: see memory_run), from items[index] on, up to ``stop`` or the first
+ * record of another kind (or of an odd shape, which the Python handlers then take): each closed phase appended to
+ * ``spans`` as (phase, step, start, end), ``agent`` the agent's phase name; each memory sample's values to its
+ * samples, each step's highest level to its peaks (the caller writes and publishes them: Recorder._take_samples).
+ * Returns (the index it stopped at, the current phase: (phase, start, step) or None), the same as the handlers one
+ * record at a time (tests/test_recorder_fast_path.py). */
 static PyObject *
 host_phases(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 8 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[4])) {
-        PyErr_SetString(PyExc_TypeError, "host_phases(items, index, stop, phase, spans, agent, phase_kind, agent_kind)");
+    if (nargs != 9 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[4])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "host_phases(items, index, stop, phase, spans, agent, phase_kind, agent_kind, memory)");
         return NULL;
     }
     PyObject *items = args[0], *spans = args[4], *agent = args[5];
     Py_ssize_t index = PyLong_AsSsize_t(args[1]), stop = PyLong_AsSsize_t(args[2]);
     long phase_kind = PyLong_AsLong(args[6]), agent_kind = PyLong_AsLong(args[7]);
     if (PyErr_Occurred()) return NULL;
+    MemoryRun memory;
+    int with_memory = memory_run(args[8], &memory);
+    if (with_memory < 0) return NULL;
     if (stop > PyList_GET_SIZE(items)) stop = PyList_GET_SIZE(items);
     PyObject *phase = Py_NewRef(args[3]);  /* owned: the current phase */
     for (; index < stop; index++) {
@@ -350,6 +445,12 @@ host_phases(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
         if (kind == -1 && PyErr_Occurred()) {
             PyErr_Clear();
             break;
+        }
+        if (with_memory && kind == memory.kind) {  /* (kind, phase, step, t, fields) */
+            int taken = memory_sample(&memory, item);
+            if (taken < 0) goto failed;
+            if (!taken) break;
+            continue;
         }
         int current = phase != Py_None;
         if (current && (!PyTuple_CheckExact(phase) || PyTuple_GET_SIZE(phase) != 3)) break;
@@ -398,6 +499,121 @@ host_phases(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
     return out;
 failed:
     Py_DECREF(phase);
+    return NULL;
+}
+
+/* host_spans(spans, offset, emitted, agent, acc): StepBook.finish_host_spans' columns and step accounting of a
+ * GPU-less pass's closed phases (``spans``: (phase, step, start, end) tuples in perf_ns, in order). Returns (steps,
+ * phases, starts, ends), each start and end on the Unix clock (+ ``offset``), and adds each run of one step's spans,
+ * of a step after ``emitted``, into its accumulator (``acc(step)``, a StepAcc): each phase's nanoseconds, in order;
+ * the agent's own spans (phase ``agent``) as (start, end); the earliest start. None, nothing done, where a span is
+ * not of that shape or a value or a sum passes 64 bits: the Python loop then, the same
+ * (tests/test_recorder_fast_path.py). */
+static PyObject *
+host_spans(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *spans, *offset_obj, *emitted_obj, *agent, *get_acc;
+    if (!PyArg_ParseTuple(args, "O!OOUO:host_spans", &PyList_Type, &spans, &offset_obj, &emitted_obj, &agent,
+                          &get_acc)) {
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(spans);
+    int64_t offset, emitted;
+    if (!as_int64(offset_obj, &offset) || !as_int64(emitted_obj, &emitted)) Py_RETURN_NONE;
+    int64_t *values = PyMem_Malloc(sizeof(int64_t) * 3 * (size_t)(n > 0 ? n : 1));
+    if (values == NULL) return PyErr_NoMemory();
+    int64_t *steps = values, *starts = values + n, *ends = values + 2 * n;
+    for (Py_ssize_t i = 0; i < n; i++) {  /* every span checked before anything is made or added */
+        PyObject *span = PyList_GET_ITEM(spans, i);
+        int64_t start, end;
+        if (!PyTuple_CheckExact(span) || PyTuple_GET_SIZE(span) != 4 || !PyUnicode_CheckExact(PyTuple_GET_ITEM(span, 0))
+                || !PyLong_CheckExact(PyTuple_GET_ITEM(span, 1)) || !PyLong_CheckExact(PyTuple_GET_ITEM(span, 2))
+                || !PyLong_CheckExact(PyTuple_GET_ITEM(span, 3)) || !as_int64(PyTuple_GET_ITEM(span, 1), &steps[i])
+                || !as_int64(PyTuple_GET_ITEM(span, 2), &start) || !as_int64(PyTuple_GET_ITEM(span, 3), &end)
+                || __builtin_add_overflow(start, offset, &starts[i]) || __builtin_add_overflow(end, offset, &ends[i])
+                || __builtin_sub_overflow(ends[i], starts[i], &end)) {
+            PyMem_Free(values);
+            Py_RETURN_NONE;
+        }
+    }
+    PyObject *columns = new_columns(4, n);
+    if (columns == NULL) goto failed;
+    PyObject *step_column = PyTuple_GET_ITEM(columns, 0), *phase_column = PyTuple_GET_ITEM(columns, 1);
+    PyObject *start_column = PyTuple_GET_ITEM(columns, 2), *end_column = PyTuple_GET_ITEM(columns, 3);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *span = PyList_GET_ITEM(spans, i);
+        PyList_SET_ITEM(step_column, i, Py_NewRef(PyTuple_GET_ITEM(span, 1)));
+        PyList_SET_ITEM(phase_column, i, Py_NewRef(PyTuple_GET_ITEM(span, 0)));
+        PyObject *start = PyLong_FromLongLong(starts[i]), *end = PyLong_FromLongLong(ends[i]);
+        PyList_SET_ITEM(start_column, i, start);  /* NULL where not made: the column is released whole */
+        PyList_SET_ITEM(end_column, i, end);
+        if (start == NULL || end == NULL) goto failed;
+    }
+    for (Py_ssize_t i = 0, j; i < n; i = j) {  /* each run of one step's spans */
+        for (j = i + 1; j < n && steps[j] == steps[i]; j++) {
+        }
+        if (steps[i] <= emitted) continue;  /* summarized: no accounting */
+        PyObject *acc = PyObject_CallOneArg(get_acc, PyList_GET_ITEM(step_column, i));
+        if (acc == NULL) goto failed;
+        PyObject *phase_ns = PyObject_GetAttrString(acc, "phase_ns"), *agent_spans = NULL, *known = NULL;
+        if (phase_ns == NULL || !PyDict_CheckExact(phase_ns)) {
+            if (phase_ns != NULL) PyErr_SetString(PyExc_TypeError, "host_spans: a phase_ns not a dict");
+            goto failed_acc;
+        }
+        Py_ssize_t first = i;
+        for (Py_ssize_t k = i; k < j; k++) {
+            PyObject *phase = PyList_GET_ITEM(phase_column, k);
+            PyObject *duration = PyLong_FromLongLong(ends[k] - starts[k]);
+            if (duration == NULL) goto failed_acc;
+            PyObject *sum = PyDict_GetItemWithError(phase_ns, phase);  /* borrowed */
+            if (sum == NULL && PyErr_Occurred()) {
+                Py_DECREF(duration);
+                goto failed_acc;
+            }
+            sum = sum != NULL ? PyNumber_Add(sum, duration) : Py_NewRef(duration);
+            Py_DECREF(duration);
+            if (sum == NULL || PyDict_SetItem(phase_ns, phase, sum) < 0) {
+                Py_XDECREF(sum);
+                goto failed_acc;
+            }
+            Py_DECREF(sum);
+            if (PyUnicode_Compare(phase, agent) == 0) {
+                if (agent_spans == NULL && ((agent_spans = PyObject_GetAttrString(acc, "agent")) == NULL
+                                            || !PyList_Check(agent_spans))) {
+                    if (agent_spans != NULL) PyErr_SetString(PyExc_TypeError, "host_spans: an agent not a list");
+                    goto failed_acc;
+                }
+                PyObject *pair = PyTuple_Pack(2, PyList_GET_ITEM(start_column, k), PyList_GET_ITEM(end_column, k));
+                if (pair == NULL || PyList_Append(agent_spans, pair) < 0) {
+                    Py_XDECREF(pair);
+                    goto failed_acc;
+                }
+                Py_DECREF(pair);
+            }
+            if (starts[k] < starts[first]) first = k;
+        }
+        /* its earliest start: min() of the run's, the first of equal ones */
+        if ((known = PyObject_GetAttrString(acc, "start_ns")) == NULL) goto failed_acc;
+        PyObject *earliest = PyList_GET_ITEM(start_column, first);
+        int earlier = known == Py_None ? 1 : PyObject_RichCompareBool(earliest, known, Py_LT);
+        if (earlier < 0 || (earlier && PyObject_SetAttrString(acc, "start_ns", earliest) < 0)) goto failed_acc;
+        Py_DECREF(known);
+        Py_XDECREF(agent_spans);
+        Py_DECREF(phase_ns);
+        Py_DECREF(acc);
+        continue;
+    failed_acc:
+        Py_XDECREF(known);
+        Py_XDECREF(agent_spans);
+        Py_XDECREF(phase_ns);
+        Py_DECREF(acc);
+        goto failed;
+    }
+    PyMem_Free(values);
+    return columns;
+failed:
+    PyMem_Free(values);
+    Py_XDECREF(columns);
     return NULL;
 }
 
@@ -595,8 +811,11 @@ static PyMethodDef methods[] = {
     {"sync_columns", sync_columns, METH_VARARGS,
      "sync_columns(items, shapes, shape_of, offset, max_ns) -> a synchronous batch's columns, or None."},
     {"host_phases", (PyCFunction)(void (*)(void))host_phases, METH_FASTCALL,
-     "host_phases(items, index, stop, phase, spans, agent, phase_kind, agent_kind) -> (index, phase): a run of "
-     "phase changes and agent spans, StepBook's host handlers."},
+     "host_phases(items, index, stop, phase, spans, agent, phase_kind, agent_kind, memory) -> (index, phase): a run "
+     "of phase changes, agent spans and memory samples, StepBook's host handlers and Recorder._on_memory's."},
+    {"host_spans", host_spans, METH_VARARGS,
+     "host_spans(spans, offset, emitted, agent, acc) -> (steps, phases, starts, ends): finish_host_spans' columns, "
+     "each run of a step's spans added into its accumulator; None where the Python loop takes them."},
     {"sequential_overlap", sequential_overlap, METH_VARARGS,
      "sequential_overlap(issue, complete, ends, agent, start_ns, end_ns) -> _sequential_overlap_ns's result, or "
      "False where the values do not fit 64 bits (the Python function then)."},

@@ -459,9 +459,14 @@ class Recorder:
                     RAW_STEP_END: steps.on_step_end, RAW_STEP_START: steps.on_step_start,
                     RAW_WAIT: collectives.on_wait, RAW_DONE: collectives.on_done,
                     RAW_SEEN_DONE: collectives.on_seen_done, RAW_OOM: self._on_oom}
-        # A run of phase changes and agent spans on the host (no GPU) in one call (_batch.c's host_phases: the host
-        # handlers' spans and current phase), else None: the handlers a record at a time.
+        # A run of phase changes, agent spans and the agent's memory samples on the host (no GPU) in one call
+        # (_batch.c's host_phases: the host handlers' spans and current phase, the samples' values and each step's
+        # peak, which _take_samples then writes and publishes), else None: the handlers a record at a time.
         host_phases = _HOST_PHASES if steps.host_phases else None
+        samples: list[tuple[Any, ...]] = []
+        peaks: dict[int, int | None] = {}
+        memory = (RAW_MEMORY, samples, peaks, self.rank, self.clock_offset_ns, _MEMORY_N, emitted, PEAK_PHASES,
+                  _AT_ALLOCATED - 4, _AT_RSS - 4)
         index, n, give_at = 0, len(items), _YIELD_EVERY
         while index < n:
             if index >= give_at:
@@ -480,9 +485,11 @@ class Recorder:
                 # hot loop's (state.AT_ASYNC, AT_CUDA, AT_STEP name them).
                 if item[10] or item[14] is not None or item[13] <= emitted or not finalize_sync(item):
                     collectives.on_collective(item)
-            elif host_phases is not None and (kind == RAW_PHASE or kind == RAW_AGENT):
+            elif host_phases is not None and (kind == RAW_PHASE or kind == RAW_AGENT or kind == RAW_MEMORY):
                 ran, steps.current = host_phases(items, index, give_at, steps.current, steps.closed, AGENT_PHASE,
-                                                 RAW_PHASE, RAW_AGENT)
+                                                 RAW_PHASE, RAW_AGENT, memory)
+                if samples:
+                    self._take_samples(samples, peaks)
                 if ran > index:
                     index = ran
                     continue
@@ -504,16 +511,7 @@ class Recorder:
         else:
             sample = None
         if sample is not None:
-            # The agent's usual values (with or without the categories walked): the slots set directly, and
-            # the values handed to the compact writer as they are (no attribute getter). Live clients get
-            # the values, the record made when one reads it (materialize): a sample nobody reads makes none.
-            out = self.out
-            keeper, writer, write_values = out.keeper, out.writer, out.write_values
-            if keeper.level:  # thinned: the keeper holds the record until its step decides
-                keeper.detail(_new_memory(sample), step)
-            elif writer is not None and keeper.admit() and not (write_values is not None
-                                                                and write_values(MemorySample, sample)):
-                writer.write(_new_memory(sample))
+            self._write_sample(sample)
             allocated, rss = sample[_AT_ALLOCATED], sample[_AT_RSS]
         else:  # anything else: the constructor says what is wrong
             sample = MemorySample(rank=self.rank, step=step, phase=phase, t_ns=t_ns, **fields)
@@ -528,6 +526,40 @@ class Recorder:
             acc = self.steps.acc(step)
             if level is not None and (acc.peak_memory is None or level > acc.peak_memory):
                 acc.peak_memory = level
+
+    def _write_sample(self, sample: tuple[Any, ...]) -> None:
+        """A memory sample of the agent's usual values (with or without the categories walked) to the recording: the
+        slots set directly, and the values handed to the compact writer as they are (no attribute getter). Live
+        clients get the values, the record made when one reads it (materialize): a sample nobody reads makes none."""
+        out = self.out
+        keeper, writer, write_values = out.keeper, out.writer, out.write_values
+        if keeper.level:  # thinned: the keeper holds the record until its step decides
+            keeper.detail(_new_memory(sample), sample[1])
+        elif writer is not None and keeper.admit() and not (write_values is not None
+                                                            and write_values(MemorySample, sample)):
+            writer.write(_new_memory(sample))
+
+    def _take_samples(self, samples: list[tuple[Any, ...]], peaks: dict[int, int | None]) -> None:
+        """_on_memory's work for the agent's samples of a run that _batch.c's host_phases took: ``samples`` their values
+        in order, ``peaks`` each step's highest level among them (None: none had one), both emptied here."""
+        out = self.out
+        keeper, writer, write_values = out.keeper, out.writer, out.write_values
+        if keeper.level or write_values is None:
+            for sample in samples:
+                self._write_sample(sample)
+        elif writer is not None and keeper.admit(len(samples)):  # the file grows a segment at a time: one answer
+            for sample in samples:
+                if not write_values(MemorySample, sample):
+                    writer.write(_new_memory(sample))
+        out.records.extend(samples)
+        out.memory.extend(samples)
+        acc = self.steps.acc
+        for step, level in peaks.items():
+            step_acc = acc(step)
+            if level is not None and (step_acc.peak_memory is None or level > step_acc.peak_memory):
+                step_acc.peak_memory = level
+        samples.clear()
+        peaks.clear()
 
     def _on_oom(self, item: tuple[Any, ...]) -> None:
         _, t, device, info, snapshot, phase, step = item

@@ -219,16 +219,19 @@ def _communication(acc: StepAcc, start_ns: int, end_ns: int) -> tuple[float, _Ov
     # The step's communication as its overlap counts it (overlap + exposed: the collectives' intervals and, on the
     # host, the thread's time blocked on them, in the window, less zeromon's own), so that exposed never exceeds
     # it; where the overlap is not known, the collectives' intervals alone.
-    comm_s = seconds(acc.folded_union_ns + comm_ns)
+    # seconds() of each, written out (five calls a step fewer)
     if host_ns is not None:
-        comp_s, overlap_s, exposed_s = seconds(host_ns[0]), seconds(host_ns[1]), seconds(host_ns[2])
-        comm_s = seconds(host_ns[1] + host_ns[2])
+        comp_ns, overlap_ns, exposed_ns = host_ns
+        comp_s, overlap_s, exposed_s, comm_s = comp_ns / 1e9, overlap_ns / 1e9, exposed_ns / 1e9, \
+            (overlap_ns + exposed_ns) / 1e9
     elif acc.overlap_known:
         overlap = overlap_in_step(acc.intervals, acc.blocked, (start_ns, end_ns), agent=acc.agent,
                                   stream_compute=acc.compute if acc.on_stream else None)
         comp_s, overlap_s, exposed_s = (round(overlap.comp_s, 9), round(overlap.overlap_s, 9),
                                         round(overlap.exposed_comm_s, 9))
         comm_s = round(overlap.comm_s, 9)
+    else:
+        comm_s = (acc.folded_union_ns + comm_ns) / 1e9
     return comm_s, (comp_s, overlap_s, exposed_s)
 
 

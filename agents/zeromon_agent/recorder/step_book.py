@@ -14,10 +14,11 @@ import collections
 import itertools
 import operator
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from zeromon.analysis.step_overlap import AGENT_PHASE, COMPUTE_PHASES, DEVICE_CLOCK, HOST_CLOCK
+from zeromon.model.compiled import compiled
 from zeromon.model.events import PhaseSpan, record_maker
 from zeromon_agent.recorder.step_acc import Mark, Span, StepAcc, step_runs, summarize
 
@@ -31,6 +32,8 @@ _STEP_GRACE_NS = 2_000_000_000
 _MARK_GRACE_NS = 10_000_000_000
 # Built once per record, from the values' tuple (record_maker: the slots set directly, as @frozen's __init__ does).
 _new_span = record_maker(PhaseSpan)
+# finish_host_spans' columns and step accounting in C (_batch.c's host_spans), or None: the Python loops.
+_HOST_SPANS = getattr(compiled("zeromon_agent.recorder._batch"), "host_spans", None)
 
 
 class StepBook:
@@ -194,17 +197,24 @@ class StepBook:
     def finish_host_spans(self, spans: list[tuple[str, int, int, int]]) -> None:
         """finish_span of each of ``spans`` (closed, in order) on the host's clock, a column at a time: the
         same records and step accounting (tests/test_recorder_fast_path.py), the records handed to live
-        clients unmade (``materialize``), as CollectiveRecords.finalize_sync_batch does for collectives."""
-        k, offset, rank, emitted = len(spans), self.clock_offset_ns, self.rank, self.emitted_through
-        phases, steps, starts_perf, ends_perf = zip(*spans, strict=True)  # _on_phase_host's tuples
-        starts = list(map(operator.add, starts_perf, itertools.repeat(offset, k)))
-        ends = list(map(operator.add, ends_perf, itertools.repeat(offset, k)))
+        clients unmade (``materialize``), as CollectiveRecords.finalize_sync_batch does for collectives. The
+        columns and the accounting in C where _batch.c was built (host_spans), else in the loops below."""
+        k, offset, rank = len(spans), self.clock_offset_ns, self.rank
+        made = _HOST_SPANS(spans, offset, self.emitted_through, AGENT_PHASE, self.acc) if _HOST_SPANS is not None \
+            else None
+        if made is not None:  # accounted, and of the types the columns take
+            steps, phases, starts, ends = made
+            columns_take = True
+        else:
+            phases, steps, starts_perf, ends_perf = zip(*spans, strict=True)  # _on_phase_host's tuples
+            starts = list(map(operator.add, starts_perf, itertools.repeat(offset, k)))
+            ends = list(map(operator.add, ends_perf, itertools.repeat(offset, k)))
+            columns_take = set(map(type, steps)) == {int} and set(map(type, phases)) == {str} \
+                and {*map(type, starts), *map(type, ends)} == {int}  # CompactWriter's fit check, for all
         columns = ([rank] * k, steps, phases, starts, ends, [HOST_CLOCK] * k)
         out = self.out
         keeper, writer = out.keeper, out.writer
         write_columns = getattr(writer, "write_columns", None)
-        columns_take = set(map(type, steps)) == {int} and set(map(type, phases)) == {str} \
-            and {*map(type, starts), *map(type, ends)} == {int}  # CompactWriter's fit check, for all
         if keeper.level or not columns_take or write_columns is None:
             for row, step in zip(zip(*columns, strict=True), steps, strict=True):
                 out.write_detail(PhaseSpan, row, _new_span(row), step)
@@ -212,8 +222,14 @@ class StepBook:
             for row in zip(*columns, strict=True):
                 writer.write(_new_span(row))  # the file is gone: counted as lost
         out.publish_unmade(columns, k)
-        # The steps: a run of one step's spans at a time (a pass holds a few steps, each ~10 spans).
-        get_acc, durations = self.acc, list(map(operator.sub, ends, starts))
+        if made is None:
+            self._account_host_spans(steps, phases, starts, ends)
+
+    def _account_host_spans(self, steps: Sequence[int], phases: Sequence[str], starts: list[int],
+                            ends: list[int]) -> None:
+        """finish_host_spans' step accounting in Python: a run of one step's spans at a time (a pass holds a few
+        steps, each ~10 spans)."""
+        get_acc, emitted, durations = self.acc, self.emitted_through, list(map(operator.sub, ends, starts))
         for step, rows_of in step_runs(steps):
             if step > emitted:
                 acc = get_acc(step)
