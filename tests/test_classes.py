@@ -19,13 +19,18 @@ _NO = dataclasses.MISSING
 _VALUES = st.one_of(st.integers(-3, 3), st.text(max_size=3), st.none(), st.tuples(st.integers(0, 2)))
 
 
+def _pair() -> list[int]:
+    """A factory other than list or dict (those are written as their literals)."""
+    return [1, 2]
+
+
 @st.composite
 def _specs(draw: Any) -> dict[str, Any]:
     """A class: its fields' options, whether it is frozen, compares, has a docstring and a __post_init__."""
     fields = []
     for i in range(draw(st.integers(0, 6))):
         default = draw(st.one_of(st.just(_NO), _VALUES))
-        factory = draw(st.sampled_from([_NO, list, dict])) if default is _NO else _NO
+        factory = draw(st.sampled_from([_NO, list, dict, _pair])) if default is _NO else _NO
         fields.append({"name": f"f{i}", "default": default, "default_factory": factory,
                        "init": draw(st.booleans()) if default is not _NO or factory is not _NO else True,
                        "kw_only": draw(st.booleans()), "repr": draw(st.booleans()), "compare": draw(st.booleans()),
@@ -102,6 +107,9 @@ def test_a_class_behaves_as_dataclasses_makes_it(spec: dict[str, Any], seed: int
     assert getattr(ours, "posted", 0) == getattr(theirs, "posted", 0)
     assert dataclasses.asdict(a) == dataclasses.asdict(b)  # type: ignore[call-overload]
     again_ours, again_theirs = ours(*args, **kwargs), theirs(*args, **kwargs)
+    for f in spec["fields"]:  # each instance its own container from a factory
+        if f["default_factory"] is not _NO and not f["init"]:
+            assert getattr(a, f["name"]) is not getattr(again_ours, f["name"])
     assert (a == again_ours) == (b == again_theirs)
     assert (a == 1) == (b == 1)
     assert _outcome(lambda: hash(a) if spec["eq"] else 0) == _outcome(lambda: hash(b) if spec["eq"] else 0)

@@ -30,7 +30,7 @@ from test_reader_properties import INT64, PROPERTIES
 from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
 
 from zeromon.analysis.bandwidth import event_bandwidth
-from zeromon.model import column_arrays, columnar
+from zeromon.model import column_arrays, columnar, segments
 from zeromon.model.codec import encode_record, iter_records
 from zeromon.model.columnar import (
     _LIMITS,
@@ -81,11 +81,24 @@ _any_value = (st.none() | st.booleans() | st.integers(*INT64) | st.floats(allow_
               | st.sampled_from(["forward", "all_gather", "sync"]))
 
 
+def _record_makers(cls: type) -> list[Any]:
+    """record_maker(cls) as the install makes it (in C where it built _planes.c) and in Python."""
+    with mock.patch.dict(os.environ, {"ZEROMON_NO_COMPILED": "1"}):
+        in_python = record_maker(cls)
+    return [record_maker(cls), in_python]
+
+
 @PROPERTIES
-@given(cls=st.sampled_from([CollectiveEvent, PhaseSpan, StepSummary]), data=st.data())
+@given(cls=st.sampled_from([CollectiveEvent, PhaseSpan, StepSummary, MemorySample]), data=st.data())
 def test_a_record_made_by_record_maker_is_the_one_its_constructor_makes(cls: type, data: st.DataObject) -> None:
     values = tuple(data.draw(_any_value) for _ in dataclasses.fields(cls))
-    made, plain = record_maker(cls)(values), cls(*values)
+    for made, plain in ((make(values), cls(*values)) for make in _record_makers(cls)):
+        _same_record(made, plain, values)
+    _same_record(_record_makers(cls)[0](list(values)), cls(*values), values)  # any sequence of the values
+
+
+def _same_record(made: Any, plain: Any, values: tuple[Any, ...]) -> None:
+    cls = type(plain)
     assert type(made) is cls
     assert made == plain and hash(made) == hash(plain) and repr(made) == repr(plain)
     assert dataclasses.astuple(made) == values
@@ -109,8 +122,14 @@ def test_record_maker_takes_only_frozen_slotted_dataclasses_without_post_init_an
     for cls in (Mutable, Checked):
         with pytest.raises(TypeError, match="record_maker takes"):
             record_maker(cls)
-    with pytest.raises(TypeError, match="PhaseSpan takes 6 values"):
-        record_maker(PhaseSpan)((0, 1, "forward"))
+    for make in _record_makers(PhaseSpan):
+        with pytest.raises(TypeError, match="PhaseSpan takes 6 values"):
+            make((0, 1, "forward"))
+    make_record = getattr(compiled("zeromon.model._planes"), "make_record", None)
+    if make_record is not None:  # the C maker sets only plain object slots of the class it makes
+        for slot in (CollectiveEvent.rank, PhaseSpan.duration_s, PhaseSpan.__init__):
+            with pytest.raises(TypeError, match="not a plain object slot"):
+                make_record(PhaseSpan, (slot,) * 6, (0,) * 6)
 
 
 @PROPERTIES
@@ -339,6 +358,34 @@ def test_a_segment_of_batches_and_single_records_reads_back_in_the_order_written
         assert [r for r in iter_records(path) if isinstance(r, PhaseSpan)] == [PhaseSpan(*span) for span in spans + spans[:1]]
 
 
+def test_a_run_of_rows_is_written_as_each_one_s_values_would_be(tmp_path: Path) -> None:
+    """write_rows (a run of a kind's values in one call) and write_values of each, the writer writing the record of
+    one that does not go into the columns: the same file, across a batch before them and a segment's end among them."""
+    def sample(t: int, categories: dict[str, Any]) -> tuple[Any, ...]:
+        return (0, 3, "forward", t, "cpu", *[None] * 10, 2**20 + t, categories)
+
+    rows = [sample(1, {}), sample(2, {"not a category": 1}), sample(3, {"sharded_params": 4096}), sample(4, {}),
+            sample(5, {"buffers": 7}), sample(6, {"not a category": 2})]
+    assert [columnar.fits(columnar.SPECS[MemorySample])(row) for row in rows] == [True, False, True, True, True, False]
+    files = []
+    for way in ("rows", "values"):
+        path = tmp_path / f"rank-0-{way}.zmr"
+        writer = CompactWriter(path, 0)
+        writer.write_columns(PhaseSpan, list(zip((0, 3, "forward", 0, 1, "host"), strict=True)), 1)
+        with mock.patch.object(segments, "SEGMENT_RECORDS", 4):  # a segment ends among them
+            if way == "rows":
+                writer.write_rows(MemorySample, rows, lambda row: MemorySample(*row))
+            else:
+                for row in rows:
+                    if not writer.write_values(MemorySample, row):
+                        writer.write(MemorySample(*row))
+        writer.close()
+        files.append(path.read_bytes())
+        assert [(r.t_ns, r.categories) for r in iter_records(path) if isinstance(r, MemorySample)] == \
+            [(row[3], row[-1]) for row in rows]
+    assert files[0] == files[1]
+
+
 def test_a_batch_the_columns_cannot_hold_is_written_as_json_rows_and_reads_back(tmp_path: Path) -> None:
     """A batch whose deltas pass 64 bits (encode's OverflowError) is written as its records' JSON rows, as
     records written one at a time are: nothing is lost, the segment's other kinds stay columns."""
@@ -446,8 +493,10 @@ def test_the_synchronous_fast_path_records_summarizes_and_counts_what_the_genera
     with tempfile.TemporaryDirectory() as tmp:
         plain, plain_recorder = _record_all(raws, "plain", 10**18, Path(tmp))
         for path in ("sync", "batch", "batch in Python"):
-            with mock.patch.object(collective_records, "_BATCHER", None if path == "batch in Python"
-                                   else collective_records._BATCHER):
+            in_python = path == "batch in Python"
+            with mock.patch.object(collective_records, "_BATCHER", None if in_python else collective_records._BATCHER), \
+                    mock.patch.object(collective_records, "_COUNT_OPS", None if in_python
+                                      else collective_records._COUNT_OPS):
                 fast, fast_recorder = _record_all(raws, path, 10**18, Path(tmp))
             assert [encode_record(r) for r in fast] == [encode_record(r) for r in plain], path
             assert any(isinstance(r, StepSummary) and r.collectives for r in fast)

@@ -8,9 +8,12 @@
  * numpy path and the Python one (tests/test_recorder_fast_path.py draws segments and compares them);
  * OverflowError wherever those raise NotInArrays (a value or a difference past 64 bits), so that the caller
  * codes that column in Python's integers, as without this module.
+ * Beside it, two of the model's per-record steps: types_fit (a record's types against its columns', columnar.fits)
+ * and make_record (a frozen record made from its values, its slots set directly: events.record_maker).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -219,6 +222,54 @@ types_fit(PyObject *Py_UNUSED(module), PyObject *args)
     Py_RETURN_TRUE;
 }
 
+/* make_record(cls, slots, values): events.record_maker's record: a new instance of ``cls`` (object.__new__'s) with
+ * each of its slots (``slots``: a tuple of cls's member descriptors, in field order) set to the value in the same place
+ * of ``values`` (a sequence of as many), as each descriptor's __set__ does (a frozen class's __setattr__ is not
+ * called). TypeError, nothing made, where the values are not as many ("<class> takes <n> values") or a slot is not a
+ * plain object slot of cls. */
+static PyObject *
+make_record(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3 || !PyType_Check(args[0]) || !PyTuple_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "make_record(cls, slots, values)");
+        return NULL;
+    }
+    PyTypeObject *cls = (PyTypeObject *)args[0];
+    PyObject *slots = args[1];
+    Py_ssize_t n = PyTuple_GET_SIZE(slots);
+    PyObject *values = PySequence_Fast(args[2], "make_record: values not a sequence");
+    if (values == NULL) return NULL;
+    if (PySequence_Fast_GET_SIZE(values) != n) {
+        PyObject *name = PyObject_GetAttrString((PyObject *)cls, "__name__");
+        if (name != NULL) PyErr_Format(PyExc_TypeError, "%U takes %zd values", name, n);
+        Py_XDECREF(name);
+        Py_DECREF(values);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *slot = PyTuple_GET_ITEM(slots, i);
+        if (!Py_IS_TYPE(slot, &PyMemberDescr_Type) || ((PyMemberDescrObject *)slot)->d_member->type != T_OBJECT_EX
+                || (((PyMemberDescrObject *)slot)->d_member->flags & READONLY)
+                || !PyType_IsSubtype(cls, PyDescr_TYPE(slot))) {
+            PyErr_SetString(PyExc_TypeError, "make_record: a slot that is not a plain object slot of the class");
+            Py_DECREF(values);
+            return NULL;
+        }
+    }
+    PyObject *record = cls->tp_alloc(cls, 0);
+    if (record == NULL) {
+        Py_DECREF(values);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyMemberDef *member = ((PyMemberDescrObject *)PyTuple_GET_ITEM(slots, i))->d_member;
+        PyObject **place = (PyObject **)((char *)record + member->offset);
+        Py_XSETREF(*place, Py_NewRef(PySequence_Fast_GET_ITEM(values, i)));
+    }
+    Py_DECREF(values);
+    return record;
+}
+
 static PyMethodDef methods[] = {
     {"str_column", str_column, METH_O,
      "str_column(column) -> (table, planes): a string column as codes into its table (planes None past 128)."},
@@ -226,6 +277,8 @@ static PyMethodDef methods[] = {
      "int_column(column, seconds, nullable, base, a, b) -> (values, planes): a column coded as planes."},
     {"types_fit", types_fit, METH_VARARGS,
      "types_fit(values, accepted) -> whether each value's type is one its field accepts (columnar.fits)."},
+    {"make_record", (PyCFunction)(void (*)(void))make_record, METH_FASTCALL,
+     "make_record(cls, slots, values) -> a new cls with its slots set to values (events.record_maker's)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -128,12 +128,15 @@ def _init(cls: type, fields: tuple[dataclasses.Field[Any], ...], frozen: bool) -
     for i, f in enumerate(fields):
         has_default = f.default is not dataclasses.MISSING
         has_factory = f.default_factory is not dataclasses.MISSING
-        if has_factory:
-            values[f"_zm_make_{i}"] = f.default_factory
+        made = ""
+        if has_factory:  # an empty list or dict as its literal (no call), any other factory called
+            made = "[]" if f.default_factory is list else "{}" if f.default_factory is dict else f"_zm_make_{i}()"
+            if made.startswith("_zm_make_"):
+                values[f"_zm_make_{i}"] = f.default_factory
         if f.init:
             if has_factory:
                 parameter = f"{f.name}=_zm_factory"
-                value = f"_zm_make_{i}() if {f.name} is _zm_factory else {f.name}"
+                value = f"{made} if {f.name} is _zm_factory else {f.name}"
             elif has_default:
                 values[f"_zm_default_{i}"] = f.default
                 parameter = f"{f.name}=_zm_default_{i}"
@@ -149,7 +152,7 @@ def _init(cls: type, fields: tuple[dataclasses.Field[Any], ...], frozen: bool) -
                 seen_default = seen_default or has_default or has_factory
                 positional.append(parameter)
         elif has_factory:
-            value = f"_zm_make_{i}()"
+            value = made
         elif has_default:
             values[f"_zm_default_{i}"] = f.default
             value = f"_zm_default_{i}"

@@ -7,12 +7,14 @@ ranks on different machines line up; sizes are bytes; durations in seconds carry
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import field
 from enum import Enum
 from typing import Any, TypeVar
 
 from zeromon.model.classes import frozen
+from zeromon.model.compiled import compiled
 
 _R = TypeVar("_R")
 
@@ -432,11 +434,16 @@ def record_maker(cls: type[_R]) -> Callable[[tuple[Any, ...]], _R]:
     field values in field order, for the agent's recorder: the slots set directly from a tuple it already has.
     A class made by zeromon.model.classes' ``@frozen`` sets its slots directly in ``__init__`` too, so
     ``cls(*values)`` costs the same now (tests/bench/RESULTS.md, "Slotted classes without compiling their
-    methods"). The record is the same: equal, same fields, same encoding (tests/test_recorder_fast_path.py)."""
+    methods"), and where the package built its C modules the maker is C (_planes.c's make_record: the slots set
+    in one call, where a generated function calls each slot's ``__set__``). The record is the same: equal, same
+    fields, same encoding (tests/test_recorder_fast_path.py)."""
     if not (dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen  # type: ignore[attr-defined]
             and "__slots__" in cls.__dict__) or hasattr(cls, "__post_init__"):
         raise TypeError(f"{cls.__name__}: record_maker takes a frozen dataclass with slots and no __post_init__")
     names = [f.name for f in dataclasses.fields(cls)]
+    make_record = getattr(compiled("zeromon.model._planes"), "make_record", None)
+    if make_record is not None:  # the same in C (_planes.c): the slots set at a C call's cost, not a call each
+        return functools.partial(make_record, cls, tuple(getattr(cls, name) for name in names))
     setters = {f"set_{i}": getattr(cls, name).__set__ for i, name in enumerate(names)}
     body = "".join(f"    set_{i}(record, values[{i}])\n" for i in range(len(names)))
     source = (f"def make(values, new=new, cls=cls, {', '.join(f'{k}={k}' for k in setters)}):\n"

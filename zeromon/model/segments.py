@@ -187,6 +187,26 @@ class CompactWriter(RecordingWriter):
             self._write_segment()
         return True
 
+    def write_rows(self, cls: type, rows: Sequence[tuple[Any, ...]], make: Callable[[tuple[Any, ...]], Record]) -> None:
+        """write_values of each of ``rows`` (a columnar kind's values, in order) in one call, a row that does not go
+        into the columns written as ``make(row)``'s record (a JSON row, or counted lost where the file is gone):
+        the recorder's memory samples of a run."""
+        code, fits, kept, _, chunks = self._columns[cls]
+        if chunks:
+            _settle(kept, chunks)
+        order = self._order
+        for row in rows:
+            if self._file is not None and fits(row):
+                kept.append(row)
+                order.append(code)
+                if len(order) < SEGMENT_RECORDS:
+                    continue
+                self._write_segment()
+            else:
+                self.write(make(row))  # it may write the segment
+            code, fits, kept, _, chunks = self._columns[cls]  # the buffers are new ones where it was written
+            order = self._order
+
     def write_columns(self, cls: type, columns: Sequence[Sequence[Any]], n: int) -> bool:
         """write_values of ``n`` records of a columnar kind given a field at a time (``columns``, in its fields'
         order, each of ``n`` values), of the types the columns take: the recorder's batches, whose fit check

@@ -8,11 +8,12 @@
  *   async_columns: finalize_pass's rows, async collectives at their wait and a GPU's launches (_finalize_rows').
  * The same values as the Python paths (tests/test_recorder_fast_path.py runs both); None where a batch is not taken
  * (the caller's Python path decides then).
- * Beside them, four of a pass's other loops, each with its Python path: host_phases (a run of a GPU-less pass's
+ * Beside them, five of a pass's other loops, each with its Python path: host_phases (a run of a GPU-less pass's
  * phase changes, agent spans and memory samples: StepBook's host handlers, Recorder._on_memory), host_spans (their
- * closed phases' columns and step accounting, StepBook.finish_host_spans'), sequential_overlap
- * (a step of calls one after another summed, step_acc._sequential_overlap_ns) and untrack (the records handed to the
- * live views let out of the garbage collector's lists, Outbox.release).
+ * closed phases' columns and step accounting, StepBook.finish_host_spans'), count_ops (a step's bytes by op,
+ * CollectiveRecords._count_run's), sequential_overlap (a step of calls one after another summed,
+ * step_acc._sequential_overlap_ns) and untrack (the records handed to the live views let out of the garbage
+ * collector's lists, Outbox.release).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -617,6 +618,46 @@ failed:
     return NULL;
 }
 
+/* count_ops(by_op, ops, nbytes): CollectiveRecords._count_run's count of a run of one step's collectives by op: each
+ * one's bytes added to by_op[op] in order (a key made at its first), as ``by_op[op] = by_op.get(op, 0) + size`` does
+ * one by one. Returns the sum of ``nbytes``. */
+static PyObject *
+count_ops(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *by_op, *ops_obj, *nbytes_obj;
+    if (!PyArg_ParseTuple(args, "O!OO:count_ops", &PyDict_Type, &by_op, &ops_obj, &nbytes_obj)) return NULL;
+    PyObject *ops = PySequence_Fast(ops_obj, "count_ops: ops not a sequence");
+    PyObject *nbytes = ops != NULL ? PySequence_Fast(nbytes_obj, "count_ops: nbytes not a sequence") : NULL;
+    PyObject *total = NULL;
+    if (nbytes == NULL) goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(ops);
+    if (PySequence_Fast_GET_SIZE(nbytes) != n) {
+        PyErr_SetString(PyExc_ValueError, "count_ops: ops and nbytes of other lengths");
+        goto done;
+    }
+    total = Py_NewRef(zero);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *op = PySequence_Fast_GET_ITEM(ops, i), *size = PySequence_Fast_GET_ITEM(nbytes, i);
+        PyObject *known = PyDict_GetItemWithError(by_op, op);  /* borrowed */
+        if (known == NULL && PyErr_Occurred()) goto failed;
+        PyObject *sum = PyNumber_Add(known != NULL ? known : zero, size);
+        if (sum == NULL || PyDict_SetItem(by_op, op, sum) < 0) {
+            Py_XDECREF(sum);
+            goto failed;
+        }
+        Py_DECREF(sum);
+        Py_SETREF(total, PyNumber_Add(total, size));
+        if (total == NULL) goto done;
+    }
+    goto done;
+failed:
+    Py_CLEAR(total);
+done:
+    Py_XDECREF(ops);
+    Py_XDECREF(nbytes);
+    return total;
+}
+
 /* sequential_overlap(issue, complete, ends, agent, start_ns, end_ns): step_acc._sequential_overlap_ns in C, the
  * summary of a step whose synchronous collectives are all in its batched columns (StepAcc.run_issue, run_complete,
  * run_end; agent: the agent's spans, (start, end) pairs): None where the calls are not one after another inside the
@@ -816,6 +857,8 @@ static PyMethodDef methods[] = {
     {"host_spans", host_spans, METH_VARARGS,
      "host_spans(spans, offset, emitted, agent, acc) -> (steps, phases, starts, ends): finish_host_spans' columns, "
      "each run of a step's spans added into its accumulator; None where the Python loop takes them."},
+    {"count_ops", count_ops, METH_VARARGS,
+     "count_ops(by_op, ops, nbytes) -> sum(nbytes): each collective's bytes added to by_op[op], in order."},
     {"sequential_overlap", sequential_overlap, METH_VARARGS,
      "sequential_overlap(issue, complete, ends, agent, start_ns, end_ns) -> _sequential_overlap_ns's result, or "
      "False where the values do not fit 64 bits (the Python function then)."},

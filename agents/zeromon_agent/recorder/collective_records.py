@@ -83,6 +83,8 @@ _is_not, _and = operator.is_not, operator.and_
 _TIMING = operator.itemgetter(5)  # of a finalize_pass row
 # finalize_sync_batch's columns made in C (_batch.c), or None: its Python path (zeromon.model.compiled).
 _BATCHER = compiled("zeromon_agent.recorder._batch")
+# _count_run's count by op in C (_batch.c's count_ops), or None: its loop.
+_COUNT_OPS = getattr(_BATCHER, "count_ops", None)
 _BATCH = 256  # records finalize_pass goes through between two gives of the GIL (the recorder's _BATCH)
 _WAITED_LATER: Any = object()  # _plan_columns: an async collective finalized at its wait, further on
 _PLAN_YIELD = 1024  # records planned between two gives of the GIL (about half a millisecond)
@@ -809,8 +811,11 @@ class CollectiveRecords:
         if acc is None:
             acc = self._accs[step] = StepAcc()
         acc.collectives += len(ops)
-        acc.comm_bytes += sum(nbytes)
         by_op = acc.by_op
+        if _COUNT_OPS is not None:  # the loop below in C
+            acc.comm_bytes += _COUNT_OPS(by_op, ops, nbytes)
+            return acc
+        acc.comm_bytes += sum(nbytes)
         if len(ops) <= _FEW:  # a loop: a Counter costs more to make than a few additions
             get = by_op.get
             for op, size in zip(ops, nbytes, strict=True):

@@ -543,14 +543,11 @@ class Recorder:
         """_on_memory's work for the agent's samples of a run that _batch.c's host_phases took: ``samples`` their values
         in order, ``peaks`` each step's highest level among them (None: none had one), both emptied here."""
         out = self.out
-        keeper, writer, write_values = out.keeper, out.writer, out.write_values
-        if keeper.level or write_values is None:
+        if out.keeper.level or out.write_rows is None:
             for sample in samples:
                 self._write_sample(sample)
-        elif writer is not None and keeper.admit(len(samples)):  # the file grows a segment at a time: one answer
-            for sample in samples:
-                if not write_values(MemorySample, sample):
-                    writer.write(_new_memory(sample))
+        elif out.keeper.admit(len(samples)):  # the file grows a segment at a time: one answer for the run
+            out.write_rows(MemorySample, samples, _new_memory)
         out.records.extend(samples)
         out.memory.extend(samples)
         acc = self.steps.acc

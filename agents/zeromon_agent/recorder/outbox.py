@@ -34,6 +34,7 @@ class Outbox:
         self.writer = writer
         self.live = live
         self.write_values = getattr(writer, "write_values", None)  # the compact writer's
+        self.write_rows = getattr(writer, "write_rows", None)  # its write_values of a run of rows
         # ZEROMON_MAX_DISK: which steps' collectives and phase spans go to the file.
         self.keeper = DetailKeeper(self.write, max_disk if writer is not None else None,
                                    lambda: writer.bytes_written if writer is not None else None, on_thinned)
