@@ -35,7 +35,7 @@ from zeromon_agent.recorder.loop import Recorder
 # (tests/bench/RESULTS.md, issue 44), with room for less than one call a record more.
 # The recorder's Python paths 6.90 (7.5); with its loops in C (setup.py's modules, built where a compiler is, as in
 # CI) 6.38 (7.0), 4.66 once the live totals were counted in C (live/_totals.c: no generator resumed a collective),
-# 3.58 once memory samples joined the runs of phases in C and the spans' step accounting was C too (_batch.c), 3.40
+# 3.58 once memory samples joined the runs of phases in C and the spans' step accounting was C too (_batch.c), 3.32
 # with a step's bytes by op counted in C, a record made from its values in C and a run of samples written in one call.
 CALLS_PER_COLLECTIVE_CEILING = 4.0 if compiled("zeromon_agent.recorder._batch") and compiled("zeromon.model._planes") \
     and compiled("zeromon_agent.live._totals") \
@@ -75,30 +75,38 @@ def _steady_steps(steps: int) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ..
     return control, raw
 
 
-def _calls_per_collective(tmp_path: Path) -> tuple[float, Counter[str]]:
-    """The Python calls of the recorder's passes over STEPS steady steps (a pass a quarter of them, each flushed,
-    then the stop), a collective; and the calls by function, for the message."""
-    control, raw = _steady_steps(STEPS)
+def replay_passes(control: list[tuple[Any, ...]], raw: list[tuple[Any, ...]], folder: Path) -> Recorder:
+    """The recorder's passes over the queued ``control`` records and ``raw`` collectives (_steady_steps'): a pass a
+    quarter of them, each flushed, then the stop and a read of the live totals, as a scrape does
+    (tests/bench/bench_recorder_instructions.py counts the same passes)."""
     state = HotState()
-    writer = CompactWriter(tmp_path / "rank-0.zmr", 0)
+    writer = CompactWriter(folder / "rank-0.zmr", 0)
     recorder = Recorder(state, 0, writer, 5.0)
     recorder.collectives._group_sizes[_GROUP] = 2
+    cut_control, cut_raw = len(control) // 4, len(raw) // 4
+    for part in range(4):
+        state.control.extend(control[part * cut_control:(part + 1) * cut_control if part < 3 else None])
+        state.raw.extend(raw[part * cut_raw:(part + 1) * cut_raw if part < 3 else None])
+        recorder._drain(final=False)
+        writer.flush()
+    recorder.stop()
+    recorder.live.totals.collectives  # noqa: B018 - counted when read, as a scrape does
+    return recorder
+
+
+def _calls_per_collective(tmp_path: Path) -> tuple[float, Counter[str]]:
+    """The Python calls of the recorder's passes over STEPS steady steps (replay_passes), a collective; and the
+    calls by function, for the message."""
+    control, raw = _steady_steps(STEPS)
     calls: Counter[str] = Counter()
 
     def count(frame: Any, event: str, arg: Any) -> None:
         if event == "call":
             calls[f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}"] += 1
 
-    cut_control, cut_raw = len(control) // 4, len(raw) // 4
     sys.setprofile(count)
     try:
-        for part in range(4):
-            state.control.extend(control[part * cut_control:(part + 1) * cut_control if part < 3 else None])
-            state.raw.extend(raw[part * cut_raw:(part + 1) * cut_raw if part < 3 else None])
-            recorder._drain(final=False)
-            writer.flush()
-        recorder.stop()
-        recorder.live.totals.collectives  # noqa: B018 - counted when read, as a scrape does
+        recorder = replay_passes(control, raw, tmp_path)
     finally:
         sys.setprofile(None)
     assert recorder.events_finalized == len(raw)

@@ -50,6 +50,9 @@ JOBS: tuple[Job, ...] = (
         "training thread's collections that the agent's allocations bring on and the objects each walks"),
     Job("bench_whole_run.py", (),
         "a whole 200-step 2-rank FSDP2 run under `zeromon run` against plain torchrun: wall, CPU, its own start and end"),
+    Job("bench_recorder_instructions.py", ("--functions", "25", "--bytecodes", "25"),
+        "the recorder's passes of 400 steady FSDP2 steps replayed under valgrind's callgrind: instructions and "
+        "Python bytecodes a collective, counted (no machine's noise), and where they go"),
     Job("bench_agent_start.py", (),
         "the agent's start in a fresh rank (world-1 gloo, attach() after torch's import) and `zeromon run -- true`: "
         "CPU of the import, the start, the classes made"),
