@@ -31,6 +31,7 @@ from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[
 
 from zeromon.analysis.bandwidth import event_bandwidth
 from zeromon.model import column_arrays, columnar, segments
+from zeromon.model.classes import mutable
 from zeromon.model.codec import encode_record, iter_records
 from zeromon.model.columnar import (
     _LIMITS,
@@ -49,6 +50,7 @@ from zeromon.model.events import (
     MemorySample,
     PhaseSpan,
     StepSummary,
+    default_maker,
     record_maker,
 )
 from zeromon.model.kinds import FIELDS_OF
@@ -75,7 +77,7 @@ from zeromon_agent.live.totals import counted as live_counted
 from zeromon_agent.memory.watch import MEMORY_VALUES
 from zeromon_agent.recorder import collective_records, loop, step_acc, step_book
 from zeromon_agent.recorder.loop import Recorder
-from zeromon_agent.recorder.step_acc import meaning_of, seconds
+from zeromon_agent.recorder.step_acc import StepAcc, meaning_of, seconds
 
 _any_value = (st.none() | st.booleans() | st.integers(*INT64) | st.floats(allow_nan=False) | st.text(max_size=8)
               | st.sampled_from(["forward", "all_gather", "sync"]))
@@ -105,6 +107,42 @@ def _same_record(made: Any, plain: Any, values: tuple[Any, ...]) -> None:
     assert encode_record(made) == encode_record(plain)
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.rank = 1  # type: ignore[misc]
+
+
+def test_default_maker_makes_what_the_constructor_makes_with_no_argument() -> None:
+    """default_maker(cls)() (its slots set in one C call where the package built it) is cls(): equal, each list or
+    dict its own, another factory called each time; a class it cannot make so is made by cls itself."""
+    @mutable
+    class Odd:
+        n: int = 3
+        tags: list[str] = dataclasses.field(default_factory=list)
+        by: dict[str, int] = dataclasses.field(default_factory=dict)
+        made: list[int] = dataclasses.field(default_factory=lambda: [1, 2])
+        label: str | None = None
+
+    for cls in (StepAcc, Odd):
+        make = default_maker(cls)
+        first, second = make(), make()
+        assert type(first) is cls and first == cls() == second
+        assert dataclasses.astuple(first) == dataclasses.astuple(cls())
+        lists = [f.name for f in dataclasses.fields(cls) if f.default_factory is not dataclasses.MISSING]
+        assert lists and all(getattr(first, name) is not getattr(second, name) for name in lists)
+    assert default_maker(Odd)().made == [1, 2]
+
+    @mutable
+    class Required:
+        n: int
+
+    @mutable
+    class Checked:
+        n: int = 0
+
+        def __post_init__(self) -> None:
+            self.n += 1
+
+    assert default_maker(Required) is Required and default_maker(Checked) is Checked
+    with mock.patch.dict(os.environ, {"ZEROMON_NO_COMPILED": "1"}):
+        assert default_maker(StepAcc) is StepAcc
 
 
 def test_record_maker_takes_only_frozen_slotted_dataclasses_without_post_init_and_all_their_values() -> None:

@@ -429,6 +429,33 @@ Record = (
 )
 
 
+def default_maker(cls: type[_R]) -> Callable[[], _R]:
+    """``cls()`` for a slotted dataclass whose every field has a default or a factory and that has no
+    ``__post_init__`` (the recorder's StepAcc, made once a step): its slots set in one C call (_planes.c's
+    make_record) from a tuple that a generated function builds (a list or dict factory as its literal, another
+    factory called, a default as it is), where ``__init__`` runs a line a field. ``cls`` itself where the package did
+    not build its C modules, or for any other class. The same instance (tests/test_recorder_fast_path.py)."""
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    make_record = getattr(compiled("zeromon.model._planes"), "make_record", None)
+    if make_record is None or "__slots__" not in cls.__dict__ or hasattr(cls, "__post_init__") \
+            or any(f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING for f in fields):
+        return cls
+    namespace: dict[str, Any] = {"make": make_record, "cls": cls, "slots": tuple(getattr(cls, f.name) for f in fields)}
+    values = []
+    for i, f in enumerate(fields):
+        if f.default_factory is list or f.default_factory is dict:
+            values.append("[]" if f.default_factory is list else "{}")
+        elif f.default_factory is not dataclasses.MISSING:
+            namespace[f"factory_{i}"] = f.default_factory
+            values.append(f"factory_{i}()")
+        else:
+            namespace[f"default_{i}"] = f.default
+            values.append(f"default_{i}")
+    exec(f"def new():\n    return make(cls, slots, ({', '.join(values)},))\n", namespace)  # noqa: S102 - from the fields
+    new: Callable[[], _R] = namespace["new"]
+    return new
+
+
 def record_maker(cls: type[_R]) -> Callable[[tuple[Any, ...]], _R]:
     """A constructor of ``cls`` (a frozen dataclass with slots and no ``__post_init__``) from all its
     field values in field order, for the agent's recorder: the slots set directly from a tuple it already has.

@@ -55,6 +55,7 @@ from zeromon_agent.recorder.step_acc import (
     add_blocked,
     add_interval,
     meaning_of,
+    new_acc,
     seconds,
     settle,
     settle_runs,
@@ -484,7 +485,7 @@ class CollectiveRecords:
         self._counted.append((op, meaning, nbytes, blocked_s, duration, busbw))
         acc = self._accs.get(step)
         if acc is None:
-            acc = self._accs[step] = StepAcc()
+            acc = self._accs[step] = new_acc()
         acc.collectives += 1
         acc.comm_bytes += nbytes
         acc.by_op[op] = acc.by_op.get(op, 0) + nbytes
@@ -809,7 +810,7 @@ class CollectiveRecords:
         their number, their bytes, their bytes by op in first-seen order. The accumulator."""
         acc = self._accs.get(step)
         if acc is None:
-            acc = self._accs[step] = StepAcc()
+            acc = self._accs[step] = new_acc()
         acc.collectives += len(ops)
         by_op = acc.by_op
         if _COUNT_OPS is not None:  # the loop below in C

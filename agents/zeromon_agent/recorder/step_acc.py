@@ -14,7 +14,7 @@ from zeromon.analysis.intervals import merge, total, union_length, union_of_colu
 from zeromon.analysis.step_overlap import host_overlap_ns, overlap_in_step, union_in
 from zeromon.model.classes import mutable
 from zeromon.model.compiled import compiled
-from zeromon.model.events import StepSummary, ZeroMeaning, record_maker
+from zeromon.model.events import StepSummary, ZeroMeaning, default_maker, record_maker
 from zeromon_agent.hooks.issuers import DDP, DTENSOR, USER
 
 # A summary a step, its 14 slots set directly from a tuple in StepSummary's field order (record_maker).
@@ -85,6 +85,10 @@ class StepAcc:
     col_complete: list[int] = field(default_factory=list)
     col_blocked_start: list[int] = field(default_factory=list)
     col_blocked_end: list[int] = field(default_factory=list)
+
+
+# A step's accumulator, made at its first record: StepAcc() with its 25 slots set in one call (default_maker).
+new_acc = default_maker(StepAcc)
 
 
 _PARAM_ALL_GATHER, _GRAD_REDUCE_SCATTER, _GRAD_ALL_REDUCE, _PARAM_BROADCAST, _MEANING_UNKNOWN = (

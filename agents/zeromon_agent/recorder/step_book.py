@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from zeromon.analysis.step_overlap import AGENT_PHASE, COMPUTE_PHASES, DEVICE_CLOCK, HOST_CLOCK
 from zeromon.model.compiled import compiled
 from zeromon.model.events import PhaseSpan, record_maker
-from zeromon_agent.recorder.step_acc import Mark, Span, StepAcc, step_runs, summarize
+from zeromon_agent.recorder.step_acc import Mark, Span, StepAcc, new_acc, step_runs, summarize
 
 if TYPE_CHECKING:
     from zeromon_agent.recorder.outbox import Outbox
@@ -59,7 +59,7 @@ class StepBook:
         """``step``'s accumulator, made at its first record."""
         acc = self.accs.get(step)
         if acc is None:
-            acc = self.accs[step] = StepAcc()
+            acc = self.accs[step] = new_acc()
         return acc
 
     # --- boundaries (a GPU's: Marks and Spans) ----------------------------------------------------------
