@@ -398,19 +398,22 @@ def test_a_segment_of_batches_and_single_records_reads_back_in_the_order_written
 
 def test_a_run_of_rows_is_written_as_each_one_s_values_would_be(tmp_path: Path) -> None:
     """write_rows (a run of a kind's values in one call) and write_values of each, the writer writing the record of
-    one that does not go into the columns: the same file, across a batch before them and a segment's end among them."""
+    one that does not go into the columns: the same file, across batches before them (of their kind too) and a
+    segment's end among them."""
     def sample(t: int, categories: dict[str, Any]) -> tuple[Any, ...]:
         return (0, 3, "forward", t, "cpu", *[None] * 10, 2**20 + t, categories)
 
-    rows = [sample(1, {}), sample(2, {"not a category": 1}), sample(3, {"sharded_params": 4096}), sample(4, {}),
+    rows = [sample(2, {"not a category": 1}), sample(1, {}), sample(3, {"sharded_params": 4096}), sample(4, {}),
             sample(5, {"buffers": 7}), sample(6, {"not a category": 2})]
-    assert [columnar.fits(columnar.SPECS[MemorySample])(row) for row in rows] == [True, False, True, True, True, False]
+    assert [columnar.fits(columnar.SPECS[MemorySample])(row) for row in rows] == [False, True, True, True, True, False]
+    before = sample(0, {})
     files = []
     for way in ("rows", "values"):
         path = tmp_path / f"rank-0-{way}.zmr"
         writer = CompactWriter(path, 0)
         writer.write_columns(PhaseSpan, list(zip((0, 3, "forward", 0, 1, "host"), strict=True)), 1)
-        with mock.patch.object(segments, "SEGMENT_RECORDS", 4):  # a segment ends among them
+        writer.write_columns(MemorySample, list(zip(before, strict=True)), 1)  # a batch of their kind before them
+        with mock.patch.object(segments, "SEGMENT_RECORDS", 5):  # a segment ends among them
             if way == "rows":
                 writer.write_rows(MemorySample, rows, lambda row: MemorySample(*row))
             else:
@@ -420,7 +423,7 @@ def test_a_run_of_rows_is_written_as_each_one_s_values_would_be(tmp_path: Path) 
         writer.close()
         files.append(path.read_bytes())
         assert [(r.t_ns, r.categories) for r in iter_records(path) if isinstance(r, MemorySample)] == \
-            [(row[3], row[-1]) for row in rows]
+            [(row[3], row[-1]) for row in [before, *rows]]
     assert files[0] == files[1]
 
 

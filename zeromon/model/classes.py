@@ -128,11 +128,12 @@ def _init(cls: type, fields: tuple[dataclasses.Field[Any], ...], frozen: bool) -
     for i, f in enumerate(fields):
         has_default = f.default is not dataclasses.MISSING
         has_factory = f.default_factory is not dataclasses.MISSING
-        made = ""
-        if has_factory:  # an empty list or dict as its literal (no call), any other factory called
-            made = "[]" if f.default_factory is list else "{}" if f.default_factory is dict else f"_zm_make_{i}()"
-            if made.startswith("_zm_make_"):
-                values[f"_zm_make_{i}"] = f.default_factory
+        made = ""  # a factory's value: an empty list or dict as its literal (no call), another factory called
+        if f.default_factory is list or f.default_factory is dict:
+            made = "[]" if f.default_factory is list else "{}"
+        elif has_factory:
+            values[f"_zm_make_{i}"] = f.default_factory
+            made = f"_zm_make_{i}()"
         if f.init:
             if has_factory:
                 parameter = f"{f.name}=_zm_factory"

@@ -192,11 +192,11 @@ class CompactWriter(RecordingWriter):
         into the columns written as ``make(row)``'s record (a JSON row, or counted lost where the file is gone):
         the recorder's memory samples of a run."""
         code, fits, kept, _, chunks = self._columns[cls]
-        if chunks:
-            _settle(kept, chunks)
         order = self._order
         for row in rows:
             if self._file is not None and fits(row):
+                if chunks:  # batches of the kind before it: they become rows first, as write_values does
+                    _settle(kept, chunks)
                 kept.append(row)
                 order.append(code)
                 if len(order) < SEGMENT_RECORDS:
