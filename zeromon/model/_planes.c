@@ -9,7 +9,7 @@
  * OverflowError wherever those raise NotInArrays (a value or a difference past 64 bits), so that the caller
  * codes that column in Python's integers, as without this module.
  * Beside it, two of the model's per-record steps: types_fit (a record's types against its columns', columnar.fits)
- * and make_record (a frozen record made from its values, its slots set directly: events.record_maker).
+ * and make_record (a record made from its values, its slots set directly: events.record_maker, default_maker).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
