@@ -27,7 +27,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, TypeVar, dataclass_transform, overload
 
-__all__ = ["frozen", "mutable"]
+__all__ = ["factory_code", "frozen", "mutable"]
 
 _T = TypeVar("_T")
 
@@ -117,6 +117,17 @@ def _make(cls: type[_T], *, frozen: bool, eq: bool) -> type[_T]:
     return made  # type: ignore[no-any-return]
 
 
+def factory_code(f: dataclasses.Field[Any], name: str, namespace: dict[str, Any]) -> str:
+    """The source text of a field's factory's value in generated code: an empty list or dict as its literal (no
+    call), another factory called as ``name`` (put in ``namespace``); "" for a field without a factory."""
+    if f.default_factory is list or f.default_factory is dict:
+        return "[]" if f.default_factory is list else "{}"
+    if f.default_factory is dataclasses.MISSING:
+        return ""
+    namespace[name] = f.default_factory
+    return f"{name}()"
+
+
 def _init(cls: type, fields: tuple[dataclasses.Field[Any], ...], frozen: bool) -> Callable[..., None]:
     """``__init__`` compiled for the class's fields, as dataclasses writes it; a frozen class's fields set through
     their slots' descriptors (dataclasses calls ``object.__setattr__`` a field: the same result, dearer)."""
@@ -128,12 +139,7 @@ def _init(cls: type, fields: tuple[dataclasses.Field[Any], ...], frozen: bool) -
     for i, f in enumerate(fields):
         has_default = f.default is not dataclasses.MISSING
         has_factory = f.default_factory is not dataclasses.MISSING
-        made = ""  # a factory's value: an empty list or dict as its literal (no call), another factory called
-        if f.default_factory is list or f.default_factory is dict:
-            made = "[]" if f.default_factory is list else "{}"
-        elif has_factory:
-            values[f"_zm_make_{i}"] = f.default_factory
-            made = f"_zm_make_{i}()"
+        made = factory_code(f, f"_zm_make_{i}", values)
         if f.init:
             if has_factory:
                 parameter = f"{f.name}=_zm_factory"

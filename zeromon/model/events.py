@@ -13,7 +13,7 @@ from dataclasses import field
 from enum import Enum
 from typing import Any, TypeVar
 
-from zeromon.model.classes import frozen
+from zeromon.model.classes import factory_code, frozen
 from zeromon.model.compiled import compiled
 
 _R = TypeVar("_R")
@@ -443,14 +443,11 @@ def default_maker(cls: type[_R]) -> Callable[[], _R]:
     namespace: dict[str, Any] = {"make": make_record, "cls": cls, "slots": tuple(getattr(cls, f.name) for f in fields)}
     values = []
     for i, f in enumerate(fields):
-        if f.default_factory is list or f.default_factory is dict:
-            values.append("[]" if f.default_factory is list else "{}")
-        elif f.default_factory is not dataclasses.MISSING:
-            namespace[f"factory_{i}"] = f.default_factory
-            values.append(f"factory_{i}()")
-        else:
+        made = factory_code(f, f"factory_{i}", namespace)
+        if not made:  # a default, as it is
             namespace[f"default_{i}"] = f.default
-            values.append(f"default_{i}")
+            made = f"default_{i}"
+        values.append(made)
     exec(f"def new():\n    return make(cls, slots, ({', '.join(values)},))\n", namespace)  # noqa: S102 - from the fields
     new: Callable[[], _R] = namespace["new"]
     return new
