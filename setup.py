@@ -1,8 +1,9 @@
 """The package's compiled parts; everything else is in pyproject.toml.
 
 The recorder's loops in C, built where a C compiler and Python's headers are: the coder of a recording's columns
-(zeromon/model/_planes.c), the columns of a pass's collectives (agents/zeromon_agent/recorder/_batch.c), the hooks'
-queue (agents/zeromon_agent/hooks/_ring.c) and the live totals' count (agents/zeromon_agent/live/_totals.c).
+(zeromon/model/_planes.c), the columns and step accounting of a pass's collectives
+(agents/zeromon_agent/recorder/_batch.c), a GPU-less pass's phases, step boundaries and memory samples (_host.c beside
+it), the hooks' queue (agents/zeromon_agent/hooks/_ring.c) and the live totals' count (agents/zeromon_agent/live/_totals.c).
 Optional, so that an install without them succeeds, and the recorder then takes their Python paths, which give the
 same values (zeromon.model.compiled). Here rather than in
 pyproject.toml's ``[tool.setuptools.ext-modules]``, which setuptools still calls experimental.
@@ -12,7 +13,10 @@ from setuptools import Extension, setup
 
 setup(ext_modules=[
     Extension("zeromon.model._planes", ["zeromon/model/_planes.c"], optional=True),
-    Extension("zeromon_agent.recorder._batch", ["agents/zeromon_agent/recorder/_batch.c"], optional=True),
+    Extension("zeromon_agent.recorder._batch", ["agents/zeromon_agent/recorder/_batch.c"],
+              depends=["agents/zeromon_agent/recorder/_columns.h"], optional=True),
+    Extension("zeromon_agent.recorder._host", ["agents/zeromon_agent/recorder/_host.c"],
+              depends=["agents/zeromon_agent/recorder/_columns.h"], optional=True),
     Extension("zeromon_agent.hooks._ring", ["agents/zeromon_agent/hooks/_ring.c"], optional=True),
     Extension("zeromon_agent.live._totals", ["agents/zeromon_agent/live/_totals.c"], optional=True),
 ])

@@ -36,8 +36,10 @@ from zeromon_agent.recorder.loop import Recorder
 # The recorder's Python paths 6.90 (7.5); with its loops in C (setup.py's modules, built where a compiler is, as in
 # CI) 6.38 (7.0), 4.66 once the live totals were counted in C (live/_totals.c: no generator resumed a collective),
 # 3.58 once memory samples joined the runs of phases in C and the spans' step accounting was C too (_batch.c), 3.32
-# with a step's bytes by op counted in C, a record made from its values in C and a run of samples written in one call.
-CALLS_PER_COLLECTIVE_CEILING = 4.0 if compiled("zeromon_agent.recorder._batch") and compiled("zeromon.model._planes") \
+# with a step's bytes by op counted in C, a record made from its values in C and a run of samples written in one call,
+# 2.32 once a step's boundaries joined the C runs, a run of samples was fit-checked in one C call and a batch's step
+# accounting was C too.
+CALLS_PER_COLLECTIVE_CEILING = 3.0 if compiled("zeromon_agent.recorder._batch") and compiled("zeromon.model._planes") \
     and compiled("zeromon_agent.live._totals") \
     else 7.5
 STEPS = 400  # a pass a flush (5 s) holds ~130 of these steps; four passes

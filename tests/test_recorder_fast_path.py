@@ -8,6 +8,7 @@ from __future__ import annotations
 import bisect
 import collections
 import contextlib
+import copy
 import dataclasses
 import itertools
 import operator
@@ -15,6 +16,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 import types
 from array import array
 from collections.abc import Iterator, Sequence
@@ -77,7 +79,7 @@ from zeromon_agent.live.totals import counted as live_counted
 from zeromon_agent.memory.watch import MEMORY_VALUES
 from zeromon_agent.recorder import collective_records, loop, step_acc, step_book
 from zeromon_agent.recorder.loop import Recorder
-from zeromon_agent.recorder.step_acc import StepAcc, meaning_of, seconds
+from zeromon_agent.recorder.step_acc import Mark, StepAcc, meaning_of, new_acc, seconds
 
 _any_value = (st.none() | st.booleans() | st.integers(*INT64) | st.floats(allow_nan=False) | st.text(max_size=8)
               | st.sampled_from(["forward", "all_gather", "sync"]))
@@ -396,16 +398,19 @@ def test_a_segment_of_batches_and_single_records_reads_back_in_the_order_written
         assert [r for r in iter_records(path) if isinstance(r, PhaseSpan)] == [PhaseSpan(*span) for span in spans + spans[:1]]
 
 
-def test_a_run_of_rows_is_written_as_each_one_s_values_would_be(tmp_path: Path) -> None:
-    """write_rows (a run of a kind's values in one call) and write_values of each, the writer writing the record of
-    one that does not go into the columns: the same file, across batches before them (of their kind too) and a
-    segment's end among them."""
+@pytest.mark.parametrize("in_c", [True, False])
+def test_a_run_of_rows_is_written_as_each_one_s_values_would_be(in_c: bool, tmp_path: Path) -> None:
+    """write_rows (a run of a kind's values in one call, its fit checked in C where _planes.c was built, or a row at
+    a time) and write_values of each, the writer writing the record of one that does not go into the columns: the
+    same file, across batches before them (of their kind too) and a segment's end among them."""
     def sample(t: int, categories: dict[str, Any]) -> tuple[Any, ...]:
         return (0, 3, "forward", t, "cpu", *[None] * 10, 2**20 + t, categories)
 
     rows = [sample(2, {"not a category": 1}), sample(1, {}), sample(3, {"sharded_params": 4096}), sample(4, {}),
-            sample(5, {"buffers": 7}), sample(6, {"not a category": 2})]
-    assert [columnar.fits(columnar.SPECS[MemorySample])(row) for row in rows] == [False, True, True, True, True, False]
+            sample(5, {"buffers": 7}), sample(6, {"not a category": 2}), sample(7, {"buffers": 1}),
+            sample(8, {"buffers": True})]  # a bool is not a count: JSON writes it true
+    assert [columnar.fits(columnar.SPECS[MemorySample])(row) for row in rows] == [False, True, True, True, True, False,
+                                                                                  True, False]
     before = sample(0, {})
     files = []
     for way in ("rows", "values"):
@@ -413,7 +418,10 @@ def test_a_run_of_rows_is_written_as_each_one_s_values_would_be(tmp_path: Path) 
         writer = CompactWriter(path, 0)
         writer.write_columns(PhaseSpan, list(zip((0, 3, "forward", 0, 1, "host"), strict=True)), 1)
         writer.write_columns(MemorySample, list(zip(before, strict=True)), 1)  # a batch of their kind before them
-        with mock.patch.object(segments, "SEGMENT_RECORDS", 5):  # a segment ends among them
+        with mock.patch.object(columnar, "_ROWS_FIT", columnar._ROWS_FIT if in_c else None):
+            fit_run = columnar.fit_run(columnar.SPECS[MemorySample], segments._FITS[MemorySample][1])
+        with mock.patch.object(segments, "SEGMENT_RECORDS", 5), \
+                mock.patch.dict(segments._FIT_RUNS, {MemorySample: fit_run}):  # a segment ends among them
             if way == "rows":
                 writer.write_rows(MemorySample, rows, lambda row: MemorySample(*row))
             else:
@@ -423,7 +431,7 @@ def test_a_run_of_rows_is_written_as_each_one_s_values_would_be(tmp_path: Path) 
         writer.close()
         files.append(path.read_bytes())
         assert [(r.t_ns, r.categories) for r in iter_records(path) if isinstance(r, MemorySample)] == \
-            [(row[3], row[-1]) for row in [before, *rows]]
+            [(row[3], row[-1]) for row in [before, *rows[:-1]]]  # the reader skips a count that is true, as corrupt
     assert files[0] == files[1]
 
 
@@ -537,7 +545,9 @@ def test_the_synchronous_fast_path_records_summarizes_and_counts_what_the_genera
             in_python = path == "batch in Python"
             with mock.patch.object(collective_records, "_BATCHER", None if in_python else collective_records._BATCHER), \
                     mock.patch.object(collective_records, "_COUNT_OPS", None if in_python
-                                      else collective_records._COUNT_OPS):
+                                      else collective_records._COUNT_OPS), \
+                    mock.patch.object(collective_records, "_ACCOUNT_SYNC", None if in_python
+                                      else collective_records._ACCOUNT_SYNC):
                 fast, fast_recorder = _record_all(raws, path, 10**18, Path(tmp))
             assert [encode_record(r) for r in fast] == [encode_record(r) for r in plain], path
             assert any(isinstance(r, StepSummary) and r.collectives for r in fast)
@@ -636,7 +646,7 @@ def _summaries_of(calls: list[tuple[int, int]], agent: list[tuple[int, int]], wi
     state = HotState()
     recorder = Recorder(state, 0, CompactWriter(tmp / f"{path}.zmr", 0), 0.2, clock_offset_ns=10**18)
     recorder.collectives._group_sizes[None] = 2
-    if path != "batch":
+    if not path.startswith("batch"):
         recorder.collectives.finalize_sync_batch = lambda items: False  # type: ignore[method-assign]
         recorder.collectives.finalize_sync = lambda item: False  # type: ignore[method-assign]
     state.control.append((RAW_STEP_START, 0, window[0], None, "forward"))
@@ -655,9 +665,9 @@ def _summaries_of(calls: list[tuple[int, int]], agent: list[tuple[int, int]], wi
 def test_a_step_of_calls_one_after_another_is_summarized_from_its_columns_as_from_its_intervals(
         gaps: list[tuple[int, int]], agent: list[tuple[int, int]], margins: tuple[int, int], back: int) -> None:
     """A thread's synchronous calls, one after another: the batch's step is summarized from its columns (the
-    sums of _sequential_overlap_ns) where they lie inside the window and clear of the agent's spans, and the
-    numbers are the plain path's wherever they do not (a window that cuts a call, an agent span across one, a
-    call that starts before the previous one ended: ``back``)."""
+    sums of _sequential_overlap_ns, or all of summarize's values in C: _batch.c's summarize_host) where they lie
+    inside the window and clear of the agent's spans, and the numbers are the plain path's wherever they do not (a
+    window that cuts a call, an agent span across one, a call that starts before the previous one ended: ``back``)."""
     calls, t = [], 10_000
     for gap, length in gaps:
         t += gap
@@ -669,20 +679,30 @@ def test_a_step_of_calls_one_after_another_is_summarized_from_its_columns_as_fro
     spans = [(10_000 + offset, 10_000 + offset + length) for offset, length in agent]
     window = (calls[0][0] + margins[0], max(calls[-1][1] + margins[1], calls[0][0] + margins[0] + 1))
     taken: list[bool] = []
-    sequential = step_acc._sequential_overlap_ns
+    in_c: list[bool] = []
+    sequential, summarize_host = step_acc._sequential_overlap_ns, step_acc._SUMMARIZE_HOST
 
     def watched(*args: Any) -> Any:
         taken.append(sequential(*args) is not None)
         return sequential(*args)
 
-    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(step_acc, "_sequential_overlap_ns", watched):
+    def watched_in_c(*args: Any) -> Any:
+        in_c.append(summarize_host(*args) is not None)
+        return summarize_host(*args)
+
+    with tempfile.TemporaryDirectory() as tmp:
         plain = _summaries_of(calls, spans, window, "plain", Path(tmp))
-        batch = _summaries_of(calls, spans, window, "batch", Path(tmp))
-    assert [encode_record(r) for r in batch] == [encode_record(r) for r in plain]
+        with mock.patch.object(step_acc, "_SUMMARIZE_HOST", watched_in_c if summarize_host is not None else None):
+            batch = _summaries_of(calls, spans, window, "batch", Path(tmp))
+        with mock.patch.object(step_acc, "_sequential_overlap_ns", watched), \
+                mock.patch.object(step_acc, "_SUMMARIZE_HOST", None):
+            python = _summaries_of(calls, spans, window, "batch-python", Path(tmp))
+    assert [encode_record(r) for r in batch] == [encode_record(r) for r in plain] == [encode_record(r) for r in python]
     assert len(batch) == 1 and batch[0].exposed_comm_s is not None
     clear = all(a1 <= a0 or not any(c0 < a1 and a0 < c1 for c0, c1 in calls) for a0, a1 in spans)
     inside = window[0] <= calls[0][0] and calls[-1][1] <= window[1]
     assert taken == [clear and inside and not overlapping]
+    assert summarize_host is None or in_c == taken
 
 
 _ANY_VALUE = st.one_of(st.integers(), st.none(), st.booleans(), st.floats(0, 10), st.text(max_size=2),
@@ -697,7 +717,8 @@ _FITTING = {"int": st.integers(), "int?": st.integers() | st.none(), "ns": st.in
 @given(kind=st.sampled_from(sorted(SPECS, key=lambda cls: cls.__name__)), data=st.data(), as_list=st.booleans())
 def test_a_record_s_fit_check_in_c_answers_as_python_s(kind: type, data: st.DataObject, as_list: bool) -> None:
     """columnar.fits with its type check in C (_planes.c's types_fit) and without: the same answer for any values,
-    of the spec's length or not, the types each field takes or others (a bool for an int, an int for a float)."""
+    of the spec's length or not, the types each field takes or others (a bool for an int, an int for a float); and
+    columnar.fit_run (rows_fit in C) and its loop of that check: the same first refused row of a run."""
     spec = SPECS[kind]
     width = data.draw(st.sampled_from([len(spec), len(spec), len(spec) - 1, len(spec) + 1]))
     # Each field mostly of a type it takes (so that whole records fit as often as not), else anything.
@@ -708,8 +729,28 @@ def test_a_record_s_fit_check_in_c_answers_as_python_s(kind: type, data: st.Data
     with mock.patch.object(columnar, "_TYPES_FIT", None):
         python = columnar.fits(spec)(given_values)
     assert columnar.fits(spec)(given_values) == python
+    # A run of rows (fit_run: rows_fit in C for a spec with no seconds column): where the first refused one is
+    rows = [given_values] * data.draw(st.integers(0, 2)) + data.draw(st.lists(st.sampled_from([values, *rows_around(
+        spec, data)]), max_size=4))
+    start, stop = data.draw(st.integers(0, len(rows))), data.draw(st.integers(0, len(rows)))
+    with mock.patch.object(columnar, "_ROWS_FIT", None):
+        python_run = columnar.fit_run(spec, columnar.fits(spec))(rows, start, stop)
+    assert columnar.fit_run(spec, columnar.fits(spec))(rows, start, stop) == python_run
     if columnar._TYPES_FIT is None:
         pytest.skip("the package was installed without its C modules (no C compiler at its build)")
+
+
+def rows_around(spec: Sequence[Sequence[Any]], data: st.DataObject) -> list[tuple[Any, ...]]:
+    """Two rows of the spec's types, but a map's values (an int, a bool, a float; a key of its names or not)."""
+    rows = []
+    for _ in range(2):
+        row = [data.draw(_FITTING[how]) for _, how, _ in spec]
+        for i, (_, how, base) in enumerate(spec):
+            if how == "map":
+                row[i] = data.draw(st.dictionaries(st.sampled_from([*base[:2], "nope"]),
+                                                   st.integers(0, 9) | st.booleans() | st.floats(0, 1), max_size=3))
+        rows.append(tuple(row))
+    return rows
 
 
 _NS = st.integers(0, 400) | st.sampled_from([2**63 - 1, 2**63, -(2**63) - 1, 10**19])  # and past 64 bits
@@ -737,6 +778,55 @@ def test_a_sequential_step_s_sums_in_c_are_python_s(calls: list[tuple[int, int, 
     assert made == python or made is False and (not fits or python is not None)
 
 
+@PROPERTIES
+@pytest.mark.parametrize("case", ["sequential", "cut", "untimed", "unknown", "on_stream", "interval", "blocked"])
+@given(gaps=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40), st.integers(0, 40)), min_size=1, max_size=12),
+       agent=st.lists(st.tuples(st.integers(0, 900), st.integers(0, 30)), max_size=2),
+       margins=st.tuples(st.integers(-20, 0), st.integers(0, 20)),
+       phases=st.dictionaries(st.sampled_from(["forward", "backward", "agent", "optimizer"]),
+                              st.integers(0, 10**6) | st.sampled_from([2**53 + 1, 2**63 + 5, 10**19 + 7])),
+       by_op=st.dictionaries(st.sampled_from(["all_gather", "reduce_scatter"]), st.integers(0, 2**40)),
+       blocked_s=st.floats(0, 1e6), peak=st.none() | st.integers(0, 2**40))
+def test_a_step_s_summary_values_in_c_are_python_s(
+        case: str, gaps: list[tuple[int, int, int]], agent: list[tuple[int, int]], margins: tuple[int, int],
+        phases: dict[str, int], by_op: dict[str, int], blocked_s: float, peak: int | None) -> None:
+    """step_acc.summarize with _batch.c's summarize_host (a step of calls one after another on the host, every one in
+    its batched columns: all of its values in C) and without: the same summary for any accumulator, those of the
+    other cases (a GPU step not timed on the device, its overlap unknown, compute on a stream, intervals or blocked
+    ones outside the columns) left to Python."""
+    if step_acc._SUMMARIZE_HOST is None:
+        pytest.skip("the package was installed without its C modules (no C compiler at its build)")
+    untimed, unknown, on_stream, with_interval, with_blocked = (case == other for other in (
+        "untimed", "unknown", "on_stream", "interval", "blocked"))
+    issue, complete, ends, t = [], [], [], 10_000
+    for gap, length, blocked in gaps:
+        t += gap
+        issue.append(t)
+        complete.append(t + length)
+        ends.append(t + min(blocked, length))
+        t += length
+    acc = StepAcc(collectives=len(issue), comm_bytes=sum(by_op.values()), by_op=dict(by_op), phase_ns=dict(phases),
+                  blocked_s=blocked_s, peak_memory=peak, device_untimed=untimed, overlap_known=not unknown,
+                  on_stream=on_stream, compute=[(10_000, 10_010)] if on_stream else [],
+                  agent=[(10_000 + a, 10_000 + a + length) for a, length in agent], run_issue=issue,
+                  run_complete=complete, run_end=ends, run_blocked=[(e - i) / 1e9 for i, e in zip(issue, ends, strict=True)])
+    if case == "cut":  # a window that starts after the first call's issue and ends before the last's completion
+        margins = (margins[1], margins[0])
+    window = (issue[0] + margins[0], max(complete[-1] + margins[1], issue[0] + margins[0] + 1))
+    if with_interval or with_blocked:  # one across the whole window, outside the columns: the sums are not the unions
+        (acc.intervals if with_interval else acc.blocked).append((window[0] - 5, window[1] + 5))
+    summaries = []
+    for way in (step_acc._SUMMARIZE_HOST, None):
+        with mock.patch.object(step_acc, "_SUMMARIZE_HOST", way):
+            summaries.append(step_acc.summarize(copy.deepcopy(acc), 3, 7, *window))
+    with_c, python = summaries
+    assert with_c == python and encode_record(with_c) == encode_record(python)
+    assert list(with_c.phase_s) == list(phases) and with_c.comm_bytes_by_op is not acc.by_op
+    if case == "sequential" and window[0] <= issue[0] and complete[-1] <= window[1] and not agent:
+        assert step_acc._SUMMARIZE_HOST(acc, 3, 7, *window) is not None  # the case it takes, taken
+        assert with_c.blocked_s == round(blocked_s, 9)
+
+
 def test_a_step_of_more_collectives_than_it_keeps_intervals_of_is_folded_as_one_by_one() -> None:
     """Past MAX_STEP_INTERVALS a step's intervals are folded as they come: the batch path gives the same
     summary as the plain one (overlapping calls out of issue order included) in batches of 256."""
@@ -748,6 +838,38 @@ def test_a_step_of_more_collectives_than_it_keeps_intervals_of_is_folded_as_one_
     summaries = [r for r in batch if isinstance(r, StepSummary)]
     assert summaries and summaries[0].collectives == 4200
     assert [encode_record(r) for r in batch] == [encode_record(r) for r in plain]
+
+@pytest.mark.parametrize("near", ["intervals", "blocked", "neither"])
+def test_a_batch_s_steps_are_accounted_in_c_as_in_python_up_to_a_run_that_folds(near: str) -> None:
+    """finalize_sync_batch's step accounting in C (account_sync) and in Python (_account_sync_run of each run): the
+    same accumulators, where a later step's run would pass MAX_STEP_INTERVALS (its intervals folded, or its blocked
+    ones dropped: the C loop leaves that run and those after it to Python's) and where none would."""
+    steps = [4] * 3 + [5] * 4 + [6] * 2
+    items = [(RAW_COLLECTIVE, seq, "all_reduce_x", "all_reduce" if seq % 2 else "all_gather", 10**6 * seq,
+              10**6 * seq + (500 + 7 * seq if seq % 4 else 0), 2**20 + seq, 2**20, "float32", None, False, None,
+              "backward", step, None, False, None) for seq, step in enumerate(steps, start=1)]  # some not blocked
+    accs = []
+    for way in (collective_records._ACCOUNT_SYNC, None):
+        recorder = Recorder(HotState(), 0, None, 5.0, clock_offset_ns=10**9)
+        collectives = recorder.collectives
+        collectives._group_sizes[None] = 2
+        acc = recorder.steps.acc(5)  # a step with intervals and blocked ones from earlier passes
+        acc.intervals, acc.blocked, acc.blocked_s = [(1, 2)] * 3, [(1, 2)] * 2, 0.25
+        if near == "intervals":
+            acc.intervals = [(1, 2)] * (step_acc.MAX_STEP_INTERVALS - 3)
+        elif near == "blocked":
+            acc.blocked = [(1, 2)] * (step_acc.MAX_STEP_INTERVALS - 2)  # and three of its four blocked
+        with mock.patch.object(collective_records, "_ACCOUNT_SYNC", way):
+            assert collectives.finalize_sync_batch(items)
+        accs.append({step: dataclasses.astuple(acc) for step, acc in recorder.steps.accs.items()})
+        recorder.stop()
+    with_c, python = accs
+    assert with_c == python
+    assert sorted(python) == [4, 5, 6]
+    names = [f.name for f in dataclasses.fields(StepAcc)]
+    assert python[5][names.index("overlap_known")] is (near == "neither")  # folded, or its blocked ones dropped
+    assert [python[step][names.index("collectives")] for step in (4, 5, 6)] == [3, 4, 2]
+
 
 @PROPERTIES
 @given(raws=st.lists(_raw_collective, max_size=60), cuts=st.lists(st.integers(0, 60), max_size=5),
@@ -1017,6 +1139,35 @@ def test_a_step_s_peak_is_its_highest_sample_but_those_of_its_peak_phases(in_c: 
     assert len([r for _, r in recorder.live.recent_records() if isinstance(r, MemorySample)]) == 5
 
 
+@pytest.mark.parametrize("explicit", [False, True])
+def test_a_run_s_step_boundaries_set_the_marks_the_host_handlers_do(explicit: bool) -> None:
+    """A pass's step ends and starts taken in the C run (host_phases) and by the host handlers one at a time: each
+    step's accumulator (made at its first boundary) gets the same start and end Marks, an end the time it was seen;
+    the same spans closed (none for a gap the next step's start finds inside that step) and the same current phase,
+    an implicit end opening the next step's."""
+    items = [(RAW_STEP_START, 3, 100, None, "forward"), (RAW_PHASE, "backward", 150, 3, None),
+             (RAW_STEP_END, 3, 200, None, explicit), (RAW_STEP_START, 4, 200 if explicit else 230, None, "forward"),
+             (RAW_PHASE, "backward", 260, 4, None), (RAW_STEP_END, 4, 300, None, explicit),
+             (RAW_STEP_END, 5, 300, None, explicit)]  # no phase of its own: at the same time, it closes none
+    ways = []
+    for way in (loop._HOST_PHASES, None):
+        recorder = Recorder(HotState(), 0, None, 5.0, clock_offset_ns=0)
+        with mock.patch.object(loop, "_HOST_PHASES", way):
+            before = time.perf_counter_ns()
+            recorder._dispatch(items)
+        book = recorder.steps
+        assert all(before <= acc.ended_at_perf <= time.perf_counter_ns() for acc in book.accs.values())
+        ways.append([(step, acc.start and (acc.start.perf, acc.start.event, acc.start.unix), acc.end.perf)
+                     for step, acc in book.accs.items()] + [list(book.closed), book.current])
+        recorder.stop()
+    with_c, python = ways
+    assert with_c == python
+    assert python[:3] == [(3, (100, None, None), 200), (4, (200 if explicit else 230, None, None), 300), (5, None, 300)]
+    assert python[3] == [("forward", 3, 100, 150), ("backward", 3, 150, 200), ("forward", 4, 200 if explicit else 230, 260),
+                         ("backward", 4, 260, 300)]
+    assert python[4] == (None if explicit else ("backward", 300, 6))
+
+
 class _StandInEvent:
     """A CUDA event that is never recorded here: a recorder on a GPU holds a CudaTimer over them."""
 
@@ -1168,9 +1319,27 @@ def test_the_c_modules_keep_no_reference_to_what_they_are_given_or_make() -> Non
     rows = [(raw, 5, raw[4], shape, None if seq % 3 == 0 else raw[5] + 3, "launch" if seq % 3 == 0 else "wait")
             for seq, raw in enumerate(items)]
     column = [10**12 + i for i in range(64)]
-    watched = (api, group, factor, shape, items[0], column[0])
+    # A run of host records with step boundaries, a batch's step accounting, a sequential step's summary, a run's fit
+    host = compiled("zeromon_agent.recorder._host")
+    step_items = [(RAW_PHASE, api, 5, 1, None), (RAW_STEP_END, 1, 9, None, False), (RAW_STEP_START, 2, 12, None, api),
+                  (RAW_STEP_END, 2, 20, None, True)]
+    bounds = (RAW_STEP_START, RAW_STEP_END, {}, new_acc, Mark, time.perf_counter_ns)
+    steps = [1] * 32 + [2] * 32
+    accounted = (steps, [api] * 64, [4096] * 64, column, [c + 5 for c in column], [5e-9] * 64, [c + 5 for c in column])
+    summed = StepAcc(run_issue=column[:8], run_complete=[c + 1 for c in column[:8]], run_end=column[:8],
+                     phase_ns={api: 10**9 + 7}, by_op={api: 4096}, blocked_s=factor)
+    spec = SPECS[MemorySample]
+    accepted, maps = tuple(columnar._TYPES[how] for _, how, _ in spec), ((16, frozenset({api})),)
+    sample_rows = [(0, 1, api, 5, "cpu", *[None] * 11, {api: 3})] * 8 + [(0, 1, api, 5, "cpu", *[None] * 11, {api: True})]
+    watched = (api, group, factor, shape, items[0], column[0], step_items[0], sample_rows[0])
     before = [sys.getrefcount(value) for value in watched]
     for _ in range(1000):
+        assert host.host_phases(step_items, 0, 4, None, [], "agent", RAW_PHASE, RAW_AGENT, None, bounds)[0] == 4
+        bounds[2].clear()
+        assert batch.account_sync(*accounted, {}, new_acc, 4096) == 64
+        assert batch.account_sync(*accounted, {}, new_acc, 16) == 0  # a run that folds: left to Python
+        assert batch.summarize_host(summed, 0, 1, column[0], column[0] + 10**6) is not None
+        assert planes.rows_fit(sample_rows, 0, 9, accepted, maps) == 8
         made = batch.sync_columns(items, {}, lambda *key: shape, 10**18, 2**50)
         assert made is not None and batch.sync_columns(refused, {}, lambda *key: shape, 10**18, 2**50) is None
         assert batch.async_columns(rows, 10**18, True, frozenset({"wait"})) is not None

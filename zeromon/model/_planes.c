@@ -8,8 +8,9 @@
  * numpy path and the Python one (tests/test_recorder_fast_path.py draws segments and compares them);
  * OverflowError wherever those raise NotInArrays (a value or a difference past 64 bits), so that the caller
  * codes that column in Python's integers, as without this module.
- * Beside it, two of the model's per-record steps: types_fit (a record's types against its columns', columnar.fits)
- * and make_record (a record made from its values, its slots set directly: events.record_maker, default_maker).
+ * Beside it, three of the model's per-record steps: types_fit and rows_fit (a record's types against its columns', a
+ * run of records' fit: columnar.fits, fit_run) and make_record (a record made from its values, its slots set
+ * directly: events.record_maker, default_maker).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -198,6 +199,83 @@ done:
     return result;
 }
 
+/* Whether each value of ``values`` (a tuple) is of a type its field accepts (``accepted``, checked by the caller: a
+ * tuple of as many tuples of types): 1, 0, or -1 with an exception. */
+static int
+values_fit(PyObject *values, PyObject *accepted)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(values);
+    if (PyTuple_GET_SIZE(accepted) != n) return 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *types = PyTuple_GET_ITEM(accepted, i);
+        if (!PyTuple_Check(types)) {
+            PyErr_SetString(PyExc_TypeError, "each field's accepted types as a tuple");
+            return -1;
+        }
+        PyObject *type = (PyObject *)Py_TYPE(PyTuple_GET_ITEM(values, i));
+        Py_ssize_t k = 0, m = PyTuple_GET_SIZE(types);
+        while (k < m && PyTuple_GET_ITEM(types, k) != type) k++;
+        if (k == m) return 0;
+    }
+    return 1;
+}
+
+/* rows_fit(rows, start, stop, accepted, maps) -> the index of the first of rows[start:stop] (a list of tuples) that
+ * does not go into the columns, or stop where all do: columnar.fits' check of a run of rows for a spec with no
+ * seconds column (``accepted``: each field's types, as types_fit takes them; ``maps``: a tuple of (index, names) for
+ * each "map" field, the dict there empty or of keys among the frozenset ``names`` and values exactly int). */
+static PyObject *
+rows_fit(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *rows, *accepted, *maps;
+    Py_ssize_t start, stop;
+    if (!PyArg_ParseTuple(args, "O!nnO!O!:rows_fit", &PyList_Type, &rows, &start, &stop, &PyTuple_Type, &accepted,
+                          &PyTuple_Type, &maps)) {
+        return NULL;
+    }
+    Py_ssize_t n_maps = PyTuple_GET_SIZE(maps);
+    for (Py_ssize_t k = 0; k < n_maps; k++) {
+        PyObject *pair = PyTuple_GET_ITEM(maps, k);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2 || !PyLong_Check(PyTuple_GET_ITEM(pair, 0))
+                || !PyFrozenSet_Check(PyTuple_GET_ITEM(pair, 1))) {
+            PyErr_SetString(PyExc_TypeError, "rows_fit: maps as (index, frozenset of names) pairs");
+            return NULL;
+        }
+    }
+    if (start < 0) start = 0;
+    if (stop > PyList_GET_SIZE(rows)) stop = PyList_GET_SIZE(rows);
+    Py_ssize_t i = start;
+    for (; i < stop; i++) {
+        PyObject *row = PyList_GET_ITEM(rows, i);
+        if (!PyTuple_CheckExact(row)) break;
+        int fit = values_fit(row, accepted);
+        if (fit < 0) return NULL;
+        for (Py_ssize_t k = 0; fit && k < n_maps; k++) {
+            PyObject *pair = PyTuple_GET_ITEM(maps, k), *names = PyTuple_GET_ITEM(pair, 1);
+            Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(pair, 0));
+            if (at < 0 || at >= PyTuple_GET_SIZE(row)) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "rows_fit: a map's index outside the row");
+                return NULL;
+            }
+            PyObject *mapping = PyTuple_GET_ITEM(row, at), *key, *value;
+            if (!PyDict_Check(mapping)) {  /* the accepted types said so: a dict, or the caller's spec does not */
+                fit = 0;
+                break;
+            }
+            Py_ssize_t pos = 0;
+            while (fit && PyDict_Next(mapping, &pos, &key, &value)) {
+                if (!PyLong_CheckExact(value)) {
+                    fit = 0;
+                } else if ((fit = PySet_Contains(names, key)) < 0) {
+                    return NULL;
+                }
+            }
+        }
+        if (!fit) break;
+    }
+    return PyLong_FromSsize_t(i);
+}
+
 /* types_fit(values, accepted): whether values (a tuple) has one value a field, each of a type its field accepts
  * exactly (accepted: a tuple of a tuple of types a field): columnar.fits' check of a record's types, one pass and no
  * tuple of types made and hashed (the Python path's), a record at a time. */
@@ -206,20 +284,9 @@ types_fit(PyObject *Py_UNUSED(module), PyObject *args)
 {
     PyObject *values, *accepted;
     if (!PyArg_ParseTuple(args, "O!O!:types_fit", &PyTuple_Type, &values, &PyTuple_Type, &accepted)) return NULL;
-    Py_ssize_t n = PyTuple_GET_SIZE(values);
-    if (PyTuple_GET_SIZE(accepted) != n) Py_RETURN_FALSE;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *types = PyTuple_GET_ITEM(accepted, i);
-        if (!PyTuple_Check(types)) {
-            PyErr_SetString(PyExc_TypeError, "types_fit: each field's accepted types as a tuple");
-            return NULL;
-        }
-        PyObject *type = (PyObject *)Py_TYPE(PyTuple_GET_ITEM(values, i));
-        Py_ssize_t k = 0, m = PyTuple_GET_SIZE(types);
-        while (k < m && PyTuple_GET_ITEM(types, k) != type) k++;
-        if (k == m) Py_RETURN_FALSE;
-    }
-    Py_RETURN_TRUE;
+    int fit = values_fit(values, accepted);
+    if (fit < 0) return NULL;
+    return PyBool_FromLong(fit);
 }
 
 /* make_record(cls, slots, values): events.record_maker's record: a new instance of ``cls`` (object.__new__'s) with
@@ -277,6 +344,8 @@ static PyMethodDef methods[] = {
      "int_column(column, seconds, nullable, base, a, b) -> (values, planes): a column coded as planes."},
     {"types_fit", types_fit, METH_VARARGS,
      "types_fit(values, accepted) -> whether each value's type is one its field accepts (columnar.fits)."},
+    {"rows_fit", rows_fit, METH_VARARGS,
+     "rows_fit(rows, start, stop, accepted, maps) -> the first of rows[start:stop] that does not fit, else stop."},
     {"make_record", (PyCFunction)(void (*)(void))make_record, METH_FASTCALL,
      "make_record(cls, slots, values) -> a new cls with its slots set to values (events.record_maker's)."},
     {NULL, NULL, 0, NULL},

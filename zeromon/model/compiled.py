@@ -11,7 +11,9 @@ from typing import Any
 # Every C module setup.py builds, and what it does.
 MODULES = {
     "zeromon.model._planes": "the recording's column coder and its records' type check",
-    "zeromon_agent.recorder._batch": "a pass's collectives' columns, a step's sums, its records out of the collector's walk",
+    "zeromon_agent.recorder._batch": "a pass's collectives' columns and step accounting, a step's sums, its records out "
+                                     "of the collector's walk",
+    "zeromon_agent.recorder._host": "a GPU-less pass's phases, step boundaries and memory samples",
     "zeromon_agent.hooks._ring": "the hooks' queue",
     "zeromon_agent.live._totals": "the live totals' count of a pass's collectives",
 }

@@ -116,6 +116,8 @@ class _Buffered(NamedTuple):
 # Each columnar kind's code and fit check, made once: a check remembers the type signatures it found good,
 # which a check made at every flush (5 a second) would look at field by field again.
 _FITS = {cls: (code, columnar.fits(spec)) for code, (cls, spec) in enumerate(columnar.SPECS.items(), start=1)}
+# And of a run of a kind's rows (write_rows): the first that does not fit.
+_FIT_RUNS = {cls: columnar.fit_run(columnar.SPECS[cls], fits) for cls, (_, fits) in _FITS.items()}
 
 
 class CompactWriter(RecordingWriter):
@@ -190,22 +192,24 @@ class CompactWriter(RecordingWriter):
     def write_rows(self, cls: type, rows: Sequence[tuple[Any, ...]], make: Callable[[tuple[Any, ...]], Record]) -> None:
         """write_values of each of ``rows`` (a columnar kind's values, in order) in one call, a row that does not go
         into the columns written as ``make(row)``'s record (a JSON row, or counted lost where the file is gone):
-        the recorder's memory samples of a run."""
-        code, fits, kept, _, chunks = self._columns[cls]
-        order = self._order
-        for row in rows:
-            if self._file is not None and fits(row):
-                if chunks:  # batches of the kind before it: they become rows first, as write_values does
-                    _settle(kept, chunks)
-                kept.append(row)
-                order.append(code)
-                if len(order) < SEGMENT_RECORDS:
-                    continue
-                self._write_segment()
-            else:
-                self.write(make(row))  # it may write the segment
-            code, fits, kept, _, chunks = self._columns[cls]  # the buffers are new ones where it was written
+        the recorder's memory samples of a run. A run of rows that fit is checked in one call (columnar.fit_run) and
+        kept at once."""
+        fit_run, start, n = _FIT_RUNS[cls], 0, len(rows)
+        while start < n:
+            code, fits, kept, _, chunks = self._columns[cls]  # new buffers where a segment was written
+            if self._file is None or not fits(rows[start]):
+                self.write(make(rows[start]))  # it may write the segment
+                start += 1
+                continue
             order = self._order
+            end = fit_run(rows, start + 1, min(n, start + max(1, SEGMENT_RECORDS - len(order))))
+            if chunks:  # batches of the kind before them: they become rows first, as write_values does
+                _settle(kept, chunks)
+            kept.extend(rows[start:end])
+            order.extend(bytes((code,)) * (end - start))
+            if len(order) >= SEGMENT_RECORDS:
+                self._write_segment()
+            start = end
 
     def write_columns(self, cls: type, columns: Sequence[Sequence[Any]], n: int) -> bool:
         """write_values of ``n`` records of a columnar kind given a field at a time (``columns``, in its fields'

@@ -331,7 +331,8 @@ def probe_zeromon() -> list[Check]:
 
 def _compiled_modules() -> Check:
     """The agent's C modules (zeromon.model.compiled.MODULES: the recording's coder, a pass's collectives' columns and
-    a step's sums, the hooks' queue, the live totals' count), optional parts of the install."""
+    a step's sums, a GPU-less pass's phases and samples, the hooks' queue, the live totals' count), optional parts of
+    the install."""
     import importlib.util
 
     from zeromon.model.compiled import MODULES

@@ -8,16 +8,13 @@
  *   async_columns: finalize_pass's rows, async collectives at their wait and a GPU's launches (_finalize_rows').
  * The same values as the Python paths (tests/test_recorder_fast_path.py runs both); None where a batch is not taken
  * (the caller's Python path decides then).
- * Beside them, five of a pass's other loops, each with its Python path: host_phases (a run of a GPU-less pass's
- * phase changes, agent spans and memory samples: StepBook's host handlers, Recorder._on_memory), host_spans (their
- * closed phases' columns and step accounting, StepBook.finish_host_spans'), count_ops (a step's bytes by op,
- * CollectiveRecords._count_run's), sequential_overlap (a step of calls one after another summed,
- * step_acc._sequential_overlap_ns) and untrack (the records handed to the live views let out of the garbage
- * collector's lists, Outbox.release).
+ * Beside them, a pass's other loops of its collectives and steps, each with its Python path: account_sync and
+ * count_ops (a batch's step accounting, CollectiveRecords._account_sync_run's; a step's bytes by op, _count_run's),
+ * sequential_overlap (a step of calls one after another summed, step_acc._sequential_overlap_ns) and untrack (the
+ * records handed to the live views let out of the garbage collector's lists, Outbox.release). A GPU-less pass's
+ * phases, step boundaries and memory samples are _host.c's.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
+#include "_columns.h"
 
 static PyObject *zero;  /* 0, made once */
 
@@ -28,36 +25,6 @@ enum { SEQ = 1, API = 2, OP = 3, T0 = 4, T1 = 5, B_IN = 6, B_OUT = 7, DTYPE = 8,
 enum { SHAPE_FIELDS = 6 };
 enum { OUT_SEQ, OUT_API, OUT_OP, OUT_PHASE, OUT_STEP, OUT_B_IN, OUT_B_OUT, OUT_DTYPE, OUT_GROUP_SIZE, OUT_MEANING,
        OUT_NBYTES, OUT_ISSUE, OUT_COMPLETE, OUT_BLOCKED, OUT_BUSBW, OUT_END, OUT_COLUMNS };
-
-static int
-as_int64(PyObject *value, int64_t *out)
-{
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
-    if (overflow || (v == -1 && PyErr_Occurred())) {
-        PyErr_Clear();
-        return 0;
-    }
-    *out = (int64_t)v;
-    return 1;
-}
-
-/* A tuple of ``count`` new lists of n NULLs each, filled by the caller (PyList_SET_ITEM), or NULL. */
-static PyObject *
-new_columns(int count, Py_ssize_t n)
-{
-    PyObject *columns = PyTuple_New(count);
-    if (columns == NULL) return NULL;
-    for (int c = 0; c < count; c++) {
-        PyObject *column = PyList_New(n);
-        if (column == NULL) {
-            Py_DECREF(columns);
-            return NULL;
-        }
-        PyTuple_SET_ITEM(columns, c, column);
-    }
-    return columns;
-}
 
 /* A collective's fields that its record takes as they are, into row i of ``columns``: its raw tuple's seq, api, op,
  * phase, step, bytes in and out (columns 0-6), its shape's dtype name and group size (7, 8), meaning and bytes
@@ -326,301 +293,32 @@ failed:
     return NULL;
 }
 
-/* A run's memory samples (host_phases' ``memory``, or None): what Recorder._on_memory does with the agent's own samples
- * (its values a tuple of n_fields, its time an int), made of the run's records in order. */
-typedef struct {
-    long kind;             /* RAW_MEMORY */
-    PyObject *samples;     /* list: each sample's values, (rank, step, phase, t + offset, *fields) */
-    PyObject *peaks;       /* dict: step -> its highest level (allocated, else rss) among the run's samples, or None */
-    PyObject *rank, *offset, *emitted, *peak_phases;  /* emitted: StepBook.emitted_through; peak_phases: a frozenset */
-    Py_ssize_t n_fields, at_allocated, at_rss;  /* the two levels' places in the fields */
-} MemoryRun;
-
-/* memory: (kind, samples, peaks, rank, offset, n_fields, emitted, peak_phases, at_allocated, at_rss). 1, 0 (not a
- * tuple of that shape: no memory sample taken in C), or -1 with an exception. */
-static int
-memory_run(PyObject *memory, MemoryRun *run)
-{
-    if (memory == Py_None) return 0;
-    if (!PyTuple_CheckExact(memory) || PyTuple_GET_SIZE(memory) != 10
-            || !PyList_CheckExact(PyTuple_GET_ITEM(memory, 1)) || !PyDict_CheckExact(PyTuple_GET_ITEM(memory, 2))
-            || !PyFrozenSet_CheckExact(PyTuple_GET_ITEM(memory, 7))) {
-        PyErr_SetString(PyExc_TypeError, "host_phases' memory: (kind, samples, peaks, rank, offset, n_fields, "
-                        "emitted, peak_phases, at_allocated, at_rss)");
-        return -1;
-    }
-    run->kind = PyLong_AsLong(PyTuple_GET_ITEM(memory, 0));
-    run->samples = PyTuple_GET_ITEM(memory, 1);
-    run->peaks = PyTuple_GET_ITEM(memory, 2);
-    run->rank = PyTuple_GET_ITEM(memory, 3);
-    run->offset = PyTuple_GET_ITEM(memory, 4);
-    run->n_fields = PyLong_AsSsize_t(PyTuple_GET_ITEM(memory, 5));
-    run->emitted = PyTuple_GET_ITEM(memory, 6);
-    run->peak_phases = PyTuple_GET_ITEM(memory, 7);
-    run->at_allocated = PyLong_AsSsize_t(PyTuple_GET_ITEM(memory, 8));
-    run->at_rss = PyLong_AsSsize_t(PyTuple_GET_ITEM(memory, 9));
-    if (PyErr_Occurred()) return -1;
-    if (run->at_allocated < 0 || run->at_allocated >= run->n_fields || run->at_rss < 0
-            || run->at_rss >= run->n_fields) {
-        PyErr_SetString(PyExc_ValueError, "host_phases' memory: a level's place outside the fields");
-        return -1;
-    }
-    return 1;
-}
-
-/* A memory record (kind, phase, step, t, fields) of the agent's shape into run->samples and run->peaks: 1, 0 (of
- * another shape: the Python handler takes it), -1 with an exception. */
-static int
-memory_sample(MemoryRun *run, PyObject *item)
-{
-    if (PyTuple_GET_SIZE(item) != 5) return 0;
-    PyObject *phase = PyTuple_GET_ITEM(item, 1), *step = PyTuple_GET_ITEM(item, 2), *t = PyTuple_GET_ITEM(item, 3);
-    PyObject *fields = PyTuple_GET_ITEM(item, 4);
-    if (!PyTuple_CheckExact(fields) || PyTuple_GET_SIZE(fields) != run->n_fields || !PyLong_CheckExact(t)
-            || !PyLong_CheckExact(step)) {
-        return 0;
-    }
-    PyObject *sample = PyTuple_New(4 + run->n_fields);
-    if (sample == NULL) return -1;
-    PyObject *t_ns = PyNumber_Add(t, run->offset);
-    if (t_ns == NULL) {
-        Py_DECREF(sample);
-        return -1;
-    }
-    PyTuple_SET_ITEM(sample, 0, Py_NewRef(run->rank));
-    PyTuple_SET_ITEM(sample, 1, Py_NewRef(step));
-    PyTuple_SET_ITEM(sample, 2, Py_NewRef(phase));
-    PyTuple_SET_ITEM(sample, 3, t_ns);
-    for (Py_ssize_t i = 0; i < run->n_fields; i++) {
-        PyTuple_SET_ITEM(sample, 4 + i, Py_NewRef(PyTuple_GET_ITEM(fields, i)));
-    }
-    int appended = PyList_Append(run->samples, sample);
-    Py_DECREF(sample);
-    if (appended < 0) return -1;
-    /* The step's peak from the samples taken every step (not those of PEAK_PHASES), of a step not summarized. */
-    int later = PyObject_RichCompareBool(step, run->emitted, Py_GT);
-    if (later <= 0) return later < 0 ? -1 : 1;
-    int peak_phase = PySet_Contains(run->peak_phases, phase);
-    if (peak_phase != 0) return peak_phase < 0 ? -1 : 1;
-    PyObject *level = PyTuple_GET_ITEM(fields, run->at_allocated);
-    if (level == Py_None) level = PyTuple_GET_ITEM(fields, run->at_rss);
-    PyObject *known = PyDict_GetItemWithError(run->peaks, step);  /* borrowed */
-    if (known == NULL && PyErr_Occurred()) return -1;
-    int higher = 1;
-    if (known != NULL) {
-        if (level == Py_None) return 1;
-        if (known != Py_None && (higher = PyObject_RichCompareBool(level, known, Py_GT)) < 0) return -1;
-    }
-    return higher ? (PyDict_SetItem(run->peaks, step, level) < 0 ? -1 : 1) : 1;
-}
-
-/* host_phases(items, index, stop, phase, spans, agent, phase_kind, agent_kind, memory): StepBook's host handlers of a
- * run of phase changes and agent spans (_on_phase_host, _on_agent_host: a GPU-less run's boundaries), and of the
- * agent's memory samples (``memory``, or None: see memory_run), from items[index] on, up to ``stop`` or the first
- * record of another kind (or of an odd shape, which the Python handlers then take): each closed phase appended to
- * ``spans`` as (phase, step, start, end), ``agent`` the agent's phase name; each memory sample's values to its
- * samples, each step's highest level to its peaks (the caller writes and publishes them: Recorder._take_samples).
- * Returns (the index it stopped at, the current phase: (phase, start, step) or None), the same as the handlers one
- * record at a time (tests/test_recorder_fast_path.py). */
+/* Each of ops[0:n]'s bytes (nbytes[0:n]) added to by_op[op] in order (a key made at its first), as ``by_op[op] =
+ * by_op.get(op, 0) + size`` does one by one: their sum, or NULL with an exception. */
 static PyObject *
-host_phases(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+add_ops(PyObject *by_op, PyObject *const *ops, PyObject *const *nbytes, Py_ssize_t n)
 {
-    if (nargs != 9 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[4])) {
-        PyErr_SetString(PyExc_TypeError,
-                        "host_phases(items, index, stop, phase, spans, agent, phase_kind, agent_kind, memory)");
-        return NULL;
-    }
-    PyObject *items = args[0], *spans = args[4], *agent = args[5];
-    Py_ssize_t index = PyLong_AsSsize_t(args[1]), stop = PyLong_AsSsize_t(args[2]);
-    long phase_kind = PyLong_AsLong(args[6]), agent_kind = PyLong_AsLong(args[7]);
-    if (PyErr_Occurred()) return NULL;
-    MemoryRun memory;
-    int with_memory = memory_run(args[8], &memory);
-    if (with_memory < 0) return NULL;
-    if (stop > PyList_GET_SIZE(items)) stop = PyList_GET_SIZE(items);
-    PyObject *phase = Py_NewRef(args[3]);  /* owned: the current phase */
-    for (; index < stop; index++) {
-        PyObject *item = PyList_GET_ITEM(items, index);
-        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) < 4 || !PyLong_CheckExact(PyTuple_GET_ITEM(item, 0))) break;
-        long kind = PyLong_AsLong(PyTuple_GET_ITEM(item, 0));
-        if (kind == -1 && PyErr_Occurred()) {
-            PyErr_Clear();
-            break;
-        }
-        if (with_memory && kind == memory.kind) {  /* (kind, phase, step, t, fields) */
-            int taken = memory_sample(&memory, item);
-            if (taken < 0) goto failed;
-            if (!taken) break;
-            continue;
-        }
-        int current = phase != Py_None;
-        if (current && (!PyTuple_CheckExact(phase) || PyTuple_GET_SIZE(phase) != 3)) break;
-        PyObject *made = NULL;
-        if (kind == phase_kind) {  /* (kind, phase, t, step[, event]) */
-            PyObject *t = PyTuple_GET_ITEM(item, 2);
-            if (current) {
-                int later = PyObject_RichCompareBool(t, PyTuple_GET_ITEM(phase, 1), Py_GT);
-                if (later < 0) goto failed;
-                if (later) {
-                    PyObject *span = PyTuple_Pack(4, PyTuple_GET_ITEM(phase, 0), PyTuple_GET_ITEM(phase, 2),
-                                                  PyTuple_GET_ITEM(phase, 1), t);
-                    if (span == NULL || PyList_Append(spans, span) < 0) {
-                        Py_XDECREF(span);
-                        goto failed;
-                    }
-                    Py_DECREF(span);
-                }
-            }
-            made = PyTuple_Pack(3, PyTuple_GET_ITEM(item, 1), t, PyTuple_GET_ITEM(item, 3));
-        } else if (kind == agent_kind && PyTuple_GET_SIZE(item) == 5) {  /* (kind, step, t0, t1, phase) */
-            if (!current) continue;  /* no phase to come back to: nothing */
-            PyObject *t0 = PyTuple_GET_ITEM(item, 2), *t1 = PyTuple_GET_ITEM(item, 3);
-            PyObject *name = PyTuple_GET_ITEM(phase, 0), *start = PyTuple_GET_ITEM(phase, 1);
-            PyObject *step = PyTuple_GET_ITEM(phase, 2);
-            int later = PyObject_RichCompareBool(t0, start, Py_GT);
-            if (later < 0) goto failed;
-            PyObject *before = later ? PyTuple_Pack(4, name, step, start, t0) : NULL;
-            PyObject *own = PyTuple_Pack(4, agent, step, t0, t1);
-            if ((later && before == NULL) || own == NULL || (before != NULL && PyList_Append(spans, before) < 0)
-                    || PyList_Append(spans, own) < 0) {
-                Py_XDECREF(before);
-                Py_XDECREF(own);
-                goto failed;
-            }
-            Py_XDECREF(before);
-            Py_DECREF(own);
-            made = PyTuple_Pack(3, name, t1, step);
-        } else {
-            break;
-        }
-        if (made == NULL) goto failed;
-        Py_SETREF(phase, made);
-    }
-    PyObject *out = Py_BuildValue("nN", index, phase);
-    return out;
-failed:
-    Py_DECREF(phase);
-    return NULL;
-}
-
-/* host_spans(spans, offset, emitted, agent, acc): StepBook.finish_host_spans' columns and step accounting of a
- * GPU-less pass's closed phases (``spans``: (phase, step, start, end) tuples in perf_ns, in order). Returns (steps,
- * phases, starts, ends), each start and end on the Unix clock (+ ``offset``), and adds each run of one step's spans,
- * of a step after ``emitted``, into its accumulator (``acc(step)``, a StepAcc): each phase's nanoseconds, in order;
- * the agent's own spans (phase ``agent``) as (start, end); the earliest start. None, nothing done, where a span is
- * not of that shape or a value or a sum passes 64 bits: the Python loop then, the same
- * (tests/test_recorder_fast_path.py). */
-static PyObject *
-host_spans(PyObject *Py_UNUSED(module), PyObject *args)
-{
-    PyObject *spans, *offset_obj, *emitted_obj, *agent, *get_acc;
-    if (!PyArg_ParseTuple(args, "O!OOUO:host_spans", &PyList_Type, &spans, &offset_obj, &emitted_obj, &agent,
-                          &get_acc)) {
-        return NULL;
-    }
-    Py_ssize_t n = PyList_GET_SIZE(spans);
-    int64_t offset, emitted;
-    if (!as_int64(offset_obj, &offset) || !as_int64(emitted_obj, &emitted)) Py_RETURN_NONE;
-    int64_t *values = PyMem_Malloc(sizeof(int64_t) * 3 * (size_t)(n > 0 ? n : 1));
-    if (values == NULL) return PyErr_NoMemory();
-    int64_t *steps = values, *starts = values + n, *ends = values + 2 * n;
-    for (Py_ssize_t i = 0; i < n; i++) {  /* every span checked before anything is made or added */
-        PyObject *span = PyList_GET_ITEM(spans, i);
-        int64_t start, end;
-        if (!PyTuple_CheckExact(span) || PyTuple_GET_SIZE(span) != 4 || !PyUnicode_CheckExact(PyTuple_GET_ITEM(span, 0))
-                || !PyLong_CheckExact(PyTuple_GET_ITEM(span, 1)) || !PyLong_CheckExact(PyTuple_GET_ITEM(span, 2))
-                || !PyLong_CheckExact(PyTuple_GET_ITEM(span, 3)) || !as_int64(PyTuple_GET_ITEM(span, 1), &steps[i])
-                || !as_int64(PyTuple_GET_ITEM(span, 2), &start) || !as_int64(PyTuple_GET_ITEM(span, 3), &end)
-                || __builtin_add_overflow(start, offset, &starts[i]) || __builtin_add_overflow(end, offset, &ends[i])
-                || __builtin_sub_overflow(ends[i], starts[i], &end)) {
-            PyMem_Free(values);
-            Py_RETURN_NONE;
-        }
-    }
-    PyObject *columns = new_columns(4, n);
-    if (columns == NULL) goto failed;
-    PyObject *step_column = PyTuple_GET_ITEM(columns, 0), *phase_column = PyTuple_GET_ITEM(columns, 1);
-    PyObject *start_column = PyTuple_GET_ITEM(columns, 2), *end_column = PyTuple_GET_ITEM(columns, 3);
+    PyObject *total = Py_NewRef(zero);
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *span = PyList_GET_ITEM(spans, i);
-        PyList_SET_ITEM(step_column, i, Py_NewRef(PyTuple_GET_ITEM(span, 1)));
-        PyList_SET_ITEM(phase_column, i, Py_NewRef(PyTuple_GET_ITEM(span, 0)));
-        PyObject *start = PyLong_FromLongLong(starts[i]), *end = PyLong_FromLongLong(ends[i]);
-        PyList_SET_ITEM(start_column, i, start);  /* NULL where not made: the column is released whole */
-        PyList_SET_ITEM(end_column, i, end);
-        if (start == NULL || end == NULL) goto failed;
+        PyObject *known = PyDict_GetItemWithError(by_op, ops[i]);  /* borrowed */
+        if (known == NULL && PyErr_Occurred()) goto failed;
+        PyObject *sum = PyNumber_Add(known != NULL ? known : zero, nbytes[i]);
+        if (sum == NULL || PyDict_SetItem(by_op, ops[i], sum) < 0) {
+            Py_XDECREF(sum);
+            goto failed;
+        }
+        Py_DECREF(sum);
+        Py_SETREF(total, PyNumber_Add(total, nbytes[i]));
+        if (total == NULL) return NULL;
     }
-    for (Py_ssize_t i = 0, j; i < n; i = j) {  /* each run of one step's spans */
-        for (j = i + 1; j < n && steps[j] == steps[i]; j++) {
-        }
-        if (steps[i] <= emitted) continue;  /* summarized: no accounting */
-        PyObject *acc = PyObject_CallOneArg(get_acc, PyList_GET_ITEM(step_column, i));
-        if (acc == NULL) goto failed;
-        PyObject *phase_ns = PyObject_GetAttrString(acc, "phase_ns"), *agent_spans = NULL, *known = NULL;
-        if (phase_ns == NULL || !PyDict_CheckExact(phase_ns)) {
-            if (phase_ns != NULL) PyErr_SetString(PyExc_TypeError, "host_spans: a phase_ns not a dict");
-            goto failed_acc;
-        }
-        Py_ssize_t first = i;
-        for (Py_ssize_t k = i; k < j; k++) {
-            PyObject *phase = PyList_GET_ITEM(phase_column, k);
-            PyObject *duration = PyLong_FromLongLong(ends[k] - starts[k]);
-            if (duration == NULL) goto failed_acc;
-            PyObject *sum = PyDict_GetItemWithError(phase_ns, phase);  /* borrowed */
-            if (sum == NULL && PyErr_Occurred()) {
-                Py_DECREF(duration);
-                goto failed_acc;
-            }
-            sum = sum != NULL ? PyNumber_Add(sum, duration) : Py_NewRef(duration);
-            Py_DECREF(duration);
-            if (sum == NULL || PyDict_SetItem(phase_ns, phase, sum) < 0) {
-                Py_XDECREF(sum);
-                goto failed_acc;
-            }
-            Py_DECREF(sum);
-            if (PyUnicode_Compare(phase, agent) == 0) {
-                if (agent_spans == NULL && ((agent_spans = PyObject_GetAttrString(acc, "agent")) == NULL
-                                            || !PyList_Check(agent_spans))) {
-                    if (agent_spans != NULL) PyErr_SetString(PyExc_TypeError, "host_spans: an agent not a list");
-                    goto failed_acc;
-                }
-                PyObject *pair = PyTuple_Pack(2, PyList_GET_ITEM(start_column, k), PyList_GET_ITEM(end_column, k));
-                if (pair == NULL || PyList_Append(agent_spans, pair) < 0) {
-                    Py_XDECREF(pair);
-                    goto failed_acc;
-                }
-                Py_DECREF(pair);
-            }
-            if (starts[k] < starts[first]) first = k;
-        }
-        /* its earliest start: min() of the run's, the first of equal ones */
-        if ((known = PyObject_GetAttrString(acc, "start_ns")) == NULL) goto failed_acc;
-        PyObject *earliest = PyList_GET_ITEM(start_column, first);
-        int earlier = known == Py_None ? 1 : PyObject_RichCompareBool(earliest, known, Py_LT);
-        if (earlier < 0 || (earlier && PyObject_SetAttrString(acc, "start_ns", earliest) < 0)) goto failed_acc;
-        Py_DECREF(known);
-        Py_XDECREF(agent_spans);
-        Py_DECREF(phase_ns);
-        Py_DECREF(acc);
-        continue;
-    failed_acc:
-        Py_XDECREF(known);
-        Py_XDECREF(agent_spans);
-        Py_XDECREF(phase_ns);
-        Py_DECREF(acc);
-        goto failed;
-    }
-    PyMem_Free(values);
-    return columns;
+    return total;
 failed:
-    PyMem_Free(values);
-    Py_XDECREF(columns);
+    Py_DECREF(total);
     return NULL;
 }
 
-/* count_ops(by_op, ops, nbytes): CollectiveRecords._count_run's count of a run of one step's collectives by op: each
- * one's bytes added to by_op[op] in order (a key made at its first), as ``by_op[op] = by_op.get(op, 0) + size`` does
- * one by one. Returns the sum of ``nbytes``. */
+/* count_ops(by_op, ops, nbytes): CollectiveRecords._count_run's count of a run of one step's collectives by op
+ * (add_ops). Returns the sum of ``nbytes``. */
 static PyObject *
 count_ops(PyObject *Py_UNUSED(module), PyObject *args)
 {
@@ -635,27 +333,167 @@ count_ops(PyObject *Py_UNUSED(module), PyObject *args)
         PyErr_SetString(PyExc_ValueError, "count_ops: ops and nbytes of other lengths");
         goto done;
     }
-    total = Py_NewRef(zero);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *op = PySequence_Fast_GET_ITEM(ops, i), *size = PySequence_Fast_GET_ITEM(nbytes, i);
-        PyObject *known = PyDict_GetItemWithError(by_op, op);  /* borrowed */
-        if (known == NULL && PyErr_Occurred()) goto failed;
-        PyObject *sum = PyNumber_Add(known != NULL ? known : zero, size);
-        if (sum == NULL || PyDict_SetItem(by_op, op, sum) < 0) {
-            Py_XDECREF(sum);
-            goto failed;
-        }
-        Py_DECREF(sum);
-        Py_SETREF(total, PyNumber_Add(total, size));
-        if (total == NULL) goto done;
-    }
-    goto done;
-failed:
-    Py_CLEAR(total);
+    total = add_ops(by_op, PySequence_Fast_ITEMS(ops), PySequence_Fast_ITEMS(nbytes), n);
 done:
     Py_XDECREF(ops);
     Py_XDECREF(nbytes);
     return total;
+}
+
+/* A StepAcc's attributes account_sync reads and sets (interned at import), in this order. */
+enum { ACC_COLLECTIVES, ACC_COMM_BYTES, ACC_BY_OP, ACC_INTERVALS, ACC_BLOCKED, ACC_OVERLAP_KNOWN, ACC_BLOCKED_S,
+       ACC_RUN_ISSUE, ACC_RUN_COMPLETE, ACC_RUN_END, ACC_RUN_BLOCKED, ACC_RUN_BLOCKED_N, ACC_FIELDS };
+static const char *acc_field_names[ACC_FIELDS] = {
+    "collectives", "comm_bytes", "by_op", "intervals", "blocked", "overlap_known", "blocked_s", "run_issue",
+    "run_complete", "run_end", "run_blocked", "run_blocked_n"};
+static PyObject *acc_names[ACC_FIELDS];
+
+/* One run of one step's collectives, rows [i, j) of the columns, into its accumulator ``acc`` as
+ * CollectiveRecords._account_sync_run does: 1 done, 0 left alone (nothing changed: an attribute or value of another
+ * type, a value past 64 bits, or a run that folds its intervals or drops its blocked ones, which the Python method
+ * does), -1 with an exception. */
+static int
+account_run(PyObject *acc, PyObject *const *columns[6], Py_ssize_t i, Py_ssize_t j, Py_ssize_t limit)
+{
+    PyObject *const *ops = columns[0], *const *nbytes = columns[1], *const *issue = columns[2];
+    PyObject *const *complete = columns[3], *const *blocked = columns[4], *const *ends = columns[5];
+    PyObject *field[ACC_FIELDS] = {NULL};
+    int done = -1;
+    for (int f = 0; f < ACC_FIELDS; f++) {
+        if ((field[f] = PyObject_GetAttr(acc, acc_names[f])) == NULL) goto out;
+    }
+    done = 0;
+    static const int lists[] = {ACC_INTERVALS, ACC_BLOCKED, ACC_RUN_ISSUE, ACC_RUN_COMPLETE, ACC_RUN_END,
+                                ACC_RUN_BLOCKED};
+    for (size_t f = 0; f < sizeof lists / sizeof lists[0]; f++) {
+        if (!PyList_CheckExact(field[lists[f]])) goto out;
+    }
+    if (!PyDict_CheckExact(field[ACC_BY_OP]) || !PyFloat_CheckExact(field[ACC_BLOCKED_S])
+            || !PyLong_CheckExact(field[ACC_RUN_BLOCKED_N])) {
+        goto out;
+    }
+    Py_ssize_t k = j - i;
+    if (PyList_GET_SIZE(field[ACC_INTERVALS]) + PyList_GET_SIZE(field[ACC_RUN_ISSUE]) + k > limit) goto out;
+    /* blocked_s: add_blocked's sum, in order (a zero adds 0.0: the same double); the blocked intervals each counts */
+    double blocked_s = PyFloat_AS_DOUBLE(field[ACC_BLOCKED_S]);
+    Py_ssize_t nonzero = 0;
+    for (Py_ssize_t r = i; r < j; r++) {
+        int64_t start, end, length;
+        if (!PyLong_CheckExact(issue[r]) || !PyLong_CheckExact(ends[r]) || !PyFloat_CheckExact(blocked[r])
+                || !as_int64(issue[r], &start) || !as_int64(ends[r], &end) || __builtin_sub_overflow(end, start, &length)
+                || (length > ((int64_t)1 << 53) || length < -((int64_t)1 << 53))) {  /* a double holds it exactly */
+            goto out;
+        }
+        blocked_s += (double)length / 1e9;
+        nonzero += PyFloat_AS_DOUBLE(blocked[r]) != 0.0;
+    }
+    int known = PyObject_IsTrue(field[ACC_OVERLAP_KNOWN]);
+    if (known < 0) {
+        done = -1;
+        goto out;
+    }
+    Py_ssize_t run_blocked_n = 0;
+    if (known) {
+        run_blocked_n = PyLong_AsSsize_t(field[ACC_RUN_BLOCKED_N]);
+        if (run_blocked_n == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            goto out;
+        }
+        if (PyList_GET_SIZE(field[ACC_BLOCKED]) + run_blocked_n + nonzero > limit) goto out;
+    }
+    /* Checked: now the accounting, as the Python method's. */
+    done = -1;
+    PyObject *count = PyLong_FromSsize_t(k), *sum = NULL;
+    if (count != NULL) sum = PyNumber_Add(field[ACC_COLLECTIVES], count);
+    Py_XDECREF(count);
+    if (sum == NULL || PyObject_SetAttr(acc, acc_names[ACC_COLLECTIVES], sum) < 0) {
+        Py_XDECREF(sum);
+        goto out;
+    }
+    Py_DECREF(sum);
+    PyObject *total = add_ops(field[ACC_BY_OP], ops + i, nbytes + i, k);
+    sum = total != NULL ? PyNumber_Add(field[ACC_COMM_BYTES], total) : NULL;
+    Py_XDECREF(total);
+    if (sum == NULL || PyObject_SetAttr(acc, acc_names[ACC_COMM_BYTES], sum) < 0) {
+        Py_XDECREF(sum);
+        goto out;
+    }
+    Py_DECREF(sum);
+    for (Py_ssize_t r = i; r < j; r++) {
+        if (PyList_Append(field[ACC_RUN_ISSUE], issue[r]) < 0 || PyList_Append(field[ACC_RUN_COMPLETE], complete[r]) < 0
+                || PyList_Append(field[ACC_RUN_END], ends[r]) < 0 || PyList_Append(field[ACC_RUN_BLOCKED], blocked[r]) < 0) {
+            goto out;
+        }
+    }
+    sum = PyFloat_FromDouble(blocked_s);
+    if (sum == NULL || PyObject_SetAttr(acc, acc_names[ACC_BLOCKED_S], sum) < 0) {
+        Py_XDECREF(sum);
+        goto out;
+    }
+    Py_DECREF(sum);
+    if (known) {
+        sum = PyLong_FromSsize_t(run_blocked_n + nonzero);
+        if (sum == NULL || PyObject_SetAttr(acc, acc_names[ACC_RUN_BLOCKED_N], sum) < 0) {
+            Py_XDECREF(sum);
+            goto out;
+        }
+        Py_DECREF(sum);
+    }
+    done = 1;
+out:
+    for (int f = 0; f < ACC_FIELDS; f++) Py_XDECREF(field[f]);
+    return done;
+}
+
+/* account_sync(steps, ops, nbytes, issue, complete, blocked, ends, accs, new_acc, limit): finalize_sync_batch's step
+ * accounting, each run of one step's collectives in turn into its accumulator (accs[step], made by new_acc() at its
+ * first record) as CollectiveRecords._account_sync_run does (account_run; ``limit``: MAX_STEP_INTERVALS). Returns the
+ * row it stopped at, the first of a run it left alone (len(steps) where it took them all): the caller's Python loop
+ * takes that run and the rest. */
+static PyObject *
+account_sync(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *given[7], *accs, *new_acc;
+    Py_ssize_t limit;
+    if (!PyArg_ParseTuple(args, "OOOOOOOO!On:account_sync", &given[0], &given[1], &given[2], &given[3], &given[4],
+                          &given[5], &given[6], &PyDict_Type, &accs, &new_acc, &limit)) {
+        return NULL;
+    }
+    PyObject *fast[7] = {NULL};
+    PyObject *const *columns[6];
+    Py_ssize_t n = -1, i = 0;
+    PyObject *result = NULL;
+    for (int c = 0; c < 7; c++) {
+        if ((fast[c] = PySequence_Fast(given[c], "account_sync: a column not a sequence")) == NULL) goto done;
+        if (n >= 0 && PySequence_Fast_GET_SIZE(fast[c]) != n) {
+            PyErr_SetString(PyExc_ValueError, "account_sync: columns of other lengths");
+            goto done;
+        }
+        n = PySequence_Fast_GET_SIZE(fast[c]);
+        if (c) columns[c - 1] = PySequence_Fast_ITEMS(fast[c]);
+    }
+    PyObject *const *steps = PySequence_Fast_ITEMS(fast[0]);
+    for (Py_ssize_t j; i < n; i = j) {
+        for (j = i + 1; j < n; j++) {  /* itertools.groupby's runs: equal steps */
+            int same = PyObject_RichCompareBool(steps[j], steps[i], Py_EQ);
+            if (same < 0) goto done;
+            if (!same) break;
+        }
+        PyObject *acc = PyDict_GetItemWithError(accs, steps[i]);  /* borrowed */
+        if (acc == NULL) {
+            if (PyErr_Occurred() || (acc = PyObject_CallNoArgs(new_acc)) == NULL) goto done;
+            int set = PyDict_SetItem(accs, steps[i], acc);
+            Py_DECREF(acc);  /* the dict holds it */
+            if (set < 0) goto done;
+        }
+        int taken = account_run(acc, columns, i, j, limit);
+        if (taken < 0) goto done;
+        if (!taken) break;
+    }
+    result = PyLong_FromSsize_t(i);
+done:
+    for (int c = 0; c < 7; c++) Py_XDECREF(fast[c]);
+    return result;
 }
 
 /* sequential_overlap(issue, complete, ends, agent, start_ns, end_ns): step_acc._sequential_overlap_ns in C, the
@@ -676,27 +514,24 @@ pair_order(const void *a, const void *b)
     return (x->end > y->end) - (x->end < y->end);
 }
 
-static PyObject *
-sequential_overlap(PyObject *Py_UNUSED(module), PyObject *args)
+/* sequential_overlap's sums of a step's calls (``issue``, ``complete``, ``ends``: lists of as many) and the agent's
+ * spans (``agent``: a list of pairs) in the window [start, end): 1 with out = {union, computation, overlap, exposed},
+ * 0 where the calls are not one after another inside the window clear of the agent's spans (None), -1 where a value
+ * is not a 64-bit integer, a pair not a pair, or a sum would overflow (False), -2 with an exception. */
+static int
+sequential_sums(PyObject *issue, PyObject *complete, PyObject *ends, PyObject *agent, int64_t start, int64_t end,
+                int64_t out[4])
 {
-    PyObject *issue, *complete, *ends, *agent, *start_obj, *end_obj;
-    if (!PyArg_ParseTuple(args, "O!O!O!O!OO:sequential_overlap", &PyList_Type, &issue, &PyList_Type, &complete,
-                          &PyList_Type, &ends, &PyList_Type, &agent, &start_obj, &end_obj)) {
-        return NULL;
-    }
     Py_ssize_t n = PyList_GET_SIZE(issue), m = PyList_GET_SIZE(agent);
-    int64_t start, end;
-    if (n == 0 || PyList_GET_SIZE(complete) != n || PyList_GET_SIZE(ends) != n || !as_int64(start_obj, &start)
-            || !as_int64(end_obj, &end)) {
-        Py_RETURN_FALSE;
-    }
+    if (n == 0 || PyList_GET_SIZE(complete) != n || PyList_GET_SIZE(ends) != n) return -1;
     int64_t *values = PyMem_Malloc(sizeof(int64_t) * 3 * (size_t)n);
     Pair *spans = PyMem_Malloc(sizeof(Pair) * (size_t)(m > 0 ? m : 1));
-    PyObject *result = Py_False;
+    int result = -1;
     if (values == NULL || spans == NULL) {
         PyMem_Free(values);
         PyMem_Free(spans);
-        return PyErr_NoMemory();
+        PyErr_NoMemory();
+        return -2;
     }
     int64_t *is = values, *co = values + n, *en = values + 2 * n;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -712,7 +547,7 @@ sequential_overlap(PyObject *Py_UNUSED(module), PyObject *args)
             goto done;
         }
     }
-    result = Py_None;  /* from here on: not one after another, unless every check passes */
+    result = 0;  /* from here on: not one after another, unless every check passes */
     if (is[0] < start || co[n - 1] > end) goto done;
     for (Py_ssize_t i = 0; i + 1 < n; i++) {
         if (is[i + 1] < co[i]) goto done;
@@ -729,7 +564,7 @@ sequential_overlap(PyObject *Py_UNUSED(module), PyObject *args)
         }
         if (spans[k].end > spans[k].start && lo < n && is[lo] < spans[k].end) goto done;
     }
-    result = Py_False;  /* the sums: False where one would overflow */
+    result = -1;  /* the sums: False where one would overflow */
     int64_t comm = 0, blocked = 0, agent_ns = 0, step = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         int64_t c, b;
@@ -760,13 +595,118 @@ sequential_overlap(PyObject *Py_UNUSED(module), PyObject *args)
             || __builtin_sub_overflow(step, busy, &comp) || __builtin_sub_overflow(comm, blocked, &overlap)) {
         goto done;
     }
-    PyMem_Free(values);
-    PyMem_Free(spans);
-    return Py_BuildValue("L(LLL)", (long long)comm, (long long)comp, (long long)overlap, (long long)blocked);
+    out[0] = comm;
+    out[1] = comp;
+    out[2] = overlap;
+    out[3] = blocked;
+    result = 1;
 done:
     PyMem_Free(values);
     PyMem_Free(spans);
-    return Py_NewRef(result);
+    return result;
+}
+
+static PyObject *
+sequential_overlap(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *issue, *complete, *ends, *agent, *start_obj, *end_obj;
+    if (!PyArg_ParseTuple(args, "O!O!O!O!OO:sequential_overlap", &PyList_Type, &issue, &PyList_Type, &complete,
+                          &PyList_Type, &ends, &PyList_Type, &agent, &start_obj, &end_obj)) {
+        return NULL;
+    }
+    int64_t start, end, sums[4];
+    if (!as_int64(start_obj, &start) || !as_int64(end_obj, &end)) Py_RETURN_FALSE;
+    switch (sequential_sums(issue, complete, ends, agent, start, end, sums)) {
+    case 1:
+        return Py_BuildValue("L(LLL)", (long long)sums[0], (long long)sums[1], (long long)sums[2], (long long)sums[3]);
+    case 0:
+        Py_RETURN_NONE;
+    case -1:
+        Py_RETURN_FALSE;
+    default:
+        return NULL;
+    }
+}
+
+/* A StepAcc's attributes summarize_host reads (interned at import), in this order. */
+enum { SUM_DEVICE_UNTIMED, SUM_OVERLAP_KNOWN, SUM_ON_STREAM, SUM_COMPUTE, SUM_RUN_ISSUE, SUM_INTERVALS, SUM_BLOCKED,
+       SUM_COL_ISSUE, SUM_COL_BLOCKED_START, SUM_RUN_COMPLETE, SUM_RUN_END, SUM_AGENT, SUM_PHASE_NS, SUM_COLLECTIVES,
+       SUM_COMM_BYTES, SUM_BY_OP, SUM_BLOCKED_S, SUM_PEAK_MEMORY, SUM_FIELDS };
+static const char *sum_field_names[SUM_FIELDS] = {
+    "device_untimed", "overlap_known", "on_stream", "compute", "run_issue", "intervals", "blocked", "col_issue",
+    "col_blocked_start", "run_complete", "run_end", "agent", "phase_ns", "collectives", "comm_bytes", "by_op",
+    "blocked_s", "peak_memory"};
+static PyObject *sum_names[SUM_FIELDS];
+static PyObject *ns_per_s;  /* 1e9, made once */
+
+/* summarize_host(acc, rank, step, start_ns, end_ns): step_acc.summarize's values of a step whose synchronous
+ * collectives are all in its batched columns, one after another inside its window on the host (the case
+ * _communication sums with _sequential_overlap_ns): (rank, step, start_ns, end_ns, phase_s, collectives, comm_bytes,
+ * by_op, comm_union_s, blocked_s, peak_memory, comp_s, overlap_s, exposed_comm_s), StepSummary's fields, the same
+ * values as the Python function (tests/test_recorder_fast_path.py). None for any other step (or an attribute of
+ * another type, a value past 64 bits): the caller's Python path. */
+static PyObject *
+summarize_host(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *acc, *rank, *step, *start_obj, *end_obj;
+    if (!PyArg_ParseTuple(args, "OOOOO:summarize_host", &acc, &rank, &step, &start_obj, &end_obj)) return NULL;
+    PyObject *field[SUM_FIELDS] = {NULL}, *result = NULL, *phase_s = NULL, *by_op = NULL, *blocked_s = NULL;
+    for (int f = 0; f < SUM_FIELDS; f++) {
+        if ((field[f] = PyObject_GetAttr(acc, sum_names[f])) == NULL) goto done;
+    }
+    int64_t start, end, sums[4];
+    if (!as_int64(start_obj, &start) || !as_int64(end_obj, &end) || end <= start) goto none;
+    static const int lists[] = {SUM_COMPUTE, SUM_RUN_ISSUE, SUM_INTERVALS, SUM_BLOCKED, SUM_COL_ISSUE,
+                                SUM_COL_BLOCKED_START, SUM_RUN_COMPLETE, SUM_RUN_END, SUM_AGENT};
+    for (size_t f = 0; f < sizeof lists / sizeof lists[0]; f++) {
+        if (!PyList_CheckExact(field[lists[f]])) goto none;
+    }
+    if (!PyDict_CheckExact(field[SUM_PHASE_NS]) || !PyDict_CheckExact(field[SUM_BY_OP])
+            || !PyFloat_CheckExact(field[SUM_BLOCKED_S])) {
+        goto none;
+    }
+    int untimed = PyObject_IsTrue(field[SUM_DEVICE_UNTIMED]), known = PyObject_IsTrue(field[SUM_OVERLAP_KNOWN]);
+    int on_stream = PyObject_IsTrue(field[SUM_ON_STREAM]);
+    if (untimed < 0 || known < 0 || on_stream < 0) goto done;
+    /* _communication's host case with every collective in the batched columns */
+    if (untimed || !known || (on_stream && PyList_GET_SIZE(field[SUM_COMPUTE]) > 0)
+            || PyList_GET_SIZE(field[SUM_RUN_ISSUE]) == 0 || PyList_GET_SIZE(field[SUM_INTERVALS]) > 0
+            || PyList_GET_SIZE(field[SUM_BLOCKED]) > 0 || PyList_GET_SIZE(field[SUM_COL_ISSUE]) > 0
+            || PyList_GET_SIZE(field[SUM_COL_BLOCKED_START]) > 0) {
+        goto none;
+    }
+    int summed = sequential_sums(field[SUM_RUN_ISSUE], field[SUM_RUN_COMPLETE], field[SUM_RUN_END], field[SUM_AGENT],
+                                 start, end, sums);
+    if (summed == -2) goto done;
+    if (summed != 1) goto none;
+    int64_t comm_ns;  /* overlap + exposed, as the Python path adds them */
+    if (__builtin_add_overflow(sums[2], sums[3], &comm_ns)) goto none;
+    /* phase_s: each phase's nanoseconds / 1e9, in the dict's order; by_op a copy; blocked_s round(, 9) */
+    if ((phase_s = PyDict_New()) == NULL) goto done;
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(field[SUM_PHASE_NS], &pos, &key, &value)) {
+        PyObject *seconds = PyNumber_TrueDivide(value, ns_per_s);
+        if (seconds == NULL || PyDict_SetItem(phase_s, key, seconds) < 0) {
+            Py_XDECREF(seconds);
+            goto done;
+        }
+        Py_DECREF(seconds);
+    }
+    if ((by_op = PyDict_Copy(field[SUM_BY_OP])) == NULL) goto done;
+    if ((blocked_s = PyObject_CallMethod(field[SUM_BLOCKED_S], "__round__", "i", 9)) == NULL) goto done;
+    result = Py_BuildValue("(OOOOOOOOdOOddd)", rank, step, start_obj, end_obj, phase_s, field[SUM_COLLECTIVES],
+                           field[SUM_COMM_BYTES], by_op, (double)comm_ns / 1e9, blocked_s, field[SUM_PEAK_MEMORY],
+                           (double)sums[1] / 1e9, (double)sums[2] / 1e9, (double)sums[3] / 1e9);
+    goto done;
+none:
+    result = Py_NewRef(Py_None);
+done:
+    for (int f = 0; f < SUM_FIELDS; f++) Py_XDECREF(field[f]);
+    Py_XDECREF(phase_s);
+    Py_XDECREF(by_op);
+    Py_XDECREF(blocked_s);
+    return result;
 }
 
 /* untrack(objects, kinds): what the garbage collector need not walk, let out of its lists (CPython's own rule for
@@ -851,14 +791,13 @@ static PyMethodDef methods[] = {
      "async_columns(rows, offset, launches, measured) -> finalize_pass's rows as columns, or None."},
     {"sync_columns", sync_columns, METH_VARARGS,
      "sync_columns(items, shapes, shape_of, offset, max_ns) -> a synchronous batch's columns, or None."},
-    {"host_phases", (PyCFunction)(void (*)(void))host_phases, METH_FASTCALL,
-     "host_phases(items, index, stop, phase, spans, agent, phase_kind, agent_kind, memory) -> (index, phase): a run "
-     "of phase changes, agent spans and memory samples, StepBook's host handlers and Recorder._on_memory's."},
-    {"host_spans", host_spans, METH_VARARGS,
-     "host_spans(spans, offset, emitted, agent, acc) -> (steps, phases, starts, ends): finish_host_spans' columns, "
-     "each run of a step's spans added into its accumulator; None where the Python loop takes them."},
+    {"account_sync", account_sync, METH_VARARGS,
+     "account_sync(steps, ops, nbytes, issue, complete, blocked, ends, accs, new_acc, limit) -> the row it stopped at: "
+     "finalize_sync_batch's step accounting, a run of one step's collectives at a time."},
     {"count_ops", count_ops, METH_VARARGS,
      "count_ops(by_op, ops, nbytes) -> sum(nbytes): each collective's bytes added to by_op[op], in order."},
+    {"summarize_host", summarize_host, METH_VARARGS,
+     "summarize_host(acc, rank, step, start_ns, end_ns) -> a sequential host step's summary values, or None."},
     {"sequential_overlap", sequential_overlap, METH_VARARGS,
      "sequential_overlap(issue, complete, ends, agent, start_ns, end_ns) -> _sequential_overlap_ns's result, or "
      "False where the values do not fit 64 bits (the Python function then)."},
@@ -879,5 +818,12 @@ PyMODINIT_FUNC
 PyInit__batch(void)
 {
     if (zero == NULL && (zero = PyLong_FromLong(0)) == NULL) return NULL;
+    for (int f = 0; f < ACC_FIELDS; f++) {
+        if (acc_names[f] == NULL && (acc_names[f] = PyUnicode_InternFromString(acc_field_names[f])) == NULL) return NULL;
+    }
+    for (int f = 0; f < SUM_FIELDS; f++) {
+        if (sum_names[f] == NULL && (sum_names[f] = PyUnicode_InternFromString(sum_field_names[f])) == NULL) return NULL;
+    }
+    if (ns_per_s == NULL && (ns_per_s = PyFloat_FromDouble(1e9)) == NULL) return NULL;
     return PyModule_Create(&module);
 }

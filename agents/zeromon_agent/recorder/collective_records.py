@@ -86,6 +86,8 @@ _TIMING = operator.itemgetter(5)  # of a finalize_pass row
 _BATCHER = compiled("zeromon_agent.recorder._batch")
 # _count_run's count by op in C (_batch.c's count_ops), or None: its loop.
 _COUNT_OPS = getattr(_BATCHER, "count_ops", None)
+# finalize_sync_batch's step accounting in C (account_sync: _account_sync_run of each run), or None: the loop.
+_ACCOUNT_SYNC = getattr(_BATCHER, "account_sync", None)
 _BATCH = 256  # records finalize_pass goes through between two gives of the GIL (the recorder's _BATCH)
 _WAITED_LATER: Any = object()  # _plan_columns: an async collective finalized at its wait, further on
 _PLAN_YIELD = 1024  # records planned between two gives of the GIL (about half a millisecond)
@@ -749,9 +751,16 @@ class CollectiveRecords:
         # Live: (op, meaning, bytes, time blocked, duration, busbw) for the totals; the records, unmade.
         self.out.publish_unmade(columns, n)
         self._counted.append([ops, meanings, nbytes, blocked, blocked, busbw])  # columns
-        for step, rows_of in step_runs(steps):  # the steps: one run of each step's collectives at a time
-            self._account_sync_run(step, ops[rows_of], nbytes[rows_of], issue[rows_of], complete[rows_of],
-                                   blocked[rows_of], ends[rows_of])
+        # The steps: one run of each step's collectives at a time, in C where built (_batch.c's account_sync, which
+        # leaves a run that folds, and those after it, to the loop below).
+        done = _ACCOUNT_SYNC(steps, ops, nbytes, issue, complete, blocked, ends, self._accs, new_acc,
+                             MAX_STEP_INTERVALS) if _ACCOUNT_SYNC is not None else 0
+        if done < n:
+            steps, ops, nbytes, issue, complete, blocked, ends = (
+                column[done:] for column in (steps, ops, nbytes, issue, complete, blocked, ends))
+            for step, rows_of in step_runs(steps):
+                self._account_sync_run(step, ops[rows_of], nbytes[rows_of], issue[rows_of], complete[rows_of],
+                                       blocked[rows_of], ends[rows_of])
         return True
 
     def _sync_columns(self, items: list[tuple[Any, ...]]) -> tuple[Sequence[Any], ...] | None:

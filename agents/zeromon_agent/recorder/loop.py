@@ -60,6 +60,7 @@ from zeromon_agent.live.published import LiveViews
 from zeromon_agent.recorder.collective_records import CollectiveRecords
 from zeromon_agent.recorder.outbox import Outbox
 from zeromon_agent.recorder.progress import ProgressWatch, issued_in_all_groups
+from zeromon_agent.recorder.step_acc import Mark, new_acc
 from zeromon_agent.recorder.step_book import StepBook
 
 log = logging.getLogger("zeromon.agent")
@@ -70,8 +71,9 @@ UNSEEN_CHECK_STEPS = 5
 # Each give costs: the training thread runs meanwhile, and the drain comes back to cold caches (giving it
 # more often costs the drain measurably: tests/bench/bench_recorder_cpu.py).
 _YIELD_EVERY = 256
-# A run of a GPU-less pass's phase changes and agent spans in one call (_batch.c's host_phases), or None.
-_HOST_PHASES = getattr(compiled("zeromon_agent.recorder._batch"), "host_phases", None)
+# A run of a GPU-less pass's phase changes, agent spans, step boundaries and memory samples in one call (_batch.c's
+# host_phases), or None.
+_HOST_PHASES = getattr(compiled("zeromon_agent.recorder._host"), "host_phases", None)
 # The first pass comes this soon: the run's info and first records reach the file (and live views) as
 # the training starts, not a whole flush interval later.
 _FIRST_PASS_S = 0.2
@@ -459,14 +461,16 @@ class Recorder:
                     RAW_STEP_END: steps.on_step_end, RAW_STEP_START: steps.on_step_start,
                     RAW_WAIT: collectives.on_wait, RAW_DONE: collectives.on_done,
                     RAW_SEEN_DONE: collectives.on_seen_done, RAW_OOM: self._on_oom}
-        # A run of phase changes, agent spans and the agent's memory samples on the host (no GPU) in one call
-        # (_batch.c's host_phases: the host handlers' spans and current phase, the samples' values and each step's
-        # peak, which _take_samples then writes and publishes), else None: the handlers a record at a time.
+        # A run of phase changes, agent spans, step boundaries and the agent's memory samples on the host (no GPU) in
+        # one call (_host.c's host_phases: the host handlers' spans and current phase, each step boundary's Mark on
+        # its accumulator, the samples' values and each step's peak, which _take_samples then writes and publishes),
+        # else None: the handlers a record at a time.
         host_phases = _HOST_PHASES if steps.host_phases else None
         samples: list[tuple[Any, ...]] = []
         peaks: dict[int, int | None] = {}
         memory = (RAW_MEMORY, samples, peaks, self.rank, self.clock_offset_ns, _MEMORY_N, emitted, PEAK_PHASES,
                   _AT_ALLOCATED - 4, _AT_RSS - 4)
+        bounds = (RAW_STEP_START, RAW_STEP_END, steps.accs, new_acc, Mark, time.perf_counter_ns)
         index, n, give_at = 0, len(items), _YIELD_EVERY
         while index < n:
             if index >= give_at:
@@ -485,9 +489,10 @@ class Recorder:
                 # hot loop's (state.AT_ASYNC, AT_CUDA, AT_STEP name them).
                 if item[10] or item[14] is not None or item[13] <= emitted or not finalize_sync(item):
                     collectives.on_collective(item)
-            elif host_phases is not None and (kind == RAW_PHASE or kind == RAW_AGENT or kind == RAW_MEMORY):
+            elif host_phases is not None and (kind == RAW_PHASE or kind == RAW_AGENT or kind == RAW_MEMORY
+                                              or kind == RAW_STEP_END or kind == RAW_STEP_START):
                 ran, steps.current = host_phases(items, index, give_at, steps.current, steps.closed, AGENT_PHASE,
-                                                 RAW_PHASE, RAW_AGENT, memory)
+                                                 RAW_PHASE, RAW_AGENT, memory, bounds)
                 if samples:
                     self._take_samples(samples, peaks)
                 if ran > index:
@@ -540,7 +545,7 @@ class Recorder:
             writer.write(_new_memory(sample))
 
     def _take_samples(self, samples: list[tuple[Any, ...]], peaks: dict[int, int | None]) -> None:
-        """_on_memory's work for the agent's samples of a run that _batch.c's host_phases took: ``samples`` their values
+        """_on_memory's work for the agent's samples of a run that _host.c's host_phases took: ``samples`` their values
         in order, ``peaks`` each step's highest level among them (None: none had one), both emptied here."""
         out = self.out
         if out.keeper.level or out.write_rows is None:

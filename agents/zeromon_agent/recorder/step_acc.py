@@ -19,6 +19,10 @@ from zeromon_agent.hooks.issuers import DDP, DTENSOR, USER
 
 # A summary a step, its 14 slots set directly from a tuple in StepSummary's field order (record_maker).
 _new_summary = record_maker(StepSummary)
+# _sequential_overlap_ns in C (_batch.c's sequential_overlap: the same integers, one call a step), and summarize's
+# values of such a step (summarize_host), or None: Python's.
+_SEQUENTIAL = getattr(compiled("zeromon_agent.recorder._batch"), "sequential_overlap", None)
+_SUMMARIZE_HOST = getattr(compiled("zeromon_agent.recorder._batch"), "summarize_host", None)
 _SCALAR_BYTES = 64  # all-reduces this small are flags and norms, not gradients
 # A step keeps at most this many collective intervals; beyond it they are folded into a running
 # union (exact when intervals arrive in issue order, as synchronous ones do). Bounds the memory
@@ -186,7 +190,13 @@ def fold(acc: StepAcc) -> None:
 
 
 def summarize(acc: StepAcc, rank: int, step: int, start_ns: int, end_ns: int) -> StepSummary:
-    """The summary of a step that ended, its window [start_ns, end_ns) already on the Unix clock."""
+    """The summary of a step that ended, its window [start_ns, end_ns) already on the Unix clock. A step of calls one
+    after another on the host, every one in its batched columns (gloo's usual step), in one C call where the package
+    built it (_batch.c's summarize_host: the same values, tests/test_recorder_fast_path.py)."""
+    if _SUMMARIZE_HOST is not None:
+        values = _SUMMARIZE_HOST(acc, rank, step, start_ns, end_ns)
+        if values is not None:
+            return _new_summary(values)
     comm_s: float | None = None
     comp_s = overlap_s = exposed_s = None
     if not acc.device_untimed:  # a GPU step not timed on the device has no communication time nor overlap
@@ -264,8 +274,7 @@ def _columns_overlap_ns(acc: StepAcc, start_ns: int, end_ns: int,
 
 
 _first, _second = operator.itemgetter(0), operator.itemgetter(1)
-# _sequential_overlap_ns in C (_batch.c's sequential_overlap: the same integers, one call a step), or None: Python's.
-_SEQUENTIAL = getattr(compiled("zeromon_agent.recorder._batch"), "sequential_overlap", None)
+
 
 
 def _sequential_overlap_ns(acc: StepAcc, start_ns: int, end_ns: int) -> tuple[int, tuple[int, int, int]] | None:

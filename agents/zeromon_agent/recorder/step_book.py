@@ -32,8 +32,8 @@ _STEP_GRACE_NS = 2_000_000_000
 _MARK_GRACE_NS = 10_000_000_000
 # Built once per record, from the values' tuple (record_maker: the slots set directly, as @frozen's __init__ does).
 _new_span = record_maker(PhaseSpan)
-# finish_host_spans' columns and step accounting in C (_batch.c's host_spans), or None: the Python loops.
-_HOST_SPANS = getattr(compiled("zeromon_agent.recorder._batch"), "host_spans", None)
+# finish_host_spans' columns and step accounting in C (_host.c's host_spans), or None: the Python loops.
+_HOST_SPANS = getattr(compiled("zeromon_agent.recorder._host"), "host_spans", None)
 
 
 class StepBook:
@@ -125,7 +125,7 @@ class StepBook:
     # a span or more a phase, each an object otherwise). Steps' own boundaries stay Marks (StepAcc.start,
     # .end: two a step).
     def _use_host_phases(self) -> None:
-        self.host_phases, self.closed = True, []  # appended to by _batch.c's host_phases too
+        self.host_phases, self.closed = True, []  # appended to by _host.c's host_phases too
         self.on_phase, self.on_agent = self._on_phase_host, self._on_agent_host  # type: ignore[method-assign]
         self.on_step_start, self.on_step_end = self._on_step_start_host, self._on_step_end_host  # type: ignore[method-assign]
 
@@ -198,7 +198,7 @@ class StepBook:
         """finish_span of each of ``spans`` (closed, in order) on the host's clock, a column at a time: the
         same records and step accounting (tests/test_recorder_fast_path.py), the records handed to live
         clients unmade (``materialize``), as CollectiveRecords.finalize_sync_batch does for collectives. The
-        columns and the accounting in C where _batch.c was built (host_spans), else in the loops below."""
+        columns and the accounting in C where _host.c was built (host_spans), else in the loops below."""
         k, offset, rank = len(spans), self.clock_offset_ns, self.rank
         made = _HOST_SPANS(spans, offset, self.emitted_through, AGENT_PHASE, self.acc) if _HOST_SPANS is not None \
             else None
