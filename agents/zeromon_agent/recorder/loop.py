@@ -71,7 +71,7 @@ UNSEEN_CHECK_STEPS = 5
 # Each give costs: the training thread runs meanwhile, and the drain comes back to cold caches (giving it
 # more often costs the drain measurably: tests/bench/bench_recorder_cpu.py).
 _YIELD_EVERY = 256
-# A run of a GPU-less pass's phase changes, agent spans, step boundaries and memory samples in one call (_batch.c's
+# A run of a GPU-less pass's phase changes, agent spans, step boundaries and memory samples in one call (_host.c's
 # host_phases), or None.
 _HOST_PHASES = getattr(compiled("zeromon_agent.recorder._host"), "host_phases", None)
 # The first pass comes this soon: the run's info and first records reach the file (and live views) as

@@ -276,7 +276,6 @@ def _columns_overlap_ns(acc: StepAcc, start_ns: int, end_ns: int,
 _first, _second = operator.itemgetter(0), operator.itemgetter(1)
 
 
-
 def _sequential_overlap_ns(acc: StepAcc, start_ns: int, end_ns: int) -> tuple[int, tuple[int, int, int]] | None:
     """(the collectives' union, host_overlap_ns) of a step whose collectives are all in its batched columns
     (StepAcc.run_*), where they are one after another inside the window [start_ns, end_ns) and no agent span
