@@ -479,13 +479,8 @@ account_sync(PyObject *Py_UNUSED(module), PyObject *args)
             if (same < 0) goto done;
             if (!same) break;
         }
-        PyObject *acc = PyDict_GetItemWithError(accs, steps[i]);  /* borrowed */
-        if (acc == NULL) {
-            if (PyErr_Occurred() || (acc = PyObject_CallNoArgs(new_acc)) == NULL) goto done;
-            int set = PyDict_SetItem(accs, steps[i], acc);
-            Py_DECREF(acc);  /* the dict holds it */
-            if (set < 0) goto done;
-        }
+        PyObject *acc = step_acc(accs, new_acc, steps[i]);  /* borrowed */
+        if (acc == NULL) goto done;
         int taken = account_run(acc, columns, i, j, limit);
         if (taken < 0) goto done;
         if (!taken) break;

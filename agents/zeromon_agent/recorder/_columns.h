@@ -1,5 +1,5 @@
-/* What the recorder's C modules share (_batch.c, _host.c): a Python integer as a 64-bit one, and a tuple of columns
- * for the caller to fill. */
+/* What the recorder's C modules share (_batch.c, _host.c): a Python integer as a 64-bit one, a tuple of columns for
+ * the caller to fill, and a step's accumulator. */
 #ifndef ZEROMON_RECORDER_COLUMNS_H
 #define ZEROMON_RECORDER_COLUMNS_H
 
@@ -36,5 +36,19 @@ new_columns(int count, Py_ssize_t n)
         PyTuple_SET_ITEM(columns, c, column);
     }
     return columns;
+}
+
+/* StepBook.acc(step): ``step``'s accumulator in ``accs`` (StepBook.accs, a dict), made by ``new_acc()`` at its first
+ * record: a borrowed reference, or NULL with an exception. */
+static inline PyObject *
+step_acc(PyObject *accs, PyObject *new_acc, PyObject *step)
+{
+    PyObject *acc = PyDict_GetItemWithError(accs, step);
+    if (acc != NULL || PyErr_Occurred()) return acc;
+    acc = PyObject_CallNoArgs(new_acc);
+    if (acc == NULL) return NULL;
+    int set = PyDict_SetItem(accs, step, acc);
+    Py_DECREF(acc);  /* the dict holds it */
+    return set < 0 ? NULL : acc;
 }
 #endif

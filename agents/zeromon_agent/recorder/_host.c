@@ -129,26 +129,12 @@ step_run(PyObject *steps, StepRun *run)
     return PyErr_Occurred() ? -1 : 1;
 }
 
-/* StepBook.acc(step): ``step``'s accumulator, made at its first record (a borrowed reference), or NULL with an
- * exception. */
-static PyObject *
-step_acc(StepRun *run, PyObject *step)
-{
-    PyObject *acc = PyDict_GetItemWithError(run->accs, step);
-    if (acc != NULL || PyErr_Occurred()) return acc;
-    acc = PyObject_CallNoArgs(run->new_acc);
-    if (acc == NULL) return NULL;
-    int set = PyDict_SetItem(run->accs, step, acc);
-    Py_DECREF(acc);  /* the dict holds it */
-    return set < 0 ? NULL : acc;
-}
-
 /* A step's boundary at ``t`` set on its accumulator (``name``: start or end; an end's ended_at_perf too): 0, or -1 with
  * an exception. */
 static int
 step_mark(StepRun *run, PyObject *step, PyObject *t, PyObject *name)
 {
-    PyObject *acc = step_acc(run, step);
+    PyObject *acc = step_acc(run->accs, run->new_acc, step);
     if (acc == NULL) return -1;
     PyObject *mark = PyObject_CallOneArg(run->mark, t);
     if (mark == NULL) return -1;
@@ -286,19 +272,19 @@ failed:
     return NULL;
 }
 
-/* host_spans(spans, offset, emitted, agent, acc): StepBook.finish_host_spans' columns and step accounting of a
+/* host_spans(spans, offset, emitted, agent, accs, new_acc): StepBook.finish_host_spans' columns and step accounting of a
  * GPU-less pass's closed phases (``spans``: (phase, step, start, end) tuples in perf_ns, in order). Returns (steps,
  * phases, starts, ends), each start and end on the Unix clock (+ ``offset``), and adds each run of one step's spans,
- * of a step after ``emitted``, into its accumulator (``acc(step)``, a StepAcc): each phase's nanoseconds, in order;
+ * of a step after ``emitted``, into its accumulator (step_acc: a StepAcc): each phase's nanoseconds, in order;
  * the agent's own spans (phase ``agent``) as (start, end); the earliest start. None, nothing done, where a span is
  * not of that shape or a value or a sum passes 64 bits: the Python loop then, the same
  * (tests/test_recorder_fast_path.py). */
 static PyObject *
 host_spans(PyObject *Py_UNUSED(module), PyObject *args)
 {
-    PyObject *spans, *offset_obj, *emitted_obj, *agent, *get_acc;
-    if (!PyArg_ParseTuple(args, "O!OOUO:host_spans", &PyList_Type, &spans, &offset_obj, &emitted_obj, &agent,
-                          &get_acc)) {
+    PyObject *spans, *offset_obj, *emitted_obj, *agent, *accs, *new_acc;
+    if (!PyArg_ParseTuple(args, "O!OOUO!O:host_spans", &PyList_Type, &spans, &offset_obj, &emitted_obj, &agent,
+                          &PyDict_Type, &accs, &new_acc)) {
         return NULL;
     }
     Py_ssize_t n = PyList_GET_SIZE(spans);
@@ -337,7 +323,7 @@ host_spans(PyObject *Py_UNUSED(module), PyObject *args)
         for (j = i + 1; j < n && steps[j] == steps[i]; j++) {
         }
         if (steps[i] <= emitted) continue;  /* summarized: no accounting */
-        PyObject *acc = PyObject_CallOneArg(get_acc, PyList_GET_ITEM(step_column, i));
+        PyObject *acc = Py_XNewRef(step_acc(accs, new_acc, PyList_GET_ITEM(step_column, i)));  /* owned here */
         if (acc == NULL) goto failed;
         PyObject *phase_ns = PyObject_GetAttrString(acc, "phase_ns"), *agent_spans = NULL, *known = NULL;
         if (phase_ns == NULL || !PyDict_CheckExact(phase_ns)) {
@@ -407,7 +393,8 @@ static PyMethodDef methods[] = {
      "run of phase changes, agent spans, step boundaries and memory samples, StepBook's host handlers and "
      "Recorder._on_memory's."},
     {"host_spans", host_spans, METH_VARARGS,
-     "host_spans(spans, offset, emitted, agent, acc) -> (steps, phases, starts, ends): finish_host_spans' columns, "
+     "host_spans(spans, offset, emitted, agent, accs, new_acc) -> (steps, phases, starts, ends): finish_host_spans' "
+     "columns, "
      "each run of a step's spans added into its accumulator; None where the Python loop takes them."},
     {NULL, NULL, 0, NULL},
 };

@@ -200,8 +200,8 @@ class StepBook:
         clients unmade (``materialize``), as CollectiveRecords.finalize_sync_batch does for collectives. The
         columns and the accounting in C where _host.c was built (host_spans), else in the loops below."""
         k, offset, rank = len(spans), self.clock_offset_ns, self.rank
-        made = _HOST_SPANS(spans, offset, self.emitted_through, AGENT_PHASE, self.acc) if _HOST_SPANS is not None \
-            else None
+        made = _HOST_SPANS(spans, offset, self.emitted_through, AGENT_PHASE, self.accs, new_acc) \
+            if _HOST_SPANS is not None else None
         if made is not None:  # accounted, and of the types the columns take
             steps, phases, starts, ends = made
             columns_take = True
