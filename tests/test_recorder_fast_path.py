@@ -398,6 +398,46 @@ def test_a_segment_of_batches_and_single_records_reads_back_in_the_order_written
         assert [r for r in iter_records(path) if isinstance(r, PhaseSpan)] == [PhaseSpan(*span) for span in spans + spans[:1]]
 
 
+_field_value = st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.none() | st.text(max_size=3)
+
+
+@PROPERTIES
+@given(batches=st.lists(st.lists(st.lists(_field_value, max_size=5), min_size=3, max_size=3), max_size=5),
+       as_tuples=st.booleans(), spoil=st.sampled_from([None, "a field shorter", "a field fewer", "a field not a list"]))
+def test_a_kind_s_batches_are_joined_in_c_as_in_python(batches: list[list[list[Any]]], as_tuples: bool,
+                                                     spoil: str | None) -> None:
+    """segments._joined of several batches (each its fields, as write_columns had them): _planes.c's join_columns
+    gives Python's lists, value for value and object for object, and refuses what Python refuses (fields of
+    two lengths in a batch, batches of other fields) with the same error; one batch is kept as it is."""
+    batches = [[field[:len(batch[0])] + [0] * (len(batch[0]) - len(field)) for field in batch] for batch in batches]
+    chunks: list[Any] = [[tuple(field) for field in batch] if as_tuples else batch for batch in batches]
+    if spoil is not None and chunks:
+        if spoil == "a field shorter":
+            chunks[-1] = [*chunks[-1][:2], [*chunks[-1][2], 1]]
+        elif spoil == "a field fewer":
+            chunks[-1] = chunks[-1][:2]
+        else:
+            chunks[-1] = [*chunks[-1][:2], "abc"]
+    outcomes = []
+    for join in (segments._JOIN_COLUMNS, None):
+        with mock.patch.object(segments, "_JOIN_COLUMNS", join):
+            try:
+                outcomes.append(segments._joined(chunks))
+            except (ValueError, TypeError) as exc:
+                outcomes.append(type(exc))
+    assert segments._JOIN_COLUMNS is not None or os.environ.get("ZEROMON_NO_COMPILED")
+    c_way, python_way = outcomes
+    if spoil == "a field not a list" and len(chunks) > 1:
+        assert c_way is TypeError  # Python's chain takes a string's letters; nothing the agent writes
+        return
+    assert c_way == python_way and (c_way is None) == (not chunks)
+    if isinstance(c_way, list) and len(chunks) > 1:
+        assert all(type(field) is list for field in c_way)
+        assert all(a is b for c, p in zip(c_way, python_way, strict=True) for a, b in zip(c, p, strict=True))
+    if len(chunks) == 1:
+        assert c_way == list(chunks[0]) and all(a is b for a, b in zip(c_way, chunks[0], strict=True))
+
+
 @pytest.mark.parametrize("in_c", [True, False])
 def test_a_run_of_rows_is_written_as_each_one_s_values_would_be(in_c: bool, tmp_path: Path) -> None:
     """write_rows (a run of a kind's values in one call, its fit checked in C where _planes.c was built, or a row at
@@ -469,6 +509,50 @@ def test_a_string_column_of_more_than_128_values_has_two_byte_codes_as_before(co
     rows = [(0, i, f"phase-{i}", i, i + 1, "host") for i in range(300)]
     with coded_by(coder):
         assert encode(spec, rows) == _plain_encode(spec, rows)
+
+
+@PROPERTIES
+@given(runs=st.lists(st.tuples(st.integers(*INT64) | st.integers(-300, 300) | st.none(), st.integers(1, 4)),
+                     min_size=1, max_size=12),
+       seconds=st.booleans(), base=st.sampled_from([0, 1, 2]))
+def test_an_integer_column_of_runs_of_one_object_is_coded_as_of_distinct_objects(
+        runs: list[tuple[int | None, int]], seconds: bool, base: int) -> None:
+    """_planes.c's int_column takes a row that holds the row before's object (a rank, a step, a size queued as one
+    object) at that row's value: the values and planes of the same column made of distinct objects, or the same
+    error, None among them and seconds too."""
+    if column_arrays._compiled is None:
+        pytest.skip("the package was installed without its C coder (no C compiler at its build)")
+    int_column = column_arrays._compiled.int_column
+    made = [None if v is None else (v % 10**6) / 1e3 if seconds else v for v, _ in runs]
+    shared = [value for value, (_, n) in zip(made, runs, strict=True) for _ in range(n)]
+    distinct = [None if v is None else float(repr(v)) if seconds else int(str(v)) for v in shared]
+    other, _ = int_column([1] * len(shared), False, False, 0, None, None)  # a base column for base 2
+    outcomes = [_outcome(int_column, column, seconds, True, base, other if base == 2 else None, None)
+                for column in (shared, distinct)]
+    assert outcomes[0] == outcomes[1]
+    if None in shared:
+        with pytest.raises(TypeError):  # a None in a column that takes none, the run's too
+            int_column(shared, seconds, False, base, other if base == 2 else None, None)
+
+
+@pytest.mark.parametrize("coder", CODERS)
+@pytest.mark.parametrize("values", [40, 200])
+def test_a_string_column_of_runs_of_one_object_is_coded_as_every_value_looked_up(coder: str, values: int) -> None:
+    """Rows that hold the same string object as the row before (a run of one phase, as the hooks queue it) take the
+    code of that row (_planes.c's str_column looks it up once a run): the general path's bytes, with runs at the
+    column's start, between new values and at its end, under 128 values and past it."""
+    spec = SPECS[PhaseSpan]
+    names = [f"phase-{i}" for i in range(values)]
+    column = [names[0]] * 3 + [name for i, name in enumerate(names) for _ in range(1 + i % 3)] + [names[1]] * 4 + \
+        [names[-1], names[0], names[0]]
+    rows = [(0, i, name, i, i + 1, "host") for i, name in enumerate(column)]
+    with coded_by(coder):
+        assert encode(spec, rows) == _plain_encode(spec, rows)
+    if coder == "compiled":
+        table, planes = column_arrays._compiled.str_column(column)
+        assert table == names and (planes is None) == (values > 128)
+        if planes is not None:
+            assert list(planes[1:]) == [names.index(name) for name in column]
 
 
 @pytest.mark.parametrize("coder", CODERS)
@@ -1348,5 +1432,9 @@ def test_the_c_modules_keep_no_reference_to_what_they_are_given_or_make() -> Non
         with pytest.raises(OverflowError):
             planes.int_column([*column, 2**64], False, False, 0, None, None)
         planes.str_column([api, None, api])
+        assert planes.join_columns([[[api, factor], column[:2]], [(group,), column[2:3]]]) == \
+            [[api, factor, group], column[:3]]
+        with pytest.raises(ValueError):
+            planes.join_columns([[[api, factor], column[:2]], [(group,), column[2:4]]])
     del made, values
     assert [sys.getrefcount(value) for value in watched] == before

@@ -8,7 +8,8 @@
  * numpy path and the Python one (tests/test_recorder_fast_path.py draws segments and compares them);
  * OverflowError wherever those raise NotInArrays (a value or a difference past 64 bits), so that the caller
  * codes that column in Python's integers, as without this module.
- * Beside it, three of the model's per-record steps: types_fit and rows_fit (a record's types against its columns', a
+ * Beside it, a segment's batches joined a field at a time (join_columns: segments._joined), and three of the model's
+ * per-record steps: types_fit and rows_fit (a record's types against its columns', a
  * run of records' fit: columnar.fits, fit_run) and make_record (a record made from its values, its slots set
  * directly: events.record_maker, default_maker).
  */
@@ -72,6 +73,10 @@ int_column(PyObject *self, PyObject *args)
     values = (int64_t *)PyBytes_AS_STRING(values_obj);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = items[i];
+        if (i > 0 && item == items[i - 1]) {  /* the row before's object (a rank, a step, a size): its value */
+            values[i] = values[i - 1];
+            continue;
+        }
         if (item == Py_None) {
             if (!nullable) {
                 PyErr_SetString(PyExc_TypeError, "None in a column that takes none");
@@ -171,6 +176,12 @@ str_column(PyObject *self, PyObject *sequence)
     planes = (unsigned char *)PyBytes_AS_STRING(planes_obj);
     planes[0] = 1;
     for (Py_ssize_t i = 0; i < n; i++) {
+        if (i > 0 && items[i] == items[i - 1]) {
+            /* the object of the row before (a run of one device, dtype or phase): its code, no look-up. Where the
+             * table ends past 128 values the planes are not returned, so a code past 127 copied here is not read. */
+            planes[1 + i] = planes[i];
+            continue;
+        }
         PyObject *code = PyDict_GetItemWithError(codes, items[i]);
         Py_ssize_t k;
         if (code == NULL) {
@@ -289,6 +300,70 @@ types_fit(PyObject *Py_UNUSED(module), PyObject *args)
     return PyBool_FromLong(fit);
 }
 
+/* join_columns(chunks) -> columns: a kind's batches (each a sequence of its fields, each field a list or tuple of as
+ * many values as the batch's first) as one list a field of all their values, in order: segments._joined's
+ * join, each value's reference taken once into a list made at its length (itertools.chain's is an iterator's
+ * step and a list's growth a value). ValueError where the batches' fields are not as many, or a batch's fields
+ * not of its first's length (zip(strict=True)'s); TypeError for a field that is not a list or tuple. */
+static PyObject *
+join_columns(PyObject *Py_UNUSED(module), PyObject *chunks_obj)
+{
+    PyObject *chunks = PySequence_Fast(chunks_obj, "the batches are a list or a tuple");
+    if (chunks == NULL) return NULL;
+    Py_ssize_t n_chunks = PySequence_Fast_GET_SIZE(chunks), fields = -1, total = 0;
+    PyObject **chunk_items = PySequence_Fast_ITEMS(chunks);
+    PyObject *batches = PyList_New(n_chunks);  /* each batch as a list or tuple of its fields */
+    PyObject *out = NULL;
+    if (batches == NULL) goto done;
+    for (Py_ssize_t c = 0; c < n_chunks; c++) {
+        PyObject *batch = PySequence_Fast(chunk_items[c], "a batch is a list or a tuple of its fields");
+        if (batch == NULL) goto done;
+        PyList_SET_ITEM(batches, c, batch);
+        Py_ssize_t k = PySequence_Fast_GET_SIZE(batch);
+        if (fields >= 0 && k != fields) {
+            PyErr_SetString(PyExc_ValueError, "the batches' fields are not as many");
+            goto done;
+        }
+        fields = k;
+        PyObject **field = PySequence_Fast_ITEMS(batch);
+        Py_ssize_t rows = -1;
+        for (Py_ssize_t f = 0; f < k; f++) {
+            if (!PyList_Check(field[f]) && !PyTuple_Check(field[f])) {
+                PyErr_SetString(PyExc_TypeError, "a batch's field is a list or a tuple");
+                goto done;
+            }
+            Py_ssize_t m = PySequence_Fast_GET_SIZE(field[f]);
+            if (rows >= 0 && m != rows) {
+                PyErr_SetString(PyExc_ValueError, "a batch's fields are not of one length");
+                goto done;
+            }
+            rows = m;
+        }
+        total += rows > 0 ? rows : 0;
+    }
+    out = PyList_New(fields > 0 ? fields : 0);
+    if (out == NULL) goto done;
+    for (Py_ssize_t f = 0; f < fields; f++) {
+        PyObject *joined = PyList_New(total);
+        if (joined == NULL) { Py_CLEAR(out); goto done; }
+        PyList_SET_ITEM(out, f, joined);
+        PyObject **to = ((PyListObject *)joined)->ob_item;
+        for (Py_ssize_t c = 0; c < n_chunks; c++) {
+            PyObject *field = PySequence_Fast_ITEMS(PyList_GET_ITEM(batches, c))[f];
+            Py_ssize_t m = PySequence_Fast_GET_SIZE(field);
+            PyObject **from = PySequence_Fast_ITEMS(field);
+            for (Py_ssize_t i = 0; i < m; i++) {
+                Py_INCREF(from[i]);
+                *to++ = from[i];
+            }
+        }
+    }
+done:
+    Py_XDECREF(batches);
+    Py_DECREF(chunks);
+    return out;
+}
+
 /* make_record(cls, slots, values): events.record_maker's record: a new instance of ``cls`` (object.__new__'s) with
  * each of its slots (``slots``: a tuple of cls's member descriptors, in field order) set to the value in the same place
  * of ``values`` (a sequence of as many), as each descriptor's __set__ does (a frozen class's __setattr__ is not
@@ -346,6 +421,8 @@ static PyMethodDef methods[] = {
      "types_fit(values, accepted) -> whether each value's type is one its field accepts (columnar.fits)."},
     {"rows_fit", rows_fit, METH_VARARGS,
      "rows_fit(rows, start, stop, accepted, maps) -> the first of rows[start:stop] that does not fit, else stop."},
+    {"join_columns", join_columns, METH_O,
+     "join_columns(chunks) -> each field's values of all the batches, in order, one list a field (segments._joined)."},
     {"make_record", (PyCFunction)(void (*)(void))make_record, METH_FASTCALL,
      "make_record(cls, slots, values) -> a new cls with its slots set to values (events.record_maker's)."},
     {NULL, NULL, 0, NULL},

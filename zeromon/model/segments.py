@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 from zeromon.errors import ZeromonError
 from zeromon.model import columnar
 from zeromon.model.classes import frozen
+from zeromon.model.compiled import compiled
 from zeromon.model.events import Record
 from zeromon.model.jsonl import RecordingWriter, read_header
 from zeromon.model.kinds import (
@@ -112,6 +113,8 @@ class _Buffered(NamedTuple):
     # rows (_settle), so that they stay in the order written.
     chunks: list[Sequence[Sequence[Any]]]
 
+
+_JOIN_COLUMNS = getattr(compiled("zeromon.model._planes"), "join_columns", None)  # _joined's join in C, or None
 
 # Each columnar kind's code and fit check, made once: a check remembers the type signatures it found good,
 # which a check made at every flush (5 a second) would look at field by field again.
@@ -306,11 +309,19 @@ def _settle(rows: list[tuple[Any, ...]], chunks: list[Sequence[Sequence[Any]]]) 
 
 
 def _joined(chunks: list[Sequence[Sequence[Any]]] | None) -> list[Sequence[Any]] | None:
-    """A kind's batches (write_columns) as the columns of all their records, in order; None for none."""
+    """A kind's batches (write_columns) as the columns of all their records, in order; None for none. One batch's
+    fields as they are (columnar.encode reads them and changes none; the recorder makes each batch's fields
+    lists, which encode compares field with field); several batches' joined a field at a time, into lists
+    (_planes.c's join_columns, or itertools.chain). ValueError where a batch's fields are not of one length."""
     if not chunks:
         return None
     if len(chunks) == 1:
-        return [list(field) for field in chunks[0]]  # lists, as the join's: encode compares columns
+        return list(chunks[0])
+    if _JOIN_COLUMNS is not None:
+        joined: list[Sequence[Any]] = _JOIN_COLUMNS(chunks)
+        return joined
+    if any(len(field) != len(batch[0]) for batch in chunks for field in batch):
+        raise ValueError("a batch's fields are not of one length")
     return [list(itertools.chain.from_iterable(field)) for field in zip(*chunks, strict=True)]
 
 
