@@ -173,8 +173,10 @@ class CompactWriter(RecordingWriter):
             self.bytes_lost += len(line) + 1
             return
         self._rows.append(line)
-        self._order.append(0)
-        self._full()
+        order = self._order
+        order.append(0)
+        if len(order) >= SEGMENT_RECORDS:
+            self._write_segment()
 
     def write_values(self, cls: type, values: tuple[Any, ...]) -> bool:
         """write(cls(*values)) for a columnar kind whose values, in its fields' order, the caller has
@@ -230,10 +232,6 @@ class CompactWriter(RecordingWriter):
         if len(self._order) >= SEGMENT_RECORDS:
             self._write_segment()
         return True
-
-    def _full(self) -> None:
-        if len(self._order) >= SEGMENT_RECORDS:
-            self._write_segment()
 
     def _segment(self, rows: list[bytes], order: bytearray, columns: dict[type, list[tuple[Any, ...]]],
                  chunks: dict[type, list[Sequence[Sequence[Any]]]] | None = None) -> bytes:

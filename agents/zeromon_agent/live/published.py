@@ -45,9 +45,9 @@ class LiveViews:
             self.recent.extend(records, count)  # unmade too
             self.cursor += count
             self.totals.count_collectives(collectives)  # counted when read (a scrape), or in bulk
-            for summary in steps:
-                self.recent_steps.append(summary)
-                self.totals.count_step(summary.duration_s)
+            if steps:
+                self.recent_steps.extend(steps)
+                self.totals.count_steps(steps)
             if memory:
                 latest = materialize(memory[-1])
                 self.latest_memory = latest if isinstance(latest, MemorySample) else None

@@ -14,7 +14,7 @@ from typing import Any
 
 from zeromon.model.classes import mutable
 from zeromon.model.compiled import compiled
-from zeromon.model.events import CollectiveEvent
+from zeromon.model.events import CollectiveEvent, StepSummary
 
 # Histogram bounds (seconds) of the live metrics: collective durations and step durations.
 DURATION_BUCKETS: tuple[float, ...] = (1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05,
@@ -131,10 +131,17 @@ class LiveTotals:
                     window = windows[op] = _new_window()
                 window.append(busbw)
 
-    def count_step(self, duration_s: float) -> None:
-        self.steps.count += 1
-        self.steps.seconds += duration_s
-        self.steps.buckets[bisect.bisect_left(STEP_BUCKETS, duration_s)] += 1
+    def count_steps(self, summaries: Sequence[StepSummary]) -> None:
+        """A pass's step summaries into the step totals, in order (the seconds added one at a time, as one call a
+        step would: the same float)."""
+        totals, bisect_left = self.steps, bisect.bisect_left
+        buckets, seconds = totals.buckets, totals.seconds
+        for summary in summaries:
+            duration_s = (summary.end_ns - summary.start_ns) / 1e9  # its duration_s, without the property's call
+            seconds += duration_s
+            buckets[bisect_left(STEP_BUCKETS, duration_s)] += 1
+        totals.seconds = seconds
+        totals.count += len(summaries)
 
 
 def _rows(uncounted: list[Counted | CountedColumns]) -> Iterator[Counted]:

@@ -83,7 +83,7 @@ class DetailKeeper:
 
     def detail(self, record: Record, step: int) -> None:
         """A collective or a phase span of ``step``: written now, or held until its step decides."""
-        if not self.thinned:
+        if not self.level:  # not thinned (the property's test, without its call)
             self._write(record)
             return
         if step <= self._decided_through:  # late detail of a decided step
@@ -103,19 +103,26 @@ class DetailKeeper:
         """Before ``summary`` is written: the step's held detail is written or dropped; then the level the
         file's size calls for, for the steps after it (a JSON-lines file grows record by record: between
         two flushes, a second apart, a run of short steps may write much of the budget)."""
-        self._decide(summary)
+        if self.level:
+            self._decide(summary)
+        else:
+            # Nothing thinned: the step's detail went to the file as it came (``detail`` holds none before the
+            # first level, and levels only rise); the step only joins the history that thinning will judge by.
+            self._join_history(summary)
+            if summary.step > self._decided_through:
+                self._decided_through = summary.step
         if self.max_bytes is not None and not self.full:
             self.check_size()
 
     def _decide(self, summary: StepSummary) -> None:
+        """A step's detail, thinned: written if the level keeps its step (every Nth, or one that stands out),
+        else dropped (the last LAST_STEPS steps' kept aside for a clean end)."""
         step = summary.step
-        keep = self._stands_out(summary, judged=self.thinned)
+        keep = self._stands_out(summary)
         self._decided_through = max(self._decided_through, step)
         held = self._held.pop(step, None)
         if held is not None:
             self._held_count -= len(held)
-        if not self.thinned:
-            return
         every, gap = LEVELS[self.level][1], LEVELS[self.level][2]
         regular = every is not None and step % every == 0
         outlier = keep and every is not None and step - self._last_outlier >= gap
@@ -136,26 +143,31 @@ class DetailKeeper:
                 self._last.append(held)
         self._overflowed.discard(step)
 
-    def _stands_out(self, summary: StepSummary, judged: bool = True) -> bool:
-        """Step time, exposed share or peak memory out of line with the steps before it. ``judged``
-        False (nothing thinned: every step is kept): the step only joins the history (two medians of
-        64 steps a step would be a cost for an answer nobody reads)."""
-        duration = summary.duration_s
-        share = (summary.exposed_comm_s / duration
-                 if summary.exposed_comm_s is not None and duration > 0 else None)
+    def _stands_out(self, summary: StepSummary) -> bool:
+        """Step time, exposed share or peak memory out of line with the steps before it; then the step joins
+        their history."""
         out = False
-        if judged and len(self._durations) >= _MIN_HISTORY:
+        if len(self._durations) >= _MIN_HISTORY:
+            duration = summary.duration_s
             out = duration > _SLOW * statistics.median(self._durations)
-            if share is not None and self._shares:
-                out = out or share > statistics.median(self._shares) + _EXPOSED_POINTS
+            if summary.exposed_comm_s is not None and duration > 0 and self._shares:
+                out = out or summary.exposed_comm_s / duration > statistics.median(self._shares) + _EXPOSED_POINTS
             if summary.peak_memory is not None and self._peak is not None:
                 out = out or summary.peak_memory > self._peak
-        self._durations.append(duration)
-        if share is not None:
-            self._shares.append(share)
-        if summary.peak_memory is not None:
-            self._peak = max(self._peak or 0, summary.peak_memory)
+        self._join_history(summary)
         return out
+
+    def _join_history(self, summary: StepSummary) -> None:
+        """The step's time, exposed share and peak memory into the history its successors are judged by (while
+        nothing is thinned, all a step's summary does here: two medians of 64 steps a step would be a cost for an
+        answer nobody reads)."""
+        duration = (summary.end_ns - summary.start_ns) / 1e9  # its duration_s, without the property's call
+        self._durations.append(duration)
+        exposed, peak = summary.exposed_comm_s, summary.peak_memory
+        if exposed is not None and duration > 0:
+            self._shares.append(exposed / duration)
+        if peak is not None:
+            self._peak = max(self._peak or 0, peak)
 
     def admit(self, count: int = 1) -> bool:
         """Whether ``count`` more records may be written (False past the budget, and counted). The file grows

@@ -47,8 +47,9 @@ class Outbox:
 
     def write(self, record: Record) -> None:
         """To the recording, unless past ZEROMON_MAX_DISK (then counted, not written)."""
-        if self.writer is not None and self.keeper.admit():
-            self.writer.write(record)
+        writer, keeper = self.writer, self.keeper
+        if writer is not None and (keeper.max_bytes is None or keeper.admit()):  # no budget: no call to say so
+            writer.write(record)
 
     def write_detail(self, cls: type, values: tuple[Any, ...], record: Record, step: int) -> None:
         """keeper.detail(record, step) (a step's detail, which ZEROMON_MAX_DISK may thin), with the

@@ -266,9 +266,10 @@ class StepBook:
         not finalized yet, which a step's summary waits _STEP_GRACE_NS for; at ``final``, nothing waits)."""
         now = time.perf_counter_ns()
         unresolved_steps = {span.step for span in self.closed}
-        out, offset = self.out, self.clock_offset_ns
-        for step in sorted(self.accs):
-            acc = self.accs[step]
+        out, offset, accs, rank = self.out, self.clock_offset_ns, self.accs, self.rank
+        step_done, write, records, steps = out.keeper.step_done, out.write, out.records, out.steps
+        for step in sorted(accs):
+            acc = accs[step]
             end = acc.end
             if end is None:
                 break  # unfinished: a step that never ended is not summarized, nor any after it
@@ -277,7 +278,7 @@ class StepBook:
                 break  # its phases still wait for the GPU (bounded by _MARK_GRACE_NS)
             if step in inflight_steps and not final and now - acc.ended_at_perf < _STEP_GRACE_NS:
                 break  # summaries go out in step order
-            del self.accs[step]
+            del accs[step]
             self.emitted_through = step
             end_ns = end.unix if end.unix is not None else end.perf + offset
             if acc.start is not None:  # zeromon_agent.step(): the block's entry
@@ -285,8 +286,8 @@ class StepBook:
             else:
                 start_ns = acc.start_ns if acc.start_ns is not None else end_ns
             start_ns = min(start_ns, end_ns)
-            summary = summarize(acc, self.rank, step, start_ns, end_ns)
-            out.keeper.step_done(summary)
-            out.write(summary)
-            out.records.append(summary)
-            out.steps.append(summary)
+            summary = summarize(acc, rank, step, start_ns, end_ns)
+            step_done(summary)
+            write(summary)
+            records.append(summary)
+            steps.append(summary)
