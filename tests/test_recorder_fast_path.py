@@ -11,8 +11,10 @@ import contextlib
 import copy
 import dataclasses
 import itertools
+import math
 import operator
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -692,10 +694,48 @@ def test_a_batch_s_columns_are_made_in_c_as_in_python(raws: list[tuple[Any, ...]
         assert list(map(type, made_in_c)) == list(map(type, made_in_python))
 
 
+@PROPERTIES
+@given(keys=st.lists(st.tuples(st.sampled_from(_OPS[:2]), st.sampled_from(_PHASES[:2]), st.sampled_from([512, 2**20, 2**40]),
+                               st.sampled_from([512, 2**20]), st.sampled_from(["float32", None]),
+                               st.sampled_from(["group-a", ("group", 2), None])), min_size=1, max_size=10),
+       repeats=st.lists(st.integers(1, 3), min_size=10, max_size=10))
+def test_a_batch_s_calls_of_one_key_after_another_take_its_shape_as_python_does(
+        keys: list[tuple[Any, ...]], repeats: list[int]) -> None:
+    """Calls whose key (op, phase, bytes, dtype, group, caller) equals the call's before them take that call's shape
+    in _batch.c (no key made): with each field a fresh object of the same value (sizes and strings made again, a
+    group tuple made again), and keys that differ in one field only, the columns are Python's."""
+    if collective_records._BATCHER is None:
+        pytest.skip("the package was installed without its C modules (no C compiler at its build)")
+
+    def fresh(value: Any) -> Any:  # an equal value, another object
+        if isinstance(value, int):
+            return int(str(value))
+        if isinstance(value, str):
+            return "".join(list(value))
+        return tuple(value) if isinstance(value, tuple) else value
+
+    items, t = [], 1000
+    for (op, phase, b_in, b_out, dtype, group), times in zip(keys, repeats, strict=False):
+        for n in range(times + 1):  # then one that differs in its bytes out alone
+            t += 50
+            items.append((RAW_COLLECTIVE, len(items) + 1, fresh(f"{op}_x"), fresh(op), t, t + 20, fresh(b_in),
+                          fresh(b_out * (2 if n == times else 1)), fresh(dtype), fresh(group), False, None,
+                          fresh(phase), 1, None, False, fresh("caller")))
+    records = Recorder(HotState(), 0, None, 0.2, clock_offset_ns=10**18).collectives
+    records._group_sizes.update({None: 2, "group-a": 4, ("group", 2): 8})
+    in_c = records._sync_columns(items)
+    with mock.patch.object(collective_records, "_BATCHER", None):
+        in_python = records._sync_columns(items)
+    assert in_c is not None and in_python is not None
+    for made_in_c, made_in_python in zip(in_c, in_python, strict=True):
+        assert list(made_in_c) == list(made_in_python)
+        assert list(map(type, made_in_c)) == list(map(type, made_in_python))
+
+
 _TIMINGS = ("launch", "bound", "wait", "callback", "sync")
 _row = st.tuples(st.integers(0, 2**40), st.integers(0, 2**33), st.booleans(), st.integers(0, 2**33), st.integers(0, 2**33),
                  st.sampled_from(_TIMINGS), st.none() | st.integers(-(2**20), 2**34), st.sampled_from([None, 0.5, 1.0, 2]),
-                 st.integers(-1, 2**30) | st.sampled_from([0, 2**70]), st.integers(0, 4))
+                 st.integers(-1, 2**30) | st.sampled_from([0, 2**53 + 1, 2**60 + 3, 2**63 - 1, 2**70]), st.integers(0, 4))
 
 
 @PROPERTIES
@@ -909,6 +949,34 @@ def test_a_step_s_summary_values_in_c_are_python_s(
     if case == "sequential" and window[0] <= issue[0] and complete[-1] <= window[1] and not agent:
         assert step_acc._SUMMARIZE_HOST(acc, 3, 7, *window) is not None  # the case it takes, taken
         assert with_c.blocked_s == round(blocked_s, 9)
+
+
+def test_a_step_s_time_blocked_is_rounded_in_c_as_python_rounds_it_near_its_ties() -> None:
+    """summarize_host's blocked_s is round(blocked_s, 9) where its product with 1e9 is far from a half-integer (an
+    integer's division), and Python's own round nearer (a value a few ulps from k.5 ns, past 2^52 ns, infinite):
+    the same float, its sign too, over ties drawn at every scale a step's time blocked takes."""
+    if step_acc._SUMMARIZE_HOST is None:
+        pytest.skip("the package was installed without its C modules (no C compiler at its build)")
+    randoms = random.Random(44)
+    values = [0.0, -0.0, -1e-12, 5e-10, 1.5e-9, 2.5e-9, 1e7, 4.5e6, 2**52 / 1e9, math.inf, 1e-320, 0.1, 0.3]
+    for scale in (1, 10**3, 10**6, 10**9, 10**12, 10**15):
+        for _ in range(40):
+            k = randoms.randrange(scale)
+            tie = (k + 0.5) / 1e9
+            values += [tie, randoms.random() * scale / 1e9]
+            for way in (math.inf, -math.inf):
+                near = tie
+                for _ in range(8):
+                    near = math.nextafter(near, way)
+                    values.append(near)
+    acc = StepAcc(collectives=1, run_issue=[10], run_complete=[20], run_end=[15], run_blocked=[5e-9])
+    rounded = []
+    for value in values:
+        acc.blocked_s = value
+        made = step_acc._SUMMARIZE_HOST(acc, 0, 1, 0, 100)
+        rounded.append(made[9])
+    expected = [round(value, 9) for value in values]
+    assert [(r, math.copysign(1, r)) for r in rounded] == [(e, math.copysign(1, e)) for e in expected]
 
 
 def test_a_step_of_more_collectives_than_it_keeps_intervals_of_is_folded_as_one_by_one() -> None:

@@ -41,8 +41,29 @@ pass_fields(PyObject *columns, Py_ssize_t i, PyObject *raw, PyObject *shape, int
                         Py_NewRef(PyTuple_GET_ITEM(shape, from_shape[k][1])));
 }
 
+static const int KEY[] = {OP, PHASE, B_IN, B_OUT, DTYPE, GROUP, CALLER};  /* a call shape's key, in its order */
+
+/* Whether two raw collectives' keys are equal as the shapes' dict compares them, told without a key made and hashed:
+ * field by field the same object, or two exact ints or two exact strings of one value (nothing else is compared, and
+ * no user code runs: a group or a caller of another type counts only as itself). */
+static int
+same_key(PyObject *a, PyObject *b)
+{
+    for (int k = 0; k < 7; k++) {
+        PyObject *x = PyTuple_GET_ITEM(a, KEY[k]), *y = PyTuple_GET_ITEM(b, KEY[k]);
+        if (x == y) continue;
+        if (PyLong_CheckExact(x) && PyLong_CheckExact(y)) {
+            if (PyObject_RichCompareBool(x, y, Py_EQ) != 1) return 0;
+        } else if (!(PyUnicode_CheckExact(x) && PyUnicode_CheckExact(y) && PyUnicode_Compare(x, y) == 0)) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* The batch's call shapes, one a raw tuple (a new reference each), or NULL: an error set (from shape_of), or
- * none where a key cannot be hashed (*unhashable set). */
+ * none where a key cannot be hashed (*unhashable set). A call of the key of the call before it (three all-gathers of
+ * blocks of one size) takes that call's shape: the one the dict, or shape_of, gives its equal key. */
 static PyObject **
 shapes_of(PyObject **raw, Py_ssize_t n, PyObject *shapes, PyObject *shape_of, int *unhashable)
 {
@@ -51,8 +72,11 @@ shapes_of(PyObject **raw, Py_ssize_t n, PyObject *shapes, PyObject *shape_of, in
         PyErr_NoMemory();
         return NULL;
     }
-    static const int KEY[] = {OP, PHASE, B_IN, B_OUT, DTYPE, GROUP, CALLER};
     for (Py_ssize_t i = 0; i < n; i++) {
+        if (i > 0 && same_key(raw[i], raw[i - 1])) {
+            found[i] = Py_NewRef(found[i - 1]);
+            continue;
+        }
         PyObject *key = PyTuple_New(7);
         if (key == NULL) goto failed;
         for (int k = 0; k < 7; k++) {
@@ -88,6 +112,38 @@ failed:
     for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(found[i]);
     PyMem_Free(found);
     return NULL;
+}
+
+/* busbw_of(size, seconds, factor): event_bandwidth's busbw, ``size / seconds * factor`` as Python computes it, where
+ * size > 0, else None (a new reference), or NULL with an error set; seconds > 0 and a factor that is not None are the
+ * caller's to check. An exact int size of 64 bits and a float or exact int factor as in Python's float arithmetic: an
+ * int made the nearest double (float_div's PyLong_AsDouble, ties to even, as the cast rounds), then one division and
+ * one multiplication of doubles, the same value without two number objects made; any other type through Python's
+ * operators. */
+static PyObject *
+busbw_of(PyObject *size, double seconds, PyObject *factor)
+{
+    if (PyLong_CheckExact(size) && (PyFloat_CheckExact(factor) || PyLong_CheckExact(factor))) {
+        int overflow = 0;
+        long long n = PyLong_AsLongLongAndOverflow(size, &overflow);
+        long long k = 0;
+        if (!overflow && PyLong_CheckExact(factor)) k = PyLong_AsLongLongAndOverflow(factor, &overflow);
+        if (PyErr_Occurred()) return NULL;
+        if (!overflow) {
+            if (n <= 0) Py_RETURN_NONE;
+            double f = PyFloat_CheckExact(factor) ? PyFloat_AS_DOUBLE(factor) : (double)k;
+            return PyFloat_FromDouble((double)n / seconds * f);
+        }
+    }
+    int positive = PyObject_RichCompareBool(size, zero, Py_GT);
+    if (positive < 0) return NULL;
+    if (!positive) Py_RETURN_NONE;
+    PyObject *seconds_obj = PyFloat_FromDouble(seconds), *rate = NULL, *value = NULL;
+    if (seconds_obj != NULL) rate = PyNumber_TrueDivide(size, seconds_obj);
+    if (rate != NULL) value = PyNumber_Multiply(rate, factor);
+    Py_XDECREF(seconds_obj);
+    Py_XDECREF(rate);
+    return value;
 }
 
 /* sync_columns(items, shapes, shape_of, offset, max_ns) -> columns or None
@@ -146,13 +202,9 @@ sync_columns(PyObject *self, PyObject *args)
         /* busbw: size / seconds * factor where seconds > 0, factor is not None and size > 0, else None */
         PyObject *factor = PyTuple_GET_ITEM(s, 4), *size = PyTuple_GET_ITEM(s, 5), *busbw = NULL;
         if (issue == NULL || complete == NULL || seconds == NULL || end == NULL) goto failed_row;
-        if (blocked > 0 && factor != Py_None && PyObject_RichCompareBool(size, zero, Py_GT) == 1) {
-            PyObject *rate = PyNumber_TrueDivide(size, seconds);
-            busbw = rate != NULL ? PyNumber_Multiply(rate, factor) : NULL;
-            Py_XDECREF(rate);
-            if (busbw == NULL) goto failed_row;
+        if (blocked > 0 && factor != Py_None) {
+            if ((busbw = busbw_of(size, blocked, factor)) == NULL) goto failed_row;
         } else {
-            if (PyErr_Occurred()) goto failed_row;
             busbw = Py_NewRef(Py_None);
         }
         SET(OUT_ISSUE, i, issue);
@@ -267,14 +319,8 @@ async_columns(PyObject *self, PyObject *args)
         /* busbw: size / s * factor where s is known and > 0, the timing measured, a factor and size > 0 */
         int busbw = known && s > 0 && factor != Py_None;
         if (busbw && (busbw = PySequence_Contains(measured, timing)) < 0) goto failed;
-        if (busbw && (busbw = PyObject_RichCompareBool(size, zero, Py_GT)) < 0) goto failed;
         if (busbw) {
-            PyObject *seconds = PyFloat_FromDouble(s), *rate = NULL, *value = NULL;
-            if (seconds != NULL) rate = PyNumber_TrueDivide(size, seconds);
-            if (rate != NULL) value = PyNumber_Multiply(rate, factor);
-            Py_XDECREF(seconds);
-            Py_XDECREF(rate);
-            MADE(A_BUSBW, i, value);
+            MADE(A_BUSBW, i, busbw_of(size, s, factor));
         } else {
             PASS(A_BUSBW, i, Py_None);
         }
@@ -634,6 +680,37 @@ static const char *sum_field_names[SUM_FIELDS] = {
 static PyObject *sum_names[SUM_FIELDS];
 static PyObject *ns_per_s;  /* 1e9, made once */
 
+/* round(value, 9) of an exact float, as float.__round__ makes it: the double nearest to the value's exact decimal
+ * rounded half-even to 9 places (dtoa's digits read back). Where value * 1e9, a double within half an ulp of the exact
+ * product, lies more than 4 ulps from a half-integer, the exact product rounds to the same integer k (no tie), and
+ * k / 1e9, one division of two exact doubles rounded to nearest, is that double: no string made. Any other value
+ * (near a tie, past 2^52 nanoseconds, not finite) goes to float.__round__ itself. */
+static PyObject *
+round_ns(PyObject *value)
+{
+    double product = PyFloat_AS_DOUBLE(value) * 1e9;
+    if (isfinite(product) && fabs(product) < 4503599627370496.0) {
+        double k = nearbyint(product), ulp = nextafter(fabs(product), INFINITY) - fabs(product);
+        if (0.5 - fabs(product - k) > 4.0 * ulp) return PyFloat_FromDouble(k / 1e9);
+    }
+    return PyObject_CallMethod(value, "__round__", "i", 9);
+}
+
+/* A phase's whole nanoseconds in seconds, ``ns / 1e9`` as Python divides an int by a float: an exact int of 64 bits
+ * made the nearest double (PyLong_AsDouble's conversion, ties to even, as the cast rounds), one division; any other
+ * value by Python's operator. */
+static PyObject *
+ns_seconds(PyObject *ns)
+{
+    if (PyLong_CheckExact(ns)) {
+        int overflow = 0;
+        long long v = PyLong_AsLongLongAndOverflow(ns, &overflow);
+        if (v == -1 && PyErr_Occurred()) return NULL;
+        if (!overflow) return PyFloat_FromDouble((double)v / 1e9);
+    }
+    return PyNumber_TrueDivide(ns, ns_per_s);
+}
+
 /* summarize_host(acc, rank, step, start_ns, end_ns): step_acc.summarize's values of a step whose synchronous
  * collectives are all in its batched columns, one after another inside its window on the host (the case
  * _communication sums with _sequential_overlap_ns): (rank, step, start_ns, end_ns, phase_s, collectives, comm_bytes,
@@ -681,7 +758,7 @@ summarize_host(PyObject *Py_UNUSED(module), PyObject *args)
     PyObject *key, *value;
     Py_ssize_t pos = 0;
     while (PyDict_Next(field[SUM_PHASE_NS], &pos, &key, &value)) {
-        PyObject *seconds = PyNumber_TrueDivide(value, ns_per_s);
+        PyObject *seconds = ns_seconds(value);
         if (seconds == NULL || PyDict_SetItem(phase_s, key, seconds) < 0) {
             Py_XDECREF(seconds);
             goto done;
@@ -689,7 +766,7 @@ summarize_host(PyObject *Py_UNUSED(module), PyObject *args)
         Py_DECREF(seconds);
     }
     if ((by_op = PyDict_Copy(field[SUM_BY_OP])) == NULL) goto done;
-    if ((blocked_s = PyObject_CallMethod(field[SUM_BLOCKED_S], "__round__", "i", 9)) == NULL) goto done;
+    if ((blocked_s = round_ns(field[SUM_BLOCKED_S])) == NULL) goto done;
     result = Py_BuildValue("(OOOOOOOOdOOddd)", rank, step, start_obj, end_obj, phase_s, field[SUM_COLLECTIVES],
                            field[SUM_COMM_BYTES], by_op, (double)comm_ns / 1e9, blocked_s, field[SUM_PEAK_MEMORY],
                            (double)sums[1] / 1e9, (double)sums[2] / 1e9, (double)sums[3] / 1e9);
