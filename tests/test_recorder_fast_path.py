@@ -10,6 +10,7 @@ import collections
 import contextlib
 import copy
 import dataclasses
+import gc
 import itertools
 import math
 import operator
@@ -730,6 +731,37 @@ def test_a_batch_s_calls_of_one_key_after_another_take_its_shape_as_python_does(
     for made_in_c, made_in_python in zip(in_c, in_python, strict=True):
         assert list(made_in_c) == list(made_in_python)
         assert list(map(type, made_in_c)) == list(map(type, made_in_python))
+
+
+def test_a_batch_s_columns_are_made_out_of_the_collector_s_lists_unless_they_hold_what_it_tracks() -> None:
+    """The columns _batch.c makes (a synchronous batch's, a pass's rows') are not tracked by the garbage collector
+    where every value in them is untracked (numbers, strings, None: a young collection then walks none of them, and
+    the release's untrack finds them done); a column that holds a tracked object (a timing of a str subclass with a
+    __dict__) stays tracked, and the tuple that holds it, and the columns are the same values either way."""
+    if collective_records._BATCHER is None:
+        pytest.skip("the package was installed without its C modules (no C compiler at its build)")
+
+    class Timing(str):
+        pass
+
+    records = Recorder(HotState(), 0, None, 0.2, clock_offset_ns=10**18).collectives
+    records._group_sizes[None] = 2
+    items = [(RAW_COLLECTIVE, seq, "all_reduce_x", "all_reduce", 1000 * seq, 1000 * seq + 50, 4096, 4096, "float32",
+              None, False, None, "backward", 1, None, False, None) for seq in range(1, 6)]
+    columns = records._sync_columns(items)
+    assert columns is not None and not gc.is_tracked(columns) and not any(map(gc.is_tracked, columns))
+    for timing in ("wait", Timing("wait")):
+        rows = [(raw, 50, raw[4] + 10, ("float32", 2, "grad_all_reduce", 4096, 1.0, 4096), raw[5], timing)
+                for raw in items]
+        made = records._row_columns(rows, False)
+        assert gc.is_tracked(timing) == (type(timing) is Timing)
+        tracked = [gc.is_tracked(column) for column in made]
+        if type(timing) is Timing:
+            assert gc.is_tracked(made) and tracked.count(True) == 1  # the timing's column alone
+        else:
+            assert not gc.is_tracked(made) and not any(tracked)
+        with mock.patch.object(collective_records, "_BATCHER", None):
+            assert [list(c) for c in records._row_columns(rows, False)] == [list(c) for c in made]
 
 
 _TIMINGS = ("launch", "bound", "wait", "callback", "sync")

@@ -222,6 +222,7 @@ sync_columns(PyObject *self, PyObject *args)
         goto done;
     }
 #undef SET
+    untrack_columns(columns);
 done:
     for (Py_ssize_t i = 0; i < n; i++) Py_DECREF(shape[i]);
     PyMem_Free(shape);
@@ -333,6 +334,7 @@ async_columns(PyObject *self, PyObject *args)
 #undef SET
 #undef PASS
 #undef MADE
+    untrack_columns(columns);
     return columns;
 failed:
     Py_XDECREF(columns);

@@ -38,6 +38,25 @@ new_columns(int count, Py_ssize_t n)
     return columns;
 }
 
+/* A kernel's columns, made and filled (a tuple of lists), let out of the garbage collector's lists where they hold
+ * nothing it tracks: _batch.c's untrack rule (Outbox.release's, for what the live views keep), told here as the values
+ * are in hand, each value's type looked at once, rather than walked again through each list's traverse at the pass's
+ * end, where untrack now finds them untracked. A list that holds a tracked object (a user's) stays tracked, and the
+ * tuple with it. */
+static inline void
+untrack_columns(PyObject *columns)
+{
+    int all = 1;
+    for (Py_ssize_t c = 0; c < PyTuple_GET_SIZE(columns); c++) {
+        PyObject *column = PyTuple_GET_ITEM(columns, c), **items = ((PyListObject *)column)->ob_item;
+        Py_ssize_t n = PyList_GET_SIZE(column), i = 0;
+        while (i < n && !(PyObject_IS_GC(items[i]) && PyObject_GC_IsTracked(items[i]))) i++;
+        if (i < n) all = 0;
+        else if (PyObject_GC_IsTracked(column)) PyObject_GC_UnTrack(column);
+    }
+    if (all && PyObject_GC_IsTracked(columns)) PyObject_GC_UnTrack(columns);
+}
+
 /* StepBook.acc(step): ``step``'s accumulator in ``accs`` (StepBook.accs, a dict), made by ``new_acc()`` at its first
  * record: a borrowed reference, or NULL with an exception. */
 static inline PyObject *

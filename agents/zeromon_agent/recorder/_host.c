@@ -380,6 +380,7 @@ host_spans(PyObject *Py_UNUSED(module), PyObject *args)
         goto failed;
     }
     PyMem_Free(values);
+    untrack_columns(columns);
     return columns;
 failed:
     PyMem_Free(values);
