@@ -1011,6 +1011,48 @@ def test_a_step_s_time_blocked_is_rounded_in_c_as_python_rounds_it_near_its_ties
     assert [(r, math.copysign(1, r)) for r in rounded] == [(e, math.copysign(1, e)) for e in expected]
 
 
+def test_a_step_s_fields_are_read_at_their_slots_only_where_the_class_reads_them_so() -> None:
+    """summarize_host and account_sync read a StepAcc's fields at their slots (found once a class); a class whose
+    field is a property over the slot, or that reads attributes its own way, is read by name (its values, not the
+    slot's), alternating with StepAcc; an unset slot raises AttributeError as getattr does."""
+    if step_acc._SUMMARIZE_HOST is None or collective_records._ACCOUNT_SYNC is None:
+        pytest.skip("the package was installed without its C modules (no C compiler at its build)")
+
+    class Shadowed(StepAcc):
+        __slots__ = ()
+
+        @property
+        def blocked_s(self) -> float:  # type: ignore[override]
+            return 0.25
+
+        @blocked_s.setter
+        def blocked_s(self, value: float) -> None:
+            StepAcc.__dict__["blocked_s"].__set__(self, value)  # the slot below the property
+
+    class Looked(StepAcc):
+        __slots__ = ()
+
+        def __getattribute__(self, name: str) -> Any:
+            return 0.5 if name == "blocked_s" else super().__getattribute__(name)
+
+    def made(cls: type) -> StepAcc:
+        return cls(collectives=1, run_issue=[10], run_complete=[20], run_end=[15], run_blocked=[5e-9], blocked_s=1.0)
+
+    for cls, blocked in [(StepAcc, 1.0), (Shadowed, 0.25), (StepAcc, 1.0), (Looked, 0.5), (StepAcc, 1.0)] * 2:
+        assert step_acc._SUMMARIZE_HOST(made(cls), 0, 1, 0, 100)[9] == blocked
+    unset = made(StepAcc)
+    del unset.phase_ns
+    with pytest.raises(AttributeError):
+        step_acc._SUMMARIZE_HOST(unset, 0, 1, 0, 100)
+    accs: dict[int, Any] = {}
+    for cls in (StepAcc, Looked, StepAcc):
+        accs.clear()
+        row = collective_records._ACCOUNT_SYNC([1], ["all_reduce"], [4096], [10], [20], [5e-9], [15], accs,
+                                               lambda cls=cls: made(cls), 4096)
+        assert row == 1 and accs[1].collectives == 2 and accs[1].comm_bytes == 4096
+        assert object.__getattribute__(accs[1], "blocked_s") == (1.0 if cls is StepAcc else 0.5) + 5e-9
+
+
 def test_a_step_of_more_collectives_than_it_keeps_intervals_of_is_folded_as_one_by_one() -> None:
     """Past MAX_STEP_INTERVALS a step's intervals are folded as they come: the batch path gives the same
     summary as the plain one (overlapping calls out of issue order included) in batches of 256."""

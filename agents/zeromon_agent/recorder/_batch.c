@@ -395,6 +395,7 @@ static const char *acc_field_names[ACC_FIELDS] = {
     "collectives", "comm_bytes", "by_op", "intervals", "blocked", "overlap_known", "blocked_s", "run_issue",
     "run_complete", "run_end", "run_blocked", "run_blocked_n"};
 static PyObject *acc_names[ACC_FIELDS];
+static SlotFields acc_slots;  /* account_sync's StepAcc fields at their slots */
 
 /* One run of one step's collectives, rows [i, j) of the columns, into its accumulator ``acc`` as
  * CollectiveRecords._account_sync_run does: 1 done, 0 left alone (nothing changed: an attribute or value of another
@@ -408,7 +409,7 @@ account_run(PyObject *acc, PyObject *const *columns[6], Py_ssize_t i, Py_ssize_t
     PyObject *field[ACC_FIELDS] = {NULL};
     int done = -1;
     for (int f = 0; f < ACC_FIELDS; f++) {
-        if ((field[f] = PyObject_GetAttr(acc, acc_names[f])) == NULL) goto out;
+        if ((field[f] = slot_get(&acc_slots, acc, acc_names, ACC_FIELDS, f)) == NULL) goto out;
     }
     done = 0;
     static const int lists[] = {ACC_INTERVALS, ACC_BLOCKED, ACC_RUN_ISSUE, ACC_RUN_COMPLETE, ACC_RUN_END,
@@ -454,7 +455,7 @@ account_run(PyObject *acc, PyObject *const *columns[6], Py_ssize_t i, Py_ssize_t
     PyObject *count = PyLong_FromSsize_t(k), *sum = NULL;
     if (count != NULL) sum = PyNumber_Add(field[ACC_COLLECTIVES], count);
     Py_XDECREF(count);
-    if (sum == NULL || PyObject_SetAttr(acc, acc_names[ACC_COLLECTIVES], sum) < 0) {
+    if (sum == NULL || slot_set(&acc_slots, acc, acc_names, ACC_FIELDS, ACC_COLLECTIVES, sum) < 0) {
         Py_XDECREF(sum);
         goto out;
     }
@@ -462,7 +463,7 @@ account_run(PyObject *acc, PyObject *const *columns[6], Py_ssize_t i, Py_ssize_t
     PyObject *total = add_ops(field[ACC_BY_OP], ops + i, nbytes + i, k);
     sum = total != NULL ? PyNumber_Add(field[ACC_COMM_BYTES], total) : NULL;
     Py_XDECREF(total);
-    if (sum == NULL || PyObject_SetAttr(acc, acc_names[ACC_COMM_BYTES], sum) < 0) {
+    if (sum == NULL || slot_set(&acc_slots, acc, acc_names, ACC_FIELDS, ACC_COMM_BYTES, sum) < 0) {
         Py_XDECREF(sum);
         goto out;
     }
@@ -474,14 +475,14 @@ account_run(PyObject *acc, PyObject *const *columns[6], Py_ssize_t i, Py_ssize_t
         }
     }
     sum = PyFloat_FromDouble(blocked_s);
-    if (sum == NULL || PyObject_SetAttr(acc, acc_names[ACC_BLOCKED_S], sum) < 0) {
+    if (sum == NULL || slot_set(&acc_slots, acc, acc_names, ACC_FIELDS, ACC_BLOCKED_S, sum) < 0) {
         Py_XDECREF(sum);
         goto out;
     }
     Py_DECREF(sum);
     if (known) {
         sum = PyLong_FromSsize_t(run_blocked_n + nonzero);
-        if (sum == NULL || PyObject_SetAttr(acc, acc_names[ACC_RUN_BLOCKED_N], sum) < 0) {
+        if (sum == NULL || slot_set(&acc_slots, acc, acc_names, ACC_FIELDS, ACC_RUN_BLOCKED_N, sum) < 0) {
             Py_XDECREF(sum);
             goto out;
         }
@@ -680,6 +681,7 @@ static const char *sum_field_names[SUM_FIELDS] = {
     "col_blocked_start", "run_complete", "run_end", "agent", "phase_ns", "collectives", "comm_bytes", "by_op",
     "blocked_s", "peak_memory"};
 static PyObject *sum_names[SUM_FIELDS];
+static SlotFields sum_slots;  /* summarize_host's StepAcc fields at their slots */
 static PyObject *ns_per_s;  /* 1e9, made once */
 
 /* round(value, 9) of an exact float, as float.__round__ makes it: the double nearest to the value's exact decimal
@@ -726,7 +728,7 @@ summarize_host(PyObject *Py_UNUSED(module), PyObject *args)
     if (!PyArg_ParseTuple(args, "OOOOO:summarize_host", &acc, &rank, &step, &start_obj, &end_obj)) return NULL;
     PyObject *field[SUM_FIELDS] = {NULL}, *result = NULL, *phase_s = NULL, *by_op = NULL, *blocked_s = NULL;
     for (int f = 0; f < SUM_FIELDS; f++) {
-        if ((field[f] = PyObject_GetAttr(acc, sum_names[f])) == NULL) goto done;
+        if ((field[f] = slot_get(&sum_slots, acc, sum_names, SUM_FIELDS, f)) == NULL) goto done;
     }
     int64_t start, end, sums[4];
     if (!as_int64(start_obj, &start) || !as_int64(end_obj, &end) || end <= start) goto none;

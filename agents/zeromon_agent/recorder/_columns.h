@@ -1,10 +1,11 @@
 /* What the recorder's C modules share (_batch.c, _host.c): a Python integer as a 64-bit one, a tuple of columns for
- * the caller to fill, and a step's accumulator. */
+ * the caller to fill, a step's accumulator, and its fields read and set at their slots. */
 #ifndef ZEROMON_RECORDER_COLUMNS_H
 #define ZEROMON_RECORDER_COLUMNS_H
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 
 /* ``value`` (an int) as a 64-bit integer into *out: 1, or 0 (past 64 bits, or not an int; no exception set). */
@@ -19,6 +20,60 @@ as_int64(PyObject *value, int64_t *out)
     }
     *out = (int64_t)v;
     return 1;
+}
+
+/* A slotted class's fields by name (a step's accumulator, StepAcc), read and set at their slots' offsets: what
+ * PyObject_GetAttr and PyObject_SetAttr do there (the type's attribute look-up, its member descriptor's get or set),
+ * without the look-up each time. ``type`` the class last seen (a reference kept, so that its address names it), its
+ * fields' offsets, and whether every field is a plain object slot of a class that reads and sets attributes the
+ * generic way (no __getattribute__, __getattr__ or __setattr__ of its own); where not, the fields go by name. */
+#define SLOT_FIELDS_MAX 24
+typedef struct {
+    PyTypeObject *type;
+    Py_ssize_t offsets[SLOT_FIELDS_MAX];
+    int direct;
+} SlotFields;
+
+/* Whether ``obj``'s fields ``names`` (count of them) can be reached at their slots (``slots`` updated for its type). */
+static inline int
+slots_direct(SlotFields *slots, PyObject *obj, PyObject *const *names, int count)
+{
+    PyTypeObject *type = Py_TYPE(obj);
+    if (slots->type == type) return slots->direct;
+    Py_INCREF(type);
+    Py_XSETREF(slots->type, type);
+    slots->direct = count <= SLOT_FIELDS_MAX && type->tp_getattro == PyObject_GenericGetAttr
+                    && type->tp_setattro == PyObject_GenericSetAttr;
+    for (int f = 0; slots->direct && f < count; f++) {
+        PyObject *descr = _PyType_Lookup(type, names[f]);  /* borrowed, no error set */
+        PyMemberDef *member = descr != NULL && Py_IS_TYPE(descr, &PyMemberDescr_Type)
+                              ? ((PyMemberDescrObject *)descr)->d_member : NULL;
+        if (member == NULL || member->type != T_OBJECT_EX || (member->flags & READONLY)) slots->direct = 0;
+        else slots->offsets[f] = member->offset;
+    }
+    return slots->direct;
+}
+
+/* getattr(obj, names[f]) (a new reference, or NULL with AttributeError), at its slot where ``slots`` can. */
+static inline PyObject *
+slot_get(SlotFields *slots, PyObject *obj, PyObject *const *names, int count, int f)
+{
+    if (slots_direct(slots, obj, names, count)) {
+        PyObject *value = *(PyObject **)((char *)obj + slots->offsets[f]);
+        if (value != NULL) return Py_NewRef(value);
+    }
+    return PyObject_GetAttr(obj, names[f]);  /* an unset slot's AttributeError, or no slot */
+}
+
+/* setattr(obj, names[f], value): 0, or -1 with an exception; at its slot where ``slots`` can. */
+static inline int
+slot_set(SlotFields *slots, PyObject *obj, PyObject *const *names, int count, int f, PyObject *value)
+{
+    if (slots_direct(slots, obj, names, count)) {
+        Py_XSETREF(*(PyObject **)((char *)obj + slots->offsets[f]), Py_NewRef(value));
+        return 0;
+    }
+    return PyObject_SetAttr(obj, names[f], value);
 }
 
 /* A tuple of ``count`` new lists of n NULLs each, filled by the caller (PyList_SET_ITEM), or NULL. */

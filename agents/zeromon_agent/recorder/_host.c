@@ -109,6 +109,7 @@ typedef struct {
 
 static PyObject *one;  /* 1, made once */
 static PyObject *start_name, *end_name, *ended_name;  /* StepAcc's start, end, ended_at_perf (interned) */
+static PyObject *phase_ns_name, *agent_name, *start_ns_name;  /* and phase_ns, agent, start_ns: host_spans' (interned) */
 
 /* steps: (start_kind, end_kind, accs, new_acc, mark, clock). 1, 0 (None: no step boundary taken in C), or -1 with an
  * exception. */
@@ -325,7 +326,7 @@ host_spans(PyObject *Py_UNUSED(module), PyObject *args)
         if (steps[i] <= emitted) continue;  /* summarized: no accounting */
         PyObject *acc = Py_XNewRef(step_acc(accs, new_acc, PyList_GET_ITEM(step_column, i)));  /* owned here */
         if (acc == NULL) goto failed;
-        PyObject *phase_ns = PyObject_GetAttrString(acc, "phase_ns"), *agent_spans = NULL, *known = NULL;
+        PyObject *phase_ns = PyObject_GetAttr(acc, phase_ns_name), *agent_spans = NULL, *known = NULL;
         if (phase_ns == NULL || !PyDict_CheckExact(phase_ns)) {
             if (phase_ns != NULL) PyErr_SetString(PyExc_TypeError, "host_spans: a phase_ns not a dict");
             goto failed_acc;
@@ -348,7 +349,7 @@ host_spans(PyObject *Py_UNUSED(module), PyObject *args)
             }
             Py_DECREF(sum);
             if (PyUnicode_Compare(phase, agent) == 0) {
-                if (agent_spans == NULL && ((agent_spans = PyObject_GetAttrString(acc, "agent")) == NULL
+                if (agent_spans == NULL && ((agent_spans = PyObject_GetAttr(acc, agent_name)) == NULL
                                             || !PyList_Check(agent_spans))) {
                     if (agent_spans != NULL) PyErr_SetString(PyExc_TypeError, "host_spans: an agent not a list");
                     goto failed_acc;
@@ -363,10 +364,10 @@ host_spans(PyObject *Py_UNUSED(module), PyObject *args)
             if (starts[k] < starts[first]) first = k;
         }
         /* its earliest start: min() of the run's, the first of equal ones */
-        if ((known = PyObject_GetAttrString(acc, "start_ns")) == NULL) goto failed_acc;
+        if ((known = PyObject_GetAttr(acc, start_ns_name)) == NULL) goto failed_acc;
         PyObject *earliest = PyList_GET_ITEM(start_column, first);
         int earlier = known == Py_None ? 1 : PyObject_RichCompareBool(earliest, known, Py_LT);
-        if (earlier < 0 || (earlier && PyObject_SetAttrString(acc, "start_ns", earliest) < 0)) goto failed_acc;
+        if (earlier < 0 || (earlier && PyObject_SetAttr(acc, start_ns_name, earliest) < 0)) goto failed_acc;
         Py_DECREF(known);
         Py_XDECREF(agent_spans);
         Py_DECREF(phase_ns);
@@ -413,5 +414,8 @@ PyInit__host(void)
     if (start_name == NULL && (start_name = PyUnicode_InternFromString("start")) == NULL) return NULL;
     if (end_name == NULL && (end_name = PyUnicode_InternFromString("end")) == NULL) return NULL;
     if (ended_name == NULL && (ended_name = PyUnicode_InternFromString("ended_at_perf")) == NULL) return NULL;
+    if (phase_ns_name == NULL && (phase_ns_name = PyUnicode_InternFromString("phase_ns")) == NULL) return NULL;
+    if (agent_name == NULL && (agent_name = PyUnicode_InternFromString("agent")) == NULL) return NULL;
+    if (start_ns_name == NULL && (start_ns_name = PyUnicode_InternFromString("start_ns")) == NULL) return NULL;
     return PyModule_Create(&module);
 }
