@@ -538,6 +538,17 @@ def test_an_integer_column_of_runs_of_one_object_is_coded_as_of_distinct_objects
             int_column(shared, seconds, False, base, other if base == 2 else None, None)
 
 
+@pytest.mark.parametrize("column", [[], [None], [0, None, False, 0.0, "", None], (None, None, 3), [float("nan"), 2**70]])
+def test_a_column_s_nulls_are_counted_in_c_as_count_counts_them(column: Sequence[Any]) -> None:
+    """_planes.c's nones, by identity, gives list.count(None) for the values a column holds (zeros, false, empty
+    strings, NaN and big integers are not None), and columnar._nulls the same without it."""
+    if columnar._NONES is None:
+        pytest.skip("the package was installed without its C coder (no C compiler at its build)")
+    assert columnar._NONES(column) == column.count(None)
+    with mock.patch.object(columnar, "_NONES", None):
+        assert columnar._nulls(column) == column.count(None)
+
+
 @pytest.mark.parametrize("coder", CODERS)
 @pytest.mark.parametrize("values", [40, 200])
 def test_a_string_column_of_runs_of_one_object_is_coded_as_every_value_looked_up(coder: str, values: int) -> None:
@@ -762,6 +773,32 @@ def test_a_batch_s_columns_are_made_out_of_the_collector_s_lists_unless_they_hol
             assert not gc.is_tracked(made) and not any(tracked)
         with mock.patch.object(collective_records, "_BATCHER", None):
             assert [list(c) for c in records._row_columns(rows, False)] == [list(c) for c in made]
+
+
+@PROPERTIES
+@given(steps=st.lists(st.integers(0, 6), min_size=1, max_size=8), emitted=st.integers(-1, 4),
+       spoil=st.none() | st.tuples(st.integers(0, 7), st.sampled_from([(0, RAW_WAIT), (10, True), (10, 1), (10, 0),
+                                                                      (10, None), (14, "event"), (13, -1)])))
+def test_whether_a_queue_is_all_synchronous_host_collectives_is_told_in_c_as_in_python(
+        steps: list[int], emitted: int, spoil: tuple[int, tuple[int, Any]] | None) -> None:
+    """Recorder._all_sync (a pass's queue, every record a synchronous host collective of a step not yet summarized)
+    by _batch.c's all_sync and by its Python path: the same answer for queues of either kind, any async truth, a CUDA
+    event or none, steps before and after the last summarized."""
+    if loop._ALL_SYNC is None:
+        pytest.skip("the package was installed without its C modules (no C compiler at its build)")
+    recorder = Recorder(HotState(), 0, None, 0.2)
+    recorder.steps.emitted_through = emitted
+    items = [(RAW_COLLECTIVE, seq, "all_reduce_x", "all_reduce", 10 * seq, 10 * seq + 5, 8, 8, "float32", None, False,
+              None, "backward", step, None, False, None) for seq, step in enumerate(steps, start=1)]
+    if spoil is not None:  # one record of another kind, async, on a GPU's stream or of a summarized step
+        index, (field, value) = spoil
+        row = list(items[index % len(items)])
+        row[field] = value
+        items[index % len(items)] = tuple(row)
+    in_c = recorder._all_sync(items)
+    with mock.patch.object(loop, "_ALL_SYNC", None):
+        in_python = recorder._all_sync(items)
+    assert in_c is in_python
 
 
 _TIMINGS = ("launch", "bound", "wait", "callback", "sync")
@@ -1563,6 +1600,7 @@ def test_the_c_modules_keep_no_reference_to_what_they_are_given_or_make() -> Non
         assert host.host_phases(step_items, 0, 4, None, [], "agent", RAW_PHASE, RAW_AGENT, None, bounds)[0] == 4
         bounds[2].clear()
         assert batch.account_sync(*accounted, {}, new_acc, 4096) == 64
+        assert batch.all_sync(items, RAW_COLLECTIVE, -1) is True and batch.all_sync(items, RAW_COLLECTIVE, 10) is False
         assert batch.account_sync(*accounted, {}, new_acc, 16) == 0  # a run that folds: left to Python
         assert batch.summarize_host(summed, 0, 1, column[0], column[0] + 10**6) is not None
         assert planes.rows_fit(sample_rows, 0, 9, accepted, maps) == 8
@@ -1574,6 +1612,7 @@ def test_the_c_modules_keep_no_reference_to_what_they_are_given_or_make() -> Non
         with pytest.raises(OverflowError):
             planes.int_column([*column, 2**64], False, False, 0, None, None)
         planes.str_column([api, None, api])
+        assert planes.nones([api, None, factor]) == 1
         assert planes.join_columns([[[api, factor], column[:2]], [(group,), column[2:3]]]) == \
             [[api, factor, group], column[:3]]
         with pytest.raises(ValueError):

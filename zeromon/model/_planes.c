@@ -8,7 +8,8 @@
  * numpy path and the Python one (tests/test_recorder_fast_path.py draws segments and compares them);
  * OverflowError wherever those raise NotInArrays (a value or a difference past 64 bits), so that the caller
  * codes that column in Python's integers, as without this module.
- * Beside it, a segment's batches joined a field at a time (join_columns: segments._joined), and three of the model's
+ * Beside it, a column's nulls counted (nones), a segment's batches joined a field at a time (join_columns:
+ * segments._joined), and three of the model's
  * per-record steps: types_fit and rows_fit (a record's types against its columns', a
  * run of records' fit: columnar.fits, fit_run) and make_record (a record made from its values, its slots set
  * directly: events.record_maker, default_maker).
@@ -300,6 +301,22 @@ types_fit(PyObject *Py_UNUSED(module), PyObject *args)
     return PyBool_FromLong(fit);
 }
 
+/* nones(column) -> how many of the column's values are None (a list or a tuple): list.count(None) told by identity,
+ * a pointer's comparison a value, where count compares each value that is not None with None through Python's
+ * comparison (its NotImplemented both ways, then identity): columnar.encode asks it of every nullable column a
+ * flush writes. */
+static PyObject *
+nones(PyObject *Py_UNUSED(module), PyObject *sequence)
+{
+    PyObject *column = PySequence_Fast(sequence, "a column is a list or a tuple");
+    if (column == NULL) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(column), count = 0;
+    PyObject **items = PySequence_Fast_ITEMS(column);
+    for (Py_ssize_t i = 0; i < n; i++) count += items[i] == Py_None;
+    Py_DECREF(column);
+    return PyLong_FromSsize_t(count);
+}
+
 /* join_columns(chunks) -> columns: a kind's batches (each a sequence of its fields, each field a list or tuple of as
  * many values as the batch's first) as one list a field of all their values, in order: segments._joined's
  * join, each value's reference taken once into a list made at its length (itertools.chain's is an iterator's
@@ -421,6 +438,7 @@ static PyMethodDef methods[] = {
      "types_fit(values, accepted) -> whether each value's type is one its field accepts (columnar.fits)."},
     {"rows_fit", rows_fit, METH_VARARGS,
      "rows_fit(rows, start, stop, accepted, maps) -> the first of rows[start:stop] that does not fit, else stop."},
+    {"nones", nones, METH_O, "nones(column) -> how many of its values are None (list.count(None), by identity)."},
     {"join_columns", join_columns, METH_O,
      "join_columns(chunks) -> each field's values of all the batches, in order, one list a field (segments._joined)."},
     {"make_record", (PyCFunction)(void (*)(void))make_record, METH_FASTCALL,

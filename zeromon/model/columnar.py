@@ -83,6 +83,7 @@ _INTS = frozenset({int})  # what a "map"'s values may be (not bool: JSON writes 
 _SIGNATURES_KEPT = 256  # type signatures a fit check remembers as good: a few per kind in a real recording
 _TYPES_FIT = getattr(compiled("zeromon.model._planes"), "types_fit", None)  # fits' type check in C, or None
 _ROWS_FIT = getattr(compiled("zeromon.model._planes"), "rows_fit", None)  # fit_run's loop in C, or None
+_NONES = getattr(compiled("zeromon.model._planes"), "nones", None)  # _nulls' count in C, or None
 
 
 def fits(spec: Sequence[Sequence[Any]]) -> Callable[[tuple[Any, ...]], bool]:
@@ -202,6 +203,12 @@ def _unplanes(data: bytes | memoryview, pos: int, n: int) -> tuple[list[int], in
     return packed.tolist(), end
 
 
+def _nulls(column: Sequence[Any]) -> int:
+    """How many of a column's values are None: _planes.c's nones (a pointer's comparison a value) where built, else
+    count's (a comparison through Python's a value that is not None)."""
+    return _NONES(column) if _NONES is not None else column.count(None)  # type: ignore[no-any-return]
+
+
 def _as_ns(how: str, column: Sequence[Any]) -> Sequence[int]:
     """A column's values as integers (None as 0): seconds as nanoseconds; ints and bools as they are.
     Loops in C (map) where no value is None: a flush encodes every record's every column."""
@@ -264,14 +271,14 @@ def encode(spec: Sequence[Sequence[Any]], rows: Sequence[tuple[Any, ...]],
     for (name, how, base), column in zip(spec, columns, strict=True):
         named[name] = column
         if type(base) is list and len(base) == 1 and how[:2] == hows[base[0]][:2] and column == named[base[0]] \
-                and None not in column:  # its base field's values, value for value: a synchronous call's issue_s
+                and not _nulls(column):  # its base field's values, value for value: a synchronous call's issue_s
             if how.endswith("?"):
                 out.append(zeros)  # no null
             out.append(zeros)  # every value less itself
             ints[name] = ints[base[0]]
             continue
         if how == "int?" or how == "ns?":
-            nulls = column.count(None)
+            nulls = _nulls(column)
             if nulls == n and (base == "prev" or base is None or all(ints[field] is no_values for field in base)):
                 # a field no row has (an allocator's on CPU), less nothing or fields no row has
                 out.append(all_null)

@@ -20,7 +20,7 @@ static PyObject *zero;  /* 0, made once */
 
 /* A raw collective's fields (hooks/state.py: RAW_COLLECTIVE's tuple). */
 enum { SEQ = 1, API = 2, OP = 3, T0 = 4, T1 = 5, B_IN = 6, B_OUT = 7, DTYPE = 8, GROUP = 9, ASYNC = 10, PHASE = 12,
-       STEP = 13, CALLER = 16, RAW_FIELDS = 17 };
+       STEP = 13, CUDA_AT = 14, CALLER = 16, RAW_FIELDS = 17 };
 /* A call shape's fields (CollectiveRecords._shape): dtype name, group size, meaning, bytes, bus factor, array size. */
 enum { SHAPE_FIELDS = 6 };
 enum { OUT_SEQ, OUT_API, OUT_OP, OUT_PHASE, OUT_STEP, OUT_B_IN, OUT_B_OUT, OUT_DTYPE, OUT_GROUP_SIZE, OUT_MEANING,
@@ -112,6 +112,41 @@ failed:
     for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(found[i]);
     PyMem_Free(found);
     return NULL;
+}
+
+/* all_sync(items, kind, emitted) -> whether every raw record of ``items`` (a list of tuples) is a collective (its
+ * kind ``kind``), synchronous (its async field false), on the host (its CUDA event None) and of a step after
+ * ``emitted``: Recorder._all_sync's four passes over the queue in one. False for a record too short or a step that
+ * does not compare; an error only where a field's truth or comparison raises. */
+static PyObject *
+all_sync(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *items, *kind, *emitted;
+    if (!PyArg_ParseTuple(args, "O!OO:all_sync", &PyList_Type, &items, &kind, &emitted)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(items);
+    if (n == 0) Py_RETURN_FALSE;  /* min() of nothing: Python's raises; the caller asks only of a queue with records */
+    PyObject *last_step = NULL;  /* a step already found after ``emitted`` (the same object: no comparison again) */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) <= CUDA_AT) Py_RETURN_FALSE;
+        PyObject *k = PyTuple_GET_ITEM(item, 0), *step = PyTuple_GET_ITEM(item, STEP);
+        if (k != kind) {
+            int same = PyObject_RichCompareBool(k, kind, Py_EQ);
+            if (same < 0) return NULL;
+            if (!same) Py_RETURN_FALSE;
+        }
+        if (PyTuple_GET_ITEM(item, CUDA_AT) != Py_None) Py_RETURN_FALSE;
+        int is_async = PyObject_IsTrue(PyTuple_GET_ITEM(item, ASYNC));
+        if (is_async < 0) return NULL;
+        if (is_async) Py_RETURN_FALSE;
+        if (step != last_step) {
+            int after = PyObject_RichCompareBool(step, emitted, Py_GT);
+            if (after < 0) return NULL;
+            if (!after) Py_RETURN_FALSE;
+            last_step = step;
+        }
+    }
+    Py_RETURN_TRUE;
 }
 
 /* busbw_of(size, seconds, factor): event_bandwidth's busbw, ``size / seconds * factor`` as Python computes it, where
@@ -867,6 +902,8 @@ static PyMethodDef methods[] = {
      "async_columns(rows, offset, launches, measured) -> finalize_pass's rows as columns, or None."},
     {"sync_columns", sync_columns, METH_VARARGS,
      "sync_columns(items, shapes, shape_of, offset, max_ns) -> a synchronous batch's columns, or None."},
+    {"all_sync", all_sync, METH_VARARGS,
+     "all_sync(items, kind, emitted) -> whether every record is a synchronous host collective of a step after emitted."},
     {"account_sync", account_sync, METH_VARARGS,
      "account_sync(steps, ops, nbytes, issue, complete, blocked, ends, accs, new_acc, limit) -> the row it stopped at: "
      "finalize_sync_batch's step accounting, a run of one step's collectives at a time."},

@@ -74,6 +74,7 @@ _YIELD_EVERY = 256
 # A run of a GPU-less pass's phase changes, agent spans, step boundaries and memory samples in one call (_host.c's
 # host_phases), or None.
 _HOST_PHASES = getattr(compiled("zeromon_agent.recorder._host"), "host_phases", None)
+_ALL_SYNC = getattr(compiled("zeromon_agent.recorder._batch"), "all_sync", None)  # _all_sync's pass in C, or None
 # The first pass comes this soon: the run's info and first records reach the file (and live views) as
 # the training starts, not a whole flush interval later.
 _FIRST_PASS_S = 0.2
@@ -448,7 +449,10 @@ class Recorder:
 
     def _all_sync(self, items: list[tuple[Any, ...]]) -> bool:
         """Whether ``items`` are all synchronous host collectives of steps not yet summarized (the queue's
-        whole content on gloo): CollectiveRecords.finalize_sync_batch's, the checks made in C."""
+        whole content on gloo): CollectiveRecords.finalize_sync_batch's, the checks made in C (_batch.c's all_sync,
+        one pass over the queue, where built)."""
+        if _ALL_SYNC is not None:
+            return bool(_ALL_SYNC(items, RAW_COLLECTIVE, self.steps.emitted_through))
         return (set(map(_KIND, items)) == {RAW_COLLECTIVE} and not any(map(_ASYNC, items))
                 and set(map(_CUDA, items)) == {None} and min(map(_STEP, items)) > self.steps.emitted_through)
 
