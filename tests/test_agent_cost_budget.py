@@ -38,8 +38,9 @@ from zeromon_agent.recorder.loop import Recorder
 # 3.58 once memory samples joined the runs of phases in C and the spans' step accounting was C too (_batch.c), 3.32
 # with a step's bytes by op counted in C, a record made from its values in C and a run of samples written in one call,
 # 2.32 once a step's boundaries joined the C runs, a run of samples was fit-checked in one C call and a batch's step
-# accounting was C too.
-CALLS_PER_COLLECTIVE_CEILING = 3.0 if compiled("zeromon_agent.recorder._batch") and compiled("zeromon.model._planes") \
+# accounting was C too, 1.25 once a step's summary went out with fewer calls (the keeper's history, the steps counted
+# a pass at a time) and a pass's queue was checked in one C call.
+CALLS_PER_COLLECTIVE_CEILING = 2.0 if compiled("zeromon_agent.recorder._batch") and compiled("zeromon.model._planes") \
     and compiled("zeromon_agent.live._totals") \
     else 7.5
 STEPS = 400  # a pass a flush (5 s) holds ~130 of these steps; four passes
