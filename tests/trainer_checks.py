@@ -135,15 +135,18 @@ def phase_ratios(run: TrainerRun, rec: Recording, phase: str, watched: str) -> l
 
 
 def check_phases(run: TrainerRun, optimizer_watch: str = "update") -> None:
-    """Forward, backward and the optimizer, each within its stopwatch: the median over the steps after the first.
-    The stopwatch's hooks run outside zeromon's (a little more time); the optimizer's phase holds Adam.step's own
-    Python around the update too (more); on a loaded machine a thread switch between the two hooks may stretch one
-    step either way, hence the median."""
+    """Forward, backward and the optimizer, each within its stopwatch over the steps after the first. The stopwatch's
+    hooks run outside zeromon's (a little more time): where zeromon's phase lies inside its stopwatch (forward,
+    backward), a thread switch between the two hooks (the agent's recorder or another process taking the core, on a
+    loaded machine) only lengthens the stopwatch, so the step least stretched says the phase: the largest ratio,
+    held under 1.3 (no step of zeromon's much longer than its stopwatch) and over 0.85. The optimizer's phase holds
+    Adam.step's own Python around the update too (more), and a switch may stretch either side: the median."""
     for rec in run.recordings:
         for phase, watched in (("forward", "forward"), ("backward", "backward"), ("optimizer", optimizer_watch)):
             ratios = phase_ratios(run, rec, phase, watched)
+            nested = phase == watched  # zeromon's window inside the stopwatch's
             low, high = (0.85, 1.6) if watched == "update" else (0.85, 1.3)
-            assert low <= statistics.median(ratios) <= high, (rec.rank, phase, ratios)
+            assert low <= (max(ratios) if nested else statistics.median(ratios)) <= high, (rec.rank, phase, ratios)
         if optimizer_watch != "update":  # the engine's step holds the update
             assert statistics.median(phase_ratios(run, rec, "optimizer", "update")) >= 0.9
 
