@@ -137,7 +137,7 @@ class LiveTotals:
         totals, bisect_left = self.steps, bisect.bisect_left
         buckets, seconds = totals.buckets, totals.seconds
         for summary in summaries:
-            duration_s = (summary.end_ns - summary.start_ns) / 1e9  # its duration_s, without the property's call
+            duration_s = summary.duration_s
             seconds += duration_s
             buckets[bisect_left(STEP_BUCKETS, duration_s)] += 1
         totals.seconds = seconds

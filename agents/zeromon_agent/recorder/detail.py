@@ -77,13 +77,9 @@ class DetailKeeper:
         self._last_outlier = -(10**18)
         self._decided_through = -1
 
-    @property
-    def thinned(self) -> bool:
-        return self.level > 0
-
     def detail(self, record: Record, step: int) -> None:
         """A collective or a phase span of ``step``: written now, or held until its step decides."""
-        if not self.level:  # not thinned (the property's test, without its call)
+        if not self.level:  # not thinned
             self._write(record)
             return
         if step <= self._decided_through:  # late detail of a decided step
@@ -161,7 +157,7 @@ class DetailKeeper:
         """The step's time, exposed share and peak memory into the history its successors are judged by (while
         nothing is thinned, all a step's summary does here: two medians of 64 steps a step would be a cost for an
         answer nobody reads)."""
-        duration = (summary.end_ns - summary.start_ns) / 1e9  # its duration_s, without the property's call
+        duration = summary.duration_s
         self._durations.append(duration)
         exposed, peak = summary.exposed_comm_s, summary.peak_memory
         if exposed is not None and duration > 0:

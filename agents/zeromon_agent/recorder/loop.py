@@ -452,7 +452,7 @@ class Recorder:
         whole content on gloo): CollectiveRecords.finalize_sync_batch's, the checks made in C (_batch.c's all_sync,
         one pass over the queue, where built)."""
         if _ALL_SYNC is not None:
-            return bool(_ALL_SYNC(items, RAW_COLLECTIVE, self.steps.emitted_through))
+            return _ALL_SYNC(items, RAW_COLLECTIVE, self.steps.emitted_through)  # type: ignore[no-any-return]
         return (set(map(_KIND, items)) == {RAW_COLLECTIVE} and not any(map(_ASYNC, items))
                 and set(map(_CUDA, items)) == {None} and min(map(_STEP, items)) > self.steps.emitted_through)
 
