@@ -5,6 +5,7 @@ and step count each scenario keeps of itself (tests/scenarios/trainer_stopwatch.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import signal
@@ -136,17 +137,22 @@ def phase_ratios(run: TrainerRun, rec: Recording, phase: str, watched: str) -> l
 
 def check_phases(run: TrainerRun, optimizer_watch: str = "update") -> None:
     """Forward, backward and the optimizer, each within its stopwatch over the steps after the first. The stopwatch's
-    hooks run outside zeromon's (a little more time): where zeromon's phase lies inside its stopwatch (forward,
-    backward), a thread switch between the two hooks (the agent's recorder or another process taking the core, on a
-    loaded machine) only lengthens the stopwatch, so the step least stretched says the phase: the largest ratio,
-    held under 1.3 (no step of zeromon's much longer than its stopwatch) and over 0.85. The optimizer's phase holds
-    Adam.step's own Python around the update too (more), and a switch may stretch either side: the median."""
+    hooks and zeromon's sit side by side around the same call, one pair inside the other (which one depends on who
+    registered first); a thread switch between the two (the agent's recorder taking the interpreter, or another
+    process the core, on a loaded machine) lengthens one side of a step only, by up to a few ms: a CI run's rank 0
+    read 0.74/0.81/0.99/0.82/0.99 under Lightning's FSDP2, another's rank 1 0.99/0.99/0.99/1.00/1.37 under Fabric's
+    DDP. So the step least stretched, the ratio nearest 1, says the phase (an error of zeromon's own, a part of the
+    call left out or counted twice, moves every step's): held within 0.85-1.3. The optimizer's phase holds
+    Adam.step's own Python around the update too (more than its stopwatch): the median, within 0.85-1.6."""
     for rec in run.recordings:
         for phase, watched in (("forward", "forward"), ("backward", "backward"), ("optimizer", optimizer_watch)):
             ratios = phase_ratios(run, rec, phase, watched)
-            nested = phase == watched  # zeromon's window inside the stopwatch's
+            if phase == watched:
+                said = min(ratios, key=lambda r: abs(math.log(r)) if r > 0 else math.inf)
+            else:
+                said = statistics.median(ratios)
             low, high = (0.85, 1.6) if watched == "update" else (0.85, 1.3)
-            assert low <= (max(ratios) if nested else statistics.median(ratios)) <= high, (rec.rank, phase, ratios)
+            assert low <= said <= high, (rec.rank, phase, ratios)
         if optimizer_watch != "update":  # the engine's step holds the update
             assert statistics.median(phase_ratios(run, rec, "optimizer", "update")) >= 0.9
 
