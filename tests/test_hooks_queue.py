@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import sys
+import weakref
 from typing import Any
 
 import pytest
@@ -111,6 +112,37 @@ def test_the_c_ring_s_records_are_no_objects_for_the_garbage_collector() -> None
     ring.push(5, "forward", 3, 10**13, [])  # a field the collector tracks
     taken = ring.take()
     assert [gc.is_tracked(record) for record in taken] == [False] * 10 + [True]
+    assert gc.is_tracked(taken)  # a list that holds a tracked record is the collector's to follow
+    for seq in range(10):
+        ring.push(0, seq, "all_reduce", 2**62 + seq, None, True)
+    plain = ring.take()
+    assert len(plain) == 10 and not gc.is_tracked(plain) and not gc.is_tracked(ring.newest(3))  # nothing to follow
+    values, held = tuple([1, None, "cpu"]), (1, [])  # a memory sample's values (a tuple the hook made), one holding a list
+    assert gc.is_tracked(values)  # as made
+    ring.push(3, "forward", 0, 10**13, values)
+    ring.push(3, "forward", 0, 10**13, held)
+    sample, other = ring.take()
+    assert not gc.is_tracked(sample) and not gc.is_tracked(values)  # untracked as the collector's first look would
+    assert gc.is_tracked(other) and gc.is_tracked(held)
+
+
+@needs_c
+def test_a_cycle_through_a_taken_record_and_its_list_is_still_collected() -> None:
+    """A record that holds a tracked object is tracked, and so is the list it is taken in: an object that holds that
+    list (a cycle through the list, its record and back), once let go of, is freed by the collector (a list left
+    untracked would hide the cycle from it)."""
+
+    class Holder:
+        taken: list[Any] | None = None
+
+    ring = _ring.Ring(4, RAW_WIDTH)
+    holder = Holder()
+    ring.push(0, 1, holder)
+    holder.taken = ring.take()
+    freed = weakref.ref(holder)
+    del holder
+    gc.collect()
+    assert freed() is None
 
 
 def test_the_state_queues_on_the_ring_and_counts_its_drops() -> None:

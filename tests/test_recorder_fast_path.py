@@ -581,6 +581,24 @@ def test_a_column_past_64_bits_is_coded_in_python_s_integers_or_refused_by_eithe
         assert _outcome(encode, spec, rows) == _outcome(_plain_encode, spec, rows)
 
 
+# Integers at each edge of CPython 3.11's 30-bit digits (one, two, three of them) and of 64 bits, either sign.
+_DIGIT_EDGES = sorted({sign * (2**bits + d) for bits in (0, 30, 60, 63, 90) for d in (-1, 0, 1) for sign in (1, -1)})
+
+
+@pytest.mark.parametrize("coder", CODERS)
+@pytest.mark.parametrize("value", _DIGIT_EDGES)
+def test_an_integer_at_a_digit_s_edge_is_coded_as_python_s_integers_code_it(coder: str, value: int) -> None:
+    """zeromon/model/_int64.h reads an int of up to three 30-bit digits from its digits (past them, or at 2^63, through
+    PyLong_AsLongLongAndOverflow): a column of the value alone, after a zero, and beside its negation (each a
+    "prev" column's code and a code less another field) is what Python's integers make of it, or refused as past
+    64 bits by both."""
+    spec = SPECS[PhaseSpan]
+    for column in ([value], [0, value], [value, -value], [value, 0]):
+        rows = [(0, 1, "forward", start, end, "host") for start, end in zip(column, reversed(column), strict=True)]
+        with coded_by(coder):
+            assert _outcome(encode, spec, rows) == _outcome(_plain_encode, spec, rows), (value, column)
+
+
 @PROPERTIES
 @given(passes=st.lists(st.lists(st.integers(0, 40), max_size=6), max_size=12), maxlen=st.integers(16, 64))
 def test_recent_records_hold_what_a_deque_of_the_rows_would(passes: list[list[int]], maxlen: int) -> None:
@@ -1355,6 +1373,23 @@ def test_host_phase_spans_finished_a_column_at_a_time_are_the_ones_finished_one_
     if any(change not in ("step-end", "memory") and gap > 0 for change, gap in changes):  # a phase of some length closed
         assert any(isinstance(r, PhaseSpan) for r in batch)
     assert sum(isinstance(r, MemorySample) for r in batch) == sum(change == "memory" for change, _ in changes)
+
+
+def test_host_phases_spans_and_phase_are_made_out_of_the_collector_s_walk() -> None:
+    """_host.c's host_phases makes each closed span and the current phase a tuple of names, steps and times: untracked
+    as made (what a young collection would do at its first look), and tracked where an item is (a step queued as an
+    object the collector follows stays visible to it)."""
+    host = compiled("zeromon_agent.recorder._host")
+    if host is None:
+        pytest.skip("the package was installed without its C modules (no C compiler at its build)")
+    for step, tracked in ((3, False), ([3], True)):
+        items = [(RAW_PHASE, "forward", 10, step, None), (RAW_AGENT, step, 20, 25, "forward"),
+                 (RAW_PHASE, "backward", 40, step, None)]
+        spans: list[Any] = []
+        ran, current = host.host_phases(items, 0, 3, None, spans, "agent", RAW_PHASE, RAW_AGENT, None, None)
+        assert ran == 3 and [span[:2] for span in spans] == [("forward", step), ("agent", step), ("forward", step)]
+        assert current == ("backward", 40, step)
+        assert [gc.is_tracked(span) for span in spans] == [tracked] * 3 and gc.is_tracked(current) == tracked
 
 
 @pytest.mark.parametrize("late", [0, 2**63])

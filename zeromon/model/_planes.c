@@ -21,6 +21,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_int64.h"
+
 enum { BASE_NONE = 0, BASE_PREV = 1, BASE_ONE = 2, BASE_TWO = 3 };
 
 /* A column's base values: ``n`` native 64-bit integers, as this module returned them. */
@@ -98,14 +100,12 @@ int_column(PyObject *self, PyObject *args)
                 PyErr_SetString(PyExc_TypeError, "a column's value is not an integer");
                 goto done;
             }
-            int overflow = 0;
-            long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
-            if (overflow) {
+            int converted = zm_int64(item, &values[i]);
+            if (converted == 0) {
                 PyErr_SetString(PyExc_OverflowError, "a column's value does not fit in 64 bits");
                 goto done;
             }
-            if (v == -1 && PyErr_Occurred()) goto done;
-            values[i] = (int64_t)v;
+            if (converted < 0) goto done;
         }
     }
     coded = PyMem_Malloc((n ? n : 1) * sizeof(int64_t));

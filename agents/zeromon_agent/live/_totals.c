@@ -17,6 +17,8 @@
 #include <Python.h>
 #include <stdint.h>
 
+#include "_int64.h"  /* zeromon/model's: zm_int64 */
+
 enum { MAX_KEYS = 64, MAX_BOUNDS = 64, ROW_FIELDS = 6 };
 
 typedef struct {
@@ -139,10 +141,9 @@ add_row(Count *c, PyObject *op, PyObject *meaning, PyObject *nbytes, PyObject *b
         || (busbw != Py_None && !PyFloat_CheckExact(busbw))) {
         return 0;
     }
-    int overflow = 0;
-    long long size = PyLong_AsLongLongAndOverflow(nbytes, &overflow);
-    if (overflow) return 0;
-    if (size == -1 && PyErr_Occurred()) return -1;
+    int64_t size;
+    int converted = zm_int64(nbytes, &size);
+    if (converted <= 0) return converted;
     Py_ssize_t index = key_of(c, op, meaning);
     if (index < 0) return index == -2 ? -1 : 0;
     Key *key = &c->keys[index];

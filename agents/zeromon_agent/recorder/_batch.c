@@ -159,12 +159,11 @@ static PyObject *
 busbw_of(PyObject *size, double seconds, PyObject *factor)
 {
     if (PyLong_CheckExact(size) && (PyFloat_CheckExact(factor) || PyLong_CheckExact(factor))) {
-        int overflow = 0;
-        long long n = PyLong_AsLongLongAndOverflow(size, &overflow);
-        long long k = 0;
-        if (!overflow && PyLong_CheckExact(factor)) k = PyLong_AsLongLongAndOverflow(factor, &overflow);
-        if (PyErr_Occurred()) return NULL;
-        if (!overflow) {
+        int64_t n = 0, k = 0;
+        int converted = zm_int64(size, &n);
+        if (converted == 1 && PyLong_CheckExact(factor)) converted = zm_int64(factor, &k);
+        if (converted < 0) return NULL;
+        if (converted == 1) {
             if (n <= 0) Py_RETURN_NONE;
             double f = PyFloat_CheckExact(factor) ? PyFloat_AS_DOUBLE(factor) : (double)k;
             return PyFloat_FromDouble((double)n / seconds * f);
@@ -742,10 +741,10 @@ static PyObject *
 ns_seconds(PyObject *ns)
 {
     if (PyLong_CheckExact(ns)) {
-        int overflow = 0;
-        long long v = PyLong_AsLongLongAndOverflow(ns, &overflow);
-        if (v == -1 && PyErr_Occurred()) return NULL;
-        if (!overflow) return PyFloat_FromDouble((double)v / 1e9);
+        int64_t v;
+        int converted = zm_int64(ns, &v);
+        if (converted < 0) return NULL;
+        if (converted == 1) return PyFloat_FromDouble((double)v / 1e9);
     }
     return PyNumber_TrueDivide(ns, ns_per_s);
 }

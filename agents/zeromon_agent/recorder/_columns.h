@@ -8,18 +8,15 @@
 #include <structmember.h>
 #include <stdint.h>
 
+#include "_int64.h"  /* zeromon/model's: zm_int64 */
+
 /* ``value`` (an int) as a 64-bit integer into *out: 1, or 0 (past 64 bits, or not an int; no exception set). */
 static inline int
 as_int64(PyObject *value, int64_t *out)
 {
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
-    if (overflow || (v == -1 && PyErr_Occurred())) {
-        PyErr_Clear();
-        return 0;
-    }
-    *out = (int64_t)v;
-    return 1;
+    int converted = zm_int64(value, out);
+    if (converted < 0) PyErr_Clear();
+    return converted == 1;
 }
 
 /* A slotted class's fields by name (a step's accumulator, StepAcc), read and set at their slots' offsets: what
@@ -110,6 +107,21 @@ untrack_columns(PyObject *columns)
         else if (PyObject_GC_IsTracked(column)) PyObject_GC_UnTrack(column);
     }
     if (all && PyObject_GC_IsTracked(columns)) PyObject_GC_UnTrack(columns);
+}
+
+/* ``tuple`` (a new reference, or NULL) out of the garbage collector's lists where none of its items is tracked: what
+ * the collector's first look at it would do (CPython's _PyTuple_MaybeUntrack), done as it is made, so that no young
+ * collection walks it first. A pass's phase spans and phases are such tuples (names, steps, times). */
+static inline PyObject *
+untracked_if_atomic(PyObject *tuple)
+{
+    if (tuple == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuple); i++) {
+        PyObject *item = PyTuple_GET_ITEM(tuple, i);
+        if (PyObject_IS_GC(item) && PyObject_GC_IsTracked(item)) return tuple;
+    }
+    PyObject_GC_UnTrack(tuple);
+    return tuple;
 }
 
 /* StepBook.acc(step): ``step``'s accumulator in ``accs`` (StepBook.accs, a dict), made by ``new_acc()`` at its first
