@@ -11,7 +11,12 @@ and these costs are paid by every rank and by the command):
   included): the import of the agent's modules, then the start (its threads, the endpoint and its imports, the
   run's files), and how many slotted dataclasses they made and the CPU that took;
 - `zeromon run`'s own process around a command that costs nothing (``true``): its CPU (``RUSAGE_CHILDREN`` less
-  ``true``'s, which is ~1 ms), from its start to its exit, the closing summary of an empty run included.
+  ``true``'s, which is ~1 ms), from its start to its exit, the closing summary of an empty run included;
+- `zeromon run`'s start and end in wall time (issue 44: each at most 0.2 s, plus reading the recording): around a
+  command of two Python processes, a launcher and its one child, as torchrun and a rank (each hooked by zeromon run's
+  sitecustomize), alternated with the same command alone. The start is the child's first instant less the command's
+  start, the end the command's exit less the child's last instant; what zeromon run adds to each is the target's. An
+  empty run: the closing summary reads no recording (what reading one costs at its size: bench_analysis.py).
 
 ``--against PATH`` runs the same in a second checkout (a ``git worktree`` of another commit, its C modules built
 or copied beside its sources), alternated round by round with this one: the change between the two trees, in one
@@ -28,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import benchlib
@@ -99,6 +105,26 @@ def command_cpu(tree: Path) -> float:
     return ((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)) * 1e3
 
 
+# A launcher and its one child, as torchrun and a rank: the child prints the Unix time as it starts and as it ends.
+_LAUNCHER = ("import subprocess, sys; subprocess.run([sys.executable, '-c', "
+             "'import time; print(time.time()); print(time.time())'], check=True)")
+TARGET_EDGE_MS = 200.0  # issue 44: zeromon run's start, and its end, at most 0.2 s (plus reading the recording)
+
+
+def command_edges(tree: Path, under_zeromon: bool) -> tuple[float, float]:
+    """The launcher's start (its start to its child's first instant) and end (the child's last instant to its exit),
+    ms, alone or under `zeromon run` in ``tree``."""
+    with tempfile.TemporaryDirectory(prefix="zeromon-bench-edges-") as tmp:
+        command = [sys.executable, "-c", _LAUNCHER]
+        if under_zeromon:
+            command = [sys.executable, "-m", "zeromon", "run", "--out", str(Path(tmp) / "run"), "--", *command]
+        t0 = time.time()
+        out = subprocess.run(command, env=_env(tree), cwd=tmp, check=True, capture_output=True, text=True)
+        t1 = time.time()
+    first, last = map(float, out.stdout.split()[:2])
+    return (first - t0) * 1e3, (t1 - last) * 1e3
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=8)
@@ -111,7 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{benchlib.load_note()}; {args.rounds} rounds of {len(trees)} trees", flush=True)
     starts: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
     commands: dict[str, list[float]] = {name: [] for name in trees}
+    edges: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
     for round_ in range(args.rounds):
+        for under_zeromon in ((False, True) if round_ % 2 == 0 else (True, False)):
+            edges[under_zeromon].append(command_edges(benchlib.REPO_ROOT, under_zeromon))
+        (alone_start, alone_end), (start_ms, end_ms) = edges[False][-1], edges[True][-1]
+        print(f"  round {round_ + 1}: a launcher and its child alone: start {alone_start:.0f} ms, end {alone_end:.0f} "
+              f"ms; under zeromon run: start {start_ms:.0f} ms, end {end_ms:.0f} ms", flush=True)
         for name in (list(trees) if round_ % 2 == 0 else list(reversed(trees))):
             start = agent_start(trees[name])
             starts[name].append(start)
@@ -134,6 +166,14 @@ def main(argv: list[str] | None = None) -> int:
         statistics.median(commands[base]) if base else None, statistics.median(commands["this tree"]), "-", None,
         f"this tree {', '.join(f'{v:.0f}' for v in commands['this tree'])}"
         + (f"; {base} {', '.join(f'{v:.0f}' for v in commands[base])}" if base else "")))
+    for index, edge in ((0, "start: the command's start to its child's"), (1, "end: its child's end to its exit")):
+        alone, under = ([e[index] for e in edges[flag]] for flag in (False, True))
+        added = statistics.median(under) - statistics.median(alone)
+        rows.append(benchlib.Row(
+            "agent start", f"`zeromon run`'s {edge}, a launcher and one child (wall), ms", "ms",
+            statistics.median(alone), statistics.median(under), f"added <= {TARGET_EDGE_MS:.0f} ms",
+            added <= TARGET_EDGE_MS, f"{args.rounds} alternated rounds; alone {', '.join(f'{v:.0f}' for v in alone)}; "
+            f"under zeromon run {', '.join(f'{v:.0f}' for v in under)}"))
     benchlib.print_rows("The agent's start in a rank, and zeromon run's own process"
                         + (f" (baseline: {base})" if base else ""), rows)
     if args.json:
