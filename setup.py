@@ -11,14 +11,19 @@ pyproject.toml's ``[tool.setuptools.ext-modules]``, which setuptools still calls
 
 from setuptools import Extension, setup
 
-INT64 = "zeromon/model/_int64.h"  # a Python int read as a 64-bit one, shared by the modules below
-COLUMNS = dict(include_dirs=["zeromon/model"], depends=[INT64, "agents/zeromon_agent/recorder/_columns.h"])
+# The headers in zeromon/model the modules share: a Python int read as a 64-bit one, and what the collector follows.
+SHARED = ["zeromon/model/_int64.h", "zeromon/model/_tracked.h"]
 
+
+def module(name: str, source: str, *headers: str) -> Extension:
+    return Extension(name, [source], include_dirs=["zeromon/model"], depends=[*SHARED, *headers], optional=True)
+
+
+COLUMNS = "agents/zeromon_agent/recorder/_columns.h"
 setup(ext_modules=[
-    Extension("zeromon.model._planes", ["zeromon/model/_planes.c"], depends=[INT64], optional=True),
-    Extension("zeromon_agent.recorder._batch", ["agents/zeromon_agent/recorder/_batch.c"], **COLUMNS, optional=True),
-    Extension("zeromon_agent.recorder._host", ["agents/zeromon_agent/recorder/_host.c"], **COLUMNS, optional=True),
-    Extension("zeromon_agent.hooks._ring", ["agents/zeromon_agent/hooks/_ring.c"], optional=True),
-    Extension("zeromon_agent.live._totals", ["agents/zeromon_agent/live/_totals.c"], include_dirs=["zeromon/model"],
-              depends=[INT64], optional=True),
+    module("zeromon.model._planes", "zeromon/model/_planes.c"),
+    module("zeromon_agent.recorder._batch", "agents/zeromon_agent/recorder/_batch.c", COLUMNS),
+    module("zeromon_agent.recorder._host", "agents/zeromon_agent/recorder/_host.c", COLUMNS),
+    module("zeromon_agent.hooks._ring", "agents/zeromon_agent/hooks/_ring.c"),
+    module("zeromon_agent.live._totals", "agents/zeromon_agent/live/_totals.c"),
 ])

@@ -16,6 +16,8 @@
 #include <Python.h>
 #include <structmember.h>
 
+#include "_tracked.h"  /* zeromon/model's: zm_tracked, zm_untracked_if_atomic */
+
 typedef struct {
     PyObject_HEAD
     Py_ssize_t capacity;  /* records */
@@ -227,21 +229,6 @@ aside_add(Aside *aside, Ring *ring, Py_ssize_t index, int move)
     aside->lengths[aside->count++] = (unsigned char)n;
 }
 
-/* Whether ``field`` (tracked) is a tuple of untracked items, untracked here if so: a memory sample's values, made a
- * tuple on the training thread, which the collector would untrack at its first look; the record holding it is then
- * untracked too. */
-static int
-untrack_atomic_tuple(PyObject *field)
-{
-    if (!PyTuple_CheckExact(field)) return 0;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(field); i++) {
-        PyObject *item = PyTuple_GET_ITEM(field, i);
-        if (PyObject_IS_GC(item) && PyObject_GC_IsTracked(item)) return 0;
-    }
-    PyObject_GC_UnTrack(field);
-    return 1;
-}
-
 /* The records aside as a list of tuples, each tuple taking over its references; ``aside`` freed. A tuple whose
  * fields the garbage collector does not track is not tracked (CPython's _PyTuple_MaybeUntrack, at once); nor is the
  * list, where none of its tuples is: it then holds nothing the collector follows, and a young collection during the
@@ -261,8 +248,11 @@ aside_tuples(Aside *aside, Ring *ring)
             int atomic = 1;
             for (Py_ssize_t i = 0; i < n; i++) {
                 PyTuple_SET_ITEM(tuple, i, refs[i]);
-                if (PyObject_IS_GC(refs[i]) && PyObject_GC_IsTracked(refs[i]) && !untrack_atomic_tuple(refs[i])) {
-                    atomic = 0;
+                if (zm_tracked(refs[i])) {
+                    if (PyTuple_CheckExact(refs[i])) {
+                        zm_untracked_if_atomic(refs[i]);  /* a memory sample's values, made on the training thread */
+                    }
+                    if (PyObject_GC_IsTracked(refs[i])) atomic = 0;
                 }
             }
             if (atomic) PyObject_GC_UnTrack(tuple);

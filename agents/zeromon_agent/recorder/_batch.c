@@ -853,7 +853,7 @@ untrack_visit(PyObject *ref, void *arg)
 {
     UntrackVisit *visit = (UntrackVisit *)arg;
     if (ref == NULL || ref == (PyObject *)Py_TYPE(visit->owner)) return 0;
-    if (!PyObject_IS_GC(ref) || !PyObject_GC_IsTracked(ref)) return 0;
+    if (!zm_tracked(ref)) return 0;
     if (visit->depth > 0 && is_container(ref) && untrack_one(ref, visit->depth - 1)) {
         return 0;
     }
@@ -864,7 +864,7 @@ untrack_visit(PyObject *ref, void *arg)
 static int
 untrack_one(PyObject *obj, int depth)
 {
-    if (!PyObject_IS_GC(obj) || !PyObject_GC_IsTracked(obj)) return 1;
+    if (!zm_tracked(obj)) return 1;
     if (PyType_Check(obj)) return 0;
     traverseproc traverse = Py_TYPE(obj)->tp_traverse;
     if (traverse == NULL) return 0;
@@ -885,7 +885,7 @@ untrack(PyObject *Py_UNUSED(module), PyObject *args)
     PyObject **items = PySequence_Fast_ITEMS(seq);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *obj = items[i];
-        if (!PyObject_IS_GC(obj) || !PyObject_GC_IsTracked(obj)) continue;
+        if (!zm_tracked(obj)) continue;
         int allowed = is_container(obj);
         for (Py_ssize_t k = 0; !allowed && k < named; k++) {
             allowed = (PyObject *)Py_TYPE(obj) == PyTuple_GET_ITEM(kinds, k);

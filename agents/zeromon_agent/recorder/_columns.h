@@ -8,7 +8,8 @@
 #include <structmember.h>
 #include <stdint.h>
 
-#include "_int64.h"  /* zeromon/model's: zm_int64 */
+#include "_int64.h"    /* zeromon/model's: zm_int64 */
+#include "_tracked.h"  /* zeromon/model's: zm_tracked, zm_untracked_if_atomic */
 
 /* ``value`` (an int) as a 64-bit integer into *out: 1, or 0 (past 64 bits, or not an int; no exception set). */
 static inline int
@@ -102,26 +103,11 @@ untrack_columns(PyObject *columns)
     for (Py_ssize_t c = 0; c < PyTuple_GET_SIZE(columns); c++) {
         PyObject *column = PyTuple_GET_ITEM(columns, c), **items = ((PyListObject *)column)->ob_item;
         Py_ssize_t n = PyList_GET_SIZE(column), i = 0;
-        while (i < n && !(PyObject_IS_GC(items[i]) && PyObject_GC_IsTracked(items[i]))) i++;
+        while (i < n && !zm_tracked(items[i])) i++;
         if (i < n) all = 0;
         else if (PyObject_GC_IsTracked(column)) PyObject_GC_UnTrack(column);
     }
     if (all && PyObject_GC_IsTracked(columns)) PyObject_GC_UnTrack(columns);
-}
-
-/* ``tuple`` (a new reference, or NULL) out of the garbage collector's lists where none of its items is tracked: what
- * the collector's first look at it would do (CPython's _PyTuple_MaybeUntrack), done as it is made, so that no young
- * collection walks it first. A pass's phase spans and phases are such tuples (names, steps, times). */
-static inline PyObject *
-untracked_if_atomic(PyObject *tuple)
-{
-    if (tuple == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(tuple); i++) {
-        PyObject *item = PyTuple_GET_ITEM(tuple, i);
-        if (PyObject_IS_GC(item) && PyObject_GC_IsTracked(item)) return tuple;
-    }
-    PyObject_GC_UnTrack(tuple);
-    return tuple;
 }
 
 /* StepBook.acc(step): ``step``'s accumulator in ``accs`` (StepBook.accs, a dict), made by ``new_acc()`` at its first

@@ -154,7 +154,7 @@ step_mark(StepRun *run, PyObject *step, PyObject *t, PyObject *name)
 static int
 close_phase(PyObject *spans, PyObject *phase, PyObject *t)
 {
-    PyObject *span = untracked_if_atomic(PyTuple_Pack(4, PyTuple_GET_ITEM(phase, 0), PyTuple_GET_ITEM(phase, 2),
+    PyObject *span = zm_untracked_if_atomic(PyTuple_Pack(4, PyTuple_GET_ITEM(phase, 0), PyTuple_GET_ITEM(phase, 2),
                                                       PyTuple_GET_ITEM(phase, 1), t));
     int appended = span != NULL ? PyList_Append(spans, span) : -1;
     Py_XDECREF(span);
@@ -214,7 +214,7 @@ host_phases(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
                 if (later < 0) goto failed;
                 if (later && close_phase(spans, phase, t) < 0) goto failed;
             }
-            made = untracked_if_atomic(PyTuple_Pack(3, PyTuple_GET_ITEM(item, 1), t, PyTuple_GET_ITEM(item, 3)));
+            made = zm_untracked_if_atomic(PyTuple_Pack(3, PyTuple_GET_ITEM(item, 1), t, PyTuple_GET_ITEM(item, 3)));
         } else if (kind == agent_kind && PyTuple_GET_SIZE(item) == 5) {  /* (kind, step, t0, t1, phase) */
             if (!current) continue;  /* no phase to come back to: nothing */
             PyObject *t0 = PyTuple_GET_ITEM(item, 2), *t1 = PyTuple_GET_ITEM(item, 3);
@@ -222,8 +222,8 @@ host_phases(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
             PyObject *step = PyTuple_GET_ITEM(phase, 2);
             int later = PyObject_RichCompareBool(t0, start, Py_GT);
             if (later < 0) goto failed;
-            PyObject *before = later ? untracked_if_atomic(PyTuple_Pack(4, name, step, start, t0)) : NULL;
-            PyObject *own = untracked_if_atomic(PyTuple_Pack(4, agent, step, t0, t1));
+            PyObject *before = later ? zm_untracked_if_atomic(PyTuple_Pack(4, name, step, start, t0)) : NULL;
+            PyObject *own = zm_untracked_if_atomic(PyTuple_Pack(4, agent, step, t0, t1));
             if ((later && before == NULL) || own == NULL || (before != NULL && PyList_Append(spans, before) < 0)
                     || PyList_Append(spans, own) < 0) {
                 Py_XDECREF(before);
@@ -232,7 +232,7 @@ host_phases(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
             }
             Py_XDECREF(before);
             Py_DECREF(own);
-            made = untracked_if_atomic(PyTuple_Pack(3, name, t1, step));
+            made = zm_untracked_if_atomic(PyTuple_Pack(3, name, t1, step));
         } else if (with_steps && (kind == steps.start_kind || kind == steps.end_kind) && PyTuple_GET_SIZE(item) == 5) {
             /* a start (kind, step, t, event, phase), an end (kind, step, t, event, explicit) */
             PyObject *step = PyTuple_GET_ITEM(item, 1), *t = PyTuple_GET_ITEM(item, 2), *last = PyTuple_GET_ITEM(item, 4);
@@ -244,13 +244,13 @@ host_phases(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
             }
             if (close && close_phase(spans, phase, t) < 0) goto failed;
             if (start) {
-                made = untracked_if_atomic(PyTuple_Pack(3, last, t, step));
+                made = zm_untracked_if_atomic(PyTuple_Pack(3, last, t, step));
             } else {  /* the next step starts where this one ends, but after zeromon_agent.step()'s explicit end */
                 int explicit = PyObject_IsTrue(last);
                 if (explicit < 0) goto failed;
                 if (current && !explicit) {
                     PyObject *next = PyNumber_Add(step, one);
-                    made = next != NULL ? untracked_if_atomic(PyTuple_Pack(3, PyTuple_GET_ITEM(phase, 0), t, next))
+                    made = next != NULL ? zm_untracked_if_atomic(PyTuple_Pack(3, PyTuple_GET_ITEM(phase, 0), t, next))
                                         : NULL;
                     Py_XDECREF(next);
                 } else {
@@ -355,7 +355,7 @@ host_spans(PyObject *Py_UNUSED(module), PyObject *args)
                     if (agent_spans != NULL) PyErr_SetString(PyExc_TypeError, "host_spans: an agent not a list");
                     goto failed_acc;
                 }
-                PyObject *pair = untracked_if_atomic(PyTuple_Pack(2, PyList_GET_ITEM(start_column, k),
+                PyObject *pair = zm_untracked_if_atomic(PyTuple_Pack(2, PyList_GET_ITEM(start_column, k),
                                                                   PyList_GET_ITEM(end_column, k)));
                 if (pair == NULL || PyList_Append(agent_spans, pair) < 0) {
                     Py_XDECREF(pair);
