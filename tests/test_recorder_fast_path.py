@@ -29,7 +29,7 @@ from unittest import mock
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from test_reader_properties import INT64, PROPERTIES
 from torch._C._distributed_c10d import _create_work_from_future  # type: ignore[attr-defined]
@@ -1150,6 +1150,57 @@ def test_a_batch_s_steps_are_accounted_in_c_as_in_python_up_to_a_run_that_folds(
     names = [f.name for f in dataclasses.fields(StepAcc)]
     assert python[5][names.index("overlap_known")] is (near == "neither")  # folded, or its blocked ones dropped
     assert [python[step][names.index("collectives")] for step in (4, 5, 6)] == [3, 4, 2]
+
+
+class _Op(str):
+    """An op of a str subclass that a dict keeps apart from the plain str of its characters."""
+
+    def __hash__(self) -> int:
+        return hash(("op", str(self)))
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Op and str.__eq__(self, other)
+
+
+@PROPERTIES
+@given(ops=st.lists(st.sampled_from(["all_gather", "reduce_scatter", "all_reduce", *(f"op{i}" for i in range(8))])
+                    | st.sampled_from(["all_gather", "reduce_scatter"]).map(lambda op: "".join(op)), max_size=40),
+       sizes=st.lists(st.integers(0, 2**40), min_size=40, max_size=40),
+       known=st.dictionaries(st.sampled_from(["all_gather", "reduce_scatter", "op7"]), st.integers(0, 2**40)),
+       odd=st.sampled_from([None, None, None, "subclass", "bool", "float size", "past 64 bits", "sum past 64 bits",
+                            "negative", "float known", "known past 64 bits"]))
+@example(ops=["all_gather", "reduce_scatter", "all_reduce", *(f"op{i}" for i in range(8)), "op7", "all_gather"],
+         sizes=list(range(1, 41)), known={}, odd=None)  # eleven ops in one run: more than C sums
+@example(ops=["all_gather"] * 3, sizes=[1] * 40, known={}, odd="float known")
+@example(ops=["all_gather"] * 3, sizes=[1] * 40, known={}, odd="subclass")  # two keys a dict keeps apart
+def test_a_run_s_bytes_by_op_are_counted_in_c_as_one_by_one(ops: list[str], sizes: list[Any], known: dict[str, Any],
+                                                            odd: str | None) -> None:
+    """count_ops (_batch.c's add_ops: a run's bytes summed by op in 64 bits, each op's sum added once, where every
+    value lets it; else one by one) against Python's ``by_op[op] = by_op.get(op, 0) + size`` in order: the same
+    values, the same keys in the same order, the same total, for runs of up to eleven ops, equal ops that are other
+    objects, and one value of another type or past 64 bits (``odd``)."""
+    batch = compiled("zeromon_agent.recorder._batch")
+    if batch is None:
+        pytest.skip("the package was installed without its C modules (no C compiler at its build)")
+    nbytes: list[Any] = sizes[:len(ops)]
+    spoil = {"subclass": lambda: ops.__setitem__(-1, _Op(ops[-1])), "bool": lambda: nbytes.__setitem__(0, True),
+             "float size": lambda: nbytes.__setitem__(0, float(nbytes[0])),
+             "past 64 bits": lambda: nbytes.__setitem__(-1, 2**64 + 3),
+             "sum past 64 bits": lambda: nbytes.__setitem__(0, 2**63 - 1),
+             "negative": lambda: nbytes.__setitem__(0, -(2**63))}
+    if odd in spoil and ops:
+        spoil[odd]()
+    elif odd == "float known":
+        known["all_gather"] = 2.0**53  # where each addition rounds
+    elif odd == "known past 64 bits":
+        known["reduce_scatter"] = 2**64 - 1
+    expected = dict(known)
+    for op, size in zip(ops, nbytes, strict=True):
+        expected[op] = expected.get(op, 0) + size
+    by_op = dict(known)
+    assert batch.count_ops(by_op, ops, nbytes) == sum(nbytes)
+    assert list(by_op.items()) == list(expected.items())
+    assert [type(v) for v in by_op.values()] == [type(v) for v in expected.values()]
 
 
 @PROPERTIES

@@ -375,12 +375,61 @@ failed:
     return NULL;
 }
 
+/* The run's bytes by op summed in 64 bits, each op's sum then added to by_op[op] once (a key made at its first, in the
+ * order the run first names them): what the loop below does one by one, where every op is an exact str, every size and
+ * every sum an exact int of 64 bits and every value by_op holds for them an exact int (an int's additions are
+ * associative). The total into *total: 1; 0 where a value is not of those types, or the run names more than
+ * MAX_RUN_OPS ops (nothing changed: the loop then); -1 with an exception. */
+enum { MAX_RUN_OPS = 8 };
+static int
+add_ops_summed(PyObject *by_op, PyObject *const *ops, PyObject *const *nbytes, Py_ssize_t n, PyObject **total)
+{
+    PyObject *op_of[MAX_RUN_OPS];
+    int64_t sum_of[MAX_RUN_OPS], all = 0;
+    int kinds = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t size;
+        if (!PyUnicode_CheckExact(ops[i]) || !PyLong_CheckExact(nbytes[i]) || !as_int64(nbytes[i], &size)
+                || __builtin_add_overflow(all, size, &all)) {
+            return 0;
+        }
+        int k = 0;
+        while (k < kinds && op_of[k] != ops[i] && PyUnicode_Compare(op_of[k], ops[i]) != 0) k++;
+        if (k == kinds) {
+            if (kinds == MAX_RUN_OPS) return 0;
+            op_of[kinds] = ops[i];
+            sum_of[kinds++] = 0;
+        }
+        if (__builtin_add_overflow(sum_of[k], size, &sum_of[k])) return 0;
+    }
+    PyObject *known_of[MAX_RUN_OPS];
+    for (int k = 0; k < kinds; k++) {
+        known_of[k] = PyDict_GetItemWithError(by_op, op_of[k]);  /* borrowed: nothing runs between here and its use */
+        if (known_of[k] == NULL && PyErr_Occurred()) return -1;
+        if (known_of[k] != NULL && !PyLong_CheckExact(known_of[k])) return 0;
+    }
+    for (int k = 0; k < kinds; k++) {
+        PyObject *sum = PyLong_FromLongLong(sum_of[k]);
+        if (sum != NULL && known_of[k] != NULL) Py_SETREF(sum, PyNumber_Add(known_of[k], sum));
+        if (sum == NULL || PyDict_SetItem(by_op, op_of[k], sum) < 0) {
+            Py_XDECREF(sum);
+            return -1;
+        }
+        Py_DECREF(sum);
+    }
+    return (*total = PyLong_FromLongLong(all)) != NULL ? 1 : -1;
+}
+
 /* Each of ops[0:n]'s bytes (nbytes[0:n]) added to by_op[op] in order (a key made at its first), as ``by_op[op] =
- * by_op.get(op, 0) + size`` does one by one: their sum, or NULL with an exception. */
+ * by_op.get(op, 0) + size`` does one by one: their sum, or NULL with an exception. Summed in C first
+ * (add_ops_summed) where the values let it. */
 static PyObject *
 add_ops(PyObject *by_op, PyObject *const *ops, PyObject *const *nbytes, Py_ssize_t n)
 {
-    PyObject *total = Py_NewRef(zero);
+    PyObject *total = NULL;
+    int summed = add_ops_summed(by_op, ops, nbytes, n, &total);
+    if (summed != 0) return summed > 0 ? total : NULL;
+    total = Py_NewRef(zero);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *known = PyDict_GetItemWithError(by_op, ops[i]);  /* borrowed */
         if (known == NULL && PyErr_Occurred()) goto failed;
