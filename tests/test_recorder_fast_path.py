@@ -1443,19 +1443,27 @@ def test_host_phases_spans_and_phase_are_made_out_of_the_collector_s_walk() -> N
         assert [gc.is_tracked(span) for span in spans] == [tracked] * 3 and gc.is_tracked(current) == tracked
 
 
-@pytest.mark.parametrize("late", [0, 2**63])
-def test_host_spans_account_the_steps_not_summarized_as_python_does(late: int) -> None:
+@pytest.mark.parametrize(("late", "held"), [(0, None), (2**63, None), (0, "int"), (0, "float"), (0, "many phases")])
+def test_host_spans_account_the_steps_not_summarized_as_python_does(late: int, held: str | None) -> None:
     """finish_host_spans' accounting in C (host_spans) and in Python: a summarized step's spans make no accumulator,
-    the others add each phase's time in order, the agent's spans and the earliest start to theirs; a span past 64
-    bits (``late``) is left to the Python loops whole."""
+    the others add each phase's time in order (C: a run's sum a phase, added once, where the values let it), the
+    agent's spans and the earliest start to theirs; a span past 64 bits (``late``) is left to the Python loops whole.
+    ``held``: the step's times by phase from an earlier pass (an int; a float, to which each addition rounds), or a run
+    of more phases than C sums at once."""
     spans = [("forward", 5, 100, 200), ("backward", 5, 200, 260), ("forward", 6, 300, 350), ("agent", 6, 350, 360),
              ("backward", 6, 360, 500), ("forward", 6, 500, 520 + late), ("agent", 7, 90, 95), ("other", 7, 80, 90)]
+    if held == "many phases":
+        spans[5:5] = [(f"phase{i}", 6, 500, 501 + i) for i in range(8)]
+    elif held == "float":  # 2**53 + 140, then + 1 twice: each addition rounds back to it, their sum would not
+        spans[5:5] = [("backward", 6, 500, 501), ("backward", 6, 501, 502)]
     books = []
     for way in (step_book._HOST_SPANS, None):
         recorder = Recorder(HotState(), 0, None, 5.0, clock_offset_ns=10**9)
         book = recorder.steps
         book.emitted_through = 5
         book.acc(6).start_ns = 10**9 + 320  # a step's start from an earlier record, later than its first span's
+        if held is not None:
+            book.acc(6).phase_ns = {"backward": 2.0**53 if held == "float" else 2**40, "idle": 7}
         with mock.patch.object(step_book, "_HOST_SPANS", way):
             book.finish_host_spans(list(spans))
         books.append(book)
@@ -1463,9 +1471,15 @@ def test_host_spans_account_the_steps_not_summarized_as_python_does(late: int) -
     with_c, python = ({step: (acc.phase_ns, acc.agent, acc.start_ns) for step, acc in book.accs.items()}
                       for book in books)
     assert with_c == python
-    assert list(python) == [6, 7] and list(python[6][0]) == ["forward", "agent", "backward"]
-    assert python[6] == ({"forward": 70 + late, "agent": 10, "backward": 140}, [(10**9 + 350, 10**9 + 360)],
-                         10**9 + 300)
+    assert [list(acc[0].items()) for acc in with_c.values()] == [list(acc[0].items()) for acc in python.values()]
+    assert [type(v) for v in with_c[6][0].values()] == [type(v) for v in python[6][0].values()]
+    assert list(python) == [6, 7]
+    if held is None:
+        assert list(python[6][0]) == ["forward", "agent", "backward"]
+        assert python[6] == ({"forward": 70 + late, "agent": 10, "backward": 140}, [(10**9 + 350, 10**9 + 360)],
+                             10**9 + 300)
+    elif held == "float":
+        assert python[6][0]["backward"] == 2.0**53 + 140 and list(python[6][0]) == ["backward", "idle", "forward", "agent"]
     assert python[7] == ({"agent": 5, "other": 10}, [(10**9 + 90, 10**9 + 95)], 10**9 + 80)
 
 

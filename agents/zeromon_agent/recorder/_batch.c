@@ -375,48 +375,26 @@ failed:
     return NULL;
 }
 
-/* The run's bytes by op summed in 64 bits, each op's sum then added to by_op[op] once (a key made at its first, in the
- * order the run first names them): what the loop below does one by one, where every op is an exact str, every size and
- * every sum an exact int of 64 bits and every value by_op holds for them an exact int (an int's additions are
- * associative). The total into *total: 1; 0 where a value is not of those types, or the run names more than
- * MAX_RUN_OPS ops (nothing changed: the loop then); -1 with an exception. */
-enum { MAX_RUN_OPS = 8 };
+/* The run's bytes by op added to by_op once an op (key_sums_add, key_sums_into), a chunk of sizes at a time: where
+ * every size is an exact int of 64 bits, and their total. The total into *total: 1; 0 where a value is not of those
+ * types (nothing changed: the loop then); -1 with an exception. */
 static int
 add_ops_summed(PyObject *by_op, PyObject *const *ops, PyObject *const *nbytes, Py_ssize_t n, PyObject **total)
 {
-    PyObject *op_of[MAX_RUN_OPS];
-    int64_t sum_of[MAX_RUN_OPS], all = 0;
-    int kinds = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        int64_t size;
-        if (!PyUnicode_CheckExact(ops[i]) || !PyLong_CheckExact(nbytes[i]) || !as_int64(nbytes[i], &size)
-                || __builtin_add_overflow(all, size, &all)) {
-            return 0;
+    enum { CHUNK = 256 };
+    int64_t size[CHUNK], all = 0;
+    KeySums sums = {.n = 0};
+    for (Py_ssize_t start = 0; start < n; start += CHUNK) {
+        Py_ssize_t m = n - start < CHUNK ? n - start : CHUNK;
+        for (Py_ssize_t i = 0; i < m; i++) {
+            PyObject *value = nbytes[start + i];
+            if (!PyLong_CheckExact(value) || !as_int64(value, &size[i]) || __builtin_add_overflow(all, size[i], &all))
+                return 0;
         }
-        int k = 0;
-        while (k < kinds && op_of[k] != ops[i] && PyUnicode_Compare(op_of[k], ops[i]) != 0) k++;
-        if (k == kinds) {
-            if (kinds == MAX_RUN_OPS) return 0;
-            op_of[kinds] = ops[i];
-            sum_of[kinds++] = 0;
-        }
-        if (__builtin_add_overflow(sum_of[k], size, &sum_of[k])) return 0;
+        if (!key_sums_add(&sums, ops + start, size, m)) return 0;
     }
-    PyObject *known_of[MAX_RUN_OPS];
-    for (int k = 0; k < kinds; k++) {
-        known_of[k] = PyDict_GetItemWithError(by_op, op_of[k]);  /* borrowed: nothing runs between here and its use */
-        if (known_of[k] == NULL && PyErr_Occurred()) return -1;
-        if (known_of[k] != NULL && !PyLong_CheckExact(known_of[k])) return 0;
-    }
-    for (int k = 0; k < kinds; k++) {
-        PyObject *sum = PyLong_FromLongLong(sum_of[k]);
-        if (sum != NULL && known_of[k] != NULL) Py_SETREF(sum, PyNumber_Add(known_of[k], sum));
-        if (sum == NULL || PyDict_SetItem(by_op, op_of[k], sum) < 0) {
-            Py_XDECREF(sum);
-            return -1;
-        }
-        Py_DECREF(sum);
-    }
+    int added = key_sums_into(by_op, &sums);
+    if (added <= 0) return added;
     return (*total = PyLong_FromLongLong(all)) != NULL ? 1 : -1;
 }
 

@@ -1,5 +1,5 @@
 /* What the recorder's C modules share (_batch.c, _host.c): a Python integer as a 64-bit one, a tuple of columns for
- * the caller to fill, a step's accumulator, and its fields read and set at their slots. */
+ * the caller to fill, a run's values summed by key, a step's accumulator, and its fields read and set at their slots. */
 #ifndef ZEROMON_RECORDER_COLUMNS_H
 #define ZEROMON_RECORDER_COLUMNS_H
 
@@ -108,6 +108,59 @@ untrack_columns(PyObject *columns)
         else if (PyObject_GC_IsTracked(column)) PyObject_GC_UnTrack(column);
     }
     if (all && PyObject_GC_IsTracked(columns)) PyObject_GC_UnTrack(columns);
+}
+
+/* A run's 64-bit values summed by key (a step's bytes by op, its nanoseconds by phase), for a dict of sums that Python
+ * adds to one value at a time (``sums[key] = sums.get(key, 0) + value``): each key's sum added once, which is the same
+ * where every key is an exact str, every value, sum and held sum an exact int (an int's additions are associative) and
+ * keys are made in the order the run first names them. */
+enum { KEY_SUMS_MAX = 8 };
+typedef struct {
+    PyObject *key[KEY_SUMS_MAX];  /* borrowed from the caller's run */
+    int64_t sum[KEY_SUMS_MAX];
+    int n;
+} KeySums;
+
+/* ``values[i]`` of ``keys[i]`` (i < n) added to ``sums`` (begun with n = 0): 1, or 0 where a key is not an exact str,
+ * the run names more than KEY_SUMS_MAX keys or a sum passes 64 bits (then the caller adds one by one). */
+static inline int
+key_sums_add(KeySums *sums, PyObject *const *keys, const int64_t *values, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyUnicode_CheckExact(keys[i])) return 0;
+        int k = 0;
+        while (k < sums->n && sums->key[k] != keys[i] && PyUnicode_Compare(sums->key[k], keys[i]) != 0) k++;
+        if (k == sums->n) {
+            if (k == KEY_SUMS_MAX) return 0;
+            sums->key[k] = keys[i];
+            sums->sum[sums->n++] = 0;
+        }
+        if (__builtin_add_overflow(sums->sum[k], values[i], &sums->sum[k])) return 0;
+    }
+    return 1;
+}
+
+/* Each key's sum added to ``dict[key]`` (made where missing, in the run's order): 1; 0 where a sum the dict holds
+ * for one of them is not an exact int (nothing changed: the caller adds one by one); -1 with an exception. */
+static inline int
+key_sums_into(PyObject *dict, const KeySums *sums)
+{
+    PyObject *held[KEY_SUMS_MAX];
+    for (int k = 0; k < sums->n; k++) {
+        held[k] = PyDict_GetItemWithError(dict, sums->key[k]);  /* borrowed: no code runs before its use below */
+        if (held[k] == NULL && PyErr_Occurred()) return -1;
+        if (held[k] != NULL && !PyLong_CheckExact(held[k])) return 0;
+    }
+    for (int k = 0; k < sums->n; k++) {
+        PyObject *sum = PyLong_FromLongLong(sums->sum[k]);
+        if (sum != NULL && held[k] != NULL) Py_SETREF(sum, PyNumber_Add(held[k], sum));
+        if (sum == NULL || PyDict_SetItem(dict, sums->key[k], sum) < 0) {
+            Py_XDECREF(sum);
+            return -1;
+        }
+        Py_DECREF(sum);
+    }
+    return 1;
 }
 
 /* StepBook.acc(step): ``step``'s accumulator in ``accs`` (StepBook.accs, a dict), made by ``new_acc()`` at its first

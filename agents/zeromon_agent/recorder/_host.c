@@ -292,9 +292,9 @@ host_spans(PyObject *Py_UNUSED(module), PyObject *args)
     Py_ssize_t n = PyList_GET_SIZE(spans);
     int64_t offset, emitted;
     if (!as_int64(offset_obj, &offset) || !as_int64(emitted_obj, &emitted)) Py_RETURN_NONE;
-    int64_t *values = PyMem_Malloc(sizeof(int64_t) * 3 * (size_t)(n > 0 ? n : 1));
+    int64_t *values = PyMem_Malloc(sizeof(int64_t) * 4 * (size_t)(n > 0 ? n : 1));
     if (values == NULL) return PyErr_NoMemory();
-    int64_t *steps = values, *starts = values + n, *ends = values + 2 * n;
+    int64_t *steps = values, *starts = values + n, *ends = values + 2 * n, *durations = values + 3 * n;
     for (Py_ssize_t i = 0; i < n; i++) {  /* every span checked before anything is made or added */
         PyObject *span = PyList_GET_ITEM(spans, i);
         int64_t start, end;
@@ -303,7 +303,7 @@ host_spans(PyObject *Py_UNUSED(module), PyObject *args)
                 || !PyLong_CheckExact(PyTuple_GET_ITEM(span, 3)) || !as_int64(PyTuple_GET_ITEM(span, 1), &steps[i])
                 || !as_int64(PyTuple_GET_ITEM(span, 2), &start) || !as_int64(PyTuple_GET_ITEM(span, 3), &end)
                 || __builtin_add_overflow(start, offset, &starts[i]) || __builtin_add_overflow(end, offset, &ends[i])
-                || __builtin_sub_overflow(ends[i], starts[i], &end)) {
+                || __builtin_sub_overflow(ends[i], starts[i], &durations[i])) {
             PyMem_Free(values);
             Py_RETURN_NONE;
         }
@@ -332,23 +332,29 @@ host_spans(PyObject *Py_UNUSED(module), PyObject *args)
             if (phase_ns != NULL) PyErr_SetString(PyExc_TypeError, "host_spans: a phase_ns not a dict");
             goto failed_acc;
         }
+        /* the run's time by phase: each phase's sum added once where the values let it, else span by span */
+        KeySums sums = {.n = 0};
+        int summed = key_sums_add(&sums, PySequence_Fast_ITEMS(phase_column) + i, durations + i, j - i);
+        if (summed && (summed = key_sums_into(phase_ns, &sums)) < 0) goto failed_acc;
         Py_ssize_t first = i;
         for (Py_ssize_t k = i; k < j; k++) {
             PyObject *phase = PyList_GET_ITEM(phase_column, k);
-            PyObject *duration = PyLong_FromLongLong(ends[k] - starts[k]);
-            if (duration == NULL) goto failed_acc;
-            PyObject *sum = PyDict_GetItemWithError(phase_ns, phase);  /* borrowed */
-            if (sum == NULL && PyErr_Occurred()) {
+            if (!summed) {
+                PyObject *duration = PyLong_FromLongLong(durations[k]);
+                if (duration == NULL) goto failed_acc;
+                PyObject *sum = PyDict_GetItemWithError(phase_ns, phase);  /* borrowed */
+                if (sum == NULL && PyErr_Occurred()) {
+                    Py_DECREF(duration);
+                    goto failed_acc;
+                }
+                sum = sum != NULL ? PyNumber_Add(sum, duration) : Py_NewRef(duration);
                 Py_DECREF(duration);
-                goto failed_acc;
+                if (sum == NULL || PyDict_SetItem(phase_ns, phase, sum) < 0) {
+                    Py_XDECREF(sum);
+                    goto failed_acc;
+                }
+                Py_DECREF(sum);
             }
-            sum = sum != NULL ? PyNumber_Add(sum, duration) : Py_NewRef(duration);
-            Py_DECREF(duration);
-            if (sum == NULL || PyDict_SetItem(phase_ns, phase, sum) < 0) {
-                Py_XDECREF(sum);
-                goto failed_acc;
-            }
-            Py_DECREF(sum);
             if (PyUnicode_Compare(phase, agent) == 0) {
                 if (agent_spans == NULL && ((agent_spans = PyObject_GetAttr(acc, agent_name)) == NULL
                                             || !PyList_Check(agent_spans))) {
