@@ -62,8 +62,10 @@ same_key(PyObject *a, PyObject *b)
 }
 
 /* The batch's call shapes, one a raw tuple (a new reference each), or NULL: an error set (from shape_of), or
- * none where a key cannot be hashed (*unhashable set). A call of the key of the call before it (three all-gathers of
- * blocks of one size) takes that call's shape: the one the dict, or shape_of, gives its equal key. */
+ * none where a key cannot be hashed (*unhashable set). A call of the key of a call met earlier in the batch (the call
+ * before it, or one of the last RECENT_KEYS keys looked up: a step's few shapes, met again each step) takes that
+ * call's shape: the one the dict, or shape_of, gives its equal key. */
+enum { RECENT_KEYS = 8 };
 static PyObject **
 shapes_of(PyObject **raw, Py_ssize_t n, PyObject *shapes, PyObject *shape_of, int *unhashable)
 {
@@ -72,11 +74,20 @@ shapes_of(PyObject **raw, Py_ssize_t n, PyObject *shapes, PyObject *shape_of, in
         PyErr_NoMemory();
         return NULL;
     }
+    Py_ssize_t recent[RECENT_KEYS];  /* rows whose key was looked up, the newest at (looked - 1) % RECENT_KEYS */
+    int looked = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (i > 0 && same_key(raw[i], raw[i - 1])) {
             found[i] = Py_NewRef(found[i - 1]);
             continue;
         }
+        int r = 0, kept = looked < RECENT_KEYS ? looked : RECENT_KEYS;
+        while (r < kept && !same_key(raw[i], raw[recent[r]])) r++;
+        if (r < kept) {
+            found[i] = Py_NewRef(found[recent[r]]);
+            continue;
+        }
+        recent[looked++ % RECENT_KEYS] = i;
         PyObject *key = PyTuple_New(7);
         if (key == NULL) goto failed;
         for (int k = 0; k < 7; k++) {
