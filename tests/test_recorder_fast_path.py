@@ -553,12 +553,13 @@ def test_a_column_s_nulls_are_counted_in_c_as_count_counts_them(column: Sequence
 @pytest.mark.parametrize("values", [40, 200])
 def test_a_string_column_of_runs_of_one_object_is_coded_as_every_value_looked_up(coder: str, values: int) -> None:
     """Rows that hold the same string object as the row before (a run of one phase, as the hooks queue it) take the
-    code of that row (_planes.c's str_column looks it up once a run): the general path's bytes, with runs at the
-    column's start, between new values and at its end, under 128 values and past it."""
+    code of that row (_planes.c's str_column looks it up once a run, and finds one of the table's first eight by
+    identity): the general path's bytes, with runs at the column's start, between new values and at its end, under 128
+    values and past it, and an equal string that is another object."""
     spec = SPECS[PhaseSpan]
     names = [f"phase-{i}" for i in range(values)]
     column = [names[0]] * 3 + [name for i, name in enumerate(names) for _ in range(1 + i % 3)] + [names[1]] * 4 + \
-        [names[-1], names[0], names[0]]
+        [names[-1], names[0], names[0], "".join(names[2]), names[5]]  # an equal string that is another object
     rows = [(0, i, name, i, i + 1, "host") for i, name in enumerate(column)]
     with coded_by(coder):
         assert encode(spec, rows) == _plain_encode(spec, rows)

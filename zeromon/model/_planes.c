@@ -183,8 +183,15 @@ str_column(PyObject *self, PyObject *sequence)
             planes[1 + i] = planes[i];
             continue;
         }
+        /* one of the table's first values by identity (a column's few phases, ops or dtypes, each one object): its
+         * code, as the dict gives it (a dict finds a key by identity first), without a hash and a look-up */
+        Py_ssize_t k = 0, known = PyList_GET_SIZE(table) < 8 ? PyList_GET_SIZE(table) : 8;
+        while (k < known && PyList_GET_ITEM(table, k) != items[i]) k++;
+        if (k < known) {
+            planes[1 + i] = (unsigned char)k;
+            continue;
+        }
         PyObject *code = PyDict_GetItemWithError(codes, items[i]);
-        Py_ssize_t k;
         if (code == NULL) {
             if (PyErr_Occurred()) goto done;
             k = PyList_GET_SIZE(table);
