@@ -794,10 +794,15 @@ ns_seconds(PyObject *ns)
  * values as the Python function (tests/test_recorder_fast_path.py). None for any other step (or an attribute of
  * another type, a value past 64 bits): the caller's Python path. */
 static PyObject *
-summarize_host(PyObject *Py_UNUSED(module), PyObject *args)
+summarize_host(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    PyObject *acc, *rank, *step, *start_obj, *end_obj;
-    if (!PyArg_ParseTuple(args, "OOOOO:summarize_host", &acc, &rank, &step, &start_obj, &end_obj)) return NULL;
+    /* a step's call, once a step: its arguments taken as given, and its values put in their tuple, with none of
+     * PyArg_ParseTuple's or Py_BuildValue's format reading (some 2,000 instructions a step between them) */
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError, "summarize_host() takes 5 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    PyObject *acc = args[0], *rank = args[1], *step = args[2], *start_obj = args[3], *end_obj = args[4];
     PyObject *field[SUM_FIELDS] = {NULL}, *result = NULL, *phase_s = NULL, *by_op = NULL, *blocked_s = NULL;
     for (int f = 0; f < SUM_FIELDS; f++) {
         if ((field[f] = slot_get(&sum_slots, acc, sum_names, SUM_FIELDS, f)) == NULL) goto done;
@@ -843,9 +848,22 @@ summarize_host(PyObject *Py_UNUSED(module), PyObject *args)
     }
     if ((by_op = PyDict_Copy(field[SUM_BY_OP])) == NULL) goto done;
     if ((blocked_s = round_ns(field[SUM_BLOCKED_S])) == NULL) goto done;
-    result = Py_BuildValue("(OOOOOOOOdOOddd)", rank, step, start_obj, end_obj, phase_s, field[SUM_COLLECTIVES],
-                           field[SUM_COMM_BYTES], by_op, (double)comm_ns / 1e9, blocked_s, field[SUM_PEAK_MEMORY],
-                           (double)sums[1] / 1e9, (double)sums[2] / 1e9, (double)sums[3] / 1e9);
+    PyObject *values[14] = {rank, step, start_obj, end_obj, phase_s, field[SUM_COLLECTIVES], field[SUM_COMM_BYTES],
+                            by_op, NULL, blocked_s, field[SUM_PEAK_MEMORY], NULL, NULL, NULL};
+    const struct { int at; double ns; } seconds_at[] = {{8, (double)comm_ns}, {11, (double)sums[1]},
+                                                         {12, (double)sums[2]}, {13, (double)sums[3]}};
+    if ((result = PyTuple_New(14)) == NULL) goto done;
+    for (int k = 0; k < 4; k++) {
+        PyObject *seconds = PyFloat_FromDouble(seconds_at[k].ns / 1e9);
+        if (seconds == NULL) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyTuple_SET_ITEM(result, seconds_at[k].at, seconds);
+    }
+    for (int k = 0; k < 14; k++) {
+        if (values[k] != NULL) PyTuple_SET_ITEM(result, k, Py_NewRef(values[k]));
+    }
     goto done;
 none:
     result = Py_NewRef(Py_None);
@@ -946,7 +964,7 @@ static PyMethodDef methods[] = {
      "finalize_sync_batch's step accounting, a run of one step's collectives at a time."},
     {"count_ops", count_ops, METH_VARARGS,
      "count_ops(by_op, ops, nbytes) -> sum(nbytes): each collective's bytes added to by_op[op], in order."},
-    {"summarize_host", summarize_host, METH_VARARGS,
+    {"summarize_host", (PyCFunction)(void (*)(void))summarize_host, METH_FASTCALL,
      "summarize_host(acc, rank, step, start_ns, end_ns) -> a sequential host step's summary values, or None."},
     {"sequential_overlap", sequential_overlap, METH_VARARGS,
      "sequential_overlap(issue, complete, ends, agent, start_ns, end_ns) -> _sequential_overlap_ns's result, or "
