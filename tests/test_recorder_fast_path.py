@@ -10,6 +10,7 @@ import collections
 import contextlib
 import copy
 import dataclasses
+import functools
 import gc
 import itertools
 import math
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import time
 import types
+import weakref
 from array import array
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -148,6 +150,32 @@ def test_default_maker_makes_what_the_constructor_makes_with_no_argument() -> No
     assert default_maker(Required) is Required and default_maker(Checked) is Checked
     with mock.patch.dict(os.environ, {"ZEROMON_NO_COMPILED": "1"}):
         assert default_maker(StepAcc) is StepAcc
+
+
+class _Held:
+    """An object the collector follows, of a class whose instances a weak reference can watch."""
+
+    record: Any = None
+
+
+def test_a_record_made_in_c_of_values_the_collector_does_not_follow_is_not_tracked() -> None:
+    """_planes.c's make_record: a frozen record of numbers, strings and dicts of them (a step's summary) is out of the
+    collector's lists as made, as the live views' untrack would leave it; one that holds something the collector
+    follows stays tracked, and a cycle through it is still collected."""
+    make = _record_makers(StepSummary)[0]
+    if not isinstance(make, functools.partial):
+        pytest.skip("the package was installed without its C modules (no C compiler at its build)")
+    values = [0, 3, 10, 20, {"forward": 1e-8}, 2, 8, {"all_gather": 8}, 1e-8, 0.0, None, 1e-8, 0.0, 1e-8]
+    assert not gc.is_tracked(make(values))
+    held = _Held()
+    values[7] = {"all_gather": held}  # a dict the collector follows: it holds an object
+    record = make(values)
+    assert gc.is_tracked(record)
+    held.record = record  # a cycle: the record, its dict, the object, the record
+    alive = weakref.ref(held)
+    del record, held, values
+    gc.collect()
+    assert alive() is None
 
 
 def test_record_maker_takes_only_frozen_slotted_dataclasses_without_post_init_and_all_their_values() -> None:
@@ -1428,9 +1456,10 @@ def test_host_phase_spans_finished_a_column_at_a_time_are_the_ones_finished_one_
 
 
 def test_host_phases_spans_and_phase_are_made_out_of_the_collector_s_walk() -> None:
-    """_host.c's host_phases makes each closed span and the current phase a tuple of names, steps and times: untracked
-    as made (what a young collection would do at its first look), and tracked where an item is (a step queued as an
-    object the collector follows stays visible to it)."""
+    """_host.c's host_phases makes each closed span and the current phase a tuple of names, steps and times, and each
+    memory sample's values a tuple: untracked as made (what a young collection would do at its first look), and tracked
+    where an item is (a step queued as an object the collector follows stays visible to it; a category's value that is
+    a list)."""
     host = compiled("zeromon_agent.recorder._host")
     if host is None:
         pytest.skip("the package was installed without its C modules (no C compiler at its build)")
@@ -1442,6 +1471,14 @@ def test_host_phases_spans_and_phase_are_made_out_of_the_collector_s_walk() -> N
         assert ran == 3 and [span[:2] for span in spans] == [("forward", step), ("agent", step), ("forward", step)]
         assert current == ("backward", 40, step)
         assert [gc.is_tracked(span) for span in spans] == [tracked] * 3 and gc.is_tracked(current) == tracked
+    # and each memory sample's values, the same way: untracked where its categories and values hold nothing tracked
+    fields = (("cpu", *(None,) * 8, 2**30, None, 2**20, {}), ("cpu", *(None,) * 8, 2**30, None, 2**20, {"x": []}))
+    samples: list[Any] = []
+    memory = (RAW_MEMORY, samples, {}, 0, 10**9, len(fields[0]), -1, frozenset(), 1, 11)
+    items = [(RAW_MEMORY, "forward", 3, 100 + i, values) for i, values in enumerate(fields)]
+    ran, _ = host.host_phases(items, 0, 2, None, [], "agent", RAW_PHASE, RAW_AGENT, memory, None)
+    assert ran == 2 and [sample[3] for sample in samples] == [10**9 + 100, 10**9 + 101]
+    assert [gc.is_tracked(sample) for sample in samples] == [False, True]
 
 
 @pytest.mark.parametrize(("late", "held"), [(0, None), (2**63, None), (0, "int"), (0, "float"), (0, "many phases")])

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "_int64.h"
+#include "_tracked.h"
 
 enum { BASE_NONE = 0, BASE_PREV = 1, BASE_ONE = 2, BASE_TWO = 3 };
 
@@ -391,8 +392,8 @@ done:
 /* make_record(cls, slots, values): events.record_maker's record: a new instance of ``cls`` (object.__new__'s) with
  * each of its slots (``slots``: a tuple of cls's member descriptors, in field order) set to the value in the same place
  * of ``values`` (a sequence of as many), as each descriptor's __set__ does (a frozen class's __setattr__ is not
- * called). TypeError, nothing made, where the values are not as many ("<class> takes <n> values") or a slot is not a
- * plain object slot of cls. */
+ * called), out of the garbage collector's lists where none of the values is an object it follows. TypeError, nothing
+ * made, where the values are not as many ("<class> takes <n> values") or a slot is not a plain object slot of cls. */
 static PyObject *
 make_record(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
@@ -427,12 +428,19 @@ make_record(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs
         Py_DECREF(values);
         return NULL;
     }
+    int tracked = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyMemberDef *member = ((PyMemberDescrObject *)PyTuple_GET_ITEM(slots, i))->d_member;
         PyObject **place = (PyObject **)((char *)record + member->offset);
-        Py_XSETREF(*place, Py_NewRef(PySequence_Fast_GET_ITEM(values, i)));
+        PyObject *value = PySequence_Fast_GET_ITEM(values, i);
+        Py_XSETREF(*place, Py_NewRef(value));
+        tracked |= zm_tracked(value);
     }
     Py_DECREF(values);
+    /* A frozen record whose values hold nothing the collector follows (a step's summary: numbers, strings, dicts of
+     * them) cannot be part of a cycle: out of its lists as it is made, as the live views' untrack would leave it
+     * at the pass's end, after a walk (its class, which its traverse visits, does not count there either). */
+    if (!tracked && PyObject_GC_IsTracked(record)) PyObject_GC_UnTrack(record);
     return record;
 }
 

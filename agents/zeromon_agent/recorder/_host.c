@@ -79,7 +79,9 @@ memory_sample(MemoryRun *run, PyObject *item)
     for (Py_ssize_t i = 0; i < run->n_fields; i++) {
         PyTuple_SET_ITEM(sample, 4 + i, Py_NewRef(PyTuple_GET_ITEM(fields, i)));
     }
-    int appended = PyList_Append(run->samples, sample);
+    /* out of the collector's lists where its values hold nothing it follows (a sample's: sizes, names, an empty or
+     * walked {category: bytes}), as the live views' untrack would leave it at the pass's end, after a walk */
+    int appended = PyList_Append(run->samples, zm_untracked_if_atomic(sample));
     Py_DECREF(sample);
     if (appended < 0) return -1;
     /* The step's peak from the samples taken every step (not those of PEAK_PHASES), of a step not summarized. */
