@@ -1202,6 +1202,7 @@ class _Op(str):
          sizes=list(range(1, 41)), known={}, odd=None)  # eleven ops in one run: more than C sums
 @example(ops=["all_gather"] * 3, sizes=[1] * 40, known={}, odd="float known")
 @example(ops=["all_gather"] * 3, sizes=[1] * 40, known={}, odd="subclass")  # two keys a dict keeps apart
+@example(ops=["all_gather"], sizes=[1] * 40, known={}, odd="bool")  # one by one: 0 + True is the int 1
 def test_a_run_s_bytes_by_op_are_counted_in_c_as_one_by_one(ops: list[str], sizes: list[Any], known: dict[str, Any],
                                                             odd: str | None) -> None:
     """count_ops (_batch.c's add_ops: a run's bytes summed by op in 64 bits, each op's sum added once, where every

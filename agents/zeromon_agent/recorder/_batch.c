@@ -419,22 +419,11 @@ add_ops(PyObject *by_op, PyObject *const *ops, PyObject *const *nbytes, Py_ssize
     int summed = add_ops_summed(by_op, ops, nbytes, n, &total);
     if (summed != 0) return summed > 0 ? total : NULL;
     total = Py_NewRef(zero);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *known = PyDict_GetItemWithError(by_op, ops[i]);  /* borrowed */
-        if (known == NULL && PyErr_Occurred()) goto failed;
-        PyObject *sum = PyNumber_Add(known != NULL ? known : zero, nbytes[i]);
-        if (sum == NULL || PyDict_SetItem(by_op, ops[i], sum) < 0) {
-            Py_XDECREF(sum);
-            goto failed;
-        }
-        Py_DECREF(sum);
-        Py_SETREF(total, PyNumber_Add(total, nbytes[i]));
-        if (total == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n && total != NULL; i++) {
+        if (dict_add(by_op, ops[i], nbytes[i]) < 0) Py_CLEAR(total);
+        else Py_SETREF(total, PyNumber_Add(total, nbytes[i]));
     }
     return total;
-failed:
-    Py_DECREF(total);
-    return NULL;
 }
 
 /* count_ops(by_op, ops, nbytes): CollectiveRecords._count_run's count of a run of one step's collectives by op
@@ -796,8 +785,8 @@ ns_seconds(PyObject *ns)
 static PyObject *
 summarize_host(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    /* a step's call, once a step: its arguments taken as given, and its values put in their tuple, with none of
-     * PyArg_ParseTuple's or Py_BuildValue's format reading (some 2,000 instructions a step between them) */
+    /* a step's call, once a step: its arguments taken as given, and its values packed, with none of PyArg_ParseTuple's
+     * or Py_BuildValue's format reading (some 2,000 instructions a step between them) */
     if (nargs != 5) {
         PyErr_Format(PyExc_TypeError, "summarize_host() takes 5 arguments (%zd given)", nargs);
         return NULL;
@@ -848,22 +837,17 @@ summarize_host(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t na
     }
     if ((by_op = PyDict_Copy(field[SUM_BY_OP])) == NULL) goto done;
     if ((blocked_s = round_ns(field[SUM_BLOCKED_S])) == NULL) goto done;
-    PyObject *values[14] = {rank, step, start_obj, end_obj, phase_s, field[SUM_COLLECTIVES], field[SUM_COMM_BYTES],
-                            by_op, NULL, blocked_s, field[SUM_PEAK_MEMORY], NULL, NULL, NULL};
-    const struct { int at; double ns; } seconds_at[] = {{8, (double)comm_ns}, {11, (double)sums[1]},
-                                                         {12, (double)sums[2]}, {13, (double)sums[3]}};
-    if ((result = PyTuple_New(14)) == NULL) goto done;
-    for (int k = 0; k < 4; k++) {
-        PyObject *seconds = PyFloat_FromDouble(seconds_at[k].ns / 1e9);
-        if (seconds == NULL) {
-            Py_CLEAR(result);
-            goto done;
-        }
-        PyTuple_SET_ITEM(result, seconds_at[k].at, seconds);
+    PyObject *comm_s = PyFloat_FromDouble((double)comm_ns / 1e9), *comp_s = PyFloat_FromDouble((double)sums[1] / 1e9);
+    PyObject *overlap_s = PyFloat_FromDouble((double)sums[2] / 1e9);
+    PyObject *exposed_s = PyFloat_FromDouble((double)sums[3] / 1e9);
+    if (comm_s != NULL && comp_s != NULL && overlap_s != NULL && exposed_s != NULL) {
+        result = PyTuple_Pack(14, rank, step, start_obj, end_obj, phase_s, field[SUM_COLLECTIVES], field[SUM_COMM_BYTES],
+                              by_op, comm_s, blocked_s, field[SUM_PEAK_MEMORY], comp_s, overlap_s, exposed_s);
     }
-    for (int k = 0; k < 14; k++) {
-        if (values[k] != NULL) PyTuple_SET_ITEM(result, k, Py_NewRef(values[k]));
-    }
+    Py_XDECREF(comm_s);
+    Py_XDECREF(comp_s);
+    Py_XDECREF(overlap_s);
+    Py_XDECREF(exposed_s);
     goto done;
 none:
     result = Py_NewRef(Py_None);

@@ -110,6 +110,20 @@ untrack_columns(PyObject *columns)
     if (all && PyObject_GC_IsTracked(columns)) PyObject_GC_UnTrack(columns);
 }
 
+/* ``dict[key] = dict.get(key, 0) + value``, as Python adds them: 0, or -1 with an exception. */
+static inline int
+dict_add(PyObject *dict, PyObject *key, PyObject *value)
+{
+    PyObject *held = PyDict_GetItemWithError(dict, key);  /* borrowed */
+    if (held == NULL && PyErr_Occurred()) return -1;
+    PyObject *zero = held == NULL ? PyLong_FromLong(0) : NULL;  /* a small int: CPython's own, not made */
+    PyObject *sum = held != NULL || zero != NULL ? PyNumber_Add(held != NULL ? held : zero, value) : NULL;
+    Py_XDECREF(zero);
+    int set = sum != NULL ? PyDict_SetItem(dict, key, sum) : -1;
+    Py_XDECREF(sum);
+    return set;
+}
+
 /* A run's 64-bit values summed by key (a step's bytes by op, its nanoseconds by phase), for a dict of sums that Python
  * adds to one value at a time (``sums[key] = sums.get(key, 0) + value``): each key's sum added once, which is the same
  * where every key is an exact str, every value, sum and held sum an exact int (an int's additions are associative) and
@@ -140,8 +154,9 @@ key_sums_add(KeySums *sums, PyObject *const *keys, const int64_t *values, Py_ssi
     return 1;
 }
 
-/* Each key's sum added to ``dict[key]`` (made where missing, in the run's order): 1; 0 where a sum the dict holds
- * for one of them is not an exact int (nothing changed: the caller adds one by one); -1 with an exception. */
+/* Each key's sum added to ``dict[key]`` (made where missing, in the run's order; what dict_add does, the sums held
+ * looked up once for the check and the addition): 1; 0 where a sum the dict holds for one of them is not an exact int
+ * (nothing changed: the caller adds one by one); -1 with an exception. */
 static inline int
 key_sums_into(PyObject *dict, const KeySums *sums)
 {

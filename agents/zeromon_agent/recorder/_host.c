@@ -343,19 +343,9 @@ host_spans(PyObject *Py_UNUSED(module), PyObject *args)
             PyObject *phase = PyList_GET_ITEM(phase_column, k);
             if (!summed) {
                 PyObject *duration = PyLong_FromLongLong(durations[k]);
-                if (duration == NULL) goto failed_acc;
-                PyObject *sum = PyDict_GetItemWithError(phase_ns, phase);  /* borrowed */
-                if (sum == NULL && PyErr_Occurred()) {
-                    Py_DECREF(duration);
-                    goto failed_acc;
-                }
-                sum = sum != NULL ? PyNumber_Add(sum, duration) : Py_NewRef(duration);
-                Py_DECREF(duration);
-                if (sum == NULL || PyDict_SetItem(phase_ns, phase, sum) < 0) {
-                    Py_XDECREF(sum);
-                    goto failed_acc;
-                }
-                Py_DECREF(sum);
+                int added = duration != NULL ? dict_add(phase_ns, phase, duration) : -1;
+                Py_XDECREF(duration);
+                if (added < 0) goto failed_acc;
             }
             if (PyUnicode_Compare(phase, agent) == 0) {
                 if (agent_spans == NULL && ((agent_spans = PyObject_GetAttr(acc, agent_name)) == NULL
