@@ -60,14 +60,20 @@ def _apply(ring: Any, operation: tuple[Any, ...]) -> Any:
 
 @needs_c
 @PROPERTIES
-@given(capacity=st.integers(1, 6), width=st.integers(1, 5), operations=st.lists(OPERATION, max_size=30))
-def test_the_c_ring_holds_what_the_deque_ring_holds(capacity: int, width: int,
-                                                     operations: list[tuple[Any, ...]]) -> None:
-    """Each operation's result, the records held (oldest first), the drops of a full ring (its oldest) and the refusals
-    (no field, or more than its width) are the same in both."""
+@given(capacity=st.integers(1, 6), width=st.integers(1, 5), operations=st.lists(OPERATION, max_size=30),
+       mark=st.integers(1, 6))
+def test_the_c_ring_holds_what_the_deque_ring_holds(capacity: int, width: int, operations: list[tuple[Any, ...]],
+                                                     mark: int) -> None:
+    """Each operation's result, the records held (oldest first), the drops of a full ring (its oldest), the refusals
+    (no field, or more than its width) and the calls of call_when's callback (each time a push brings the ring to
+    its mark) are the same in both."""
     c_ring, deque_ring = _ring.Ring(capacity, width), DequeRing(capacity, width)
+    calls = {"c": 0, "deque": 0}
+    c_ring.call_when(mark, lambda: calls.__setitem__("c", calls["c"] + 1))
+    deque_ring.call_when(mark, lambda: calls.__setitem__("deque", calls["deque"] + 1))
     for operation in operations:
         assert _apply(c_ring, operation) == _apply(deque_ring, operation), operation
+        assert calls["c"] == calls["deque"], operation
     assert (c_ring.capacity, c_ring.width) == (deque_ring.capacity, deque_ring.width) == (capacity, width)
 
 
@@ -227,3 +233,55 @@ def test_a_ring_the_process_cannot_have_is_the_deque_s() -> None:
     state.raw.push(0, 1)
     state.resize(2**45)  # 2**45 records x 17 references: no process has them
     assert type(state.raw) is DequeRing and state.raw.capacity == 2**45 and list(state.raw) == [(0, 1)]
+
+
+@pytest.mark.parametrize("ring_type", [pytest.param("c", marks=needs_c), "deque"])
+def test_a_ring_calls_its_reader_as_it_fills_to_the_mark_and_never_raises_its_error(ring_type: str) -> None:
+    """call_when(size, callback): the callback on the pushing thread each time a push brings the ring to ``size``
+    records (again after a take empties it; not while a full ring drops its oldest); an Exception the callback
+    raises stays in the ring (the hook's push never raises), a KeyboardInterrupt goes to the training thread; None
+    stops the calls."""
+    ring = (_ring.Ring if ring_type == "c" else DequeRing)(4, 2)
+    calls: list[int] = []
+    ring.call_when(2, lambda: calls.append(len(ring)))
+    for seq in range(6):
+        ring.push(0, seq)
+    assert calls == [2] and ring.dropped == 2
+    ring.take()
+    ring.extend([(0, 1), (0, 2), (0, 3)])
+    assert calls == [2, 2]
+
+    def fails() -> None:
+        raise RuntimeError("release unlocked lock")
+
+    ring.take()
+    ring.call_when(1, fails)
+    ring.push(0, 1)  # no error out of the push
+    ring.take()
+    ring.call_when(1, lambda: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        ring.push(0, 1)
+    ring.take()
+    ring.call_when(1, None)
+    ring.push(0, 1)
+    assert len(ring) == 1
+
+
+def test_the_state_wakes_its_reader_as_a_queue_crowds_a_resized_ring_too() -> None:
+    """HotState.call_when_crowded: the callback once the raw ring holds its share of its capacity (rounded up) or
+    the control ring its records, and on a raw ring made anew by resize."""
+    state = HotState(raw_capacity=8)
+    woken: list[str] = []
+    state.call_when_crowded(0.25, 3, lambda: woken.append("woken"))
+    state.raw.push(0, 1)
+    assert woken == []
+    state.raw.push(0, 2)  # 2 of 8
+    state.control.push(1, 1)
+    state.control.push(1, 2)
+    assert woken == ["woken"]
+    state.control.push(1, 3)
+    assert woken == ["woken"] * 2
+    state.resize(20)  # 2 records moved in, 5 the mark
+    for seq in range(3):
+        state.raw.push(0, seq)
+    assert woken == ["woken"] * 3

@@ -3,6 +3,8 @@ it says so once per stall. Times are given, not waited for; the real runs are in
 
 from __future__ import annotations
 
+import time
+
 from zeromon.model.progress import RESUMED, STALLED
 from zeromon_agent.hooks.state import RAW_COLLECTIVE, RAW_PHASE, RAW_WAIT, HotState
 from zeromon_agent.recorder.loop import Recorder
@@ -67,6 +69,49 @@ def test_the_newest_record_of_any_kind_is_the_training_threads_last_activity_que
     with recorder._drain_lock:
         recorder._drain(final=False)  # drained, the times stay
     assert not state.raw and not state.control and recorder.last_activity() == t0 + 30
+
+
+def test_a_rank_nobody_reads_is_looked_at_when_its_flush_or_a_stall_is_due() -> None:
+    """Between two passes of a rank nobody reads, the recorder's thread waits until the next flush or the first
+    moment a stall could be named, whichever is sooner (each wakeup costs it a timer's round trip); at the live pace
+    while a client reads, on a GPU, and once stalled (its end is said within a pass)."""
+    recorder = Recorder(HotState(), rank=0, writer=None, flush_interval_s=20.0, hang_after_s=6.0,
+                        hang_after_setup_s=6.0)
+    now = recorder.progress.progress_perf  # the training thread's last act, as last looked
+    assert abs(recorder._next_look_s(1.0, False, now, 20 * S) - 6.0) < 0.1  # a stall could be named in 6 s
+    assert abs(recorder._next_look_s(1.0, False, now - 16 * S, 20 * S) - 4.0) < 0.1  # the flush is due in 4 s
+    assert recorder._next_look_s(1.0, False, now - 30 * S, 20 * S) == 0.05  # overdue: at once, not in a loop
+    assert recorder._next_look_s(1.0, True, now, 20 * S) == 1.0  # read by a live client
+    assert recorder._next_look_s(1.0, False, None, 20 * S) == 1.0  # before the first flush
+    recorder.progress.stalled_at = now
+    assert recorder._next_look_s(1.0, False, now, 20 * S) == 1.0
+
+
+def test_a_rank_nobody_reads_sleeps_until_its_queue_crowds_and_then_drains_at_once() -> None:
+    """The real thread: after its first pass, a rank nobody reads is not looked at again before its flush (20 s
+    here), but a queue that fills to a quarter of the raw ring wakes it (the hook's push releases its wait), and the
+    pass drains it; no wakeup comes between. Each wait below is a bound, not a time measured."""
+    state = HotState(raw_capacity=64)
+    recorder = Recorder(state, rank=0, writer=None, flush_interval_s=20.0, hang_after_s=600.0,
+                        hang_after_setup_s=600.0)
+    recorder.start()
+    try:
+        deadline = time.monotonic() + 10
+        while recorder.looks < 1 and time.monotonic() < deadline:  # the first pass (0.2 s after the start)
+            time.sleep(0.05)
+        time.sleep(3.0)  # the old schedule looked every second: three times here
+        assert recorder.looks == 1
+        t = recorder.last_activity()
+        for seq in range(15):  # below a quarter of 64: no wake
+            state.raw.push(RAW_WAIT, seq, t, t + 1, False, None, None, 0)
+        time.sleep(1.0)
+        assert recorder.looks == 1 and len(state.raw) == 15
+        state.raw.push(RAW_WAIT, 15, t, t + 1, False, None, None, 0)  # the 16th: a quarter
+        while len(state.raw) and time.monotonic() < deadline + 5:
+            time.sleep(0.01)
+        assert len(state.raw) == 0 and recorder.looks == 2
+    finally:
+        recorder.stop()
 
 
 def test_the_programs_own_frames_are_told_from_the_libraries() -> None:

@@ -8,7 +8,8 @@
  * The recorder takes the records as tuples (take), made on its own thread as it drains them.
  *
  * Every method is one C call that runs without letting go of the GIL: a push on the training thread and a take on
- * the recorder's never interleave. Full, a push drops the oldest record (a deque's maxlen) and counts it. What a
+ * the recorder's never interleave. Full, a push drops the oldest record (a deque's maxlen) and counts it. A push that
+ * fills the ring to a mark calls the reader's callback (call_when): the recorder wakes as its queue crowds. What a
  * method lets go of is let go of last, once the ring is whole again (a field's destructor may run Python code, a
  * push among it); what a method makes tuples of it first takes aside (Aside, below).
  */
@@ -28,6 +29,8 @@ typedef struct {
     Py_ssize_t refused;   /* pushes of no field or more than width: not queued */
     PyObject **slots;     /* capacity x width references (NULL past a record's fields) */
     unsigned char *lengths;  /* each record's fields */
+    Py_ssize_t mark;      /* a push that brings the ring to this many records calls ``crowded`` (0: none) */
+    PyObject *crowded;    /* call_when's callable, or NULL */
 } Ring;
 
 static PyObject **
@@ -81,6 +84,7 @@ Ring_init(Ring *self, PyObject *args, PyObject *kwargs)
 static int
 Ring_traverse(Ring *self, visitproc visit, void *arg)
 {
+    Py_VISIT(self->crowded);
     for (Py_ssize_t r = 0; r < self->size; r++) {
         PyObject **slot = slot_of(self, r);
         Py_ssize_t n = self->lengths[(self->head + r) % self->capacity];
@@ -115,6 +119,7 @@ static int
 Ring_clear(Ring *self)
 {
     if (self->slots != NULL) clear_all(self);
+    Py_CLEAR(self->crowded);
     return 0;
 }
 
@@ -128,7 +133,8 @@ Ring_dealloc(Ring *self)
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* push(*fields): the record queued; never raises (a hook's call). */
+/* push(*fields): the record queued; never raises (a hook's call), but for a KeyboardInterrupt or SystemExit that
+ * call_when's callback meets. */
 static PyObject *
 Ring_push(Ring *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -151,6 +157,41 @@ Ring_push(Ring *self, PyObject *const *args, Py_ssize_t nargs)
     self->lengths[at] = (unsigned char)nargs;
     self->size++;
     for (Py_ssize_t i = 0; i < n_dropped; i++) Py_DECREF(dropped[i]);
+    if (self->size == self->mark && n_dropped == 0 && self->crowded != NULL) {
+        /* The ring has just filled to the mark: its reader told (call_when). An error of the call's is not the
+         * training's (a lock already released, say); a KeyboardInterrupt or SystemExit met in it is. */
+        PyObject *callback = self->crowded;
+        Py_INCREF(callback);
+        PyObject *result = PyObject_CallNoArgs(callback);
+        Py_DECREF(callback);
+        if (result == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
+            PyErr_Clear();
+        }
+        Py_XDECREF(result);
+    }
+    Py_RETURN_NONE;
+}
+
+/* call_when(size, callback): ``callback()`` called on the pushing thread each time a push brings the ring to
+ * ``size`` records (a reader woken as its queue crowds, not looking every so often); ``callback`` None: never. */
+static PyObject *
+Ring_call_when(Ring *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "call_when(size, callback) takes two arguments");
+        return NULL;
+    }
+    Py_ssize_t mark = PyLong_AsSsize_t(args[0]);
+    if (mark == -1 && PyErr_Occurred()) return NULL;
+    if (args[1] != Py_None && !PyCallable_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "call_when: the callback must be callable or None");
+        return NULL;
+    }
+    PyObject *old = self->crowded;
+    self->crowded = args[1] == Py_None ? NULL : Py_NewRef(args[1]);
+    self->mark = self->crowded == NULL ? 0 : mark;
+    Py_XDECREF(old);
     Py_RETURN_NONE;
 }
 
@@ -341,6 +382,8 @@ static PyMethodDef Ring_methods[] = {
     {"take", (PyCFunction)Ring_take, METH_NOARGS, "take(): every record, oldest first, as tuples; then empty."},
     {"newest", (PyCFunction)Ring_newest, METH_O, "newest(n): the n newest records, newest first, as tuples."},
     {"clear", (PyCFunction)Ring_clear_method, METH_NOARGS, "clear(): let go of every record."},
+    {"call_when", (PyCFunction)(void (*)(void))Ring_call_when, METH_FASTCALL,
+     "call_when(size, callback): callback() each time a push brings the ring to size records (None: never)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from zeromon.model.compiled import compiled
@@ -72,11 +73,13 @@ class DequeRing:
     A record is held as a tuple until the recorder takes it (the C ring holds its fields with no object a
     record: tests/bench/RESULTS.md, "The hooks' queue as a ring")."""
 
-    __slots__ = ("_queue", "capacity", "width", "dropped", "refused")
+    __slots__ = ("_queue", "capacity", "width", "dropped", "refused", "_mark", "_crowded")
 
     def __init__(self, capacity: int, width: int) -> None:
         self._queue: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=capacity)
         self.capacity, self.width, self.dropped, self.refused = capacity, width, 0, 0
+        self._mark = 0
+        self._crowded: Callable[[], Any] | None = None  # call_when's
 
     def push(self, *fields: Any) -> None:
         """Queue a record of ``fields`` (never raises; full, the oldest goes, counted)."""
@@ -86,7 +89,18 @@ class DequeRing:
         queue = self._queue
         if len(queue) >= self.capacity:
             self.dropped += 1
+            queue.append(fields)
+            return
         queue.append(fields)
+        if len(queue) == self._mark and self._crowded is not None:
+            try:
+                self._crowded()
+            except Exception:  # noqa: BLE001 - the reader's callback: not the training's error
+                pass
+
+    def call_when(self, size: int, callback: Callable[[], Any] | None) -> None:
+        """``callback()`` each time a push brings the queue to ``size`` records (None: never)."""
+        self._mark, self._crowded = (size, callback) if callback is not None else (0, None)
 
     def append(self, record: tuple[Any, ...]) -> None:
         self.push(*record)
@@ -96,7 +110,15 @@ class DequeRing:
         given = list(records)
         kept = [record for record in given if 0 < len(record) <= self.width]
         self.refused += len(given) - len(kept)
-        self.dropped += max(0, len(self._queue) + len(kept) - self.capacity)
+        before = len(self._queue)
+        self.dropped += max(0, before + len(kept) - self.capacity)
+        if before < self._mark <= min(before + len(kept), self.capacity) and self._crowded is not None:
+            self._queue.extend(kept[:self._mark - before])  # to the mark, where push calls the callback
+            kept = kept[self._mark - before:]
+            try:
+                self._crowded()
+            except Exception:  # noqa: BLE001 - as push's
+                pass
         self._queue.extend(kept)
 
     def take(self) -> list[tuple[Any, ...]]:
@@ -134,6 +156,7 @@ class HotState:
         "seq",
         "raw",
         "control",
+        "_crowded",
         "pending",
         "pending_capacity",
         "works",
@@ -160,6 +183,7 @@ class HotState:
         # Phase changes, step ends, memory samples and OOMs: a few per step, never crowded out by
         # collectives (a lost step end would leave its step open). Bounded all the same.
         self.control: Any = Ring(CONTROL_CAPACITY, CONTROL_WIDTH)
+        self._crowded: tuple[float, int, Callable[[], Any]] | None = None  # call_when_crowded's
         # id(Work) -> seq of the async collective that returned it, until it is waited on.
         self.pending: dict[int, int] = {}
         self.pending_capacity = 8192
@@ -222,6 +246,16 @@ class HotState:
             raw = DequeRing(raw_capacity, RAW_WIDTH)
         raw.extend(self.raw.take())
         self.raw = raw
+        if self._crowded is not None:
+            self.call_when_crowded(*self._crowded)
+
+    def call_when_crowded(self, raw_share: float, control_records: int, callback: Callable[[], Any]) -> None:
+        """``callback()`` on the pushing thread as the raw ring comes to hold ``raw_share`` of its capacity, or the
+        control ring ``control_records``: the recorder, which otherwise looks only when its next pass is due, woken
+        as its queues crowd (a C call such as a lock's release: no Python code runs inside the hook's push)."""
+        self._crowded = (raw_share, control_records, callback)
+        self.raw.call_when(max(1, math.ceil(self.raw.capacity * raw_share)), callback)
+        self.control.call_when(control_records, callback)
 
     def time_step(self) -> None:
         """Whether the step now starting (self.step) is timed on the device: its collectives and phases get

@@ -80,14 +80,16 @@ _ALL_SYNC = getattr(compiled("zeromon_agent.recorder._batch"), "all_sync", None)
 _FIRST_PASS_S = 0.2
 # Passes: one every LIVE_PASS_S (the live views' age) while a live client reads this rank (its endpoint read
 # within WATCHED_S; a read after a quiet spell wakes one at once), on a GPU while the CUDA events of the timing
-# pool (4,096) wait to be read, and while the queues fill (a quarter of the raw one). Otherwise (nobody reading)
-# one at each flush of the recording only: each pass pays a cold start, so the fewer the passes, the less the
-# recorder's thread spends a collective (tests/bench/bench_recorder_cpu.py). Async collectives on the host
+# pool (4,096) wait to be read, and as soon as a queue crowds (a quarter of the raw one: its push wakes the thread).
+# Otherwise (nobody reading) one at each flush of the recording only: each pass pays a cold start, so the fewer the
+# passes, the less the recorder's thread spends a collective (tests/bench/bench_recorder_cpu.py); and between two,
+# no look at all but where a stall could be named first (Recorder._next_look_s). Async collectives on the host
 # brought a pass a second until issue 44 (its cost: tests/bench/RESULTS.md): what
 # bounds an unwaited Work's completion is the training thread's look at each phase change (hooks/phases.py),
 # and the queue names it by id (collectives._record_async), so a later pass keeps no tensor alive.
 LIVE_PASS_S = 1.0
 WATCHED_S = 3.0
+_SOONEST_LOOK_S = 0.05  # the shortest wait between two looks at a rank nobody reads
 _RECENT_RAW = 256  # raw records kept after their drain, for each group's newest collective (progress)
 _CONTROL_CROWDED = 16384  # control records queued that bring a pass forward (the queue holds 65,536)
 _BATCH = 256  # synchronous collectives finalized a column at a time, between two gives of the GIL
@@ -124,6 +126,7 @@ class Recorder:
         self.steps = StepBook(rank, self.clock_offset_ns, cuda_timer, self.out)
         self.collectives = CollectiveRecords(state, rank, cuda_timer, self.clock_offset_ns, self.out, self.steps)
         self.cpu_time_s = 0.0
+        self.looks = 0  # the thread's wakeups: passes, and looks that found nothing due
         # The newest raw collectives drained (they hold their groups: let go with them, _forget_groups), and when
         # the newest record drained happened: with what is queued, when the training thread last did something.
         self._recent_raw: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=_RECENT_RAW)
@@ -134,7 +137,11 @@ class Recorder:
         self._last_device_ns = 0
         self._last_stats_ns = 0
         self._stop = threading.Event()
-        self._wake = threading.Event()  # set by stop() and by a live client's read after a quiet spell
+        # Released (_wake_up) by stop(), a live client's read after a quiet spell and a queue that crowds (the
+        # hooks' push, HotState.call_when_crowded); the thread's wait is its acquire. A lock, not an Event: a push
+        # releases it with one C call, where an Event's set runs Python code inside the hook.
+        self._wake = threading.Lock()
+        self._wake.acquire()
         self._watched_ns = -(10**18)  # perf_counter_ns of the last live client's read (watched)
         self._thread: threading.Thread | None = None
         self._drain_lock = threading.Lock()
@@ -154,6 +161,7 @@ class Recorder:
         # thread at the first step's end: an import there holds the GIL while the training runs,
         # and the import lock that the training's own first-use imports take.
         orjson_module()
+        self.state.call_when_crowded(0.25, _CONTROL_CROWDED, self._wake.release)
         self._thread = threading.Thread(target=self._run, name="zeromon-recorder", daemon=True)
         self._thread.start()
 
@@ -175,7 +183,7 @@ class Recorder:
         before it let go of the model; made here where not given) and the end record (``how`` the rank ended:
         RunEnd.how), close the file. Idempotent."""
         self._stop.set()
-        self._wake.set()
+        self._wake_up()
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout_s)
@@ -215,7 +223,14 @@ class Recorder:
         quiet = now - self._watched_ns >= WATCHED_S * 1e9
         self._watched_ns = now
         if quiet:
-            self._wake.set()
+            self._wake_up()
+
+    def _wake_up(self) -> None:
+        """The thread's next pass now (its wait's lock released), where no wake is pending already."""
+        try:
+            self._wake.release()
+        except RuntimeError:  # released already: a wake is pending
+            pass
 
     def _run(self) -> None:
         cpu0 = time.thread_time()
@@ -226,15 +241,15 @@ class Recorder:
         state = self.state
         last_flush = None  # the first pass flushes: the run's header and info reach the file as training starts
         while True:
-            self._wake.wait(wait)
+            self._wake.acquire(True, wait)  # a wake (_wake_up, a crowded queue) or the wait's end
             if self._stop.is_set():
                 break
-            self._wake.clear()
-            wait = every
+            self.looks += 1
             now = time.perf_counter_ns()
             # Half a pass early: a flush due between two wakeups is made at the first of them.
             flush = last_flush is None or now - last_flush >= flush_ns - every * 5e8
-            due = (flush or now - self._watched_ns < watched_ns or self.cuda_timer is not None
+            watched = now - self._watched_ns < watched_ns
+            due = (flush or watched or self.cuda_timer is not None
                    or len(state.raw) * 4 >= state.raw_capacity
                    or len(state.control) >= _CONTROL_CROWDED)
             try:
@@ -251,9 +266,10 @@ class Recorder:
                     if now - self._last_stats_ns > 10_000_000_000:
                         self._last_stats_ns = now
                         self.out.write(self.stats())
+                    if flush:  # with no file too: a rank nobody reads is drained at the flush interval
+                        last_flush = now
                     if self.writer is not None:
                         if flush:
-                            last_flush = now
                             self.writer.flush()
                             self._check_writer()
                         self.keeper.check_size()
@@ -262,7 +278,27 @@ class Recorder:
             except Exception as exc:  # noqa: BLE001 - the recorder must never take training down
                 self.state.hook_error("recorder", exc)
             finally:
+                wait = self._next_look_s(every, watched, last_flush, flush_ns)
                 self.cpu_time_s = time.thread_time() - cpu0
+
+    def _next_look_s(self, every: float, watched: bool, last_flush: int | None, flush_ns: int) -> float:
+        """How long the thread waits for its next look: ``every`` (LIVE_PASS_S at most) while a live client reads
+        the rank, on a GPU (its timing pool, NVML's samples) and while the rank is stalled (its resumption is said
+        within a pass); else until the next flush is due or until a stall could first be named, whichever comes
+        first. Each wakeup costs the thread a timer's round trip through the kernel (~0.1 ms of CPU on this
+        project's virtual machine: tests/bench/RESULTS.md), so a rank nobody reads is looked at when there is
+        something to do; a queue that crowds meanwhile wakes it (HotState.call_when_crowded)."""
+        try:
+            progress = self.progress
+            if watched or self.cuda_timer is not None or self.device is not None or last_flush is None \
+                    or progress.stalled_at is not None:
+                return every
+            now = time.perf_counter_ns()
+            look_ns = min(last_flush + flush_ns - now, progress.progress_perf + progress.threshold() * 1e9 - now)
+            return max(_SOONEST_LOOK_S, look_ns / 1e9)
+        except Exception as exc:  # noqa: BLE001 - as a pass's
+            self.state.hook_error("recorder", exc)
+            return every
 
     # --- progress ---------------------------------------------------------------------------------
     def last_activity(self) -> int:
