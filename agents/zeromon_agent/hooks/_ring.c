@@ -392,6 +392,7 @@ static PyMemberDef Ring_members[] = {
     {"width", T_PYSSIZET, offsetof(Ring, width), READONLY, "the most fields a record has"},
     {"dropped", T_PYSSIZET, offsetof(Ring, dropped), READONLY, "the oldest records a full ring let go of"},
     {"refused", T_PYSSIZET, offsetof(Ring, refused), READONLY, "pushes of no field or too many"},
+    {"crowded", T_OBJECT, offsetof(Ring, crowded), READONLY, "call_when's callback, or None"},
     {NULL, 0, 0, 0, NULL},
 };
 

@@ -73,13 +73,13 @@ class DequeRing:
     A record is held as a tuple until the recorder takes it (the C ring holds its fields with no object a
     record: tests/bench/RESULTS.md, "The hooks' queue as a ring")."""
 
-    __slots__ = ("_queue", "capacity", "width", "dropped", "refused", "_mark", "_crowded")
+    __slots__ = ("_queue", "capacity", "width", "dropped", "refused", "_mark", "crowded")
 
     def __init__(self, capacity: int, width: int) -> None:
         self._queue: collections.deque[tuple[Any, ...]] = collections.deque(maxlen=capacity)
         self.capacity, self.width, self.dropped, self.refused = capacity, width, 0, 0
         self._mark = 0
-        self._crowded: Callable[[], Any] | None = None  # call_when's
+        self.crowded: Callable[[], Any] | None = None  # call_when's callback
 
     def push(self, *fields: Any) -> None:
         """Queue a record of ``fields`` (never raises; full, the oldest goes, counted)."""
@@ -92,15 +92,15 @@ class DequeRing:
             queue.append(fields)
             return
         queue.append(fields)
-        if len(queue) == self._mark and self._crowded is not None:
+        if len(queue) == self._mark and self.crowded is not None:
             try:
-                self._crowded()
+                self.crowded()
             except Exception:  # noqa: BLE001 - the reader's callback: not the training's error
                 pass
 
     def call_when(self, size: int, callback: Callable[[], Any] | None) -> None:
         """``callback()`` each time a push brings the queue to ``size`` records (None: never)."""
-        self._mark, self._crowded = (size, callback) if callback is not None else (0, None)
+        self._mark, self.crowded = (size, callback) if callback is not None else (0, None)
 
     def append(self, record: tuple[Any, ...]) -> None:
         self.push(*record)
@@ -112,11 +112,11 @@ class DequeRing:
         self.refused += len(given) - len(kept)
         before = len(self._queue)
         self.dropped += max(0, before + len(kept) - self.capacity)
-        if before < self._mark <= min(before + len(kept), self.capacity) and self._crowded is not None:
+        if before < self._mark <= min(before + len(kept), self.capacity) and self.crowded is not None:
             self._queue.extend(kept[:self._mark - before])  # to the mark, where push calls the callback
             kept = kept[self._mark - before:]
             try:
-                self._crowded()
+                self.crowded()
             except Exception:  # noqa: BLE001 - as push's
                 pass
         self._queue.extend(kept)
