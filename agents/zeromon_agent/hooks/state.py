@@ -92,10 +92,15 @@ class DequeRing:
             queue.append(fields)
             return
         queue.append(fields)
-        if len(queue) == self._mark and self.crowded is not None:
+        if len(queue) == self._mark:
+            self._tell_crowded()
+
+    def _tell_crowded(self) -> None:
+        """call_when's callback, where there is one; its error is the reader's, not the training's."""
+        if self.crowded is not None:
             try:
                 self.crowded()
-            except Exception:  # noqa: BLE001 - the reader's callback: not the training's error
+            except Exception:  # noqa: BLE001 - never raised into the hook's push
                 pass
 
     def call_when(self, size: int, callback: Callable[[], Any] | None) -> None:
@@ -112,13 +117,10 @@ class DequeRing:
         self.refused += len(given) - len(kept)
         before = len(self._queue)
         self.dropped += max(0, before + len(kept) - self.capacity)
-        if before < self._mark <= min(before + len(kept), self.capacity) and self.crowded is not None:
+        if before < self._mark <= min(before + len(kept), self.capacity):
             self._queue.extend(kept[:self._mark - before])  # to the mark, where push calls the callback
             kept = kept[self._mark - before:]
-            try:
-                self.crowded()
-            except Exception:  # noqa: BLE001 - as push's
-                pass
+            self._tell_crowded()
         self._queue.extend(kept)
 
     def take(self) -> list[tuple[Any, ...]]:

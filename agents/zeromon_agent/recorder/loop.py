@@ -91,6 +91,7 @@ LIVE_PASS_S = 1.0
 WATCHED_S = 3.0
 _SOONEST_LOOK_S = 0.05  # the shortest wait between two looks at a rank nobody reads
 _RECENT_RAW = 256  # raw records kept after their drain, for each group's newest collective (progress)
+_RAW_CROWDED = 0.25  # the share of the raw queue's room that, queued, brings a pass forward (its push wakes the thread)
 _CONTROL_CROWDED = 16384  # control records queued that bring a pass forward (the queue holds 65,536)
 _BATCH = 256  # synchronous collectives finalized a column at a time, between two gives of the GIL
 _KIND, _ASYNC, _STEP, _CUDA = (operator.itemgetter(i) for i in (0, 10, 13, 14))  # of a raw collective
@@ -161,7 +162,7 @@ class Recorder:
         # thread at the first step's end: an import there holds the GIL while the training runs,
         # and the import lock that the training's own first-use imports take.
         orjson_module()
-        self.state.call_when_crowded(0.25, _CONTROL_CROWDED, self._wake.release)
+        self.state.call_when_crowded(_RAW_CROWDED, _CONTROL_CROWDED, self._wake.release)
         self._thread = threading.Thread(target=self._run, name="zeromon-recorder", daemon=True)
         self._thread.start()
 
@@ -250,7 +251,7 @@ class Recorder:
             flush = last_flush is None or now - last_flush >= flush_ns - every * 5e8
             watched = now - self._watched_ns < watched_ns
             due = (flush or watched or self.cuda_timer is not None
-                   or len(state.raw) * 4 >= state.raw_capacity
+                   or len(state.raw) >= state.raw_capacity * _RAW_CROWDED
                    or len(state.control) >= _CONTROL_CROWDED)
             try:
                 self._watch_progress(now)
